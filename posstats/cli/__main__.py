@@ -1,0 +1,5 @@
+import sys
+
+from posstats.cli import main
+
+sys.exit(main())
