@@ -1,0 +1,163 @@
+"""Counting kernel against a brute-force oracle, exactness, merging, storage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posstats.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, count_sequences
+from posstats.errors import InputError
+from posstats.storage import load_counts, save_counts
+from posstats.tokens import TokenBatch
+
+
+def oracle(seqs, n, V, mode="truncate", exclude=(), sep=None):
+    """Python-loop reference of THEORY section 1."""
+    C = np.zeros((n, V), dtype=np.int64)
+    stream = []
+    for s in seqs:
+        kept = [t for t in s if t not in set(exclude)]
+        if mode == "truncate":
+            for i, t in enumerate(kept[:n]):
+                C[i, t] += 1
+        elif mode == "chunk":
+            for i, t in enumerate(kept):
+                C[i % n, t] += 1
+        else:
+            if not kept:
+                continue
+            if stream and sep is not None:
+                stream.append(sep)
+            stream.extend(kept)
+    for i, t in enumerate(stream):
+        C[i % n, t] += 1
+    return C
+
+
+sequences = st.lists(st.lists(st.integers(0, 11), max_size=15), max_size=12)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "chunk", "pack"])
+@pytest.mark.parametrize("dense", [True, False])
+@settings(max_examples=40, deadline=None)
+@given(seqs=sequences, n=st.integers(1, 6), exclude=st.sets(st.integers(0, 11), max_size=3))
+def test_counts_match_oracle(mode, dense, seqs, n, exclude):
+    sep = 11 if mode == "pack" else None
+    got = count_sequences(seqs, positions=n, vocab_size=12, mode=mode, exclude_ids=exclude, separator_id=sep, dense=dense)
+    expected = oracle(seqs, n, 12, mode, exclude, sep)
+    np.testing.assert_array_equal(got.to_dense().matrix, expected)
+    assert got.tokens == expected.sum()
+    assert got.sequences == len(seqs)
+    np.testing.assert_array_equal(got.occupancy(), expected.sum(axis=1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=sequences, n=st.integers(1, 6), cut=st.integers(0, 12))
+def test_pack_state_carries_across_batches_of_one_source(seqs, n, cut):
+    spec = CountSpec(n, 12, "pack", separator_id=0)
+    acc = CountAccumulator(spec)
+    acc.add(TokenBatch.from_sequences(seqs[:cut], source="f"))
+    acc.add(TokenBatch.from_sequences(seqs[cut:], source="f"))
+    np.testing.assert_array_equal(acc.result().matrix, oracle(seqs, n, 12, "pack", sep=0))
+
+
+def test_pack_restarts_at_a_new_source():
+    spec = CountSpec(4, 10, "pack")
+    acc = CountAccumulator(spec)
+    acc.add(TokenBatch.from_sequences([[1, 2, 3]], source="a"))
+    acc.add(TokenBatch.from_sequences([[4, 5]], source="b"))
+    got = acc.result()
+    assert got.matrix[0, 1] == 1 and got.matrix[0, 4] == 1  # both streams start at 0
+    assert got.windows == 2
+
+
+def test_windows_per_mode():
+    seqs = [[1] * 5, [2] * 3, []]
+    assert count_sequences(seqs, positions=2, vocab_size=3).windows == 2
+    assert count_sequences(seqs, positions=2, vocab_size=3, mode="chunk").windows == 3 + 2
+    assert count_sequences(seqs, positions=2, vocab_size=3, mode="pack").windows == 4
+
+
+@settings(max_examples=30, deadline=None)
+@given(seqs=sequences, k=st.integers(1, 5), seed=st.integers(0, 100))
+def test_sharded_counts_add_up_exactly_in_any_order(seqs, k, seed):
+    whole = count_sequences(seqs, positions=4, vocab_size=12, exclude_ids=[3])
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, k, size=len(seqs))
+    parts = [
+        count_sequences([s for s, lab in zip(seqs, labels) if lab == j], positions=4, vocab_size=12, exclude_ids=[3], dense=bool(j % 2))
+        for j in range(k)
+    ]
+    rng.shuffle(parts)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    assert total.equals(whole)
+    assert total.matrix.dtype == np.int64
+
+
+def test_subtraction_removes_a_shard():
+    a = count_sequences([[1, 2]], positions=3, vocab_size=5)
+    b = count_sequences([[2, 2, 4]], positions=3, vocab_size=5)
+    assert ((a + b) - b).equals(a)
+
+
+def test_fingerprints_combine_order_free():
+    f = ["0a", "ff", "31"]
+    assert combine_fingerprints(combine_fingerprints(f[0], f[1]), f[2]) == combine_fingerprints(f[2], combine_fingerprints(f[1], f[0]))
+    assert combine_fingerprints("", "ab") == "ab"
+
+
+@pytest.mark.parametrize("bad, value", [([[1, 2], [3, 12]], 12), ([[0], [-1]], -1)])
+def test_out_of_range_ids_name_file_row_value(bad, value):
+    acc = CountAccumulator(CountSpec(4, 12))
+    with pytest.raises(InputError, match=rf"corpus\.jsonl: row 8: .*{value}"):
+        acc.add(TokenBatch.from_sequences(bad, source="corpus.jsonl", first_row=7))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"positions": 0, "vocab_size": 4}, "positions"),
+        ({"positions": 2, "vocab_size": 4, "mode": "stride"}, "unknown position mode"),
+        ({"positions": 2, "vocab_size": 4, "exclude_ids": (9,)}, "excluded token id 9"),
+        ({"positions": 2, "vocab_size": 4, "separator_id": 1}, "only used in pack"),
+    ],
+)
+def test_bad_specs(kwargs, match):
+    with pytest.raises(InputError, match=match):
+        CountSpec(**kwargs)
+
+
+def test_long_documents_truncate_exactly():
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 50, size=L) for L in rng.integers(0, 300, size=40)]
+    got = count_sequences(seqs, positions=64, vocab_size=50)
+    np.testing.assert_array_equal(got.matrix, oracle([s.tolist() for s in seqs], 64, 50))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_storage_round_trip(tmp_path, sparse):
+    c = count_sequences([[1, 2, 3], [3, 3]], positions=3, vocab_size=6, mode="chunk", exclude_ids=[0])
+    c = c.to_sparse() if sparse else c
+    c = PositionalCounts(c.spec, c.matrix, c.sequences, c.windows, c.tokens, "beef", {"tokenizer_hash": "abc"})
+    path = save_counts(c, tmp_path / "run")
+    assert path.name == ("counts.parquet" if sparse else "counts.safetensors")
+    back = load_counts(tmp_path / "run")
+    assert back.equals(c) and back.is_sparse == sparse
+    assert back.fingerprint == "beef" and back.metadata == {"tokenizer_hash": "abc"}
+    assert back.spec == c.spec
+    # switching storage kind leaves exactly one counts file
+    save_counts(c.to_dense() if sparse else c.to_sparse(), tmp_path / "run")
+    assert len(list((tmp_path / "run").glob("counts.*"))) == 1
+    assert not list((tmp_path / "run").glob(".*tmp"))
+
+
+def test_load_rejects_garbage(tmp_path):
+    (tmp_path / "counts.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(InputError, match="counts.safetensors: not a readable"):
+        load_counts(tmp_path)
+    with pytest.raises(InputError, match="no counts.safetensors or counts.parquet"):
+        load_counts(tmp_path / "..")
