@@ -1,0 +1,59 @@
+"""The human-readable summary of a ``report.json`` (terminal table and Markdown)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_summary"]
+
+
+def _fmt(x: Any, spec: str = ".4g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def format_summary(report: dict[str, Any], /) -> str:
+    """A plain-text summary: corpus, positions, spectrum and one row per encoding."""
+    c, p, s = report["corpus"], report["positions"], report["spectrum"]
+    d = report.get("diagnostics", {})
+    lines = [
+        f"corpus    {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens counted, "
+        f"V={c['vocab_size']:,}, mode={c['mode']}",
+        f"positions {p['occupied']:,}/{p['requested']:,} occupied, {p['used']:,} used "
+        f"(min occupancy {p['min_occupancy']})",
+        f"spectrum  rank {s['rank']} at rtol {s['rank_rtol']:g}; components for 90/95/99/99.9 %: "
+        + "/".join(_fmt(s["components_for"].get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))
+        + f"; negative mass {s['negative_mass']:.2g} ({s['method']})",
+    ]
+    if d:
+        h1, a3 = d.get("h1", {}), d.get("a3", {})
+        lines.append(
+            f"corpus    min d_H {_fmt(h1.get('min_distance'))} (non-stationary: {h1.get('nonstationary')}); "
+            f"Hellinger-monotonicity violations {_fmt(a3.get('rate'))} ({a3.get('method', '-')})"
+        )
+    header = ("encoding", "dim", "stress", "scaled", "scale", "pearson", "min sep", "mono viol")
+    rows = [
+        (
+            e["name"],
+            str(e["dim"]),
+            _fmt(e["stress"]),
+            _fmt(e["scaled_stress"]),
+            _fmt(e["scale"]),
+            _fmt(e["pearson"], ".3f"),
+            _fmt(e["min_separation"]),
+            _fmt(e["monotonicity_violation_rate"], ".3f") + ("" if e["monotonicity_method"] == "exact" else "~"),
+        )
+        for e in report["encodings"]
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    table = [
+        "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))),
+        "  ".join("-" * w for w in widths),
+    ]
+    for r in rows:
+        table.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+    note = "stress = sum (e-h)^2 / sum h^2; scaled = min over a of stress(aP); ~ = sampled estimate"
+    return "\n".join([*lines, "", *table, "", note])
