@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "run",
     "count",
     "analyze",
+    "refresh",
     "influence",
     "adjacency",
 )
