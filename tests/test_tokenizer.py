@@ -1,0 +1,143 @@
+"""posstats.tokenizer on the two tokenizers shipped in data/tokenizers (BERT WordPiece, GPT-2 BPE)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from posstats.errors import InputError
+from posstats.tokenizer import encode_texts, load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
+from posstats.tokens import TokenBatch
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"
+GPT2 = DATA / "tokenizers" / "gpt2.tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return load_tokenizer(BERT)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_tokenizer(GPT2)
+
+
+@pytest.fixture(scope="module")
+def hamlet() -> list[str]:
+    return (DATA / "shakespeare-sample.txt").read_text(encoding="utf-8").splitlines()
+
+
+def _sequences(batch: TokenBatch) -> list[list[int]]:
+    return [batch.values[a:b].tolist() for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+
+
+def test_padding_and_truncation_are_off(bert, gpt2):
+    assert bert.padding is None and bert.truncation is None
+    assert gpt2.padding is None and gpt2.truncation is None
+
+
+def test_known_ids(bert, gpt2):
+    np.testing.assert_array_equal(encode_texts(gpt2, ["Hello world"]).values, [15496, 995])
+    np.testing.assert_array_equal(encode_texts(bert, ["Hello world"]).values, [7592, 2088])
+    with_specials = encode_texts(bert, ["Hello world"], add_special_tokens=True)
+    np.testing.assert_array_equal(with_specials.values, [101, 7592, 2088, 102])
+    np.testing.assert_array_equal(encode_texts(gpt2, ["Hello world"], add_special_tokens=True).values, [15496, 995])
+
+
+def test_long_text_is_not_truncated_or_padded(bert):
+    # The BERT file has padding and truncation to 128 built in.
+    text = " ".join(["word"] * 300)
+    batch = encode_texts(bert, [text, "a"])
+    np.testing.assert_array_equal(batch.offsets, [0, 300, 301])
+    assert 0 not in batch.values
+
+
+def test_vocab_sizes(bert, gpt2):
+    assert vocab_size(bert) == 30522
+    assert vocab_size(gpt2) == 50257
+
+
+def test_special_token_ids(bert, gpt2):
+    assert special_token_ids(bert) == [0, 101, 102, 103]
+    assert special_token_ids(bert, include_unk=True) == [0, 100, 101, 102, 103]
+    assert special_token_ids(gpt2) == [50256]
+    assert special_token_ids(gpt2, include_unk=True) == [50256]
+
+
+def test_tokenizer_hash():
+    h = tokenizer_hash(BERT)
+    assert h == hashlib.sha256(BERT.read_bytes()).hexdigest()[:16]
+    assert len(h) == 16 and int(h, 16) >= 0
+    assert tokenizer_hash(str(BERT)) == h
+    assert tokenizer_hash(GPT2) != h
+
+
+def test_tokenizer_hash_missing_file(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(InputError, match=r"nope\.json: not a tokenizer\.json"):
+        tokenizer_hash(missing)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("missing.json", None, "no such file"),
+        ("config.json", json.dumps({"hidden_size": 384}), ""),
+        ("garbage.json", b"\x00\x01\x02 not json", ""),
+        ("empty.json", b"", ""),
+    ],
+)
+def test_load_tokenizer_errors(tmp_path, name, content, reason):
+    path = tmp_path / name
+    if isinstance(content, str):
+        path.write_text(content)
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InputError) as info:
+        load_tokenizer(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a tokenizer.json (")
+    assert reason in message
+    assert "\n" not in message
+
+
+def test_load_tokenizer_directory(tmp_path):
+    with pytest.raises(InputError, match="not a tokenizer.json .is a directory"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("which", ["bert", "gpt2"])
+def test_encode_texts_matches_one_at_a_time(request, which, hamlet):
+    tok = request.getfixturevalue(which)
+    texts = [*hamlet[:200], "", "   "]
+    batch = encode_texts(tok, texts, source="hamlet.txt", first_row=7)
+    assert batch.source == "hamlet.txt" and batch.first_row == 7 and batch.rows == len(texts)
+    assert batch.values.dtype == np.int64 and batch.offsets.dtype == np.int64
+    expected = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    assert _sequences(batch) == expected
+    assert not set(special_token_ids(tok)) & set(batch.values.tolist())
+
+
+def test_encode_texts_with_special_tokens_bert(bert, hamlet):
+    batch = encode_texts(bert, hamlet[:50], add_special_tokens=True)
+    np.testing.assert_array_equal(batch.values[batch.offsets[:-1]], np.full(50, 101))
+    np.testing.assert_array_equal(batch.values[batch.offsets[1:] - 1], np.full(50, 102))
+
+
+def test_encode_texts_empty_and_generator(gpt2):
+    empty = encode_texts(gpt2, [])
+    assert empty.rows == 0 and empty.values.size == 0
+    np.testing.assert_array_equal(empty.offsets, [0])
+    from_generator = encode_texts(gpt2, (t for t in ["Hello world", "Hello"]))
+    np.testing.assert_array_equal(from_generator.offsets, [0, 2, 3])
+
+
+def test_encode_texts_rejects_non_strings(gpt2):
+    with pytest.raises(InputError, match=r"^corpus\.jsonl: row 12: expected a text string, got None$"):
+        encode_texts(gpt2, ["a", "b", None], source="corpus.jsonl", first_row=10)
