@@ -57,3 +57,30 @@ def format_summary(report: dict[str, Any], /) -> str:
         table.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     note = "stress = sum (e-h)^2 / sum h^2; scaled = min over a of stress(aP); ~ = sampled estimate"
     return "\n".join([*lines, "", *table, "", note])
+
+
+def format_markdown(report: dict[str, Any], /) -> str:
+    """A Markdown summary for a pull request or a model card."""
+    c, p, s = report["corpus"], report["positions"], report["spectrum"]
+    cf = s["components_for"]
+    lines = [
+        "# posstats report",
+        "",
+        f"- corpus: {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens, V = {c['vocab_size']:,}, "
+        f"mode `{c['mode']}`, fingerprint `{c.get('fingerprint', '')[:16]}`",
+        f"- positions: {p['occupied']:,} of {p['requested']:,} occupied, {p['used']:,} used",
+        f"- MDS rank {s['rank']} (rtol {s['rank_rtol']:g}); components for 90 / 95 / 99 / 99.9 % of the "
+        f"variance: {' / '.join(_fmt(cf.get(k)) for k in ('0.9', '0.95', '0.99', '0.999'))}",
+        "",
+        "| encoding | dim | stress | scaled stress | scale | pearson | min separation | monotonicity violations |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in report["encodings"]:
+        mono = _fmt(e["monotonicity_violation_rate"], ".3f") + ("" if e["monotonicity_method"] == "exact" else " (sampled)")
+        lines.append(
+            f"| {e['name']} | {e['dim']} | {_fmt(e['stress'])} | {_fmt(e['scaled_stress'])} | {_fmt(e['scale'])} | "
+            f"{_fmt(e['pearson'], '.3f')} | {_fmt(e['min_separation'])} | {mono} |"
+        )
+    lines += ["", "Stress = sum (e - h)^2 / sum h^2 over position pairs (h = Hellinger distance, e = encoding distance); "
+              "scaled stress is the stress at the optimal scale a*. Definitions: THEORY.md.", ""]
+    return "\n".join(lines)

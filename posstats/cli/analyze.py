@@ -35,6 +35,7 @@ def analyze_to(counts, config, stage) -> dict:
     from safetensors.numpy import save_file
 
     from posstats.analysis import analyze
+    from posstats.report import format_markdown
     from posstats.storage import atomic_path, write_json_atomic
 
     write_json_atomic(stage / "analysis-config.json", config.to_dict())
@@ -50,6 +51,8 @@ def analyze_to(counts, config, stage) -> dict:
             metadata={"schema": "posstats.mds/1", "method": result.mds.method, "fingerprint": counts.fingerprint},
         )
     report = result.report()
+    with atomic_path(stage / "report.md") as tmp:
+        tmp.write_text(format_markdown(report))
     write_json_atomic(stage / "report.json", report)
     return report
 
