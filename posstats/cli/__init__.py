@@ -23,6 +23,9 @@ SUBCOMMANDS: tuple[str, ...] = (
     "count",
     "analyze",
     "refresh",
+    "report",
+    "export",
+    "audit",
     "influence",
     "adjacency",
 )

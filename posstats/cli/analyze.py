@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from posstats.cli._common import add_analysis_args, analysis_config
 
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def analyze_to(counts, config, stage) -> dict:
+def analyze_to(counts, config, stage, *, counts_path=None) -> dict:
     """Analyse ``counts`` and write mds.safetensors + report.json into ``stage``; return the report."""
     from safetensors.numpy import save_file
 
@@ -51,6 +52,7 @@ def analyze_to(counts, config, stage) -> dict:
             metadata={"schema": "posstats.mds/1", "method": result.mds.method, "fingerprint": counts.fingerprint},
         )
     report = result.report()
+    report["inputs"] = {"counts": str(Path(counts_path).resolve()) if counts_path else None}
     with atomic_path(stage / "report.md") as tmp:
         tmp.write_text(format_markdown(report))
     write_json_atomic(stage / "report.json", report)
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     config = analysis_config(args)
     counts = load_counts(args.counts)
     with staged_output(args.out, last=("report.json",)) as stage:
-        report = analyze_to(counts, config, stage)
+        report = analyze_to(counts, config, stage, counts_path=args.counts)
     print(format_summary(report))
     print(f"\nreport: {args.out}/report.json")
     return 0

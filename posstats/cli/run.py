@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     with staged_output(args.out, last=("count.json", "report.json")) as stage:
         counts, summary = count_to(args, stage)
         write_json_atomic(stage / "count.json", summary)
-        report = analyze_to(counts, config, stage)
+        report = analyze_to(counts, config, stage, counts_path=args.out)
     print(format_summary(report))
     print(f"\nreport: {args.out}/report.json")
     return 0
