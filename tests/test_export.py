@@ -1,0 +1,255 @@
+"""Export of the MDS encoding: keys, metadata, distances, atomic no-overwrite writes, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from posstats.cli import main
+from posstats.counts import CountSpec, PositionalCounts
+from posstats.errors import InputError, PosstatsError
+from posstats.export import (
+    FACTOR_KEYS,
+    LAYOUT_KEYS,
+    default_ranks,
+    export_encoding,
+    load_run,
+    lowrank_tradeoff,
+    orthonormal_basis,
+    run_distances,
+)
+from posstats.hellinger import hellinger_sq
+from posstats.storage import save_counts
+from posstats.stress import stress_report
+
+
+def synthetic_counts(n: int = 24, vocab: int = 40, *, seed: int = 0, empty: tuple[int, ...] = ()) -> PositionalCounts:
+    """Counts drifting smoothly from one token distribution to another over the positions."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.dirichlet(np.full(vocab, 0.5), size=2)
+    t = np.linspace(0.0, 1.0, n)[:, None]
+    matrix = np.stack([rng.multinomial(3000, p) for p in (1 - t) * a + t * b]).astype(np.int64)
+    matrix[list(empty)] = 0
+    meta = {"tokenizer": "toy.json", "tokenizer_hash": "0123456789abcdef"}
+    return PositionalCounts(CountSpec(n, vocab), matrix, sequences=3000, windows=3000, tokens=int(matrix.sum()),
+                            fingerprint="ab" * 32, metadata=meta)
+
+
+def analysed_run(tmp_path, *, empty=(), dims="2,8,16", name="run"):
+    """Counts saved by save_counts, analysed by 'posstats analyze' (counts kept elsewhere)."""
+    counts_dir = tmp_path / f"{name}-counts"
+    save_counts(synthetic_counts(empty=empty), counts_dir)
+    out = tmp_path / name
+    assert main(["analyze", "--counts", str(counts_dir), "--dims", dims, "--encodings", "mds,sinusoidal", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return analysed_run(tmp_path_factory.mktemp("export"))
+
+
+def _pdist(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
+
+
+def test_bert_export_keys_metadata_and_distances(run_dir, tmp_path):
+    out = tmp_path / "pos" / "bert-pos.safetensors"
+    res = export_encoding(run_dir, out, dim=32, rank=4, layout="bert", factors=True)
+    run = load_run(run_dir)
+    key = "embeddings.position_embeddings.weight"
+    with safe_open(str(out), framework="numpy") as f:
+        assert set(f.keys()) == {key, *FACTOR_KEYS}
+        meta = f.metadata()
+        table, a, w = f.get_tensor(key), f.get_tensor(FACTOR_KEYS[0]), f.get_tensor(FACTOR_KEYS[1])
+    assert table.shape == (24, 32) and table.dtype == np.float32
+    assert a.shape == (24, 4) and w.shape == (32, 4)
+    np.testing.assert_array_equal(table, res.table)
+    np.testing.assert_allclose(w.T.astype(np.float64) @ w, np.eye(4), atol=1e-7)
+    np.testing.assert_allclose(a.astype(np.float64) @ w.T, table, rtol=1e-6, atol=1e-7)
+    # The embedding in width 32 keeps the distances of the first 4 MDS coordinates.
+    np.testing.assert_allclose(_pdist(table), _pdist(run.encoding[:, :4]), atol=1e-6)
+    # Metadata: strings only, the documented keys, stress recomputed from the counts.
+    assert all(isinstance(v, str) for v in meta.values())
+    for k in ("schema", "n", "d", "rank", "stress", "scaled_stress", "corpus_fingerprint", "tokenizer_hash",
+              "tool_version", "run_id", "layout", "key"):
+        assert k in meta, k
+    assert (meta["n"], meta["d"], meta["rank"], meta["key"]) == ("24", "32", "4", key)
+    assert meta["corpus_fingerprint"] == "ab" * 32 and meta["tokenizer_hash"] == "0123456789abcdef"
+    _, dist = run_distances(run)
+    s = stress_report(table.astype(np.float64), dist)
+    np.testing.assert_allclose(float(meta["stress"]), s.stress, rtol=1e-5)
+    np.testing.assert_allclose(float(meta["scaled_stress"]), s.scaled_stress, rtol=1e-5, atol=1e-12)
+    assert meta["run_id"] == run.run_id and len(meta["run_id"]) == 16
+    # The model card and its figures sit next to the file.
+    card = (out.parent / "README.md").read_text()
+    assert card.startswith("---\n") and "\n---\n" in card
+    assert (out.parent / "bert-pos.spectrum.png").is_file() and (out.parent / "bert-pos.lowrank.png").is_file()
+    assert {p.name for p in res.files} == {"bert-pos.safetensors", "README.md", "bert-pos.spectrum.png", "bert-pos.lowrank.png"}
+
+
+def test_model_card_front_matter_is_yaml_with_the_metadata(run_dir, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    res = export_encoding(run_dir, tmp_path / "wpe.safetensors", dim=16, layout="gpt2")
+    text = (tmp_path / "README.md").read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["library_name"] == "posstats"
+    assert front["posstats"] == res.metadata
+    assert front["posstats"]["key"] == "wpe.weight"
+    assert "| rank r | stress |" in text and "![MDS eigenspectrum](wpe.spectrum.png)" in text
+
+
+def test_default_export_is_full_mds_at_width(run_dir, tmp_path):
+    run = load_run(run_dir)
+    k = run.encoding.shape[1]
+    res = export_encoding(run_dir, tmp_path / "p.safetensors", dim=8, dtype="float64", card=False)
+    assert res.metadata["rank"] == str(min(8, k))
+    np.testing.assert_array_equal(res.table, run.encoding[:, :8])
+    wide = export_encoding(run_dir, tmp_path / "wide.safetensors", dim=k + 10, dtype="float64", card=False)
+    np.testing.assert_array_equal(wide.table[:, :k], run.encoding)
+    np.testing.assert_array_equal(wide.table[:, k:], 0.0)
+    assert [p.name for p in wide.files] == ["wide.safetensors"]
+
+
+def test_random_basis_keeps_distances(run_dir, tmp_path):
+    res = export_encoding(run_dir, tmp_path / "r.safetensors", dim=12, rank=3, basis="random", seed=7, dtype="float64", card=False)
+    run = load_run(run_dir)
+    np.testing.assert_allclose(_pdist(res.table), _pdist(run.encoding[:, :3]), atol=1e-12)
+    assert np.count_nonzero(np.abs(res.table[:, 3:]) > 1e-12) > 0  # not zero padding
+    assert res.metadata["basis"] == "random:seed=7"
+
+
+def test_npy_and_pt_formats(run_dir, tmp_path):
+    res = export_encoding(run_dir, tmp_path / "t.npy", dim=8, rank=2, factors=True, card=False)
+    table = np.load(tmp_path / "t.npy", allow_pickle=False)
+    np.testing.assert_array_equal(table, res.table)
+    a = np.load(tmp_path / "t.A.npy", allow_pickle=False)
+    w = np.load(tmp_path / "t.W.npy", allow_pickle=False)
+    np.testing.assert_allclose(a.astype(np.float64) @ w.T, table, rtol=1e-6, atol=1e-7)
+    torch = pytest.importorskip("torch")
+    export_encoding(run_dir, tmp_path / "t.pt", dim=8, rank=2, factors=True, layout="gpt2", card=False)
+    loaded = torch.load(tmp_path / "t.pt", weights_only=True)
+    assert set(loaded) == {"wpe.weight", *FACTOR_KEYS}
+    np.testing.assert_array_equal(loaded["wpe.weight"].numpy(), res.table)
+
+
+def test_existing_files_are_kept_without_force(run_dir, tmp_path):
+    out = tmp_path / "p.safetensors"
+    export_encoding(run_dir, out, dim=8)
+    before = out.read_bytes()
+    with pytest.raises(PosstatsError, match="exists; pass --force"):
+        export_encoding(run_dir, out, dim=16)
+    assert out.read_bytes() == before
+    # The card alone also blocks: a README.md from someone else is never overwritten.
+    other = tmp_path / "q.safetensors"
+    with pytest.raises(PosstatsError, match="README.md: exists"):
+        export_encoding(run_dir, other, dim=16)
+    assert not other.exists()
+    export_encoding(run_dir, out, dim=16, force=True)
+    with safe_open(str(out), framework="numpy") as f:
+        assert f.metadata()["d"] == "16"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dim": 4, "rank": 5}, "--rank 5 exceeds --dim 4"),
+        ({"dim": 0}, "--dim must be a positive integer"),
+        ({"dim": 8, "factors": True}, "factors need --rank"),
+        ({"dim": 8, "layout": "t5"}, "unknown layout"),
+        ({"dim": 8, "format": "h5"}, "unknown export format"),
+    ],
+)
+def test_bad_options(run_dir, tmp_path, kwargs, match):
+    with pytest.raises(PosstatsError, match=match):
+        export_encoding(run_dir, tmp_path / "x.safetensors", **kwargs)
+    assert not list(tmp_path.iterdir())
+
+
+def test_rank_above_stored_coordinates(run_dir, tmp_path):
+    k = load_run(run_dir).encoding.shape[1]
+    with pytest.raises(PosstatsError, match=f"exceeds the {k} MDS coordinates"):
+        export_encoding(run_dir, tmp_path / "x.safetensors", dim=k + 5, rank=k + 1)
+
+
+def test_non_contiguous_positions_are_refused(tmp_path):
+    gappy = analysed_run(tmp_path, empty=(5,), name="gappy")
+    with pytest.raises(InputError, match=r"position 5 is unoccupied.*--positions 5"):
+        export_encoding(gappy, tmp_path / "x.safetensors", dim=8)
+
+
+def test_missing_run_and_missing_counts(tmp_path, run_dir):
+    with pytest.raises(InputError, match="no such run folder"):
+        export_encoding(tmp_path / "nope", tmp_path / "x.safetensors", dim=8)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no report.json"):
+        export_encoding(tmp_path / "empty", tmp_path / "x.safetensors", dim=8)
+    # An analyze-only folder whose counts moved away: the distances cannot be recomputed.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("report.json", "mds.safetensors"):
+        (moved / name).write_bytes((run_dir / name).read_bytes())
+    report = json.loads((moved / "report.json").read_text())
+    report["inputs"] = {"counts": str(tmp_path / "gone")}
+    (moved / "report.json").write_text(json.dumps(report))
+    with pytest.raises(InputError, match="cannot find the run's counts"):
+        export_encoding(moved, tmp_path / "x.safetensors", dim=8)
+
+
+def test_lowrank_tradeoff_matches_brute_force(run_dir):
+    run = load_run(run_dir)
+    _, dist = run_distances(run)
+    rows = lowrank_tradeoff(run.encoding, dist, width=64, ranks=[1, 2, 5])
+    n = run.encoding.shape[0]
+    iu = np.triu_indices(n, 1)
+    h = dist[iu]
+    np.testing.assert_allclose(np.sqrt(hellinger_sq(np.asarray(synthetic_counts().matrix)))[iu], h, rtol=1e-12, atol=1e-15)
+    for row in rows:
+        e = _pdist(run.encoding[:, : row["rank"]])[iu]
+        np.testing.assert_allclose(row["stress"], ((e - h) ** 2).sum() / (h**2).sum(), rtol=1e-9)
+        assert row["parameters"] == row["rank"] * (n + 64)
+        np.testing.assert_allclose(row["saving"], 1 - row["rank"] * (n + 64) / (n * 64))
+    assert [r["stress"] for r in rows] == sorted((r["stress"] for r in rows), reverse=True)
+
+
+def test_default_ranks():
+    assert default_ranks(20, width=16, extra=(11, None, 99)) == [1, 2, 3, 4, 5, 6, 7, 8, 11, 16]
+    assert default_ranks(3) == [1, 2, 3]
+    assert default_ranks(100, width=70) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 70]
+
+
+@settings(max_examples=40, deadline=None)
+@given(dim=st.integers(1, 40), data=st.data())
+def test_orthonormal_basis_property(dim, data):
+    rank = data.draw(st.integers(1, dim))
+    basis = data.draw(st.sampled_from(["pad", "random"]))
+    w = orthonormal_basis(dim, rank, basis=basis, seed=data.draw(st.integers(0, 100)))
+    assert w.shape == (dim, rank)
+    np.testing.assert_allclose(w.T @ w, np.eye(rank), atol=1e-12)
+    x = np.random.default_rng(0).standard_normal((6, rank))
+    np.testing.assert_allclose(_pdist(x @ w.T), _pdist(x), atol=1e-12)
+
+
+def test_cli_export_end_to_end(run_dir, tmp_path, capsys):
+    out = tmp_path / "cli" / "wpe.safetensors"
+    args = ["export", str(run_dir), "--dim", "16", "--rank", "3", "--factors", "--layout", "gpt2", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "exported wpe.weight (24 x 16, rank 3" in printed
+    with safe_open(str(out), framework="numpy") as f:
+        assert set(f.keys()) == {LAYOUT_KEYS["gpt2"], *FACTOR_KEYS}
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posstats: error: ") and "exists; pass --force" in err and "\n" not in err
+    assert main([*args, "--force"]) == 0
+    assert main(["export", str(run_dir), "--dim", "4", "--rank", "8", "--out", str(tmp_path / "y.npy")]) == 2
+    assert "--rank 8 exceeds --dim 4" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "missing"), "--dim", "4", "--out", str(tmp_path / "y.npy")]) == 2
+    assert "no such run folder" in capsys.readouterr().err

@@ -1,0 +1,112 @@
+"""Figures: every plot renders to a PNG on the Agg canvas with a one-sentence caption."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posstats import plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _entries():
+    rows = []
+    for name, base in (("mds", 0.01), ("sinusoidal", 20.0), ("random", 5.0)):
+        for d in (2, 16, 64):
+            rows.append({
+                "name": name, "dim": d, "stress": base / d, "scaled_stress": min(base / 100, 0.9),
+                "monotonicity_violation_rate": 0.1 if name == "mds" else 0.45,
+                "monotonicity_method": "exact" if d < 64 else "sampled",
+                "monotonicity_ci95": [0.1, 0.1] if d < 64 else [0.4, 0.5],
+            })
+    return rows
+
+
+def _all_plots():
+    rng = np.random.default_rng(0)
+    enc = np.cumsum(rng.standard_normal((50, 5)), axis=0)
+    pos = np.arange(50)
+    dist = np.abs(pos[:, None] - pos[None, :]) / 50.0
+    lam = np.sort(rng.random(10))[::-1]
+    rows = [{"rank": r, "stress": 1.0 / r, "scaled_stress": 0.5 / r, "parameters": r * 66} for r in (1, 2, 4, 8)]
+    return [
+        plots.occupancy_figure([100] * 40 + [3] * 5 + [0] * 5, min_occupancy=4),
+        plots.distance_heatmap_figure(dist, pos),
+        plots.spectrum_figure(lam, np.cumsum(lam) / lam.sum(), rank=9, eigenvalue_ci=np.c_[lam * 0.9, lam * 1.1], noise_floor=0.05),
+        plots.encoding_scatter_figure(enc, pos),
+        plots.encoding_scatter3d_figure(enc, pos),
+        plots.stress_by_dim_figure(_entries()),
+        plots.lowrank_figure(rows, n=50, width=16),
+        plots.monotonicity_figure(_entries(), corpus_rate=0.2),
+    ]
+
+
+def test_every_figure_renders_a_png_with_a_one_sentence_caption(tmp_path):
+    made = _all_plots()
+    assert len({p.name for p in made}) == len(made)
+    for p in made:
+        assert p.caption.endswith(".") and p.caption.count(". ") == 0, p.caption
+        assert "look for" in p.caption
+        path = plots.save_png(p, tmp_path)
+        assert path == tmp_path / f"{p.name}.png"
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC)
+        assert len(data) > 5_000, p.name  # something was drawn
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(f"{p.name}.png" for p in made)  # no temp files left
+
+
+def test_heatmap_is_downsampled_and_says_so():
+    m = 700
+    pos = np.arange(m) * 2
+    dist = np.abs(pos[:, None] - pos[None, :]).astype(np.float64)
+    p = plots.distance_heatmap_figure(dist, pos, max_size=256)
+    image = p.figure.axes[0].get_images()[0].get_array()
+    assert image.shape == (256, 256)
+    idx = plots.even_subsample(m, 256)
+    np.testing.assert_array_equal(np.asarray(image), dist[np.ix_(idx, idx)])
+    assert "downsampled" in p.caption and "256 of the 700" in p.caption
+    small = plots.distance_heatmap_figure(dist[:20, :20], pos[:20])
+    assert "downsampled" not in small.caption
+    np.testing.assert_array_equal(np.asarray(small.figure.axes[0].get_images()[0].get_array()), dist[:20, :20])
+
+
+def test_left_out_positions_are_drawn_and_counted():
+    p = plots.occupancy_figure([50, 40, 3, 0], min_occupancy=5)
+    assert "2 position(s)" in p.caption
+    offsets = p.figure.axes[0].collections[-1].get_offsets()
+    np.testing.assert_array_equal(np.asarray(offsets)[:, 0], [2, 3])
+
+
+def test_3d_scatter_needs_three_coordinates():
+    with pytest.raises(ValueError, match="at least 3"):
+        plots.encoding_scatter3d_figure(np.zeros((5, 2)), np.arange(5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 5000), limit=st.integers(1, 600))
+def test_even_subsample_properties(m, limit):
+    idx = plots.even_subsample(m, limit)
+    assert len(idx) <= limit
+    assert len(idx) == min(m, limit) or len(idx) >= min(m, limit) - 1
+    assert idx[0] == 0
+    if limit > 1:
+        assert idx[-1] == m - 1
+    assert np.all(np.diff(idx) > 0)
+
+
+def test_plots_never_touch_pyplot_or_torch():
+    code = (
+        "import sys, numpy as np\n"
+        "from posstats import plots\n"
+        "p = plots.encoding_scatter_figure(np.random.default_rng(0).random((10, 3)), np.arange(10))\n"
+        "plots.png_bytes(p)\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
