@@ -31,6 +31,11 @@ DEFAULT_DIMS = (2, 16, 64)
 
 
 @dataclass(frozen=True)
+class _ProbeMDS:
+    encoding: np.ndarray
+
+
+@dataclass(frozen=True)
 class AnalysisConfig:
     """Options of :func:`analyze`.
 
@@ -61,8 +66,13 @@ class AnalysisConfig:
                 raise PosstatsError(msg)
         if not self.encodings:
             raise PosstatsError("give at least one encoding (--encodings)")
+        # Build every (encoding, width) on two positions so that unknown names, odd widths
+        # for sinusoidal/RoPE or unreadable tables fail before any counting work.
+        probe = _ProbeMDS(np.zeros((2, max(self.dims))))
         for spec in self.encodings:
-            parse_encoding_spec(spec)  # unknown names fail before any work
+            parse_encoding_spec(spec)
+            for d in self.dims:
+                make_encoding(spec, np.arange(2), int(d), mds=probe)
         if self.min_occupancy < 1:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
@@ -180,7 +190,15 @@ def analyze(counts: PositionalCounts, config: AnalysisConfig | None = None, /, *
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    diagnostics = corpus_diagnostics(distances, positions=positions).to_dict()
+    diag = corpus_diagnostics(distances, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+    diagnostics = {
+        "h1": {
+            "min_distance": float(diag.min_distance),
+            "pair": [int(positions[diag.pair[0]]), int(positions[diag.pair[1]])],
+            "nonstationary": bool(diag.nonstationary),
+        },
+        "a3": diag.monotonicity.to_dict(),
+    }
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
     results = []
@@ -196,7 +214,7 @@ def analyze(counts: PositionalCounts, config: AnalysisConfig | None = None, /, *
 
 def _evaluate(spec: str, positions: np.ndarray, dim: int, distances: np.ndarray, mds: MDSResult, config: AnalysisConfig) -> dict[str, Any]:
     """Stress and diagnostics of one encoding at one width, as a report entry."""
-    enc = make_encoding(spec, positions, dim, mds=mds, seed=config.seed)
+    enc = make_encoding(spec, positions, dim, mds=mds)
     s = stress_report(enc.matrix, distances)
     sep = min_separation(enc.matrix)
     mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)

@@ -172,7 +172,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_published(case, tmp_path, caps
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.json").write_text('{"old": true}')
-    rc = main(["run", *argv, "--positions", "4", "--dims", "2", "--out", str(out)])
+    rc = main(["run", "--positions", "4", "--dims", "2", *argv, "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 2, err
     line = err.strip()
