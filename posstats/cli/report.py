@@ -1,0 +1,45 @@
+"""``posstats report``: a self-contained HTML report of a run, with PNGs and a Markdown summary."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "write report.html (self-contained), figures/*.png and summary.md for a run folder"
+DESCRIPTION = """\
+Read a run folder written by 'posstats run' or 'posstats analyze' (report.json,
+mds.safetensors and the counts, from the folder or report.json inputs.counts) and write
+into it:
+
+  report.html   one file with every figure embedded (opens offline, no scripts)
+  figures/*.png occupancy, d_H heatmap, eigenspectrum, MDS encoding in 2-D / 3-D,
+                stress against width, low-rank trade-off, monotonicity
+  summary.md    key numbers and tables for a pull request or a model card
+
+example:
+  posstats report runs/demo && xdg-open runs/demo/report.html
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by 'posstats run' or 'posstats analyze'")
+    p.add_argument("--width", type=int, metavar="D",
+                   help="model width d of the rank / stress / parameter table (default: the largest analysed width)")
+    p.add_argument("--max-positions", type=int, default=2048, metavar="N",
+                   help="recompute distances on at most N used positions, an even sample above (default 2048)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from posstats.errors import PosstatsError
+    from posstats.html_report import SUMMARY_FILE, write_html_report
+
+    if args.width is not None and args.width < 1:
+        msg = f"--width must be a positive integer; got {args.width}"
+        raise PosstatsError(msg)
+    if args.max_positions < 2:
+        msg = f"--max-positions must be >= 2; got {args.max_positions}"
+        raise PosstatsError(msg)
+    path = write_html_report(args.run_dir, width=args.width, max_positions=args.max_positions)
+    print(f"report: {path}\nfigures: {path.parent / 'figures'}\nsummary: {path.parent / SUMMARY_FILE}")
+    return 0

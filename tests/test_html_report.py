@@ -1,0 +1,168 @@
+"""The HTML report: self-contained, every image loads in headless Chromium, PNGs and summary."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from posstats.cli import main
+from posstats.counts import CountSpec, PositionalCounts
+from posstats.errors import InputError
+from posstats.html_report import write_html_report
+from posstats.storage import save_counts
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FIGURES = {"occupancy", "hellinger_heatmap", "spectrum", "mds_2d", "mds_3d", "stress_by_dim", "lowrank_tradeoff", "monotonicity"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """An analyze-only folder: its counts live elsewhere (report.json inputs.counts)."""
+    tmp = tmp_path_factory.mktemp("html")
+    rng = np.random.default_rng(4)
+    n, vocab = 30, 50
+    a, b = rng.dirichlet(np.full(vocab, 0.5), size=2)
+    t = np.linspace(0, 1, n)[:, None] ** 0.5
+    matrix = np.stack([rng.multinomial(int(3000 * (1 - 0.8 * i / n)), p) for i, p in enumerate((1 - t) * a + t * b)])
+    counts = PositionalCounts(CountSpec(n, vocab), matrix.astype(np.int64), sequences=3000, windows=3000,
+                              tokens=int(matrix.sum()), fingerprint="12" * 32)
+    save_counts(counts, tmp / "counts")
+    out = tmp / "run"
+    assert main(["analyze", "--counts", str(tmp / "counts"), "--dims", "2,8,16", "--encodings", "mds,sinusoidal,random",
+                 "--out", str(out)]) == 0
+    write_html_report(out)
+    return out
+
+
+def _images(page: str) -> dict[str, bytes]:
+    found = re.findall(r'<figure id="([^"]+)"><img src="data:image/png;base64,([^"]+)"', page)
+    return {name: base64.b64decode(data) for name, data in found}
+
+
+def test_report_is_self_contained_with_every_figure(run_dir):
+    page = (run_dir / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    images = _images(page)
+    assert set(images) == FIGURES
+    for name, data in images.items():
+        assert data.startswith(PNG_MAGIC)
+        assert data == (run_dir / "figures" / f"{name}.png").read_bytes()
+    # Nothing is fetched: every src is a data URI, every link an anchor, no scripts.
+    assert all(s.startswith("data:image/png;base64,") for s in re.findall(r'src="([^"]*)"', page))
+    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', page))
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    captions = re.findall(r"<figcaption><b>[^<]*</b> ([^<]*)</figcaption>", page)
+    assert len(captions) == len(FIGURES)
+    assert all(html.unescape(c).endswith(".") and "look for" in c for c in captions)
+    assert "Low-rank MDS encodings (n = 30, d = 16)" in page
+
+
+def test_summary_markdown_links_existing_figures(run_dir):
+    md = (run_dir / "summary.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert {f"figures/{n}.png" for n in FIGURES} == set(links)
+    assert all((run_dir / link).is_file() for link in links)
+    assert "| P_MDS, r=1 | 1 |" in md and "| encoding | dim | stress |" in md
+
+
+def test_uncertainty_is_drawn_when_present(run_dir, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    report = json.loads((copy / "report.json").read_text())
+    lam = np.asarray(report["spectrum"]["eigenvalues"])
+    report["spectrum"]["eigenvalues_ci95"] = np.c_[lam * 0.8, lam * 1.2].tolist()
+    report["noise_floor"] = {"eigenvalue": float(lam[3]), "d_H": 0.01}
+    (copy / "report.json").write_text(json.dumps(report))
+    page = write_html_report(copy, max_heatmap=10).read_text()
+    assert "<h2>Uncertainty</h2>" in page and "noise_floor.d_H" in page
+    assert "downsampled: an even stride of 10 of the 30 used positions" in page
+    assert _images(page)["spectrum"] != (run_dir / "figures" / "spectrum.png").read_bytes()
+
+
+def test_missing_inputs(tmp_path, capsys):
+    with pytest.raises(InputError, match="no such run folder"):
+        write_html_report(tmp_path / "nope")
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posstats: error: ") and "\n" not in err
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "report.json").write_text("{}")
+    with pytest.raises(InputError, match="no mds.safetensors"):
+        write_html_report(tmp_path / "half")
+
+
+def test_counts_that_changed_since_the_analysis_are_refused(run_dir, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    report = json.loads((copy / "report.json").read_text())
+    other = tmp_path / "other-counts"
+    save_counts(PositionalCounts(CountSpec(30, 50), np.ones((30, 50), np.int64), tokens=1500, fingerprint="99" * 32), other)
+    report["inputs"]["counts"] = str(other)
+    (copy / "report.json").write_text(json.dumps(report))
+    with pytest.raises(InputError, match="is not the analysed corpus"):
+        write_html_report(copy)
+
+
+def test_cli_run_then_report(tmp_path, data_dir, capsys):
+    out = tmp_path / "demo"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
+                 "--positions", "48", "--dims", "2,16", "--encodings", "mds,sinusoidal", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), "--width", "32"]) == 0
+    assert "report.html" in capsys.readouterr().out
+    page = (out / "report.html").read_text()
+    assert set(_images(page)) == FIGURES
+    assert "Low-rank MDS encodings (n = 48, d = 32)" in page
+
+
+_CHECK_SCRIPT = """<script>
+window.addEventListener("load", () => {
+  const imgs = Array.from(document.images);
+  const out = document.createElement("pre");
+  out.id = "posstats-check";
+  out.textContent = JSON.stringify({
+    images: imgs.length,
+    loaded: imgs.filter((i) => i.complete && i.naturalWidth > 0).length,
+    sizes: imgs.map((i) => [i.naturalWidth, i.naturalHeight]),
+  });
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def _chromium():
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("headless Chromium is not installed (apt-get install -y chromium)")
+    return exe
+
+
+def test_every_image_loads_in_headless_chromium(run_dir, tmp_path):
+    exe = _chromium()
+    # A copy with a probe script: the report itself has no scripts.
+    page = (run_dir / "report.html").read_text().replace("</body>", _CHECK_SCRIPT + "</body>")
+    probe = tmp_path / "probe.html"
+    probe.write_text(page)
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([exe, *flags, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    found = re.search(r'<pre id="posstats-check">(.*?)</pre>', dom, re.S)
+    assert found, "the probe did not run"
+    check = json.loads(html.unescape(found.group(1)))
+    assert check["images"] == len(FIGURES)
+    assert check["loaded"] == check["images"]
+    assert all(w > 300 and h > 200 for w, h in check["sizes"])
+    # And the page renders to a screenshot (looked at by hand when the report changes).
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, *flags, f"--screenshot={shot}", "--window-size=1280,4000", (run_dir / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes().startswith(PNG_MAGIC)
