@@ -1,0 +1,40 @@
+"""Package hygiene: exports resolve, layering holds (the library never imports ray/torch/cupy)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import posstats
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", posstats.__all__)
+def test_every_export_resolves(name):
+    assert getattr(posstats, name) is not None
+
+
+def test_import_is_light():
+    code = "import sys, posstats, posstats.analysis, posstats.cli; print(sorted(m for m in ('ray', 'torch', 'cupy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_library_never_imports_ray_or_jobs():
+    """The CLI (posstats/cli) may launch Ray jobs from ``jobs/`` lazily; nothing imports ray itself."""
+    offenders = []
+    for path in (REPO / "posstats").rglob("*.py"):
+        banned = ("ray",) if "cli" in path.relative_to(REPO / "posstats").parts else ("ray", "jobs")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in banned]
+    assert offenders == []
