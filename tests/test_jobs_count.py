@@ -1,0 +1,446 @@
+"""jobs.count, end to end on the shared Ray session: `posstats count --ray` equals the
+single-process count bit for bit (Parquet and HF datasets from the shared corpora), whatever
+the workers, shard order and storage; a counting actor SIGKILLed mid-shard and a driver
+SIGKILLed mid-run (real process kills) end with the same counts; bad shards fail with the
+file and row group (or are skipped and recorded); a second run on a locked store refuses;
+`posstats refresh` recounts only what changed and equals a full recount."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec
+from posstats.errors import InputError
+from posstats.runstore import RunStore
+from posstats.shards import count_shard, plan_shards
+from posstats.storage import load_counts
+from posstats.tokenizer import encode_texts, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"
+V = 30522
+SPECIAL = "0,100,101,102,103"
+
+
+def posstats_cli(*argv) -> int:
+    from posstats.cli import main
+
+    return main([str(a) for a in argv])
+
+
+# ----------------------------------------------------------------------------- corpora
+
+
+def fortunes(shared: Path, n: int) -> list[str]:
+    text = gzip.decompress((shared / "corpora" / "fortunes.txt.gz").read_bytes()).decode("utf-8")
+    return [r.strip() for r in re.split(r"(?m)^%\n", text) if r.strip()][:n]
+
+
+def tokenize(texts: list[str]) -> list[list[int]]:
+    b = encode_texts(load_tokenizer(BERT), texts)
+    return [b.values[b.offsets[i] : b.offsets[i + 1]].tolist() for i in range(b.rows)]
+
+
+def write_parquet(path: Path, seqs, *, row_group_size: int) -> Path:
+    pq.write_table(pa.table({"input_ids": pa.array(seqs, type=pa.list_(pa.int32()))}), path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fortune_ids(shared_dir):
+    """BERT ids of the first 4800 fortunes of the shared corpus."""
+    return tokenize(fortunes(shared_dir, 4800))
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(tmp_path_factory, fortune_ids):
+    """4 Parquet files x 4 row groups (16 shards) of the fortunes."""
+    root = tmp_path_factory.mktemp("parquet")
+    for f in range(4):
+        write_parquet(root / f"part-{f}.parquet", fortune_ids[f * 1200 : (f + 1) * 1200], row_group_size=300)
+    return root
+
+
+def count_flags(*inputs, positions=48, mode="chunk"):
+    flags = []
+    for i in inputs:
+        flags += ["--input", i]
+    return flags + ["--column", "input_ids", "--vocab-size", V, "--exclude-tokens", SPECIAL,
+                    "--positions", positions, "--mode", mode]
+
+
+def safetensors_parts(path: Path):
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def assert_same_output(ref: Path, got: Path) -> None:
+    """The Ray output folder has the single-process files, with bit-identical counts."""
+    assert {p.name for p in ref.iterdir()} == {p.name for p in got.iterdir()} - {"store"}
+    a, b = load_counts(ref), load_counts(got)
+    assert a.equals(b) and a.is_sparse == b.is_sparse
+    assert (a.fingerprint, a.metadata, a.spec) == (b.fingerprint, b.metadata, b.spec)
+    if (ref / "counts.safetensors").exists():
+        # metadata key order in a safetensors header is not deterministic, the rest is
+        head_a, data_a = safetensors_parts(ref / "counts.safetensors")
+        head_b, data_b = safetensors_parts(got / "counts.safetensors")
+        assert head_a == head_b and data_a == data_b
+    else:
+        ta, tb = pq.read_table(ref / "counts.parquet"), pq.read_table(got / "counts.parquet")
+        assert ta.equals(tb) and ta.schema.metadata == tb.schema.metadata
+    sa, sb = json.loads((ref / "count.json").read_text()), json.loads((got / "count.json").read_text())
+    for key in sa.keys() - {"seconds", "tokens_per_s"}:
+        assert sa[key] == sb[key], key
+    ca, cb = json.loads((ref / "config.json").read_text()), json.loads((got / "config.json").read_text())
+    assert {k: v for k, v in cb.items() if k != "ray"} == ca
+
+
+def assert_counts_equal(got, ref) -> None:
+    assert got.equals(ref)
+    np.testing.assert_array_equal(got.to_dense().matrix, ref.to_dense().matrix)
+    assert (got.sequences, got.windows, got.tokens, got.fingerprint) == (ref.sequences, ref.windows, ref.tokens, ref.fingerprint)
+
+
+def wait_for(predicate, *, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def markers(store: Path) -> list[Path]:
+    return sorted(store.glob("partials/*/done.json"))
+
+
+def job_cmd(address: str, *args) -> list[str]:
+    return [sys.executable, "-m", "jobs.count", "--address", address, *map(str, args)]
+
+
+def job_env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "POSSTATS_TEST_SHARD_DELAY"}
+    env.update(RAY_USAGE_STATS_ENABLED="0", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_session):
+    return ray_session.get_runtime_context().gcs_address
+
+
+# ----------------------------------------------------------------------------- CLI, no Ray
+
+
+def test_ray_flags_need_ray(tmp_path, capsys):
+    rc = posstats_cli("count", *count_flags(str(REPO / "data" / "fortunes-sample.jsonl")), "--workers", 2, "--out", tmp_path)
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == "posstats: error: --workers only apply with --ray"
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.ray
+def test_cli_ray_parquet_equals_single_process(ray_session, parquet_dir, tmp_path, capsys):
+    flags = count_flags(str(parquet_dir / "*.parquet"))
+    assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
+    assert posstats_cli("count", "--ray", "--workers", 2, *flags, "--out", tmp_path / "ray") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].replace("single", "ray") == out[1]
+    assert_same_output(tmp_path / "single", tmp_path / "ray")
+    info = json.loads((tmp_path / "ray" / "count.json").read_text())["ray"]
+    assert (info["shards"], info["shards_counted"], info["workers"], info["bad_shards"]) == (16, 16, 2, [])
+    # every shard was counted by an actor, none by the driver
+    store = tmp_path / "ray" / "store"
+    assert {json.loads(m.read_text())["pid"] for m in markers(store)} - {os.getpid()}
+    assert os.getpid() not in {json.loads(m.read_text())["pid"] for m in markers(store)}
+    assert len(markers(store)) == 16
+    # the same command again: nothing to count, the same output
+    assert posstats_cli("count", "--ray", *flags, "--out", tmp_path / "ray") == 0
+    assert_same_output(tmp_path / "single", tmp_path / "ray")
+
+
+@pytest.fixture(scope="module")
+def hf_dataset(tmp_path_factory, shared_dir):
+    """Hamlet and Macbeth lines from the shared Shakespeare, `save_to_disk` in 4 Arrow files."""
+    import datasets
+
+    text = gzip.decompress((shared_dir / "corpora" / "shakespeare.md.gz").read_bytes()).decode("utf-8")
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("#")][:6000]
+    folder = tmp_path_factory.mktemp("hf") / "plays"
+    datasets.Dataset.from_dict({"text": lines}).save_to_disk(str(folder), num_shards=4)
+    return folder
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["chunk", "pack"])
+def test_cli_ray_hf_dataset_equals_single_process(ray_session, hf_dataset, tmp_path, mode):
+    flags = ["--input", hf_dataset, "--text-column", "text", "--tokenizer", BERT, "--positions", 40, "--mode", mode]
+    assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
+    assert posstats_cli("count", "--ray", *flags, "--out", tmp_path / "ray") == 0
+    assert_same_output(tmp_path / "single", tmp_path / "ray")
+    info = json.loads((tmp_path / "ray" / "count.json").read_text())["ray"]
+    assert info["shards"] == (4 if mode == "chunk" else 1)  # pack mode never splits an input
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "workers, seed, mode, budget",
+    [(1, None, "truncate", 4 * 2**30), (2, 7, "chunk", 1024), (2, 3, "pack", 4 * 2**30)],
+)
+def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_dir, tmp_path, workers, seed, mode, budget):
+    """Parquet row groups and JSONL line ranges together; a tiny budget forces sparse
+    partials, sums and result (as it does single-process)."""
+    from jobs.count import JobOptions, count_job
+
+    jsonl = tmp_path / "extra.jsonl"
+    table = pq.read_table(parquet_dir / "part-3.parquet")
+    with open(jsonl, "w") as f:
+        for ids in table.column("input_ids").to_pylist()[:700]:
+            f.write(json.dumps({"input_ids": ids}) + "\n")
+    source = CorpusSource(inputs=(str(parquet_dir / "part-[12].parquet"), str(jsonl)), column="input_ids")
+    spec = CountSpec(48, V, mode, (0, 100, 101, 102, 103), 102 if mode == "pack" else None)
+    dense = spec.positions * V * 8 <= budget
+    ref = count_corpus(source, spec, dense=dense, show_progress=False)
+    opts = JobOptions(store=str(tmp_path / "store"), workers=workers, shuffle_seed=seed, dense_budget=budget,
+                      shard_bytes=30_000, fan_in=3, show_progress=False)
+    summary = count_job(source, spec, {}, opts)
+    got = load_counts(summary["counts_path"])
+    assert_counts_equal(got, ref)
+    assert got.is_sparse is (not dense)
+    expected_shards = 3 if mode == "pack" else 8 + len(plan_shards(CorpusSource(inputs=(str(jsonl),), column="input_ids"), spec, shard_bytes=30_000))
+    assert summary["ray"]["shards"] == expected_shards
+    if mode != "pack":
+        assert summary["ray"]["reduce_levels"] >= 2  # a real tree: fan-in 3
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+@pytest.fixture()
+def small_parquet(tmp_path, fortune_ids):
+    """2 files x 4 row groups; and the single-process reference."""
+    root = tmp_path / "in"
+    root.mkdir()
+    for f in range(2):
+        write_parquet(root / f"s{f}.parquet", fortune_ids[f * 800 : (f + 1) * 800], row_group_size=200)
+    source = CorpusSource(inputs=(str(root / "*.parquet"),), column="input_ids")
+    spec = CountSpec(48, V, "chunk", (0, 100, 101, 102, 103))
+    return root, source, spec, count_corpus(source, spec, show_progress=False)
+
+
+@pytest.mark.ray
+def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tmp_path):
+    from jobs.count import JobOptions, count_job
+
+    _, source, spec, ref = small_parquet
+    store = tmp_path / "store"
+    opts = JobOptions(store=str(store), workers=2, shard_delay=1.0, show_progress=False)
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["summary"] = count_job(source, spec, {}, opts)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def counting_now():
+        for note in store.glob("partials/*/started.json"):
+            if not (note.parent / "done.json").exists():
+                return note.parent.name, json.loads(note.read_text())["pid"]
+        return None
+
+    shard_id, pid = wait_for(counting_now, timeout=120, what="a shard being counted")
+    os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=180)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    summary = outcome["summary"]
+    assert_counts_equal(load_counts(summary["counts_path"]), ref)
+    marker = RunStore(store).marker(shard_id)
+    assert marker["pid"] != pid  # recounted by a live (restarted) actor
+    assert summary["ray"]["shards_counted"] == summary["ray"]["shards"] == 8
+    assert len(markers(store)) == 8
+
+
+@pytest.mark.ray
+def test_driver_killed_mid_run_resumes_with_the_same_run_id(ray_address, small_parquet, tmp_path):
+    root, _, _, ref = small_parquet
+    out = tmp_path / "out"
+    args = [*count_flags(str(root / "*.parquet")), "--out", out, "--run-id", "resume-me", "--workers", 2]
+    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="0.7"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(markers(out / "store")) >= 2, timeout=150, what="two finished shards")
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        driver.kill()
+    done_at_kill = len(markers(out / "store"))
+    assert done_at_kill < 8 and not (out / "count.json").exists()
+    record = json.loads((out / "store" / "runs" / "resume-me.json").read_text())
+    assert record["status"] == "running"  # the driver never got to say otherwise
+
+    rerun = subprocess.run(job_cmd(ray_address, *args), cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert re.search(r"resuming run resume-me: (\d+)/8 shard\(s\) already counted", rerun.stderr)
+    info = json.loads((out / "count.json").read_text())["ray"]
+    assert info["shards_cached"] >= done_at_kill
+    assert info["shards_counted"] == 8 - info["shards_cached"]
+    assert_counts_equal(load_counts(out), ref)
+    assert json.loads((out / "store" / "runs" / "resume-me.json").read_text())["attempt"] == 2
+
+
+def corrupt_row_group(path: Path, group: int) -> None:
+    col = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(b"\xff" * 64)
+
+
+@pytest.mark.ray
+def test_bad_row_group_fails_keeps_partials_skips_on_request_and_resumes_after_fix(
+    ray_session, small_parquet, tmp_path, capsys
+):
+    root, source, spec, ref = small_parquet
+    bad = root / "s1.parquet"
+    good_bytes = bad.read_bytes()
+    corrupt_row_group(bad, 2)
+    flags = [*count_flags(str(root / "*.parquet")), "--out", tmp_path / "out", "--workers", 2]
+    store = tmp_path / "out" / "store"
+
+    assert posstats_cli("count", "--ray", *flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"posstats: error: {bad}: row group 2: not a valid Parquet file (")
+    assert err.endswith("fix the input and rerun to continue, or pass --skip-bad-shards")
+    bad_id = plan_shards(source, spec)[6].shard_id
+    assert markers(store) and not RunStore(store).is_done(bad_id)
+    assert not (tmp_path / "out" / "count.json").exists()
+
+    assert posstats_cli("count", "--ray", "--skip-bad-shards", *flags) == 0
+    manifest = json.loads((store / "manifest.json").read_text())
+    assert [b["shard_id"] for b in manifest["bad_shards"]] == [bad_id]
+    assert f"{bad}: row group 2: not a valid Parquet file" in manifest["bad_shards"][0]["error"]
+    expected = functools.reduce(
+        lambda a, b: a + b, [count_shard(s, source, spec) for s in plan_shards(source, spec) if s.shard_id != bad_id]
+    )
+    assert_counts_equal(load_counts(tmp_path / "out"), expected)
+
+    bad.write_bytes(good_bytes)  # fixed: a new mtime, so new shard ids for s1 only
+    capsys.readouterr()
+    assert posstats_cli("count", "--ray", *flags) == 0
+    info = json.loads((tmp_path / "out" / "count.json").read_text())["ray"]
+    assert (info["shards_cached"], info["shards_counted"], info["bad_shards"]) == (4, 4, [])
+    assert_counts_equal(load_counts(tmp_path / "out"), count_corpus(source, spec, show_progress=False))
+
+
+@pytest.mark.ray
+def test_token_id_out_of_range_fails_with_shard_and_row(ray_session, tmp_path, fortune_ids, capsys):
+    seqs = [list(s) for s in fortune_ids[:800]]
+    seqs[437][2] = V + 5
+    path = write_parquet(tmp_path / "ids.parquet", seqs, row_group_size=200)
+    assert posstats_cli("count", "--ray", *count_flags(str(path)), "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"posstats: error: {path}: row 437: token id outside [0, {V}): {V + 5} [shard: {path} row group 2 (3/4, shard ")
+
+
+@pytest.mark.ray
+def test_second_run_on_a_locked_store_refuses(ray_address, small_parquet, tmp_path):
+    root, _, _, ref = small_parquet
+    out = tmp_path / "out"
+    args = [*count_flags(str(root / "*.parquet")), "--out", out, "--workers", 2]
+    first = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="1.0"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = out / "store" / "lock"
+        wait_for(lambda: lock.exists() and lock.read_text().strip() and json.loads(lock.read_text())["pid"] == first.pid,
+                 timeout=60, what="the first run's lock")
+        second = subprocess.run(job_cmd(ray_address, *args), cwd=REPO, env=job_env(), capture_output=True, text=True,
+                                timeout=120)
+        assert first.poll() is None  # the refusal happened while the first run was counting
+        _, first_err = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    assert second.returncode == 2
+    lines = second.stderr.strip().splitlines()
+    assert re.fullmatch(
+        rf"posstats: error: run store {re.escape(str(out / 'store'))} is in use by run run-[0-9a-f]{{16}} "
+        rf"\(count, pid {first.pid} on .+, started .+\); wait for it to finish, or use another --store",
+        lines[-1],
+    )
+    assert first.returncode == 0, first_err
+    assert_counts_equal(load_counts(out), ref)
+    workers = {json.loads(m.read_text())["pid"] for m in markers(out / "store")}
+    assert len(markers(out / "store")) == 8 and len(workers) <= 2  # only the first run's two actors
+
+
+# ----------------------------------------------------------------------------- refresh
+
+
+@pytest.mark.ray
+def test_refresh_recounts_only_what_changed(ray_session, tmp_path, fortune_ids, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, lo in (("a", 0), ("b", 600), ("c", 1200)):
+        write_parquet(data / f"{name}.parquet", fortune_ids[lo : lo + 600], row_group_size=200)
+    out = tmp_path / "out"
+    assert posstats_cli("count", "--ray", *count_flags(str(data / "*.parquet")), "--out", out) == 0
+    old_a = [s.shard_id for s in plan_shards(CorpusSource(inputs=(str(data / "a.parquet"),), column="input_ids"),
+                                               CountSpec(48, V, "chunk"))]
+    capsys.readouterr()
+
+    (data / "a.parquet").unlink()  # gone
+    write_parquet(data / "b.parquet", fortune_ids[600:1000], row_group_size=200)  # changed: 2 row groups now
+    write_parquet(data / "d.parquet", fortune_ids[2000:2600], row_group_size=300)  # new
+    assert posstats_cli("refresh", "--store", out / "store") == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"refresh {out / 'store'}: reused 3 shard(s), added 4, removed 6 (incremental; 4 counted now)"
+    assert printed[1:4] == [
+        f"  - gone    {data / 'a.parquet'} (+0 / -3 shards)",
+        f"  ~ changed {data / 'b.parquet'} (+2 / -3 shards)",
+        f"  + new     {data / 'd.parquet'} (+2 / -0 shards)",
+    ]
+    assert printed[-1] == f"-> {out}"
+    source = CorpusSource(inputs=(str(data / "*.parquet"),), column="input_ids")
+    full = count_corpus(source, CountSpec(48, V, "chunk", (0, 100, 101, 102, 103)), show_progress=False)
+    assert_counts_equal(load_counts(out), full)
+    assert json.loads((out / "count.json").read_text())["ray"]["reduce"] == "incremental"
+    assert not any(RunStore(out / "store").is_done(sid) for sid in old_a)  # subtracted partials are dropped
+
+    assert posstats_cli("count", *count_flags(str(data / "*.parquet")), "--out", tmp_path / "single") == 0
+    single = load_counts(tmp_path / "single")
+    assert_counts_equal(load_counts(out), single)
+    capsys.readouterr()
+
+    assert posstats_cli("refresh", "--store", out / "store") == 0  # nothing changed since
+    assert capsys.readouterr().out.splitlines()[0].endswith("reused 7 shard(s), added 0, removed 0 (up to date; 0 counted now)")
+
+
+@pytest.mark.ray
+def test_refresh_needs_a_finished_store(ray_session, tmp_path, capsys):
+    assert posstats_cli("refresh", "--store", tmp_path / "nothing") == 2
+    assert "not a run store with a finished count" in capsys.readouterr().err
