@@ -39,6 +39,13 @@ all used pairs, or an even sample of ``stress_positions`` of them for large n),
 ``run_id`` (``report.json``'s ``run_id`` if it has one, else the first 16 hex digits of
 its sha256), ``positions`` (``"0..n-1"``).
 
+Row i of the table is corpus position i *as counted*: token ids excluded from the counts
+(by default the tokenizer's special tokens) were removed before positions were assigned.
+A model that puts a special token first (BERT's [CLS] at row 0) therefore sees its first
+text token at row 1; to export a table whose rows are the model's own positions, count
+with ``--exclude-tokens ''`` (the special tokens then occupy their positions in the
+counts). The model card says which ids were excluded.
+
 Every file is written atomically, and none that exists is replaced unless ``force``.
 """
 
@@ -592,6 +599,15 @@ def model_card(
         f"| parameters | {r * (n + d):,} as A W^T vs {n * d:,} as a free table |",
         "",
     ]
+    excluded = corpus.get("exclude_ids") or []
+    if excluded:
+        lines += [
+            f"Row i is corpus position i with token ids {', '.join(map(str, excluded[:10]))}"
+            f"{' ...' if len(excluded) > 10 else ''} removed before positions were counted. A model that puts a "
+            "special token first (BERT's [CLS] at row 0) sees its first text token at row 1: count with "
+            "`--exclude-tokens ''` for a table indexed by the model's own positions.",
+            "",
+        ]
     if tradeoff:
         lines += [
             "## Rank / stress / parameters",

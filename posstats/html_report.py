@@ -246,7 +246,7 @@ def write_html_report(
     entries = report.get("encodings", [])
     if entries:
         plots.append(stress_by_dim_figure(entries))
-    plots.append(lowrank_figure(trade, n=m, width=d_model))
+    plots.append(lowrank_figure(trade, n=m, width=d_model, stress_positions=len(idx)))
     if entries:
         plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))
 
@@ -280,7 +280,9 @@ def write_html_report(
     parts += [
         f"<h2>Low-rank MDS encodings (n = {m}, d = {d_model})</h2>",
         "<p>P = A W<sup>T</sup> with A (n x r) and W (d x r) orthonormal has r(n + d) parameters instead of n d and "
-        "the distances, so the stress, of the first r MDS coordinates.</p>",
+        "the distances, so the stress, of the first r MDS coordinates"
+        + (f" (stress over all pairs of an even sample of {len(idx)} of the {m} positions)" if len(idx) < m else "")
+        + ".</p>",
         _html_table(_TRADE_HEADER, trade_rows),
     ]
     if unc:

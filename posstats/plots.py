@@ -327,19 +327,21 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     return Plot("stress_by_dim", "Stress against width", caption, fig)
 
 
-def lowrank_figure(rows: Sequence[dict[str, Any]], /, *, n: int, width: int) -> Plot:
+def lowrank_figure(rows: Sequence[dict[str, Any]], /, *, n: int, width: int, stress_positions: int | None = None) -> Plot:
     """Stress and parameter count of rank-r MDS encodings (the paper's Table 2).
 
     Args:
         rows: dicts with ``rank``, ``stress``, ``scaled_stress``, ``parameters``
             (see :func:`posstats.export.lowrank_tradeoff`).
         n: positions; width: model width d (for the free n x d reference).
+        stress_positions: when the stresses were computed on an even sample of the
+            positions, its size (said in the caption).
     """
     r = np.array([row["rank"] for row in rows], dtype=np.float64)
     s = np.array([row["stress"] for row in rows], dtype=np.float64)
     ss = np.array([row["scaled_stress"] for row in rows], dtype=np.float64)
     p = np.array([row["parameters"] for row in rows], dtype=np.float64)
-    fig = _new_figure(7.0, 4.0)
+    fig = _new_figure(7.0, 4.3)
     ax = fig.add_subplot()
     floor = 1e-12
     ax.semilogy(r, np.maximum(s, floor), "o-", color="C0", ms=4, label="stress")
@@ -354,9 +356,10 @@ def lowrank_figure(rows: Sequence[dict[str, Any]], /, *, n: int, width: int) -> 
     ax2.set_ylim(bottom=0)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="center right")
+    fig.legend(h1 + h2, l1 + l2, fontsize=8, loc="outside lower center", ncols=4, frameon=False)
+    sample = f" (stress over an even sample of {stress_positions} positions)" if stress_positions and stress_positions < n else ""
     caption = (
-        f"Stress of the rank-r MDS encoding and its parameter count r(n + d) with n = {n}, d = {width}: "
+        f"Stress of the rank-r MDS encoding and its parameter count r(n + d) with n = {n}, d = {width}{sample}: "
         "look for the smallest rank whose stress is already low while it still costs far fewer "
         "parameters than a free n x d table (dotted line)."
     )
@@ -386,7 +389,9 @@ def monotonicity_figure(entries: Sequence[dict[str, Any]], /, *, corpus_rate: fl
     names = [str(e["name"]) for e in entries]
     uniq = list(dict.fromkeys(names))
     colours = [f"C{uniq.index(nm) % 10}" for nm in names]
-    ax.barh(y, np.nan_to_num(rate), xerr=np.vstack([lo, hi]), color=colours, alpha=0.85, capsize=2)
+    bars = ax.barh(y, np.nan_to_num(rate), xerr=np.vstack([lo, hi]), color=colours, alpha=0.85, capsize=2)
+    # Values on the bars: a rate of exactly 0 (ALiBi is monotone by construction) has no bar.
+    ax.bar_label(bars, labels=["-" if not np.isfinite(r) else f"{r:.3f}" for r in rate], fontsize=6, padding=3)
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
     ax.axvline(0.5, color="gray", ls="--", lw=1, label="random (0.5)")
@@ -394,7 +399,7 @@ def monotonicity_figure(entries: Sequence[dict[str, Any]], /, *, corpus_rate: fl
         ax.axvline(corpus_rate, color="C3", ls=":", lw=1.5, label=f"corpus d_H ({corpus_rate:.3f})")
     ax.set_xlim(0, max(0.6, float(np.nanmax(rate + hi)) + 0.05) if np.isfinite(rate).any() else 1)
     ax.set_xlabel("monotonicity violation rate")
-    ax.legend(fontsize=8, loc="lower right")
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)
     caption = (
         "Fraction of ordered triples where a farther position is closer in the encoding than a nearer one "
         "(0 = perfectly monotone, 0.5 = random): look for encodings near the corpus' own rate (red dotted), "
