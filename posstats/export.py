@@ -54,9 +54,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -483,7 +484,7 @@ def export_encoding(
     tradeoff: list[dict[str, Any]] = []
     written: list[Path] = []
     if card:
-        from posstats.plots import lowrank_figure, save_png, spectrum_figure
+        from posstats.plots import lowrank_figure, spectrum_figure
 
         tradeoff = lowrank_tradeoff(run.encoding[idx], dist, width=int(dim), ranks=default_ranks(k, width=int(dim), extra=(r,)), n=n)
         fig = spectrum_figure(run.eigenvalues, _explained(run), rank=spectrum.get("rank"))

@@ -29,8 +29,9 @@ import base64
 import html
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,7 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
 
 def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
     c, p, s = report.get("corpus", {}), report.get("positions", {}), report.get("spectrum", {})
-    h, d = report.get("hellinger", {}), report.get("diagnostics", {})
+    h = report.get("hellinger", {})
     cf = s.get("components_for", {})
     rows = [
         ("corpus", f"{_num(c.get('sequences'))} sequences, {_num(c.get('tokens_counted'))} tokens, "

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from posstats.audit import Checkpoint, audit_checkpoint, find_attention_layers, find_position_key
+from posstats.audit import Checkpoint, audit_checkpoint
 from posstats.cli import main
 from posstats.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
