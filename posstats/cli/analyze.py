@@ -14,9 +14,10 @@ occupied positions, classical MDS (the information-optimal encoding P_MDS, its s
 and rank) and, for every encoding and width, raw and scaled stress, optimal scale,
 Pearson correlation, minimum separation and monotonicity (THEORY.md sections 2-6).
 
-Writes OUT/report.json (schema in README.md; written last), OUT/mds.safetensors
-(the MDS coordinates of the used positions) and OUT/analysis-config.json, and prints a
-summary table.
+Writes OUT/report.json (schema in README.md; written last), OUT/report.html (figures
+embedded, opens offline), OUT/figures/*.png, OUT/summary.md and OUT/report.md,
+OUT/mds.safetensors (the MDS coordinates of the used positions) and
+OUT/analysis-config.json, and prints a summary table.
 
 example:
   posstats analyze --counts runs/counts --dims 2,16,64 --encodings mds,sinusoidal,rope --out runs/analysis
@@ -33,9 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def analyze_to(counts, config, stage, *, counts_path=None) -> dict:
     """Analyse ``counts`` and write mds.safetensors + report.json into ``stage``; return the report."""
+    import numpy as np
     from safetensors.numpy import save_file
 
     from posstats.analysis import analyze
+    from posstats.html_report import write_html_report
     from posstats.report import format_markdown
     from posstats.storage import atomic_path, write_json_atomic
 
@@ -45,8 +48,8 @@ def analyze_to(counts, config, stage, *, counts_path=None) -> dict:
         save_file(
             {
                 "positions": result.positions.astype("int64"),
-                "eigenvalues": result.mds.eigenvalues,
-                "encoding": result.mds.encoding,
+                "eigenvalues": np.ascontiguousarray(result.mds.eigenvalues),
+                "encoding": np.ascontiguousarray(result.mds.encoding),
             },
             str(tmp),
             metadata={"schema": "posstats.mds/1", "method": result.mds.method, "fingerprint": counts.fingerprint},
@@ -56,6 +59,7 @@ def analyze_to(counts, config, stage, *, counts_path=None) -> dict:
     with atomic_path(stage / "report.md") as tmp:
         tmp.write_text(format_markdown(report))
     write_json_atomic(stage / "report.json", report)
+    write_html_report(stage)
     return report
 
 
@@ -69,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
     with staged_output(args.out, last=("report.json",)) as stage:
         report = analyze_to(counts, config, stage, counts_path=args.counts)
     print(format_summary(report))
-    print(f"\nreport: {args.out}/report.json")
+    print(f"\nreport: {args.out}/report.html (summary.md, report.json)")
     return 0

@@ -10,8 +10,8 @@ HELP = "count a corpus and analyse it in one go (count + analyze)"
 DESCRIPTION = """\
 Count positional tokens of a corpus and analyse them in this process (the Ray version
 is 'posstats count --ray'). Writes into OUT: config.json, counts.safetensors (or
-counts.parquet), count.json, mds.safetensors and report.json (last), and prints a
-summary table. If anything fails, OUT keeps its previous contents.
+counts.parquet), count.json, mds.safetensors, report.html with figures/*.png,
+summary.md, report.md and report.json (last), and prints a summary table. If anything fails, OUT keeps its previous contents.
 
 example (the bundled sample):
   posstats run --input data/fortunes-sample.jsonl --text-column text \\
@@ -40,5 +40,5 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(stage / "count.json", summary)
         report = analyze_to(counts, config, stage, counts_path=args.out)
     print(format_summary(report))
-    print(f"\nreport: {args.out}/report.json")
+    print(f"\nreport: {args.out}/report.html (summary.md, report.json)")
     return 0
