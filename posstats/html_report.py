@@ -189,6 +189,7 @@ def write_html_report(
     width: int | None = None,
     max_positions: int = 2048,
     max_heatmap: int = 512,
+    name: str | None = None,
 ) -> Path:
     """Write ``report.html``, ``figures/*.png`` and ``summary.md`` into a run folder.
 
@@ -198,6 +199,8 @@ def write_html_report(
             width, ``config.dims``).
         max_positions: distances use at most this many used positions (an even sample).
         max_heatmap: the heatmap shows at most this many positions per side.
+        name: the run's name in the title (default: the folder's name; a command that
+            writes into a staging folder passes the destination's name).
 
     Returns:
         The path of ``report.html``.
@@ -260,7 +263,7 @@ def write_html_report(
             tmp.write_bytes(data)
         p.figure.clear()
 
-    title = f"posstats report: {run.directory.resolve().name}"
+    title = f"posstats report: {name or run.directory.resolve().name}"
     trade_rows = _tradeoff_rows(trade, report, n=m, width=d_model)
     unc = _uncertainty_rows(report)
     parts = [

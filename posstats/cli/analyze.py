@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def analyze_to(counts, config, stage, *, counts_path=None) -> dict:
+def analyze_to(counts, config, stage, *, counts_path=None, name=None) -> dict:
     """Analyse ``counts`` and write mds.safetensors + report.json into ``stage``; return the report."""
     import numpy as np
     from safetensors.numpy import save_file
@@ -59,7 +59,7 @@ def analyze_to(counts, config, stage, *, counts_path=None) -> dict:
     with atomic_path(stage / "report.md") as tmp:
         tmp.write_text(format_markdown(report))
     write_json_atomic(stage / "report.json", report)
-    write_html_report(stage)
+    write_html_report(stage, name=name)
     return report
 
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     config = analysis_config(args)
     counts = load_counts(args.counts)
     with staged_output(args.out, last=("report.json",)) as stage:
-        report = analyze_to(counts, config, stage, counts_path=args.counts)
+        report = analyze_to(counts, config, stage, counts_path=args.counts, name=Path(args.out).name)
     print(format_summary(report))
     print(f"\nreport: {args.out}/report.html (summary.md, report.json)")
     return 0

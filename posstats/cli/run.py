@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from posstats.cli._common import add_analysis_args, add_input_args, analysis_config
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     with staged_output(args.out, last=("count.json", "report.json")) as stage:
         counts, summary = count_to(args, stage)
         write_json_atomic(stage / "count.json", summary)
-        report = analyze_to(counts, config, stage, counts_path=args.out)
+        report = analyze_to(counts, config, stage, counts_path=args.out, name=Path(args.out).name)
     print(format_summary(report))
     print(f"\nreport: {args.out}/report.html (summary.md, report.json)")
     return 0
