@@ -58,7 +58,12 @@ _EXPORTS: dict[str, str] = {
     # pipeline
     "AnalysisConfig": "analysis",
     "analyze": "analysis",
+    # reports, export, audit
+    "write_html_report": "html_report",
+    "export_encoding": "export",
+    "audit_checkpoint": "audit",
     # architecture baselines
+    "cesaro_influence": "influence",
     "influence_profile": "influence",
     "adjacency_score": "adjacency",
     "self_cosine_similarity": "adjacency",
