@@ -1,0 +1,174 @@
+"""Distributed counting benchmark: the Ray count job with 1 and 2 workers against the
+in-process ``count_corpus`` on the same generated Parquet corpus.
+
+Run: ``python benchmarks/bench_ray_count.py [--tokens 256e6 --files 16 --positions 128]``
+
+Prints one JSON object. The corpus (``--dir``, generated once and reused) holds Zipf
+(exponent 1.1) token ids over a GPT-2-sized vocabulary in documents of 256..1535 tokens,
+``--files`` Parquet files of ``--row-groups`` row groups each (one shard per row group).
+Mode ``chunk``, so every token is counted.
+
+Measured, all in this process and on this machine:
+
+* ``in_process``: :func:`posstats.corpus.count_corpus` (read + kernel, dense), tokens/s;
+* ``ray_startup_s``: ``ray.init(num_cpus=2, include_dashboard=False)``, the fixed cost;
+* for each worker count: the job's wall time (planning, actor start, counting, tree
+  reduce, result written; Ray already up), its counting phase, and the per-worker rate:
+  tokens / counting phase / workers, and tokens / actor busy time (from the markers);
+* ``speedup``: 1-worker time / 2-worker time, for the counting phase and the whole job;
+* ``identical``: the Ray result equals the in-process counts (and fingerprint).
+
+Each measurement is repeated ``--repeats`` times; the best is reported with all values.
+The machine's load average is printed next to the figures: on a shared 2-core machine
+other processes take CPU from the workers and the figures move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec
+from posstats.storage import load_counts
+
+
+def generate(root: Path, *, tokens: int, files: int, row_groups: int, vocab: int, seed: int) -> dict:
+    """Write the corpus once; a stamp file records what was generated."""
+    stamp = root / "corpus.json"
+    want = {"tokens": tokens, "files": files, "row_groups": row_groups, "vocab": vocab, "seed": seed}
+    if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
+        return json.loads(stamp.read_text())
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    total = 0
+    for f in range(files):
+        rng = np.random.default_rng([seed, f])
+        lengths = rng.integers(256, 1536, size=max(1, tokens // files // 896))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = ((rng.zipf(1.1, size=int(offsets[-1])) - 1) % vocab).astype(np.int32)
+        column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        rows_per_group = -(-len(lengths) // row_groups)
+        pq.write_table(pa.table({"input_ids": column}), root / f"part-{f:04d}.parquet", row_group_size=rows_per_group)
+        total += int(offsets[-1])
+    info = {"params": want, "tokens_written": total, "bytes": sum(p.stat().st_size for p in root.glob("*.parquet"))}
+    stamp.write_text(json.dumps(info))
+    return info
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/tmp/posstats-bench-ray", help="corpus and run-store folder")
+    ap.add_argument("--tokens", type=float, default=256e6)
+    ap.add_argument("--files", type=int, default=16)
+    ap.add_argument("--row-groups", type=int, default=1, help="row groups (= shards) per file")
+    ap.add_argument("--positions", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    import ray
+
+    from jobs.count import JobOptions, count_job
+
+    root = Path(args.dir)
+    t = time.perf_counter()
+    corpus = generate(root / "corpus", tokens=int(args.tokens), files=args.files, row_groups=args.row_groups,
+                      vocab=args.vocab, seed=args.seed)
+    generate_s = time.perf_counter() - t
+    source = CorpusSource(inputs=(str(root / "corpus" / "*.parquet"),), column="input_ids")
+    spec = CountSpec(args.positions, args.vocab, "chunk")
+    report: dict = {
+        "benchmark": "ray_count",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ray": ray.__version__},
+        "corpus": {**corpus, "generate_s": round(generate_s, 1)},
+        "spec": {"positions": spec.positions, "vocab": spec.vocab_size, "mode": spec.mode,
+                 "dense_bytes": spec.positions * spec.vocab_size * 8},
+        "load_before": load_average(),
+    }
+
+    in_process = []
+    ref = None
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        ref = count_corpus(source, spec, dense=True, show_progress=False)
+        in_process.append(time.perf_counter() - t)
+    report["in_process"] = {
+        "seconds": [round(x, 2) for x in in_process],
+        "tokens": ref.tokens,
+        "tokens_per_s": round(ref.tokens / min(in_process)),
+        "load": load_average(),
+    }
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    t = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    report["ray_startup_s"] = round(time.perf_counter() - t, 2)
+
+    runs = {}
+    identical = True
+    for workers in (int(w) for w in args.workers.split(",")):
+        trials = []
+        for r in range(args.repeats):
+            store = root / f"store-{workers}-{r}"
+            shutil.rmtree(store, ignore_errors=True)
+            t = time.perf_counter()
+            summary = count_job(source, spec, {}, JobOptions(store=str(store), workers=workers, show_progress=False))
+            wall = time.perf_counter() - t
+            got = load_counts(summary["counts_path"])
+            identical &= bool(got.equals(ref) and got.fingerprint == ref.fingerprint)
+            busy: dict[int, float] = {}
+            for marker in store.glob("partials/*/done.json"):
+                m = json.loads(marker.read_text())
+                busy[m["pid"]] = busy.get(m["pid"], 0.0) + m["seconds"]
+            info = summary["ray"]
+            trials.append({
+                "job_s": round(wall, 2),
+                "count_s": info["count_s"],
+                "reduce_s": info["reduce_s"],
+                "actors_start_s": info["actors_start_s"],
+                "shards": info["shards"],
+                "per_worker_tokens_per_s": round(ref.tokens / info["count_s"] / workers),
+                "per_actor_busy_tokens_per_s": round(ref.tokens / max(busy.values()) * len(busy) / workers)
+                if busy else None,
+                "load": load_average(),
+            })
+            shutil.rmtree(store, ignore_errors=True)
+        best = min(trials, key=lambda x: x["count_s"])
+        runs[workers] = {"best": best, "trials": trials}
+    ray.shutdown()
+
+    report["ray"] = {str(k): v for k, v in runs.items()}
+    if 1 in runs and 2 in runs:
+        one, two = runs[1]["best"], runs[2]["best"]
+        report["speedup"] = {
+            "count_phase": round(one["count_s"] / two["count_s"], 2),
+            "job": round(one["job_s"] / two["job_s"], 2),
+        }
+        base = report["in_process"]["tokens_per_s"]
+        report["per_worker_vs_in_process"] = {
+            str(w): round(runs[w]["best"]["per_worker_tokens_per_s"] / base, 2) for w in runs
+        }
+    report["identical"] = identical
+    report["load_after"] = load_average()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
