@@ -63,6 +63,18 @@ def test_pack_state_carries_across_batches_of_one_source(seqs, n, cut):
     np.testing.assert_array_equal(acc.result().matrix, oracle(seqs, n, 12, "pack", sep=0))
 
 
+@pytest.mark.parametrize("mode", ["truncate", "chunk", "pack"])
+@settings(max_examples=40, deadline=None)
+@given(seqs=sequences, n=st.integers(1, 9), block=st.integers(1, 4), cuts=st.lists(st.integers(0, 12), max_size=3))
+def test_position_blocks_and_batch_cuts_never_change_counts(mode, seqs, n, block, cuts):
+    spec = CountSpec(n, 12, mode, separator_id=11 if mode == "pack" else None)
+    acc = CountAccumulator(spec, block_positions=block)
+    bounds = [0, *sorted(cuts), len(seqs)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        acc.add(TokenBatch.from_sequences(seqs[a:b], source="one-file"))
+    np.testing.assert_array_equal(acc.result().matrix, oracle(seqs, n, 12, mode, sep=spec.separator_id))
+
+
 def test_pack_restarts_at_a_new_source():
     spec = CountSpec(4, 10, "pack")
     acc = CountAccumulator(spec)
