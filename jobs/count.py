@@ -48,6 +48,7 @@ from posstats.corpus import CorpusSource
 from posstats.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.errors import InputError, PosstatsError
 from posstats.runstore import RunStore, config_key
+from posstats.storage import write_json_atomic
 from posstats.shards import DEFAULT_SHARD_BYTES, Shard, plan_shards
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
 
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
 MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard (after Ray's own retries)
+ACTOR_START_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -237,7 +239,15 @@ class _Engine:
             self.workers = cpus
         t = time.perf_counter()
         self.actors = [self._new_actor() for _ in range(self.workers)]
-        self.where = ray.get([a.where.remote() for a in self.actors])
+        try:
+            self.where = ray.get([a.where.remote() for a in self.actors], timeout=ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            self.__exit__()
+            msg = (
+                f"{self.workers} counting actor(s) did not start within {ACTOR_START_TIMEOUT_S} s: are the "
+                f"cluster's CPUs taken by other jobs? (try fewer --workers)"
+            )
+            raise PosstatsError(msg) from None
         self.actors_s = time.perf_counter() - t
         return self
 
@@ -415,6 +425,7 @@ def _run(
     incremental: bool,
 ) -> dict[str, Any]:
     """The body of a count or refresh run; returns the run summary (see :func:`count_job`)."""
+    tokenizer_path = os.path.abspath(source.tokenizer) if source.column is None and source.tokenizer else None
     t_start = time.perf_counter()
     _check_no_dense_overflow(spec)
     store = RunStore(os.path.abspath(opts.store))
@@ -422,7 +433,10 @@ def _run(
     files = source.files()
     run_id = opts.run_id or (default_run_id(files, config) if command == "count" else "refresh-" + default_run_id(files, config)[4:])
     with store.lock(run_id=run_id, command=command):
-        store.bind(config)
+        bound = store.bind(config)
+        if tokenizer_path and bound.get("tokenizer_path") != tokenizer_path:
+            # remembered so that `posstats refresh` can find it
+            write_json_atomic(store.config_path, {**bound, "tokenizer_path": tokenizer_path})
         previous = store.manifest()
         if incremental and previous is None:
             msg = f"run store {store.root} has no finished count to refresh; run 'posstats count --ray' first"
@@ -497,9 +511,9 @@ def _run(
                 count_s = time.perf_counter() - t_count
                 record["bad_shards"] = bad
                 if bad and not opts.skip_bad_shards:
-                    first = bad[0]
+                    more = f" (and {len(bad) - 1} more bad shard(s), see {store.run_path(run_id)})" if len(bad) > 1 else ""
                     msg = (
-                        f"{first['error']}; the {len(done_ids) + len(results)} finished shard(s) are kept in "
+                        f"{bad[0]['error']}{more}; the {len(done_ids) + len(results)} finished shard(s) are kept in "
                         f"{store.root}: fix the input and rerun to continue, or pass --skip-bad-shards"
                     )
                     raise InputError(msg)
@@ -528,6 +542,7 @@ def _run(
         if reduced["sequences"] == 0:
             shutil.rmtree(result_dir, ignore_errors=True)
             msg = f"empty corpus: no sequences in {', '.join(files)}"
+            store.write_run(run_id, {**record, "status": "failed", "finished": _stamp(), "error": msg})
             raise InputError(msg)
         manifest = {
             "schema": "posstats.manifest/1",
@@ -716,7 +731,6 @@ def count_to(args: argparse.Namespace, stage: Path) -> tuple[None, dict[str, Any
     ``stage``: config.json, counts.*; the caller writes count.json), counted by the Ray job.
     Returns (None, summary): the counts stay on disk, never in the driver's memory."""
     from posstats.cli._common import count_inputs
-    from posstats.storage import write_json_atomic
 
     source, spec, metadata = count_inputs(args)
     files = source.files()
@@ -735,34 +749,19 @@ def count_to(args: argparse.Namespace, stage: Path) -> tuple[None, dict[str, Any
                   "workers": opts.workers, "skip_bad_shards": opts.skip_bad_shards, "shard_bytes": opts.shard_bytes}
     write_json_atomic(stage / "config.json", {**config, "ray": ray_config})
     summary = count_job(source, spec, metadata, opts)
-    _remember_tokenizer(opts.store, args.tokenizer if source.column is None else None)
     shutil.copyfile(summary.pop("counts_path"), stage / summary["counts_file"])
     return None, summary
-
-
-def _remember_tokenizer(store: str, tokenizer: str | None) -> None:
-    """Record the tokenizer's path in store.json so ``posstats refresh`` can find it."""
-    if not tokenizer:
-        return
-    from posstats.storage import write_json_atomic
-
-    rs = RunStore(os.path.abspath(store))
-    record = rs.config()
-    if record is not None and record.get("tokenizer_path") != os.path.abspath(tokenizer):
-        write_json_atomic(rs.config_path, {**record, "tokenizer_path": os.path.abspath(tokenizer)})
 
 
 def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
     """``posstats refresh``: update the store, print what changed, write OUT if known."""
     from posstats.outputs import staged_output
-    from posstats.storage import write_json_atomic
 
     if args.memory_budget is None:
         manifest = RunStore(os.path.abspath(args.store)).manifest() or {}
         args.memory_budget = manifest.get("dense_budget", 4 * 2**30) / 2**30
     opts = options_from_args(args, default_store=None)
     summary, ctx = refresh_job(args.store, opts, inputs=args.input, tokenizer=args.tokenizer)
-    _remember_tokenizer(args.store, args.tokenizer)
     ray_info = summary["ray"]
     rs = RunStore(os.path.abspath(args.store))
     manifest = rs.manifest() or {}
@@ -779,7 +778,7 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  ! skipped {b['label']}: {b['error']}")
     print(f"total: {summary['tokens_counted']:,} tokens from {summary['sequences']:,} sequences in "
           f"{summary['files']} file(s), fingerprint {summary['fingerprint'][:16]}")
-    if out:
+    if out and (ray_info["reduce"] != "up to date" or not os.path.exists(os.path.join(out, "count.json"))):
         config = {
             "command": "refresh",
             "inputs": source.files(),

@@ -194,13 +194,17 @@ def hf_dataset(tmp_path_factory, shared_dir):
 
 @pytest.mark.ray
 @pytest.mark.parametrize("mode", ["chunk", "pack"])
-def test_cli_ray_hf_dataset_equals_single_process(ray_session, hf_dataset, tmp_path, mode):
+def test_cli_ray_hf_dataset_equals_single_process(ray_session, hf_dataset, tmp_path, mode, capsys):
     flags = ["--input", hf_dataset, "--text-column", "text", "--tokenizer", BERT, "--positions", 40, "--mode", mode]
     assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
     assert posstats_cli("count", "--ray", *flags, "--out", tmp_path / "ray") == 0
     assert_same_output(tmp_path / "single", tmp_path / "ray")
     info = json.loads((tmp_path / "ray" / "count.json").read_text())["ray"]
     assert info["shards"] == (4 if mode == "chunk" else 1)  # pack mode never splits an input
+    # the store remembers the tokenizer: a refresh needs no flags, and nothing changed
+    assert posstats_cli("refresh", "--store", tmp_path / "ray" / "store") == 0
+    assert "(up to date; 0 counted now)" in capsys.readouterr().out
+    assert_same_output(tmp_path / "single", tmp_path / "ray")
 
 
 @pytest.mark.ray
