@@ -68,11 +68,12 @@ class AnalysisConfig:
             raise PosstatsError("give at least one encoding (--encodings)")
         # Build every (encoding, width) on two positions so that unknown names, odd widths
         # for sinusoidal/RoPE or unreadable tables fail before any counting work.
-        probe = _ProbeMDS(np.zeros((2, max(self.dims))))
+        probe = _ProbeMDS(np.eye(2, max(self.dims)))
+        probe_distances = np.array([[0.0, 1.0], [1.0, 0.0]])
         for spec in self.encodings:
             parse_encoding_spec(spec)
             for d in self.dims:
-                make_encoding(spec, np.arange(2), int(d), mds=probe)
+                make_encoding(spec, np.arange(2), int(d), mds=probe, distances=probe_distances, occupancy=np.ones(2))
         if self.min_occupancy < 1:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
@@ -201,20 +202,29 @@ def analyze(counts: PositionalCounts, config: AnalysisConfig | None = None, /, *
     }
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
+    occupancy = counts.occupancy()[positions]
     results = []
     jobs = [(d, spec) for d in config.dims for spec in config.encodings]
     t = time.perf_counter()
     with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
         for dim, spec in jobs:
-            results.append(_evaluate(spec, positions, dim, distances, mds, config))
+            results.append(_evaluate(spec, positions, dim, distances, mds, config, occupancy))
             bar.update(1)
     timings["encodings"] = time.perf_counter() - t
     return Analysis(counts, config, positions, distances, mds, diagnostics, results, timings)
 
 
-def _evaluate(spec: str, positions: np.ndarray, dim: int, distances: np.ndarray, mds: MDSResult, config: AnalysisConfig) -> dict[str, Any]:
+def _evaluate(
+    spec: str,
+    positions: np.ndarray,
+    dim: int,
+    distances: np.ndarray,
+    mds: MDSResult,
+    config: AnalysisConfig,
+    occupancy: np.ndarray,
+) -> dict[str, Any]:
     """Stress and diagnostics of one encoding at one width, as a report entry."""
-    enc = make_encoding(spec, positions, dim, mds=mds)
+    enc = make_encoding(spec, positions, dim, mds=mds, distances=distances, occupancy=occupancy)
     s = stress_report(enc.matrix, distances)
     sep = min_separation(enc.matrix)
     mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
@@ -230,4 +240,5 @@ def _evaluate(spec: str, positions: np.ndarray, dim: int, distances: np.ndarray,
         "monotonicity_violation_rate": mono.rate,
         "monotonicity_method": mono.method,
         "monotonicity_ci95": [mono.ci_low, mono.ci_high],
+        **({"fit": dict(enc.details)} if enc.details else {}),
     }

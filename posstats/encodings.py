@@ -9,6 +9,7 @@ is the encoding of the 0-based sequence position ``positions[r]``. Geometry work
 |---|---|---|
 | ``mds`` | :func:`mds_encoding` | (needs an MDS result) |
 | ``mds-lowrank:R`` | :func:`mds_lowrank` | ``rank`` (required) |
+| ``mds-smacof`` | :func:`mds_smacof` | ``rank`` = dim, ``weights`` = uniform/occupancy/local, ``scale`` = 1, ``max_iter`` = 300, ``tol`` = 1e-6 (needs an MDS result and the distances) |
 | ``sinusoidal`` | :func:`sinusoidal` | ``base`` = 10000 |
 | ``rope`` | :func:`rope` | ``base`` = 10000, ``layout`` = interleaved/half, ``vector`` = ones/random, ``seed`` = 0 |
 | ``rope-half`` | alias of ``rope:layout=half`` | |
@@ -31,7 +32,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ __all__ = [
     "matrix_power",
     "mds_encoding",
     "mds_lowrank",
+    "mds_smacof",
     "parse_encoding_spec",
     "random_encoding",
     "rope",
@@ -362,6 +364,61 @@ def mds_lowrank(mds_result: Any, /, dim: int, rank: int) -> np.ndarray:
     return _pad(coords[:, : int(rank)], dim)
 
 
+def mds_smacof(
+    mds_result: Any,
+    distances: Any,
+    /,
+    dim: int,
+    *,
+    rank: int | None = None,
+    weights: str = "uniform",
+    scale: float = 1.0,
+    max_iter: int = 300,
+    tol: float = 1e-6,
+    positions: Any = None,
+    occupancy: Any = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Stress-optimal encoding: SMACOF refinement of classical MDS (issue: MDS minimises strain).
+
+    Starts from the first ``r = rank or dim`` classical-MDS coordinates, minimises the
+    (weighted) stress ``sum w (e - h)^2 / sum w h^2`` by majorisation
+    (:func:`posstats.smacof.smacof`; stops when the relative decrease is below ``tol`` or
+    after ``max_iter`` iterations), and embeds the rank-r result in width ``dim`` by zero
+    padding (distances unchanged). ``weights``: see :func:`posstats.smacof.pair_weights`
+    (``occupancy`` down-weights noisy rare positions, ``local`` favours nearby pairs).
+
+    Returns:
+        (matrix (n x dim) float64, details: classical_stress, stress, iterations,
+        converged, seconds, rank, weights).
+    """
+    from posstats.smacof import pair_weights, smacof
+
+    dim = _dim(dim, "mds-smacof")
+    r = dim if rank is None else int(rank)
+    if not 1 <= r <= dim:
+        msg = f"mds-smacof: rank must be an integer in 1..{dim} (the dimension), got {r}"
+        raise InputError(msg)
+    init = mds_lowrank(mds_result, r, r)
+    w = None
+    if weights != "uniform":
+        pos = _positions(positions if positions is not None else init.shape[0])
+        if "occupancy" in weights and occupancy is None:
+            raise PosstatsError("mds-smacof:weights=occupancy needs the occupancy per position")
+        w = pair_weights(pos, occupancy=occupancy, kind=weights, scale=scale)
+    result = smacof(np.asarray(distances, dtype=np.float64), init, weights=w, max_iter=max_iter, tol=tol)
+    details = {
+        "method": "smacof",
+        "classical_stress": float(result.initial_stress),
+        "stress": float(result.stress),
+        "iterations": int(result.iterations),
+        "converged": bool(result.converged),
+        "seconds": float(result.seconds),
+        "rank": r,
+        "weights": weights,
+    }
+    return _pad(np.asarray(result.encoding), dim), details
+
+
 def _mds_coordinates(mds_result: Any) -> np.ndarray:
     coords = getattr(mds_result, "encoding", None)
     if coords is None:
@@ -547,6 +604,13 @@ def _str(text: str) -> str:
 _CATALOG: dict[str, tuple[_Param, ...]] = {
     "mds": (),
     "mds-lowrank": (_Param("rank", _int, _REQUIRED),),
+    "mds-smacof": (
+        _Param("rank", _int, None),
+        _Param("weights", _choice("uniform", "occupancy", "local", "occupancy-local"), "uniform"),
+        _Param("scale", _float, 1.0),
+        _Param("max_iter", _int, 300),
+        _Param("tol", _float, 1e-6),
+    ),
     "sinusoidal": (_Param("base", _float, 10000.0),),
     "rope": (
         _Param("base", _float, 10000.0),
@@ -673,17 +737,29 @@ class Encoding:
     Attributes:
         name: canonical spec string (see :func:`parse_encoding_spec`).
         matrix: float64 (len(positions) x dim).
+        details: how it was fitted, JSON-ready (``mds-smacof``: classical and refined
+            stress, iterations, convergence, seconds); empty for closed-form encodings.
     """
 
     name: str
     matrix: np.ndarray
+    details: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Name and shape only (the matrix itself goes to safetensors, not JSON)."""
         return {"name": self.name, "shape": [int(s) for s in self.matrix.shape]}
 
 
-def make_encoding(spec: str | EncodingSpec, positions: Any, /, dim: int, *, mds: Any = None) -> Encoding:
+def make_encoding(
+    spec: str | EncodingSpec,
+    positions: Any,
+    /,
+    dim: int,
+    *,
+    mds: Any = None,
+    distances: Any = None,
+    occupancy: Any = None,
+) -> Encoding:
     """Build the encoding named by ``spec`` at ``positions`` with ``dim`` columns.
 
     Args:
@@ -691,7 +767,9 @@ def make_encoding(spec: str | EncodingSpec, positions: Any, /, dim: int, *, mds:
         positions: 0-based sequence positions of the rows (the occupied ones), or an int n.
         dim: number of columns (the model width).
         mds: an MDS result (``.encoding``, one row per position) for ``mds`` /
-            ``mds-lowrank``.
+            ``mds-lowrank`` / ``mds-smacof``.
+        distances: (n, n) Hellinger distances d_H between the positions (``mds-smacof``).
+        occupancy: (n,) tokens counted per position (``mds-smacof:weights=occupancy``).
 
     Raises:
         PosstatsError: unknown name, bad parameter values (odd dim for sinusoidal/rope,
@@ -703,8 +781,9 @@ def make_encoding(spec: str | EncodingSpec, positions: Any, /, dim: int, *, mds:
     name = parsed.name
     dim = _dim(dim, name)
     pos = _positions(positions)
-    if name in ("mds", "mds-lowrank"):
-        rank = p.get("rank", 1)
+    details: dict[str, Any] = {}
+    if name in ("mds", "mds-lowrank", "mds-smacof"):
+        rank = p.get("rank") or 1
         if not 1 <= rank <= dim:
             msg = f"mds-lowrank: rank must be an integer in 1..{dim} (the dimension), got {rank}"
             raise InputError(msg)
@@ -715,7 +794,18 @@ def make_encoding(spec: str | EncodingSpec, positions: Any, /, dim: int, *, mds:
         if len(rows) != 2 or rows[0] != pos.shape[0]:
             msg = f"encoding {parsed.canonical!r}: the MDS result has shape {rows}, but there are {pos.shape[0]} positions"
             raise PosstatsError(msg)
-        matrix = mds_encoding(mds, dim) if name == "mds" else mds_lowrank(mds, dim, p["rank"])
+        if name == "mds":
+            matrix = mds_encoding(mds, dim)
+        elif name == "mds-lowrank":
+            matrix = mds_lowrank(mds, dim, p["rank"])
+        else:
+            if distances is None:
+                msg = f"encoding {parsed.canonical!r} needs the Hellinger distances (pass distances=...)"
+                raise PosstatsError(msg)
+            matrix, details = mds_smacof(
+                mds, distances, dim, rank=p["rank"], weights=p["weights"], scale=p["scale"],
+                max_iter=p["max_iter"], tol=p["tol"], positions=pos, occupancy=occupancy,
+            )
     elif name == "sinusoidal":
         matrix = sinusoidal(pos, dim, base=p["base"])
     elif name == "rope":
@@ -731,4 +821,4 @@ def make_encoding(spec: str | EncodingSpec, positions: Any, /, dim: int, *, mds:
     else:  # pragma: no cover - _CATALOG and this dispatch are kept in step
         msg = f"encoding {name!r} has no constructor"
         raise AssertionError(msg)
-    return Encoding(parsed.canonical, matrix)
+    return Encoding(parsed.canonical, matrix, details)

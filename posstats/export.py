@@ -361,6 +361,9 @@ def _fmt(x: float) -> str:
     return format(float(x), ".6g")
 
 
+SMACOF_POSITION_LIMIT = 16_384
+
+
 def export_encoding(
     run_dir: str | os.PathLike,
     out: str | os.PathLike,
@@ -376,6 +379,9 @@ def export_encoding(
     dtype: str = "float32",
     card: bool = True,
     force: bool = False,
+    method: str = "classical",
+    smacof_max_iter: int = 300,
+    smacof_tol: float = 1e-6,
 ) -> ExportResult:
     """Export a run's MDS encoding as an (n, dim) position table (see the module docstring).
 
@@ -391,6 +397,11 @@ def export_encoding(
         dtype: ``float32`` (default) or ``float64``.
         card: write ``README.md`` and two figures next to ``out``.
         force: replace existing files.
+        method: ``classical`` (the run's classical-MDS coordinates) or ``smacof`` (those
+            refined at rank r by stress majorisation, :func:`posstats.encodings.mds_smacof`:
+            lower stress at the same width; needs every used position's distances, so
+            n <= 16,384).
+        smacof_max_iter, smacof_tol: the SMACOF stopping rule.
 
     Raises:
         InputError / PosstatsError: a missing or non-contiguous run, rank > dim or above the
@@ -418,6 +429,9 @@ def export_encoding(
         raise PosstatsError(msg)
     if factors and rank is None:
         raise PosstatsError("the low-rank factors need --rank")
+    if method not in ("classical", "smacof"):
+        msg = f"unknown method {method!r}; use classical or smacof"
+        raise PosstatsError(msg)
 
     run = load_run(run_dir)
     n = _check_contiguous(run)
@@ -443,6 +457,16 @@ def export_encoding(
             raise PosstatsError(msg)
 
     a = np.ascontiguousarray(run.encoding[:, :r])
+    fit: dict[str, str] = {"method": method}
+    if method == "smacof":
+        from posstats.encodings import mds_smacof
+
+        if n > SMACOF_POSITION_LIMIT:
+            msg = f"--method smacof needs all {n} x {n} distances; it is limited to n <= {SMACOF_POSITION_LIMIT}"
+            raise PosstatsError(msg)
+        _, full = run_distances(run)
+        a, details = mds_smacof(run, full, r, max_iter=smacof_max_iter, tol=smacof_tol)
+        fit.update({f"smacof_{k}": _fmt(v) if isinstance(v, float) else str(v) for k, v in details.items() if k not in ("method", "rank")})
     w = orthonormal_basis(int(dim), r, basis=basis, seed=seed)
     np_dtype = np.dtype(dtype)
     table = np.ascontiguousarray((a @ w.T).astype(np_dtype))
@@ -474,6 +498,7 @@ def export_encoding(
         "tool_version": __version__,
         "run_id": run.run_id,
         "positions": f"0..{n - 1}",
+        **fit,
     }
 
     tensors = {key: table}
