@@ -165,8 +165,11 @@ class CountWorker:
         if self.shard_delay:
             time.sleep(self.shard_delay)
         seconds = time.perf_counter() - t
+        t = time.perf_counter()
         self.store.write_partial(s, counts, seconds=round(seconds, 6), **who)
-        return {"status": "counted", "shard_id": s.shard_id, "tokens": counts.tokens, "seconds": seconds, **who}
+        save_s = time.perf_counter() - t
+        return {"status": "counted", "shard_id": s.shard_id, "tokens": counts.tokens, "seconds": seconds,
+                "save_seconds": save_s, **who}
 
     def reduce(self, items: list[tuple[str, int]], out: str, final: bool, final_dense: bool) -> dict[str, Any]:
         """Signed sum of saved counts into ``out``; intermediate sums are stored compactly,

@@ -7,7 +7,8 @@ Layout of a store folder ``STORE``::
     STORE/lock                       held (flock) by the one run using the store; holds its
                                      pid, hostname, start time and run id
     STORE/partials/<shard_id>/counts.safetensors | counts.parquet
-                                     the shard's exact partial counts (posstats.storage)
+                                     the shard's exact partial counts (posstats.storage;
+                                     sparse when under 1/8 of the cells are non-zero)
     STORE/partials/<shard_id>/done.json
                                      completion marker, written last (atomically): the shard,
                                      its totals, the counts file, who counted it and when
@@ -395,17 +396,22 @@ def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
 
 
 def compact_counts(counts: PositionalCounts, /) -> PositionalCounts:
-    """The same counts in the smaller storage: sparse (16 bytes per non-zero as COO) when
-    that is below the dense ``8 n V`` bytes, else dense. Exact either way."""
+    """The same counts in the storage that suits them: sparse when fewer than ``n V / 8``
+    cells are non-zero (Parquet COO, 16 bytes per non-zero: at most a quarter of the dense
+    ``8 n V`` bytes), else dense. Exact either way.
+
+    Writing a dense safetensors file runs at memory speed while a COO table costs about
+    0.1 us per non-zero, so sparse storage is chosen only where it saves a lot of space.
+    """
     n, V = counts.spec.positions, counts.spec.vocab_size
     if counts.is_sparse:
         matrix = counts.matrix.copy()
         matrix.eliminate_zeros()
-        if matrix.nnz * 16 < n * V * 8:
+        if matrix.nnz * 8 < n * V:
             return dataclasses.replace(counts, matrix=matrix)
         return counts.to_dense()
     nnz = int(np.count_nonzero(counts.matrix))
-    if nnz * 16 < n * V * 8:
+    if nnz * 8 < n * V:
         return PositionalCounts(counts.spec, _dense_to_csr(counts.matrix), counts.sequences, counts.windows,
                                 counts.tokens, counts.fingerprint, dict(counts.metadata))
     return counts
