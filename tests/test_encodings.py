@@ -317,7 +317,7 @@ def test_parse_valid_specs(spec, name, params, canonical):
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("fourier", "unknown encoding 'fourier'.*valid names: mds, mds-lowrank, sinusoidal, rope"),
+        ("fourier", "unknown encoding 'fourier'.*valid names: mds, mds-lowrank, mds-smacof, sinusoidal, rope"),
         ("", "empty encoding spec"),
         ("mds-lowrank", "needs a rank"),
         ("mds-lowrank:eight", "bad rank 'eight'"),
