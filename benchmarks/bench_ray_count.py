@@ -14,7 +14,8 @@ Measured, all in this process and on this machine:
 * ``ray_startup_s``: ``ray.init(num_cpus=2, include_dashboard=False)``, the fixed cost;
 * for each worker count: the job's wall time (planning, actor start, counting, tree
   reduce, result written; Ray already up), its counting phase, and the per-worker rate:
-  tokens / counting phase / workers, and tokens / actor busy time (from the markers);
+  tokens / counting phase / workers; and each actor's rate while counting (its tokens /
+  its seconds inside ``count_shard``, from the markers: reading + kernel, not saving);
 * ``speedup``: 1-worker time / 2-worker time, for the counting phase and the whole job;
 * ``identical``: the Ray result equals the in-process counts (and fingerprint).
 
@@ -133,10 +134,12 @@ def main() -> None:
             wall = time.perf_counter() - t
             got = load_counts(summary["counts_path"])
             identical &= bool(got.equals(ref) and got.fingerprint == ref.fingerprint)
-            busy: dict[int, float] = {}
+            busy: dict[int, list[float]] = {}  # pid -> [tokens, seconds counting]
             for marker in store.glob("partials/*/done.json"):
                 m = json.loads(marker.read_text())
-                busy[m["pid"]] = busy.get(m["pid"], 0.0) + m["seconds"]
+                acc = busy.setdefault(m["pid"], [0.0, 0.0])
+                acc[0] += m["tokens"]
+                acc[1] += m["seconds"]
             info = summary["ray"]
             trials.append({
                 "job_s": round(wall, 2),
@@ -145,8 +148,7 @@ def main() -> None:
                 "actors_start_s": info["actors_start_s"],
                 "shards": info["shards"],
                 "per_worker_tokens_per_s": round(ref.tokens / info["count_s"] / workers),
-                "per_actor_busy_tokens_per_s": round(ref.tokens / max(busy.values()) * len(busy) / workers)
-                if busy else None,
+                "per_actor_busy_tokens_per_s": [round(tok / sec) for tok, sec in busy.values()],
                 "load": load_average(),
             })
             shutil.rmtree(store, ignore_errors=True)

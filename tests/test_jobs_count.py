@@ -377,7 +377,7 @@ def test_second_run_on_a_locked_store_refuses(ray_address, small_parquet, tmp_pa
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
     args = [*count_flags(str(root / "*.parquet")), "--out", out, "--workers", 2]
-    first = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="1.0"),
+    first = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="1.5"),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         lock = out / "store" / "lock"
