@@ -783,7 +783,8 @@ def make_encoding(
     pos = _positions(positions)
     details: dict[str, Any] = {}
     if name in ("mds", "mds-lowrank", "mds-smacof"):
-        rank = p.get("rank") or 1
+        rank = p.get("rank", 1)
+        rank = dim if rank is None else rank  # mds-smacof: full width unless a rank is given
         if not 1 <= rank <= dim:
             msg = f"mds-lowrank: rank must be an integer in 1..{dim} (the dimension), got {rank}"
             raise InputError(msg)
