@@ -17,9 +17,14 @@ Measured, all in this process and on this machine:
   tokens / counting phase / workers; and each actor's rate while counting (its tokens /
   its seconds inside ``count_shard``, from the markers: reading + kernel, not saving);
 * ``speedup``: 1-worker time / 2-worker time, for the counting phase and the whole job;
-* ``identical``: the Ray result equals the in-process counts (and fingerprint).
+* ``identical``: the Ray result equals the in-process counts (and fingerprint);
+* ``controls_before`` / ``controls_after``: the speed-up two plain processes get over one
+  on this machine at that moment, for a pure-Python loop and for ``count_corpus`` on half
+  the files each: the ceiling for any 2-worker speed-up (a shared or cache-starved
+  machine shows it well below 2).
 
-Each measurement is repeated ``--repeats`` times; the best is reported with all values.
+Each measurement is repeated ``--repeats`` times (Ray runs interleaved: 1, 2, 1, 2, ...;
+the in-process count before and after them); the best is reported with all values.
 The machine's load average is printed next to the figures: on a shared 2-core machine
 other processes take CPU from the workers and the figures move with it.
 """
@@ -31,6 +36,8 @@ import json
 import os
 import platform
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +78,40 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+_BUSY = "import time; t = time.perf_counter(); x = 0\nfor i in range(20_000_000): x += i\nprint(time.perf_counter() - t)"
+_COUNT = """
+import sys, time
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec
+t = time.perf_counter()
+count_corpus(CorpusSource(inputs=tuple(sys.argv[3:]), column="input_ids"),
+             CountSpec(int(sys.argv[1]), int(sys.argv[2]), "chunk"), dense=True, show_progress=False)
+print(time.perf_counter() - t)
+"""
+
+
+def _processes(jobs: list[list[str]]) -> float:
+    """Run ``python -c`` jobs at once; the longest time any of them reports (start-up excluded)."""
+    procs = [subprocess.Popen([sys.executable, "-c", *job], stdout=subprocess.PIPE, text=True) for job in jobs]
+    return max(float(p.communicate()[0].strip().splitlines()[-1]) for p in procs)
+
+
+def controls(files: list[str], spec: CountSpec) -> dict:
+    """What this machine allows right now, without Ray: the speed-up of two plain processes
+    over one, for a pure-Python loop and for count_corpus on half the files each."""
+    busy_1 = _processes([[_BUSY]])
+    busy_2 = _processes([[_BUSY], [_BUSY]])
+    args = [str(spec.positions), str(spec.vocab_size)]
+    count_1 = _processes([[_COUNT, *args, *files]])
+    count_2 = _processes([[_COUNT, *args, *files[0::2]], [_COUNT, *args, *files[1::2]]])
+    return {
+        "cpu_loop_speedup_2_processes": round(2 * busy_1 / busy_2, 2),
+        "count_corpus_speedup_2_processes": round(count_1 / count_2, 2),
+        "count_corpus_1_process_s": round(count_1, 2),
+        "load": load_average(),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/posstats-bench-ray", help="corpus and run-store folder")
@@ -104,12 +145,9 @@ def main() -> None:
         "load_before": load_average(),
     }
 
-    in_process = []
-    ref = None
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        ref = count_corpus(source, spec, dense=True, show_progress=False)
-        in_process.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    ref = count_corpus(source, spec, dense=True, show_progress=False)
+    in_process = [time.perf_counter() - t]
     report["in_process"] = {
         "seconds": [round(x, 2) for x in in_process],
         "tokens": ref.tokens,
@@ -117,16 +155,19 @@ def main() -> None:
         "load": load_average(),
     }
 
+    files = sorted(str(p) for p in (root / "corpus").glob("*.parquet"))
+    report["controls_before"] = controls(files, spec)
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     t = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     report["ray_startup_s"] = round(time.perf_counter() - t, 2)
 
-    runs = {}
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    trials: dict[int, list[dict]] = {w: [] for w in worker_counts}
     identical = True
-    for workers in (int(w) for w in args.workers.split(",")):
-        trials = []
-        for r in range(args.repeats):
+    for r in range(args.repeats):  # interleaved, so every worker count sees the same load
+        for workers in worker_counts:
             store = root / f"store-{workers}-{r}"
             shutil.rmtree(store, ignore_errors=True)
             t = time.perf_counter()
@@ -141,7 +182,7 @@ def main() -> None:
                 acc[0] += m["tokens"]
                 acc[1] += m["seconds"]
             info = summary["ray"]
-            trials.append({
+            trials[workers].append({
                 "job_s": round(wall, 2),
                 "count_s": info["count_s"],
                 "reduce_s": info["reduce_s"],
@@ -152,10 +193,15 @@ def main() -> None:
                 "load": load_average(),
             })
             shutil.rmtree(store, ignore_errors=True)
-        best = min(trials, key=lambda x: x["count_s"])
-        runs[workers] = {"best": best, "trials": trials}
+    runs = {w: {"best": min(t, key=lambda x: x["count_s"]), "trials": t} for w, t in trials.items()}
     ray.shutdown()
 
+    t = time.perf_counter()
+    count_corpus(source, spec, dense=True, show_progress=False)
+    in_process.append(time.perf_counter() - t)
+    report["in_process"]["seconds"] = [round(x, 2) for x in in_process]
+    report["in_process"]["tokens_per_s"] = round(ref.tokens / min(in_process))
+    report["controls_after"] = controls(files, spec)
     report["ray"] = {str(k): v for k, v in runs.items()}
     if 1 in runs and 2 in runs:
         one, two = runs[1]["best"], runs[2]["best"]
