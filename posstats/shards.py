@@ -473,7 +473,11 @@ def _range_lines(shard: Shard) -> Iterator[tuple[int, str]]:
     from posstats import readers
 
     path = shard.path
-    raw = _RangeIO(path, shard.start, shard.stop)
+    try:
+        raw = _RangeIO(path, shard.start, shard.stop)
+    except OSError as exc:
+        msg = f"{path}: cannot read ({readers._one_line(exc)})"
+        raise InputError(msg) from exc
     lineno = shard.first_line - 1
     with io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8") as f:
         try:
@@ -566,7 +570,9 @@ def count_shard(
 
     Raises:
         InputError: bad content; the message names the file and row (or row group / line)
-            and ends with the shard (``[shard ...]``).
+            and ends with the shard (``[shard ...]``). Also when the input changed (size or
+            modification time) since the shard was planned, so that a partial always holds
+            the content its id names.
         ValueError: a partial-input shard under a ``pack`` spec (it would change counts).
     """
     if spec.mode == "pack" and not shard.is_whole_input:
@@ -576,9 +582,22 @@ def count_shard(
         dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
     acc = CountAccumulator(spec, dense=dense, fingerprint=shard.fingerprint, metadata=metadata)
     try:
+        _check_unchanged(shard)
         for batch in read_shard(shard, source, tokenizer=tokenizer):
             acc.add(batch)
+        _check_unchanged(shard)  # a partial must be the content its id names
     except InputError as exc:
         msg = f"{exc} [shard: {shard.label()}]"
         raise InputError(msg) from exc
     return acc.result()
+
+
+def _check_unchanged(shard: Shard) -> None:
+    try:
+        current = file_fingerprint(shard.path)
+    except OSError as exc:
+        msg = f"{shard.path}: cannot read ({exc.strerror or exc})"
+        raise InputError(msg) from exc
+    if current != shard.input_fingerprint:
+        msg = f"{shard.path}: changed since the shards were planned (size or modification time); run again"
+        raise InputError(msg)

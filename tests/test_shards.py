@@ -335,3 +335,17 @@ def test_bad_jsonl_line_in_a_late_range_has_the_readers_line_number(tmp_path, fo
     assert len(errors) == 1
     shard, message = errors[0]
     assert shard.index > 0 and message == f"{single.value} [shard: {shard.label()}]"
+
+
+def test_an_input_changed_after_planning_is_refused(tmp_path, fortune_ids):
+    path = write_parquet(tmp_path / "a.parquet", fortune_ids[:400], row_group_size=200)
+    source = CorpusSource(inputs=(str(path),), column="ids")
+    shards = plan_shards(source, spec_for("chunk"))
+    write_parquet(path, fortune_ids[400:800], row_group_size=200)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(InputError, match=rf"^{path}: changed since the shards were planned"):
+        count_shard(shards[1], source, spec_for("chunk"))
+    path.unlink()
+    with pytest.raises(InputError, match=rf"^{path}: cannot read"):
+        count_shard(shards[0], source, spec_for("chunk"))
