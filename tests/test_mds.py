@@ -1,0 +1,283 @@
+"""Tests for posstats.mds: classical MDS = PCA of square-root distributions (THEORY.md section 3)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from posstats.backend import gpu_available
+from posstats.hellinger import hellinger_sq
+from posstats.mds import MDSResult, Spectrum, classical_mds, spectrum_summary
+
+
+def centred_sqrt(counts: np.ndarray) -> np.ndarray:
+    c = np.asarray(counts, dtype=np.float64)
+    s = np.sqrt(c / c.sum(axis=1, keepdims=True))
+    return s - s.mean(axis=0)
+
+
+def oracle_b(counts: np.ndarray) -> np.ndarray:
+    """B = -1/2 H D H from the brute-force difference-form distances."""
+    sc = centred_sqrt(counts)
+    return sc @ sc.T
+
+
+def pairwise_sq(p: np.ndarray) -> np.ndarray:
+    diff = p[:, None, :] - p[None, :, :]
+    return np.sum(diff * diff, axis=2)
+
+
+def positional_corpus(n: int, v: int, *, seed: int, topics: int = 12, tokens: int = 3000) -> np.ndarray:
+    """Seeded counts: topic distributions whose weights drift with position, sampled.
+
+    A few strong planted directions over a sampling-noise bulk: a spectrum without
+    repeated eigenvalues, as in a real corpus.
+    """
+    rng = np.random.default_rng(seed)
+    base = 1.0 / (np.arange(v) + 2.7) ** 1.1
+    comps = [base / base.sum()]
+    for _ in range(topics):
+        p = np.zeros(v)
+        support = rng.choice(v, size=v // 5, replace=False)
+        p[support] = rng.dirichlet(np.full(support.size, 0.3))
+        comps.append(p)
+    comps = np.array(comps)
+    t = np.arange(n) / n
+    centres = rng.uniform(0, 1, topics)
+    w = np.exp(-0.5 * ((t[:, None] - centres[None, :]) / 0.15) ** 2) * rng.uniform(0.5, 2.0, topics)
+    w = np.concatenate([np.ones((n, 1)), w], axis=1)
+    mu = (w / w.sum(axis=1, keepdims=True)) @ comps
+    occ = rng.integers(tokens // 2, tokens, size=n)
+    counts = np.stack([rng.multinomial(o, p / p.sum()) for o, p in zip(occ, mu, strict=True)])
+    return counts
+
+
+def planted_rank(k: int, *, n: int, width: int, seed: int) -> np.ndarray:
+    """Positions draw from k + 1 distributions with disjoint supports (block b(i) = i mod k+1).
+
+    Each row of S is then one of k + 1 orthonormal vectors, so rank(S_c) = rank(B) = k exactly.
+    """
+    rng = np.random.default_rng(seed)
+    blocks = k + 1
+    c = np.zeros((n, blocks * width), dtype=np.int64)
+    base = rng.integers(1, 20, size=(blocks, width))
+    for i in range(n):
+        b = i % blocks
+        c[i, b * width : (b + 1) * width] = base[b] * (1 + i % 3)  # same distribution, other occupancy
+    return c
+
+
+@st.composite
+def count_matrices(draw, max_n: int = 7, max_v: int = 6) -> np.ndarray:
+    n = draw(st.integers(2, max_n))
+    v = draw(st.integers(1, max_v))
+    c = draw(hnp.arrays(np.int64, (n, v), elements=st.integers(0, 25)))
+    c[c.sum(axis=1) == 0, draw(st.integers(0, v - 1))] = 1
+    return c
+
+
+@settings(max_examples=50, deadline=None)
+@given(count_matrices())
+def test_eigenvalues_are_squared_singular_values(c):
+    r = classical_mds(c, method="dense")
+    n = c.shape[0]
+    sv = np.linalg.svd(centred_sqrt(c), compute_uv=False)
+    expected = np.zeros(n)
+    expected[: sv.size] = sv**2
+    np.testing.assert_allclose(r.eigenvalues, np.sort(expected)[::-1], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.total_variance, np.sum(sv**2), rtol=1e-12, atol=1e-14)
+    assert r.eigenvalues.shape == (n,) and r.encoding.shape == (n, n)
+    assert np.all(np.diff(r.eigenvalues) <= 0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(count_matrices())
+def test_full_rank_reproduces_b_and_distances(c):
+    r = classical_mds(c, method="dense")
+    # P P^T = B (negative eigenvalues are rounding-sized and clipped) ...
+    np.testing.assert_allclose(r.encoding @ r.encoding.T, oracle_b(c), rtol=0, atol=1e-12)
+    # ... so the encoding's pairwise distances are the Hellinger distances: zero stress.
+    np.testing.assert_allclose(pairwise_sq(r.encoding), hellinger_sq(c), rtol=0, atol=1e-12)
+    assert r.negative_mass < 1e-12
+    np.testing.assert_allclose(r.residuals, 0.0, rtol=0, atol=1e-12)
+
+
+def test_full_rank_zero_stress_medium():
+    c = positional_corpus(80, 300, seed=1)
+    r = classical_mds(sp.csr_array(c), method="dense")
+    d = hellinger_sq(c)
+    e = pairwise_sq(r.encoding)
+    np.testing.assert_allclose(e, d, rtol=0, atol=1e-12)
+    iu = np.triu_indices(80, 1)
+    stress = np.sum((np.sqrt(e[iu]) - np.sqrt(d[iu])) ** 2) / np.sum(d[iu])
+    assert stress < 1e-20
+
+
+@pytest.fixture(scope="module")
+def corpus_300() -> np.ndarray:
+    return positional_corpus(300, 2000, seed=7)
+
+
+@pytest.fixture(scope="module")
+def dense_300(corpus_300) -> MDSResult:
+    return classical_mds(corpus_300, k=16, method="dense")
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_iterative_matches_dense(corpus_300, dense_300, sparse):
+    x = sp.csr_array(corpus_300) if sparse else corpus_300
+    it = classical_mds(x, k=16, method="iterative", seed=3)
+    assert it.method == "iterative" and dense_300.method == "dense"
+    lam = dense_300.eigenvalues
+    assert np.min(-np.diff(lam) / lam[1:]) > 1e-4  # non-degenerate top-16
+    np.testing.assert_allclose(it.eigenvalues, lam, rtol=1e-8, atol=0)
+    # Same sign convention, so the leading (well-separated) directions agree too.
+    np.testing.assert_allclose(it.encoding[:, :4], dense_300.encoding[:, :4], rtol=0, atol=1e-7)
+    np.testing.assert_allclose(it.total_variance, dense_300.total_variance, rtol=1e-12)
+    np.testing.assert_allclose(it.total_variance, np.sum(centred_sqrt(corpus_300) ** 2), rtol=1e-12)
+    assert np.all(it.residuals < 1e-9)
+    assert it.negative_mass == 0.0
+
+
+def test_dense_topk_matches_full(corpus_300, dense_300):
+    full = classical_mds(corpus_300, method="dense")
+    np.testing.assert_allclose(dense_300.eigenvalues, full.eigenvalues[:16], rtol=1e-12)
+    np.testing.assert_allclose(dense_300.encoding, full.encoding[:, :16], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.sum(full.eigenvalues), full.total_variance, rtol=1e-12)
+
+
+def test_iterative_more_positions_than_vocab():
+    # n > V: the solver works on S_c^T S_c (V x V) and maps back with P = S_c V_k.
+    c = positional_corpus(60, 25, seed=2, topics=4, tokens=400)
+    d = classical_mds(c, method="dense")
+    it = classical_mds(sp.csr_matrix(c), k=10, method="iterative")
+    np.testing.assert_allclose(it.eigenvalues, d.eigenvalues[:10], rtol=1e-8)
+    np.testing.assert_allclose(it.encoding[:, :3], d.encoding[:, :3], rtol=0, atol=1e-7)
+    np.testing.assert_allclose(it.encoding @ it.encoding.T, d.encoding[:, :10] @ d.encoding[:, :10].T, atol=1e-8)
+
+
+@pytest.mark.parametrize("method", ["dense", "iterative"])
+def test_deterministic_and_signs(corpus_300, method):
+    x = sp.csr_array(corpus_300)
+    a = classical_mds(x, k=8, method=method)
+    b = classical_mds(x, k=8, method=method)
+    np.testing.assert_array_equal(a.eigenvalues, b.eigenvalues)
+    np.testing.assert_array_equal(a.encoding, b.encoding)
+    cols = np.arange(a.encoding.shape[1])
+    assert np.all(a.encoding[np.argmax(np.abs(a.encoding), axis=0), cols] > 0)
+
+
+def test_row_permutation_permutes_encoding(corpus_300, dense_300):
+    perm = np.random.default_rng(0).permutation(corpus_300.shape[0])
+    r = classical_mds(corpus_300[perm], k=16, method="dense")
+    np.testing.assert_allclose(r.eigenvalues, dense_300.eigenvalues, rtol=1e-12)
+    np.testing.assert_allclose(r.encoding[:, :8], dense_300.encoding[perm, :8], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_planted_rank_recovered(k):
+    c = planted_rank(k, n=40, width=5, seed=k)
+    r = classical_mds(c, method="dense")
+    spec = r.spectrum()
+    assert spec.rank == k
+    assert spec.denominator == "positive_eigenvalues"
+    np.testing.assert_allclose(spec.explained_variance[k - 1 :], 1.0, rtol=1e-12)
+    assert all(v is not None and v <= k for v in spec.components_for.values())
+    np.testing.assert_allclose(r.eigenvalues[k:], 0.0, atol=1e-12)
+    # Rank k: the first k coordinates already reproduce every distance.
+    np.testing.assert_allclose(pairwise_sq(r.encoding[:, :k]), hellinger_sq(c), atol=1e-12)
+    it = classical_mds(sp.csr_array(c), k=k, method="iterative")
+    np.testing.assert_allclose(it.eigenvalues, r.eigenvalues[:k], rtol=1e-8)
+    assert it.spectrum().rank == k
+
+
+def test_k_clamping_and_auto():
+    c = positional_corpus(30, 12, seed=4, topics=3, tokens=200)
+    d = classical_mds(c, k=100, method="dense")
+    assert d.eigenvalues.shape == (30,)
+    it = classical_mds(c, k=100, method="iterative")
+    assert it.eigenvalues.shape == (10,)  # clamped to min(n, V) - 2
+    np.testing.assert_allclose(it.eigenvalues, d.eigenvalues[:10], rtol=1e-8)
+    assert classical_mds(c, k=5).method == "dense"
+    assert classical_mds(c, k=5, dense_limit=10).method == "iterative"
+    with pytest.raises(ValueError, match="k=None"):
+        classical_mds(c, dense_limit=10)
+    with pytest.raises(ValueError, match="needs k"):
+        classical_mds(c, method="iterative")
+    with pytest.raises(ValueError, match="method"):
+        classical_mds(c, method="svd")
+    with pytest.raises(ValueError, match="k must"):
+        classical_mds(c, k=0)
+    with pytest.raises(ValueError, match="min\\(n, V\\) >= 3"):
+        classical_mds(c[:2], k=1, method="iterative")
+
+
+@pytest.mark.parametrize("method", ["dense", "iterative"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_zero_occupancy_row_raises(method, sparse):
+    c = positional_corpus(10, 8, seed=0, topics=2, tokens=50)
+    c[4] = 0
+    x = sp.csr_array(c) if sparse else c
+    with pytest.raises(ValueError, match="zero occupancy"):
+        classical_mds(x, k=2, method=method)
+
+
+def test_spectrum_summary_by_hand():
+    lam = np.array([1.0, 4.0, 3.0, 2.0, 0.0, -1e-3])  # unsorted on purpose
+    s = spectrum_summary(lam)
+    np.testing.assert_array_equal(s.eigenvalues, [4.0, 3.0, 2.0, 1.0, 0.0, -1e-3])
+    assert s.rank == 4 and s.rank_rtol == 1e-10
+    np.testing.assert_allclose(s.explained_variance, np.array([4, 7, 9, 10, 10, 10 - 1e-3]) / 10, rtol=1e-15)
+    assert s.components_for == {"0.9": 3, "0.95": 4, "0.99": 4, "0.999": 4}
+    np.testing.assert_allclose(s.negative_mass, 1e-3 / 10.001, rtol=1e-12)
+    assert s.total_variance == 10.0 and s.denominator == "positive_eigenvalues"
+    assert spectrum_summary(lam, rtol=0.6).rank == 2
+
+
+def test_spectrum_summary_truncated_uses_total_variance():
+    s = spectrum_summary(np.array([5.0, 3.0]), total_variance=10.0)
+    assert s.denominator == "total_variance"
+    np.testing.assert_allclose(s.explained_variance, [0.5, 0.8], rtol=1e-15)
+    assert s.components_for == {"0.9": None, "0.95": None, "0.99": None, "0.999": None}
+
+
+def test_to_dict_json_ready(corpus_300, dense_300):
+    d = dense_300.spectrum().to_dict()
+    assert set(d) == {
+        "eigenvalues",
+        "rank",
+        "rank_rtol",
+        "explained_variance",
+        "components_for",
+        "negative_mass",
+        "total_variance",
+        "denominator",
+    }
+    assert d["denominator"] == "total_variance"  # top-16 only
+    json.dumps(d, allow_nan=False)
+    m = dense_300.to_dict()
+    assert m["encoding_shape"] == [300, 16] and "encoding" not in m
+    json.dumps(m, allow_nan=False)
+    full = dense_300.to_dict(include_encoding=True)
+    np.testing.assert_array_equal(np.array(full["encoding"]), dense_300.encoding)
+    assert isinstance(dense_300.spectrum(), Spectrum)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("method", ["dense", "iterative"])
+def test_gpu_matches_numpy(corpus_300, method):
+    import cupy as cp  # noqa: PLC0415 - only when a GPU is present
+
+    cpu = classical_mds(corpus_300, k=16, method=method)
+    gpu = classical_mds(cp.asarray(corpus_300), k=16, method=method)
+    assert isinstance(gpu.eigenvalues, np.ndarray) and gpu.method == method
+    np.testing.assert_allclose(gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
+    np.testing.assert_allclose(gpu.total_variance, cpu.total_variance, rtol=1e-12)
+    np.testing.assert_allclose(gpu.encoding[:, :4], cpu.encoding[:, :4], rtol=0, atol=1e-9)
