@@ -21,6 +21,14 @@ Two methods compute it:
   sparse. For a cupy input the products run on the GPU and only the Lanczos vectors
   (length n or V) cross to the host.
 
+Cost. Lanczos needs ~6k products for the top k here (ARPACK with ncv = 2k + 1; about
+the same unrestarted, because the top-64 of a corpus spectrum sit in its sampling-noise
+bulk with relative gaps ~1e-3), each costing two passes over the nnz of ``S``; the dense
+method costs the Gram product plus an O(n^3) eigensolver and n^2 memory. On a 2-core
+machine, n = 4096, V = 50257, k = 64 (benchmarks/bench_mds.py): 3-4x faster than dense
+at 4.7M nnz, 10x at 1.5M nnz; below ~2x without threadpoolctl on a busy machine (see
+:func:`_single_blas_thread`). The gap widens with n (n^3 against ~n * nnz per row).
+
 Eigenvector signs are fixed: the largest-magnitude entry of every column of ``U`` (and so
 of ``P``) is positive (the first such entry on exact ties). Within a repeated eigenvalue
 the basis is whatever the solver returns (deterministic for a given input and method).

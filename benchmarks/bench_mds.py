@@ -1,0 +1,146 @@
+"""Benchmark: top-k classical MDS, iterative (Lanczos on the implicit centred operator)
+against dense (squared Hellinger matrix, double centring, LAPACK eigh), in one process.
+
+    python benchmarks/bench_mds.py [--n 4096 --vocab 50257 --k 64 --seed 0]
+
+Prints one JSON object: n, V, k, nnz, dense_s (with its parts hellinger_s and eigh_s),
+iterative_s, speedup (dense_s / iterative_s), max_rel_err (largest relative difference of
+the top-k eigenvalues between the two methods), and the iterative residuals.
+
+The corpus is synthetic and seeded: Zipf-like token frequencies, documents whose lengths
+are log-normal (so occupancy falls with depth), a distinctive first position, and a mix of
+"topics" (Zipf distributions over random token subsets) whose weights drift smoothly with
+log position. Counts are sampled, so the spectrum has a few planted directions on top of a
+sampling-noise bulk, as real corpora do: the top-64 lie mostly in that bulk, where Lanczos
+needs ~6k products. The speedup therefore depends on the nnz of S (``--docs``: more
+documents, more distinct tokens per position) and on k. Wall-clock times on a shared
+machine vary with its load (reported), and the iterative solver runs ARPACK on one BLAS
+thread only when threadpoolctl is installed (reported; without it, threaded BLAS on its
+small products is 2-4x slower on a busy machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from posstats.hellinger import hellinger_sq
+from posstats.mds import classical_mds
+
+
+def _zipf_cdf(size: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
+    p = 1.0 / (np.arange(size) + 2.7) ** exponent
+    rng.shuffle(p[50:])  # keep the head, scramble the tail a little
+    cdf = np.cumsum(p)
+    return cdf / cdf[-1]
+
+
+def make_counts(n: int, vocab: int, *, seed: int = 0, docs: int = 4000, topics: int = 24) -> sp.csr_array:
+    """Seeded (n, vocab) sparse int64 positional counts with positional structure."""
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(np.exp(rng.normal(np.log(n / 2), 1.0, size=docs)).astype(np.int64) + 1, n)
+    occ = (lengths[None, :] > np.arange(n)[:, None]).sum(axis=1)  # documents reaching position i
+    occ = np.maximum(occ, 1)
+
+    t = np.log1p(np.arange(n)) / np.log1p(n)  # log-position in [0, 1)
+    centres = rng.uniform(0.0, 1.0, topics)
+    widths = rng.uniform(0.05, 0.3, topics)
+    strength = rng.uniform(0.5, 3.0, topics)
+    logits = strength[None, :] * np.exp(-0.5 * ((t[:, None] - centres[None, :]) / widths[None, :]) ** 2)
+    weights = np.concatenate([np.full((n, 1), 2.0), np.exp(logits) - 1.0], axis=1)
+    weights[0] = 0.0
+    weights[0, -1] = 1.0  # position 0: a distribution of its own (document openings)
+    weights /= weights.sum(axis=1, keepdims=True)
+
+    base_cdf = _zipf_cdf(vocab, 1.07, rng)
+    comp_tokens = [np.arange(vocab)]
+    comp_cdfs = [base_cdf]
+    for _ in range(topics):
+        support = rng.choice(vocab, size=min(vocab, 4000), replace=False)
+        comp_tokens.append(support)
+        comp_cdfs.append(_zipf_cdf(support.size, 1.2, rng))
+
+    per_comp = np.stack([rng.multinomial(o, w) for o, w in zip(occ, weights, strict=True)])  # (n, comps)
+    rows, cols = [], []
+    for c, (tokens, cdf) in enumerate(zip(comp_tokens, comp_cdfs, strict=True)):
+        m = per_comp[:, c]
+        draws = np.searchsorted(cdf, rng.random(int(m.sum())), side="right")
+        rows.append(np.repeat(np.arange(n), m))
+        cols.append(tokens[np.minimum(draws, tokens.size - 1)])
+    rows_a, cols_a = np.concatenate(rows), np.concatenate(cols)
+    counts = sp.coo_array((np.ones(rows_a.size, dtype=np.int64), (rows_a, cols_a)), shape=(n, vocab))
+    return counts.tocsr()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tol", type=float, default=1e-10)
+    parser.add_argument("--docs", type=int, default=4000, help="documents (occupancy of position 0)")
+    parser.add_argument("--topics", type=int, default=24, help="positional topic components")
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    counts = make_counts(args.n, args.vocab, seed=args.seed, docs=args.docs, topics=args.topics)
+    build_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    iterative = classical_mds(counts, k=args.k, method="iterative", tol=args.tol, seed=args.seed)
+    iterative_s = time.perf_counter() - t0
+
+    # The dense path timed as a whole, and its Hellinger matrix alone for the breakdown.
+    t0 = time.perf_counter()
+    dense = classical_mds(counts, k=args.k, method="dense")
+    dense_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hellinger_sq(counts)
+    hellinger_s = time.perf_counter() - t0
+
+    try:
+        import threadpoolctl  # noqa: F401, PLC0415 - only reported
+        has_threadpoolctl = True
+    except ImportError:
+        has_threadpoolctl = False
+
+    ref = dense.eigenvalues
+    rel = np.abs(iterative.eigenvalues - ref) / np.abs(ref)
+    result = {
+        "n": args.n,
+        "V": args.vocab,
+        "k": args.k,
+        "docs": args.docs,
+        "topics": args.topics,
+        "nnz": int(counts.nnz),
+        "build_s": round(build_s, 3),
+        "dense_s": round(dense_s, 3),
+        "hellinger_s": round(hellinger_s, 3),
+        "eigh_s": round(max(dense_s - hellinger_s, 0.0), 3),
+        "iterative_s": round(iterative_s, 3),
+        "speedup": round(dense_s / iterative_s, 2),
+        "max_rel_err": float(rel.max()),
+        "accurate_1e-8": bool(rel.max() <= 1e-8),
+        "max_residual": float(iterative.residuals.max()),
+        "lambda_1": float(ref[0]),
+        "lambda_k": float(ref[-1]),
+        "total_variance": iterative.total_variance,
+        "tol": args.tol,
+        # Wall-clock times on a shared machine: say how busy it was and how BLAS threads.
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "threadpoolctl": has_threadpoolctl,
+        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
