@@ -411,14 +411,26 @@ def _read_row_group(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
     try:
         parquet = pq.ParquetFile(path)
         readers._check_field(path, parquet.schema_arrow, spec)
-        table = parquet.read_row_group(group, columns=[spec.name])
+        # Streamed batch by batch (as the single-process reader does): decoding a whole row
+        # group first would leave the kernel working on data far out of cache.
+        batches = parquet.iter_batches(batch_size=spec.batch_size, row_groups=[group], columns=[spec.name])
     except (pa.ArrowException, OSError) as exc:
         msg = f"{where}: not a valid Parquet file ({readers._one_line(exc)})"
         raise InputError(msg) from exc
-    if shard.rows >= 0 and table.num_rows != shard.rows:
-        msg = f"{where}: holds {table.num_rows} rows, its footer says {shard.rows}"
+    row = shard.first_row
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as exc:
+            msg = f"{where}: not a valid Parquet file ({readers._one_line(exc)})"
+            raise InputError(msg) from exc
+        yield from _columns_to_batches([batch.column(spec.name)], path, row, spec)
+        row += batch.num_rows
+    if shard.rows >= 0 and row - shard.first_row != shard.rows:
+        msg = f"{where}: holds {row - shard.first_row} rows, its footer says {shard.rows}"
         raise InputError(msg)
-    yield from _columns_to_batches(table.column(spec.name).chunks, path, shard.first_row, spec)
 
 
 def _read_hf_file(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
