@@ -1,0 +1,804 @@
+"""Ray job: the whole refresh pipeline, count -> reduce -> geometry -> report -> export.
+
+    python -m jobs.pipeline --config deploy/pipeline.example.toml [--run-id ID] [--set TABLE.KEY=VALUE ...]
+    posstats pipeline --config FILE ...            (the same, in this process)
+    posstats submit --address http://HEAD:8265 --config FILE    (the same, as a Ray job)
+
+One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.store`):
+
+* **config**: the resolved configuration, first. A run id rerun with a configuration
+  that would change its results is refused.
+* **count**: the corpus is counted incrementally by the counting job (:mod:`jobs.count`)
+  in a counting store of per-shard partials kept in the work folder, keyed by the counting
+  configuration: only shards that are new or changed since the last run are counted, and
+  shards of files that disappeared are subtracted. Remote inputs (``s3://...``) are
+  mirrored into the work folder first (downloaded only when the object changed).
+  ``count/summary.json`` lists the files counted (with their sizes and times), the shards
+  counted now and reused, and the totals.
+* **reduce**: the tree-reduced total (computed by the counting job's actors) is copied out
+  of the shared counting store into the run, and checked against the count summary:
+  ``reduce/counts.safetensors`` (or ``.parquet``), ``count.json``, ``config.json`` (a
+  counts folder, as ``posstats count`` writes one).
+* **geometry**: Hellinger geometry, classical MDS and encoding stress
+  (:func:`posstats.analysis.analyze`) in a Ray task (retried by Ray if its worker dies):
+  ``mds.safetensors``, ``report.json``, ``report.md``, ``analysis-config.json``.
+* **report**: ``report.html`` with ``figures/`` and ``summary.md``
+  (:func:`posstats.html_report.write_html_report`).
+* **export**: the MDS encoding as a position table a model loads
+  (:func:`posstats.export.export_encoding`), with its model card.
+
+Each stage is built in a staging folder and published with its marker last; a rerun of the
+run id skips completed stages. After the last stage the run's ``done.json`` is written, and
+then ``latest`` is moved to the run. The whole run holds the store's lock.
+
+This module also holds the client side of Ray's Job Submission SDK used by
+``posstats submit / status / logs`` (:func:`submit_job`, :func:`job_status`,
+:func:`job_logs`), so that ``posstats.cli`` never imports Ray itself.
+
+Test hooks (environment): ``POSSTATS_TEST_SHARD_DELAY`` (seconds each shard sleeps, see
+:mod:`jobs.count`) and ``POSSTATS_TEST_GEOMETRY_DELAY`` (seconds the geometry task sleeps
+after it starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import fnmatch
+import glob as _glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from posstats.errors import InputError, PosstatsError
+from posstats.pipeline_config import PipelineConfig, dumps_toml
+from posstats.store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
+
+__all__ = [
+    "build_parser",
+    "default_run_id",
+    "job_logs",
+    "job_status",
+    "main",
+    "run_pipeline",
+    "submit_job",
+]
+
+GEOMETRY_DELAY_ENV = "POSSTATS_TEST_GEOMETRY_DELAY"
+SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"
+
+
+def _log(message: str) -> None:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%H:%M:%S")
+    print(f"posstats: [{stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def default_run_id() -> str:
+    """``run-YYYYMMDDTHHMMSSZ`` (UTC now)."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("run-%Y%m%dT%H%M%SZ")
+
+
+class _Recount(Exception):
+    """The counting store moved on since this run's count stage: count again."""
+
+
+# ----------------------------------------------------------------------------- context
+
+
+class _Run:
+    """One pipeline run: configuration, store, lock, work folders, Ray connection."""
+
+    def __init__(self, cfg: PipelineConfig, store: Store, lock: Any, run_id: str, log: Callable[[str], None]) -> None:
+        self.cfg, self.store, self.lock, self.run_id, self.log = cfg, store, lock, run_id, log
+        self.work = Path(cfg.work_dir()).absolute()
+        self.staging_root = self.work / "staging" / run_id
+        self.cache = self.work / "cache" / run_id
+        self._ray_started = False
+        self._ray_ready = False
+
+    # -- Ray ---------------------------------------------------------------------------
+
+    def ray(self) -> Any:
+        import ray
+
+        if not self._ray_ready:
+            if not ray.is_initialized():
+                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+                address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
+                if address:
+                    ray.init(address=address, namespace="posstats", log_to_driver=False)
+                else:
+                    ray.init(address="local", namespace="posstats", log_to_driver=False, include_dashboard=False,
+                             num_cpus=max(os.cpu_count() or 1, self.cfg.ray.workers or 1))
+                self._ray_started = True
+            self._ray_ready = True
+        return ray
+
+    def close(self) -> None:
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
+
+    # -- local views of stages -------------------------------------------------------------
+
+    def stage_local(self, stage: str) -> Path:
+        """A local folder with the files of a completed stage (the store folder itself for a
+        local store, a downloaded copy for a remote one)."""
+        rel = self.store.stage_rel(self.run_id, stage)
+        if self.store.local:
+            return Path(self.store.path(rel))
+        dest = self.cache / stage
+        if not (dest / ".complete").exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            self.store.get_dir(rel, dest)
+            (dest / ".complete").write_text("")
+        return dest
+
+    def stage_json(self, stage: str, name: str) -> dict[str, Any]:
+        data = self.store.read_json(f"{self.store.stage_rel(self.run_id, stage)}/{name}")
+        if data is None:
+            msg = f"{self.store.display(self.store.stage_rel(self.run_id, stage))}: {name} is missing"
+            raise PosstatsError(msg)
+        return data
+
+    # -- stage runner ------------------------------------------------------------------------
+
+    def stage(self, name: str, build: Callable[[Path], Mapping[str, Any]]) -> dict[str, Any]:
+        """Run one stage unless its marker exists; publish its files, marker last."""
+        marker = self.store.stage_marker(self.run_id, name)
+        if marker is not None:
+            self.log(f"{name}: complete already ({marker['finished']}), skipped")
+            return marker
+        self.store.clear_stage(self.run_id, name)  # what a killed attempt left, if anything
+        staging = self.staging_root / name
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        t = time.perf_counter()
+        self.log(f"{name}: running")
+        info = dict(build(staging))
+        info["seconds"] = round(time.perf_counter() - t, 3)
+        self.lock.check()
+        marker = self.store.publish_stage(self.run_id, name, staging, info=info)
+        shutil.rmtree(staging, ignore_errors=True)
+        self.log(f"{name}: done in {info['seconds']:.1f} s")
+        return marker
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def _stage_config(run: _Run, staging: Path) -> dict[str, Any]:
+    cfg = run.cfg
+    resolved = cfg.to_dict()  # secrets redacted
+    resolved["run_id"] = run.run_id
+    (staging / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True) + "\n")
+    (staging / "pipeline.toml").write_text(
+        f"# resolved configuration of run {run.run_id} (storage secrets redacted)\n" + dumps_toml(resolved))
+    return {"result_key": cfg.result_key(), "source": cfg.source, "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _mirror_mtime_ns(fs: Any, info: Mapping[str, Any], path: str) -> int:
+    """A modification time for the local mirror of a remote object: its last-modified
+    second, plus sub-second digits from its content identity (ETag / fsspec ``ukey``), so the
+    mirror's shard ids change exactly when the object does."""
+    stamp = info.get("LastModified") or info.get("mtime") or info.get("last_modified") or info.get("created")
+    seconds = 0
+    if isinstance(stamp, _dt.datetime):
+        seconds = int(stamp.timestamp())
+    elif isinstance(stamp, (int, float)):
+        seconds = int(stamp)
+    identity = info.get("ETag") or info.get("etag")
+    if not identity:
+        try:
+            identity = fs.ukey(path)
+        except Exception:  # noqa: BLE001 - any backend-specific failure: fall back to the size
+            identity = str(info.get("size"))
+    sub = int(hashlib.sha256(str(identity).encode()).hexdigest()[:8], 16) % 1_000_000_000
+    return seconds * 1_000_000_000 + sub
+
+
+def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_match: bool = True) -> list[tuple[str, str]]:
+    """Download the objects a remote path or glob names into the work folder (only those
+    that changed); return [(local path, URL)]."""
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options))
+    except ImportError as exc:
+        msg = f"{url}: reading this URL needs an fsspec backend that is not installed ({exc})"
+        raise PosstatsError(msg) from exc
+    with contextlib.suppress(Exception):
+        fs.invalidate_cache()
+    proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    try:
+        if _glob.has_magic(path):
+            found = fs.glob(path, detail=True)
+            objects = sorted((p, i) for p, i in found.items() if i.get("type") == "file")
+        else:
+            info = fs.info(path)
+            objects = [(path, info)] if info.get("type") == "file" else []
+    except FileNotFoundError:
+        objects = []
+    except Exception as exc:  # noqa: BLE001 - network / permission errors of any backend
+        msg = f"{url}: cannot list the input ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        raise InputError(msg) from exc
+    if not objects and must_match:
+        msg = f"no input matches {url!r}"
+        raise InputError(msg)
+    out = []
+    base = run.work / "inputs" / proto
+    for key, info in objects:
+        dest = base / key.lstrip("/")
+        mtime_ns = _mirror_mtime_ns(fs, info, key)
+        size = info.get("size")
+        try:
+            st = dest.stat()
+            fresh = st.st_mtime_ns == mtime_ns and (size is None or st.st_size == size)
+        except FileNotFoundError:
+            fresh = False
+        if not fresh:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.parent / f".{dest.name}.download-{os.getpid()}"
+            try:
+                fs.get_file(key, str(tmp))
+                os.utime(tmp, ns=(mtime_ns, mtime_ns))
+                os.replace(tmp, dest)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            run.log(f"mirrored {proto}://{key} ({info.get('size', '?')} bytes)")
+        out.append((str(dest), f"{proto}://{key}"))
+    # mirror files of objects that are gone from this pattern are dropped
+    local_pattern = str(base / path.lstrip("/"))
+    keep = {p for p, _ in out}
+    for stale in _glob.glob(local_pattern):
+        if stale not in keep and os.path.isfile(stale) and fnmatch.fnmatch(stale, local_pattern):
+            os.unlink(stale)
+    return out
+
+
+def _count_args(run: _Run, inputs: list[str], tokenizer: str | None) -> argparse.Namespace:
+    c, i = run.cfg.values["count"], run.cfg.values["input"]
+    return argparse.Namespace(
+        input=inputs, format=i["format"], column=i["column"], text_column=i["text_column"], tokenizer=tokenizer,
+        hf_streaming=False, positions=c["positions"], vocab_size=c["vocab_size"],
+        exclude_tokens=tuple(c["exclude_tokens"]) if c["exclude_tokens"] is not None else None,
+        mode=c["mode"], separator=c["separator"], memory_budget=c["memory_budget_gib"],
+    )
+
+
+def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
+    from jobs.count import JobOptions, count_job, refresh_job, store_config
+    from posstats.cli._common import count_inputs
+    from posstats.runstore import RunStore, config_key
+
+    cfg = run.cfg
+    i = cfg.values["input"]
+    urls: dict[str, str] = {}
+    inputs: list[str] = []
+    for p in i["paths"]:
+        if is_url(p):
+            for local, url in _mirror(run, p, storage_options=i["storage_options"]):
+                inputs.append(local)
+                urls[local] = url
+        else:
+            inputs.append(p)
+    tokenizer = i["tokenizer"]
+    if tokenizer and is_url(tokenizer):
+        ((tokenizer, _),) = _mirror(run, tokenizer, storage_options=i["storage_options"])
+    source, spec, metadata = count_inputs(_count_args(run, inputs, tokenizer))
+    files = source.files()  # InputError when a pattern matches nothing
+    key = config_key(store_config(source, spec, metadata))
+    counts_store = str(run.work / "count-store" / key)
+    c = cfg.values["count"]
+    opts = JobOptions(
+        store=counts_store,
+        run_id=run.run_id,
+        workers=cfg.ray.workers,
+        skip_bad_shards=c["skip_bad_shards"],
+        shard_bytes=int(c["shard_size_mib"] * 2**20),
+        dense_budget=int(c["memory_budget_gib"] * 2**30),
+        show_progress=False,
+        shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
+    )
+    run.ray()
+    rs = RunStore(counts_store)
+    if rs.manifest() is not None:
+        summary, _ = refresh_job(counts_store, opts, inputs=files, tokenizer=tokenizer)
+    else:
+        summary = count_job(source, spec, metadata, opts)
+    manifest = rs.manifest() or {}
+    listed = []
+    for f in manifest.get("files", files):
+        st = os.stat(f)
+        listed.append({"path": f, "url": urls.get(f, f), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+    info = summary["ray"]
+    doc = {
+        "schema": "posstats.pipeline-count/1",
+        "run_id": run.run_id,
+        "counts_store": counts_store,
+        "counts_store_key": key,
+        "result": manifest.get("result"),
+        "counts_path": summary["counts_path"],
+        "counts_file": summary["counts_file"],
+        "files": listed,
+        "shards": info["shards"],
+        "shards_counted": info["shards_counted"],
+        "shards_reused": info["shards"] - info["shards_counted"],
+        "shards_added": info["shards_added"],
+        "shards_removed": info["shards_removed"],
+        "changes": info["changes"],
+        "bad_shards": info["bad_shards"],
+        "reduce": info["reduce"],
+        "sequences": summary["sequences"],
+        "windows": summary["windows"],
+        "tokens_counted": summary["tokens_counted"],
+        "positions_occupied": summary["positions_occupied"],
+        "storage": summary["storage"],
+        "fingerprint": summary["fingerprint"],
+        "count_config": {
+            "inputs": [urls.get(f, f) for f in files],
+            "format": source.format,
+            "column": source.column,
+            "text_column": source.text_column,
+            "tokenizer": i["tokenizer"],
+            **spec.to_metadata(),
+            **metadata,
+        },
+    }
+    (staging / "summary.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    run.log(f"count: {info['shards']} shard(s) in {len(listed)} file(s): {info['shards_counted']} counted now, "
+            f"{info['shards'] - info['shards_counted']} reused, {info['shards_removed']} removed ({info['reduce']}); "
+            f"{summary['tokens_counted']:,} tokens")
+    return {"shards": info["shards"], "shards_counted": info["shards_counted"], "input_files": len(listed),
+            "tokens_counted": summary["tokens_counted"], "fingerprint": summary["fingerprint"]}
+
+
+def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
+    from posstats.runstore import RunStore
+    from posstats.storage import load_counts
+
+    doc = run.stage_json("count", "summary.json")
+    manifest = RunStore(doc["counts_store"]).manifest() or {}
+    if manifest.get("result") != doc["result"] or manifest.get("fingerprint") != doc["fingerprint"]:
+        raise _Recount
+    src = Path(doc["counts_path"])
+    if not src.is_file():
+        raise _Recount
+    target = staging / doc["counts_file"]
+    shutil.copyfile(src, target)
+    counts = load_counts(target)
+    got = (counts.sequences, counts.tokens, counts.fingerprint)
+    want = (doc["sequences"], doc["tokens_counted"], doc["fingerprint"])
+    if got != want:
+        msg = f"{src}: the counting store's total {got} does not match the count summary {want}"
+        raise PosstatsError(msg)
+    summary = {k: doc[k] for k in ("sequences", "windows", "tokens_counted", "positions_occupied", "storage",
+                                   "counts_file", "fingerprint")}
+    summary["files"] = len(doc["files"])
+    summary["run_id"] = run.run_id
+    (staging / "count.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (staging / "config.json").write_text(json.dumps({"command": "pipeline", **doc["count_config"]}, indent=2) + "\n")
+    return {"counts_file": doc["counts_file"], "tokens_counted": counts.tokens, "fingerprint": counts.fingerprint}
+
+
+def geometry_task(counts_dir: str, out_dir: str, config: Any, run_id: str, counts_ref: str, delay: float = 0.0) -> dict:
+    """The geometry stage's body (runs as a Ray task): analyse the counts in ``counts_dir``
+    and write mds.safetensors, report.json, report.md and analysis-config.json into
+    ``out_dir``, which is emptied first (a retried task starts clean)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from posstats.analysis import analyze
+    from posstats.report import format_markdown
+    from posstats.storage import atomic_path, load_counts, write_json_atomic
+
+    out = Path(out_dir)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    write_json_atomic(out / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
+    if delay:
+        time.sleep(delay)
+    counts = load_counts(counts_dir)
+    write_json_atomic(out / "analysis-config.json", config.to_dict())
+    result = analyze(counts, config)
+    with atomic_path(out / "mds.safetensors") as tmp:
+        save_file(
+            {
+                "positions": result.positions.astype("int64"),
+                "eigenvalues": np.ascontiguousarray(result.mds.eigenvalues),
+                "encoding": np.ascontiguousarray(result.mds.encoding),
+            },
+            str(tmp),
+            metadata={"schema": "posstats.mds/1", "method": result.mds.method, "fingerprint": counts.fingerprint},
+        )
+    report = result.report()
+    report["run_id"] = run_id
+    report["inputs"] = {"counts": counts_ref}
+    with atomic_path(out / "report.md") as tmp:
+        tmp.write_text(format_markdown(report))
+    write_json_atomic(out / "report.json", report)
+    spectrum = report.get("spectrum", {})
+    return {"positions_used": int(len(result.positions)), "rank": spectrum.get("rank"), "pid": os.getpid()}
+
+
+def _unwrap_task_error(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, PosstatsError):
+        return type(cause)(str(cause))
+    return exc
+
+
+def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
+    ray = run.ray()
+    from ray.exceptions import RayTaskError, WorkerCrashedError
+
+    from jobs.pipeline import geometry_task as task_body  # by reference, also when run as __main__
+
+    counts_dir = run.stage_local("reduce")
+    config = run.cfg.analysis_config()
+    rc = run.cfg.values["ray"]
+    task = ray.remote(task_body).options(num_cpus=rc["geometry_cpus"], max_retries=rc["geometry_retries"],
+                                             retry_exceptions=False)
+    delay = float(os.environ.get(GEOMETRY_DELAY_ENV, "0") or 0)
+    counts_ref = run.store.display(run.store.stage_rel(run.run_id, "reduce"))
+    ref = task.remote(str(counts_dir), str(staging), config, run.run_id, counts_ref, delay)
+    try:
+        out = ray.get(ref)
+    except RayTaskError as exc:
+        raise _unwrap_task_error(exc) from exc
+    except WorkerCrashedError as exc:
+        msg = (f"the geometry task's worker died {rc['geometry_retries'] + 1} time(s); rerun with --run-id "
+               f"{run.run_id} to resume from the geometry stage")
+        raise PosstatsError(msg) from exc
+    return {"positions_used": out["positions_used"], "rank": out["rank"]}
+
+
+def _assemble_run_folder(run: _Run, dest: Path) -> Path:
+    """A local folder with what report/export read: report.json, mds.safetensors, counts."""
+    dest.mkdir(parents=True, exist_ok=True)
+    geometry, reduce = run.stage_local("geometry"), run.stage_local("reduce")
+    for name in ("report.json", "mds.safetensors", "report.md", "analysis-config.json"):
+        shutil.copyfile(geometry / name, dest / name)
+    counts = run.stage_json("reduce", "count.json")["counts_file"]
+    try:
+        os.link(reduce / counts, dest / counts)
+    except OSError:
+        shutil.copyfile(reduce / counts, dest / counts)
+    return dest / counts
+
+
+def _stage_report(run: _Run, staging: Path) -> dict[str, Any]:
+    from posstats.html_report import write_html_report
+
+    counts = _assemble_run_folder(run, staging)
+    r = run.cfg.values["report"]
+    try:
+        path = write_html_report(staging, width=r["width"], max_positions=r["max_positions"], name=run.run_id)
+    finally:
+        counts.unlink(missing_ok=True)  # the counts live in reduce/
+    return {"html": path.name}
+
+
+def _stage_export(run: _Run, staging: Path) -> dict[str, Any]:
+    from posstats.export import export_encoding
+
+    e = run.cfg.values["export"]
+    tmp = run.staging_root / "export-input"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _assemble_run_folder(run, tmp)
+    try:
+        res = export_encoding(
+            tmp, staging / f"{e['name']}.{e['format']}", dim=run.cfg.export_dim(), rank=e["rank"], layout=e["layout"],
+            format=e["format"], basis=e["basis"], seed=run.cfg.values["geometry"]["seed"], dtype=e["dtype"],
+            card=e["card"], force=True, method=e["method"],
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    m = res.metadata
+    return {"file": f"{e['name']}.{e['format']}", "key": res.key, "n": m["n"], "d": m["d"], "rank": m["rank"],
+            "stress": m["stress"], "scaled_stress": m["scaled_stress"]}
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _check_config_stage(run: _Run) -> None:
+    marker = run.store.stage_marker(run.run_id, "config")
+    if marker is not None and marker.get("result_key") != run.cfg.result_key():
+        msg = (
+            f"run {run.run_id} in {run.store.display()} was started with another configuration (result key "
+            f"{marker.get('result_key')}, now {run.cfg.result_key()}): rerun it with the configuration in "
+            f"{run.store.display(run.store.stage_rel(run.run_id, 'config'))}/config.json, or use a new --run-id"
+        )
+        raise PosstatsError(msg)
+
+
+def _move_latest(run: _Run, marker: Mapping[str, Any]) -> bool:
+    run.lock.check()  # never move latest for a run that lost the store
+    export = marker.get("export") or {}
+    extra = {"fingerprint": marker.get("fingerprint"),
+             "export": f"{run.store.stage_rel(run.run_id, 'export')}/{export['file']}" if export.get("file") else None}
+    moved = run.store.move_latest(run.run_id, extra=extra)
+    if moved:
+        run.log(f"latest -> {run.run_id}")
+    else:
+        run.log(f"latest stays at {(run.store.latest() or {}).get('run_id')} (it finished after {run.run_id})")
+    return moved
+
+
+def run_pipeline(cfg: PipelineConfig, /, *, run_id: str | None = None,
+                 log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Run (or resume, or confirm) one pipeline run; return the run's completion marker.
+
+    Raises:
+        PosstatsError / InputError: bad input or configuration, a busy store, a run id
+        rerun with another configuration; storage failures (full disk, read-only store)
+        as one-line messages.
+    """
+    try:
+        return _run_pipeline(cfg, run_id=run_id, log=log)
+    except PosstatsError:
+        raise
+    except Exception as exc:
+        text = describe_os_error(exc)
+        if text:
+            raise PosstatsError(text) from exc
+        cause = _unwrap_task_error(exc)
+        if isinstance(cause, PosstatsError):
+            raise cause from exc
+        raise
+
+
+def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+    run_id = validate_run_id(run_id or cfg.run_id or default_run_id())
+    s = cfg.values["store"]
+    store = Store(s["url"], storage_options=s["storage_options"])
+    with store.lock(run_id=run_id, command="pipeline", stale_after=s["lock_stale_after_s"], heartbeat=s["heartbeat_s"],
+                    log=log) as lock:
+        run = _Run(cfg, store, lock, run_id, log)
+        log(f"run {run_id}: store {store.display()}, work folder {run.work}")
+        done = store.run_marker(run_id)
+        if done is not None:
+            _check_config_stage(run)
+            log(f"run {run_id} is complete already ({done['finished']}); nothing to do")
+            _move_latest(run, done)
+            return done
+        _check_config_stage(run)
+        try:
+            run.stage("config", lambda st: _stage_config(run, st))
+            for attempt in range(3):
+                run.stage("count", lambda st: _stage_count(run, st))
+                try:
+                    run.stage("reduce", lambda st: _stage_reduce(run, st))
+                    break
+                except _Recount:
+                    if attempt == 2:
+                        raise PosstatsError(f"run {run_id}: the counting store keeps changing under this run") from None
+                    log("reduce: the counting store moved on since this run's count stage (another run refreshed "
+                        "it); counting again")
+                    store.clear_stage(run_id, "count")
+            run.stage("geometry", lambda st: _stage_geometry(run, st))
+            run.stage("report", lambda st: _stage_report(run, st))
+            export = run.stage("export", lambda st: _stage_export(run, st))
+        finally:
+            run.close()
+        count = store.stage_marker(run_id, "count") or {}
+        geometry = store.stage_marker(run_id, "geometry") or {}
+        info = {
+            "result_key": cfg.result_key(),
+            "fingerprint": count.get("fingerprint"),
+            "tokens_counted": count.get("tokens_counted"),
+            "shards": count.get("shards"),
+            "shards_counted": count.get("shards_counted"),
+            "positions_used": geometry.get("positions_used"),
+            "rank": geometry.get("rank"),
+            "export": {k: export.get(k) for k in ("file", "key", "n", "d", "rank", "stress", "scaled_stress")},
+            "stages": {st: (store.stage_marker(run_id, st) or {}).get("finished") for st in STAGES},
+        }
+        lock.check()
+        marker = store.finish_run(run_id, info)
+        shutil.rmtree(run.staging_root, ignore_errors=True)
+        shutil.rmtree(run.cache, ignore_errors=True)
+        _move_latest(run, marker)
+        log(f"run {run_id}: complete")
+        return marker
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m jobs.pipeline``: the flags of ``posstats pipeline``."""
+    from posstats.cli.pipeline import add_pipeline_args
+
+    p = argparse.ArgumentParser(prog="python -m jobs.pipeline",
+                                description="Run the posstats refresh pipeline (count -> reduce -> geometry -> report "
+                                            "-> export) as one Ray job, configured by a TOML file.")
+    add_pipeline_args(p)
+    return p
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Load the config and flags, run, print a one-line result (shared with the CLI)."""
+    from posstats.cli.pipeline import config_from_args
+
+    cfg, run_id = config_from_args(args)
+    if getattr(args, "print_config", False):
+        print(dumps_toml(cfg.to_dict()), end="")
+        return 0
+    marker = run_pipeline(cfg, run_id=run_id)
+    export = marker.get("export") or {}
+    store = Store(cfg.store.url, storage_options=cfg.store.storage_options)
+    print(f"run {marker['run_id']} complete: {marker.get('tokens_counted') or 0:,} tokens, "
+          f"{marker.get('shards_counted')}/{marker.get('shards')} shard(s) counted now, MDS rank {marker.get('rank')}, "
+          f"export {export.get('file')} ({export.get('n')} x {export.get('d')}) -> "
+          f"{store.display(store.run_rel(marker['run_id']))}")
+    return 0
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m jobs.pipeline`` (what a RayJob or ``posstats submit`` runs)."""
+    args = build_parser().parse_args(argv)
+    # a Ray job stopped (or a pod deleted) gets SIGTERM: unwind, so the lock is released
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run_from_args(args)
+    except PosstatsError as exc:
+        print(f"posstats: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("posstats: interrupted", file=sys.stderr)
+        return 130
+
+
+# ----------------------------------------------------------------------------- job submission
+
+
+def _client(address: str, *, token: str | None = None) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        return JobSubmissionClient(address, headers=headers)
+    except Exception as exc:  # noqa: BLE001 - the SDK raises several kinds
+        raise PosstatsError(_client_error(address, exc)) from None
+
+
+def _client_error(address: str, exc: BaseException) -> str:
+    text = str(exc)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    if "401" in text or "Authentication required" in text or "Unauthorized" in text:
+        return (f"the Ray job server at {address} requires a token (token authentication): pass --token-file FILE, "
+                f"or set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or ~/.ray/auth_token)")
+    if "403" in text or "Forbidden" in text or "Invalid authentication token" in text:
+        return f"the Ray job server at {address} refused the token (wrong token for this cluster)"
+    if isinstance(exc, ConnectionError) or "Failed to connect" in text or "Connection refused" in text:
+        return (f"cannot reach the Ray job server at {address} ({first}); is the head running with its dashboard "
+                f"(ray start --head --dashboard-host ...), and is the address its dashboard URL (http://HOST:8265)?")
+    return f"Ray job server at {address}: {first}"
+
+
+def _call(address: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except PosstatsError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the SDK raises several kinds
+        text = str(exc)
+        if "does not exist" in text or "404" in text.split("\n", 1)[0]:
+            raise PosstatsError(f"{address}: {text.splitlines()[0]}") from None
+        raise PosstatsError(_client_error(address, exc)) from None
+
+
+def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str = "ship",
+               env: Mapping[str, str] | None = None, token: str | None = None, submission_id: str | None = None,
+               entrypoint_num_cpus: float | None = None) -> dict[str, Any]:
+    """Submit one pipeline run to a Ray cluster with the Job Submission SDK.
+
+    The resolved configuration travels as ``pipeline.toml`` in the job's ``working_dir`` (a
+    temporary folder), the entrypoint is ``python -m jobs.pipeline --config pipeline.toml
+    --run-id RUN_ID``. With ``code="ship"`` the local ``posstats`` and ``jobs`` packages go
+    along as ``py_modules`` (the cluster then needs only posstats' dependencies); with
+    ``code="installed"`` the cluster's own installation is used (the deploy/ image).
+
+    Returns:
+        {"job_id", "run_id", "entrypoint", "runtime_env"}.
+    """
+    import posstats
+
+    validate_run_id(run_id)
+    if code not in ("ship", "installed"):
+        msg = f"--code must be ship or installed, got {code!r}"
+        raise PosstatsError(msg)
+    client = _client(address, token=token)
+    with tempfile.TemporaryDirectory(prefix="posstats-submit-") as workdir:
+        config = cfg.to_dict(secrets=True)
+        config["run_id"] = run_id
+        Path(workdir, "pipeline.toml").write_text(dumps_toml(config))
+        runtime_env: dict[str, Any] = {
+            "working_dir": workdir,
+            "env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **dict(env or {})},
+        }
+        if code == "ship":
+            runtime_env["py_modules"] = [str(Path(posstats.__file__).parent), str(Path(__file__).parent)]
+            runtime_env["excludes"] = ["__pycache__", "*.pyc"]
+        entrypoint = f"python -m jobs.pipeline --config pipeline.toml --run-id {run_id}"
+        job_id = _call(address, lambda: client.submit_job(
+            entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
+            entrypoint_num_cpus=entrypoint_num_cpus,
+            metadata={"posstats_run_id": run_id, "posstats_store": str(cfg.store.url)},
+        ))
+    shown_env = {k: v for k, v in runtime_env.items() if k != "working_dir"}
+    shown_env["env_vars"] = {k: ("***" if k not in ("RAY_USAGE_STATS_ENABLED", "PYTHONUNBUFFERED") else v)
+                             for k, v in runtime_env["env_vars"].items()}
+    return {"job_id": job_id, "run_id": run_id, "entrypoint": entrypoint, "runtime_env": shown_env}
+
+
+def job_status(address: str, job_id: str, /, *, token: str | None = None, wait: float | None = None,
+               poll: float = 1.0) -> dict[str, Any]:
+    """The job's status (``status``, ``message``, times, entrypoint, metadata); with
+    ``wait`` seconds, poll until the job ends or the time is up."""
+    client = _client(address, token=token)
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        info = _call(address, lambda: client.get_job_info(job_id))
+        status = str(getattr(info.status, "value", info.status))
+        terminal = status in ("SUCCEEDED", "FAILED", "STOPPED")
+        if deadline is None or terminal or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return {
+        "job_id": job_id,
+        "status": status,
+        "terminal": terminal,
+        "message": info.message,
+        "entrypoint": info.entrypoint,
+        "metadata": dict(info.metadata or {}),
+        "start_time": info.start_time,
+        "end_time": info.end_time,
+        "driver_exit_code": getattr(info, "driver_exit_code", None),
+    }
+
+
+def job_logs(address: str, job_id: str, /, *, token: str | None = None, follow: bool = False,
+             write: Callable[[str], None] | None = None) -> str:
+    """Write the job's logs (all of them; with ``follow``, as they come until the job ends);
+    return the job's final (or current) status."""
+    import asyncio
+
+    write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    client = _client(address, token=token)
+    if not follow:
+        write(_call(address, lambda: client.get_job_logs(job_id)))
+        return str(getattr(client.get_job_status(job_id), "value", ""))
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            write(chunk)
+
+    _call(address, lambda: client.get_job_info(job_id))  # a clear error for an unknown job id
+    _call(address, lambda: asyncio.run(tail()))
+    status = _call(address, lambda: client.get_job_status(job_id))
+    return str(getattr(status, "value", status))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""``posstats status``: a submitted job's status, or a run store's runs and lock."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from posstats.errors import PosstatsError
+
+HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
+DESCRIPTION = """\
+With JOB_ID: the Ray job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), its
+message, run id and times, from the job server at --address. --wait polls until the job
+ends and exits 0 only if it succeeded (1 otherwise).
+
+With --store: the run store's latest pointer, its lock (holder, heartbeat age, stale or
+not) and every run with the stages it completed (no Ray needed). --verify also checks
+every completed stage's files against the sizes and sha256 in their markers.
+
+examples:
+  posstats status raysubmit_XyZ --address http://127.0.0.1:8265 --wait
+  posstats status --store s3://bucket/posstats --verify
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from posstats.cli.submit import add_address_args
+
+    p = sub.add_parser("status", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job id printed by 'posstats submit'")
+    add_address_args(p)
+    p.add_argument("--wait", action="store_true", help="wait until the job ends; exit 0 only if it succeeded")
+    p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 3)")
+    p.add_argument("--store", metavar="PATH_OR_URL", help="show a run store instead of a job")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec option of --store (VALUE in TOML syntax; dotted keys nest); repeatable")
+    p.add_argument("--verify", action="store_true", help="with --store: check every completed stage's files")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def storage_options(items: list[str]) -> dict:
+    """``a.b=VALUE`` pairs into a nested dict (VALUE in TOML syntax, a bare word a string)."""
+    from posstats.pipeline_config import parse_value
+
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PosstatsError(f"--storage-option expects KEY=VALUE, got {item!r}")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = parse_value(value)
+    return out
+
+
+def store_status(url: str, *, options: dict | None = None, verify: bool = False) -> dict:
+    """{store, latest, lock, runs: [...]} of a run store (pure posstats, no Ray)."""
+    import socket
+
+    from posstats.store import DEFAULT_STALE_AFTER_S, STAGES, Store, lock_is_stale, sorted_runs
+
+    store = Store(url, storage_options=options)
+    lock, exists = store.read_lock()
+    lock_view = None
+    if exists:
+        stale_after = float((lock or {}).get("stale_after_s", DEFAULT_STALE_AFTER_S))
+        stale, why = lock_is_stale(lock, now=time.time(), hostname=socket.gethostname(), stale_after=stale_after)
+        lock_view = {k: (lock or {}).get(k) for k in ("run_id", "command", "pid", "hostname", "started", "heartbeat")}
+        lock_view.update(stale=stale, why=why)
+    runs = []
+    for rid in store.run_ids():
+        st = store.run_status(rid)
+        if verify:
+            st["problems"] = [p for s in STAGES if st["stages"][s] for p in store.verify_stage(rid, s)]
+        runs.append(st)
+    return {"store": store.display(), "latest": store.latest(), "lock": lock_view, "runs": sorted_runs(runs)}
+
+
+def _print_store(doc: dict) -> int:
+    from posstats.store import STAGES
+
+    latest = doc["latest"]
+    print(f"store {doc['store']}")
+    print(f"latest: {latest['run_id']} (finished {latest['finished']})" if latest else "latest: (none)")
+    lock = doc["lock"]
+    if lock:
+        state = "STALE" if lock["stale"] else "held"
+        print(f"lock: {state} by run {lock['run_id']} (pid {lock['pid']} on {lock['hostname']}, started "
+              f"{lock['started']}; {lock['why']})")
+    else:
+        print("lock: free")
+    bad = 0
+    for r in doc["runs"]:
+        stages = " ".join(s if r["stages"][s] else f"-{s}" for s in STAGES)
+        state = f"complete {r['finished']}" if r["complete"] else "INCOMPLETE"
+        print(f"  {r['run_id']}: {state}  [{stages}]")
+        for p in r.get("problems", []):
+            bad += 1
+            print(f"    ! {p}")
+    return 1 if bad else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.store:
+        if args.job_id:
+            raise PosstatsError("give either JOB_ID or --store, not both")
+        doc = store_status(args.store, options=storage_options(args.storage_option), verify=args.verify)
+        if args.json:
+            print(json.dumps(doc, indent=2))
+            return 1 if any(r.get("problems") for r in doc["runs"]) else 0
+        return _print_store(doc)
+    if not args.job_id:
+        raise PosstatsError("give a JOB_ID (printed by 'posstats submit') or --store PATH_OR_URL")
+    from posstats.cli.submit import resolve_address
+
+    address, token = resolve_address(args)
+    from jobs.pipeline import job_status  # imports ray lazily
+
+    wait = (args.timeout if args.timeout is not None else float("inf")) if args.wait else None
+    st = job_status(address, args.job_id, token=token, wait=wait)
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        run_id = st["metadata"].get("posstats_run_id", "?")
+        print(f"job {st['job_id']}: {st['status']} (run {run_id})" + (f": {st['message']}" if st["message"] else ""))
+    if args.wait:
+        if not st["terminal"]:
+            return 3
+        return 0 if st["status"] == "SUCCEEDED" else 1
+    return 0
