@@ -11,7 +11,9 @@ Mode ``chunk``, so every token is counted.
 Measured, all in this process and on this machine:
 
 * ``in_process``: :func:`posstats.corpus.count_corpus` (read + kernel, dense), tokens/s;
-* ``ray_startup_s``: ``ray.init(num_cpus=2, include_dashboard=False)``, the fixed cost;
+* ``ray_startup_s``: ``ray.init(num_cpus=2, include_dashboard=False)``, the fixed cost
+  (workers at niceness 0, as in the embedded Ray of ``posstats count --ray``; Ray's
+  default of 15 lets every other program on a shared machine starve the actors);
 * for each worker count: the job's wall time (planning, actor start, counting, tree
   reduce, result written; Ray already up), its counting phase, and the per-worker rate:
   tokens / counting phase / workers; and each actor's rate while counting (its tokens /
@@ -159,6 +161,8 @@ def main() -> None:
     report["controls_before"] = controls(files, spec)
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as the embedded Ray of `posstats count --ray`
+    report["ray_worker_niceness"] = int(os.environ["RAY_worker_niceness"])
     t = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     report["ray_startup_s"] = round(time.perf_counter() - t, 2)

@@ -64,6 +64,7 @@ __all__ = [
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
 MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard (after Ray's own retries)
 ACTOR_START_TIMEOUT_S = 600
+NICENESS_ENV = "RAY_worker_niceness"
 
 
 @dataclass(frozen=True)
@@ -228,8 +229,18 @@ class _Engine:
             if address:
                 ray.init(address=address, namespace="posstats", log_to_driver=False)
             else:
-                context = ray.init(address="local", namespace="posstats", log_to_driver=False,
-                                   num_cpus=max(os.cpu_count() or 1, self.opts.workers or 1))
+                # Ray starts worker processes at niceness 15 (meant for clusters shared with
+                # latency-sensitive work); on a machine shared with other programs that starves
+                # the counting actors, which are this Ray's only workload. $RAY_worker_niceness
+                # still wins when set.
+                niceness = os.environ.get(NICENESS_ENV)
+                os.environ.setdefault(NICENESS_ENV, "0")
+                try:
+                    context = ray.init(address="local", namespace="posstats", log_to_driver=False,
+                                       num_cpus=max(os.cpu_count() or 1, self.opts.workers or 1))
+                finally:
+                    if niceness is None:
+                        os.environ.pop(NICENESS_ENV, None)
                 self.started_ray = True
                 url = getattr(context, "dashboard_url", None)
                 if url:
