@@ -451,11 +451,20 @@ def _read_text(path: str, spec: _Spec) -> Iterator[TokenBatch]:
 
 
 def _read_jsonl(path: str, spec: _Spec) -> Iterator[TokenBatch]:
+    return _jsonl_batches(_numbered_lines(path), path, spec)
+
+
+def _jsonl_batches(lines: Iterable[tuple[int, str]], path: str, spec: _Spec, *, first_row: int = 0) -> Iterator[TokenBatch]:
+    """Batches from numbered JSON lines (``(1-based line number, text)``) of ``path``.
+
+    Shared by whole-file reading and by byte-range shards (``posstats.shards``), which
+    pass the lines of their range and the row number of its first record.
+    """
     key = spec.name
     cells: list[Any] = []
     linenos: list[int] = []
-    row = 0
-    for lineno, line in _numbered_lines(path):
+    row = first_row
+    for lineno, line in lines:
         if not line.strip():
             continue
         try:
