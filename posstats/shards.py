@@ -504,7 +504,8 @@ def _range_lines(shard: Shard) -> Iterator[tuple[int, str]]:
 
 
 def _read_line_range(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
-    # Mirrors readers._read_jsonl / readers._read_text over one range of lines.
+    # The readers' own JSON-lines batching over the range's numbered lines; text mirrors
+    # readers._read_text.
     from posstats import readers
     from posstats.tokenizer import encode_texts
 
@@ -523,31 +524,7 @@ def _read_line_range(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
         if texts:
             yield encode_texts(spec.tokenizer, texts, add_special_tokens=False, source=path, first_row=row)
         return
-    key = spec.name
-    cells: list[Any] = []
-    linenos: list[int] = []
-    for lineno, line in _range_lines(shard):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            msg = f"{path}: line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})"
-            raise InputError(msg) from exc
-        if not isinstance(record, dict):
-            msg = f"{path}: line {lineno}: expected a JSON object, got {readers._short(record)}"
-            raise InputError(msg)
-        if key not in record:
-            msg = f"{path}: line {lineno}: no key {key!r} (keys: {', '.join(map(str, record)) or 'none'})"
-            raise InputError(msg)
-        cells.append(record[key])
-        linenos.append(lineno)
-        if len(cells) == spec.batch_size:
-            yield readers._jsonl_batch(cells, linenos, path, row, spec)
-            row += len(cells)
-            cells, linenos = [], []
-    if cells:
-        yield readers._jsonl_batch(cells, linenos, path, row, spec)
+    yield from readers._jsonl_batches(_range_lines(shard), path, spec, first_row=row)
 
 
 # ----------------------------------------------------------------------------- counting
