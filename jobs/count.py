@@ -425,7 +425,7 @@ def _check_no_dense_overflow(spec: CountSpec) -> None:
 def _progress(total: int, enabled: bool | None) -> Any:
     from posstats.progress import progress
 
-    return progress(total=total, desc="counting shards", unit="shard", enabled=enabled)
+    return progress(total=total, desc="counting shards", unit="shard", enabled=enabled, unit_scale=False)
 
 
 def _run(

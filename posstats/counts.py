@@ -382,11 +382,15 @@ class CountAccumulator:
         """Count Python lists / arrays of token ids (convenience for small inputs)."""
         return self.add(TokenBatch.from_sequences(list(sequences)))
 
-    def result(self) -> PositionalCounts:
-        """The counts so far (the accumulator stays usable)."""
+    def result(self, *, copy: bool = True) -> PositionalCounts:
+        """The counts so far.
+
+        With ``copy=False`` a dense result shares the accumulator's buffer (no n x V copy):
+        use it only when the accumulator is not used afterwards.
+        """
         windows = self.windows + (self._pack_windows(self._pack_len) if self.spec.mode == "pack" else 0)
         if self.dense:
-            matrix = self._matrix.copy()
+            matrix = self._matrix.copy() if copy else self._matrix
         else:
             self._compact()
             n, V = self.spec.positions, self.spec.vocab_size

@@ -7,9 +7,14 @@ from typing import Any
 __all__ = ["progress"]
 
 
-def progress(*, total: int | None = None, desc: str = "", unit: str = "it", enabled: bool | None = None) -> Any:
-    """A tqdm bar on stderr; ``enabled=None`` shows it only on a terminal."""
+def progress(
+    *, total: int | None = None, desc: str = "", unit: str = "it", enabled: bool | None = None, unit_scale: bool = True
+) -> Any:
+    """A tqdm bar on stderr; ``enabled=None`` shows it only on a terminal.
+
+    ``unit_scale`` abbreviates large counts (1.2M tok); turn it off for small whole units.
+    """
     from tqdm.auto import tqdm
 
     disable = None if enabled is None else not enabled
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=disable, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, disable=disable, leave=False, dynamic_ncols=True)

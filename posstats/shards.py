@@ -578,7 +578,7 @@ def count_shard(
     except InputError as exc:
         msg = f"{exc} [shard: {shard.label()}]"
         raise InputError(msg) from exc
-    return acc.result()
+    return acc.result(copy=False)  # the accumulator ends here: no n x V copy
 
 
 def _check_unchanged(shard: Shard) -> None:
