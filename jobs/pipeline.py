@@ -116,7 +116,16 @@ class _Run:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
                 address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
                 if address:
-                    ray.init(address=address, namespace="posstats", log_to_driver=False)
+                    try:
+                        ray.init(address=address, namespace="posstats", log_to_driver=False)
+                    except (ConnectionError, RuntimeError) as exc:
+                        cause = exc.__cause__ or exc
+                        auth = "Authentication token" in str(cause) or "InvalidAuthToken" in str(cause)
+                        hint = ("the cluster uses token authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+                                "(or ~/.ray/auth_token) to its token" if auth else
+                                "is the cluster running, and is ADDR its GCS address (HOST:6379)?")
+                        msg = f"cannot connect to the Ray cluster at {address}: {hint}"
+                        raise PosstatsError(msg) from None
                 else:
                     ray.init(address="local", namespace="posstats", log_to_driver=False, include_dashboard=False,
                              num_cpus=max(os.cpu_count() or 1, self.cfg.ray.workers or 1))

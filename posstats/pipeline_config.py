@@ -539,8 +539,24 @@ def apply_overrides(cfg: PipelineConfig, /, *, sets: Sequence[str] = (), run_id:
 # ----------------------------------------------------------------------------- TOML out
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_str(s: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped, the rest as is."""
+    out = []
+    for ch in s:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_str(k)
 
 
 def _toml_value(v: Any) -> str:
@@ -556,7 +572,7 @@ def _toml_value(v: Any) -> str:
         text = repr(v)
         return text if any(c in text for c in ".en") else text + ".0"
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=True)
+        return _toml_str(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v if x is not None) + "]"
     if isinstance(v, Mapping):

@@ -1,0 +1,275 @@
+"""jobs/pipeline.py through `posstats pipeline`: the run layout with markers, counts equal to
+the single-process count, geometry equal to the in-process analysis, the exported table,
+idempotent reruns, incremental refreshes, resuming a lost stage, refusals (another
+configuration under a run id, a busy store), and `posstats status/logs --store`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from safetensors.numpy import load_file
+
+from posstats.analysis import analyze
+from posstats.cli import main as cli
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec
+from posstats.pipeline_config import load_config
+from posstats.storage import load_counts
+from posstats.store import STAGES, Store
+
+REPO = Path(__file__).resolve().parents[1]
+V, N = 64, 16
+
+pytestmark = pytest.mark.ray
+
+
+def write_shard(path: Path, seed: int, docs: int = 120, row_group_size: int = 60) -> None:
+    rng = np.random.default_rng(seed)
+    seqs = [(rng.zipf(1.6, size=int(rng.integers(N, 2 * N))) % V).astype(np.int32).tolist() for _ in range(docs)]
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.table({"ids": pa.array(seqs, type=pa.list_(pa.int32()))}), tmp, row_group_size=row_group_size)
+    os.replace(tmp, path)
+
+
+def write_config(tmp_path: Path, **extra: str) -> Path:
+    text = f"""
+[store]
+url = "store"
+[input]
+paths = ["corpus/*.parquet"]
+column = "ids"
+[count]
+positions = {N}
+vocab_size = {V}
+mode = "truncate"
+exclude_tokens = []
+[geometry]
+dims = [2, 8]
+encodings = ["mds", "sinusoidal", "random"]
+[export]
+dim = 8
+card = false
+"""
+    for table, body in extra.items():
+        text += f"\n[{table}]\n{body}\n"
+    path = tmp_path / "pipeline.toml"
+    path.write_text(text)
+    return path
+
+
+def reference(corpus: Path):
+    source = CorpusSource(inputs=(str(corpus / "*.parquet"),), column="ids")
+    return count_corpus(source, CountSpec(N, V, "truncate"), show_progress=False)
+
+
+def assert_counts_equal(got, ref) -> None:
+    np.testing.assert_array_equal(got.to_dense().matrix, ref.to_dense().matrix)
+    assert (got.sequences, got.windows, got.tokens, got.fingerprint) == (ref.sequences, ref.windows, ref.tokens,
+                                                                         ref.fingerprint)
+
+
+def safetensors_content(path: Path):
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return f.get_tensor("position_embeddings"), dict(f.metadata())
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file under the store except the lock machinery and the work folder."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and not rel.startswith("work/") and rel not in ("lock", ".lock.guard"):
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture()
+def setup(tmp_path, ray_session):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in range(3):
+        write_shard(corpus / f"s{f}.parquet", seed=f)
+    return tmp_path, corpus, write_config(tmp_path)
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    rc = cli([str(a) for a in args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_end_to_end_layout_counts_geometry_export(setup, capsys):
+    tmp_path, corpus, config = setup
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "first")
+    assert rc == 0, err
+    assert "run first complete:" in out and "6/6 shard(s) counted now" in out
+    store = Store(str(tmp_path / "store"))
+    root = Path(store.root)
+    for stage in STAGES:
+        assert store.stage_marker("first", stage) is not None, stage
+        assert store.verify_stage("first", stage) == []
+    marker = store.run_marker("first")
+    assert store.latest()["run_id"] == "first" and store.latest()["path"] == "runs/first"
+    assert store.read_lock() == (None, False)  # released
+    # config first: the resolved configuration
+    cfg = json.loads((root / "runs/first/config/config.json").read_text())
+    assert cfg["run_id"] == "first" and cfg["count"]["positions"] == N
+    assert marker["stages"]["config"] < marker["stages"]["count"] < marker["stages"]["export"] < marker["finished"]
+    # counts equal the single-process count
+    ref = reference(corpus)
+    got = load_counts(root / "runs/first/reduce")
+    assert_counts_equal(got, ref)
+    summary = json.loads((root / "runs/first/count/summary.json").read_text())
+    assert summary["shards"] == 6 and summary["shards_counted"] == 6 and len(summary["files"]) == 3
+    # geometry equals the in-process analysis
+    mds = load_file(str(root / "runs/first/geometry/mds.safetensors"))
+    oracle = analyze(ref, load_config(config).analysis_config())
+    np.testing.assert_allclose(mds["encoding"], oracle.mds.encoding, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(mds["positions"], np.arange(N))
+    report = json.loads((root / "runs/first/geometry/report.json").read_text())
+    assert report["run_id"] == "first" and report["inputs"]["counts"] == str(root / "runs/first/reduce")
+    assert (root / "runs/first/report/report.html").stat().st_size > 1000
+    assert list((root / "runs/first/report/figures").glob("*.png"))
+    assert not list((root / "runs/first/report").glob("counts.*"))  # the counts live in reduce/ only
+    # the exported table is P_MDS(r) padded to the width
+    table = load_file(str(root / "runs/first/export/positions.safetensors"))["position_embeddings"]
+    k = min(8, mds["encoding"].shape[1])
+    assert table.shape == (N, 8) and table.dtype == np.float32
+    np.testing.assert_array_equal(table[:, :k], mds["encoding"][:, :k].astype(np.float32))
+    assert marker["export"]["file"] == "positions.safetensors" and store.latest()["export"] == (
+        "runs/first/export/positions.safetensors")
+
+    # status and logs of the store
+    rc, out, _ = run_cli(capsys, "status", "--store", tmp_path / "store", "--verify")
+    assert rc == 0 and "latest: first" in out and "lock: free" in out
+    assert "first: complete" in out and "[config count reduce geometry report export]" in out
+
+
+def test_rerun_is_idempotent_and_refreshes_are_incremental(setup, capsys):
+    tmp_path, corpus, config = setup
+    assert run_cli(capsys, "pipeline", "--config", config, "--run-id", "r1")[0] == 0
+    root = tmp_path / "store"
+    before = snapshot(root)
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "r1")
+    assert rc == 0 and "run r1 is complete already" in err
+    assert snapshot(root) == before
+
+    # a new file: only its shards are counted
+    write_shard(corpus / "s3.parquet", seed=3)
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "r2")
+    assert rc == 0, err
+    summary = json.loads((root / "runs/r2/count/summary.json").read_text())
+    assert (summary["shards"], summary["shards_counted"], summary["shards_added"]) == (8, 2, 2)
+    assert_counts_equal(load_counts(root / "runs/r2/reduce"), reference(corpus))
+    # a changed file and a deleted one: recounted / subtracted
+    write_shard(corpus / "s0.parquet", seed=10, docs=80)
+    (corpus / "s1.parquet").unlink()
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "r3")
+    assert rc == 0, err
+    summary = json.loads((root / "runs/r3/count/summary.json").read_text())
+    assert summary["shards_counted"] == 2 and summary["shards_removed"] == 4 and summary["reduce"] == "incremental"
+    assert_counts_equal(load_counts(root / "runs/r3/reduce"), reference(corpus))
+    # earlier runs keep their own results
+    assert snapshot(root)["runs/r1/reduce/counts.safetensors"] == before["runs/r1/reduce/counts.safetensors"]
+    assert Store(str(root)).latest()["run_id"] == "r3"
+
+
+def test_a_lost_stage_is_redone_alone_and_identically(setup, capsys):
+    tmp_path, _, config = setup
+    assert run_cli(capsys, "pipeline", "--config", config, "--run-id", "r")[0] == 0
+    store = Store(str(tmp_path / "store"))
+    root = Path(store.root)
+    table = safetensors_content(root / "runs/r/export/positions.safetensors")
+    finished = {s: store.stage_marker("r", s)["finished"] for s in STAGES}
+    # as if the driver died while publishing the export: files half there, no markers
+    (root / "runs/r/done.json").unlink()
+    (root / "runs/r/export/done.json").unlink()
+    (root / "runs/r/export/positions.safetensors").write_bytes(b"partial")
+    rc, _, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "r")
+    assert rc == 0, err
+    for s in STAGES[:-1]:
+        assert f"{s}: complete already" in err and store.stage_marker("r", s)["finished"] == finished[s]
+    assert store.stage_marker("r", "export")["finished"] > finished["export"]
+    again = safetensors_content(root / "runs/r/export/positions.safetensors")
+    assert again[1] == table[1]  # metadata (the header's key order is not deterministic, its content is)
+    np.testing.assert_array_equal(again[0], table[0])
+    assert store.verify_stage("r", "export") == []
+
+
+def test_count_stage_redone_when_the_counting_store_moved_on(setup, capsys):
+    tmp_path, corpus, config = setup
+    assert run_cli(capsys, "pipeline", "--config", config, "--run-id", "a")[0] == 0
+    root = tmp_path / "store"
+    # run a died right after its count stage ...
+    for stage in ("reduce", "geometry", "report", "export"):
+        (root / f"runs/a/{stage}/done.json").unlink()
+    (root / "runs/a/done.json").unlink()
+    # ... and run b refreshed the counting store on a grown corpus before a was resumed
+    write_shard(corpus / "s9.parquet", seed=9)
+    assert run_cli(capsys, "pipeline", "--config", config, "--run-id", "b")[0] == 0
+    rc, _, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "a")
+    assert rc == 0, err
+    assert "counting store moved on" in err
+    assert_counts_equal(load_counts(root / "runs/a/reduce"), reference(corpus))
+    assert Store(str(root)).latest()["run_id"] == "a"  # it finished last
+
+
+def test_refusals_other_config_busy_store_bad_run_id(setup, capsys):
+    tmp_path, _, config = setup
+    assert run_cli(capsys, "pipeline", "--config", config, "--run-id", "r")[0] == 0
+    root = tmp_path / "store"
+    before = snapshot(root)
+    rc, _, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "r", "--set", "count.positions=8")
+    assert rc == 2 and "run r in" in err and "was started with another configuration" in err
+    rc, _, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "../r")
+    assert rc == 2 and "invalid run id '../r'" in err
+    store = Store(str(root))
+    with store.lock(run_id="holder"):
+        rc, _, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "r2")
+        assert rc == 2
+        assert f"posstats: error: run store {root} is in use by run holder (pipeline, pid {os.getpid()}" in err
+        # the scheduler reports a busy store and goes on
+        sched = subprocess.run([sys.executable, "-m", "posstats.cli", "schedule", "--config", str(config),
+                                "--every", "1s", "--runs", "1"], capture_output=True, text=True, timeout=120)
+        assert sched.returncode == 1, sched.stdout + sched.stderr
+        assert "store busy, skipped" in sched.stdout and "in use by run holder" in sched.stdout
+    after = snapshot(root)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert not [k for k in after if k.startswith("runs/r2/")]
+    logs = [k for k in after if k.startswith("logs/")]
+    assert len(logs) == 1
+    rc, out, _ = run_cli(capsys, "logs", "--store", root, "--run-id", logs[0][5:-4])
+    assert rc == 0 and "is in use by run holder" in out
+
+
+def test_schedule_cli_runs_in_order_with_a_log_each(setup, ray_session):
+    tmp_path, _, config = setup
+    address = ray_session.get_runtime_context().gcs_address
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "posstats.cli", "schedule", "--config", str(config), "--every", "1s",
+                           "--runs", "2", "--address", address], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "schedule done: 2 run(s), 2 ok, 0 failed" in proc.stdout
+    store = Store(str(tmp_path / "store"))
+    runs = [store.run_status(r) for r in store.run_ids()]
+    assert len(runs) == 2 and all(r["complete"] for r in runs)
+    spans = sorted((store.stage_marker(r["run_id"], "config")["finished"], r["finished"]) for r in runs)
+    assert spans[0][1] < spans[1][0]  # no overlap
+    assert store.latest()["run_id"] == max(r["run_id"] for r in runs)
+    for r in runs:
+        log = (Path(store.root) / "logs" / f"{r['run_id']}.log").read_text()
+        assert f"run {r['run_id']} complete" in log and "# exit status 0" in log
+    assert time.time() - t0 < 280

@@ -1,0 +1,218 @@
+"""posstats.pipeline_config: the TOML schema, validation messages, overrides, the result key,
+secret redaction and the TOML writer (round trip through tomllib)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posstats.errors import PosstatsError
+from posstats.pipeline_config import SCHEMA, apply_overrides, dumps_toml, load_config, parse_config, redact, schema_rows
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "deploy" / "pipeline.example.toml"
+
+MINIMAL = """
+[store]
+url = "store"
+[input]
+paths = ["corpus/*.parquet"]
+column = "ids"
+[count]
+vocab_size = 64
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_example_config_loads_and_is_complete():
+    cfg = load_config(EXAMPLE)
+    assert cfg.store.url == "/data/posstats-store" and cfg.store.work_dir == "/data/posstats-work"
+    assert cfg.count.positions == 1024 and cfg.count.exclude_tokens == ()
+    assert cfg.export_dim() == 768 and cfg.values["schedule"]["cron"] == "0 */6 * * *"
+    assert cfg.analysis_config().encodings[0] == "mds"
+
+
+def test_minimal_config_gets_defaults_and_paths_relative_to_the_file(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    assert cfg.store.url == str(tmp_path / "store")
+    assert cfg.input.paths == (str(tmp_path / "corpus" / "*.parquet"),)
+    assert cfg.count.positions == 512 and cfg.count.mode == "truncate" and cfg.count.exclude_tokens is None
+    assert cfg.geometry.dims == (2, 16, 64) and cfg.export_dim() == 64
+    assert cfg.work_dir() == str(tmp_path / "store" / "work")
+    assert cfg.run_id is None and cfg.store.lock_stale_after_s == 600.0
+
+
+def test_remote_urls_are_kept_and_get_a_local_work_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cfg = load_config(write(tmp_path, MINIMAL.replace('"store"', '"s3://bucket/prefix"').replace(
+        '"corpus/*.parquet"', '"s3://data/c/*.parquet"')))
+    assert cfg.store.url == "s3://bucket/prefix" and cfg.input.paths == ("s3://data/c/*.parquet",)
+    assert cfg.work_dir().startswith(str(tmp_path / "cache" / "posstats" / "work-"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t + "\n[cuont]\nx = 1\n", r"unknown table or key 'cuont' \(did you mean 'count'\?\)"),
+        (lambda t: t.replace("vocab_size", "vocab_sise"), r"unknown key \[count\] 'vocab_sise' \(did you mean 'vocab_size'\?\)"),
+        (lambda t: t.replace('url = "store"', ""), r"\[store\] url is required"),
+        (lambda t: t.replace('paths = ["corpus/*.parquet"]', ""), r"\[input\] paths is required"),
+        (lambda t: t.replace("vocab_size = 64", 'vocab_size = "64"'), r"\[count\] vocab_size must be an integer, got '64' \(a string\)"),
+        (lambda t: t.replace("vocab_size = 64", "vocab_size = 0"), r"\[count\] vocab_size must be >= 1, got 0"),
+        (lambda t: t.replace("vocab_size = 64", 'vocab_size = 64\nmode = "stride"'), r"\[count\] mode must be one of truncate, chunk, pack"),
+        (lambda t: t.replace("vocab_size = 64", "vocab_size = 64\nseparator = 3"), r"separator only applies with mode = \"pack\""),
+        (lambda t: t.replace('column = "ids"', 'column = "ids"\ntext_column = "t"'), "either column .* or text_column"),
+        (lambda t: t.replace('column = "ids"', ""), "give column .* or tokenizer"),
+        (lambda t: t.replace("vocab_size = 64", ""), "vocab_size is required when \\[input\\] has no tokenizer"),
+        (lambda t: t + "\n[geometry]\ndims = [2, 0]\n", r"\[geometry\] dims must all be >= 1 \(got 0\)"),
+        (lambda t: t + "\n[geometry]\ndims = []\n", r"\[geometry\] dims must not be empty"),
+        (lambda t: t + "\n[geometry]\nencodings = [\"mds\", \"nope\"]\n", "unknown encoding"),
+        (lambda t: t + "\n[geometry]\ndims = [3]\nencodings = [\"sinusoidal\"]\n", "even"),
+        (lambda t: t + "\n[export]\ndim = 8\nrank = 9\n", r"\[export\] rank 9 exceeds the table width 8"),
+        (lambda t: t + "\n[export]\nname = \"../evil\"\n", r"\[export\] name must be a plain file stem"),
+        (lambda t: t + "\n[schedule]\nevery = \"soon\"\n", "invalid interval 'soon'"),
+        (lambda t: t + "\n[schedule]\ncron = \"61 * * * *\"\n", "minute: 61 is outside 0-59"),
+        (lambda t: t + "\n[store2]\n", "unknown table"),
+        (lambda t: 'run_id = "../x"\n' + t, "invalid run id '../x'"),
+        (lambda t: "store = 3\n" + t.replace("[store]\nurl = \"store\"", ""), r"\[store\] must be a table"),
+        (lambda t: t + "\n[ray]\nworkers = true\n", r"\[ray\] workers must be an integer, got True \(a boolean\)"),
+        (lambda t: t + "\n[store]\n", "not valid TOML"),  # a table defined twice
+        (lambda t: t + "\n[count\n", "not valid TOML"),
+        (lambda t: t.replace('paths = ["corpus/*.parquet"]', "paths = []"), r"\[input\] paths must not be empty"),
+    ],
+)
+def test_bad_configs_get_one_line_messages_naming_file_table_and_key(tmp_path, edit, message):
+    path = write(tmp_path, edit(MINIMAL))
+    with pytest.raises(PosstatsError, match=message) as err:
+        load_config(path)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(str(path)) or "encoding" in str(err.value) or "even" in str(err.value)
+
+
+def test_missing_and_unreadable_config_files(tmp_path):
+    with pytest.raises(PosstatsError, match="no such config file"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(PosstatsError, match="is a folder"):
+        load_config(tmp_path)
+
+
+def test_overrides_win_and_resolve_against_the_current_folder(tmp_path, monkeypatch):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    monkeypatch.chdir(tmp_path / ".")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    got = apply_overrides(cfg, sets=["count.positions=128", "geometry.dims=[2, 4]", "export.layout=bert",
+                                     "input.paths=['x.parquet']"],
+                          run_id="v2", store="s2", workers=3, address="127.0.0.1:6379")
+    assert got.count.positions == 128 and got.geometry.dims == (2, 4) and got.export.layout == "bert"
+    assert got.run_id == "v2" and got.ray.workers == 3 and got.ray.address == "127.0.0.1:6379"
+    assert got.store.url == str(other / "s2") and got.input.paths == (str(other / "x.parquet"),)
+    assert got.count.vocab_size == 64  # untouched keys stay
+    assert apply_overrides(cfg, inputs=["a.parquet", "b.parquet"]).input.paths == (
+        str(other / "a.parquet"), str(other / "b.parquet"))
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [("positions=3", "expects TABLE.KEY=VALUE"), ("count.positions", "expects TABLE.KEY=VALUE"),
+     ("cout.positions=3", "unknown table 'cout'"), ("count.positons=3", "unknown key \\[count\\] 'positons'"),
+     ("count.positions=abc", "must be an integer")],
+)
+def test_bad_set_overrides(tmp_path, item, message):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    with pytest.raises(PosstatsError, match=message):
+        apply_overrides(cfg, sets=[item])
+
+
+def test_result_key_tracks_results_not_execution(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    key = cfg.result_key()
+    same = [apply_overrides(cfg, workers=4), apply_overrides(cfg, run_id="x"), apply_overrides(cfg, store="/other"),
+            apply_overrides(cfg, sets=["store.lock_stale_after_s=60", "schedule.every=1h",
+                                       "input.storage_options={anon=true}"])]
+    assert {c.result_key() for c in same} == {key}
+    different = [apply_overrides(cfg, sets=["count.positions=128"]), apply_overrides(cfg, sets=["geometry.seed=1"]),
+                 apply_overrides(cfg, sets=["export.dim=32"]), apply_overrides(cfg, inputs=["/x/*.parquet"])]
+    assert len({c.result_key() for c in different} | {key}) == 5
+
+
+def test_secrets_are_redacted_unless_asked(tmp_path):
+    text = MINIMAL.replace('url = "store"', 'url = "s3://b/p"\nstorage_options = {key = "AKIA", secret = "s3cr3t", '
+                                            'client_kwargs = {endpoint_url = "http://x", aws_session_token = "t"}}')
+    cfg = load_config(write(tmp_path, text))
+    shown = cfg.to_dict()["store"]["storage_options"]
+    assert shown == {"key": "***", "secret": "***", "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": "***"}}
+    assert "s3cr3t" not in dumps_toml(cfg.to_dict())
+    assert cfg.to_dict(secrets=True)["store"]["storage_options"]["secret"] == "s3cr3t"
+    assert redact([{"password": 1}]) == [{"password": "***"}]
+
+
+def test_dumps_toml_round_trips_a_resolved_config(tmp_path):
+    cfg = load_config(EXAMPLE)
+    text = dumps_toml(cfg.to_dict())
+    again = parse_config(tomllib.loads(text))
+    assert again.to_dict() == cfg.to_dict() and again.result_key() == cfg.result_key()
+
+
+scalars = st.one_of(
+    st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), st.text(max_size=20),
+)
+values = st.one_of(scalars, st.lists(st.integers(-1000, 1000), max_size=4), st.lists(st.text(max_size=8), max_size=4),
+                   st.dictionaries(st.text(min_size=1, max_size=6), st.one_of(st.integers(), st.text(max_size=6)), max_size=3))
+documents = st.dictionaries(
+    st.sampled_from(list(SCHEMA)),
+    st.dictionaries(st.text(min_size=1, max_size=10), values, max_size=4),
+    max_size=4,
+)
+
+
+@given(documents)
+@settings(max_examples=200, deadline=None)
+def test_dumps_toml_round_trip_property(doc):
+    back = tomllib.loads(dumps_toml(doc))
+
+    def same(a, b):
+        if isinstance(a, float):
+            return (math.isinf(a) and a == b) or a == b
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        return a == b
+
+    assert same(doc, back)
+
+
+def test_every_key_is_documented_in_docs_service():
+    text = (REPO / "docs" / "service.md").read_text()
+    missing = [name for name, *_ in schema_rows() if f"`{name}`" not in text]
+    assert missing == []
+
+
+def test_config_from_args_validates_the_run_id(tmp_path):
+    from posstats.cli import main
+
+    path = write(tmp_path, MINIMAL)
+    assert main(["pipeline", "--config", str(path), "--run-id", "a/b", "--print-config"]) == 2
+
+
+def test_print_config(tmp_path, capsys):
+    from posstats.cli import main
+
+    path = write(tmp_path, MINIMAL)
+    assert main(["pipeline", "--config", str(path), "--set", "count.positions=32", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert tomllib.loads(out)["count"]["positions"] == 32
+    assert os.path.isabs(tomllib.loads(out)["store"]["url"])
