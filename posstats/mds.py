@@ -21,6 +21,17 @@ Two methods compute it:
   sparse. For a cupy input the products run on the GPU and only the Lanczos vectors
   (length n or V) cross to the host.
 
+- ``lanczos``: block Lanczos (blocks of ``block`` vectors, full reorthogonalisation, no
+  restart) on the same implicit operator, for very long contexts. The sparse ``S`` is
+  split by column: its densest columns (the Zipf head, present at most positions) go to
+  a dense block multiplied by BLAS, the rest stays CSR; block products amortise the
+  index traffic of the sparse part (about 3x cheaper per vector than one at a time).
+  Converged when every wanted Ritz pair has ``||A x - theta x|| <= tol * theta_1``
+  (the residual is read off the block tridiagonal matrix and checked with one more
+  product at the end). It can also decompose the bias-corrected ``B - H diag(b) H``
+  (``diagonal=b``, :mod:`posstats.noise`), and run its products on a GPU (``xp=cupy``:
+  the dense block as a cupy array, the rest as a ``cupyx.scipy.sparse`` CSR matrix).
+
 Cost. Lanczos needs ~6k products for the top k here (ARPACK with ncv = 2k + 1; about
 the same unrestarted, because the top-64 of a corpus spectrum sit in its sampling-noise
 bulk with relative gaps ~1e-3), each costing two passes over the nnz of ``S``; the dense
@@ -166,9 +177,10 @@ class MDSResult:
             variance of ``S``, O(nnz) and without an n x n matrix).
         negative_mass: ``sum |lambda < 0| / sum |lambda|`` over the eigenvalues the solver
             computed (dense with k = n: the whole spectrum; otherwise the top-k).
-        method: ``"dense"`` or ``"iterative"``.
+        method: ``"dense"``, ``"iterative"`` or ``"lanczos"``.
         tol: the solver's tolerance (ARPACK's relative tolerance on the Ritz values for
-            ``iterative``; recorded but unused by the direct dense solver).
+            ``iterative``; relative to the largest eigenvalue for ``lanczos``; recorded
+            but unused by the direct dense solver).
         residuals: (k,) ``||A x - lambda x|| / lambda_max`` for each returned unit
             eigenvector ``x`` of the operator ``A`` the solver worked with: ``B`` itself
             (dense, or iterative with n <= V) or ``S_c^T S_c`` (iterative with n > V, same
@@ -179,7 +191,7 @@ class MDSResult:
     encoding: np.ndarray
     total_variance: float
     negative_mass: float
-    method: Literal["dense", "iterative"]
+    method: Literal["dense", "iterative", "lanczos"]
     tol: float
     residuals: np.ndarray
 
@@ -211,10 +223,13 @@ def classical_mds(
     /,
     *,
     k: int | None = None,
-    method: Literal["auto", "dense", "iterative"] = "auto",
+    method: Literal["auto", "dense", "iterative", "lanczos"] = "auto",
     tol: float = 1e-10,
     seed: int = 0,
     dense_limit: int = 2048,
+    block: int = 8,
+    diagonal: Any = None,
+    xp: types.ModuleType | None = None,
 ) -> MDSResult:
     """Classical MDS of the squared Hellinger distances between the rows of ``counts``.
 
@@ -231,6 +246,18 @@ def classical_mds(
             ``tol * theta`` (and by ~``(tol * theta)^2 / gap`` for separated eigenvalues).
         seed: seeds the Lanczos start vector (results are deterministic for a seed).
         dense_limit: the largest n ``auto`` solves densely.
+        block: ``lanczos`` only: vectors per block.
+        diagonal: ``dense`` and ``lanczos`` only: (n,) ``b``; decompose the bias-corrected
+            ``B - H diag(b) H`` (the MDS of ``D - b_i - b_j`` off the diagonal) instead of
+            ``B``; it can have negative eigenvalues.
+        xp: ``lanczos`` only: run the products with this namespace (``cupy`` puts a scipy
+            sparse input on the GPU); default: where ``counts`` lives.
+
+    ``lanczos`` interprets ``tol`` relative to the largest eigenvalue:
+    ``||A x - theta x|| <= tol * theta_1`` for every returned pair (``theta_1`` the largest),
+    so the eigenvalue errors are at most ``tol * theta_1`` and, for separated eigenvalues,
+    ~``(tol * theta_1)^2 / gap``. ``residuals`` says what was reached (at most
+    ``max(4 k, 2**27 / dim)`` Krylov vectors are used).
 
     Returns:
         :class:`MDSResult` (host numpy arrays).
@@ -240,8 +267,8 @@ def classical_mds(
     array([1.      , 0.057191, 0.      ])
     """
     n = int(counts.shape[0])
-    if method not in ("auto", "dense", "iterative"):
-        msg = f"method must be 'auto', 'dense' or 'iterative'; got {method!r}"
+    if method not in ("auto", "dense", "iterative", "lanczos"):
+        msg = f"method must be 'auto', 'dense', 'iterative' or 'lanczos'; got {method!r}"
         raise ValueError(msg)
     if k is not None and (int(k) != k or k < 1):
         msg = f"k must be a positive integer or None; got {k!r}"
@@ -254,11 +281,16 @@ def classical_mds(
                 f"dense_limit={dense_limit}; pass k (top-k by the iterative method) or method='dense'"
             )
             raise ValueError(msg)
-    if method == "dense":
-        return _dense_mds(counts, k=k, tol=tol)
-    if k is None:
-        msg = "the iterative method needs k (the number of leading eigenpairs)"
+    if diagonal is not None and method == "iterative":
+        msg = "diagonal= (the bias-corrected B) needs method='dense' or 'lanczos'"
         raise ValueError(msg)
+    if method == "dense":
+        return _dense_mds(counts, k=k, tol=tol, diagonal=diagonal)
+    if k is None:
+        msg = f"the {method} method needs k (the number of leading eigenpairs)"
+        raise ValueError(msg)
+    if method == "lanczos":
+        return _lanczos_mds(counts, k=int(k), tol=tol, seed=seed, block=int(block), diagonal=diagonal, xp=xp)
     return _iterative_mds(counts, k=int(k), tol=tol, seed=seed)
 
 
@@ -272,7 +304,7 @@ def _fix_signs(u: Any, xp: types.ModuleType) -> Any:
     return u * signs[None, :]
 
 
-def _dense_mds(counts: Any, *, k: int | None, tol: float) -> MDSResult:
+def _dense_mds(counts: Any, *, k: int | None, tol: float, diagonal: Any = None) -> MDSResult:
     xp = np if sp.issparse(counts) else array_namespace(counts)
     b = hellinger_sq(counts, xp=None if sp.issparse(counts) else xp)
     n = int(b.shape[0])
@@ -286,6 +318,8 @@ def _dense_mds(counts: Any, *, k: int | None, tol: float) -> MDSResult:
     b -= means[None, :]
     b += grand
     b *= -0.5
+    if diagonal is not None:
+        _subtract_centred_diagonal(b, xp.asarray(diagonal, dtype=xp.float64), xp)
     total_variance = float(xp.trace(b))
     kk = n if k is None else min(int(k), n)
     if xp is np:
@@ -425,4 +459,282 @@ def _iterative_mds(counts: Any, *, k: int, tol: float, seed: int) -> MDSResult:
         method="iterative",
         tol=float(tol),
         residuals=resid.astype(np.float64),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Block Lanczos for very long contexts
+
+
+def _subtract_centred_diagonal(b: Any, d: Any, xp: types.ModuleType) -> None:
+    """``b -= H diag(d) H`` in place: ``d_i [i == j] - (d_i + d_j) / n + sum(d) / n^2``."""
+    n = int(b.shape[0])
+    if d.shape != (n,) or not bool(xp.all(xp.isfinite(d))):
+        msg = f"diagonal must be a finite (n,) = ({n},) vector; got shape {tuple(d.shape)}"
+        raise ValueError(msg)
+    idx = xp.arange(n)
+    b[idx, idx] -= d
+    b += (d[:, None] + d[None, :]) / n
+    b -= float(d.sum()) / (n * n)
+
+
+# Columns of S at least this dense go to the dense block (see hellinger._DENSE_COLUMN_DENSITY);
+# the block is capped at _SPLIT_DENSE_BYTES (2 GiB of float64).
+_SPLIT_DENSITY = 0.05
+_SPLIT_DENSE_BYTES = 1 << 31
+_SPLIT_CHUNK_NNZ = 1 << 23  # stored entries handled at a time while splitting
+
+
+class _SplitSqrt:
+    """The implicit ``S_c = S - 1 m^T`` (n x V) as a dense block of S's densest columns plus
+    a CSR matrix of the rest, with blocked products ``S_c X`` and ``S_c^T Y``.
+
+    Built from the counts in row chunks: ``S`` itself is never held whole (peak memory:
+    the counts, the dense block and the sparse rest). A dense input is centred explicitly
+    (no cancellation). ``xp=cupy`` moves both parts to the GPU.
+    """
+
+    def __init__(self, counts: Any, *, xp: types.ModuleType | None = None) -> None:
+        if not sp.issparse(counts):
+            s = sqrt_distributions(counts)
+            self.xp = array_namespace(s) if xp is None else xp
+            s = self.xp.asarray(s)
+            self.shape = tuple(int(x) for x in s.shape)
+            self.mean = s.mean(axis=0)
+            self.dense = s - self.mean[None, :]
+            self.heavy = None
+            self.rest = None
+            self._total = float(self.xp.sum(self.dense * self.dense))
+            self.mean = self.xp.zeros_like(self.mean)  # already centred
+            return
+        self.xp = np if xp is None else xp
+        c = counts if isinstance(counts, (sp.csr_array, sp.csr_matrix)) else sp.csr_array(counts)
+        if not c.has_canonical_format:
+            c = sp.csr_array(c, copy=True)
+            c.sum_duplicates()
+        n, v = (int(x) for x in c.shape)
+        self.shape = (n, v)
+        if c.dtype.kind not in "buif":
+            msg = f"counts must be a real numeric array; got dtype {c.dtype}"
+            raise TypeError(msg)
+        data, indices, indptr = c.data, c.indices, c.indptr
+        lengths = np.diff(indptr)
+        if data.size and (data.min() < 0 or not np.all(np.isfinite(data))):
+            msg = "counts must be finite and non-negative"
+            raise ValueError(msg)
+        per_col = np.bincount(indices, minlength=v)
+        order = np.argsort(per_col, kind="stable")[::-1]
+        cap = max(0, _SPLIT_DENSE_BYTES // (8 * max(n, 1)))
+        heavy = np.sort(order[: min(cap, int(np.count_nonzero(per_col >= _SPLIT_DENSITY * n)))])
+        col_map = np.full(v, -1, dtype=np.int64)
+        col_map[heavy] = np.arange(heavy.size)
+        dense = np.zeros((n, heavy.size), dtype=np.float64)
+        light_per_row = np.zeros(n, dtype=np.int64)
+        nnz_light = int(data.size - per_col[heavy].sum())
+        ldata = np.empty(nnz_light, dtype=np.float64)
+        lind = np.empty(nnz_light, dtype=np.int32 if v < 2**31 else np.int64)
+        col_sum = np.zeros(v, dtype=np.float64)
+        occ = np.zeros(n, dtype=np.float64)
+        pos = 0
+        rows_per_chunk = max(1, int(_SPLIT_CHUNK_NNZ // max(1, data.size // max(n, 1))))
+        for lo in range(0, n, rows_per_chunk):
+            hi = min(n, lo + rows_per_chunk)
+            a, b = int(indptr[lo]), int(indptr[hi])
+            ln = lengths[lo:hi]
+            rows = np.repeat(np.arange(lo, hi), ln)
+            vals = data[a:b]
+            # Exact integer row sums where the counts are integers.
+            csum = np.concatenate([[0], np.cumsum(vals, dtype=np.int64 if vals.dtype.kind in "biu" else np.float64)])
+            occ_chunk = (csum[indptr[lo + 1 : hi + 1] - a] - csum[indptr[lo:hi] - a]).astype(np.float64)
+            occ[lo:hi] = occ_chunk
+            if np.any(occ_chunk == 0):
+                empty = np.flatnonzero(occ_chunk == 0)[:5] + lo
+                msg = f"row(s) with zero occupancy (first: {empty.tolist()}); remove unoccupied positions before computing distances"
+                raise ValueError(msg)
+            s = np.sqrt(vals.astype(np.float64) / occ_chunk[rows - lo])
+            cols = indices[a:b]
+            hm = col_map[cols]
+            is_h = hm >= 0
+            dense[rows[is_h], hm[is_h]] = s[is_h]
+            keep = ~is_h
+            cnt = int(np.count_nonzero(keep))
+            ldata[pos : pos + cnt] = s[keep]
+            lind[pos : pos + cnt] = cols[keep]
+            pos += cnt
+            light_per_row[lo:hi] = np.bincount(rows[keep] - lo, minlength=hi - lo)
+            col_sum += np.bincount(cols, weights=s, minlength=v)
+        lptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(light_per_row, out=lptr[1:])
+        mean = col_sum / n
+        # ||S_c||_F^2 by the two-pass column variance: stored (s - m)^2 plus m_v^2 per
+        # implicit zero (no cancellation against |S|^2 = n).
+        dev_sq = float(np.sum((dense - mean[heavy][None, :]) ** 2)) if heavy.size else 0.0
+        for a in range(0, nnz_light, _SPLIT_CHUNK_NNZ):
+            dv = ldata[a : a + _SPLIT_CHUNK_NNZ] - mean[lind[a : a + _SPLIT_CHUNK_NNZ]]
+            dev_sq += float(np.dot(dv, dv))
+        light_cols = np.ones(v, dtype=bool)
+        light_cols[heavy] = False
+        dev_sq += float(np.sum(((n - per_col) * mean**2)[light_cols]))
+        self._total = dev_sq
+        self.occupancy = occ
+        if nnz_light < 2**31 and lind.dtype == np.int32:
+            lptr = lptr.astype(np.int32)  # scipy would otherwise upcast the indices (a copy)
+        rest = sp.csr_array((ldata, lind, lptr), shape=(n, v))
+        xp_ = self.xp
+        if xp_ is np:
+            self.dense, self.rest, self.mean, self.heavy = dense, rest, mean, heavy
+        else:
+            import cupyx.scipy.sparse as csp  # noqa: PLC0415 - only with cupy
+
+            self.dense = xp_.asarray(dense)
+            self.rest = csp.csr_matrix(
+                (xp_.asarray(ldata), xp_.asarray(lind.astype(np.int32)), xp_.asarray(lptr.astype(np.int32))), shape=(n, v)
+            )
+            self.mean = xp_.asarray(mean)
+            self.heavy = xp_.asarray(heavy)
+        self.heavy_columns = int(heavy.size)
+        self.light_nnz = nnz_light
+
+    def total_variance(self) -> float:
+        """``trace(B) = ||S_c||_F^2``."""
+        return self._total
+
+    def apply(self, x: Any) -> Any:
+        """``S_c x`` for x of shape (V, b)."""
+        xp = self.xp
+        if self.rest is None:
+            return self.dense @ x
+        out = self.rest @ x
+        if self.heavy.size:
+            out += self.dense @ x[self.heavy]
+        out -= (self.mean @ x)[None, :]
+        return out
+
+    def apply_t(self, y: Any) -> Any:
+        """``S_c^T y`` for y of shape (n, b)."""
+        xp = self.xp
+        if self.rest is None:
+            return self.dense.T @ y
+        out = xp.asarray(self.rest.T @ y)
+        if self.heavy.size:
+            out[self.heavy] += self.dense.T @ y
+        out -= self.mean[:, None] * y.sum(axis=0)[None, :]
+        return out
+
+
+def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int) -> np.ndarray:
+    """Lower band storage (``block + 1`` rows) of the block tridiagonal ``T``."""
+    m = len(a_blocks) * block
+    t = np.zeros((m, m))
+    for s, a in enumerate(a_blocks):
+        t[s * block : (s + 1) * block, s * block : (s + 1) * block] = a
+        if s + 1 < len(a_blocks):
+            t[(s + 1) * block : (s + 2) * block, s * block : (s + 1) * block] = b_blocks[s]
+    band = np.zeros((block + 1, m))
+    for i in range(block + 1):
+        band[i, : m - i] = np.diagonal(t, -i)
+    return band
+
+
+def _block_lanczos(
+    matmat: Any, dim: int, k: int, *, block: int, tol: float, seed: int, xp: types.ModuleType, max_dim: int
+) -> tuple[np.ndarray, Any, np.ndarray, int, bool]:
+    """Top-k eigenpairs of a symmetric operator by block Lanczos with full reorthogonalisation.
+
+    Returns (eigenvalues (k,) host, eigenvectors (dim, k) on xp, residual estimates (k,)
+    relative to the largest eigenvalue, operator applications, converged).
+    """
+    rng = np.random.default_rng(seed)
+    b = max(1, min(int(block), dim))
+    q, _ = xp.linalg.qr(xp.asarray(rng.standard_normal((dim, b))))
+    cap = min(dim, max_dim)
+    basis = xp.empty((dim, cap + b), dtype=xp.float64)
+    a_blocks: list[np.ndarray] = []
+    b_blocks: list[np.ndarray] = []
+    prev, b_prev = None, None
+    m = 0
+    applied = 0
+    step = 0
+    while True:
+        width = int(q.shape[1])
+        basis[:, m : m + width] = q
+        m += width
+        w = matmat(q)
+        applied += width
+        if prev is not None:
+            w -= prev @ xp.asarray(b_prev).T
+        a = q.T @ w
+        a = 0.5 * (a + a.T)
+        w -= q @ a
+        for _ in range(2):  # classical Gram-Schmidt twice: orthogonal to eps
+            w -= basis[:, :m] @ (basis[:, :m].T @ w)
+        q_next, r = xp.linalg.qr(w)
+        a_blocks.append(to_numpy(a))
+        r_host = to_numpy(r)
+        step += 1
+        exhausted = m + b > cap
+        breakdown = float(np.abs(r_host).max()) <= 1e-13 * max(1.0, float(np.abs(a_blocks[0]).max()))
+        if (m >= k + b and step % 4 == 0) or exhausted or breakdown:
+            kk = min(k, m)
+            band = _band_of(a_blocks, b_blocks + [r_host], width)
+            theta, y = scipy.linalg.eig_banded(band, lower=True, select="i", select_range=(m - kk, m - 1), check_finite=False)
+            theta, y = theta[::-1], y[:, ::-1]
+            top = abs(float(theta[0])) or 1.0
+            est = np.linalg.norm(r_host @ y[-width:, :], axis=0) / top
+            if breakdown:
+                est[:] = 0.0
+            if np.all(est <= tol) or exhausted or breakdown:
+                x = basis[:, :m] @ xp.asarray(y)
+                return theta, x, est, applied, bool(np.all(est <= tol))
+        b_blocks.append(r_host)
+        prev, b_prev, q = q, r_host, q_next
+
+
+def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None) -> MDSResult:
+    op = _SplitSqrt(counts, xp=xp)
+    xp = op.xp
+    n, v = op.shape
+    n_side = diagonal is not None or n <= v
+    dim = n if n_side else v
+    kk = min(k, max(1, min(n, v) - 1), dim)
+    if diagonal is not None:
+        diag = xp.asarray(diagonal, dtype=xp.float64)
+        if diag.shape != (n,) or not bool(xp.all(xp.isfinite(diag))):
+            msg = f"diagonal must be a finite (n,) = ({n},) vector; got shape {tuple(diag.shape)}"
+            raise ValueError(msg)
+
+    def matmat(x: Any) -> Any:
+        if not n_side:
+            return op.apply_t(op.apply(x))
+        out = op.apply(op.apply_t(x))
+        if diagonal is not None:
+            hx = x - x.mean(axis=0)[None, :]
+            t = diag[:, None] * hx
+            out -= t - t.mean(axis=0)[None, :]
+        return out
+
+    max_dim = min(dim, max(4 * kk + 2 * block, (1 << 27) // max(dim, 1)))
+    theta, x, _, applied, converged = _block_lanczos(matmat, dim, kk, block=block, tol=tol, seed=seed, xp=xp, max_dim=max_dim)
+    top = abs(float(theta[0])) or 1.0
+    if n_side:
+        ax = matmat(x)
+        u = _fix_signs(x, xp)
+        encoding = u * xp.sqrt(xp.maximum(xp.asarray(theta), 0.0))[None, :]
+    else:
+        sx = op.apply(x)
+        ax = op.apply_t(sx)
+        encoding = _fix_signs(sx, xp)
+    resid = to_numpy(xp.linalg.norm(ax - x * xp.asarray(theta)[None, :], axis=0)) / top
+    total = op.total_variance()
+    if diagonal is not None:
+        total -= float(diag.sum()) * (1.0 - 1.0 / n)
+    w = np.asarray(theta, dtype=np.float64) + 0.0
+    return MDSResult(
+        eigenvalues=w,
+        encoding=np.ascontiguousarray(to_numpy(encoding), dtype=np.float64),
+        total_variance=float(total),
+        negative_mass=_negative_mass(w),
+        method="lanczos",
+        tol=float(tol),
+        residuals=np.asarray(resid, dtype=np.float64),
     )

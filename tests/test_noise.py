@@ -1,0 +1,288 @@
+"""Tests for posstats.noise: parts, noise floor, bias-corrected distances, null rank,
+generated corpora with known truth, and the real-corpus pack-vs-truncate validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec, PositionalCounts, count_sequences
+from posstats.hellinger import hellinger_sq
+from posstats.mds import classical_mds
+from posstats.noise import (
+    corrected_squared_distances,
+    count_parts,
+    noise_floor,
+    null_counts,
+    null_rank,
+    parts_from_store,
+    split_counts,
+    synthetic_counts,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+BERT = str(REPO / "data/tokenizers/bert-base-uncased.tokenizer.json")
+GPT2 = str(REPO / "data/tokenizers/gpt2.tokenizer.json")
+FORTUNES = str(REPO / "data/fortunes-sample.jsonl")
+
+
+def _offdiag(m: np.ndarray) -> np.ndarray:
+    return m[~np.eye(m.shape[0], dtype=bool)]
+
+
+# ----------------------------------------------------------------------------- generator
+
+
+def test_synthetic_true_eigenvalues_match_the_noiseless_geometry():
+    syn = synthetic_counts(300, 900, tokens=2000, rank=4, block_tokens=16, seed=3)
+    a = syn.coefficients
+    b_true = (a - a.mean(axis=0)) @ (a - a.mean(axis=0)).T
+    lam = np.sort(np.linalg.eigvalsh(b_true))[::-1]
+    np.testing.assert_allclose(lam[:4], syn.true_eigenvalues, rtol=1e-10)
+    assert lam[4] < 1e-12 * lam[0]  # rank exactly 4
+    np.testing.assert_allclose(np.sum(a * a, axis=1), 1.0, rtol=1e-12)  # unit square-root rows
+    assert syn.counts.is_sparse and syn.counts.matrix.dtype == np.int64
+    assert abs(syn.counts.tokens / (300 * 2000) - 1) < 0.01
+    again = synthetic_counts(300, 900, tokens=2000, rank=4, block_tokens=16, seed=3)
+    assert again.counts.equals(syn.counts)
+
+
+def test_synthetic_rejects_rank_one_and_tiny_vocab():
+    with pytest.raises(ValueError, match="rank 1"):
+        synthetic_counts(10, 100, rank=1)
+    with pytest.raises(ValueError, match="too small"):
+        synthetic_counts(10, 100, rank=4, block_tokens=30)
+
+
+def test_synthetic_counts_are_poisson_with_the_stated_means():
+    syn = synthetic_counts(4000, 60, tokens=50, rank=0, head=10, seed=0)
+    c = syn.counts.to_dense().matrix
+    p = 1.0 / (np.arange(60) + 2.7) ** 1.07
+    p /= p.sum()
+    np.testing.assert_allclose(c.mean(axis=0), 50 * p, rtol=0.05, atol=0.02)
+    np.testing.assert_allclose(c.var(axis=0)[:5], 50 * p[:5], rtol=0.1)
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def test_split_counts_is_an_exact_partition():
+    syn = synthetic_counts(50, 400, tokens=500, rank=0, seed=1)
+    parts = split_counts(syn.counts, parts=4, seed=2)
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    np.testing.assert_array_equal(total.to_dense().matrix, syn.counts.to_dense().matrix)
+    shares = np.array([p.tokens for p in parts]) / syn.counts.tokens
+    np.testing.assert_allclose(shares, 0.25, atol=0.01)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "chunk"])
+def test_count_parts_sum_to_the_single_process_count(mode):
+    source = CorpusSource(inputs=(FORTUNES,), text_column="text", tokenizer=BERT)
+    spec = CountSpec(24, 30522, mode, (0, 101, 102, 103))
+    parts = count_parts(source, spec, parts=4)
+    whole = count_corpus(source, spec)
+    total = parts[0] + parts[1] + parts[2] + parts[3]
+    np.testing.assert_array_equal(total.to_dense().matrix, whole.to_dense().matrix)
+    assert total.sequences == whole.sequences == 3000
+    assert [p.sequences for p in parts] == [750, 750, 750, 750]
+    assert all(p.fingerprint == whole.fingerprint for p in parts)
+    assert [p.metadata["part"] for p in parts] == ["0/4", "1/4", "2/4", "3/4"]
+
+
+def test_count_parts_pack_mode_keeps_every_token():
+    source = CorpusSource(inputs=(FORTUNES,), text_column="text", tokenizer=GPT2)
+    spec = CountSpec(16, 50257, "pack", (50256,), 50256)
+    parts = count_parts(source, spec, parts=2)
+    whole = count_corpus(source, spec)
+    # Each part packs its own documents: one separator fewer per extra stream.
+    assert sum(p.tokens for p in parts) == whole.tokens - 1
+
+
+def test_parts_from_store_group_shards_by_rank(tmp_path):
+    from posstats.runstore import RunStore
+    from posstats.shards import count_shard, plan_shards
+    from posstats.tokenizer import load_tokenizer
+
+    source = CorpusSource(inputs=(FORTUNES,), text_column="text", tokenizer=BERT)
+    spec = CountSpec(16, 30522, "truncate", (0, 101, 102, 103))
+    shards = plan_shards(source, spec, shard_bytes=80_000)
+    assert len(shards) >= 4
+    store = RunStore(tmp_path / "store")
+    store.bind({"spec": spec.to_metadata()})
+    tok = load_tokenizer(BERT)
+    for s in shards:
+        store.write_partial(s, count_shard(s, source, spec, tokenizer=tok))
+    ids = sorted(s.shard_id for s in shards)
+    store.publish({"shard_ids": ids, "fingerprint": "f00d"})
+    parts = parts_from_store(store.root, parts=4)
+    assert len(parts) == 4
+    whole = count_corpus(source, spec)
+    total = parts[0] + parts[1] + parts[2] + parts[3]
+    np.testing.assert_array_equal(total.to_dense().matrix, whole.to_dense().matrix)
+    by_id = {s.shard_id: s for s in shards}
+    first = sum((count_shard(by_id[i], source, spec, tokenizer=tok) for i in ids[0::4]), PositionalCounts.zeros(spec))
+    np.testing.assert_array_equal(parts[0].to_dense().matrix, first.to_dense().matrix)
+    halves = parts_from_store(store.root, parts=2)
+    assert len(halves) == 2 and halves[0].metadata["part"] == "0/2"
+
+
+def test_parts_from_store_needs_a_finished_count(tmp_path):
+    from posstats.errors import PosstatsError
+
+    with pytest.raises(PosstatsError, match="no finished count"):
+        parts_from_store(tmp_path)
+
+
+# ----------------------------------------------------------------------------- noise floor
+
+
+def test_noise_floor_halves_formula_by_hand():
+    spec = CountSpec(positions=2, vocab_size=3)
+    a = PositionalCounts(spec, np.array([[3, 1, 0], [2, 2, 2]]))
+    b = PositionalCounts(spec, np.array([[1, 1, 2], [1, 1, 1]]))
+    nf = noise_floor([a, b])
+    sa = np.sqrt(a.matrix / a.matrix.sum(1, keepdims=True))
+    sb = np.sqrt(b.matrix / b.matrix.sum(1, keepdims=True))
+    h = ((sa - sb) ** 2).sum(1)
+    np.testing.assert_allclose(nf.split_half, h, rtol=1e-14)
+    na, nb = a.matrix.sum(1), b.matrix.sum(1)
+    np.testing.assert_allclose(nf.bias, h * na * nb / (na + nb) ** 2, rtol=1e-14)
+    assert nf.method == "halves-first-order" and nf.parts == 2 and nf.fallback == 0
+    d = nf.to_dict()
+    assert d["split_half_d_h_per_position"] == pytest.approx(np.sqrt(h).tolist())
+    json.dumps(d)
+
+
+@pytest.mark.parametrize("tokens", [1000, 20000])
+def test_bias_estimate_matches_the_plugin_distance_between_identical_positions(tokens):
+    """One distribution everywhere: E d_H^2(i, j) = b_i + b_j; the quarters estimate is
+    within 12 % both in the sparse regime (N p << 1 for most tokens) and the dense one."""
+    syn = synthetic_counts(160, 5000, tokens=tokens, rank=0, seed=5)
+    parts = split_counts(syn.counts, parts=4, seed=6)
+    nf = noise_floor(parts)
+    d2 = hellinger_sq(syn.counts.matrix)
+    expected = (nf.bias[:, None] + nf.bias[None, :])[~np.eye(160, dtype=bool)]
+    np.testing.assert_allclose(_offdiag(d2).mean(), expected.mean(), rtol=0.12)
+    assert nf.method == "quarters" and 0.0 <= nf.gamma.min() and nf.gamma.max() <= 1.0
+    # the first-order (halves) estimate underestimates where most tokens are rare
+    first_order = noise_floor(split_counts(syn.counts, parts=2, seed=7)).bias.mean()
+    if tokens == 1000:
+        assert first_order < 0.75 * nf.bias.mean()
+
+
+def test_one_distribution_corpus_has_no_structure_above_noise():
+    """Validation 1: all positions drawn from one distribution (with a truncate-like
+    occupancy decay): the bias-corrected distances are ~0 and no MDS component stands
+    above the null."""
+    n = 200
+    occ = np.linspace(6000, 1500, n)
+    syn = synthetic_counts(n, 4000, tokens=occ, rank=0, seed=11)
+    parts = split_counts(syn.counts, parts=4, seed=12)
+    nf = noise_floor(parts)
+    d2 = hellinger_sq(syn.counts.matrix)
+    dc = corrected_squared_distances(d2, nf.bias)
+    plug_in = np.sqrt(_offdiag(d2)).mean()
+    corrected = np.sqrt(_offdiag(dc)).mean()
+    assert plug_in > 0.3
+    assert corrected < 0.08 * plug_in
+    mds = classical_mds(syn.counts.matrix, k=20, method="dense")
+    nr = null_rank(mds.eigenvalues, method="shuffle", counts=syn.counts, replicates=3, seed=1)
+    assert nr.components_above_null == 0
+    assert nr.null_eigenvalues.shape == (3, 20)
+
+
+@pytest.mark.parametrize(("rank", "n", "tokens", "seed"), [(2, 400, 8000, 2), (3, 600, 20000, 1)])
+def test_planted_rank_is_recovered_above_the_null(rank, n, tokens, seed):
+    """Validation 2: a planted k-dimensional positional structure -> k components above
+    the null (shuffle) and above the analytic edge (the smallest planted eigenvalue is
+    2-4x the noise edge in these corpora)."""
+    syn = synthetic_counts(n, 3000, tokens=tokens, rank=rank, strength=0.4 if rank == 3 else 0.3, block_tokens=32, seed=seed)
+    assert syn.true_eigenvalues[-1] > 0.3
+    mds = classical_mds(syn.counts.matrix, k=24, method="dense")
+    nr = null_rank(mds.eigenvalues, method="shuffle", counts=syn.counts, seed=2)
+    assert nr.components_above_null == rank
+    parts = split_counts(syn.counts, parts=4, seed=3)
+    mp = null_rank(mds.eigenvalues, method="mp", parts=parts, floor=noise_floor(parts))
+    assert mp.components_above_null == rank
+    assert mp.threshold > nr.threshold  # the analytic edge is the more conservative one
+
+
+def test_null_counts_keep_occupancy_and_pool_the_distribution():
+    syn = synthetic_counts(300, 800, tokens=np.linspace(4000, 1000, 300), rank=3, block_tokens=16, seed=4)
+    null = null_counts(syn.counts, seed=0, head=100)
+    np.testing.assert_allclose(null.occupancy(), syn.counts.occupancy(), rtol=0.1)
+    pooled = np.asarray(syn.counts.matrix.sum(axis=0)).ravel()
+    pooled_null = np.asarray(null.matrix.sum(axis=0)).ravel()
+    np.testing.assert_allclose(pooled_null[:50], pooled[:50], rtol=0.1)
+    first, last = null.to_dense().matrix[:150].sum(0), null.to_dense().matrix[150:].sum(0)
+    # every position has the same distribution in the null
+    a, b = first / first.sum(), last / last.sum()
+    assert np.sqrt(((np.sqrt(a) - np.sqrt(b)) ** 2).sum()) < 0.05
+
+
+def test_corrected_squared_distances_by_hand():
+    d2 = np.array([[0.0, 0.5, 0.2], [0.5, 0.0, 0.3], [0.2, 0.3, 0.0]])
+    b = np.array([0.1, 0.05, np.nan])
+    out = corrected_squared_distances(d2, b)
+    np.testing.assert_allclose(out, [[0.0, 0.35, 0.1], [0.35, 0.0, 0.25], [0.1, 0.25, 0.0]], rtol=1e-14)
+    np.testing.assert_array_equal(corrected_squared_distances(d2, [1.0, 1.0, 1.0]), np.zeros((3, 3)))
+    with pytest.raises(ValueError):
+        corrected_squared_distances(d2, [0.1, 0.2])
+
+
+def test_noise_floor_fallback_for_an_empty_part():
+    spec = CountSpec(positions=2, vocab_size=4)
+    a = PositionalCounts(spec, np.array([[2, 1, 0, 0], [1, 2, 0, 3]]))
+    b = PositionalCounts(spec, np.array([[1, 1, 1, 0], [0, 0, 0, 0]]))
+    nf = noise_floor([a, b])
+    assert nf.fallback == 1 and np.isnan(nf.split_half[1])
+    np.testing.assert_allclose(nf.bias[1], (3 - 1) / (4 * 6))
+    quarters = noise_floor([a, a, b, b])  # one pairing of halves is still defined
+    assert quarters.fallback == 0 and np.isfinite(quarters.bias).all()
+
+
+def test_real_corpus_pack_is_nearly_stationary_truncate_is_not():
+    """Validation 3 (real text): fortunes with GPT-2 tokens, 32 positions, document
+    quarters. Packed windows mix document starts into every position: after the noise
+    correction their mean d_H is tiny, far below truncate mode's (where position 0 is a
+    document opening)."""
+    source = CorpusSource(inputs=(FORTUNES,), text_column="text", tokenizer=GPT2)
+    out = {}
+    for mode, sep in (("truncate", None), ("pack", 50256)):
+        spec = CountSpec(32, 50257, mode, (50256,), sep)
+        parts = count_parts(source, spec, parts=4, dense=False)
+        total = parts[0] + parts[1] + parts[2] + parts[3]
+        nf = noise_floor(parts)
+        d2 = hellinger_sq(total.matrix)
+        out[mode] = (np.sqrt(_offdiag(d2)).mean(), np.sqrt(_offdiag(corrected_squared_distances(d2, nf.bias))).mean())
+    plug_pack, corr_pack = out["pack"]
+    plug_trunc, corr_trunc = out["truncate"]
+    assert plug_pack > 0.5 and plug_trunc > 0.5  # naive numbers: noise either way
+    assert corr_pack < 0.05 * corr_trunc
+    assert corr_trunc > 0.2
+
+
+def test_null_rank_arguments():
+    with pytest.raises(ValueError, match="needs the counts"):
+        null_rank([1.0], method="shuffle")
+    with pytest.raises(ValueError, match="needs the parts"):
+        null_rank([1.0], method="mp")
+    with pytest.raises(ValueError, match="unknown null method"):
+        null_rank([1.0], method="magic", counts=count_sequences([[1]], positions=1, vocab_size=2))
+
+
+def test_noise_floor_sparse_and_dense_parts_agree():
+    syn = synthetic_counts(40, 300, tokens=800, rank=2, block_tokens=8, seed=9)
+    parts = split_counts(syn.counts, parts=4, seed=1)
+    dense_parts = [p.to_dense() for p in parts]
+    a, b = noise_floor(parts), noise_floor(dense_parts)
+    np.testing.assert_allclose(a.bias, b.bias, rtol=1e-12)
+    np.testing.assert_allclose(a.split_half, b.split_half, rtol=1e-12)
+    assert sp.issparse(parts[0].matrix)
