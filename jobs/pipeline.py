@@ -56,7 +56,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,7 @@ class _Run:
         self.work = Path(cfg.work_dir()).absolute()
         self.staging_root = self.work / "staging" / run_id
         self.cache = self.work / "cache" / run_id
+        self.attempt = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
         self._ray_started = False
         self._ray_ready = False
 
@@ -171,7 +172,8 @@ class _Run:
             self.log(f"{name}: complete already ({marker['finished']}), skipped")
             return marker
         self.store.clear_stage(self.run_id, name)  # what a killed attempt left, if anything
-        staging = self.staging_root / name
+        # one staging folder per driver: a killed driver's stragglers never write into ours
+        staging = self.staging_root / f"{name}-{self.attempt}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         t = time.perf_counter()
@@ -505,7 +507,7 @@ def _stage_export(run: _Run, staging: Path) -> dict[str, Any]:
     from posstats.export import export_encoding
 
     e = run.cfg.values["export"]
-    tmp = run.staging_root / "export-input"
+    tmp = run.staging_root / f"export-input-{run.attempt}"
     shutil.rmtree(tmp, ignore_errors=True)
     _assemble_run_folder(run, tmp)
     try:
@@ -564,7 +566,8 @@ def run_pipeline(cfg: PipelineConfig, /, *, run_id: str | None = None,
     except Exception as exc:
         text = describe_os_error(exc)
         if text:
-            raise PosstatsError(text) from exc
+            where = str(cfg.store.url)
+            raise PosstatsError(text if where in text else f"run store {where}: {text}") from exc
         cause = _unwrap_task_error(exc)
         if isinstance(cause, PosstatsError):
             raise cause from exc

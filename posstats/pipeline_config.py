@@ -158,7 +158,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "count": {
         "positions": Key("int", 512, "number of positions n", nullable=False, check=_ge(1)),
         "vocab_size": Key("int", None, "vocabulary size V (default: the tokenizer's)", check=_ge(1)),
-        "mode": Key("str", "truncate", "truncate | chunk | pack (THEORY.md section 1)", nullable=False,
+        "mode": Key("str", "truncate", "truncate, chunk or pack (THEORY.md section 1)", nullable=False,
                     check=_one_of(MODES)),
         "exclude_tokens": Key("int_list", None, "token ids removed before positions are assigned (default: the "
                               "tokenizer's special tokens, or none); [] keeps everything"),
@@ -183,7 +183,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "min_occupancy": Key("int", 1, "leave out positions with fewer counted tokens", nullable=False, check=_ge(1)),
         "rank_rtol": Key("float", 1e-10, "relative tolerance of the numerical rank", nullable=False,
                          check=_ge(0, strict=True)),
-        "mds_method": Key("str", "auto", "auto | dense | iterative", nullable=False, check=_one_of(MDS_METHODS)),
+        "mds_method": Key("str", "auto", "auto, dense or iterative", nullable=False, check=_one_of(MDS_METHODS)),
         "seed": Key("int", 0, "seed of every random choice", nullable=False),
     },
     "report": {
@@ -195,11 +195,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "dim": Key("int", None, "model width D of the exported table (default: the largest geometry dim)",
                    check=_ge(1)),
         "rank": Key("int", None, "rank r <= D (default: min(D, MDS coordinates))", check=_ge(1)),
-        "layout": Key("str", "plain", "bert | gpt2 | plain (the tensor's name)", nullable=False, check=_one_of(LAYOUTS)),
-        "format": Key("str", "safetensors", "safetensors | npy | pt", nullable=False, check=_one_of(EXPORT_FORMATS)),
-        "dtype": Key("str", "float32", "float32 | float64", nullable=False, check=_one_of(("float32", "float64"))),
-        "basis": Key("str", "pad", "pad | random (the orthonormal map W)", nullable=False, check=_one_of(("pad", "random"))),
-        "method": Key("str", "classical", "classical | smacof", nullable=False, check=_one_of(("classical", "smacof"))),
+        "layout": Key("str", "plain", "bert, gpt2 or plain (the tensor's name)", nullable=False, check=_one_of(LAYOUTS)),
+        "format": Key("str", "safetensors", "safetensors, npy or pt", nullable=False, check=_one_of(EXPORT_FORMATS)),
+        "dtype": Key("str", "float32", "float32 or float64", nullable=False, check=_one_of(("float32", "float64"))),
+        "basis": Key("str", "pad", "pad or random (the orthonormal map W)", nullable=False, check=_one_of(("pad", "random"))),
+        "method": Key("str", "classical", "classical or smacof", nullable=False, check=_one_of(("classical", "smacof"))),
         "name": Key("str", "positions", "file stem of the table in export/", nullable=False,
                     check=lambda v: None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v) and ".." not in v
                     else "must be a plain file stem (letters, digits, . _ -)"),

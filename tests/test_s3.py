@@ -1,0 +1,215 @@
+"""Object storage: the run store and the corpus on S3 through fsspec (s3fs), tested against a
+real S3 API served locally by moto in server mode on 127.0.0.1 (dummy credentials, set for
+these tests only)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec
+from posstats.errors import PosstatsError
+from posstats.storage import load_counts
+from posstats.store import STAGES, Store
+
+pytest.importorskip("s3fs", reason="s3fs is not installed (pip install s3fs)")
+moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+
+V, N = 64, 16
+KEY, SECRET = "AKIAPOSSTATSTEST", "posstats-moto-secret-value"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def s3(s3_endpoint, monkeypatch):
+    """(endpoint, storage options, an s3fs filesystem); dummy AWS settings for this test only."""
+    import s3fs
+
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    options = {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": s3_endpoint}}
+    fs = s3fs.S3FileSystem(**options, skip_instance_cache=True, use_listings_cache=False)
+    return s3_endpoint, options, fs
+
+
+def fresh_bucket(fs, name: str) -> str:
+    bucket = f"{name}-{time.time_ns()}"
+    fs.mkdir(bucket)
+    return bucket
+
+
+def shard_bytes(seed: int, docs: int = 100) -> bytes:
+    rng = np.random.default_rng(seed)
+    seqs = [(rng.zipf(1.6, size=int(rng.integers(N, 2 * N))) % V).astype(np.int32).tolist() for _ in range(docs)]
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"ids": pa.array(seqs, type=pa.list_(pa.int32()))}), buf, row_group_size=50)
+    return buf.getvalue()
+
+
+def test_store_primitives_lock_and_latest_on_s3(s3, tmp_path):
+    _, options, fs = s3
+    bucket = fresh_bucket(fs, "prims")
+    store = Store(f"s3://{bucket}/posstats", storage_options=options)
+    assert not store.local and store.display() == f"s3://{bucket}/posstats"
+    assert store.create_exclusive("x", b"1") and not store.create_exclusive("x", b"2")
+    assert store.read_bytes("x") == b"1" and store.read_bytes("missing") is None
+    for s in STAGES:
+        d = tmp_path / s
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "f.bin").write_bytes(s.encode() * 10)
+        store.publish_stage("r1", s, d)
+    assert store.verify_stage("r1", "report") == []
+    assert fs.cat(f"{bucket}/posstats/runs/r1/report/sub/f.bin") == b"report" * 10
+    with pytest.raises(PosstatsError, match="not complete"):
+        store.move_latest("r1")
+    store.finish_run("r1", {})
+    assert store.move_latest("r1") and store.latest()["run_id"] == "r1"
+    assert not [p for p in fs.ls(f"{bucket}/posstats") if "latest.tmp" in p]  # the temporary object is gone
+    assert store.run_ids() == ["r1"] and store.run_status("r1")["complete"]
+
+    # the lock: exclusive create, refusal naming the holder, stale takeover by heartbeat age
+    with store.lock(run_id="holder", heartbeat=0.2) as lk:
+        assert json.loads(fs.cat(f"{bucket}/posstats/lock"))["run_id"] == "holder"
+        with pytest.raises(PosstatsError, match=f"run store s3://{bucket}/posstats is in use by run holder"):
+            with store.lock(run_id="second"):
+                pass
+        lk._stop.set()
+        lk._thread.join()
+        hung = {**json.loads(fs.cat(f"{bucket}/posstats/lock")), "heartbeat_ts": time.time() - 7200,
+                "hostname": "a-host-far-away"}
+        fs.pipe(f"{bucket}/posstats/lock", json.dumps(hung).encode())
+        logged = []
+        with store.lock(run_id="taker", log=logged.append):
+            assert "its heartbeat is 7200 s old" in logged[0]
+            with pytest.raises(PosstatsError, match="lost the lock"):
+                lk.check()
+    assert store.read_lock() == (None, False)
+
+
+def write_config(tmp_path: Path, endpoint: str, corpus_bucket: str, store_bucket: str) -> Path:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f"""
+[store]
+url = "s3://{store_bucket}/posstats"
+work_dir = "work"
+storage_options = {{key = "{KEY}", secret = "{SECRET}", client_kwargs = {{endpoint_url = "{endpoint}"}}}}
+[input]
+paths = ["s3://{corpus_bucket}/data/*.parquet"]
+column = "ids"
+storage_options = {{key = "{KEY}", secret = "{SECRET}", client_kwargs = {{endpoint_url = "{endpoint}"}}}}
+[count]
+positions = {N}
+vocab_size = {V}
+[geometry]
+dims = [2, 8]
+encodings = ["mds", "sinusoidal"]
+[export]
+dim = 8
+card = false
+""")
+    return config
+
+
+def local_reference(fs, corpus_bucket: str, dest: Path):
+    """Download the corpus as it is now and count it in-process."""
+    if dest.exists():
+        for p in dest.iterdir():
+            p.unlink()
+    dest.mkdir(parents=True, exist_ok=True)
+    for key in fs.glob(f"{corpus_bucket}/data/*.parquet"):
+        (dest / key.rsplit("/", 1)[1]).write_bytes(fs.cat(key))
+    return count_corpus(CorpusSource(inputs=(str(dest / "*.parquet"),), column="ids"), CountSpec(N, V),
+                        show_progress=False)
+
+
+@pytest.mark.ray
+def test_pipeline_reads_an_s3_corpus_and_writes_an_s3_store(s3, tmp_path, ray_session, capsys):
+    from posstats.cli import main as cli
+
+    endpoint, options, fs = s3
+    corpus_bucket, store_bucket = fresh_bucket(fs, "corpus"), fresh_bucket(fs, "store")
+    for f in range(3):
+        fs.pipe(f"{corpus_bucket}/data/s{f}.parquet", shard_bytes(f))
+    config = write_config(tmp_path, endpoint, corpus_bucket, store_bucket)
+    prefix = f"{store_bucket}/posstats"
+
+    def run(run_id: str) -> dict:
+        rc = cli(["pipeline", "--config", str(config), "--run-id", run_id])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        fs.invalidate_cache()
+        return json.loads(fs.cat(f"{prefix}/runs/{run_id}/count/summary.json"))
+
+    def stored_counts(run_id: str):
+        counts = [k for k in fs.ls(f"{prefix}/runs/{run_id}/reduce") if k.rsplit("/", 1)[1].startswith("counts.")]
+        path = tmp_path / run_id / counts[0].rsplit("/", 1)[1]
+        path.parent.mkdir(parents=True)
+        path.write_bytes(fs.cat(counts[0]))
+        return load_counts(path)
+
+    def assert_equal(got, ref):
+        np.testing.assert_array_equal(got.to_dense().matrix, ref.to_dense().matrix)
+        assert (got.sequences, got.windows, got.tokens) == (ref.sequences, ref.windows, ref.tokens)
+
+    summary = run("s3-1")
+    assert summary["shards"] == 6 and summary["shards_counted"] == 6
+    assert {f["url"] for f in summary["files"]} == {f"s3://{corpus_bucket}/data/s{i}.parquet" for i in range(3)}
+    assert_equal(stored_counts("s3-1"), local_reference(fs, corpus_bucket, tmp_path / "ref"))
+    for stage in STAGES:
+        assert fs.exists(f"{prefix}/runs/s3-1/{stage}/done.json")
+    assert json.loads(fs.cat(f"{prefix}/latest"))["run_id"] == "s3-1"
+    assert fs.exists(f"{prefix}/runs/s3-1/export/positions.safetensors")
+    assert fs.exists(f"{prefix}/runs/s3-1/report/report.html")
+    assert not fs.exists(f"{prefix}/lock")
+
+    # the corpus grows, one object changes, nothing else is downloaded or counted again
+    fs.pipe(f"{corpus_bucket}/data/s3.parquet", shard_bytes(3))
+    fs.pipe(f"{corpus_bucket}/data/s0.parquet", shard_bytes(10, docs=60))
+    summary = run("s3-2")
+    assert (summary["shards"], summary["shards_counted"], summary["shards_removed"]) == (8, 4, 2)
+    assert_equal(stored_counts("s3-2"), local_reference(fs, corpus_bucket, tmp_path / "ref"))
+    # an object disappears: subtracted
+    fs.rm(f"{corpus_bucket}/data/s1.parquet")
+    summary = run("s3-3")
+    assert summary["shards_counted"] == 0 and summary["shards_removed"] == 2
+    assert_equal(stored_counts("s3-3"), local_reference(fs, corpus_bucket, tmp_path / "ref"))
+    assert json.loads(fs.cat(f"{prefix}/latest"))["run_id"] == "s3-3"
+    # rerunning a run id is a no-op
+    assert cli(["pipeline", "--config", str(config), "--run-id", "s3-2"]) == 0
+    assert "run s3-2 is complete already" in capsys.readouterr().err
+    assert json.loads(fs.cat(f"{prefix}/latest"))["run_id"] == "s3-3"
+
+    # credentials never reach the store
+    for key in fs.find(prefix):
+        assert SECRET.encode() not in fs.cat(key), key
+    # the store is readable with posstats status / logs from anywhere
+    rc = cli(["status", "--store", f"s3://{prefix}", "--verify", "--storage-option",
+              f"client_kwargs.endpoint_url={json.dumps(endpoint)}", "--storage-option", f"key={KEY}",
+              "--storage-option", f"secret={SECRET}"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "latest: s3-3" in out and out.count(": complete ") == 3 and "!" not in out

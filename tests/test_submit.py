@@ -1,0 +1,231 @@
+"""posstats submit / status / logs against a real Ray head started by this test
+(`ray start --head` on 127.0.0.1 with token authentication on and a token of its own),
+not a mock. The head is stopped at the end by killing exactly its own processes (its
+process group, then anything whose command line names its private temp folder); `ray stop`
+is never used, since it would kill every Ray process on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from posstats.corpus import CorpusSource, count_corpus
+from posstats.counts import CountSpec
+from posstats.storage import load_counts
+from posstats.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+V, N = 64, 16
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _own_pids(marker: str) -> list[int]:
+    """Pids of processes whose command line contains ``marker`` (our head's temp folder)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and int(entry) != os.getpid():
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A one-node Ray cluster with a dashboard/job server, token auth on; stopped at the end."""
+    if shutil.which("ray") is None:
+        pytest.skip("the ray CLI is not installed")
+    temp = tempfile.mkdtemp(prefix="psub", dir="/tmp")  # short: Ray's socket paths live in it
+    token = secrets.token_hex(32)
+    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc", "metrics",
+                                            "runtime_env", "node_manager", "object_manager")}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    cmd = ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(ports["gcs"]),
+           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]), "--include-dashboard=true",
+           "--ray-client-server-port", str(ports["client"]), "--dashboard-agent-listen-port", str(ports["agent"]),
+           "--dashboard-agent-grpc-port", str(ports["agent_grpc"]), "--metrics-export-port", str(ports["metrics"]),
+           "--runtime-env-agent-port", str(ports["runtime_env"]), "--node-manager-port", str(ports["node_manager"]),
+           "--object-manager-port", str(ports["object_manager"]), "--disable-usage-stats", "--num-cpus", "1",
+           "--temp-dir", temp]
+    log = open(Path(temp) / "head.log", "w")  # noqa: SIM115 - closed below
+    head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{ports['dashboard']}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if head.poll() is not None:
+                pytest.fail("ray start --head exited: " + (Path(temp) / "head.log").read_text()[-3000:])
+            try:
+                req = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+                json.loads(urllib.request.urlopen(req, timeout=2).read())
+                break
+            except (urllib.error.URLError, OSError, ValueError):
+                if time.monotonic() > deadline:
+                    pytest.fail("the dashboard / job server did not come up in 120 s: "
+                                + (Path(temp) / "head.log").read_text()[-3000:])
+                time.sleep(0.5)
+        token_file = Path(temp) / "token"
+        token_file.write_text(token + "\n")
+        yield {"url": url, "token": token, "token_file": token_file, "temp": temp}
+    finally:
+        with_group = True
+        try:
+            os.killpg(head.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            with_group = False
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        if with_group:
+            try:
+                os.killpg(head.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for _ in range(50):  # whatever left the group (Ray daemonises some helpers)
+            left = _own_pids(temp)
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+        log.close()
+        leftovers = _own_pids(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert leftovers == [], f"processes of the test head survived: {leftovers}"
+
+
+@pytest.fixture()
+def corpus_config(tmp_path):
+    rng = np.random.default_rng(7)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in range(2):
+        seqs = [(rng.zipf(1.6, size=int(rng.integers(N, 2 * N))) % V).astype(np.int32).tolist() for _ in range(100)]
+        pq.write_table(pa.table({"ids": pa.array(seqs, type=pa.list_(pa.int32()))}), corpus / f"s{f}.parquet",
+                       row_group_size=50)
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f"""
+[store]
+url = "store"
+[input]
+paths = ["corpus/*.parquet"]
+column = "ids"
+[count]
+positions = {N}
+vocab_size = {V}
+[geometry]
+dims = [2, 8]
+encodings = ["mds", "sinusoidal"]
+[export]
+dim = 8
+card = false
+""")
+    return tmp_path, corpus, config
+
+
+def posstats(*args, token_env: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    if token_env:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token_env)
+    return subprocess.run([sys.executable, "-m", "posstats.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def test_submit_status_logs_against_a_real_head(ray_head, corpus_config):
+    tmp_path, corpus, config = corpus_config
+    url, token_file = ray_head["url"], ray_head["token_file"]
+    t0 = time.monotonic()
+    sub = posstats("submit", "--address", url, "--token-file", token_file, "--config", config, "--run-id", "sub-1",
+                   "--json")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    info = json.loads(sub.stdout)
+    job_id = info["job_id"]
+    assert info["run_id"] == "sub-1"
+    assert info["entrypoint"] == "python -m jobs.pipeline --config pipeline.toml --run-id sub-1"
+    assert {Path(p).name for p in info["runtime_env"]["py_modules"]} == {"posstats", "jobs"}
+
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 180)
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert f"job {job_id}: SUCCEEDED (run sub-1)" in st.stdout
+    # Ray's own token mechanism works too (RAY_AUTH_MODE=token + RAY_AUTH_TOKEN)
+    logs = posstats("logs", job_id, "--address", url, "--follow", token_env=ray_head["token"])
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    assert "run sub-1 complete" in logs.stdout and "latest -> sub-1" in logs.stdout
+    assert f"job {job_id}: SUCCEEDED" in logs.stderr
+    full = posstats("status", job_id, "--address", url, "--token-file", token_file, "--json")
+    doc = json.loads(full.stdout)
+    assert doc["status"] == "SUCCEEDED" and doc["metadata"]["posstats_run_id"] == "sub-1"
+
+    store = Store(str(tmp_path / "store"))
+    assert store.run_marker("sub-1") and store.latest()["run_id"] == "sub-1"
+    ref = count_corpus(CorpusSource(inputs=(str(corpus / "*.parquet"),), column="ids"), CountSpec(N, V),
+                       show_progress=False)
+    got = load_counts(Path(store.root) / "runs/sub-1/reduce")
+    np.testing.assert_array_equal(got.to_dense().matrix, ref.to_dense().matrix)
+    assert got.fingerprint == ref.fingerprint
+    assert time.monotonic() - t0 < 200
+
+
+def test_failures_are_reported_clearly(ray_head, corpus_config):
+    tmp_path, _, config = corpus_config
+    url, token_file = ray_head["url"], ray_head["token_file"]
+    # no token, a wrong token
+    r = posstats("status", "raysubmit_x", "--address", url)
+    assert r.returncode == 2 and "requires a token (token authentication)" in r.stderr, r.stderr
+    wrong = tmp_path / "wrong"
+    wrong.write_text("0" * 64)
+    r = posstats("submit", "--address", url, "--token-file", wrong, "--config", config)
+    assert r.returncode == 2 and "refused the token" in r.stderr, r.stderr
+    # nobody listening
+    r = posstats("status", "raysubmit_x", "--address", f"http://127.0.0.1:{free_port()}")
+    assert r.returncode == 2 and "cannot reach the Ray job server" in r.stderr, r.stderr
+    # an unknown job
+    r = posstats("logs", "raysubmit_nope", "--address", url, "--token-file", token_file)
+    assert r.returncode == 2 and "raysubmit_nope" in r.stderr, r.stderr
+    # a bad configuration never leaves this machine
+    r = posstats("submit", "--address", url, "--token-file", token_file, "--config", config, "--set",
+                 "count.mode=stride")
+    assert r.returncode == 2 and "[count] mode must be one of" in r.stderr
+    # a job that fails on the cluster: FAILED, exit 1, and its log says why
+    r = posstats("submit", "--address", url, "--token-file", token_file, "--config", config, "--run-id", "bad-1",
+                 "--input", str(tmp_path / "missing" / "*.parquet"))
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split()[0]
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 120)
+    assert st.returncode == 1 and "FAILED" in st.stdout, st.stdout + st.stderr
+    logs = posstats("logs", job_id, "--address", url, "--token-file", token_file)
+    assert "posstats: error: no input matches" in logs.stdout
+    assert Store(str(tmp_path / "store")).read_lock() == (None, False)  # the failed run let go of the store
