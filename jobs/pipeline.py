@@ -800,7 +800,8 @@ def job_logs(address: str, job_id: str, /, *, token: str | None = None, follow: 
     client = _client(address, token=token)
     if not follow:
         write(_call(address, lambda: client.get_job_logs(job_id)))
-        return str(getattr(client.get_job_status(job_id), "value", ""))
+        status = _call(address, lambda: client.get_job_status(job_id))
+        return str(getattr(status, "value", status))
 
     async def tail() -> None:
         async for chunk in client.tail_job_logs(job_id):

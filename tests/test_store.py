@@ -366,3 +366,19 @@ def test_store_json_is_plain_json(store, tmp_path):
     store.move_latest("r1")
     for rel in ("latest", "runs/r1/done.json", "runs/r1/count/done.json"):
         json.loads(store.read_bytes(rel))
+
+
+def test_status_shows_a_stale_lock_and_incomplete_runs(tmp_path, capsys):
+    from posstats.cli import main as cli
+
+    store = Store(str(tmp_path))
+    _complete_run(store, tmp_path, "done-run")
+    store.move_latest("done-run")
+    store.publish_stage("half-run", "config", _stage_dir(tmp_path / "h", "config", {"config.json": b"{}"}))
+    store.write_json("lock", _record(pid=999999, run_id="half-run"))
+    assert cli(["status", "--store", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "latest: done-run" in out and "half-run: INCOMPLETE  [config -count" in out
+    assert f"lock: STALE by run half-run (pid 999999 on {HOST}" in out and "is gone" in out
+    assert cli(["logs", "--store", str(tmp_path), "--run-id", "half-run"]) == 2
+    assert "no such log" in capsys.readouterr().err

@@ -90,13 +90,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from posstats.cli.pipeline import config_from_args
 
-    address, token = resolve_address(args)
     cfg, run_id = config_from_args(args)
     if args.print_config:
         from posstats.pipeline_config import dumps_toml
 
         print(dumps_toml(cfg.to_dict()), end="")
         return 0
+    address, token = resolve_address(args)
     env = _env_pairs(args.env)
     from jobs.pipeline import default_run_id, job_status, submit_job  # imports ray lazily
 
