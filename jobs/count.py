@@ -59,6 +59,7 @@ __all__ = [
     "count_to",
     "main",
     "refresh_job",
+    "store_config",
 ]
 
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count

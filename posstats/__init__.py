@@ -62,6 +62,10 @@ _EXPORTS: dict[str, str] = {
     "write_html_report": "html_report",
     "export_encoding": "export",
     "audit_checkpoint": "audit",
+    # service
+    "Store": "store",
+    "PipelineConfig": "pipeline_config",
+    "load_config": "pipeline_config",
     # architecture baselines
     "cesaro_influence": "influence",
     "influence_profile": "influence",
