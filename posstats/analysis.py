@@ -28,6 +28,9 @@ __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
 
 SCHEMA_VERSION = 1
 DEFAULT_DIMS = (2, 16, 64)
+DISTANCE_MATRICES = ("plugin", "corrected")
+NULL_CHOICES = ("auto", "shuffle", "mp", "none")
+_NULL_SHUFFLE_LIMIT = 4096  # auto: a shuffled-null corpus (3 extra solves) up to this many rows
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,27 @@ class AnalysisConfig:
         mds_method: ``auto`` | ``dense`` | ``iterative`` (see :func:`classical_mds`).
         monotonicity_exact_limit: positions above which monotonicity is sampled.
         seed: seeds every random choice (random encodings, solvers, sampling).
+        exact_limit: geometry rows above which no n x n matrix is formed: MDS by block
+            Lanczos (k = max dims), stress from sampled pairs with 95 % intervals,
+            corpus diagnostics from sampled pairs/triples (see :mod:`posstats.sampled`).
+        stress_halfwidth: sampled path: pairs are drawn until every scaled-stress 95 %
+            interval has at most this half-width (or ``stress_max_pairs``).
+        stress_max_pairs: sampled path: the most pairs drawn.
+        lanczos_tol: tolerance of the block Lanczos solver (relative to the top eigenvalue).
+        buckets: ``none``, ``fixed:W`` or ``log:P`` (:mod:`posstats.buckets`): the geometry
+            runs over buckets of pooled counts, represented by their midpoints.
+        distances: ``plugin`` or ``corrected`` (the bias-corrected ``max(D - b_i - b_j, 0)``
+            of :mod:`posstats.noise`, which needs a noise floor); the matrix the MDS,
+            encodings' stress and corpus diagnostics use.
+        noise_floor: estimate the split-half noise floor (the caller supplies the parts).
+        noise_parts: 2 (halves) or 4 (quarters: also fits the bias's decay).
+        null: ``auto`` | ``shuffle`` | ``mp`` | ``none``: how the noise-aware rank is found
+            (auto: shuffle up to 4096 rows, else mp when a noise floor exists).
+        null_replicates: shuffled null corpora.
+        bootstrap: shard-bootstrap replicates (0 = off; the caller supplies the partials).
+        corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).
+        tokenizer: tokenizer.json for re-reading a text corpus by document parity (noise
+            floor / bootstrap without a run store); default: the one recorded when counting.
     """
 
     dims: tuple[int, ...] = DEFAULT_DIMS
@@ -56,6 +80,19 @@ class AnalysisConfig:
     mds_method: str = "auto"
     monotonicity_exact_limit: int = 4096
     seed: int = 0
+    exact_limit: int = 16_384
+    stress_halfwidth: float = 1e-3
+    stress_max_pairs: int = 20_000_000
+    lanczos_tol: float = 1e-8
+    buckets: str = "none"
+    distances: str = "plugin"
+    noise_floor: bool = False
+    noise_parts: int = 4
+    null: str = "auto"
+    null_replicates: int = 3
+    bootstrap: int = 0
+    corpus_triples: int = 200_000
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if not self.dims:
@@ -77,6 +114,36 @@ class AnalysisConfig:
         if self.min_occupancy < 1:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
+        self._check_long_context_options()
+
+    def _check_long_context_options(self) -> None:
+        from posstats.buckets import parse_buckets
+
+        parse_buckets(self.buckets, 1 << 20)
+        if self.exact_limit < 2:
+            msg = f"the exact limit must be >= 2 positions, got {self.exact_limit}"
+            raise PosstatsError(msg)
+        if not 0 < self.stress_halfwidth < 1:
+            msg = f"the stress half-width must be in (0, 1), got {self.stress_halfwidth}"
+            raise PosstatsError(msg)
+        if self.distances not in DISTANCE_MATRICES:
+            msg = f"unknown distance matrix {self.distances!r}; choose one of {', '.join(DISTANCE_MATRICES)}"
+            raise PosstatsError(msg)
+        if self.distances == "corrected" and not self.noise_floor:
+            msg = "bias-corrected distances (--distances corrected) need a noise floor (--noise-floor)"
+            raise PosstatsError(msg)
+        if self.noise_parts not in (2, 4):
+            msg = f"the noise floor uses 2 or 4 parts, got {self.noise_parts}"
+            raise PosstatsError(msg)
+        if self.null not in NULL_CHOICES:
+            msg = f"unknown null {self.null!r}; choose one of {', '.join(NULL_CHOICES)}"
+            raise PosstatsError(msg)
+        if self.null == "mp" and not self.noise_floor:
+            msg = "the analytic null (--null mp) needs a noise floor (--noise-floor)"
+            raise PosstatsError(msg)
+        if self.null_replicates < 1 or self.bootstrap < 0:
+            msg = f"need --null-replicates >= 1 and --bootstrap >= 0, got {self.null_replicates} and {self.bootstrap}"
+            raise PosstatsError(msg)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -88,6 +155,19 @@ class AnalysisConfig:
             "mds_method": self.mds_method,
             "monotonicity_exact_limit": self.monotonicity_exact_limit,
             "seed": self.seed,
+            "exact_limit": self.exact_limit,
+            "stress_halfwidth": self.stress_halfwidth,
+            "stress_max_pairs": self.stress_max_pairs,
+            "lanczos_tol": self.lanczos_tol,
+            "buckets": self.buckets,
+            "distances": self.distances,
+            "noise_floor": self.noise_floor,
+            "noise_parts": self.noise_parts,
+            "null": self.null,
+            "null_replicates": self.null_replicates,
+            "bootstrap": self.bootstrap,
+            "corpus_triples": self.corpus_triples,
+            "tokenizer": self.tokenizer,
         }
 
 
@@ -98,22 +178,29 @@ class Analysis:
     Attributes:
         counts: the input counts.
         config: the options used.
-        positions: (m,) 0-based occupied positions that entered the geometry.
-        distances: (m, m) Hellinger distances d_H between those positions.
+        positions: (m,) 0-based occupied positions that entered the geometry (with
+            buckets: the midpoints of the buckets used).
+        distances: (m, m) Hellinger distances d_H between those positions (the matrix the
+            encodings used: plug-in or bias-corrected), or None above ``exact_limit``.
         mds: the classical-MDS result for those positions.
         diagnostics: corpus diagnostics (H1, A3) as a JSON-ready dict.
         encodings: one JSON-ready dict per (dimension, encoding).
         timings: seconds per step.
+        sections: further report sections (geometry, noise, null, bootstrap, buckets).
+        hellinger_summary: the ``hellinger`` report entry when it is not computed from
+            ``distances`` (sampled path, bias-corrected distances).
     """
 
     counts: PositionalCounts
     config: AnalysisConfig
     positions: np.ndarray
-    distances: np.ndarray
+    distances: np.ndarray | None
     mds: MDSResult
     diagnostics: dict[str, Any]
     encodings: list[dict[str, Any]]
     timings: dict[str, float] = field(default_factory=dict)
+    sections: dict[str, Any] = field(default_factory=dict)
+    hellinger_summary: dict[str, Any] | None = None
 
     def report(self) -> dict[str, Any]:
         """The ``report.json`` document (see README.md for the schema)."""
@@ -125,8 +212,21 @@ class Analysis:
             solver_tol=self.mds.tol,
             max_residual=float(np.max(self.mds.residuals)) if self.mds.residuals.size else 0.0,
         )
-        off = self.distances[~np.eye(len(self.positions), dtype=bool)]
-        return {
+        if self.hellinger_summary is not None:
+            hellinger_entry = self.hellinger_summary
+        else:
+            off = self.distances[~np.eye(len(self.positions), dtype=bool)]
+            hellinger_entry = {
+                "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
+                "min": float(off.min()) if off.size else 0.0,
+                "mean": float(off.mean()) if off.size else 0.0,
+                "max": float(off.max()) if off.size else 0.0,
+            }
+        null = self.sections.get("null")
+        if null is not None:
+            spectrum["components_above_null"] = null.get("components_above_null")
+        occ_used = occ[occ > 0]
+        report = {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "posstats", "version": __version__},
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -149,69 +249,393 @@ class Analysis:
                 "min_occupancy": self.config.min_occupancy,
                 "occupancy": occ.tolist(),
                 "left_out": np.flatnonzero(occ < max(self.config.min_occupancy, 1)).tolist(),
+                "occupancy_summary": {
+                    "min": int(occ_used.min()) if occ_used.size else 0,
+                    "median": float(np.median(occ_used)) if occ_used.size else 0.0,
+                    "max": int(occ_used.max()) if occ_used.size else 0,
+                },
             },
-            "hellinger": {
-                "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
-                "min": float(off.min()) if off.size else 0.0,
-                "mean": float(off.mean()) if off.size else 0.0,
-                "max": float(off.max()) if off.size else 0.0,
-            },
+            "hellinger": hellinger_entry,
             "diagnostics": self.diagnostics,
             "spectrum": spectrum,
             "encodings": self.encodings,
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }
+        if self.sections:
+            report.update({k: v for k, v in self.sections.items() if k not in report})
+        return report
 
 
-def analyze(counts: PositionalCounts, config: AnalysisConfig | None = None, /, *, show_progress: bool | None = None) -> Analysis:
-    """Run the geometry and encoding analysis of THEORY sections 2-6 on ``counts``.
+def analyze(
+    counts: PositionalCounts,
+    config: AnalysisConfig | None = None,
+    /,
+    *,
+    show_progress: bool | None = None,
+    parts: Any = None,
+    partials: Any = None,
+) -> Analysis:
+    """Run the geometry and encoding analysis of THEORY sections 2-7 on ``counts``.
+
+    Args:
+        counts: the corpus' positional counts.
+        config: options (:class:`AnalysisConfig`).
+        show_progress: progress bar on stderr (None: only on a terminal).
+        parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
+            parity, :mod:`posstats.noise`), for ``config.noise_floor``.
+        partials: per-shard partial counts, for ``config.bootstrap``.
+
+    Above ``config.exact_limit`` geometry rows no n x n matrix is formed (module
+    :mod:`posstats.sampled`): block-Lanczos MDS, sampled stress with 95 % intervals, sampled
+    corpus diagnostics; the report says ``stress_method: sampled``.
 
     Raises:
         InputError: fewer than two positions reach the minimum occupancy.
+        PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
     """
+    from posstats.buckets import bucket_counts, parse_buckets
+
     config = config or AnalysisConfig()
     timings: dict[str, float] = {}
-    positions = counts.occupied_positions(min_occupancy=config.min_occupancy)
-    if len(positions) < 2:
+    sections: dict[str, Any] = {}
+    buckets = parse_buckets(config.buckets, counts.positions)
+    geo = bucket_counts(counts, buckets) if buckets is not None else counts
+    index = geo.occupied_positions(min_occupancy=config.min_occupancy)
+    positions = buckets.midpoints[index] if buckets is not None else index
+    if len(index) < 2:
+        what = "bucket(s)" if buckets is not None else "position(s)"
         msg = (
-            f"{len(positions)} position(s) have at least {config.min_occupancy} counted token(s); "
+            f"{len(index)} {what} have at least {config.min_occupancy} counted token(s); "
             "the geometry needs two or more (count more text, or lower --min-occupancy)"
         )
         raise InputError(msg)
-    rows = counts.rows(positions)
+    # All rows of a sparse matrix: no copy (a fancy index would copy every stored entry).
+    rows = geo.matrix if geo.is_sparse and len(index) == geo.positions else geo.rows(index)
+    occupancy = geo.occupancy()[index]
+    if buckets is not None:
+        sections["buckets"] = {**buckets.to_dict(), "occupancy": geo.occupancy().tolist(), "used": len(index)}
 
-    t = time.perf_counter()
-    distances = np.sqrt(hellinger_sq(rows))
-    timings["hellinger"] = time.perf_counter() - t
+    noise = None
+    geo_parts = None
+    if config.noise_floor:
+        if parts is None:
+            msg = "a noise floor needs the corpus in parts (posstats analyze --store DIR, --parts DIRS, or counts with a config.json to re-read)"
+            raise PosstatsError(msg)
+        from posstats.noise import noise_floor
 
-    t = time.perf_counter()
+        t = time.perf_counter()
+        geo_parts = [bucket_counts(p, buckets) for p in parts] if buckets is not None else list(parts)
+        noise = noise_floor(geo_parts, positions=index)
+        entry = noise.to_dict()
+        entry["positions"] = [int(x) for x in positions]
+        sections["noise"] = entry
+        timings["noise_floor"] = time.perf_counter() - t
+    bias = noise.bias if (noise is not None and config.distances == "corrected") else None
+
+    m = len(index)
+    large = m > config.exact_limit
+    sections["geometry"] = {
+        "distances": "bias_corrected" if bias is not None else "plugin",
+        "distances_formula": (
+            "max(d_H^2 - b_i - b_j, 0), b from the split-half noise floor" if bias is not None else "plug-in d_H^2"
+        ),
+        "stress_method": "sampled" if large else "exact",
+        "exact_limit": config.exact_limit,
+        "rows": m,
+        "buckets": config.buckets,
+    }
+    hellinger_summary = None
+    distances = None
+    if not large:
+        t = time.perf_counter()
+        d2 = hellinger_sq(rows)
+        if bias is not None:
+            from posstats.noise import corrected_squared_distances
+
+            plug = np.sqrt(d2[~np.eye(m, dtype=bool)])
+            distances = np.sqrt(corrected_squared_distances(d2, bias))
+            corr = distances[~np.eye(m, dtype=bool)]
+            hellinger_summary = {
+                "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
+                "min": float(plug.min()),
+                "mean": float(plug.mean()),
+                "max": float(plug.max()),
+                "corrected_min": float(corr.min()),
+                "corrected_mean": float(corr.mean()),
+                "corrected_max": float(corr.max()),
+            }
+            del plug, corr
+        else:
+            distances = np.sqrt(d2, out=d2)
+        timings["hellinger"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        k = None if config.mds_method == "dense" or (config.mds_method == "auto" and m <= 2048) else min(max(config.dims), m)
+        method = config.mds_method
+        if bias is not None and (method == "iterative" or (method == "auto" and k is not None)):
+            method = "lanczos"  # ARPACK's path has no bias correction
+        tol = config.lanczos_tol if method == "lanczos" else 1e-10
+        mds = classical_mds(rows, k=k, method=method, seed=config.seed, tol=tol, diagonal=bias)
+        timings["mds"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        diag = corpus_diagnostics(distances, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+        diagnostics = {
+            "h1": {
+                "min_distance": float(diag.min_distance),
+                "pair": [int(positions[diag.pair[0]]), int(positions[diag.pair[1]])],
+                "nonstationary": bool(diag.nonstationary),
+            },
+            "a3": diag.monotonicity.to_dict(),
+        }
+        timings["corpus_diagnostics"] = time.perf_counter() - t
+
+        results = []
+        jobs = [(d, spec) for d in config.dims for spec in config.encodings]
+        t = time.perf_counter()
+        with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
+            for dim, spec in jobs:
+                entry = _evaluate(spec, positions, dim, distances, mds, config, occupancy)
+                entry.update(
+                    stress_method="exact",
+                    stress_ci95=[entry["stress"], entry["stress"]],
+                    scaled_stress_ci95=[entry["scaled_stress"], entry["scaled_stress"]],
+                    stress_pairs=m * (m - 1) // 2,
+                )
+                results.append(entry)
+                bar.update(1)
+        timings["encodings"] = time.perf_counter() - t
+    else:
+        mds, diagnostics, results, hellinger_summary = _sampled_analysis(
+            rows, positions, occupancy, bias, config, timings, show_progress
+        )
+
+    null = _null_section(mds, bias, noise, geo, geo_parts, index, config, timings)
+    if null is not None:
+        sections["null"] = null
+    if config.bootstrap > 0:
+        sections["bootstrap"] = _bootstrap_section(partials, buckets, index, positions, mds, null, config, timings)
+    return Analysis(counts, config, positions, distances, mds, diagnostics, results, timings, sections, hellinger_summary)
+
+
+def _sampled_analysis(
+    rows: Any,
+    positions: np.ndarray,
+    occupancy: np.ndarray,
+    bias: np.ndarray | None,
+    config: AnalysisConfig,
+    timings: dict[str, float],
+    show_progress: bool | None,
+) -> tuple[MDSResult, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The geometry above ``exact_limit``: no n x n matrix (see :func:`analyze`)."""
+    from posstats.sampled import SampledGeometry
+
     m = len(positions)
-    k = None if config.mds_method == "dense" or (config.mds_method == "auto" and m <= 2048) else min(max(config.dims), m)
-    mds = classical_mds(rows, k=k, method=config.mds_method, seed=config.seed)
+    t = time.perf_counter()
+    mds = classical_mds(rows, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol, seed=config.seed, diagonal=bias)
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    diag = corpus_diagnostics(distances, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+    sampled = SampledGeometry(rows, bias=bias, seed=config.seed)
+    encodings = []
+    for dim in config.dims:
+        for spec in config.encodings:
+            if parse_encoding_spec(spec).name == "mds-smacof":
+                msg = f"{spec}: SMACOF needs the n x n distances; not available above the exact limit ({m} > {config.exact_limit} rows)"
+                raise PosstatsError(msg)
+            encodings.append((dim, make_encoding(spec, positions, dim, mds=mds, occupancy=occupancy)))
+    stresses = sampled.stress(
+        [e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth, max_pairs=config.stress_max_pairs
+    )
+    timings["sampled_stress"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    value, pair = sampled.min_sampled()
+    mono = sampled.monotonicity(positions=positions, samples=config.corpus_triples, seed=config.seed)
     diagnostics = {
         "h1": {
-            "min_distance": float(diag.min_distance),
-            "pair": [int(positions[diag.pair[0]]), int(positions[diag.pair[1]])],
-            "nonstationary": bool(diag.nonstationary),
+            "min_distance": value,
+            "pair": [int(positions[pair[0]]), int(positions[pair[1]])],
+            "nonstationary": bool(value > 0.0),
+            "method": "sampled_upper_bound",
         },
-        "a3": diag.monotonicity.to_dict(),
+        "a3": mono.to_dict(),
+    }
+    h = sampled.h
+    lo, hi = _mean_interval(h)
+    hellinger_summary = {
+        "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
+        "method": "sampled",
+        "pairs": int(h.size),
+        "min": float(h.min()),
+        "mean": float(h.mean()),
+        "mean_ci95": [lo, hi],
+        "max": float(h.max()),
+        "distances": "bias_corrected" if bias is not None else "plugin",
     }
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
-    occupancy = counts.occupancy()[positions]
     results = []
-    jobs = [(d, spec) for d in config.dims for spec in config.encodings]
     t = time.perf_counter()
-    with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
-        for dim, spec in jobs:
-            results.append(_evaluate(spec, positions, dim, distances, mds, config, occupancy))
+    with progress(total=len(encodings), desc="encodings", unit="enc", enabled=show_progress) as bar:
+        for (dim, enc), st in zip(encodings, stresses, strict=True):
+            sep_value, sep_pair, sep_method = _large_min_separation(enc.matrix, sampled)
+            mono_e = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+            results.append(
+                {
+                    "name": enc.name,
+                    "dim": int(dim),
+                    "stress": st.stress,
+                    "scaled_stress": st.scaled_stress,
+                    "scale": st.scale,
+                    "pearson": st.pearson,
+                    "min_separation": sep_value,
+                    "min_separation_pair": [int(positions[sep_pair[0]]), int(positions[sep_pair[1]])],
+                    "monotonicity_violation_rate": mono_e.rate,
+                    "monotonicity_method": mono_e.method,
+                    "monotonicity_ci95": [mono_e.ci_low, mono_e.ci_high],
+                    "stress_method": "sampled",
+                    "stress_ci95": list(st.stress_ci95),
+                    "scaled_stress_ci95": list(st.scaled_stress_ci95),
+                    "scale_ci95": list(st.scale_ci95),
+                    "pearson_ci95": list(st.pearson_ci95),
+                    "stress_pairs": st.pairs,
+                    "min_separation_method": sep_method,
+                    **({"fit": dict(enc.details)} if enc.details else {}),
+                }
+            )
             bar.update(1)
     timings["encodings"] = time.perf_counter() - t
-    return Analysis(counts, config, positions, distances, mds, diagnostics, results, timings)
+    return mds, diagnostics, results, hellinger_summary
+
+
+def _mean_interval(x: np.ndarray) -> list[float]:
+    half = 1.959963984540054 * float(np.std(x, ddof=1)) / np.sqrt(x.size) if x.size > 1 else float("nan")
+    return [float(x.mean()) - half, float(x.mean()) + half]
+
+
+# Exact nearest-neighbour search (k-d tree) is fast only in low dimension.
+_KDTREE_MAX_DIM = 8
+
+
+def _large_min_separation(p: np.ndarray, sampled: Any) -> tuple[float, tuple[int, int], str]:
+    """Minimum separation without an n x n pass: exact by a k-d tree for d <= 8, else an
+    upper bound over adjacent rows and the sampled pairs."""
+    from scipy.spatial import cKDTree
+
+    p = np.asarray(p, dtype=np.float64)
+    if p.shape[1] <= _KDTREE_MAX_DIM:
+        dist, nn = cKDTree(p).query(p, k=2)
+        i = int(np.argmin(dist[:, 1]))
+        j = int(nn[i, 1])
+        diff = p[i] - p[j]
+        return float(np.sqrt(diff @ diff)), (min(i, j), max(i, j)), "exact"
+    n = p.shape[0]
+    ci = np.concatenate([np.arange(n - 1), sampled.i])
+    cj = np.concatenate([np.arange(1, n), sampled.j])
+    best, bi, bj = np.inf, 0, 1
+    for a in range(0, ci.size, 1 << 16):
+        diff = p[ci[a : a + (1 << 16)]] - p[cj[a : a + (1 << 16)]]
+        d = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+        k = int(np.argmin(d))
+        if d[k] < best:
+            best, bi, bj = float(d[k]), int(ci[a + k]), int(cj[a + k])
+    return best, (bi, bj), "sampled_upper_bound"
+
+
+def _null_section(
+    mds: MDSResult,
+    bias: np.ndarray | None,
+    noise: Any,
+    geo: PositionalCounts,
+    geo_parts: Any,
+    index: np.ndarray,
+    config: AnalysisConfig,
+    timings: dict[str, float],
+) -> dict[str, Any] | None:
+    """How many MDS components stand above a null corpus (:func:`posstats.noise.null_rank`)."""
+    from posstats.noise import null_rank
+
+    m = len(index)
+    choice = config.null
+    if choice == "auto":
+        choice = "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
+    if choice == "none":
+        return None
+    t = time.perf_counter()
+    lam = np.asarray(mds.eigenvalues, dtype=np.float64)
+    scale = "plugin"
+    if bias is not None:
+        # B_c = B - H diag(b) H shifts the spectrum down by about mean(b); the null is
+        # plug-in, so compare on the plug-in scale.
+        lam = lam + float(np.nanmean(bias))
+        scale = "corrected + mean bias"
+    if choice == "shuffle":
+        k = int(lam.size)
+
+        def solver(c: PositionalCounts) -> np.ndarray:
+            rows_n = c.positions
+            kk = min(k, rows_n - 1) if rows_n > 2048 else None
+            method = "dense" if rows_n <= 2048 else "lanczos"
+            return classical_mds(c.matrix, k=kk, method=method, seed=config.seed, tol=config.lanczos_tol).eigenvalues[:k]
+
+        nr = null_rank(lam, method="shuffle", counts=geo, positions=index, replicates=config.null_replicates, solver=solver, seed=config.seed)
+    else:
+        if noise is None:
+            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}
+        nr = null_rank(lam, method="mp", parts=geo_parts, floor=noise)
+    timings["null"] = time.perf_counter() - t
+    out = nr.to_dict()
+    out["eigenvalue_scale"] = scale
+    return out
+
+
+def _bootstrap_section(
+    partials: Any,
+    buckets: Any,
+    index: np.ndarray,
+    positions: np.ndarray,
+    mds: MDSResult,
+    null: dict[str, Any] | None,
+    config: AnalysisConfig,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Shard-bootstrap intervals for eigenvalues, rank and stress (:mod:`posstats.bootstrap`)."""
+    from posstats.bootstrap import shard_bootstrap
+    from posstats.buckets import bucket_counts
+
+    if not partials or len(partials) < 2:
+        msg = "a shard bootstrap (--bootstrap) needs per-shard partial counts (posstats analyze --store DIR, or counts with a config.json to re-read)"
+        raise PosstatsError(msg)
+    t = time.perf_counter()
+    geo_partials = [bucket_counts(p, buckets) for p in partials] if buckets is not None else list(partials)
+    encodings: dict[str, Any] = {}
+    for dim in config.dims:
+        for spec in config.encodings:
+            parsed = parse_encoding_spec(spec)
+            if parsed.name == "mds-smacof":
+                continue
+            if parsed.name in ("mds", "mds-lowrank"):
+                rank = int(dict(parsed.params).get("rank") or dim) if parsed.name == "mds-lowrank" else dim
+                encodings[f"{parsed.canonical}@{dim}"] = min(rank, len(index) - 1)
+            else:
+                encodings[f"{parsed.canonical}@{dim}"] = make_encoding(spec, positions, dim, mds=mds).matrix
+    threshold = None
+    if null is not None and null.get("threshold") is not None and null.get("eigenvalue_scale") == "plugin":
+        threshold = float(null["threshold"])
+    res = shard_bootstrap(
+        geo_partials,
+        replicates=config.bootstrap,
+        k=min(16, len(index) - 1),
+        positions=index,
+        encodings=encodings if len(index) <= min(config.exact_limit, 4096) else {},
+        rank_rtol=config.rank_rtol,
+        null_threshold=threshold,
+        distance_limit=min(config.exact_limit, 4096),
+        seed=config.seed,
+    )
+    timings["bootstrap"] = time.perf_counter() - t
+    return res.to_dict()
 
 
 def _evaluate(

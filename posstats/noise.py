@@ -536,11 +536,22 @@ def _poisson_rows(
         )
         piece.sum_duplicates()
         pieces.append(piece)
-    out = sp.csr_array(sp.vstack(pieces, format="csr"), dtype=np.int64)
-    if out.nnz < 2**31:
-        # int32 indices and indptr (scipy upcasts both if either is int64): 1/3 less memory.
-        out = sp.csr_array((out.data, out.indices.astype(np.int32), out.indptr.astype(np.int32)), shape=out.shape)
-    return out
+    # Concatenate the row blocks by hand: one copy of the data, and int32 indices / indptr
+    # when they fit (scipy upcasts both if either is int64): a third less memory.
+    nnz = sum(int(p.nnz) for p in pieces)
+    index_dtype = np.int32 if nnz < 2**31 and vocab < 2**31 else np.int64
+    data = np.empty(nnz, dtype=np.int64)
+    indices = np.empty(nnz, dtype=index_dtype)
+    indptr = np.zeros(n + 1, dtype=index_dtype)
+    pos, row = 0, 0
+    while pieces:
+        p = pieces.pop(0)
+        data[pos : pos + p.nnz] = p.data
+        indices[pos : pos + p.nnz] = p.indices
+        indptr[row + 1 : row + 1 + p.shape[0]] = p.indptr[1:] + pos
+        pos += int(p.nnz)
+        row += int(p.shape[0])
+    return sp.csr_array((data, indices, indptr), shape=(n, vocab))
 
 
 def null_counts(counts: PositionalCounts, /, *, seed: int = 0, positions: Any = None, head: int = 2048) -> PositionalCounts:

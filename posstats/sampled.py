@@ -214,6 +214,11 @@ class SampledGeometry:
         """Plug-in (or bias-corrected) ``d_H^2`` of the pairs ``(i[p], j[p])``, float64."""
         i = np.asarray(i, dtype=np.int64).ravel()
         j = np.asarray(j, dtype=np.int64).ravel()
+        lo_, hi_ = np.minimum(i, j), np.maximum(i, j)
+        keys, inverse = np.unique(lo_ * self.n + hi_, return_inverse=True)
+        if keys.size < i.size:
+            # Repeated pairs (common when n is small): each distinct pair once.
+            return self.squared(keys // self.n, keys % self.n)[inverse.reshape(-1)]
         out = np.empty(i.size, dtype=np.float64)
         for a in range(0, i.size, _PAIR_CHUNK):
             ii, jj = i[a : a + _PAIR_CHUNK], j[a : a + _PAIR_CHUNK]

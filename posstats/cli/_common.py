@@ -106,9 +106,32 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                    help="leave out positions with fewer than K counted tokens (default 1)")
     g.add_argument("--rank-rtol", type=float, default=1e-10, metavar="TOL",
                    help="relative tolerance of the reported numerical rank (default 1e-10)")
-    g.add_argument("--mds-method", choices=("auto", "dense", "iterative"), default="auto",
-                   help="dense eigh, or the iterative top-k solver (auto: dense up to 2048 positions)")
+    g.add_argument("--mds-method", choices=("auto", "dense", "iterative", "lanczos"), default="auto",
+                   help="dense eigh, the iterative top-k solver (ARPACK), or block Lanczos for long contexts "
+                        "(auto: dense up to 2048 positions)")
     g.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    lc = parser.add_argument_group("long contexts and honest estimates (docs/long-context.md)")
+    lc.add_argument("--exact-limit", type=int, default=16_384, metavar="N",
+                    help="above N geometry rows no n x n matrix is formed: block-Lanczos MDS, stress from "
+                         "sampled pairs with 95%% intervals (default 16384)")
+    lc.add_argument("--stress-halfwidth", type=float, default=1e-3, metavar="H",
+                    help="sampled stress: draw pairs until every scaled-stress 95%% interval is within +-H (default 1e-3)")
+    lc.add_argument("--buckets", default="none", metavar="none|fixed:W|log:P",
+                    help="pool positions into buckets: fixed:W (W positions each) or log:P (P per doubling)")
+    lc.add_argument("--noise-floor", action="store_true",
+                    help="split the corpus into document-parity parts (or the run store's shards) and report the "
+                         "per-position split-half d_H and sampling bias")
+    lc.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
+                    help="parts for the noise floor: 4 also fits how the bias decays with occupancy (default 4)")
+    lc.add_argument("--distances", choices=("plugin", "corrected"), default="plugin",
+                    help="distance matrix for MDS, stress and diagnostics: plug-in, or bias-corrected "
+                         "max(d^2 - b_i - b_j, 0) (needs --noise-floor)")
+    lc.add_argument("--null", choices=("auto", "shuffle", "mp", "none"), default="auto",
+                    help="noise-aware rank: eigenvalues above a shuffled-position null corpus, or an analytic "
+                         "Marchenko-Pastur edge (needs --noise-floor); auto: shuffle up to 4096 rows, else mp")
+    lc.add_argument("--null-replicates", type=int, default=3, metavar="R", help="shuffled null corpora (default 3)")
+    lc.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                    help="shard-bootstrap replicates for intervals on eigenvalues, rank and stress (default 0: off)")
 
 
 def analysis_config(args: argparse.Namespace):
@@ -122,4 +145,14 @@ def analysis_config(args: argparse.Namespace):
         rank_rtol=args.rank_rtol,
         mds_method=args.mds_method,
         seed=args.seed,
+        exact_limit=args.exact_limit,
+        stress_halfwidth=args.stress_halfwidth,
+        buckets=args.buckets,
+        distances=args.distances,
+        noise_floor=args.noise_floor,
+        noise_parts=args.noise_parts,
+        null=args.null,
+        null_replicates=args.null_replicates,
+        bootstrap=args.bootstrap,
+        tokenizer=getattr(args, "tokenizer", None) if (args.noise_floor or args.bootstrap) else None,
     )

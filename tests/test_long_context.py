@@ -1,0 +1,211 @@
+"""Long contexts end to end: block-Lanczos MDS against dense eigh, the analysis path above
+the exact limit (no n x n matrix, sampled stress with intervals), buckets, the noise
+floor and bias-corrected geometry in the pipeline and the CLI, and the GPU variants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from posstats.analysis import AnalysisConfig, analyze
+from posstats.backend import gpu_available
+from posstats.cli import main
+from posstats.errors import PosstatsError
+from posstats.hellinger import hellinger, hellinger_sq
+from posstats.mds import classical_mds
+from posstats.noise import corrected_squared_distances, noise_floor, split_counts, synthetic_counts
+from posstats.stress import stress_report
+
+REPO = Path(__file__).resolve().parents[1]
+GPT2 = str(REPO / "data/tokenizers/gpt2.tokenizer.json")
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return synthetic_counts(700, 2500, tokens=4000, rank=4, strength=0.4, block_tokens=24, seed=21)
+
+
+# ----------------------------------------------------------------------------- Lanczos
+
+
+@pytest.mark.parametrize("shape", ["n<V", "n>V"])
+def test_lanczos_matches_dense_eigh(shape):
+    if shape == "n<V":
+        syn = synthetic_counts(600, 3000, tokens=3000, rank=4, strength=0.3, block_tokens=24, seed=1)
+    else:
+        syn = synthetic_counts(1500, 400, tokens=2000, rank=3, strength=0.3, block_tokens=16, seed=2)
+    c = syn.counts.matrix
+    dense = classical_mds(c, k=32, method="dense")
+    lz = classical_mds(c, k=32, method="lanczos", tol=1e-10, block=8)
+    assert lz.method == "lanczos" and lz.residuals.max() <= 1e-10
+    np.testing.assert_allclose(lz.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-11 * dense.eigenvalues[0])
+    np.testing.assert_allclose(lz.total_variance, dense.total_variance, rtol=1e-12)
+    # Leading (separated) components: the same coordinates, signs fixed the same way.
+    np.testing.assert_allclose(lz.encoding[:, :3], dense.encoding[:, :3], rtol=0, atol=1e-8)
+
+
+def test_lanczos_splits_dense_columns_and_keeps_sparse_input_sparse():
+    from posstats.mds import _SplitSqrt
+
+    syn = synthetic_counts(300, 20_000, tokens=3000, rank=2, block_tokens=16, seed=4)
+    op = _SplitSqrt(syn.counts.matrix)
+    assert 0 < op.heavy_columns < 10_000 and 0 < op.light_nnz < syn.counts.matrix.nnz
+    s = np.sqrt(syn.counts.to_dense().matrix / syn.counts.occupancy()[:, None])
+    sc = s - s.mean(axis=0)
+    x = np.random.default_rng(0).normal(size=(20_000, 5))
+    y = np.random.default_rng(1).normal(size=(300, 5))
+    np.testing.assert_allclose(op.apply(x), sc @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(op.apply_t(y), sc.T @ y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(op.total_variance(), np.sum(sc * sc), rtol=1e-12)
+
+
+def test_lanczos_bias_corrected_operator_matches_dense(planted):
+    c = planted.counts.matrix
+    b = noise_floor(split_counts(planted.counts, parts=4, seed=0)).bias
+    dense = classical_mds(c, k=12, method="dense", diagonal=b)
+    lz = classical_mds(c, k=12, method="lanczos", diagonal=b, tol=1e-10)
+    np.testing.assert_allclose(lz.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-10 * dense.eigenvalues[0])
+    # B_c is the double-centred, unclipped D - b_i - b_j with a zero diagonal
+    d2 = hellinger_sq(c) - b[:, None] - b[None, :]
+    np.fill_diagonal(d2, 0.0)
+    m = d2.shape[0]
+    h = np.eye(m) - 1.0 / m
+    lam = np.sort(np.linalg.eigvalsh(-0.5 * h @ d2 @ h))[::-1]
+    np.testing.assert_allclose(dense.eigenvalues, lam[:12], rtol=0, atol=1e-10 * lam[0])
+
+
+def test_lanczos_argument_errors(planted):
+    with pytest.raises(ValueError, match="needs k"):
+        classical_mds(planted.counts.matrix, method="lanczos")
+    with pytest.raises(ValueError, match="diagonal"):
+        classical_mds(planted.counts.matrix, k=3, method="iterative", diagonal=np.zeros(700))
+    with pytest.raises(ValueError, match="zero occupancy"):
+        classical_mds(sp.csr_array(np.array([[1, 0, 2], [0, 0, 0], [3, 1, 0], [1, 1, 1]])), k=1, method="lanczos")
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+def test_sampled_path_agrees_with_the_exact_path(planted):
+    """Above the exact limit nothing n x n is formed: the sampled stress intervals contain the
+    exact values computed below the limit, MDS agrees, and the report says what was done."""
+    base = dict(dims=(2, 8), encodings=("mds", "sinusoidal", "random"), stress_halfwidth=4e-3, corpus_triples=20_000, null="none")
+    exact = analyze(planted.counts, AnalysisConfig(**base))
+    sampled = analyze(planted.counts, AnalysisConfig(exact_limit=300, **base))
+    assert sampled.distances is None and sampled.mds.method == "lanczos"
+    np.testing.assert_allclose(sampled.mds.eigenvalues[:8], exact.mds.eigenvalues[:8], rtol=1e-9)
+    r = sampled.report()
+    json.dumps(r)
+    assert r["geometry"]["stress_method"] == "sampled" and r["geometry"]["distances"] == "plugin"
+    assert r["hellinger"]["method"] == "sampled" and r["diagnostics"]["h1"]["method"] == "sampled_upper_bound"
+    assert r["diagnostics"]["a3"]["method"] == "sampled"
+    for e_exact, e_s in zip(exact.report()["encodings"], r["encodings"], strict=True):
+        assert e_s["stress_method"] == "sampled" and e_exact["stress_method"] == "exact"
+        lo, hi = e_s["scaled_stress_ci95"]
+        assert hi - lo <= 2 * 4e-3 + 1e-12
+        # 95 % intervals: allow a little slack so 12 intervals do not flake together
+        slack = 0.5 * (hi - lo)
+        assert lo - slack <= e_exact["scaled_stress"] <= hi + slack
+        lo, hi = e_s["stress_ci95"]
+        assert lo - (hi - lo) <= e_exact["stress"] <= hi + (hi - lo)
+        if e_s["dim"] <= 8:
+            assert e_s["min_separation_method"] == "exact"
+            np.testing.assert_allclose(e_s["min_separation"], e_exact["min_separation"], rtol=1e-7)
+    assert r["diagnostics"]["h1"]["min_distance"] >= exact.report()["diagnostics"]["h1"]["min_distance"]
+
+
+def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):
+    parts = split_counts(planted.counts, parts=4, seed=5)
+    cfg = AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal"), noise_floor=True, distances="corrected")
+    a = analyze(planted.counts, cfg, parts=parts)
+    nf = noise_floor(parts)
+    expected = np.sqrt(corrected_squared_distances(hellinger_sq(planted.counts.matrix), nf.bias))
+    np.testing.assert_allclose(a.distances, expected, rtol=1e-12, atol=1e-15)
+    r = a.report()
+    assert r["geometry"]["distances"] == "bias_corrected"
+    assert r["hellinger"]["corrected_mean"] < r["hellinger"]["mean"]
+    sin = next(e for e in r["encodings"] if e["name"] == "sinusoidal")
+    from posstats.encodings import make_encoding
+
+    exact = stress_report(make_encoding("sinusoidal", np.arange(700), 2).matrix, expected)
+    np.testing.assert_allclose(sin["scaled_stress"], exact.scaled_stress, rtol=1e-12)
+    assert r["noise"]["method"] == "quarters" and len(r["noise"]["split_half_d_h_per_position"]) == 700
+    with pytest.raises(PosstatsError, match="noise floor"):
+        AnalysisConfig(distances="corrected")
+    with pytest.raises(PosstatsError, match="parts"):
+        analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds",), noise_floor=True))
+
+
+def test_buckets_in_the_pipeline(planted):
+    a = analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal"), buckets="fixed:10", null="none"))
+    r = a.report()
+    assert r["buckets"]["buckets"] == 70 and r["positions"]["used"] == 70
+    np.testing.assert_array_equal(a.positions, np.arange(70) * 10 + 4)
+    assert len(r["positions"]["occupancy"]) == 700  # occupancy stays per position
+    pooled = planted.counts.to_dense().matrix.reshape(70, 10, -1).sum(axis=1)
+    np.testing.assert_allclose(a.distances, hellinger(pooled), rtol=1e-12, atol=1e-15)
+
+
+def test_null_rank_in_the_report(planted):
+    r = analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds",))).report()
+    assert r["null"]["method"] == "shuffle" and r["null"]["replicates"] == 3
+    assert r["spectrum"]["components_above_null"] == 4
+
+
+def test_cli_noise_floor_buckets_and_sampled_stress(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    counts = tmp_path / "counts"
+    assert main(["count", "--input", "data/fortunes-sample.jsonl", "--text-column", "text", "--tokenizer", GPT2,
+                 "--positions", "48", "--out", str(counts)]) == 0
+    out = tmp_path / "an"
+    rc = main(["analyze", "--counts", str(counts), "--dims", "2,4", "--encodings", "mds,sinusoidal",
+               "--noise-floor", "--distances", "corrected", "--buckets", "fixed:2", "--exact-limit", "16",
+               "--stress-halfwidth", "0.01", "--null", "mp", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "report.json").read_text())
+    assert r["geometry"] == {**r["geometry"], "distances": "bias_corrected", "stress_method": "sampled", "rows": 24}
+    assert r["config"]["buckets"] == "fixed:2" and r["null"]["method"] == "mp"
+    assert all(e["stress_method"] == "sampled" and len(e["scaled_stress_ci95"]) == 2 for e in r["encodings"])
+    assert r["noise"]["parts"] == 4 and len(r["noise"]["positions"]) == 24
+    assert r["positions"]["occupancy_summary"]["max"] == 3000
+
+
+def test_cli_bad_long_context_options(tmp_path, capsys):
+    rc = main(["analyze", "--counts", str(tmp_path), "--distances", "corrected", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "noise floor" in capsys.readouterr().err
+    rc = main(["analyze", "--counts", str(tmp_path), "--buckets", "cubic:2", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "bucketing" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_lanczos_on_the_gpu_matches_numpy(planted):
+    import cupy
+
+    c = planted.counts.matrix
+    cpu = classical_mds(c, k=16, method="lanczos", tol=1e-10)
+    gpu = classical_mds(c, k=16, method="lanczos", tol=1e-10, xp=cupy)
+    np.testing.assert_allclose(gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
+    np.testing.assert_allclose(gpu.encoding[:, :4], cpu.encoding[:, :4], rtol=0, atol=1e-9)
+    dense_gpu = classical_mds(cupy.asarray(planted.counts.to_dense().matrix), k=16, method="lanczos", tol=1e-10)
+    np.testing.assert_allclose(dense_gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_hellinger_blocks_match_numpy(planted):
+    import cupy
+
+    dense = planted.counts.to_dense().matrix
+    d_cpu = hellinger_sq(dense)
+    d_gpu = cupy.asnumpy(hellinger_sq(cupy.asarray(dense), block=256))
+    np.testing.assert_allclose(d_gpu, d_cpu, rtol=0, atol=1e-12)
+    assert np.all(np.diag(d_gpu) == 0.0)
