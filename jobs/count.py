@@ -314,7 +314,7 @@ class _Engine:
             from ray.exceptions import ActorUnavailableError
 
             unavailable += (ActorUnavailableError,)
-        except ImportError:  # pragma: no cover - older Ray
+        except ImportError:  # older Ray
             pass
 
         queue = deque(todo)
@@ -832,16 +832,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m jobs.count`` / ``ray job submit -- python -m jobs.count``."""
     args = build_parser().parse_args(argv)
     args.ray = True
+    from posstats.cli import run_guarded
     from posstats.cli.count import run
 
-    try:
-        return int(run(args) or 0)
-    except PosstatsError as exc:
-        print(f"posstats: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("posstats: interrupted", file=sys.stderr)
-        return 130
+    return run_guarded(run, args)
 
 
 if __name__ == "__main__":

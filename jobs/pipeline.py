@@ -671,14 +671,9 @@ def main(argv: list[str] | None = None) -> int:
     # a Ray job stopped (or a pod deleted) gets SIGTERM: unwind, so the lock is released
     with contextlib.suppress(ValueError):
         signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return run_from_args(args)
-    except PosstatsError as exc:
-        print(f"posstats: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("posstats: interrupted", file=sys.stderr)
-        return 130
+    from posstats.cli import run_guarded
+
+    return run_guarded(run_from_args, args)
 
 
 # ----------------------------------------------------------------------------- job submission

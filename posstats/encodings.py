@@ -819,7 +819,7 @@ def make_encoding(
         matrix = learned(pos, dim, path=p["path"], key=p["key"])
     elif name == "matrix-power":
         matrix = _matrix_power_from_file(pos, dim, p["path"])
-    else:  # pragma: no cover - _CATALOG and this dispatch are kept in step
+    else:  # unreachable while _CATALOG and this dispatch are kept in step
         msg = f"encoding {name!r} has no constructor"
         raise AssertionError(msg)
     return Encoding(parsed.canonical, matrix, details)

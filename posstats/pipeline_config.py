@@ -377,7 +377,7 @@ def _coerce(where: str, key: Key, value: Any, base: str | None) -> Any:
         if not isinstance(value, Mapping):
             raise bad("a table")
         out = json.loads(json.dumps(value, default=str))
-    else:  # pragma: no cover - schema error
+    else:  # schema error
         raise ValueError(kind)
     if key.check is not None:
         problem = key.check(out)

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from posstats.processes import pid_alive, process_start_ticks
 from posstats.counts import CountSpec, PositionalCounts, combine_fingerprints
 from posstats.errors import InputError, PosstatsError
 from posstats.storage import counts_file, load_counts, save_counts, write_json_atomic
@@ -106,27 +107,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 LockInfo = dict  # {"pid", "hostname", "started", "start_ticks", "run_id", "command"}
 
 
-def _proc_start_ticks(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot (Linux /proc), else None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_pid_alive = pid_alive
+_proc_start_ticks = process_start_ticks
 
 
 def lock_is_stale(info: LockInfo, /, *, hostname: str | None = None) -> bool:

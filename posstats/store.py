@@ -76,6 +76,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posstats.processes import pid_alive, process_start_ticks
 from posstats.errors import PosstatsError
 
 __all__ = [
@@ -157,25 +158,8 @@ def describe_os_error(exc: BaseException, /) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _proc_start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux), else None."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+_pid_alive = pid_alive
+_proc_start_ticks = process_start_ticks
 
 
 def lock_is_stale(

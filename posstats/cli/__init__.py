@@ -15,7 +15,7 @@ import sys
 from posstats import __version__
 from posstats.errors import PosstatsError
 
-__all__ = ["main"]
+__all__ = ["main", "run_guarded"]
 
 # (module, one-line help) in the order `posstats --help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -59,18 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``posstats`` script; returns the process exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run_guarded(func, args: argparse.Namespace, /) -> int:
+    """Run ``func(args)``; user errors become one line on stderr and exit status 2.
+
+    Shared by ``posstats`` and the ``python -m jobs.*`` entrypoints.
+    """
     try:
-        return int(args.func(args) or 0)
+        return int(func(args) or 0)
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("posstats: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``posstats`` script; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    return run_guarded(args.func, args)
 
 
 if __name__ == "__main__":
