@@ -175,6 +175,36 @@ def test_cli_noise_floor_buckets_and_sampled_stress(tmp_path, monkeypatch):
     assert r["positions"]["occupancy_summary"]["max"] == 3000
 
 
+def test_cli_store_gives_parts_and_bootstrap_units(tmp_path, monkeypatch):
+    """posstats analyze --store: the run store's shards are the noise-floor parts (by rank
+    parity) and the bootstrap's resampling units."""
+    from posstats.corpus import CorpusSource, count_corpus
+    from posstats.counts import CountSpec
+    from posstats.runstore import RunStore
+    from posstats.shards import count_shard, plan_shards
+    from posstats.storage import save_counts
+    from posstats.tokenizer import load_tokenizer
+
+    monkeypatch.chdir(REPO)
+    source = CorpusSource(inputs=(str(REPO / "data/fortunes-sample.jsonl"),), text_column="text", tokenizer=GPT2)
+    spec = CountSpec(24, 50257, "truncate", (50256,))
+    shards = plan_shards(source, spec, shard_bytes=60_000)
+    store = RunStore(tmp_path / "store")
+    store.bind({"spec": spec.to_metadata()})
+    tok = load_tokenizer(GPT2)
+    for s in shards:
+        store.write_partial(s, count_shard(s, source, spec, tokenizer=tok))
+    store.publish({"shard_ids": sorted(s.shard_id for s in shards), "fingerprint": ""})
+    save_counts(count_corpus(source, spec), tmp_path / "counts")
+    out = tmp_path / "an"
+    rc = main(["analyze", "--counts", str(tmp_path / "counts"), "--store", str(store.root), "--dims", "2",
+               "--encodings", "mds,sinusoidal", "--noise-floor", "--bootstrap", "8", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "report.json").read_text())
+    assert r["noise"]["parts"] == 4 and r["bootstrap"]["shards"] == len(shards) >= 8
+    assert len(r["bootstrap"]["eigenvalues_ci95"]) > 0 and "sinusoidal@2" in r["bootstrap"]["scaled_stress_ci95"]
+
+
 def test_cli_bad_long_context_options(tmp_path, capsys):
     rc = main(["analyze", "--counts", str(tmp_path), "--distances", "corrected", "--out", str(tmp_path / "o")])
     assert rc == 2 and "noise floor" in capsys.readouterr().err
