@@ -58,6 +58,13 @@ _EXPORTS: dict[str, str] = {
     # pipeline
     "AnalysisConfig": "analysis",
     "analyze": "analysis",
+    # long contexts: buckets, noise floor, null rank, bootstrap
+    "bucket_counts": "buckets",
+    "parse_buckets": "buckets",
+    "noise_floor": "noise",
+    "null_rank": "noise",
+    "corrected_squared_distances": "noise",
+    "shard_bootstrap": "bootstrap",
     # reports, export, audit
     "write_html_report": "html_report",
     "export_encoding": "export",
