@@ -1,22 +1,24 @@
 """Benchmark: top-k classical MDS, iterative (Lanczos on the implicit centred operator)
 against dense (squared Hellinger matrix, double centring, LAPACK eigh), in one process.
 
-    python benchmarks/bench_mds.py [--n 4096 --vocab 50257 --k 64 --seed 0]
+    python benchmarks/bench_mds.py [--n 4096 --vocab 50257 --k 64 --docs 500,1000,2000,4000]
 
-Prints one JSON object: n, V, k, nnz, dense_s (with its parts hellinger_s and eigh_s),
-iterative_s, speedup (dense_s / iterative_s), max_rel_err (largest relative difference of
-the top-k eigenvalues between the two methods), and the iterative residuals.
+Prints one JSON object with one row per corpus size (``corpora``): nnz of S, dense_s (with
+its parts hellinger_s and eigh_s), iterative_s, speedup (dense_s / iterative_s),
+max_rel_err (largest relative difference of the top-k eigenvalues between the two
+methods) and the iterative residuals; ``target_5x_met_up_to_nnz`` is the largest nnz at
+which the iterative method ran at least 5x faster.
 
-The corpus is synthetic and seeded: Zipf-like token frequencies, documents whose lengths
+The corpora are synthetic and seeded: Zipf-like token frequencies, documents whose lengths
 are log-normal (so occupancy falls with depth), a distinctive first position, and a mix of
 "topics" (Zipf distributions over random token subsets) whose weights drift smoothly with
 log position. Counts are sampled, so the spectrum has a few planted directions on top of a
 sampling-noise bulk, as real corpora do: the top-64 lie mostly in that bulk, where Lanczos
-needs ~6k products. The speedup therefore depends on the nnz of S (``--docs``: more
-documents, more distinct tokens per position) and on k. Wall-clock times on a shared
-machine vary with its load (reported), and the iterative solver runs ARPACK on one BLAS
-thread only when threadpoolctl is installed (reported; without it, threaded BLAS on its
-small products is 2-4x slower on a busy machine).
+needs ~7k products, each two passes over the nnz of S. The dense method's cost barely
+depends on nnz (its O(n^3) eigh dominates), the iterative one's grows with it: the rows
+show where the two cross. Wall-clock times on a shared machine vary with its load
+(reported). The iterative solver runs ARPACK on one BLAS thread when threadpoolctl is
+installed, and its sparse products on ``product_threads`` threads (reported).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.hellinger import hellinger_sq
-from posstats.mds import classical_mds
+from posstats.mds import classical_mds, product_threads
 
 
 def _zipf_cdf(size: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
@@ -77,48 +79,30 @@ def make_counts(n: int, vocab: int, *, seed: int = 0, docs: int = 4000, topics: 
     return counts.tocsr()
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=4096)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--k", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tol", type=float, default=1e-10)
-    parser.add_argument("--docs", type=int, default=4000, help="documents (occupancy of position 0)")
-    parser.add_argument("--topics", type=int, default=24, help="positional topic components")
-    args = parser.parse_args(argv)
-
+def measure(n: int, vocab: int, k: int, *, docs: int, topics: int, seed: int, tol: float) -> dict:
+    """Time both methods on one generated corpus; accuracy of the iterative eigenvalues."""
     t0 = time.perf_counter()
-    counts = make_counts(args.n, args.vocab, seed=args.seed, docs=args.docs, topics=args.topics)
+    counts = make_counts(n, vocab, seed=seed, docs=docs, topics=topics)
     build_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    iterative = classical_mds(counts, k=args.k, method="iterative", tol=args.tol, seed=args.seed)
+    iterative = classical_mds(counts, k=k, method="iterative", tol=tol, seed=seed)
     iterative_s = time.perf_counter() - t0
 
     # The dense path timed as a whole, and its Hellinger matrix alone for the breakdown.
     t0 = time.perf_counter()
-    dense = classical_mds(counts, k=args.k, method="dense")
+    dense = classical_mds(counts, k=k, method="dense")
     dense_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     hellinger_sq(counts)
     hellinger_s = time.perf_counter() - t0
 
-    try:
-        import threadpoolctl  # noqa: F401, PLC0415 - only reported
-        has_threadpoolctl = True
-    except ImportError:
-        has_threadpoolctl = False
-
     ref = dense.eigenvalues
     rel = np.abs(iterative.eigenvalues - ref) / np.abs(ref)
-    result = {
-        "n": args.n,
-        "V": args.vocab,
-        "k": args.k,
-        "docs": args.docs,
-        "topics": args.topics,
+    return {
+        "docs": docs,
         "nnz": int(counts.nnz),
+        "nnz_per_position": round(counts.nnz / n, 1),
         "build_s": round(build_s, 3),
         "dense_s": round(dense_s, 3),
         "hellinger_s": round(hellinger_s, 3),
@@ -131,10 +115,47 @@ def main(argv: list[str] | None = None) -> dict:
         "lambda_1": float(ref[0]),
         "lambda_k": float(ref[-1]),
         "total_variance": iterative.total_variance,
-        "tol": args.tol,
-        # Wall-clock times on a shared machine: say how busy it was and how BLAS threads.
         "load_avg_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tol", type=float, default=1e-10)
+    parser.add_argument(
+        "--docs",
+        default="500,1000,2000,4000",
+        help="comma-separated corpus sizes in documents (occupancy of position 0); one row each",
+    )
+    parser.add_argument("--topics", type=int, default=24, help="positional topic components")
+    args = parser.parse_args(argv)
+    docs = [int(d) for d in args.docs.split(",") if d.strip()]
+
+    try:
+        import threadpoolctl  # noqa: F401, PLC0415 - only reported
+        has_threadpoolctl = True
+    except ImportError:
+        has_threadpoolctl = False
+
+    rows = [
+        measure(args.n, args.vocab, args.k, docs=d, topics=args.topics, seed=args.seed, tol=args.tol) for d in docs
+    ]
+    result = {
+        "benchmark": "mds_top_k",
+        "n": args.n,
+        "V": args.vocab,
+        "k": args.k,
+        "topics": args.topics,
+        "tol": args.tol,
+        "corpora": rows,
+        "target_5x_met_up_to_nnz": max((r["nnz"] for r in rows if r["speedup"] >= 5), default=None),
+        # Wall-clock times on a shared machine: say how busy it was and how BLAS threads.
         "cpus": os.cpu_count(),
+        "product_threads": product_threads(),
         "threadpoolctl": has_threadpoolctl,
         "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
     }

@@ -32,13 +32,14 @@ Two methods compute it:
   (``diagonal=b``, :mod:`posstats.noise`), and run its products on a GPU (``xp=cupy``:
   the dense block as a cupy array, the rest as a ``cupyx.scipy.sparse`` CSR matrix).
 
-Cost. Lanczos needs ~6k products for the top k here (ARPACK with ncv = 2k + 1; about
+Cost. Lanczos needs ~7k products for the top k here (ARPACK with ncv = 2k + 1; about
 the same unrestarted, because the top-64 of a corpus spectrum sit in its sampling-noise
-bulk with relative gaps ~1e-3), each costing two passes over the nnz of ``S``; the dense
-method costs the Gram product plus an O(n^3) eigensolver and n^2 memory. On a 2-core
-machine, n = 4096, V = 50257, k = 64 (benchmarks/bench_mds.py): 3-4x faster than dense
-at 4.7M nnz, 10x at 1.5M nnz; below ~2x without threadpoolctl on a busy machine (see
-:func:`_single_blas_thread`). The gap widens with n (n^3 against ~n * nnz per row).
+bulk with relative gaps ~1e-3), each costing two passes over the nnz of ``S`` (run in row
+blocks on ``product_threads()`` threads); the dense method costs the Gram product plus an
+O(n^3) eigensolver and n^2 memory, nearly independent of nnz. On an idle 2-core machine,
+n = 4096, V = 50257, k = 64 (benchmarks/bench_mds.py): 7.0x faster than dense at 0.9M
+nnz, 4.5x at 1.5M, 2.7x at 2.8M, 1.9x at 4.7M. The gap widens with n (n^3 against
+~n * nnz per row), and only the iterative methods fit n x n out of memory.
 
 Eigenvector signs are fixed: the largest-magnitude entry of every column of ``U`` (and so
 of ``P``) is positive (the first such entry on exact ties). Within a repeated eigenvalue
@@ -48,7 +49,9 @@ the basis is whatever the solver returns (deterministic for a given input and me
 from __future__ import annotations
 
 import contextlib
+import os
 import types
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -362,25 +365,30 @@ class _CentredSqrt:
         s = sqrt_distributions(counts)
         self.xp = np if self.sparse else array_namespace(s)
         xp = self.xp
+        self.shape = tuple(int(x) for x in s.shape)
         if self.sparse:
-            self.s = s.tocsr()
-            self.st = self.s.T.tocsr()  # row-major transpose: fast S^T y
-            self.mean = np.asarray(s.mean(axis=0), dtype=np.float64).reshape(-1)
+            csr = s.tocsr()
+            self.mean = np.asarray(csr.mean(axis=0), dtype=np.float64).reshape(-1)
+            self._total = self._sparse_total_variance(csr)
+            self.s = _RowBlocks(csr)
+            self.st = _RowBlocks(csr.T.tocsr())  # row-major transpose: fast S^T y
         else:
             self.mean = s.mean(axis=0)
             self.s = s - self.mean[None, :]
             self.st = self.s.T
-        self.shape = tuple(int(x) for x in s.shape)
+            self._total = float(self.xp.sum(self.s * self.s))
 
-    def total_variance(self) -> float:
+    def _sparse_total_variance(self, csr: sp.csr_array) -> float:
         """``||S_c||_F^2`` by a two-pass column variance (no cancellation against |S|^2)."""
-        if not self.sparse:
-            return float(self.xp.sum(self.s * self.s))
         n = self.shape[0]
-        dev = self.s.data - self.mean[self.s.indices]
-        stored = np.bincount(self.s.indices, minlength=self.shape[1])
+        dev = csr.data - self.mean[csr.indices]
+        stored = np.bincount(csr.indices, minlength=self.shape[1])
         # Stored entries contribute (s - m)^2, each implicit zero of column v contributes m_v^2.
         return float(np.sum(dev * dev) + np.sum((n - stored) * self.mean**2))
+
+    def total_variance(self) -> float:
+        """``trace(B) = ||S_c||_F^2``."""
+        return self._total
 
     def apply(self, x: Any) -> Any:
         """``S_c x`` for x of shape (V,) or (V, b)."""
@@ -397,6 +405,49 @@ class _CentredSqrt:
             ysum = y.sum(axis=0)
             return self.st @ y - (self.mean[:, None] * ysum if y.ndim == 2 else self.mean * ysum)
         return self.st @ y
+
+
+# Sparse products with at least this many stored entries run in row blocks on threads.
+_THREADED_NNZ = 1 << 18
+_POOL: ThreadPoolExecutor | None = None
+
+
+def product_threads() -> int:
+    """Threads for the sparse products: ``OMP_NUM_THREADS`` when set (Ray sets it to the
+    CPUs of a worker), else the CPUs this process may run on."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL  # noqa: PLW0603 - one pool per process, made on first use
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=product_threads(), thread_name_prefix="posstats-spmv")
+    return _POOL
+
+
+class _RowBlocks:
+    """A CSR matrix whose product ``m @ x`` multiplies row blocks of equal nnz on threads.
+
+    scipy's sparse kernels release the GIL, so the blocks run in parallel: on the 2-core
+    machine of ``benchmarks/bench_mds.py`` (4.7M nnz) one ``S S^T x`` product takes
+    9.0 ms instead of 11.5 ms. Small matrices (or one thread) use one block.
+    """
+
+    def __init__(self, m: sp.csr_array, /, *, threads: int | None = None) -> None:
+        threads = product_threads() if threads is None else int(threads)
+        parts = max(1, min(threads, m.nnz // _THREADED_NNZ, m.shape[0]))
+        cuts = np.searchsorted(m.indptr, np.linspace(0, m.nnz, parts + 1)[1:-1])
+        edges = [0, *sorted({int(c) for c in cuts} - {0, m.shape[0]}), m.shape[0]]
+        self.blocks = [m[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        self.shape = m.shape
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        if len(self.blocks) == 1:
+            return self.blocks[0] @ x
+        return np.concatenate(list(_pool().map(lambda b: b @ x, self.blocks)))
 
 
 def _single_blas_thread() -> contextlib.AbstractContextManager[Any]:

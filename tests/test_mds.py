@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from posstats.backend import gpu_available
+from posstats import mds as mds_module
 from posstats.hellinger import hellinger_sq
 from posstats.mds import MDSResult, Spectrum, classical_mds, spectrum_summary
 
@@ -143,6 +144,33 @@ def test_iterative_matches_dense(corpus_300, dense_300, sparse):
     np.testing.assert_allclose(it.total_variance, np.sum(centred_sqrt(corpus_300) ** 2), rtol=1e-12)
     assert np.all(it.residuals < 1e-9)
     assert it.negative_mass == 0.0
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_row_blocks_product_equals_csr(threads, monkeypatch):
+    # Row blocks of equal nnz (empty rows included) give the same product, vector or block.
+    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 1)
+    rng = np.random.default_rng(threads)
+    m = sp.random_array((40, 30), density=0.2, rng=rng, format="csr")
+    m = sp.csr_array(m.toarray() * (rng.random((40, 1)) > 0.3))  # some empty rows
+    blocks = mds_module._RowBlocks(m, threads=threads)
+    assert len(blocks.blocks) == min(threads, m.shape[0])
+    assert sum(b.shape[0] for b in blocks.blocks) == 40
+    for x in (rng.random(30), rng.random((30, 5))):
+        np.testing.assert_array_equal(blocks @ x, m @ x)
+
+
+def test_iterative_threaded_products_match(corpus_300, dense_300, monkeypatch):
+    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 64)
+    it = classical_mds(sp.csr_array(corpus_300), k=16, method="iterative", seed=3)
+    np.testing.assert_allclose(it.eigenvalues, dense_300.eigenvalues, rtol=1e-8, atol=0)
+
+
+def test_product_threads_honours_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert mds_module.product_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert mds_module.product_threads() >= 1
 
 
 def test_dense_topk_matches_full(corpus_300, dense_300):

@@ -1,0 +1,33 @@
+"""The benchmark commands run and print the JSON the README documents (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run_bench(name: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(out.stdout)
+
+
+def test_bench_count_small():
+    r = run_bench("bench_count.py", "--positions", "64", "--vocab", "1000", "--tokens", "200000", "--repeats", "1")
+    assert r["positions"] == 64 and r["vocab"] == 1000
+    assert r["tokens_counted_per_run"] > 0
+    assert r["kernel_tokens_per_s"] > 0 and r["baseline_np_add_at_2d_tokens_per_s"] > 0
+    ratio = r["kernel_tokens_per_s"] / r["baseline_np_add_at_2d_tokens_per_s"]
+    assert abs(r["speedup_vs_baseline"] - ratio) <= 1e-9 * ratio
+    assert r["identical_counts"] is True
+
+def test_bench_mds_small():
+    r = run_bench("bench_mds.py", "--n", "96", "--vocab", "800", "--k", "6", "--docs", "40,80")
+    assert [row["docs"] for row in r["corpora"]] == [40, 80]
+    for row in r["corpora"]:
+        assert row["nnz"] > 0
+        assert row["accurate_1e-8"], row
+        assert row["speedup"] > 0
