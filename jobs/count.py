@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posstats.corpus import CorpusSource
 from posstats.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.errors import InputError, PosstatsError
@@ -140,6 +142,17 @@ class CountWorker:
         self.shard_delay = float(shard_delay)
         use_tokenizer = self.source.column is None and self.source.tokenizer
         self.tokenizer = load_tokenizer(self.source.tokenizer) if use_tokenizer else None
+        self._buffer = None  # one n x V int64 array for all dense shards of this actor
+
+    def _dense_buffer(self, shard: Shard) -> Any:
+        """The reusable dense accumulator, made on the first dense shard; None for sparse."""
+        from posstats.shards import partial_is_dense
+
+        if not partial_is_dense(self.spec, shard, dense_budget=self.dense_budget):
+            return None
+        if self._buffer is None:
+            self._buffer = np.zeros((self.spec.positions, self.spec.vocab_size), dtype=np.int64)
+        return self._buffer
 
     def where(self) -> dict[str, Any]:
         """pid, hostname and Ray node id of this actor."""
@@ -160,8 +173,10 @@ class CountWorker:
         self.store.mark_started(s.shard_id, **who)
         t = time.perf_counter()
         try:
+            # The partial shares the buffer: it is saved below, before the next shard.
             counts = count_shard(s, self.source, self.spec, tokenizer=self.tokenizer,
-                                 dense_budget=self.dense_budget, metadata=self.metadata)
+                                 dense_budget=self.dense_budget, metadata=self.metadata,
+                                 out=self._dense_buffer(s))
         except PosstatsError as exc:
             return {"status": "bad", "shard_id": s.shard_id, "error": str(exc), **who}
         if self.shard_delay:

@@ -317,7 +317,10 @@ class CountAccumulator:
     sparse (buffered keys compacted with ``np.unique``). Pack mode keeps the stream state
     between batches of the same source; a new source restarts the stream at position 0.
     ``block_positions`` sets how many positions are scattered together (default: about
-    2**22 accumulator cells); it changes speed, never the counts.
+    2**22 accumulator cells); it changes speed, never the counts. ``out`` (dense only) is an
+    int64 ``(n, V)`` array to accumulate into, zeroed here: a counting worker reuses one
+    for all its shards instead of page-faulting a fresh ``n x V`` array in every time
+    (measured 0.1 s for 51 MB on a VM, a third of the kernel time of a 16M-token shard).
 
     >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10))
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
@@ -336,12 +339,20 @@ class CountAccumulator:
         block_positions: int | None = None,
         fingerprint: str = "",
         metadata: dict[str, str] | None = None,
+        out: np.ndarray | None = None,
     ) -> None:
         self.spec = spec
         n, V = spec.positions, spec.vocab_size
         self.dense = (n * V * 8 <= dense_budget) if dense is None else bool(dense)
         if self.dense:
-            self._matrix = np.zeros((n, V), dtype=np.int64)
+            if out is None:
+                self._matrix = np.zeros((n, V), dtype=np.int64)
+            else:
+                if out.shape != (n, V) or out.dtype != np.int64 or not out.flags.c_contiguous or not out.flags.writeable:
+                    msg = f"out must be a writeable C-contiguous int64 array of shape {(n, V)}; got {out.dtype} {out.shape}"
+                    raise ValueError(msg)
+                out.fill(0)
+                self._matrix = out
             self._flat = self._matrix.reshape(-1)
         else:
             self._keys = np.zeros(0, dtype=np.int64)  # sorted unique keys

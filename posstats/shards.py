@@ -52,6 +52,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from posstats.corpus import CorpusSource, file_fingerprint
@@ -551,11 +552,14 @@ def count_shard(
     dense: bool | None = None,
     dense_budget: int = DEFAULT_DENSE_BUDGET,
     metadata: dict[str, str] | None = None,
+    out: np.ndarray | None = None,
 ) -> PositionalCounts:
     """Exact partial counts of one shard; their fingerprint is :attr:`Shard.fingerprint`.
 
     Args:
         dense: force dense or sparse accumulation; None uses :func:`partial_is_dense`.
+        out: a reusable int64 ``(n, V)`` buffer for a dense count (ignored when sparse);
+            the result then shares it, so save or copy the result before the next shard.
 
     Raises:
         InputError: bad content; the message names the file and row (or row group / line)
@@ -569,7 +573,7 @@ def count_shard(
         raise ValueError(msg)
     if dense is None:
         dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
-    acc = CountAccumulator(spec, dense=dense, fingerprint=shard.fingerprint, metadata=metadata)
+    acc = CountAccumulator(spec, dense=dense, fingerprint=shard.fingerprint, metadata=metadata, out=out if dense else None)
     try:
         _check_unchanged(shard)
         for batch in read_shard(shard, source, tokenizer=tokenizer):

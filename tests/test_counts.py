@@ -75,6 +75,19 @@ def test_position_blocks_and_batch_cuts_never_change_counts(mode, seqs, n, block
     np.testing.assert_array_equal(acc.result().matrix, oracle(seqs, n, 12, mode, sep=spec.separator_id))
 
 
+def test_out_buffer_is_zeroed_and_shared():
+    spec = CountSpec(3, 10)
+    buf = np.full((3, 10), 7, dtype=np.int64)
+    acc = CountAccumulator(spec, out=buf)
+    acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
+    got = acc.result(copy=False)
+    assert got.matrix is buf
+    np.testing.assert_array_equal(buf, oracle([[1, 2, 3, 4], [5]], 3, 10, "truncate"))
+    for bad in (np.zeros((3, 9), np.int64), np.zeros((3, 10), np.int32), np.zeros((10, 3), np.int64).T):
+        with pytest.raises(ValueError, match="out must be"):
+            CountAccumulator(spec, out=bad)
+
+
 def test_pack_restarts_at_a_new_source():
     spec = CountSpec(4, 10, "pack")
     acc = CountAccumulator(spec)

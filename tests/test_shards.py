@@ -205,6 +205,14 @@ def test_shards_add_up_to_count_corpus(corpus, mode, kind):
     assert len(shards) == (len(source.files()) if mode == "pack" else len(shards))
     assert_same(summed(shards, source, spec, seed=1), ref)
     assert_same(summed(shards, source, spec, seed=2, dense=False), ref)
+    # One reused dense buffer (as a counting actor does): each partial saved before the next.
+    buf = np.full((spec.positions, spec.vocab_size), -5, dtype=np.int64)
+    total = None
+    for s in shards:
+        part = count_shard(s, source, spec, dense=True, out=buf)
+        assert part.matrix is buf
+        total = part.to_sparse() if total is None else total + part.to_sparse()
+    assert_same(total, ref)
 
 
 @pytest.fixture(scope="module")
