@@ -435,9 +435,18 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def _read_text(path: str, spec: _Spec) -> Iterator[TokenBatch]:
+    return _text_batches(_numbered_lines(path), path, spec)
+
+
+def _text_batches(lines: Iterable[tuple[int, str]], path: str, spec: _Spec, *, first_row: int = 0) -> Iterator[TokenBatch]:
+    """Tokenised batches of the non-blank lines (``(1-based line number, text)``) of ``path``.
+
+    Shared by whole-file reading and by byte-range shards (``posstats.shards``); rows
+    count the non-blank lines, from ``first_row``.
+    """
     texts: list[str] = []
-    row = 0
-    for _, line in _numbered_lines(path):
+    row = first_row
+    for _, line in lines:
         text = line.strip()
         if not text:
             continue

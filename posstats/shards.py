@@ -505,27 +505,11 @@ def _range_lines(shard: Shard) -> Iterator[tuple[int, str]]:
 
 
 def _read_line_range(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
-    # The readers' own JSON-lines batching over the range's numbered lines; text mirrors
-    # readers._read_text.
+    # The readers' own batching, over the range's numbered lines.
     from posstats import readers
-    from posstats.tokenizer import encode_texts
 
-    path, row = shard.path, shard.first_row
-    if shard.format == "text":
-        texts: list[str] = []
-        for _, line in _range_lines(shard):
-            text = line.strip()
-            if not text:
-                continue
-            texts.append(text)
-            if len(texts) == spec.batch_size:
-                yield encode_texts(spec.tokenizer, texts, add_special_tokens=False, source=path, first_row=row)
-                row += len(texts)
-                texts = []
-        if texts:
-            yield encode_texts(spec.tokenizer, texts, add_special_tokens=False, source=path, first_row=row)
-        return
-    yield from readers._jsonl_batches(_range_lines(shard), path, spec, first_row=row)
+    batches = readers._text_batches if shard.format == "text" else readers._jsonl_batches
+    yield from batches(_range_lines(shard), shard.path, spec, first_row=shard.first_row)
 
 
 # ----------------------------------------------------------------------------- counting
