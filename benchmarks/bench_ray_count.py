@@ -23,7 +23,9 @@ Measured, all in this process and on this machine:
 * ``controls_before`` / ``controls_after``: the speed-up two plain processes get over one
   on this machine at that moment, for a pure-Python loop and for ``count_corpus`` on half
   the files each: the ceiling for any 2-worker speed-up (a shared or cache-starved
-  machine shows it well below 2).
+  machine shows it well below 2);
+* ``per_worker_vs_plain_2_processes``: the 2-worker per-worker rate against the rate of
+  each of those two plain processes (Ray's own overhead, the machine's ceiling removed).
 
 Each measurement is repeated ``--repeats`` times (Ray runs interleaved: 1, 2, 1, 2, ...;
 the in-process count before and after them); the best is reported with all values.
@@ -110,6 +112,7 @@ def controls(files: list[str], spec: CountSpec) -> dict:
         "cpu_loop_speedup_2_processes": round(2 * busy_1 / busy_2, 2),
         "count_corpus_speedup_2_processes": round(count_1 / count_2, 2),
         "count_corpus_1_process_s": round(count_1, 2),
+        "count_corpus_2_processes_s": round(count_2, 2),
         "load": load_average(),
     }
 
@@ -217,6 +220,11 @@ def main() -> None:
         report["per_worker_vs_in_process"] = {
             str(w): round(runs[w]["best"]["per_worker_tokens_per_s"] / base, 2) for w in runs
         }
+        # Against what two plain processes (half the files each) reach per process on this
+        # machine: the 2-worker overhead of Ray itself, without the machine's own ceiling.
+        plain_s = min(report["controls_before"]["count_corpus_2_processes_s"],
+                      report["controls_after"]["count_corpus_2_processes_s"])
+        report["per_worker_vs_plain_2_processes"] = round(two["per_worker_tokens_per_s"] / (ref.tokens / 2 / plain_s), 2)
     report["identical"] = identical
     report["load_after"] = load_average()
     print(json.dumps(report, indent=2))
