@@ -14,7 +14,7 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
     [geometry]   dims, encodings, min_occupancy, rank_rtol, mds_method, seed
     [report]     width, max_positions
     [export]     dim, rank, layout, format, dtype, basis, method, name, card
-    [schedule]   every | cron     (defaults for 'posstats schedule')
+    [schedule]   every | cron, timezone   (defaults for 'posstats schedule')
 
 Rules: unknown tables and keys are errors (with a suggestion), values are type-checked,
 relative local paths are resolved against the config file's folder (flag values against
@@ -127,6 +127,16 @@ def _cron(v: Any) -> str | None:
     return None
 
 
+def _timezone(v: Any) -> str | None:
+    from posstats.schedule import time_zone
+
+    try:
+        time_zone(v)
+    except PosstatsError as exc:
+        return str(exc)
+    return None
+
+
 def _default_encodings() -> tuple[str, ...]:
     from posstats.encodings import DEFAULT_ENCODINGS
 
@@ -207,7 +217,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "schedule": {
         "every": Key("str", None, "default interval of 'posstats schedule' (e.g. 6h, 30m, 1h30m)", check=_every),
-        "cron": Key("str", None, "default cron expression of 'posstats schedule' (5 fields, UTC)", check=_cron),
+        "cron": Key("str", None, "default cron expression of 'posstats schedule' (5 fields, read in timezone)", check=_cron),
+        "timezone": Key("str", "UTC", "IANA time zone the cron expression is read in (e.g. Europe/Paris)", check=_timezone),
     },
 }
 TOP_LEVEL = {"run_id": Key("str", None, "the run's name (default: --run-id, else a UTC time stamp)")}

@@ -1,6 +1,6 @@
 """Scheduling logic for ``posstats schedule`` (pure: no processes, clock injected).
 
-Two kinds of schedule, both in UTC:
+Two kinds of schedule:
 
 * :class:`Interval` (``--every 6h``; units s, m, h, d, w, combinable: ``1h30m``; at least
   1 s): ticks at ``start, start + every, start + 2 every, ...``, the first one at once.
@@ -10,6 +10,13 @@ Two kinds of schedule, both in UTC:
   (0 and 7 are Sunday); macros ``@hourly @daily @midnight @weekly @monthly @yearly
   @annually``. As in Vixie cron, when both day fields are restricted (neither starts with
   ``*``) a day matches if *either* does; otherwise both must match. The first tick is the first matching minute after the start.
+  The fields are read in UTC, or in the wall-clock time of an IANA time zone
+  (``parse_cron(text, tz="Europe/Paris")``). Across daylight-saving changes: a wall-clock
+  time that is skipped (spring forward) fires at the same offset as before the change,
+  i.e. just after the jump (``30 2 * * *`` runs at 03:30 that day); one that occurs twice
+  (fall back) fires once, at its first occurrence.
+
+Ticks are absolute instants (aware datetimes); run ids name them in UTC.
 
 :func:`run_schedule` is the loop: it waits for a tick, runs one pipeline run (a callable),
 and only then looks for the next tick. Runs therefore never overlap; ticks that passed
@@ -21,13 +28,24 @@ from __future__ import annotations
 import calendar
 import datetime as _dt
 import re
+import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from posstats.errors import PosstatsError
 
-__all__ = ["Cron", "Interval", "ScheduleStats", "parse_cron", "parse_interval", "parse_schedule", "run_schedule", "tick_run_id"]
+__all__ = [
+    "Cron",
+    "Interval",
+    "ScheduleStats",
+    "parse_cron",
+    "parse_interval",
+    "parse_schedule",
+    "run_schedule",
+    "tick_run_id",
+    "time_zone",
+]
 
 UTC = _dt.timezone.utc
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -79,9 +97,25 @@ class Interval:
         return f"every {self.text or f'{self.seconds:g}s'}"
 
 
+def time_zone(name: str, /) -> _dt.tzinfo:
+    """The IANA time zone ``name`` ("UTC" needs no time zone database).
+
+    Raises:
+        PosstatsError: an unknown name, naming it.
+    """
+    if name in ("UTC", "Etc/UTC", "Z"):
+        return UTC
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        msg = f"unknown time zone {name!r}: use an IANA name such as UTC, Europe/Paris or America/New_York ({exc})"
+        raise PosstatsError(msg) from None
+
+
 @dataclass(frozen=True)
 class Cron:
-    """A 5-field cron expression (UTC); sets of allowed values per field."""
+    """A 5-field cron expression read in the wall-clock time of ``tz`` (an IANA name);
+    sets of allowed values per field."""
 
     minutes: frozenset[int]
     hours: frozenset[int]
@@ -91,6 +125,11 @@ class Cron:
     day_restricted: bool
     weekday_restricted: bool
     text: str = field(default="", compare=False)
+    tz: str = "UTC"
+
+    @property
+    def zone(self) -> _dt.tzinfo:
+        return time_zone(self.tz)
 
     def matches_day(self, d: _dt.date, /) -> bool:
         """Whether the day fields (and month) allow date ``d``."""
@@ -103,26 +142,46 @@ class Cron:
         return dom and dow
 
     def matches(self, t: _dt.datetime, /) -> bool:
-        """Whether minute ``t`` (UTC) is a tick."""
-        t = _utc(t)
+        """Whether minute ``t`` (any aware time; read in ``tz``) is a tick."""
+        t = _utc(t).astimezone(self.zone)
         return t.minute in self.minutes and t.hour in self.hours and self.matches_day(t.date())
 
     def first(self, start: _dt.datetime, /) -> _dt.datetime:
         return self.next_after(start, start)
 
     def next_after(self, tick: _dt.datetime, after: _dt.datetime, /) -> _dt.datetime:
-        """The first matching minute strictly after ``after`` (``tick`` is not used)."""
+        """The first tick strictly after ``after`` (``tick`` is not used), in UTC.
+
+        Searches wall-clock minutes of ``tz`` (naive, so no minute is counted twice or
+        missed), makes each candidate aware with ``fold=0`` (PEP 495: a skipped time takes
+        the offset before the change, a repeated one its first occurrence) and keeps the
+        first that is later than ``after``.
+        """
         after = _utc(after)
-        t = after.replace(second=0, microsecond=0) + _dt.timedelta(minutes=1)
+        zone = self.zone
+        t = after.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0) + _dt.timedelta(minutes=1)
         limit = t + _dt.timedelta(days=366 * MAX_SEARCH_YEARS)
+        while t < limit:
+            t = self._next_wall_minute(t, limit)
+            if t >= limit:
+                break
+            tick_utc = t.replace(tzinfo=zone).astimezone(UTC)
+            if tick_utc > after:
+                return tick_utc
+            t += _dt.timedelta(minutes=1)  # a repeated hour's second pass, or a skipped time
+        msg = f"cron expression {self.text!r} never fires"
+        raise PosstatsError(msg)
+
+    def _next_wall_minute(self, t: _dt.datetime, limit: _dt.datetime, /) -> _dt.datetime:
+        """The first matching naive wall-clock minute at or after ``t`` (``limit`` if none)."""
         hours, minutes = sorted(self.hours), sorted(self.minutes)
         while t < limit:
             if not self.matches_day(t.date()):
-                t = _dt.datetime(t.year, t.month, t.day, tzinfo=UTC) + _dt.timedelta(days=1)
+                t = _dt.datetime(t.year, t.month, t.day) + _dt.timedelta(days=1)
                 continue
             h = next((x for x in hours if x >= t.hour), None)
             if h is None:
-                t = _dt.datetime(t.year, t.month, t.day, tzinfo=UTC) + _dt.timedelta(days=1)
+                t = _dt.datetime(t.year, t.month, t.day) + _dt.timedelta(days=1)
                 continue
             if h > t.hour:
                 t = t.replace(hour=h, minute=0)
@@ -131,11 +190,10 @@ class Cron:
                 t = t.replace(minute=0) + _dt.timedelta(hours=1)
                 continue
             return t.replace(minute=m)
-        msg = f"cron expression {self.text!r} never fires"
-        raise PosstatsError(msg)
+        return limit
 
     def describe(self) -> str:
-        return f"cron {self.text!r} (UTC)"
+        return f"cron {self.text!r} ({self.tz})"
 
 
 def parse_interval(text: Any, /) -> Interval:
@@ -195,12 +253,15 @@ def _parse_field(text: str, name: str, lo: int, hi: int, names: dict[str, int]) 
     return frozenset(out), not text.startswith("*")
 
 
-def parse_cron(text: Any, /) -> Cron:
-    """Parse a 5-field cron expression or a macro (see the module docstring).
+def parse_cron(text: Any, /, *, tz: str = "UTC") -> Cron:
+    """Parse a 5-field cron expression or a macro (see the module docstring), read in the
+    wall-clock time of ``tz`` (an IANA time zone name).
 
     Raises:
-        PosstatsError: a malformed expression (naming the field) or one that never fires.
+        PosstatsError: a malformed expression (naming the field), one that never fires, or
+            an unknown time zone.
     """
+    time_zone(tz)
     if not isinstance(text, str):
         msg = f"invalid cron expression {text!r}"
         raise PosstatsError(msg)
@@ -219,7 +280,7 @@ def parse_cron(text: Any, /) -> Cron:
         sets.append(values)
         restricted.append(r)
     weekdays = frozenset(d % 7 for d in sets[4])
-    cron = Cron(sets[0], sets[1], sets[2], sets[3], weekdays, restricted[2], restricted[4], text.strip())
+    cron = Cron(sets[0], sets[1], sets[2], sets[3], weekdays, restricted[2], restricted[4], text.strip(), tz)
     if not any(d <= calendar.monthrange(2000, m)[1] for m in cron.months for d in cron.days) and not (
             cron.day_restricted and cron.weekday_restricted):
         msg = f"invalid cron expression {text!r}: day of month never occurs in the months given"
@@ -227,11 +288,12 @@ def parse_cron(text: Any, /) -> Cron:
     return cron
 
 
-def parse_schedule(*, every: str | None = None, cron: str | None = None) -> Interval | Cron:
-    """Exactly one of ``every`` / ``cron``."""
+def parse_schedule(*, every: str | None = None, cron: str | None = None, tz: str = "UTC") -> Interval | Cron:
+    """Exactly one of ``every`` / ``cron``; ``tz`` is the time zone of a cron expression."""
     if bool(every) == bool(cron):
         raise PosstatsError("give exactly one of --every INTERVAL or --cron EXPRESSION")
-    return parse_interval(every) if every else parse_cron(cron)
+    time_zone(tz)
+    return parse_interval(every) if every else parse_cron(cron, tz=tz)
 
 
 def tick_run_id(tick: _dt.datetime, /, *, prefix: str = "sched") -> str:

@@ -273,3 +273,12 @@ def test_schedule_cli_runs_in_order_with_a_log_each(setup, ray_session):
         log = (Path(store.root) / "logs" / f"{r['run_id']}.log").read_text()
         assert f"run {r['run_id']} complete" in log and "# exit status 0" in log
     assert time.time() - t0 < 280
+
+
+def test_schedule_refuses_bad_time_zones(tmp_path, capsys):
+    config = write_config(tmp_path)
+    rc, _, err = run_cli(capsys, "schedule", "--config", config, "--cron", "@daily", "--timezone", "Nowhere/City")
+    assert rc == 2 and "unknown time zone 'Nowhere/City'" in err
+    rc, _, err = run_cli(capsys, "schedule", "--config", config, "--every", "1h", "--timezone", "Europe/Paris")
+    assert rc == 2 and "--timezone applies to --cron schedules only" in err
+    assert not (tmp_path / "store").exists()  # refused before touching the store

@@ -83,6 +83,7 @@ def test_remote_urls_are_kept_and_get_a_local_work_dir(tmp_path, monkeypatch):
         (lambda t: t + "\n[export]\nname = \"../evil\"\n", r"\[export\] name must be a plain file stem"),
         (lambda t: t + "\n[schedule]\nevery = \"soon\"\n", "invalid interval 'soon'"),
         (lambda t: t + "\n[schedule]\ncron = \"61 * * * *\"\n", "minute: 61 is outside 0-59"),
+        (lambda t: t + "\n[schedule]\ntimezone = \"Mars/Olympus\"\n", "unknown time zone 'Mars/Olympus'"),
         (lambda t: t + "\n[store2]\n", "unknown table"),
         (lambda t: 'run_id = "../x"\n' + t, "invalid run id '../x'"),
         (lambda t: "store = 3\n" + t.replace("[store]\nurl = \"store\"", ""), r"\[store\] must be a table"),

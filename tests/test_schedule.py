@@ -190,3 +190,77 @@ def test_cron_loop_waits_for_each_tick():
                          now=clock.now, sleep=clock.sleep)
     assert [t for t, _ in seen] == [dt.datetime(2024, 1, 1, 6, m, tzinfo=UTC) for m in (0, 15, 30)]
     assert all(now == tick for tick, now in seen) and stats.succeeded == 3 and stats.skipped_ticks == 0
+
+
+# ----------------------------------------------------------------------------- time zones
+
+PARIS = "Europe/Paris"
+
+
+def _utc(*args):
+    return dt.datetime(*args, tzinfo=UTC)
+
+
+def test_cron_in_a_time_zone_follows_its_wall_clock():
+    cron = parse_cron("0 9 * * *", tz=PARIS)
+    assert cron.next_after(T0, _utc(2024, 1, 15, 0, 0)) == _utc(2024, 1, 15, 8, 0)  # CET, UTC+1
+    assert cron.next_after(T0, _utc(2024, 7, 15, 0, 0)) == _utc(2024, 7, 15, 7, 0)  # CEST, UTC+2
+    assert cron.describe() == "cron '0 9 * * *' (Europe/Paris)"
+    assert cron.matches(_utc(2024, 7, 15, 7, 0)) and not cron.matches(_utc(2024, 7, 15, 9, 0))
+
+
+def test_cron_across_daylight_saving_changes():
+    cron = parse_cron("30 2 * * *", tz=PARIS)
+    # 2024-03-31: 02:00 CET jumps to 03:00 CEST; 02:30 does not exist: it fires at 03:30 CEST.
+    assert cron.next_after(T0, _utc(2024, 3, 30, 12, 0)) == _utc(2024, 3, 31, 1, 30)
+    # 2024-10-27: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice: it fires once.
+    first = cron.next_after(T0, _utc(2024, 10, 26, 12, 0))
+    assert first == _utc(2024, 10, 27, 0, 30)  # 02:30 CEST
+    assert cron.next_after(first, first) == _utc(2024, 10, 28, 1, 30)  # next day, 02:30 CET
+    # every 30 minutes through the jump: no tick twice, none lost after it
+    every = parse_cron("*/30 * * * *", tz=PARIS)
+    ticks, t = [], _utc(2024, 3, 31, 0, 0)
+    for _ in range(4):
+        t = every.next_after(t, t)
+        ticks.append(t)
+    assert ticks == [_utc(2024, 3, 31, 0, 30), _utc(2024, 3, 31, 1, 0), _utc(2024, 3, 31, 1, 30), _utc(2024, 3, 31, 2, 0)]
+
+
+@pytest.mark.parametrize("tz", ["Nowhere/City", "", "Europe/../etc"])
+def test_unknown_time_zone_is_refused(tz):
+    with pytest.raises(PosstatsError, match="unknown time zone"):
+        parse_cron("@daily", tz=tz)
+    with pytest.raises(PosstatsError, match="unknown time zone"):
+        parse_schedule(cron="@daily", tz=tz)
+
+
+tz_names = st.sampled_from(["UTC", PARIS, "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"])
+daily_crons = st.tuples(_field(0, 59), _field(0, 23)).map(lambda mh: f"{mh[0]} {mh[1]} * * *")
+
+
+# Daylight-saving changes of 2024 (UTC) in those zones; times are drawn around them too.
+_CHANGES = [_utc(2024, 3, 31, 1), _utc(2024, 10, 27, 1), _utc(2024, 3, 10, 7), _utc(2024, 11, 3, 6),
+            _utc(2024, 4, 6, 15), _utc(2024, 10, 5, 15, 30)]
+near_changes = st.tuples(st.sampled_from(_CHANGES), st.integers(-1500, 1500)).map(lambda p: p[0] + dt.timedelta(minutes=p[1]))
+
+
+@given(daily_crons, st.one_of(times, near_changes), tz_names)
+@settings(max_examples=200, deadline=None)
+def test_cron_in_time_zones_against_minute_by_minute_oracle(text, after, tz):
+    # No wall-clock match (first occurrence) is skipped between `after` and the tick, and the
+    # tick is a match or a skipped wall-clock time taken at the offset before the change.
+    cron = parse_cron(text, tz=tz)
+    got = cron.next_after(after, after)
+    assert got > after and got.second == 0 and got.tzinfo == UTC
+    zone = cron.zone
+    m = after.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    while m < got:
+        assert not (cron.matches(m) and m.astimezone(zone).fold == 0), m
+        m += dt.timedelta(minutes=1)
+    if not cron.matches(got):  # a skipped wall-clock time: at fold=0 it maps onto got
+        wall = got.astimezone(zone).replace(tzinfo=None)
+        skipped = [wall - dt.timedelta(minutes=k) for k in range(1, 121)]
+        assert any(
+            w.replace(tzinfo=zone).astimezone(UTC) == got and w.minute in cron.minutes and w.hour in cron.hours
+            for w in skipped
+        ), (text, tz, got)

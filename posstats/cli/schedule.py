@@ -16,13 +16,14 @@ from posstats.errors import PosstatsError
 HELP = "run the pipeline on a schedule (cron expression or interval), one run at a time, a log per run"
 DESCRIPTION = """\
 A foreground loop for a single machine: at every tick of --every INTERVAL (first tick at
-once; 30s, 15m, 6h, 1d, 1h30m) or --cron "MIN HOUR DOM MON DOW" (UTC; @hourly, @daily...)
-it runs the pipeline ('python -m jobs.pipeline', same config and overrides) as run
+once; 30s, 15m, 6h, 1d, 1h30m) or --cron "MIN HOUR DOM MON DOW" (@hourly, @daily...; read
+in UTC, or in --timezone's wall-clock time, daylight-saving changes included) it runs the
+pipeline ('python -m jobs.pipeline', same config and overrides) as run
 'sched-<tick time, UTC>', writing its output to STORE/logs/RUN_ID.log, and waits for it.
 Runs never overlap: the next tick is looked for only after a run ended (ticks that came
 meanwhile are skipped and reported), and a run that finds the store locked by another
 process (a submitted job, a second scheduler) refuses and is reported as 'store busy'.
-Defaults for --every / --cron may come from the config's [schedule] table.
+Defaults for --every / --cron / --timezone may come from the config's [schedule] table.
 
 Stops after --runs N runs (exit 0 if all succeeded, 1 otherwise), or on Ctrl-C / SIGTERM
 (the running pipeline is stopped and unwinds: its lock is released, rerunning its run id
@@ -32,6 +33,7 @@ examples:
   posstats schedule --config deploy/pipeline.example.toml --every 6h
   posstats schedule --config pipeline.toml --cron "0 */6 * * *" --address 127.0.0.1:6379
   posstats schedule --config pipeline.toml --every 10s --runs 3
+  posstats schedule --config pipeline.toml --cron "30 2 * * mon-fri" --timezone Europe/Paris
 """
 
 
@@ -41,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schedule", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     when = p.add_mutually_exclusive_group()
     when.add_argument("--every", metavar="INTERVAL", help="run every INTERVAL (e.g. 6h, 30m, 1h30m; >= 1 s)")
-    when.add_argument("--cron", metavar="EXPR", help='cron expression, 5 fields, UTC (e.g. "0 */6 * * *")')
+    when.add_argument("--cron", metavar="EXPR", help='cron expression, 5 fields (e.g. "0 */6 * * *")')
+    p.add_argument("--timezone", metavar="TZ",
+                   help="IANA time zone --cron is read in (e.g. Europe/Paris; default: the config's, else UTC)")
     p.add_argument("--runs", type=int, metavar="N", help="stop after N runs (default: run until stopped)")
     p.add_argument("--run-prefix", default="sched", metavar="PREFIX",
                    help="run ids are PREFIX-YYYYMMDDTHHMMSSZ (default sched)")
@@ -83,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     every, cron = args.every, args.cron
     if not every and not cron:
         every, cron = cfg.values["schedule"]["every"], cfg.values["schedule"]["cron"]
-    schedule = parse_schedule(every=every, cron=cron)
+    tz = args.timezone or cfg.values["schedule"]["timezone"]
+    if args.timezone and not cron:
+        raise PosstatsError("--timezone applies to --cron schedules only (an interval counts elapsed time)")
+    schedule = parse_schedule(every=every, cron=cron, tz=tz)
     store = Store(cfg.store.url, storage_options=cfg.store.storage_options)
     base_cmd = [sys.executable, "-m", "jobs.pipeline", *_passthrough(args)]
     state: dict = {"child": None}
