@@ -428,6 +428,15 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _forget_pool() -> None:
+    global _POOL  # noqa: PLW0603 - a forked child has the pool object but not its threads
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 class _RowBlocks:
     """A CSR matrix whose product ``m @ x`` multiplies row blocks of equal nnz on threads.
 

@@ -309,3 +309,20 @@ def test_gpu_matches_numpy(corpus_300, method):
     np.testing.assert_allclose(gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
     np.testing.assert_allclose(gpu.total_variance, cpu.total_variance, rtol=1e-12)
     np.testing.assert_allclose(gpu.encoding[:, :4], cpu.encoding[:, :4], rtol=0, atol=1e-9)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_threaded_products_work_in_a_forked_child(monkeypatch):
+    import os
+
+    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 1)
+    m = sp.csr_array(np.arange(1.0, 61.0).reshape(6, 10))
+    blocks = mds_module._RowBlocks(m, threads=2)
+    x = np.ones(10)
+    np.testing.assert_array_equal(blocks @ x, m @ x)  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # child: a fresh pool, same product
+        ok = np.array_equal(blocks @ x, m @ x)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
