@@ -202,7 +202,7 @@ class CountWorker:
             total = total.to_dense() if final_dense else total.to_sparse()
         else:
             total = compact_counts(total)
-        path = save_counts(total, out)
+        path = save_counts(total, out, narrow=not final)  # the final file keeps int64
         summary = {
             "path": str(out),
             "counts_file": path.name,

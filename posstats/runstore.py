@@ -269,10 +269,10 @@ class RunStore:
         """Persist a shard's partial counts, then its completion marker; return the marker.
 
         ``shard`` is a :class:`posstats.shards.Shard`. The counts are stored sparse when
-        that is smaller (see :func:`compact_counts`).
+        that is smaller (see :func:`compact_counts`), dense ones as int32 when they fit.
         """
         directory = self.partial_dir(shard.shard_id)
-        path = save_counts(compact_counts(counts), directory)
+        path = save_counts(compact_counts(counts), directory, narrow=True)
         marker = {
             "shard": shard.to_dict(),
             "counts_file": path.name,

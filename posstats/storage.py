@@ -98,11 +98,22 @@ def _from_metadata(meta: dict[str, str], matrix, source: Path) -> PositionalCoun
     )
 
 
-def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /) -> Path:
+def _int32_if_fits(matrix: np.ndarray, /) -> np.ndarray:
+    """``matrix`` as int32 when every entry fits, else as int64 (C-contiguous)."""
+    info = np.iinfo(np.int32)
+    if matrix.size and info.min <= int(matrix.min()) and int(matrix.max()) <= info.max:
+        return matrix.astype(np.int32, order="C")
+    return np.ascontiguousarray(matrix, dtype=np.int64)
+
+
+def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /, *, narrow: bool = False) -> Path:
     """Write ``counts`` into ``directory`` (created if needed); return the file written.
 
     Dense counts -> ``counts.safetensors``; sparse -> ``counts.parquet``. A file of the
     other kind left from an earlier run is removed after the new one is in place.
+    ``narrow=True`` stores dense counts as int32 when every count fits (a shard of fewer
+    than 2**31 tokens always does): half the bytes to write and read back, which is most
+    of a counting worker's per-shard overhead. :func:`load_counts` returns int64 either way.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -124,7 +135,8 @@ def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /) -> Pa
 
         target, stale = directory / DENSE_FILE, directory / SPARSE_FILE
         with atomic_path(target) as tmp:
-            save_file({"counts": np.ascontiguousarray(counts.matrix, dtype=np.int64)}, str(tmp), metadata=meta)
+            matrix = _int32_if_fits(counts.matrix) if narrow else np.ascontiguousarray(counts.matrix, dtype=np.int64)
+            save_file({"counts": matrix}, str(tmp), metadata=meta)
     stale.unlink(missing_ok=True)
     return target
 

@@ -180,6 +180,26 @@ def test_storage_round_trip(tmp_path, sparse):
     assert not list((tmp_path / "run").glob(".*tmp"))
 
 
+@pytest.mark.parametrize(("big", "stored"), [(2**31 - 1, "I32"), (-(2**31), "I32"), (2**31, "I64"), (-(2**31) - 1, "I64")])
+def test_narrow_storage_is_int32_only_when_every_count_fits(tmp_path, big, stored):
+    import json
+    import struct
+
+    c = count_sequences([[1, 2, 3], [3, 3]], positions=3, vocab_size=6)
+    m = c.matrix.copy()
+    m[2, 5] = big
+    def dtype_of(path):
+        raw = path.read_bytes()
+        return json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])["counts"]["dtype"]
+
+    c = PositionalCounts(c.spec, m, c.sequences, c.windows, c.tokens, "beef", {})
+    path = save_counts(c, tmp_path / "n", narrow=True)
+    assert dtype_of(path) == stored
+    back = load_counts(path)
+    assert back.matrix.dtype == np.int64 and back.equals(c)
+    assert dtype_of(save_counts(c, tmp_path / "w")) == "I64"  # the default keeps int64
+
+
 def test_load_rejects_garbage(tmp_path):
     (tmp_path / "counts.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(InputError, match="counts.safetensors: not a readable"):

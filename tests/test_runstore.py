@@ -82,7 +82,7 @@ def test_partial_then_marker(tmp_path):
 def test_failed_write_leaves_no_marker(tmp_path, monkeypatch):
     import posstats.runstore as runstore
 
-    def broken(counts, directory):
+    def broken(counts, directory, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(runstore, "save_counts", broken)
@@ -99,8 +99,8 @@ def test_writer_killed_mid_partial_leaves_no_marker(tmp_path):
         import time, posstats.runstore as rs
         from tests.test_runstore import random_counts, shard
         real = rs.save_counts
-        def slow(counts, directory):
-            path = real(counts, directory)
+        def slow(counts, directory, **kwargs):
+            path = real(counts, directory, **kwargs)
             print("saved", flush=True)
             time.sleep(60)
             return path
