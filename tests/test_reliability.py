@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mounts import mounted
 from safetensors import safe_open
 
 from posstats.corpus import CorpusSource, count_corpus
@@ -402,29 +403,6 @@ def assert_nothing_lost(root: Path, before: dict[str, str], latest: dict | None)
     changed = [k for k, v in before.items() if not k.startswith("work/") and after.get(k) != v]
     assert changed == [], f"stored files lost or changed: {changed}"
     assert Store(str(root)).latest() == latest
-
-
-@contextlib.contextmanager
-def mounted(kind: str, target: Path, *, size: str = "", source: Path | None = None):
-    """A size-limited tmpfs, or a read-only bind mount of ``source``; skips when mounting is impossible."""
-    target.mkdir(parents=True, exist_ok=True)
-    if kind == "tmpfs":
-        cmds = [["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)]]
-    else:
-        cmds = [["mount", "--bind", str(source), str(target)], ["mount", "-o", "remount,bind,ro", str(target)]]
-    done = 0
-    try:
-        for cmd in cmds:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                pytest.skip(f"cannot {' '.join(cmd[:3])} here (needs root and mount rights): {r.stderr.strip()}")
-            done += 1
-        yield target
-    finally:
-        if done:
-            r = subprocess.run(["umount", str(target)], capture_output=True, text=True)
-            if r.returncode != 0:
-                subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
 def one_line_error(capsys, rc: int) -> str:
