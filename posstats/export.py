@@ -63,6 +63,7 @@ import numpy as np
 
 from posstats import __version__
 from posstats.errors import InputError, PosstatsError
+from posstats.outputs import published_dir
 
 __all__ = [
     "EXPORT_SCHEMA",
@@ -98,12 +99,14 @@ class RunData:
     """What a run folder holds, loaded.
 
     Attributes:
-        directory: the run folder.
+        directory: the run folder, as given.
         report: ``report.json``.
         positions: (m,) int64 used positions (``mds.safetensors`` ``positions``).
         eigenvalues: (k,) float64 MDS eigenvalues, descending.
         encoding: (m, k) float64 MDS coordinates of the used positions.
         mds_metadata: the string metadata of ``mds.safetensors``.
+        files: the folder the files were read from: the run folder's current published
+            version (:func:`posstats.outputs.published_dir`); None means ``directory``.
     """
 
     directory: Path
@@ -112,6 +115,12 @@ class RunData:
     eigenvalues: np.ndarray
     encoding: np.ndarray
     mds_metadata: dict[str, str] = field(default_factory=dict)
+    files: Path | None = None
+
+    @property
+    def folder(self) -> Path:
+        """Where the run's files are (``files``, else ``directory``)."""
+        return self.files if self.files is not None else self.directory
 
     @property
     def run_id(self) -> str:
@@ -119,7 +128,7 @@ class RunData:
         rid = self.report.get("run_id")
         if rid:
             return str(rid)
-        return hashlib.sha256((self.directory / "report.json").read_bytes()).hexdigest()[:16]
+        return hashlib.sha256((self.folder / "report.json").read_bytes()).hexdigest()[:16]
 
     def counts_path(self) -> Path:
         """The counts of this run: those in the run folder, else ``report.json`` ``inputs.counts``."""
@@ -128,7 +137,7 @@ class RunData:
         recorded = (self.report.get("inputs") or {}).get("counts")
         # The folder itself first: while a run is being staged, inputs.counts already names
         # the final folder, which may still hold an older run's counts.
-        candidates = [self.directory] + ([Path(recorded)] if recorded else [])
+        candidates = [self.folder] + ([Path(recorded)] if recorded else [])
         for c in candidates:
             try:
                 return counts_file(c)
@@ -151,7 +160,8 @@ def load_run(run_dir: str | os.PathLike, /) -> RunData:
     if not d.is_dir():
         msg = f"{d}: no such run folder"
         raise InputError(msg)
-    report_path, mds_path = d / "report.json", d / "mds.safetensors"
+    files = published_dir(d)
+    report_path, mds_path = files / "report.json", files / "mds.safetensors"
     for p in (report_path, mds_path):
         if not p.is_file():
             msg = f"{d}: no {p.name} in this folder (run 'posstats run' or 'posstats analyze' first)"
@@ -173,7 +183,7 @@ def load_run(run_dir: str | os.PathLike, /) -> RunData:
     if encoding.ndim != 2 or encoding.shape[0] != positions.shape[0]:
         msg = f"{mds_path}: encoding shape {encoding.shape} does not match {positions.shape[0]} positions"
         raise InputError(msg)
-    return RunData(d, report, positions, tensors["eigenvalues"].astype(np.float64).reshape(-1), encoding, meta)
+    return RunData(d, report, positions, tensors["eigenvalues"].astype(np.float64).reshape(-1), encoding, meta, files)
 
 
 def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:

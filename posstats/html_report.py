@@ -190,8 +190,9 @@ def write_html_report(
     max_positions: int = 2048,
     max_heatmap: int = 512,
     name: str | None = None,
+    out: str | os.PathLike | None = None,
 ) -> Path:
-    """Write ``report.html``, ``figures/*.png`` and ``summary.md`` into a run folder.
+    """Write ``report.html``, ``figures/*.png`` and ``summary.md`` for a run folder.
 
     Args:
         run_dir: a folder written by ``posstats run`` or ``posstats analyze``.
@@ -201,6 +202,8 @@ def write_html_report(
         max_heatmap: the heatmap shows at most this many positions per side.
         name: the run's name in the title (default: the folder's name; a command that
             writes into a staging folder passes the destination's name).
+        out: the folder to write into (default: where ``run_dir``'s files are; a
+            published run folder is rewritten through :func:`posstats.outputs.staged_output`).
 
     Returns:
         The path of ``report.html``.
@@ -254,7 +257,8 @@ def write_html_report(
     if entries:
         plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))
 
-    figdir = run.directory / FIGURES_DIR
+    target = Path(out) if out is not None else run.folder
+    figdir = target / FIGURES_DIR
     images: dict[str, bytes] = {}
     for p in plots:
         data = png_bytes(p)
@@ -301,12 +305,12 @@ def write_html_report(
     parts.append(f'<p class="meta">Written in {time.perf_counter() - t0:.1f} s. PNG files: {FIGURES_DIR}/.</p></body></html>')
 
     md = _summary_markdown(report, trade_rows, plots, title=title, run_id=run.run_id, n=m, width=d_model)
-    with atomic_path(run.directory / SUMMARY_FILE) as tmp:
+    with atomic_path(target / SUMMARY_FILE) as tmp:
         tmp.write_text(md)
-    out = run.directory / HTML_FILE
-    with atomic_path(out) as tmp:
+    html = target / HTML_FILE
+    with atomic_path(html) as tmp:
         tmp.write_text("\n".join(parts) + "\n", encoding="utf-8")
-    return out
+    return html
 
 
 def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots: Sequence[Any], *, title: str, run_id: str, n: int, width: int) -> str:

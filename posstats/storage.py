@@ -26,10 +26,13 @@ import scipy.sparse as sp
 
 from posstats.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
+from posstats.outputs import apply_umask, published_dir
 
 __all__ = [
+    "COUNTS_FILES",
     "COUNTS_SCHEMA",
     "atomic_path",
+    "counts_file",
     "load_counts",
     "save_counts",
     "write_json_atomic",
@@ -38,13 +41,18 @@ __all__ = [
 COUNTS_SCHEMA = "posstats.counts/1"
 DENSE_FILE = "counts.safetensors"
 SPARSE_FILE = "counts.parquet"
+COUNTS_FILES = (DENSE_FILE, SPARSE_FILE)
+# Completion markers that name the counts file of their folder: a counts folder's
+# count.json, a run-store partial's done.json.
+MARKERS = ("count.json", "done.json")
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, /) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success move it onto ``path``.
 
-    On an exception the temporary file is removed and ``path`` is left untouched.
+    On an exception the temporary file is removed and ``path`` is left untouched. The file
+    gets the mode a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +61,7 @@ def atomic_path(path: str | os.PathLike, /) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        apply_umask(tmp_path)  # after the writer: some (safetensors) recreate the file
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
@@ -79,6 +88,24 @@ def _metadata(counts: PositionalCounts) -> dict[str, str]:
     return meta
 
 
+def _check_nonnegative(matrix, source: Path) -> None:
+    """Counts are never negative: a negative cell means a corrupt or hand-edited file."""
+    values = matrix.data if sp.issparse(matrix) else matrix
+    if values.size == 0 or int(values.min()) >= 0:
+        return
+    if sp.issparse(matrix):
+        coo = matrix.tocoo()
+        bad = np.flatnonzero(coo.data < 0)
+        where, value = (int(coo.row[bad[0]]), int(coo.col[bad[0]])), int(coo.data[bad[0]])
+    else:
+        bad = np.flatnonzero(np.asarray(matrix).reshape(-1) < 0)
+        where = tuple(int(x) for x in np.unravel_index(bad[0], matrix.shape))
+        value = int(matrix[where])
+    msg = (f"{source}: {len(bad):,} negative count(s), first C[{where[0]}, {where[1]}] = {value}; "
+           "counts are never negative (a corrupt or edited file): count again")
+    raise InputError(msg)
+
+
 def _from_metadata(meta: dict[str, str], matrix, source: Path) -> PositionalCounts:
     if meta.get("schema") != COUNTS_SCHEMA:
         msg = f"{source}: not a posstats counts file (schema {meta.get('schema')!r}, expected {COUNTS_SCHEMA!r})"
@@ -87,6 +114,7 @@ def _from_metadata(meta: dict[str, str], matrix, source: Path) -> PositionalCoun
     if tuple(matrix.shape) != (spec.positions, spec.vocab_size):
         msg = f"{source}: counts shape {tuple(matrix.shape)} does not match its metadata ({spec.positions}, {spec.vocab_size})"
         raise InputError(msg)
+    _check_nonnegative(matrix, source)
     return PositionalCounts(
         spec=spec,
         matrix=matrix,
@@ -142,18 +170,54 @@ def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /, *, na
 
 
 def counts_file(path: str | os.PathLike, /) -> Path:
-    """The counts file for ``path``: the file itself, or the one inside a directory."""
+    """The counts file for ``path``: the file itself, or the one a folder holds.
+
+    For a folder, the file its completion marker (``count.json`` or a run-store
+    partial's ``done.json``) names under ``counts_file``, read from the folder's current
+    published version (:func:`posstats.outputs.published_dir`). Without a marker the one
+    counts file present; both kinds present and no marker to choose is an error, never a
+    silent pick.
+    """
     path = Path(path)
     if path.is_dir():
-        for name in (DENSE_FILE, SPARSE_FILE):
-            if (path / name).is_file():
-                return path / name
+        folder = published_dir(path)
+        for marker in MARKERS:
+            named = _named_counts_file(folder / marker)
+            if named is not None:
+                if not (folder / named).is_file():
+                    msg = f"{folder / marker}: names {named}, which is not in {path}; the folder is damaged, count again"
+                    raise InputError(msg)
+                return folder / named
+        present = [folder / name for name in COUNTS_FILES if (folder / name).is_file()]
+        if len(present) == 1:
+            return present[0]
+        if present:
+            msg = f"{path}: holds both {DENSE_FILE} and {SPARSE_FILE} and no count.json names one; delete the stale one or count again"
+            raise InputError(msg)
         msg = f"{path}: no {DENSE_FILE} or {SPARSE_FILE} in this folder (run 'posstats count' first)"
         raise InputError(msg)
     if not path.exists():
         msg = f"{path}: no such file or folder"
         raise InputError(msg)
     return path
+
+
+def _named_counts_file(marker: Path) -> str | None:
+    """The ``counts_file`` a marker names (a plain file name), or None without one."""
+    try:
+        record = json.loads(marker.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        msg = f"{marker}: unreadable completion marker ({exc})"
+        raise InputError(msg) from exc
+    name = record.get("counts_file") if isinstance(record, dict) else None
+    if name is None:
+        return None
+    if name not in COUNTS_FILES:
+        msg = f"{marker}: counts_file {name!r} is not one of {', '.join(COUNTS_FILES)}"
+        raise InputError(msg)
+    return name
 
 
 def load_counts(path: str | os.PathLike, /) -> PositionalCounts:

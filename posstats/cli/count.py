@@ -117,10 +117,10 @@ def _check_ray_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from posstats.outputs import staged_output
-    from posstats.storage import write_json_atomic
+    from posstats.storage import COUNTS_FILES, write_json_atomic
 
     _check_ray_args(args)
-    with staged_output(args.out, last=("count.json",)) as stage:
+    with staged_output(args.out, last=("count.json",), replaces=COUNTS_FILES) as stage:
         if getattr(args, "ray", False):
             from jobs.count import count_to as ray_count_to  # imports ray lazily
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "write report.html (self-contained), figures/*.png and summary.md for a run folder"
 DESCRIPTION = """\
@@ -40,6 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_positions < 2:
         msg = f"--max-positions must be >= 2; got {args.max_positions}"
         raise PosstatsError(msg)
-    path = write_html_report(args.run_dir, width=args.width, max_positions=args.max_positions)
-    print(f"report: {path}\nfigures: {path.parent / 'figures'}\nsummary: {path.parent / SUMMARY_FILE}")
+    from posstats.export import load_run
+    from posstats.html_report import FIGURES_DIR, HTML_FILE
+    from posstats.outputs import staged_output
+
+    load_run(args.run_dir)  # a missing or foreign folder fails before anything is staged in it
+    with staged_output(args.run_dir) as stage:
+        write_html_report(args.run_dir, width=args.width, max_positions=args.max_positions,
+                          name=Path(args.run_dir).resolve().name, out=stage)
+    run_dir = Path(args.run_dir)
+    print(f"report: {run_dir / HTML_FILE}\nfigures: {run_dir / FIGURES_DIR}\nsummary: {run_dir / SUMMARY_FILE}")
     return 0
