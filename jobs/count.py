@@ -49,6 +49,7 @@ import numpy as np
 from posstats.corpus import CorpusSource
 from posstats.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.errors import InputError, PosstatsError
+from posstats.ids import validate_run_id
 from posstats.runstore import RunStore, config_key
 from posstats.storage import write_json_atomic
 from posstats.shards import DEFAULT_SHARD_BYTES, Shard, plan_shards
@@ -104,6 +105,10 @@ class JobOptions:
     out: str | None = None
     shard_delay: float = 0.0
     shuffle_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.run_id is not None:
+            validate_run_id(self.run_id)  # it names files and folders in the store
 
 
 def _log(message: str) -> None:
@@ -190,14 +195,19 @@ class CountWorker:
 
     def reduce(self, items: list[tuple[str, int]], out: str, final: bool, final_dense: bool) -> dict[str, Any]:
         """Signed sum of saved counts into ``out``; intermediate sums are stored compactly,
-        the final one dense exactly when ``final_dense``."""
+        the final one dense exactly when ``final_dense``. When partials do not match their
+        markers nothing is saved and ``{"corrupt": [{"path", "error"}, ...]}`` is returned."""
         from posstats.runstore import compact_counts, sum_partials
         from posstats.storage import save_counts
 
         n, V = self.spec.positions, self.spec.vocab_size
         dense = n * V * 8 <= self.dense_budget
         t = time.perf_counter()
-        total = sum_partials([(p, int(sign)) for p, sign in items], self.spec, dense=dense, metadata=self.metadata)
+        corrupt: list = []
+        total = sum_partials([(p, int(sign)) for p, sign in items], self.spec, dense=dense, metadata=self.metadata,
+                             corrupt=corrupt)
+        if corrupt:
+            return {"corrupt": [{"path": exc.path, "error": str(exc), "detail": exc.detail} for exc in corrupt]}
         if final:
             total = total.to_dense() if final_dense else total.to_sparse()
         else:
@@ -382,7 +392,10 @@ class _Engine:
     # -- reducing ------------------------------------------------------------------
 
     def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path, final_dense: bool) -> dict:
-        """Tree reduce: sums of ``fan_in`` items at a time, level by level, on the actors."""
+        """Tree reduce: sums of ``fan_in`` items at a time, level by level, on the actors.
+
+        Returns the final sum's summary, or ``{"corrupt": [...]}`` (every corrupt partial
+        found on the first level that found one; see :meth:`CountWorker.reduce`)."""
         import ray
 
         fan_in = max(2, int(self.opts.fan_in))
@@ -393,7 +406,11 @@ class _Engine:
                 self.actors[j % len(self.actors)].reduce.remote(g, str(scratch / f"L{level}-{j:05d}"), False, False)
                 for j, g in enumerate(groups)
             ]
-            items = [(out["path"], 1) for out in ray.get(refs)]
+            outs = ray.get(refs)
+            corrupt = [c for out in outs for c in out.get("corrupt", ())]
+            if corrupt:
+                return {"corrupt": corrupt}
+            items = [(out["path"], 1) for out in outs]
             level += 1
         summary = ray.get(self.actors[0].reduce.remote(items, str(final_dir), True, final_dense))
         summary["levels"] = level + 1
@@ -462,6 +479,7 @@ def _run(
     config = store_config(source, spec, metadata)
     files = source.files()
     run_id = opts.run_id or (default_run_id(files, config) if command == "count" else "refresh-" + default_run_id(files, config)[4:])
+    validate_run_id(run_id)
     with store.lock(run_id=run_id, command=command):
         bound = store.bind(config)
         if tokenizer_path and bound.get("tokenizer_path") != tokenizer_path:
@@ -551,18 +569,34 @@ def _run(
                 good = [sid for sid in planned if sid not in bad_ids]
                 result_dir = store.new_result_dir(run_id)
                 old_result = store.result_file(previous) if previous else None
-                removable = all(store.is_done(sid) for sid in removed)
                 good_added = [sid for sid in added if sid not in bad_ids]
-                if incremental and old_result is not None and removable:
-                    items = [(str(old_result.parent), 1)]
-                    items += [(str(store.partial_dir(sid)), 1) for sid in good_added]
-                    items += [(str(store.partial_dir(sid)), -1) for sid in removed]
-                    mode = "incremental"
-                else:
-                    items = [(str(store.partial_dir(sid)), 1) for sid in good]
-                    mode = "full"
                 t_reduce = time.perf_counter()
-                reduced = engine.reduce(items, scratch=store.reduce_dir(run_id), final_dir=result_dir, final_dense=final_dense)
+                for attempt in range(2):
+                    removable = all(store.is_done(sid) for sid in removed)
+                    if incremental and old_result is not None and removable:
+                        items = [(str(old_result.parent), 1)]
+                        items += [(str(store.partial_dir(sid)), 1) for sid in good_added]
+                        items += [(str(store.partial_dir(sid)), -1) for sid in removed]
+                        mode = "incremental"
+                    else:
+                        items = [(str(store.partial_dir(sid)), 1) for sid in good]
+                        mode = "full"
+                    reduced = engine.reduce(items, scratch=store.reduce_dir(run_id), final_dir=result_dir,
+                                            final_dense=final_dense)
+                    if "corrupt" not in reduced:
+                        break
+                    recount = _drop_corrupt(store, reduced["corrupt"], by_id, removed, last=attempt == 1)
+                    if recount:
+                        with _progress(len(recount), opts.show_progress) as bar:
+                            more, more_bad = engine.count(recount, bar=bar)
+                        results.update(more)
+                        if more_bad:
+                            record["bad_shards"] = bad = bad + more_bad
+                            if not opts.skip_bad_shards:
+                                raise InputError(more_bad[0]["error"])
+                            bad_ids |= {b["shard_id"] for b in more_bad}
+                            good = [sid for sid in good if sid not in bad_ids]
+                            good_added = [sid for sid in good_added if sid not in bad_ids]
                 reduce_s = time.perf_counter() - t_reduce
                 workers, startup_s, actors_s = engine.workers, engine.startup_s, engine.actors_s
         except BaseException as exc:
@@ -619,6 +653,33 @@ def _run(
             engine=engine_info, seconds=time.perf_counter() - t_start, run_id=run_id, store=store, added=added,
             removed=removed, changes=changes, mode=mode,
         )
+
+
+def _drop_corrupt(store: RunStore, corrupt: list[dict], by_id: dict[str, Shard], removed: list[str], *,
+                  last: bool) -> list[Shard]:
+    """Delete partials that failed their integrity check (see :mod:`posstats.runstore`) and
+    return the shards to count again; a corrupt partial of a removed shard is only deleted
+    (the reduce then sums the remaining partials in full).
+
+    Raises:
+        PosstatsError: on the last attempt, or for corrupt counts that are no shard's
+            partial (a reduce intermediate or the previous result).
+    """
+    shard_of = {str(store.partial_dir(sid)): sid for sid in [*by_id, *removed]}
+    unknown = [c for c in corrupt if c["path"] not in shard_of]
+    if last or unknown:
+        more = f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else ""
+        raise PosstatsError(f"{(unknown or corrupt)[0]['error']}{more}")
+    recount = []
+    for c in corrupt:
+        sid = shard_of[c["path"]]
+        store.remove_partial(sid)
+        if sid in by_id:
+            recount.append(by_id[sid])
+            _log(f"{c['detail']}: deleted it, counting that shard again")
+        else:
+            _log(f"{c['detail']}: deleted it (its shard left the corpus), summing the remaining partials in full")
+    return recount
 
 
 def _stamp() -> str:
@@ -710,15 +771,14 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
     spec = CountSpec.from_metadata(cfg["spec"])
     metadata = dict(cfg.get("metadata", {}))
     tok_path = tokenizer or stored.get("tokenizer_path")
-    if cfg.get("column") is None:
-        if not tok_path:
-            msg = f"{store}: counts text; pass --tokenizer (the tokenizer.json it was counted with)"
-            raise PosstatsError(msg)
-        from posstats.tokenizer import tokenizer_hash
+    if cfg.get("column") is None and not tok_path:
+        msg = f"{store}: counts text; pass --tokenizer (the tokenizer.json it was counted with)"
+        raise PosstatsError(msg)
+    if tok_path:
+        from posstats.tokenizer import check_tokenizer
 
-        if tokenizer_hash(tok_path) != cfg.get("tokenizer_hash"):
-            msg = f"{tok_path}: not the tokenizer this store was counted with (hash {cfg.get('tokenizer_hash')})"
-            raise PosstatsError(msg)
+        recorded = {"tokenizer_hash": cfg.get("tokenizer_hash"), "tokenizer": metadata.get("tokenizer")}
+        check_tokenizer(recorded, tok_path, counts=f"run store {store}")
     patterns = [os.path.abspath(p) for p in (inputs or manifest["inputs"])]
     source = CorpusSource(
         inputs=tuple(patterns),
@@ -736,6 +796,8 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
 
 def options_from_args(args: argparse.Namespace, *, default_store: str | None) -> JobOptions:
     """JobOptions from the ``--ray`` flags (see :func:`posstats.cli.count.add_ray_args`)."""
+    if args.run_id is not None:
+        validate_run_id(args.run_id)
     store = args.store or default_store
     if store is None:
         raise PosstatsError("give --store DIR")
@@ -762,9 +824,9 @@ def count_to(args: argparse.Namespace, stage: Path) -> tuple[None, dict[str, Any
     Returns (None, summary): the counts stay on disk, never in the driver's memory."""
     from posstats.cli._common import count_inputs
 
+    opts = options_from_args(args, default_store=os.path.join(args.out, "store"))  # checks --run-id first
     source, spec, metadata = count_inputs(args)
     files = source.files()
-    opts = options_from_args(args, default_store=os.path.join(args.out, "store"))
     config = {
         "command": "count",
         "inputs": files,
@@ -787,6 +849,8 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
     """``posstats refresh``: update the store, print what changed, write OUT if known."""
     from posstats.outputs import staged_output
 
+    if args.run_id is not None:
+        validate_run_id(args.run_id)  # before reading the store
     if args.memory_budget is None:
         manifest = RunStore(os.path.abspath(args.store)).manifest() or {}
         args.memory_budget = manifest.get("dense_budget", 4 * 2**30) / 2**30

@@ -101,6 +101,10 @@ class AnalysisConfig:
             if int(d) != d or d < 1:
                 msg = f"dimensions must be positive integers, got {d!r}"
                 raise PosstatsError(msg)
+        from posstats.memory import encoding_probe_bytes, require_memory
+
+        need, what, hint = encoding_probe_bytes(self.dims)
+        require_memory(need, what=what, hint=hint, command="analyze")
         if not self.encodings:
             raise PosstatsError("give at least one encoding (--encodings)")
         # Build every (encoding, width) on two positions so that unknown names, odd widths
@@ -309,6 +313,11 @@ def analyze(
             "the geometry needs two or more (count more text, or lower --min-occupancy)"
         )
         raise InputError(msg)
+    from posstats.memory import analysis_bytes, require_memory
+
+    need, what, hint = analysis_bytes(len(index), geo.vocab_size, dims=config.dims, encodings=len(config.encodings),
+                                      exact=len(index) <= config.exact_limit, dense_counts=not geo.is_sparse)
+    require_memory(need, what=what, hint=hint, command="analyze")
     # All rows of a sparse matrix: no copy (a fancy index would copy every stored entry).
     rows = geo.matrix if geo.is_sparse and len(index) == geo.positions else geo.rows(index)
     occupancy = geo.occupancy()[index]

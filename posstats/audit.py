@@ -205,11 +205,33 @@ def find_attention_layers(ckpt: Checkpoint, /) -> list[AttentionLayer]:
     return sorted(layers, key=lambda a: a.layer)
 
 
+def _check_finite(values: np.ndarray, where: str, *, first_row: np.ndarray | None = None) -> None:
+    """Raise InputError naming the first NaN / infinite entry of a 2-D tensor (row, column, value)."""
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    r, c = (int(x) for x in np.argwhere(bad)[0])
+    row = int(first_row[r]) if first_row is not None else r
+    count, total = int(bad.sum()), int(values.size)
+    share = f"all {total:,} values" if count == total else f"{count:,} of {total:,} values"
+    if first_row is not None:
+        share += f" of the {values.shape[0]:,} rows audited"
+    msg = (f"{where}: {share} are NaN or infinite (first: row {row}, column {c} = {values[r, c]}); "
+           "a damaged or diverged checkpoint cannot be audited")
+    raise InputError(msg)
+
+
 def _qk(ckpt: Checkpoint, layer: AttentionLayer) -> tuple[np.ndarray, np.ndarray]:
-    """W_Q, W_K in nn.Linear (out, in) form, float64."""
+    """W_Q, W_K in nn.Linear (out, in) form, float64; non-finite weights are refused."""
     if layer.kind == "bert":
-        return ckpt.get(layer.query).astype(np.float64), ckpt.get(layer.key).astype(np.float64)
+        wq, wk = ckpt.get(layer.query).astype(np.float64), ckpt.get(layer.key).astype(np.float64)
+        for name, w in ((layer.query, wq), (layer.key, wk)):
+            if w.ndim == 2:
+                _check_finite(w, f"{ckpt.path}: {name}")
+        return wq, wk
     w = ckpt.get(layer.query).astype(np.float64)  # Conv1D: (in, 3 * out), x @ w
+    if w.ndim == 2:
+        _check_finite(w, f"{ckpt.path}: {layer.query}")
     if w.ndim != 2 or w.shape[1] % 3:
         msg = f"{ckpt.path}: {layer.query} has shape {w.shape}, expected (in, 3 * out)"
         raise InputError(msg)
@@ -406,6 +428,7 @@ def audit_checkpoint(
 
     distances = np.sqrt(np.asarray(hellinger_sq(sparse_rows(counts_obj.rows(positions))), dtype=np.float64))
     rows = table[positions + offset]
+    _check_finite(rows, f"{checkpoint}: position table {name!r}", first_row=positions + offset)
     result_encoding = _scores(rows, distances, positions, seed=seed, exact_limit=exact_limit)
 
     references = []

@@ -22,6 +22,8 @@ from posstats.errors import InputError
 from posstats.tokens import TokenBatch
 
 __all__ = [
+    "MAX_POSITIONS",
+    "MAX_VOCAB_SIZE",
     "MODES",
     "CountAccumulator",
     "CountSpec",
@@ -33,6 +35,11 @@ __all__ = [
 MODES = ("truncate", "chunk", "pack")
 DEFAULT_DENSE_BUDGET = 4 * 2**30  # bytes of int64 counts kept dense (n * V * 8)
 _SPARSE_FLUSH = 1 << 24  # buffered keys before a sparse accumulator compacts
+# Sparse counts files store positions and token ids as int32 (posstats.storage), so the
+# largest position n - 1 and the largest id V - 1 must be at most 2**31 - 1. Within these
+# limits the kernel's int64 keys position * V + token stay below n * V <= 2**62.
+MAX_POSITIONS = 2**31
+MAX_VOCAB_SIZE = 2**31
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,20 @@ class CountSpec:
         if self.positions < 1:
             msg = f"the number of positions must be >= 1, got {self.positions}"
             raise InputError(msg)
+        if self.positions > MAX_POSITIONS:
+            msg = (
+                f"--positions {self.positions:,} is too large: positions are stored as int32, so the number of "
+                f"positions may be at most {MAX_POSITIONS:,} (2**31)"
+            )
+            raise InputError(msg)
         if self.vocab_size < 1:
             msg = f"the vocabulary size must be >= 1, got {self.vocab_size}"
+            raise InputError(msg)
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            msg = (
+                f"--vocab-size {self.vocab_size:,} is too large: token ids are stored as int32 (at most "
+                f"{MAX_VOCAB_SIZE - 1:,}), so the vocabulary size may be at most {MAX_VOCAB_SIZE:,} (2**31)"
+            )
             raise InputError(msg)
         if self.mode not in MODES:
             msg = f"unknown position mode {self.mode!r}; choose one of {', '.join(MODES)}"

@@ -14,7 +14,7 @@ Every batch carries ``source`` (the file or folder read) and ``first_row``, so e
 name the file and the row. Rows are numbered from 0 in the order the format defines them:
 Parquet/Arrow/HF/CSV data rows (header excluded), JSONL records (blank lines skipped),
 text non-blank lines. Messages about JSONL and text files also give the 1-based *line*
-number, which is what an editor shows.
+number, which is what an editor shows; so do those about CSV cells that are not UTF-8.
 
 No Python work is done per token: list columns are converted by reinterpreting Arrow's
 values/offsets buffers, CSV id strings are split and parsed by Arrow compute kernels,
@@ -413,10 +413,47 @@ def _read_columnar(path: str, spec: _Spec) -> Iterator[TokenBatch]:
 
 
 def _open_text(path: str) -> io.TextIOBase:
+    """``path`` as text, UTF-8, bad bytes kept as lone surrogates (see :func:`checked_lines`).
+
+    Strict decoding would fail on the whole decoded chunk (8 KiB and more), before the
+    lines in front of the bad byte are even seen, so its line number would be wrong; the
+    lines are split exactly as before (universal newlines), and each one is checked.
+    """
     opener = _OPENERS.get(os.path.splitext(path)[1].lower())
     if opener is None:
-        return open(path, encoding="utf-8")  # noqa: SIM115 - closed by the caller's with
-    return opener(path, "rt", encoding="utf-8")
+        return open(path, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 - closed by the caller's with
+    return opener(path, "rt", encoding="utf-8", errors="surrogateescape")
+
+
+def utf8_problem(line: str, /, *, what: str = "line") -> str | None:
+    """Why ``line`` (decoded with ``errors="surrogateescape"``) is not UTF-8, or None when it is.
+
+    >>> utf8_problem(b"ok \\xff".decode("utf-8", "surrogateescape"))
+    'invalid start byte 0xff at byte 4 of the line'
+    """
+    if line.isascii():
+        return None
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = line.encode("utf-8", "surrogateescape")
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"{exc.reason} 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the {what}"
+        return "undecodable bytes"  # pragma: no cover - surrogates always come from bad bytes
+    return None
+
+
+def checked_lines(lines: Iterable[tuple[int, str]], path: str) -> Iterator[tuple[int, str]]:
+    """Pass ``(line number, line)`` pairs through, raising InputError at the first line that
+    is not UTF-8, with its own line number."""
+    for lineno, line in lines:
+        problem = utf8_problem(line)
+        if problem is not None:
+            msg = f"{path}: line {lineno}: not UTF-8 text ({problem})"
+            raise InputError(msg)
+        yield lineno, line
 
 
 def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
@@ -424,11 +461,8 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
     with _open_text(path) as f:
         lineno = 0
         try:
-            for lineno, line in enumerate(f, 1):  # noqa: B007 - lineno is used after the loop
+            for lineno, line in checked_lines(enumerate(f, 1), path):  # noqa: B007 - lineno is used after the loop
                 yield lineno, line
-        except UnicodeDecodeError as exc:
-            msg = f"{path}: line {lineno + 1}: not UTF-8 text ({exc.reason})"
-            raise InputError(msg) from exc
         except (OSError, EOFError, lzma.LZMAError) as exc:
             msg = f"{path}: line {lineno + 1}: cannot read ({_one_line(exc)})"
             raise InputError(msg) from exc
@@ -554,15 +588,16 @@ def _read_csv(path: str, spec: _Spec) -> Iterator[TokenBatch]:
         if "include_columns" in str(exc):
             try:
                 names = pcsv.open_csv(path, parse_options=parse).schema.names
+            except UnicodeDecodeError as bad:  # a column name that is not UTF-8
+                raise _csv_error(path, bad, spec.name, delimiter) from exc
             except (pa.ArrowException, OSError):
                 names = []
             msg = f"{path}: no column {spec.name!r} (available: {', '.join(names) or 'none'})"
             raise InputError(msg) from exc
         if "Empty CSV file" in str(exc):
             return
-        msg = f"{path}: not a valid CSV file ({_one_line(exc)})"
-        raise InputError(msg) from exc
-    columns = (batch.column(spec.name) for batch in _guarded(iter(reader), path, "CSV"))
+        raise _csv_error(path, exc, spec.name, delimiter) from exc
+    columns = (batch.column(spec.name) for batch in _csv_guarded(iter(reader), path, spec.name, delimiter))
     if spec.column is None:
         yield from _arrow_batches(columns, path, spec)
         return
@@ -572,6 +607,61 @@ def _read_csv(path: str, spec: _Spec) -> Iterator[TokenBatch]:
             part = array.slice(start, spec.batch_size)
             yield _ids_from_strings(part, path, row, spec.column)
             row += len(part)
+
+
+def _csv_guarded(batches: Iterator[Any], path: str, name: str, delimiter: str) -> Iterator[Any]:
+    """Turn Arrow/OS errors raised while reading CSV batches into one-line InputErrors."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            raise _csv_error(path, exc, name, delimiter) from exc
+        yield batch
+
+
+def _csv_error(path: str, exc: BaseException, name: str, delimiter: str) -> InputError:
+    """The InputError for a CSV file Arrow cannot read; for bad UTF-8, where it is."""
+    text = str(exc).lower()
+    if "utf8" in text or "utf-8" in text:
+        where = _csv_utf8_location(path, name, delimiter)
+        if where is not None:
+            return InputError(f"{path}: {where}")
+    return InputError(f"{path}: not a valid CSV file ({_one_line(exc)})")
+
+
+def _csv_utf8_location(path: str, name: str, delimiter: str) -> str | None:
+    """``"line L: row R: column 'x' is not UTF-8 text (...)"`` for the first bad cell of
+    column ``name`` (or a bad header), re-reading the file with Python's csv module (the
+    error path only: Arrow says neither the row nor the line)."""
+    import csv
+
+    try:
+        with _open_text(path) as f:
+            reader = csv.reader(f, delimiter=delimiter, strict=False)
+            start, row, col = 1, -1, None
+            for record in reader:
+                if record:
+                    if col is None:  # the header
+                        bad = next((c for c in record if utf8_problem(c)), None)
+                        if bad is not None:
+                            return f"line {start}: header: not UTF-8 text ({utf8_problem(bad, what='column name')})"
+                        if name not in record:
+                            return None
+                        col = record.index(name)
+                    else:
+                        row += 1
+                        cell = record[col] if col < len(record) else ""
+                        problem = utf8_problem(cell, what="cell")
+                        if problem is not None:
+                            first_bad = next(i for i, ch in enumerate(cell) if "\udc80" <= ch <= "\udcff")
+                            line = start + sum(c.count("\n") for c in record[:col]) + cell[:first_bad].count("\n")
+                            return f"line {line}: row {row}: column {name!r} is not UTF-8 text ({problem})"
+                start = reader.line_num + 1
+    except (csv.Error, OSError, EOFError, lzma.LZMAError):
+        return None
+    return None
 
 
 def _ids_from_strings(array: pa.Array, path: str, first_row: int, name: str) -> TokenBatch:

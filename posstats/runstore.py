@@ -32,6 +32,23 @@ Rules that make runs exact and resumable:
   the right one to reuse.
 * Reductions read partials in sorted shard-id order; integer sums and the XOR of
   fingerprints do not depend on the order anyway.
+* Every name that becomes a path here (run ids, shard ids, result folder names, the
+  manifest's ``result``) passes :func:`posstats.ids.validate_id` first: nothing a user
+  types (``--run-id ../../x``) or a store file says can reach outside ``STORE``.
+
+Integrity of partials (:func:`load_partial`, used by :func:`sum_partials` for every item
+that is a marked partial): the marker records the totals of the partial and ``sha256``,
+the SHA-256 of its counts file, taken when :meth:`RunStore.write_partial` writes it. A
+partial read for a reduction must have that checksum (markers of older stores have none:
+then only the totals are checked) and a matrix whose sum equals both the marker's and the
+file's ``tokens``. Otherwise it is corrupt: :class:`CorruptPartialError`, one line naming
+the partial and the two totals. The Ray counting job (``jobs/count.py``) does not stop
+there: it logs the corrupt partial, deletes it (marker first) and counts that shard
+again, exactly like a shard that never got its marker, then reduces again (once; a
+partial still corrupt after its recount fails the run). A corrupt partial of a shard
+that left the corpus (a refresh subtracting it) is deleted and the total is summed from
+the remaining partials instead. Elsewhere (the noise floor from a store) the error tells
+the user to delete the partial and rerun.
 
 Lock rule (:meth:`RunStore.lock`): a run takes an exclusive ``flock`` on ``STORE/lock``
 for its whole duration and writes its pid, hostname, start time and run id into the file.
@@ -64,14 +81,18 @@ import scipy.sparse as sp
 from posstats.processes import pid_alive, process_start_ticks
 from posstats.counts import CountSpec, PositionalCounts, combine_fingerprints
 from posstats.errors import InputError, PosstatsError
+from posstats.ids import validate_id
 from posstats.storage import counts_file, load_counts, save_counts, write_json_atomic
 
 __all__ = [
     "STORE_SCHEMA",
+    "CorruptPartialError",
     "LockInfo",
     "RunStore",
     "compact_counts",
     "config_key",
+    "file_sha256",
+    "load_partial",
     "lock_is_stale",
     "sum_partials",
 ]
@@ -85,6 +106,17 @@ def config_key(config: dict[str, Any], /) -> str:
     """sha256 of the canonical JSON of a counting configuration (16 hex digits)."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_sha256(path: str | os.PathLike, /) -> str:
+    """SHA-256 (64 hex digits) of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
 
 
 def _now() -> str:
@@ -252,7 +284,7 @@ class RunStore:
     # -- partials --------------------------------------------------------------------
 
     def partial_dir(self, shard_id: str, /) -> Path:
-        return self.root / "partials" / shard_id
+        return self.root / "partials" / validate_id(shard_id, kind="shard id")
 
     def marker(self, shard_id: str, /) -> dict[str, Any] | None:
         """The completion marker of a shard, or None when it is not (completely) counted."""
@@ -270,12 +302,16 @@ class RunStore:
 
         ``shard`` is a :class:`posstats.shards.Shard`. The counts are stored sparse when
         that is smaller (see :func:`compact_counts`), dense ones as int32 when they fit.
+        The marker records the totals and the SHA-256 of the counts file (``sha256``),
+        checked by :func:`load_partial` when the partial is reduced.
         """
         directory = self.partial_dir(shard.shard_id)
         path = save_counts(compact_counts(counts), directory, narrow=True)
         marker = {
             "shard": shard.to_dict(),
             "counts_file": path.name,
+            # read back from the page cache just written (posstats.storage writes the file)
+            "sha256": file_sha256(path),
             "sequences": counts.sequences,
             "windows": counts.windows,
             "tokens": counts.tokens,
@@ -302,7 +338,7 @@ class RunStore:
     # -- runs, results, manifest -------------------------------------------------------
 
     def run_path(self, run_id: str, /) -> Path:
-        return self.root / "runs" / f"{run_id}.json"
+        return self.root / "runs" / f"{validate_id(run_id, kind='run id')}.json"
 
     def read_run(self, run_id: str, /) -> dict[str, Any] | None:
         return _read_json(self.run_path(run_id))
@@ -311,14 +347,16 @@ class RunStore:
         write_json_atomic(self.run_path(run_id), record)
 
     def reduce_dir(self, run_id: str, /) -> Path:
-        return self.root / "reduce" / run_id
+        return self.root / "reduce" / validate_id(run_id, kind="run id")
 
     def new_result_dir(self, run_id: str, /) -> Path:
-        """A fresh folder for a run's reduced total (never an existing one)."""
+        """A fresh folder ``results/<run id>-<UTC time>-<i>`` for a run's reduced total
+        (never an existing one); a long run id is cut so that the name stays valid."""
+        validate_id(run_id, kind="run id")
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
         base = self.root / "results"
         for i in range(1000):
-            path = base / f"{run_id}-{stamp}-{i}"
+            path = base / validate_id(f"{run_id[:100]}-{stamp}-{i}", kind="result name")
             if not path.exists():
                 return path
         msg = f"{base}: cannot pick a new result folder"
@@ -337,8 +375,14 @@ class RunStore:
         manifest = self.manifest() if manifest is None else manifest
         if not manifest or not manifest.get("result"):
             return None
+        result = str(manifest["result"])
+        parts = result.split("/")
+        if len(parts) != 2 or parts[0] != "results":
+            msg = f"{self.manifest_path}: result {result!r} is not a folder results/<name> of the store"
+            raise PosstatsError(msg)
+        validate_id(parts[1], kind="result name")
         try:
-            return counts_file(self.root / manifest["result"])
+            return counts_file(self.root / result)
         except InputError:
             return None
 
@@ -399,6 +443,63 @@ def compact_counts(counts: PositionalCounts, /) -> PositionalCounts:
     return counts
 
 
+class CorruptPartialError(PosstatsError):
+    """A marked partial whose counts file does not match its marker (see the module
+    docstring). ``path`` is the partial's folder as given, ``detail`` the message without
+    the advice to delete it."""
+
+    path: str = ""
+    detail: str = ""
+
+
+def _matrix_total(counts: PositionalCounts) -> int:
+    if counts.is_sparse:
+        return int(counts.matrix.data.sum(dtype=np.int64))
+    return int(np.asarray(counts.matrix).sum(dtype=np.int64))
+
+
+def load_partial(path: str | os.PathLike, /) -> PositionalCounts:
+    """Load saved counts; when ``path`` is a marked partial (its folder holds ``done.json``
+    naming this counts file), check it against the marker first.
+
+    The checks: the SHA-256 of the counts file equals the marker's ``sha256`` (skipped for
+    markers written before checksums existed), and the sum of the matrix equals both the
+    marker's and the file's ``tokens`` (``tokens = C.sum()``). Costs one extra read of the
+    file (about 0.1 s for 51 MB); other counts (reduce intermediates, results) load as
+    :func:`posstats.storage.load_counts` does.
+
+    Raises:
+        CorruptPartialError: ``"<folder>: corrupt partial: its counts sum to A tokens, its
+            marker records B (...); delete <folder> and rerun to count that shard again"``.
+        InputError: an unreadable counts file (as :func:`~posstats.storage.load_counts`).
+    """
+    folder = Path(path) if os.path.isdir(path) else Path(path).parent
+    file = counts_file(path)
+    marker = _read_json(folder / MARKER)
+    if not marker or marker.get("counts_file") != file.name:
+        return load_counts(file)
+    recorded = marker.get("sha256")
+    actual = file_sha256(file) if recorded else None
+    part = load_counts(file)
+    total = _matrix_total(part)
+    expected = marker.get("tokens")
+    problems = []
+    if recorded and actual != recorded:
+        problems.append(f"sha256 {actual[:16]}... of {file.name}, the marker records {str(recorded)[:16]}...")
+    if part.tokens != expected:
+        problems.append(f"its file says {part.tokens:,} tokens")
+    if problems or total != expected:
+        exp = f"{expected:,}" if isinstance(expected, int) else repr(expected)
+        detail = (
+            f"{folder}: corrupt partial: its counts sum to {total:,} tokens, its marker records {exp} "
+            f"({'; '.join(problems) or 'the file was changed after it was written'})"
+        )
+        exc = CorruptPartialError(f"{detail}; delete {folder} and rerun to count that shard again")
+        exc.path, exc.detail = str(folder), detail
+        raise exc
+    return part
+
+
 def sum_partials(
     items: Sequence[tuple[str | os.PathLike, int]],
     spec: CountSpec,
@@ -406,19 +507,27 @@ def sum_partials(
     *,
     dense: bool,
     metadata: dict[str, str] | None = None,
+    corrupt: list[CorruptPartialError] | None = None,
 ) -> PositionalCounts:
     """Exact signed sum of saved counts: ``sum(sign * counts(path))``.
 
     Args:
         items: (counts folder or file, +1 or -1) pairs; -1 subtracts (a shard that left
-            the corpus). Loaded one at a time.
+            the corpus). Loaded one at a time, marked partials checked against their
+            markers (:func:`load_partial`).
         spec: every item must have been counted under it.
         dense: accumulate in a dense int64 ``n x V`` array (else sorted sparse keys).
         metadata: metadata of the result (items' metadata is not merged).
+        corrupt: None raises at the first corrupt partial; a list collects every corrupt
+            partial's error instead (and leaves it out of the sum, which is then not the
+            requested total: the caller must look at the list).
 
     Returns:
         PositionalCounts whose totals are the signed sums and whose fingerprint is the XOR
         of the items' (XOR is its own inverse, so subtracting removes a fingerprint).
+
+    Raises:
+        CorruptPartialError: a partial does not match its marker (``corrupt`` is None).
     """
     n, V = spec.positions, spec.vocab_size
     total = np.zeros(n * V, dtype=np.int64) if dense else None
@@ -430,7 +539,13 @@ def sum_partials(
         if sign not in (1, -1):
             msg = f"sign must be +1 or -1, got {sign!r}"
             raise ValueError(msg)
-        part = load_counts(path)
+        try:
+            part = load_partial(path)
+        except CorruptPartialError as exc:
+            if corrupt is None:
+                raise
+            corrupt.append(exc)
+            continue
         if part.spec != spec:
             msg = f"{path}: counted under {part.spec}, not {spec}"
             raise InputError(msg)

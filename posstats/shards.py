@@ -318,16 +318,18 @@ def _line_pieces(path: str, shard_bytes: int) -> list[dict[str, Any]] | None:
     """Line ranges of about ``shard_bytes`` bytes, with each range's first line and row.
 
     Lines are split exactly as the reader splits them (universal newlines); a row is a
-    non-blank line (``str.strip()`` non-empty), as in the JSONL and text readers.
+    non-blank line (``str.strip()`` non-empty), as in the JSONL and text readers. Bytes
+    that are not UTF-8 are kept (``surrogateescape``: line ends are ASCII, so the cuts do
+    not depend on them); the shard holding one reports it with its line number when read.
     """
     pieces = []
     start = pos = 0
     line_no = rows = 0  # lines / rows before the current position
     first_line, first_row = 1, 0
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             for line in f:
-                pos += len(line.encode("utf-8"))
+                pos += len(line.encode("utf-8", "surrogateescape"))
                 line_no += 1
                 if line.strip():
                     rows += 1
@@ -492,13 +494,12 @@ def _range_lines(shard: Shard) -> Iterator[tuple[int, str]]:
         msg = f"{path}: cannot read ({readers._one_line(exc)})"
         raise InputError(msg) from exc
     lineno = shard.first_line - 1
-    with io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8") as f:
+    # surrogateescape + a check per line (as the whole-file reader): a strict decoder fails
+    # on a whole decoded chunk, before the lines in front of the bad byte are numbered.
+    with io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8", errors="surrogateescape") as f:
         try:
-            for lineno, line in enumerate(f, shard.first_line):  # noqa: B007 - used after the loop
+            for lineno, line in readers.checked_lines(enumerate(f, shard.first_line), path):  # noqa: B007
                 yield lineno, line
-        except UnicodeDecodeError as exc:
-            msg = f"{path}: line {lineno + 1}: not UTF-8 text ({exc.reason})"
-            raise InputError(msg) from exc
         except OSError as exc:
             msg = f"{path}: line {lineno + 1}: cannot read ({readers._one_line(exc)})"
             raise InputError(msg) from exc

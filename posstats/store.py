@@ -77,7 +77,9 @@ from pathlib import Path
 from typing import Any
 
 from posstats.processes import pid_alive, process_start_ticks
-from posstats.errors import PosstatsError
+from posstats.errors import PosstatsError, os_error_kind
+from posstats.errors import describe_os_error as _describe_os_error
+from posstats.ids import is_valid_id, validate_run_id  # validate_run_id: re-exported
 
 __all__ = [
     "DEFAULT_STALE_AFTER_S",
@@ -102,7 +104,6 @@ RUNS = "runs"
 LOGS = "logs"
 DEFAULT_STALE_AFTER_S = 600.0
 STORE_SCHEMA = "posstats.pipeline-store/1"
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -114,48 +115,26 @@ def is_url(path: str, /) -> bool:
     return bool(_URL.match(path)) and not path.startswith("file://")
 
 
-def validate_run_id(run_id: Any, /) -> str:
-    """Return ``run_id`` if it is a safe run name, else raise :class:`PosstatsError`.
-
-    Allowed: 1-128 characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or digit,
-    without ``..``. So no path separators, no hidden names, nothing that leaves ``runs/``.
-    """
-    if not isinstance(run_id, str):
-        msg = f"run id must be a string, got {run_id!r}"
-        raise PosstatsError(msg)
-    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
-        msg = (
-            f"invalid run id {run_id!r}: use 1-128 characters from A-Z a-z 0-9 . _ - starting with a "
-            f"letter or digit, without '..' or path separators"
-        )
-        raise PosstatsError(msg)
-    return run_id
-
-
 def utc_now() -> str:
     """The current UTC time, ISO 8601 with microseconds (sortable as text)."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
 
 
+_STORE_ADVICE = {
+    "space": "free space and rerun the same --run-id to resume",
+    "read-only": "the store must be writable (lock, stages, latest pointer); use a writable --store",
+    "permission": "the store must be writable by this user",
+}
+
+
 def describe_os_error(exc: BaseException, /) -> str | None:
     """A one-line explanation for storage failures users must act on (full disk, read-only
-    or forbidden store), or None for other errors. Looks through wrapped causes."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        code = getattr(e, "errno", None)
-        text = str(e)
-        where = getattr(e, "filename", None)
-        at = f"{where}: " if where else ""
-        if code in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in text or "Disk quota exceeded" in text:
-            return f"{at}no space left on the device (file system full or quota exceeded); free space and rerun the same --run-id to resume"
-        if code == errno.EROFS or "Read-only file system" in text:
-            return f"{at}read-only file system: the store must be writable (lock, stages, latest pointer); use a writable --store"
-        if code in (errno.EACCES, errno.EPERM) or isinstance(e, PermissionError):
-            return f"{at}permission denied: the store must be writable by this user"
-        e = getattr(e, "cause", None) or e.__cause__ or e.__context__
-    return None
+    or forbidden store), or None for other errors. Looks through wrapped causes
+    (:func:`posstats.errors.describe_os_error` with the store's advice)."""
+    found = os_error_kind(exc)
+    if found is None or found[0] not in _STORE_ADVICE:
+        return None
+    return _describe_os_error(exc, advice=_STORE_ADVICE)
 
 
 _pid_alive = pid_alive
@@ -521,7 +500,7 @@ class Store:
 
     def run_ids(self) -> list[str]:
         """Every run id with a folder in the store (sorted)."""
-        return [name for name in self.listdir(RUNS) if _RUN_ID.fullmatch(name) and ".." not in name]
+        return [name for name in self.listdir(RUNS) if is_valid_id(name)]
 
     def run_status(self, run_id: str, /) -> dict[str, Any]:
         """{run_id, complete, finished, stages: {stage: finished time or None}}."""

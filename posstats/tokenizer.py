@@ -10,15 +10,16 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from posstats.errors import InputError
+from posstats.errors import InputError, PosstatsError
 from posstats.tokens import TokenBatch
 
-__all__ = ["encode_texts", "load_tokenizer", "special_token_ids", "tokenizer_hash", "vocab_size"]
+__all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "special_token_ids", "tokenizer_hash", "vocab_size"]
 
 _HASH_CHARS = 16
 
@@ -62,6 +63,50 @@ def tokenizer_hash(path: str | os.PathLike[str], /) -> str:
         msg = f"{path}: not a tokenizer.json ({exc.strerror or exc})"
         raise InputError(msg) from exc
     return digest.hexdigest()[:_HASH_CHARS]
+
+
+def check_tokenizer(
+    recorded: Mapping[str, Any], path: str | os.PathLike[str], /, *, counts: str = "the counts"
+) -> str | None:
+    """Check that the tokenizer file ``path`` is the one existing counts were made with.
+
+    Every command that takes a tokenizer together with existing counts (``analyze``
+    re-reading the corpus for a noise floor or bootstrap, ``refresh`` adding shards to a
+    run store) calls this before using it: counts and text tokenised by another tokenizer
+    would mix two vocabularies without any error.
+
+    Args:
+        recorded: what the counts record: ``tokenizer_hash`` (see :func:`tokenizer_hash`)
+            and, for the message, ``tokenizer`` (the file name): the metadata of
+            :class:`~posstats.counts.PositionalCounts`, or a run store's configuration.
+        path: the tokenizer.json given now.
+        counts: the counts in words for the message (their file or store).
+
+    Returns:
+        The hash of ``path``; None when the counts record no tokenizer hash. Counts
+        without one were counted from token ids (``--column``): there is nothing to
+        compare, so the tokenizer is accepted without reading it (the commands that
+        re-read such a corpus read its token ids and do not use the tokenizer).
+
+    Raises:
+        PosstatsError: ``"<path>: tokenizer hash H1 (bert-base-uncased.tokenizer.json)
+            differs from hash H2 (gpt2.tokenizer.json) recorded with <counts>; give the
+            tokenizer.json the counts were made with"``.
+        InputError: ``path`` is not readable.
+    """
+    expected = recorded.get("tokenizer_hash") or None
+    if expected is None:
+        return None
+    actual = tokenizer_hash(path)
+    if actual != expected:
+        name = recorded.get("tokenizer")
+        msg = (
+            f"{os.fspath(path)}: tokenizer hash {actual} ({os.path.basename(os.fspath(path))}) differs from hash "
+            f"{expected}{f' ({name})' if name else ''} recorded with {counts}; give the tokenizer.json the counts "
+            f"were made with"
+        )
+        raise PosstatsError(msg)
+    return actual
 
 
 def vocab_size(tok: Tokenizer, /) -> int:

@@ -149,11 +149,25 @@ def test_out_of_range_ids_name_file_row_value(bad, value):
         ({"positions": 2, "vocab_size": 4, "mode": "stride"}, "unknown position mode"),
         ({"positions": 2, "vocab_size": 4, "exclude_ids": (9,)}, "excluded token id 9"),
         ({"positions": 2, "vocab_size": 4, "separator_id": 1}, "only used in pack"),
+        ({"positions": 2**31 + 1, "vocab_size": 4}, r"--positions 2,147,483,649 is too large: .* at most 2,147,483,648"),
+        ({"positions": 2, "vocab_size": 2**33}, r"--vocab-size 8,589,934,592 is too large: .* at most 2,147,483,648"),
     ],
 )
 def test_bad_specs(kwargs, match):
     with pytest.raises(InputError, match=match):
         CountSpec(**kwargs)
+
+
+def test_largest_storable_spec_is_exact(tmp_path):
+    """V = n = 2**31 are allowed: the largest id and position (2**31 - 1) fit the int32
+    columns of sparse counts files, and the kernel's int64 keys stay exact."""
+    spec = CountSpec(2**31, 2**31)
+    acc = CountAccumulator(CountSpec(3, 2**31), dense=False)
+    acc.add(TokenBatch.from_sequences([[2**31 - 1, 0, 2**31 - 2]]))
+    back = load_counts(save_counts(acc.result(), tmp_path / "edge"))
+    coo = back.matrix.tocoo()
+    assert sorted(zip(coo.row.tolist(), coo.col.tolist())) == [(0, 2**31 - 1), (1, 0), (2, 2**31 - 2)]
+    assert spec.positions == spec.vocab_size == 2**31
 
 
 def test_long_documents_truncate_exactly():
@@ -195,8 +209,12 @@ def test_narrow_storage_is_int32_only_when_every_count_fits(tmp_path, big, store
     c = PositionalCounts(c.spec, m, c.sequences, c.windows, c.tokens, "beef", {})
     path = save_counts(c, tmp_path / "n", narrow=True)
     assert dtype_of(path) == stored
-    back = load_counts(path)
-    assert back.matrix.dtype == np.int64 and back.equals(c)
+    if big < 0:  # stored as asked, but a counts file with a negative count is refused when loaded
+        with pytest.raises(InputError, match=r"1 negative count\(s\), first C\[2, 5\]"):
+            load_counts(path)
+    else:
+        back = load_counts(path)
+        assert back.matrix.dtype == np.int64 and back.equals(c)
     assert dtype_of(save_counts(c, tmp_path / "w")) == "I64"  # the default keeps int64
 
 

@@ -361,6 +361,31 @@ def test_jsonl_not_utf8(tmp_path):
         list(read_token_batches([path], column="ids"))
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+@pytest.mark.parametrize("bad_line", [1, 2, 21, 2001, 2999])
+def test_not_utf8_names_the_line_past_decoder_chunks_and_batches(tmp_path, fmt, bad_line):
+    # strict decoding failed on a whole 8 KiB chunk: line 21 was reported as 1, 2001 as ~1990
+    good, bad = (b'{"ids": [1, 2]}', b'{"ids": [1, 2], "s": "\xe9t\xe9"}') if fmt == "jsonl" else (b"hello", b"caf\xe9")
+    lines = [good] * 3000
+    lines[bad_line - 1] = bad
+    path = tmp_path / ("c.jsonl" if fmt == "jsonl" else "c.txt")
+    path.write_bytes(b"\r\n".join(lines) + b"\r\n")
+    kwargs = {"column": "ids"} if fmt == "jsonl" else {"tokenizer": BERT}
+    with pytest.raises(InputError) as info:
+        list(read_token_batches([path], batch_size=7, **kwargs))
+    byte = 23 if fmt == "jsonl" else 4
+    assert message(info) == f"{path}: line {bad_line}: not UTF-8 text (invalid continuation byte 0xe9 at byte {byte} of the line)"
+
+
+def test_valid_utf8_and_lone_carriage_returns_read_as_before(tmp_path):
+    path = tmp_path / "ok.txt"
+    path.write_bytes("h\u00e9llo\rw\u00f6rld \U0001f600\n\nend".encode())
+    tok = load_tokenizer(BERT)
+    got = [b.values.tolist() for b in read_token_batches([path], tokenizer=tok)]
+    want = encode_texts(tok, ["h\u00e9llo", "w\u00f6rld \U0001f600", "end"], add_special_tokens=False)
+    assert got == [want.values.tolist()]
+
+
 # ---------------------------------------------------------------------------------------
 # plain text
 

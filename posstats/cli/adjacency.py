@@ -134,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             msg = f"--threads must be >= 1; got {args.threads}"
             raise PosstatsError(msg)
+        from posstats.memory import require_memory, transformer_bytes
+
+        need, what, hint = transformer_bytes(layers=cfg.layers, dim=cfg.dim, vocab_size=cfg.vocab_size,
+                                             mlp_ratio=cfg.mlp_ratio, tokens=int(tokens.size), itemsize=4)
+        require_memory(need, what=what, hint=hint + ", --sequences or --seq-len", command="adjacency")
         try:
             set_torch_threads(args.threads)
             hidden = RandomTransformer(cfg).hidden_states(tokens)
@@ -145,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
     encodings = []
     if specs:
         dim = args.encoding_dim or args.dim
+        if dim >= 1:
+            from posstats.memory import require_memory
+
+            require_memory(3 * 8 * args.seq_len * dim, what=f"encodings of {args.seq_len:,} positions x width {dim:,}",
+                           hint="lower --encoding-dim (or --dim)", command="adjacency")
         for spec in specs:
             matrix, name, note = _encoding(spec, args.seq_len, dim)
             if matrix is None:

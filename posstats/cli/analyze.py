@@ -89,23 +89,28 @@ def _find_tokenizer(cfg: dict, override: str | None) -> str | None:
     raise PosstatsError(msg)
 
 
-def _reread(counts, cfg: dict | None, parts: int, tokenizer: str | None = None):
-    """Count the corpus of a config.json again as ``parts`` document-parity parts."""
+def _reread(counts, cfg: dict | None, parts: int, tokenizer: str | None = None, counts_path=None):
+    """Count the corpus of a config.json again as ``parts`` document-parity parts, with the
+    tokenizer the counts were made with (checked by hash)."""
     from posstats.corpus import CorpusSource
     from posstats.counts import CountSpec
     from posstats.errors import PosstatsError
     from posstats.noise import count_parts
+    from posstats.tokenizer import check_tokenizer
 
     if not cfg or "inputs" not in cfg:
         msg = ("the noise floor / bootstrap needs the corpus in parts: give --store (Ray run store) or --parts, "
                "or analyse counts whose folder has the config.json written by 'posstats count'")
         raise PosstatsError(msg)
+    tok_path = _find_tokenizer(cfg, tokenizer)
+    if tok_path:
+        check_tokenizer(counts.metadata, tok_path, counts=_describe_counts(counts_path))
     source = CorpusSource(
         inputs=tuple(cfg["inputs"]),
         format=cfg.get("format"),
         column=cfg.get("column"),
         text_column=cfg.get("text_column"),
-        tokenizer=_find_tokenizer(cfg, tokenizer),
+        tokenizer=tok_path,
     )
     spec = CountSpec.from_metadata({k: str(v) for k, v in cfg.items() if k in counts.spec.to_metadata()})
     if spec != counts.spec:
@@ -118,13 +123,25 @@ def _reread(counts, cfg: dict | None, parts: int, tokenizer: str | None = None):
     return out
 
 
+def _describe_counts(path=None) -> str:
+    """The counts in words for messages: their file when known."""
+    if path is None:
+        return "the counts"
+    from posstats.storage import counts_file
+
+    try:
+        name = counts_file(path).name
+    except Exception:  # noqa: BLE001 - only for a message
+        return f"the counts {path}"
+    return f"the counts {Path(path) / name if Path(path).is_dir() else path}"
+
+
 def _store_partials(store: str):
-    from posstats.runstore import RunStore
-    from posstats.storage import load_counts
+    from posstats.runstore import RunStore, load_partial
 
     rs = RunStore(store)
     manifest = rs.manifest() or {}
-    return [load_counts(rs.partial_dir(sid)) for sid in sorted(manifest.get("shard_ids", []))]
+    return [load_partial(rs.partial_dir(sid)) for sid in sorted(manifest.get("shard_ids", []))]
 
 
 def corpus_parts(counts, config, *, store=None, parts_dirs=None, places=()) -> tuple:
@@ -134,6 +151,7 @@ def corpus_parts(counts, config, *, store=None, parts_dirs=None, places=()) -> t
     from posstats.storage import load_counts
 
     cfg = _corpus_config(*places)
+    where = next((p for p in reversed(places) if p is not None), None)  # the counts, for messages
     if store is None and cfg and isinstance(cfg.get("ray"), dict) and cfg["ray"].get("store"):
         if Path(cfg["ray"]["store"]).is_dir():
             store = cfg["ray"]["store"]
@@ -146,9 +164,10 @@ def corpus_parts(counts, config, *, store=None, parts_dirs=None, places=()) -> t
         elif store:
             parts = parts_from_store(store, parts=config.noise_parts)
         else:
-            parts = _reread(counts, cfg, config.noise_parts, config.tokenizer)
+            parts = _reread(counts, cfg, config.noise_parts, config.tokenizer, where)
     if config.bootstrap > 0:
-        partials = _store_partials(store) if store else list(_reread(counts, cfg, BOOTSTRAP_DOCUMENT_PARTS, config.tokenizer))
+        partials = (_store_partials(store) if store
+                    else list(_reread(counts, cfg, BOOTSTRAP_DOCUMENT_PARTS, config.tokenizer, where)))
     return parts, partials
 
 
@@ -194,9 +213,13 @@ def run(args: argparse.Namespace) -> int:
     from posstats.outputs import staged_output
     from posstats.report import format_summary
     from posstats.storage import load_counts
+    from posstats.tokenizer import check_tokenizer
 
     config = analysis_config(args)
     counts = load_counts(args.counts)
+    if args.tokenizer:
+        # even when no option re-reads the corpus: a tokenizer given with other counts is a mistake
+        check_tokenizer(counts.metadata, args.tokenizer, counts=_describe_counts(args.counts))
     with staged_output(args.out, last=("report.json",)) as stage:
         report = analyze_to(counts, config, stage, counts_path=args.counts, name=Path(args.out).name,
                             store=args.store, parts_dirs=[d for d in (args.parts or "").split(",") if d] or None)

@@ -65,6 +65,7 @@ def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> Non
 def count_to(args: argparse.Namespace, stage) -> tuple:
     """Count the corpus of ``args`` into the staging folder; return (counts, summary)."""
     from posstats.corpus import count_corpus
+    from posstats.memory import require_count_memory
     from posstats.storage import save_counts, write_json_atomic
 
     source, spec, metadata = count_inputs(args)
@@ -81,6 +82,7 @@ def count_to(args: argparse.Namespace, stage) -> tuple:
     })
     t = time.perf_counter()
     dense = spec.positions * spec.vocab_size * 8 <= args.memory_budget * 2**30
+    require_count_memory(spec.positions, spec.vocab_size, memory_budget_gib=args.memory_budget)
     counts = count_corpus(source, spec, dense=dense, metadata=metadata)
     seconds = time.perf_counter() - t
     path = save_counts(counts, stage)

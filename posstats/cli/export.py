@@ -54,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from posstats.export import export_encoding
 
+    _check_memory(args)
     res = export_encoding(
         args.run_dir, args.out, dim=args.dim, rank=args.rank, layout=args.layout, format=args.format,
         factors=args.factors, basis=args.basis, seed=args.seed, dtype=args.dtype, card=not args.no_card, force=args.force,
@@ -65,3 +66,16 @@ def run(args: argparse.Namespace) -> int:
     for f in res.files:
         print(f"  {f}")
     return 0
+
+
+def _check_memory(args: argparse.Namespace) -> None:
+    """Refuse a --dim whose table cannot fit in memory, before building it."""
+    from posstats.export import load_run
+    from posstats.memory import require_memory, table_bytes
+
+    if args.dim < 1 or (args.rank is not None and not 1 <= args.rank <= args.dim):
+        return  # export_encoding explains these
+    run = load_run(args.run_dir)
+    rank = args.rank if args.rank is not None else min(args.dim, run.encoding.shape[1])
+    need, what, hint = table_bytes(run.positions.size, args.dim, rank, itemsize=4 if args.dtype == "float32" else 8)
+    require_memory(need, what=what, hint=hint, command="export")

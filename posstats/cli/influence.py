@@ -192,6 +192,11 @@ def _measure(args: argparse.Namespace, length: int, compare: Any) -> tuple[dict[
         raise PosstatsError(str(exc)) from None
     except ValueError as exc:
         raise PosstatsError(f"bad model config: {exc}") from None
+    from posstats.memory import require_memory, transformer_bytes
+
+    need, what, hint = transformer_bytes(layers=cfg.layers, dim=cfg.dim, vocab_size=cfg.vocab_size,
+                                         mlp_ratio=cfg.mlp_ratio, tokens=length, itemsize=8)
+    require_memory(need, what=what, hint="lower --dim or --depth", command="influence --measure")
     probes = None if args.probes == 0 else args.probes
     seeds = range(args.seeds)
     section: dict[str, Any] = {"model": {k: v for k, v in cfg.to_dict().items() if k not in ("seed", "rope")},

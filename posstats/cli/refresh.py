@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from posstats.ids import validate_run_id
+
+    if args.run_id is not None:
+        validate_run_id(args.run_id)  # it names files in the store: refuse '../x' before anything runs
     from jobs.count import refresh_to  # imports ray lazily
 
     refresh_to(args)

@@ -33,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from posstats.cli.count import count_to
     from posstats.outputs import staged_output
     from posstats.report import format_summary
-    from posstats.storage import write_json_atomic
+    from posstats.storage import COUNTS_FILES, write_json_atomic
 
     config = analysis_config(args)  # validate analysis options before counting
-    with staged_output(args.out, last=("count.json", "report.json")) as stage:
+    with staged_output(args.out, last=("count.json", "report.json"), replaces=COUNTS_FILES) as stage:
         counts, summary = count_to(args, stage)
         write_json_atomic(stage / "count.json", summary)
         report = analyze_to(counts, config, stage, counts_path=args.out, name=Path(args.out).name)
