@@ -51,7 +51,7 @@ from posstats.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_run_id
 from posstats.runstore import RunStore, config_key
-from posstats.storage import write_json_atomic
+from posstats.storage import COUNTS_FILES, write_json_atomic
 from posstats.shards import DEFAULT_SHARD_BYTES, Shard, plan_shards
 
 __all__ = [
@@ -884,7 +884,7 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
             **metadata,
             "ray": {"store": ray_info["store"], "run_id": ray_info["run_id"]},
         }
-        with staged_output(out, last=("count.json",)) as stage:
+        with staged_output(out, last=("count.json",), replaces=COUNTS_FILES) as stage:
             write_json_atomic(stage / "config.json", config)
             shutil.copyfile(summary["counts_path"], stage / summary["counts_file"])
             write_json_atomic(stage / "count.json", {k: v for k, v in summary.items() if k != "counts_path"})

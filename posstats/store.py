@@ -76,6 +76,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posstats.outputs import apply_umask
 from posstats.processes import pid_alive, process_start_ticks
 from posstats.errors import PosstatsError, os_error_kind
 from posstats.errors import describe_os_error as _describe_os_error
@@ -305,6 +306,7 @@ class Store:
             os.close(fd)
             try:
                 _fsync_write(Path(tmp), data)
+                apply_umask(tmp)
                 os.replace(tmp, target)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
@@ -392,6 +394,7 @@ class Store:
                 shutil.copyfile(local, tmp)
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
+                apply_umask(tmp)
                 os.replace(tmp, target)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)

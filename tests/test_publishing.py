@@ -189,3 +189,20 @@ def test_a_failed_command_leaves_the_folder_untouched(tmp_path):
         (stage / "x.json").write_text("{}")
         raise RuntimeError("boom")
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_pipeline_store_files_follow_the_umask(tmp_path, umask):
+    from posstats.store import Store
+
+    previous = os.umask(umask)
+    try:
+        store = Store(str(tmp_path / "store"))
+        store.write_json("runs/r1/config/config.json", {"a": 1})
+        local = tmp_path / "local.json"
+        local.write_text("{}")
+        store.put_file(local, "runs/r1/count/done.json")
+    finally:
+        os.umask(previous)
+    for rel in ("runs/r1/config/config.json", "runs/r1/count/done.json"):
+        assert stat.S_IMODE((tmp_path / "store" / rel).stat().st_mode) == 0o666 & ~umask, rel
