@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.connect import connect_ray
 from posstats.corpus import CorpusSource
 from posstats.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.errors import InputError, PosstatsError
@@ -68,7 +69,6 @@ __all__ = [
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
 MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard (after Ray's own retries)
 ACTOR_START_TIMEOUT_S = 600
-NICENESS_ENV = "RAY_worker_niceness"
 
 
 @dataclass(frozen=True)
@@ -249,28 +249,12 @@ class _Engine:
         import ray
 
         t = time.perf_counter()
-        if not ray.is_initialized():
-            address = self.opts.address or os.environ.get("RAY_ADDRESS")
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            if address:
-                ray.init(address=address, namespace="posstats", log_to_driver=False)
-            else:
-                # Ray starts worker processes at niceness 15 (meant for clusters shared with
-                # latency-sensitive work); on a machine shared with other programs that starves
-                # the counting actors, which are this Ray's only workload. $RAY_worker_niceness
-                # still wins when set.
-                niceness = os.environ.get(NICENESS_ENV)
-                os.environ.setdefault(NICENESS_ENV, "0")
-                try:
-                    context = ray.init(address="local", namespace="posstats", log_to_driver=False,
-                                       num_cpus=max(os.cpu_count() or 1, self.opts.workers or 1))
-                finally:
-                    if niceness is None:
-                        os.environ.pop(NICENESS_ENV, None)
-                self.started_ray = True
-                url = getattr(context, "dashboard_url", None)
-                if url:
-                    _log(f"Ray dashboard: http://{url}")
+        started, context = connect_ray(self.opts.address, num_cpus=max(os.cpu_count() or 1, self.opts.workers or 1),
+                                       dashboard=None)
+        self.started_ray = started
+        url = getattr(context, "dashboard_url", None) if started else None
+        if url:
+            _log(f"Ray dashboard: http://{url}")
         self.startup_s = time.perf_counter() - t
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = self.opts.workers or cpus

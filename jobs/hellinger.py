@@ -28,22 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.connect import connect_ray
+
 __all__ = ["GeometryWorker", "build_parser", "connect", "main", "start_worker"]
 
 
 def connect(address: str | None) -> bool:
     """Join ``address`` / ``$RAY_ADDRESS``, or start a local Ray; True when started here."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, namespace="posstats", log_to_driver=False)
-        return False
-    ray.init(address="local", namespace="posstats", log_to_driver=False, include_dashboard=False)
-    return True
+    return connect_ray(address)[0]
 
 
 class GeometryWorker:

@@ -60,8 +60,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.connect import connect_ray
 from posstats.errors import InputError, PosstatsError
-from posstats.pipeline_config import PipelineConfig, dumps_toml
+from posstats.pipeline_config import PipelineConfig, dumps_toml, refuse_secrets
 from posstats.store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
 
 __all__ = [
@@ -113,24 +114,9 @@ class _Run:
         import ray
 
         if not self._ray_ready:
-            if not ray.is_initialized():
-                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-                address = self.cfg.ray.address or os.environ.get("RAY_ADDRESS")
-                if address:
-                    try:
-                        ray.init(address=address, namespace="posstats", log_to_driver=False)
-                    except (ConnectionError, RuntimeError) as exc:
-                        cause = exc.__cause__ or exc
-                        auth = "Authentication token" in str(cause) or "InvalidAuthToken" in str(cause)
-                        hint = ("the cluster uses token authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
-                                "(or ~/.ray/auth_token) to its token" if auth else
-                                "is the cluster running, and is ADDR its GCS address (HOST:6379)?")
-                        msg = f"cannot connect to the Ray cluster at {address}: {hint}"
-                        raise PosstatsError(msg) from None
-                else:
-                    ray.init(address="local", namespace="posstats", log_to_driver=False, include_dashboard=False,
-                             num_cpus=max(os.cpu_count() or 1, self.cfg.ray.workers or 1))
-                self._ray_started = True
+            started, context = connect_ray(self.cfg.ray.address,
+                                           num_cpus=max(os.cpu_count() or 1, self.cfg.ray.workers or 1))
+            self._ray_started = started or context is not None  # joined here: disconnect in close()
             self._ray_ready = True
         return ray
 
@@ -725,6 +711,8 @@ def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str =
     --run-id RUN_ID``. With ``code="ship"`` the local ``posstats`` and ``jobs`` packages go
     along as ``py_modules`` (the cluster then needs only posstats' dependencies); with
     ``code="installed"`` the cluster's own installation is used (the deploy/ image).
+    Credentials are refused (:func:`posstats.pipeline_config.refuse_secrets`): in ``env``
+    and in the configuration's ``storage_options``; the job uses the cluster's own.
 
     Returns:
         {"job_id", "run_id", "entrypoint", "runtime_env"}.
@@ -735,9 +723,12 @@ def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str =
     if code not in ("ship", "installed"):
         msg = f"--code must be ship or installed, got {code!r}"
         raise PosstatsError(msg)
+    # nothing secret travels: Ray keeps env_vars, the working_dir and the metadata in its job
+    # table, returns them from the job API and writes them on the nodes (docs/service.md)
+    refuse_secrets(cfg, env=env)
     client = _client(address, token=token)
     with tempfile.TemporaryDirectory(prefix="posstats-submit-") as workdir:
-        config = cfg.to_dict(secrets=True)
+        config = cfg.to_dict()  # redacted; refuse_secrets left nothing to redact
         config["run_id"] = run_id
         Path(workdir, "pipeline.toml").write_text(dumps_toml(config))
         runtime_env: dict[str, Any] = {

@@ -19,7 +19,10 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
 Rules: unknown tables and keys are errors (with a suggestion), values are type-checked,
 relative local paths are resolved against the config file's folder (flag values against
 the current directory), and ``storage_options`` values whose key names a secret (key,
-secret, token, password, credential) are never written to the store or printed.
+secret, token, password, credential) and passwords inside URLs are never written to the
+store or printed (:func:`redact`). A configuration holding such secrets is refused by
+``posstats submit`` (:func:`refuse_secrets`): a job gets its credentials from the cluster's
+environment, never from its configuration or job environment.
 Overrides: ``--set TABLE.KEY=VALUE`` (VALUE in TOML syntax; a bare word is a string)
 and the shortcut flags of ``posstats pipeline`` (see :func:`apply_overrides`).
 
@@ -46,14 +49,33 @@ __all__ = [
     "SCHEMA",
     "PipelineConfig",
     "apply_overrides",
+    "config_secrets",
     "dumps_toml",
     "load_config",
     "parse_config",
     "parse_value",
     "redact",
+    "refuse_secrets",
+    "secret_env_reason",
 ]
 
-_SECRET = re.compile(r"key|secret|token|password|passwd|credential|session", re.IGNORECASE)
+_SECRET = re.compile(r"key|secret|token|password|passwd|credential|session|connection_?string", re.IGNORECASE)
+# scheme://user:password@host: the password part (a URL may carry credentials)
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<password>[^/@\s]+)@")
+# environment variable names of credentials. AWS_ACCESS_KEY_ID is an identifier rather than a
+# secret, but it is refused too: it is only useful together with its secret (refused), and on
+# its own it overrides the cluster's credential chain (botocore then finds a partial pair).
+_SECRET_ENV = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|COOKIE|SIGNATURE"
+                         r"|CONNECTION_?STRING|APIKEY|ACCESSKEY|(^|_)KEY($|_)", re.IGNORECASE)
+# names whose value is the path of a file on the cluster (a mounted secret), not a secret
+_PATH_ENV = re.compile(r"_(FILE|PATH|DIR|FILENAME)$|^GOOGLE_APPLICATION_CREDENTIALS$", re.IGNORECASE)
+# gcsfs' token modes: not secrets
+_TOKEN_MODES = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
+# an AWS access key id (long-term AKIA..., temporary ASIA...)
+_AWS_KEY_ID = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
+CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role / IRSA, a mounted secret, the "
+                    "environment of the RayCluster spec or of the Ray worker processes): see 'Credentials' in "
+                    "docs/service.md")
 MODES = ("truncate", "chunk", "pack")
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
 MDS_METHODS = ("auto", "dense", "iterative")
@@ -246,15 +268,16 @@ class PipelineConfig:
         raise AttributeError(name)
 
     def to_dict(self, *, secrets: bool = False) -> dict[str, Any]:
-        """JSON/TOML-ready nested dict (lists, not tuples); secrets redacted unless asked."""
+        """JSON/TOML-ready nested dict (lists, not tuples); secrets (storage_options secrets,
+        passwords in URLs) redacted unless asked."""
         out: dict[str, Any] = {}
         if self.run_id is not None:
             out["run_id"] = self.run_id
         for table, keys in self.values.items():
             out[table] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in keys.items()}
-            for k in ("storage_options",):
-                if k in out[table] and not secrets:
-                    out[table][k] = redact(out[table][k])
+            if not secrets:
+                out[table] = {k: (redact(v) if k == "storage_options" else redact_url(v))
+                              for k, v in out[table].items()}
         return json.loads(json.dumps(out))
 
     def result_key(self) -> str:
@@ -314,14 +337,120 @@ class _Section:
             raise AttributeError(f"[{self._name}] has no key {key!r}") from None
 
 
+def _is_secret_option(key: Any, value: Any) -> bool:
+    """An fsspec option whose name looks like a secret's and which has a value (not a table,
+    a bool, an empty value or one of gcsfs' token modes such as "anon"; a list counts)."""
+    if isinstance(value, Mapping | bool) or value is None or value == "" or value == []:
+        return False
+    if str(key).lower() == "token" and isinstance(value, str) and value in _TOKEN_MODES:
+        return False
+    return bool(_SECRET.search(str(key)))
+
+
 def redact(options: Any, /) -> Any:
-    """A copy of (nested) fsspec options with secret-looking values replaced by ``"***"``."""
+    """A copy of (nested) fsspec options with secret-looking values replaced by ``"***"``
+    (and passwords inside URLs by ``***``)."""
     if isinstance(options, Mapping):
-        return {k: ("***" if _SECRET.search(str(k)) and not isinstance(v, Mapping) else redact(v))
-                for k, v in options.items()}
+        return {k: ("***" if _is_secret_option(k, v) else redact(v)) for k, v in options.items()}
     if isinstance(options, list):
         return [redact(v) for v in options]
-    return options
+    return redact_url(options)
+
+
+def redact_url(value: Any, /) -> Any:
+    """``scheme://user:password@host/...`` -> ``scheme://user:***@host/...`` (other values as they are)."""
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", value)
+    if isinstance(value, list):
+        return [redact_url(v) for v in value]
+    return value
+
+
+def _secret_option_paths(options: Any, prefix: str) -> list[str]:
+    out: list[str] = []
+    if isinstance(options, Mapping):
+        for k, v in options.items():
+            where = f"{prefix}.{k}"
+            if _is_secret_option(k, v):
+                out.append(where)
+            elif isinstance(v, Mapping | list):
+                out += _secret_option_paths(v, where)
+            elif _embedded_secret(v):
+                out.append(f"{where} ({_embedded_secret(v)})")
+    elif isinstance(options, list):
+        for i, v in enumerate(options):
+            out += _secret_option_paths(v, f"{prefix}[{i}]") if isinstance(v, Mapping | list) else (
+                [f"{prefix}[{i}] ({_embedded_secret(v)})"] if _embedded_secret(v) else [])
+    return out
+
+
+def _embedded_secret(value: Any) -> str | None:
+    """What secret a plain value carries: a password in a URL, an AWS access key id; else None."""
+    if not isinstance(value, str):
+        return None
+    if _URL_PASSWORD.search(value):
+        return "a password in a URL"
+    if _AWS_KEY_ID.search(value):
+        return "an AWS access key id"
+    return None
+
+
+def config_secrets(cfg: PipelineConfig, /) -> list[str]:
+    """Where the configuration holds credentials: ``[table] storage_options.a.b`` for every
+    option whose name looks like a secret (key, secret, token, password, credential, session)
+    and has a value, and ``[table] key`` for a value with a password in a URL or an AWS
+    access key id. Empty when the configuration is safe to ship."""
+    out: list[str] = []
+    for table, keys in cfg.values.items():
+        for key, value in keys.items():
+            if key == "storage_options":
+                out += [f"[{table}] {p}" for p in _secret_option_paths(value, "storage_options")]
+            else:
+                for v in (value if isinstance(value, list | tuple) else [value]):
+                    if _embedded_secret(v):
+                        out.append(f"[{table}] {key} ({_embedded_secret(v)})")
+                        break
+    if cfg.run_id and _embedded_secret(cfg.run_id):
+        out.append("run_id")
+    return out
+
+
+def secret_env_reason(name: str, value: str, /) -> str | None:
+    """Why the job environment variable ``name=value`` looks like a credential, or None.
+
+    Refused: names with SECRET, TOKEN, PASSWORD/PASSWD/PASSPHRASE, CREDENTIAL, PRIVATE,
+    COOKIE, SIGNATURE, CONNECTION_STRING, APIKEY/ACCESSKEY or a KEY word (AWS_SECRET_ACCESS_KEY,
+    AWS_SESSION_TOKEN, AWS_ACCESS_KEY_ID, HF_TOKEN, OPENAI_API_KEY, AZURE_STORAGE_KEY...);
+    any value with a password in a URL or an AWS access key id. Allowed: names ending in
+    _FILE, _PATH, _DIR, _FILENAME and GOOGLE_APPLICATION_CREDENTIALS (the path of a secret
+    mounted on the cluster) unless the value itself looks like a secret's content."""
+    embedded = _embedded_secret(value)
+    if embedded:
+        return f"its value holds {embedded}"
+    if _SECRET_ENV.search(name):
+        if _PATH_ENV.search(name) and "\n" not in value and not value.lstrip().startswith(("{", "-----")):
+            return None
+        return "the name is a credential's"
+    return None
+
+
+def refuse_secrets(cfg: PipelineConfig | None = None, /, *, env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`PosstatsError` (one line) when ``env`` (a job's environment variables) or
+    the configuration holds credentials: what a job ships is stored by Ray in its job table,
+    returned by the job API and written to the nodes (logs, runtime_resources)."""
+    for name, value in (env or {}).items():
+        why = secret_env_reason(name, value)
+        if why:
+            msg = (f"--env {name}: refusing to send a credential with the job ({why}); Ray stores a job's "
+                   f"environment in its job table, returns it from the job API and logs it on the nodes; "
+                   f"{CREDENTIALS_HINT}")
+            raise PosstatsError(msg)
+    where = config_secrets(cfg) if cfg is not None else []
+    if where:
+        more = f" (and {len(where) - 1} more)" if len(where) > 1 else ""
+        msg = (f"{cfg.source or 'the configuration'}: {where[0]}{more} holds a credential; refusing to ship it with "
+               f"the job (the config travels in the job's working_dir to every node); remove it and {CREDENTIALS_HINT}")
+        raise PosstatsError(msg)
 
 
 # ----------------------------------------------------------------------------- parsing

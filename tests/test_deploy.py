@@ -1,7 +1,8 @@
 """deploy/: every manifest parses, and the fields that matter hold: the image and rayVersion pin
 the project's Ray version, the entrypoint is the pipeline job with the mounted config, the
 RayJob cleans up after itself, the CronJob forbids overlap and its deadlines nest inside
-its period, and the example config is valid."""
+its period, the example config is valid, and credentials only reach the Ray containers
+from Kubernetes Secrets (never a literal value, the pipeline config or a job)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from posstats.pipeline_config import load_config, parse_config
+from posstats.pipeline_config import config_secrets, load_config, parse_config, secret_env_reason
 from posstats.schedule import parse_cron
 from posstats.store import validate_run_id
 
@@ -173,3 +174,34 @@ def test_deploy_readme_covers_each_file():
     text = (DEPLOY / "README.md").read_text()
     for name in ("Dockerfile", "rayjob.yaml", "cronjob.yaml", "pipeline.example.toml", "posstats schedule"):
         assert name in text
+
+
+def ray_containers(rayjob_or_cluster: dict) -> list[dict]:
+    spec = rayjob_or_cluster["spec"]
+    cluster = spec.get("rayClusterSpec", spec)
+    return [c for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]] for c in containers(g)]
+
+
+def test_credentials_come_from_secrets_only():
+    """Issue #18.7: every Ray container of the RayCluster, the RayJob and the CronJob's RayJob
+    gets the optional object-store Secret as environment (s3fs reads AWS_* from it), no
+    container sets a credential-looking variable to a literal value, and the shipped pipeline
+    configs hold no credential."""
+    cron_template = yaml.safe_load(one(docs("cronjob.yaml"), "ConfigMap")["data"]["rayjob.yaml"].replace(
+        "__RUN_ID__", "posstats-refresh-1"))
+    kuberay = [d for d in yaml.safe_load_all((REPO / "cluster" / "kuberay-raycluster.yaml").read_text()) if d]
+    owners = [one(docs("rayjob.yaml"), "RayJob"), cron_template, one(kuberay, "RayCluster")]
+    for owner in owners:
+        for c in ray_containers(owner):
+            refs = [e["secretRef"] for e in c.get("envFrom", []) if "secretRef" in e]
+            assert {"name": "posstats-object-store", "optional": True} in refs, (owner["metadata"]["name"], c["name"])
+    everything = [c for o in owners for c in ray_containers(o)]
+    everything += one(docs("rayjob.yaml"), "RayJob")["spec"]["submitterPodTemplate"]["spec"]["containers"]
+    for c in everything:
+        for e in c.get("env", []):
+            if secret_env_reason(e["name"], str(e.get("value", ""))):
+                assert "value" not in e and "secretKeyRef" in e["valueFrom"], (c["name"], e["name"])
+    configs = [one(docs("rayjob.yaml"), "ConfigMap")["data"]["pipeline.toml"],
+               (DEPLOY / "pipeline.example.toml").read_text()]
+    for text in configs:
+        assert config_secrets(parse_config(tomllib.loads(text))) == []

@@ -1,10 +1,12 @@
 """posstats.pipeline_config: the TOML schema, validation messages, overrides, the result key,
-secret redaction and the TOML writer (round trip through tomllib)."""
+secret redaction, the refusal of credentials by `posstats submit` (issue #18.7) and the TOML
+writer (round trip through tomllib)."""
 
 from __future__ import annotations
 
 import math
 import os
+import socket
 import tomllib
 from pathlib import Path
 
@@ -13,7 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.errors import PosstatsError
-from posstats.pipeline_config import SCHEMA, apply_overrides, dumps_toml, load_config, parse_config, redact, schema_rows
+from posstats.pipeline_config import (
+    SCHEMA,
+    apply_overrides,
+    config_secrets,
+    dumps_toml,
+    load_config,
+    parse_config,
+    redact,
+    refuse_secrets,
+    schema_rows,
+    secret_env_reason,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "deploy" / "pipeline.example.toml"
@@ -158,6 +171,7 @@ def test_secrets_are_redacted_unless_asked(tmp_path):
     assert "s3cr3t" not in dumps_toml(cfg.to_dict())
     assert cfg.to_dict(secrets=True)["store"]["storage_options"]["secret"] == "s3cr3t"
     assert redact([{"password": 1}]) == [{"password": "***"}]
+    assert redact({"token": ["a", "b"], "anon": True, "key": ""}) == {"token": "***", "anon": True, "key": ""}
 
 
 def test_dumps_toml_round_trips_a_resolved_config(tmp_path):
@@ -217,3 +231,99 @@ def test_print_config(tmp_path, capsys):
     out = capsys.readouterr().out
     assert tomllib.loads(out)["count"]["positions"] == 32
     assert os.path.isabs(tomllib.loads(out)["store"]["url"])
+
+
+# ----------------------------------------------------------------------------- credentials (#18.7)
+
+SECRET_ENV = ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "HF_TOKEN", "GITHUB_TOKEN",
+              "RAY_AUTH_TOKEN", "OPENAI_API_KEY", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING",
+              "MY_DB_PASSWORD", "SOME_CLIENT_SECRET", "GPG_PASSPHRASE", "aws_secret_access_key"]
+PLAIN_ENV = ["AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "POSSTATS_TEST_SHARD_DELAY",
+             "HF_HUB_OFFLINE", "RAY_AUTH_MODE", "KEYBOARD_LAYOUT", "AWS_WEB_IDENTITY_TOKEN_FILE",
+             "AWS_SHARED_CREDENTIALS_FILE", "GOOGLE_APPLICATION_CREDENTIALS", "RAY_AUTH_TOKEN_PATH"]
+
+
+@pytest.mark.parametrize("name", SECRET_ENV)
+def test_credential_env_names_are_refused(name):
+    assert secret_env_reason(name, "x")
+    with pytest.raises(PosstatsError, match=rf"--env {name}: refusing to send a credential") as err:
+        refuse_secrets(env={"AWS_DEFAULT_REGION": "eu-west-1", name: "x"})
+    assert "docs/service.md" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", PLAIN_ENV)
+def test_other_env_names_are_allowed(name):
+    assert secret_env_reason(name, "/var/run/secrets/x") is None
+    refuse_secrets(env={name: "/var/run/secrets/x"})
+
+
+def test_env_values_carrying_credentials_are_refused():
+    assert "password in a URL" in secret_env_reason("DATABASE_URL", "postgres://u:pw@db/x")
+    assert "access key id" in secret_env_reason("FOO", "AKIAABCDEFGHIJKLMNOP")
+    # a path-named variable holding the secret itself, not its path
+    assert secret_env_reason("GOOGLE_APPLICATION_CREDENTIALS", '{"type": "service_account"}')
+    assert secret_env_reason("SSH_KEY_FILE", "-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert secret_env_reason("AWS_ENDPOINT_URL", "https://minio.internal:9000") is None
+
+
+def test_config_secrets_are_found_and_refused(tmp_path):
+    text = MINIMAL.replace('url = "store"', 'url = "s3://b/p"\nstorage_options = {key = "AKIA", secret = "s3cr3t", '
+                                            'client_kwargs = {endpoint_url = "http://x", aws_session_token = "t"}}')
+    text = text.replace('column = "ids"', 'column = "ids"\nstorage_options = {token = "anon", anon = true, '
+                                          'password = "", profile = "prod"}')
+    cfg = load_config(write(tmp_path, text))
+    assert config_secrets(cfg) == ["[store] storage_options.key", "[store] storage_options.secret",
+                                   "[store] storage_options.client_kwargs.aws_session_token"]
+    with pytest.raises(PosstatsError, match=r"p.toml: \[store\] storage_options.key \(and 2 more\) holds a "
+                                            r"credential; refusing to ship it") as err:
+        refuse_secrets(cfg)
+    assert "s3cr3t" not in str(err.value) and "docs/service.md" in str(err.value)
+    # gcsfs' token modes, booleans, empty values and profiles are not credentials
+    safe = load_config(write(tmp_path, MINIMAL.replace('column = "ids"', 'column = "ids"\nstorage_options = '
+                                                       '{token = "anon", anon = true, password = "", profile = "p"}')))
+    assert config_secrets(safe) == []
+    refuse_secrets(safe)
+    assert safe.to_dict()["input"]["storage_options"]["token"] == "anon"  # not redacted into "***"
+
+
+def test_passwords_in_urls_are_refused_and_redacted(tmp_path):
+    text = MINIMAL.replace('url = "store"', 'url = "s3://b/p"\nstorage_options = {client_kwargs = '
+                                            '{endpoint_url = "https://user:pw123@minio:9000"}}')
+    text = text.replace('paths = ["corpus/*.parquet"]', 'paths = ["https://me:pw456@host/c.parquet"]')
+    cfg = load_config(write(tmp_path, text))
+    assert config_secrets(cfg) == [
+        "[store] storage_options.client_kwargs.endpoint_url (a password in a URL)",
+        "[input] paths (a password in a URL)",
+    ]
+    shown = dumps_toml(cfg.to_dict())
+    assert "pw123" not in shown and "pw456" not in shown and "https://me:***@host/c.parquet" in shown
+
+
+def test_submit_refuses_credentials_before_contacting_the_cluster(tmp_path, capsys):
+    """`posstats submit` with a credential in --env or in the config: one line, exit 2, and the
+    job server (a listening socket standing in for it) is never connected to."""
+    from posstats.cli import main
+
+    plain = write(tmp_path, MINIMAL)
+    secret = write(tmp_path, MINIMAL.replace('column = "ids"', 'column = "ids"\nstorage_options = '
+                                             '{key = "AKIAABCDEFGHIJKLMNOP", secret = "s3cr3t-value"}'), "s.toml")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        cases = [
+            (["--config", str(plain), "--env", "AWS_SECRET_ACCESS_KEY=s3cr3t-value"], "--env AWS_SECRET_ACCESS_KEY"),
+            (["--config", str(plain), "--env", "AWS_SESSION_TOKEN=s3cr3t-value"], "--env AWS_SESSION_TOKEN"),
+            (["--config", str(plain), "--env", "AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP"], "--env AWS_ACCESS_KEY_ID"),
+            (["--config", str(secret)], "s.toml: [input] storage_options.key (and 1 more) holds a credential"),
+            (["--config", str(plain), "--set", "store.storage_options={secret='s3cr3t-value'}"],
+             "[store] storage_options.secret holds a credential"),
+        ]
+        for extra, expected in cases:
+            assert main(["submit", "--address", url, *extra]) == 2, extra
+            err = capsys.readouterr().err
+            assert err.startswith("posstats: error: ") and err.count("\n") == 1, err
+            assert expected in err and "s3cr3t-value" not in err, err
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody knocked

@@ -1,11 +1,14 @@
 """posstats submit / status / logs against a real Ray head started by this test
-(`ray start --head` on 127.0.0.1 with token authentication on and a token of its own),
+(`ray start --head` listening on 127.0.0.1 only, with token authentication on and a token
+of its own), the exit status of `posstats status` for failed and stopped jobs, and that no
+credential reaches the job API, the head's files or the run store (issue #18),
 not a mock. The head is stopped at the end by killing exactly its own processes (its
 process group, then anything whose command line names its private temp folder); `ray stop`
 is never used, since it would kill every Ray process on the machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -66,8 +69,11 @@ def ray_head():
     token = secrets.token_hex(32)
     ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc", "metrics",
                                             "runtime_env", "node_manager", "object_manager")}
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: Ray keeps 127.0.0.1 as the node address (else it
+    # rewrites it to the machine's external one and listens on every interface; see
+    # cluster/loopback_node.py), so this head listens on loopback only
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     cmd = ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(ports["gcs"]),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports["dashboard"]), "--include-dashboard=true",
            "--ray-client-server-port", str(ports["client"]), "--dashboard-agent-listen-port", str(ports["agent"]),
@@ -156,10 +162,12 @@ card = false
     return tmp_path, corpus, config
 
 
-def posstats(*args, token_env: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+def posstats(*args, token_env: str | None = None, timeout: float = 240,
+             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
     if token_env:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token_env)
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "posstats.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO)
 
@@ -226,6 +234,111 @@ def test_failures_are_reported_clearly(ray_head, corpus_config):
     job_id = r.stdout.split()[0]
     st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 120)
     assert st.returncode == 1 and "FAILED" in st.stdout, st.stdout + st.stderr
+    # without --wait too (issue #18.13: it used to exit 0 for a failed job), and with --json
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file)
+    assert st.returncode == 1 and f"job {job_id}: FAILED" in st.stdout, st.stdout + st.stderr
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--json")
+    assert st.returncode == 1 and json.loads(st.stdout)["status"] == "FAILED"
     logs = posstats("logs", job_id, "--address", url, "--token-file", token_file)
     assert "posstats: error: no input matches" in logs.stdout
     assert Store(str(tmp_path / "store")).read_lock() == (None, False)  # the failed run let go of the store
+
+
+def test_a_stopped_job_makes_status_exit_nonzero(ray_head, corpus_config):
+    """Issue #18.13: `posstats status JOB` exits 0 while the job runs, 1 once it is STOPPED
+    (with and without --wait)."""
+    from ray.job_submission import JobSubmissionClient
+
+    tmp_path, _, config = corpus_config
+    url, token_file = ray_head["url"], ray_head["token_file"]
+    t0 = time.monotonic()
+    r = posstats("submit", "--address", url, "--token-file", token_file, "--config", config, "--run-id", "stop-1",
+                 "--env", "POSSTATS_TEST_SHARD_DELAY=30")
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split()[0]
+    client = JobSubmissionClient(url, headers={"Authorization": f"Bearer {ray_head['token']}"})
+    deadline = time.monotonic() + 60
+    while str(client.get_job_status(job_id).value) != "RUNNING":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.5)
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file)
+    assert st.returncode == 0 and f"job {job_id}: RUNNING" in st.stdout, st.stdout + st.stderr
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 1)
+    assert st.returncode == 3, st.stdout + st.stderr  # still running after 1 s
+    assert client.stop_job(job_id)
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 60)
+    assert st.returncode == 1 and f"job {job_id}: STOPPED" in st.stdout, st.stdout + st.stderr
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--json")
+    assert st.returncode == 1 and json.loads(st.stdout)["status"] == "STOPPED"
+    print(f"\nstopped-job status test: {time.monotonic() - t0:.1f} s")
+
+
+def _files_holding(root: Path, needles: list[str]) -> list[str]:
+    """Regular files under ``root`` whose bytes contain one of ``needles``."""
+    found = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            try:
+                if not path.is_file() or path.is_symlink():
+                    continue
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found += [f"{path}: {n}" for n in needles if n.encode() in data]
+    return found
+
+
+def test_no_credential_reaches_the_job_api_or_the_nodes(ray_head, corpus_config):
+    """Issue #18.7 against a real head: a credential in --env or in the config's
+    storage_options is refused before anything is submitted; a job submitted by a user who
+    has credentials in their own environment carries none of them: not in the job API's
+    records (list_jobs(): runtime_env, entrypoint, metadata), not in any file of the head's
+    temp folder (runtime_env_agent.log, the unpacked working_dir, the job logs), not in the
+    run store."""
+    from ray.job_submission import JobSubmissionClient
+
+    tmp_path, _, config = corpus_config
+    url, token_file = ray_head["url"], ray_head["token_file"]
+    t0 = time.monotonic()
+    in_flag, in_config, in_client_env = (f"flag-{secrets.token_hex(12)}", f"cfg-{secrets.token_hex(12)}",
+                                         f"env-{secrets.token_hex(12)}")
+    needles = [in_flag, in_config, in_client_env]
+    client = JobSubmissionClient(url, headers={"Authorization": f"Bearer {ray_head['token']}"})
+    before = {j.submission_id for j in client.list_jobs()}
+
+    r = posstats("submit", "--address", url, "--token-file", token_file, "--config", config, "--run-id", "cred-0",
+                 "--env", f"AWS_SECRET_ACCESS_KEY={in_flag}")
+    assert r.returncode == 2 and "--env AWS_SECRET_ACCESS_KEY: refusing to send a credential" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and in_flag not in r.stderr
+    secret_config = tmp_path / "secret.toml"
+    secret_config.write_text(config.read_text().replace('column = "ids"', 'column = "ids"\nstorage_options = '
+                                                        f'{{key = "AKIAABCDEFGHIJKLMNOP", secret = "{in_config}"}}'))
+    r = posstats("submit", "--address", url, "--token-file", token_file, "--config", secret_config,
+                 "--run-id", "cred-0")
+    assert r.returncode == 2 and "[input] storage_options.key (and 1 more) holds a credential" in r.stderr, r.stderr
+    assert {j.submission_id for j in client.list_jobs()} == before  # nothing was submitted
+
+    # the documented route: credentials stay with whoever has them (here: the submitter's own
+    # environment, which a job never inherits; on a cluster: the nodes' environment / role)
+    r = posstats("submit", "--address", url, "--token-file", token_file, "--config", config, "--run-id", "cred-1",
+                 "--env", "AWS_DEFAULT_REGION=eu-west-1", "--set", "input.storage_options={anon=false}",
+                 extra_env={"AWS_SECRET_ACCESS_KEY": in_client_env, "AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"})
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.split()[0]
+    st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 180)
+    assert st.returncode == 0, st.stdout + st.stderr
+
+    jobs = [j for j in client.list_jobs() if j.submission_id not in before]
+    assert [j.submission_id for j in jobs] == [job_id]
+    (job,) = jobs
+    assert job.runtime_env["env_vars"]["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert not {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"} & set(job.runtime_env["env_vars"])
+    records = json.dumps([j.model_dump() if hasattr(j, "model_dump") else dataclasses.asdict(j) for j in jobs],
+                         default=str)
+    assert job_id in records and not [n for n in [*needles, "AKIAABCDEFGHIJKLMNOP"] if n in records]
+    assert _files_holding(Path(ray_head["temp"]), needles) == []
+    assert _files_holding(tmp_path / "store", needles) == []
+    shipped = (tmp_path / "store" / "runs" / "cred-1" / "config" / "pipeline.toml").read_text()
+    assert "anon = false" in shipped  # the run store's copy of the config is the one that travelled
+    print(f"\ncredential test: {time.monotonic() - t0:.1f} s")

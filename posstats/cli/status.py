@@ -12,11 +12,18 @@ HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)
 DESCRIPTION = """\
 With JOB_ID: the Ray job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), its
 message, run id and times, from the job server at --address. --wait polls until the job
-ends and exits 0 only if it succeeded (1 otherwise).
+ends.
+
+exit status with JOB_ID (also with --json):
+  0  the job SUCCEEDED, or (without --wait) is still PENDING or RUNNING
+  1  the job ended FAILED or STOPPED
+  2  an error: bad arguments, the job server unreachable or refusing the token, no such job
+  3  --wait --timeout S: the job had not ended after S seconds
 
 With --store: the run store's latest pointer, its lock (holder, heartbeat age, stale or
 not) and every run with the stages it completed (no Ray needed). --verify also checks
-every completed stage's files against the sizes and sha256 in their markers.
+every completed stage's files against the sizes and sha256 in their markers; exit status
+0, or 1 when --verify found a problem (2 on an error).
 
 examples:
   posstats status raysubmit_XyZ --address http://127.0.0.1:8265 --wait
@@ -30,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job id printed by 'posstats submit'")
     add_address_args(p)
-    p.add_argument("--wait", action="store_true", help="wait until the job ends; exit 0 only if it succeeded")
+    p.add_argument("--wait", action="store_true", help="wait until the job ends (exit status: see above)")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 3)")
     p.add_argument("--store", metavar="PATH_OR_URL", help="show a run store instead of a job")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
@@ -127,8 +134,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         run_id = st["metadata"].get("posstats_run_id", "?")
         print(f"job {st['job_id']}: {st['status']} (run {run_id})" + (f": {st['message']}" if st["message"] else ""))
-    if args.wait:
-        if not st["terminal"]:
-            return 3
-        return 0 if st["status"] == "SUCCEEDED" else 1
+    return job_exit_status(st, waited=args.wait)
+
+
+def job_exit_status(st: dict, *, waited: bool) -> int:
+    """0 succeeded or (not waiting) not ended yet, 1 failed or stopped, 3 waited and not ended."""
+    if st["status"] in ("FAILED", "STOPPED"):
+        return 1
+    if waited and not st["terminal"]:
+        return 3
     return 0

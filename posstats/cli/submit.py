@@ -23,6 +23,17 @@ Token authentication (Ray 2.60 default): pass --token-file FILE, or set RAY_AUTH
 and RAY_AUTH_TOKEN (or ~/.ray/auth_token) as for 'ray job submit'. A cluster started with
 RAY_AUTH_MODE=disabled needs neither.
 
+Credentials are never sent with a job: Ray keeps a job's environment variables and its
+working_dir in its job table and on the nodes, returns them from the job API and logs
+them. So --env refuses names that look like credentials (AWS_SECRET_ACCESS_KEY,
+AWS_SESSION_TOKEN, AWS_ACCESS_KEY_ID, *TOKEN*, *SECRET*, *PASSWORD*, *_KEY..., except
+*_FILE / *_PATH names, which point at a mounted secret) and values with a password in a
+URL, and a configuration whose storage_options hold key / secret / token / password /
+credential values is refused (exit 2, before the cluster is contacted). The job reads
+its credentials from the cluster's own environment: an IAM role / IRSA, a mounted
+secret, the environment of the RayCluster spec or of the Ray worker processes (see
+'Credentials' in docs/service.md).
+
 examples:
   posstats submit --address http://127.0.0.1:8265 --config deploy/pipeline.example.toml
   posstats submit --address http://head:8265 --config p.toml --run-id corpus-v2 --token-file ~/.ray/auth_token --wait
@@ -65,8 +76,8 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PosstatsError(f"--env expects KEY=VALUE, got {item!r}")
+        if not sep or not key:  # the entry is not echoed: it may be a mistyped credential
+            raise PosstatsError("--env expects KEY=VALUE, got an entry without a name or '='")
         out[key] = value
     return out
 
@@ -80,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--code", choices=("ship", "installed"), default="ship",
                    help="ship the local posstats/jobs packages with the job (default), or use the cluster's installation")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment variable of the job (e.g. AWS_ENDPOINT_URL=...); repeatable")
+                   help="environment variable of the job (e.g. AWS_ENDPOINT_URL=...; never a credential: those are "
+                        "refused, see above); repeatable")
     p.add_argument("--submission-id", metavar="ID", help="the Ray job id to use (default: Ray picks one)")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
     p.add_argument("--json", action="store_true", help="print the submission as JSON")
@@ -89,15 +101,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from posstats.cli.pipeline import config_from_args
+    from posstats.pipeline_config import refuse_secrets
 
+    env = _env_pairs(args.env)
+    refuse_secrets(env=env)  # first: a credential never goes anywhere, whatever else is wrong
     cfg, run_id = config_from_args(args)
     if args.print_config:
         from posstats.pipeline_config import dumps_toml
 
         print(dumps_toml(cfg.to_dict()), end="")
         return 0
+    refuse_secrets(cfg)
     address, token = resolve_address(args)
-    env = _env_pairs(args.env)
     from jobs.pipeline import default_run_id, job_status, submit_job  # imports ray lazily
 
     run_id = run_id or default_run_id()
