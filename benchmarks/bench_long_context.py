@@ -6,7 +6,7 @@
 Prints one JSON object. Each step runs in its own subprocess so that its peak memory
 (``ru_maxrss``) is its own:
 
-- ``generate``: seeded counts with a known structure (:func:`posstats.noise.synthetic_counts`:
+- ``generate``: seeded counts with a known structure (:func:`posstats.estimates.noise.synthetic_counts`:
   a Zipf base over the GPT-2 vocabulary plus a planted rank-8 positional component,
   Poisson counts built as CSR directly), saved to a safetensors cache (data, indices,
   indptr). About a minute.
@@ -55,7 +55,7 @@ def _cache_paths(cache: Path, n: int, vocab: int, tokens: float, rank: int, seed
 def step_generate(args: argparse.Namespace) -> dict:
     from safetensors.numpy import save_file
 
-    from posstats.noise import synthetic_counts
+    from posstats.estimates.noise import synthetic_counts
 
     path = _cache_paths(Path(args.cache), args.n, args.vocab, args.tokens, args.rank, args.seed)
     if path.exists():
@@ -85,7 +85,7 @@ def _load(args: argparse.Namespace):
 
 
 def step_encode(args: argparse.Namespace) -> dict:
-    from posstats.mds import classical_mds
+    from posstats.geometry.mds import classical_mds
 
     t0 = time.perf_counter()
     counts, true = _load(args)
@@ -118,8 +118,8 @@ def step_encode(args: argparse.Namespace) -> dict:
 
 
 def step_sampled(args: argparse.Namespace) -> dict:
-    from posstats.encodings import make_encoding
-    from posstats.sampled import SampledGeometry
+    from posstats.geometry.encodings import make_encoding
+    from posstats.estimates.sampled import SampledGeometry
 
     counts, _ = _load(args)
     mds = np.load(Path(args.cache) / f"mds-n{args.n}.npy")
@@ -151,8 +151,8 @@ def step_sampled(args: argparse.Namespace) -> dict:
 
 
 def step_accuracy(args: argparse.Namespace) -> dict:
-    from posstats.mds import classical_mds
-    from posstats.noise import synthetic_counts
+    from posstats.geometry.mds import classical_mds
+    from posstats.estimates.noise import synthetic_counts
 
     n = 8192
     syn = synthetic_counts(n, args.vocab, tokens=args.tokens, rank=args.rank, strength=0.3, seed=args.seed + 1)
@@ -178,11 +178,11 @@ def step_accuracy(args: argparse.Namespace) -> dict:
 
 
 def step_monotonicity(args: argparse.Namespace) -> dict:
-    from posstats.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
-    from posstats.encodings import make_encoding
-    from posstats.hellinger import hellinger
-    from posstats.noise import synthetic_counts
-    from posstats.stress import stress_report
+    from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
+    from posstats.geometry.encodings import make_encoding
+    from posstats.geometry.hellinger import hellinger
+    from posstats.estimates.noise import synthetic_counts
+    from posstats.geometry.stress import stress_report
 
     out = {}
     n = 8192
@@ -236,11 +236,11 @@ def _real_corpora(shared: Path, work: Path) -> dict[str, Path]:
 def step_real(args: argparse.Namespace) -> dict:
     """Noise floor, bias-corrected mean d_H and null rank on the shared real corpora, in
     truncate and pack mode (GPT-2 tokens, 128 positions, document quarters)."""
-    from posstats.corpus import CorpusSource
-    from posstats.counts import CountSpec
-    from posstats.hellinger import hellinger_sq
-    from posstats.mds import classical_mds
-    from posstats.noise import corrected_squared_distances, count_parts, noise_floor, null_rank
+    from posstats.corpus.source import CorpusSource
+    from posstats.counting.counts import CountSpec
+    from posstats.geometry.hellinger import hellinger_sq
+    from posstats.geometry.mds import classical_mds
+    from posstats.estimates.noise import corrected_squared_distances, count_parts, noise_floor, null_rank
 
     repo = Path(__file__).resolve().parents[1]
     tokenizer = str(repo / "data" / "tokenizers" / "gpt2.tokenizer.json")

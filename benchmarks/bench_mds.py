@@ -31,8 +31,8 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.hellinger import hellinger_sq
-from posstats.mds import classical_mds, product_threads
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import classical_mds, product_threads
 
 
 def _zipf_cdf(size: int, exponent: float, rng: np.random.Generator) -> np.ndarray:

@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from posstats.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
-from posstats.encodings import random_encoding, sinusoidal
-from posstats.stress import pairwise_distances
+from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
+from posstats.geometry.encodings import random_encoding, sinusoidal
+from posstats.geometry.stress import pairwise_distances
 
 
 def direct_counts(dist: np.ndarray, pos: np.ndarray) -> tuple[int, int]:

@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 
-from posstats.backend import get_cupy, to_numpy
-from posstats.smacof import smacof, smacof_stress, stochastic_smacof
+from posstats.geometry.backend import get_cupy, to_numpy
+from posstats.geometry.smacof import smacof, smacof_stress, stochastic_smacof
 
 
 def sqrt_distributions(n: int, *, vocab: int = 256, seed: int = 0, tokens: int = 2000):

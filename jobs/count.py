@@ -8,11 +8,11 @@
 What runs where:
 
 * the driver (this module) resolves the inputs, plans shards from metadata only
-  (:func:`posstats.shards.plan_shards`), holds the run store's lock and schedules shards
+  (:func:`posstats.corpus.shards.plan_shards`), holds the run store's lock and schedules shards
   biggest first on a pool of counting actors, one task in flight per actor;
 * each :class:`CountWorker` actor reads its shards itself, counts them with the core
-  kernel (:func:`posstats.shards.count_shard`) and persists each partial plus its
-  completion marker to the run store (:class:`posstats.runstore.RunStore`); it returns a
+  kernel (:func:`posstats.corpus.shards.count_shard`) and persists each partial plus its
+  completion marker to the run store (:class:`posstats.service.shard_store.RunStore`); it returns a
   small summary, never an array;
 * a tree reduce on the same actors sums partials (``fan_in`` at a time, in sorted shard-id
   order) into intermediate files and finally the result in ``STORE/results/``; the driver
@@ -47,13 +47,17 @@ from typing import Any
 import numpy as np
 
 from jobs.connect import connect_ray
-from posstats.corpus import CorpusSource
-from posstats.counts import DEFAULT_DENSE_BUDGET, CountSpec
+from posstats.corpus.source import CorpusSource
+from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_run_id
-from posstats.runstore import RunStore, config_key
-from posstats.storage import COUNTS_FILES, write_json_atomic
-from posstats.shards import DEFAULT_SHARD_BYTES, Shard, plan_shards
+from posstats.service.shard_store import RunStore, config_key
+from posstats.counting.io import write_json_atomic
+from posstats.corpus.inputs import CountInputs
+from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
+from posstats.guard import run_guarded
+from posstats.runs.counts_folder import count_line, publish_counts
+from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, plan_shards
 
 __all__ = [
     "CountWorker",
@@ -135,7 +139,7 @@ class CountWorker:
         cwd: str,
         shard_delay: float = 0.0,
     ) -> None:
-        from posstats.tokenizer import load_tokenizer
+        from posstats.corpus.tokenizer import load_tokenizer
 
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative input paths mean what they mean to the driver
@@ -151,7 +155,7 @@ class CountWorker:
 
     def _dense_buffer(self, shard: Shard) -> Any:
         """The reusable dense accumulator, made on the first dense shard; None for sparse."""
-        from posstats.shards import partial_is_dense
+        from posstats.corpus.shards import partial_is_dense
 
         if not partial_is_dense(self.spec, shard, dense_budget=self.dense_budget):
             return None
@@ -168,7 +172,7 @@ class CountWorker:
     def count(self, shard: dict[str, Any]) -> dict[str, Any]:
         """Count one shard unless its marker exists; return a summary (status counted,
         cached or bad)."""
-        from posstats.shards import count_shard
+        from posstats.corpus.shards import count_shard
 
         s = Shard.from_dict(shard)
         marker = self.store.marker(s.shard_id)
@@ -197,11 +201,11 @@ class CountWorker:
         """Signed sum of saved counts into ``out``; intermediate sums are stored compactly,
         the final one dense exactly when ``final_dense``. When partials do not match their
         markers nothing is saved and ``{"corrupt": [{"path", "error"}, ...]}`` is returned."""
-        from posstats.runstore import compact_counts, sum_partials
-        from posstats.storage import save_counts
+        from posstats.service.shard_store import compact_counts, sum_partials
+        from posstats.counting.io import save_counts
 
         n, V = self.spec.positions, self.spec.vocab_size
-        dense = n * V * 8 <= self.dense_budget
+        dense = self.spec.fits_dense(self.dense_budget)
         t = time.perf_counter()
         corrupt: list = []
         total = sum_partials([(p, int(sign)) for p, sign in items], self.spec, dense=dense, metadata=self.metadata,
@@ -503,7 +507,7 @@ def _run(
         store.write_run(run_id, record)
         if resumed:
             _log(f"resuming run {run_id}: {len(done_ids)}/{len(shards)} shard(s) already counted")
-        final_dense = spec.positions * spec.vocab_size * 8 <= opts.dense_budget
+        final_dense = spec.fits_dense(opts.dense_budget)
         up_to_date = (
             previous is not None
             and previous.get("storage") == ("dense" if final_dense else "sparse")
@@ -641,7 +645,7 @@ def _run(
 
 def _drop_corrupt(store: RunStore, corrupt: list[dict], by_id: dict[str, Shard], removed: list[str], *,
                   last: bool) -> list[Shard]:
-    """Delete partials that failed their integrity check (see :mod:`posstats.runstore`) and
+    """Delete partials that failed their integrity check (see :mod:`posstats.service.shard_store`) and
     return the shards to count again; a corrupt partial of a removed shard is only deleted
     (the reduce then sums the remaining partials in full).
 
@@ -726,7 +730,7 @@ def count_job(source: CorpusSource, spec: CountSpec, metadata: dict[str, str], o
     Returns the summary of ``count.json`` (files, sequences, windows, tokens_counted,
     positions_occupied, storage, counts_file, seconds, tokens_per_s, fingerprint),
     ``counts_path`` (the result's counts file in the store) and ``ray`` (run id, shard
-    numbers, bad shards, timings). The counts equal :func:`posstats.corpus.count_corpus`
+    numbers, bad shards, timings). The counts equal :func:`posstats.corpus.source.count_corpus`
     exactly (with ``dense_budget`` = its memory budget, even the storage kind).
 
     Raises:
@@ -759,7 +763,7 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
         msg = f"{store}: counts text; pass --tokenizer (the tokenizer.json it was counted with)"
         raise PosstatsError(msg)
     if tok_path:
-        from posstats.tokenizer import check_tokenizer
+        from posstats.corpus.tokenizer import check_tokenizer
 
         recorded = {"tokenizer_hash": cfg.get("tokenizer_hash"), "tokenizer": metadata.get("tokenizer")}
         check_tokenizer(recorded, tok_path, counts=f"run store {store}")
@@ -779,7 +783,7 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
 
 
 def options_from_args(args: argparse.Namespace, *, default_store: str | None) -> JobOptions:
-    """JobOptions from the ``--ray`` flags (see :func:`posstats.cli.count.add_ray_args`)."""
+    """JobOptions from the ``--ray`` flags (see :func:`posstats.flags.add_ray_args`)."""
     if args.run_id is not None:
         validate_run_id(args.run_id)
     store = args.store or default_store
@@ -802,37 +806,30 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None) ->
     )
 
 
-def count_to(args: argparse.Namespace, stage: Path) -> tuple[None, dict[str, Any]]:
-    """``posstats count --ray``: like :func:`posstats.cli.count.count_to` (same files in
-    ``stage``: config.json, counts.*; the caller writes count.json), counted by the Ray job.
-    Returns (None, summary): the counts stay on disk, never in the driver's memory."""
-    from posstats.cli._common import count_inputs
-
+def count_to(args: argparse.Namespace, stage: Path, /) -> dict[str, Any]:
+    """Count the corpus of ``args`` as a Ray job into ``stage`` (the files of a counts
+    folder but ``count.json``: config.json, counts.*); return the ``count.json`` record.
+    The counts stay on disk, never in the driver's memory."""
     opts = options_from_args(args, default_store=os.path.join(args.out, "store"))  # checks --run-id first
-    source, spec, metadata = count_inputs(args)
-    files = source.files()
-    config = {
-        "command": "count",
-        "inputs": files,
-        "format": source.format,
-        "column": source.column,
-        "text_column": source.text_column,
-        "tokenizer": args.tokenizer,
-        **spec.to_metadata(),
-        **metadata,
-    }
+    inputs = count_inputs_from_args(args)
+    files = inputs.source.files()
     ray_config = {"store": os.path.abspath(opts.store), "run_id": opts.run_id, "address": opts.address,
                   "workers": opts.workers, "skip_bad_shards": opts.skip_bad_shards, "shard_bytes": opts.shard_bytes}
-    write_json_atomic(stage / "config.json", {**config, "ray": ray_config})
-    summary = count_job(source, spec, metadata, opts)
+    write_json_atomic(stage / "config.json", inputs.record(command="count", files=files, ray=ray_config))
+    summary = count_job(inputs.source, inputs.spec, inputs.metadata, opts)
     shutil.copyfile(summary.pop("counts_path"), stage / summary["counts_file"])
-    return None, summary
+    return summary
+
+
+def run(args: argparse.Namespace, /) -> int:
+    """``posstats count --ray`` / ``python -m jobs.count``: count into ``--out``, print one line."""
+    summary = publish_counts(args.out, lambda stage: count_to(args, stage))
+    print(count_line(summary, positions=args.positions, out=args.out))
+    return 0
 
 
 def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
     """``posstats refresh``: update the store, print what changed, write OUT if known."""
-    from posstats.outputs import staged_output
-
     if args.run_id is not None:
         validate_run_id(args.run_id)  # before reading the store
     if args.memory_budget is None:
@@ -857,30 +854,20 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
     print(f"total: {summary['tokens_counted']:,} tokens from {summary['sequences']:,} sequences in "
           f"{summary['files']} file(s), fingerprint {summary['fingerprint'][:16]}")
     if out and (ray_info["reduce"] != "up to date" or not os.path.exists(os.path.join(out, "count.json"))):
-        config = {
-            "command": "refresh",
-            "inputs": source.files(),
-            "format": source.format,
-            "column": source.column,
-            "text_column": source.text_column,
-            "tokenizer": source.tokenizer,
-            **spec.to_metadata(),
-            **metadata,
-            "ray": {"store": ray_info["store"], "run_id": ray_info["run_id"]},
-        }
-        with staged_output(out, last=("count.json",), replaces=COUNTS_FILES) as stage:
+        config = CountInputs(source, spec, metadata, source.tokenizer).record(
+            command="refresh", files=source.files(), ray={"store": ray_info["store"], "run_id": ray_info["run_id"]})
+        def copy_result(stage: Path) -> dict[str, Any]:
             write_json_atomic(stage / "config.json", config)
             shutil.copyfile(summary["counts_path"], stage / summary["counts_file"])
-            write_json_atomic(stage / "count.json", {k: v for k, v in summary.items() if k != "counts_path"})
+            return {k: v for k, v in summary.items() if k != "counts_path"}
+
+        publish_counts(out, copy_result)
         print(f"-> {out}")
     return summary
 
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m jobs.count``: the input/counting flags of ``posstats count`` plus the Ray flags."""
-    from posstats.cli._common import add_input_args
-    from posstats.cli.count import add_ray_args
-
     p = argparse.ArgumentParser(
         prog="python -m jobs.count",
         description="Count positional tokens of a corpus as a Ray job (the same as 'posstats count --ray').",
@@ -895,9 +882,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m jobs.count`` / ``ray job submit -- python -m jobs.count``."""
     args = build_parser().parse_args(argv)
     args.ray = True
-    from posstats.cli import run_guarded
-    from posstats.cli.count import run
-
     return run_guarded(run, args)
 
 

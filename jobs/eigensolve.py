@@ -5,7 +5,7 @@
 
 One :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1`` when
 ``ray.cluster_resources()`` has a GPU, else ``num_cpus=1``) reads the counts and calls
-:func:`posstats.mds.classical_mds` with ``method="lanczos"``: block Lanczos on the implicit
+:func:`posstats.geometry.mds.classical_mds` with ``method="lanczos"``: block Lanczos on the implicit
 centred square-root operator, never an n x n matrix and never a densified ``S_c``; on the
 GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
 ``OUT/mds.safetensors`` (positions, eigenvalues, encoding, residuals); the driver writes

@@ -7,7 +7,7 @@
 What runs where: the driver joins ``--address`` (or ``$RAY_ADDRESS``, else starts a local
 Ray), looks at ``ray.cluster_resources()`` and starts one :class:`GeometryWorker` actor with
 ``num_gpus=1`` when the cluster has a GPU (``num_cpus=1`` otherwise). The actor reads the
-counts itself, calls :func:`posstats.hellinger.hellinger_sq` (cupy arrays on the GPU, the
+counts itself, calls :func:`posstats.geometry.hellinger.hellinger_sq` (cupy arrays on the GPU, the
 sparse numpy/scipy path on a CPU), writes ``OUT/hellinger.safetensors`` (``d2``: n x n
 float64 squared distances of the used positions, ``positions``, ``occupancy``) and returns a
 small summary; the driver writes ``OUT/hellinger.json`` last.
@@ -52,8 +52,8 @@ class GeometryWorker:
         return {"pid": os.getpid(), "hostname": socket.gethostname(), "device": self.device}
 
     def _rows(self, counts_path: str, min_occupancy: int, buckets: str) -> tuple[Any, Any, Any, str]:
-        from posstats.buckets import bucket_counts, parse_buckets
-        from posstats.storage import load_counts
+        from posstats.counting.buckets import bucket_counts, parse_buckets
+        from posstats.counting.io import load_counts
 
         counts = load_counts(counts_path)
         b = parse_buckets(buckets, counts.positions)
@@ -70,8 +70,8 @@ class GeometryWorker:
         import scipy.sparse as sp
         from safetensors.numpy import save_file
 
-        from posstats.hellinger import hellinger_sq
-        from posstats.storage import atomic_path
+        from posstats.geometry.hellinger import hellinger_sq
+        from posstats.counting.io import atomic_path
 
         t = time.perf_counter()
         rows, positions, occupancy, fingerprint = self._rows(counts_path, min_occupancy, buckets)
@@ -117,14 +117,14 @@ class GeometryWorker:
         import numpy as np
         from safetensors.numpy import save_file
 
-        from posstats.mds import classical_mds
-        from posstats.storage import atomic_path
+        from posstats.geometry.mds import classical_mds
+        from posstats.counting.io import atomic_path
 
         t = time.perf_counter()
         rows, positions, occupancy, fingerprint = self._rows(counts_path, min_occupancy, buckets)
         xp = None
         if self.device == "gpu":
-            from posstats.backend import get_cupy
+            from posstats.geometry.backend import get_cupy
 
             xp = get_cupy()
         mds = classical_mds(rows, k=k, method="lanczos", tol=tol, block=block, seed=seed, xp=xp)
@@ -190,7 +190,7 @@ def run_job(args: argparse.Namespace, method: str, **kwargs: Any) -> dict[str, A
     """Start the actor, run ``method`` on it, write OUT/<job>.json last, stop what we started."""
     import ray
 
-    from posstats.storage import counts_file, write_json_atomic
+    from posstats.counting.io import counts_file, write_json_atomic
 
     counts_file(args.counts)  # a missing or foreign path fails here, before any actor starts
     started = connect(args.address)

@@ -4,7 +4,7 @@
     posstats pipeline --config FILE ...            (the same, in this process)
     posstats submit --address http://HEAD:8265 --config FILE    (the same, as a Ray job)
 
-One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.store`):
+One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.service.pipeline_store`):
 
 * **config**: the resolved configuration, first. A run id rerun with a configuration
   that would change its results is refused.
@@ -23,9 +23,9 @@ One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.store`
   (:func:`posstats.analysis.analyze`) in a Ray task (retried by Ray if its worker dies):
   ``mds.safetensors``, ``report.json``, ``report.md``, ``analysis-config.json``.
 * **report**: ``report.html`` with ``figures/`` and ``summary.md``
-  (:func:`posstats.html_report.write_html_report`).
+  (:func:`posstats.reports.html.write_html_report`).
 * **export**: the MDS encoding as a position table a model loads
-  (:func:`posstats.export.export_encoding`), with its model card.
+  (:func:`posstats.reports.export.export_encoding`), with its model card.
 
 Each stage is built in a staging folder and published with its marker last; a rerun of the
 run id skips completed stages. After the last stage the run's ``done.json`` is written, and
@@ -61,9 +61,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs.connect import connect_ray
+from posstats.corpus.inputs import count_inputs
+from posstats.flags import add_pipeline_args, config_from_args
+from posstats.guard import run_guarded
 from posstats.errors import InputError, PosstatsError
-from posstats.pipeline_config import PipelineConfig, dumps_toml, refuse_secrets
-from posstats.store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
+from posstats.service.config import PipelineConfig, dumps_toml, refuse_secrets
+from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
 
 __all__ = [
     "build_parser",
@@ -266,20 +269,9 @@ def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_mat
     return out
 
 
-def _count_args(run: _Run, inputs: list[str], tokenizer: str | None) -> argparse.Namespace:
-    c, i = run.cfg.values["count"], run.cfg.values["input"]
-    return argparse.Namespace(
-        input=inputs, format=i["format"], column=i["column"], text_column=i["text_column"], tokenizer=tokenizer,
-        hf_streaming=False, positions=c["positions"], vocab_size=c["vocab_size"],
-        exclude_tokens=tuple(c["exclude_tokens"]) if c["exclude_tokens"] is not None else None,
-        mode=c["mode"], separator=c["separator"], memory_budget=c["memory_budget_gib"],
-    )
-
-
 def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
     from jobs.count import JobOptions, count_job, refresh_job, store_config
-    from posstats.cli._common import count_inputs
-    from posstats.runstore import RunStore, config_key
+    from posstats.service.shard_store import RunStore, config_key
 
     cfg = run.cfg
     i = cfg.values["input"]
@@ -295,7 +287,11 @@ def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
     tokenizer = i["tokenizer"]
     if tokenizer and is_url(tokenizer):
         ((tokenizer, _),) = _mirror(run, tokenizer, storage_options=i["storage_options"])
-    source, spec, metadata = count_inputs(_count_args(run, inputs, tokenizer))
+    c = cfg.values["count"]
+    counted = count_inputs(inputs=inputs, format=i["format"], column=i["column"], text_column=i["text_column"],
+                           tokenizer=tokenizer, positions=c["positions"], vocab_size_=c["vocab_size"],
+                           exclude_tokens=c["exclude_tokens"], mode=c["mode"], separator=c["separator"])
+    source, spec, metadata = counted.source, counted.spec, counted.metadata
     files = source.files()  # InputError when a pattern matches nothing
     key = config_key(store_config(source, spec, metadata))
     counts_store = str(run.work / "count-store" / key)
@@ -364,8 +360,8 @@ def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
 
 
 def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
-    from posstats.runstore import RunStore
-    from posstats.storage import load_counts
+    from posstats.service.shard_store import RunStore
+    from posstats.counting.io import load_counts
 
     doc = run.stage_json("count", "summary.json")
     manifest = RunStore(doc["counts_store"]).manifest() or {}
@@ -399,8 +395,8 @@ def geometry_task(counts_dir: str, out_dir: str, config: Any, run_id: str, count
     from safetensors.numpy import save_file
 
     from posstats.analysis import analyze
-    from posstats.report import format_markdown
-    from posstats.storage import atomic_path, load_counts, write_json_atomic
+    from posstats.reports.summary import format_markdown
+    from posstats.counting.io import atomic_path, load_counts, write_json_atomic
 
     out = Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)
@@ -478,7 +474,7 @@ def _assemble_run_folder(run: _Run, dest: Path) -> Path:
 
 
 def _stage_report(run: _Run, staging: Path) -> dict[str, Any]:
-    from posstats.html_report import write_html_report
+    from posstats.reports.html import write_html_report
 
     counts = _assemble_run_folder(run, staging)
     r = run.cfg.values["report"]
@@ -490,7 +486,7 @@ def _stage_report(run: _Run, staging: Path) -> dict[str, Any]:
 
 
 def _stage_export(run: _Run, staging: Path) -> dict[str, Any]:
-    from posstats.export import export_encoding
+    from posstats.reports.export import export_encoding
 
     e = run.cfg.values["export"]
     tmp = run.staging_root / f"export-input-{run.attempt}"
@@ -620,8 +616,6 @@ def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m jobs.pipeline``: the flags of ``posstats pipeline``."""
-    from posstats.cli.pipeline import add_pipeline_args
-
     p = argparse.ArgumentParser(prog="python -m jobs.pipeline",
                                 description="Run the posstats refresh pipeline (count -> reduce -> geometry -> report "
                                             "-> export) as one Ray job, configured by a TOML file.")
@@ -631,8 +625,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Load the config and flags, run, print a one-line result (shared with the CLI)."""
-    from posstats.cli.pipeline import config_from_args
-
     cfg, run_id = config_from_args(args)
     if getattr(args, "print_config", False):
         print(dumps_toml(cfg.to_dict()), end="")
@@ -657,8 +649,6 @@ def main(argv: list[str] | None = None) -> int:
     # a Ray job stopped (or a pod deleted) gets SIGTERM: unwind, so the lock is released
     with contextlib.suppress(ValueError):
         signal.signal(signal.SIGTERM, _terminate)
-    from posstats.cli import run_guarded
-
     return run_guarded(run_from_args, args)
 
 
@@ -711,7 +701,7 @@ def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str =
     --run-id RUN_ID``. With ``code="ship"`` the local ``posstats`` and ``jobs`` packages go
     along as ``py_modules`` (the cluster then needs only posstats' dependencies); with
     ``code="installed"`` the cluster's own installation is used (the deploy/ image).
-    Credentials are refused (:func:`posstats.pipeline_config.refuse_secrets`): in ``env``
+    Credentials are refused (:func:`posstats.service.config.refuse_secrets`): in ``env``
     and in the configuration's ``storage_options``; the job uses the cluster's own.
 
     Returns:

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
-from posstats.counts import PositionalCounts
-from posstats.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
-from posstats.encodings import DEFAULT_ENCODINGS, make_encoding, parse_encoding_spec
+from posstats.counting.counts import PositionalCounts
+from posstats.geometry.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
+from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding, parse_encoding_spec
 from posstats.errors import InputError, PosstatsError
-from posstats.hellinger import hellinger_sq
-from posstats.mds import MDSResult, classical_mds
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import MDSResult, classical_mds
 from posstats.progress import progress
-from posstats.stress import stress_report
+from posstats.geometry.stress import stress_report
 
 __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
 
@@ -44,7 +44,7 @@ class AnalysisConfig:
 
     Attributes:
         dims: encoding widths d to evaluate (each >= 1).
-        encodings: encoding spec strings (see :mod:`posstats.encodings`).
+        encodings: encoding spec strings (see :mod:`posstats.geometry.encodings`).
         min_occupancy: positions with fewer counted tokens are left out of the geometry.
         rank_rtol: relative tolerance of the numerical rank.
         mds_method: ``auto`` | ``dense`` | ``iterative`` (see :func:`classical_mds`).
@@ -52,15 +52,15 @@ class AnalysisConfig:
         seed: seeds every random choice (random encodings, solvers, sampling).
         exact_limit: geometry rows above which no n x n matrix is formed: MDS by block
             Lanczos (k = max dims), stress from sampled pairs with 95 % intervals,
-            corpus diagnostics from sampled pairs/triples (see :mod:`posstats.sampled`).
+            corpus diagnostics from sampled pairs/triples (see :mod:`posstats.estimates.sampled`).
         stress_halfwidth: sampled path: pairs are drawn until every scaled-stress 95 %
             interval has at most this half-width (or ``stress_max_pairs``).
         stress_max_pairs: sampled path: the most pairs drawn.
         lanczos_tol: tolerance of the block Lanczos solver (relative to the top eigenvalue).
-        buckets: ``none``, ``fixed:W`` or ``log:P`` (:mod:`posstats.buckets`): the geometry
+        buckets: ``none``, ``fixed:W`` or ``log:P`` (:mod:`posstats.counting.buckets`): the geometry
             runs over buckets of pooled counts, represented by their midpoints.
         distances: ``plugin`` or ``corrected`` (the bias-corrected ``max(D - b_i - b_j, 0)``
-            of :mod:`posstats.noise`, which needs a noise floor); the matrix the MDS,
+            of :mod:`posstats.estimates.noise`, which needs a noise floor); the matrix the MDS,
             encodings' stress and corpus diagnostics use.
         noise_floor: estimate the split-half noise floor (the caller supplies the parts).
         noise_parts: 2 (halves) or 4 (quarters: also fits the bias's decay).
@@ -121,7 +121,7 @@ class AnalysisConfig:
         self._check_long_context_options()
 
     def _check_long_context_options(self) -> None:
-        from posstats.buckets import parse_buckets
+        from posstats.counting.buckets import parse_buckets
 
         parse_buckets(self.buckets, 1 << 20)
         if self.exact_limit < 2:
@@ -286,18 +286,18 @@ def analyze(
         config: options (:class:`AnalysisConfig`).
         show_progress: progress bar on stderr (None: only on a terminal).
         parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
-            parity, :mod:`posstats.noise`), for ``config.noise_floor``.
+            parity, :mod:`posstats.estimates.noise`), for ``config.noise_floor``.
         partials: per-shard partial counts, for ``config.bootstrap``.
 
     Above ``config.exact_limit`` geometry rows no n x n matrix is formed (module
-    :mod:`posstats.sampled`): block-Lanczos MDS, sampled stress with 95 % intervals, sampled
+    :mod:`posstats.estimates.sampled`): block-Lanczos MDS, sampled stress with 95 % intervals, sampled
     corpus diagnostics; the report says ``stress_method: sampled``.
 
     Raises:
         InputError: fewer than two positions reach the minimum occupancy.
         PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
     """
-    from posstats.buckets import bucket_counts, parse_buckets
+    from posstats.counting.buckets import bucket_counts, parse_buckets
 
     config = config or AnalysisConfig()
     timings: dict[str, float] = {}
@@ -330,7 +330,7 @@ def analyze(
         if parts is None:
             msg = "a noise floor needs the corpus in parts (posstats analyze --store DIR, --parts DIRS, or counts with a config.json to re-read)"
             raise PosstatsError(msg)
-        from posstats.noise import noise_floor
+        from posstats.estimates.noise import noise_floor
 
         t = time.perf_counter()
         geo_parts = [bucket_counts(p, buckets) for p in parts] if buckets is not None else list(parts)
@@ -359,7 +359,7 @@ def analyze(
         t = time.perf_counter()
         d2 = hellinger_sq(rows)
         if bias is not None:
-            from posstats.noise import corrected_squared_distances
+            from posstats.estimates.noise import corrected_squared_distances
 
             plug = np.sqrt(d2[~np.eye(m, dtype=bool)])
             distances = np.sqrt(corrected_squared_distances(d2, bias))
@@ -437,7 +437,7 @@ def _sampled_analysis(
     show_progress: bool | None,
 ) -> tuple[MDSResult, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """The geometry above ``exact_limit``: no n x n matrix (see :func:`analyze`)."""
-    from posstats.sampled import SampledGeometry
+    from posstats.estimates.sampled import SampledGeometry
 
     m = len(positions)
     t = time.perf_counter()
@@ -562,8 +562,8 @@ def _null_section(
     config: AnalysisConfig,
     timings: dict[str, float],
 ) -> dict[str, Any] | None:
-    """How many MDS components stand above a null corpus (:func:`posstats.noise.null_rank`)."""
-    from posstats.noise import null_rank
+    """How many MDS components stand above a null corpus (:func:`posstats.estimates.noise.null_rank`)."""
+    from posstats.estimates.noise import null_rank
 
     m = len(index)
     choice = config.null
@@ -609,9 +609,9 @@ def _bootstrap_section(
     config: AnalysisConfig,
     timings: dict[str, float],
 ) -> dict[str, Any]:
-    """Shard-bootstrap intervals for eigenvalues, rank and stress (:mod:`posstats.bootstrap`)."""
-    from posstats.bootstrap import shard_bootstrap
-    from posstats.buckets import bucket_counts
+    """Shard-bootstrap intervals for eigenvalues, rank and stress (:mod:`posstats.estimates.bootstrap`)."""
+    from posstats.estimates.bootstrap import shard_bootstrap
+    from posstats.counting.buckets import bucket_counts
 
     if not partials or len(partials) < 2:
         msg = "a shard bootstrap (--bootstrap) needs per-shard partial counts (posstats analyze --store DIR, or counts with a config.json to re-read)"

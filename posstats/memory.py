@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from posstats.counting.counts import CountSpec
 from posstats.errors import PosstatsError
 
 __all__ = [
@@ -157,11 +158,10 @@ def count_bytes(positions: int, vocab_size: int, /, *, dense: bool) -> tuple[int
     return (16 * n + 8, f"the per-position arrays of {n:,} positions (sparse counts)", "lower --positions")
 
 
-def require_count_memory(positions: int, vocab_size: int, /, *, memory_budget_gib: float) -> None:
-    """Refuse a one-process count that cannot fit, by the dense/sparse rule of ``posstats
-    count`` (dense while ``8 n V`` bytes fit ``--memory-budget``, else sparse)."""
-    dense = int(positions) * int(vocab_size) * 8 <= memory_budget_gib * 2**30
-    need, what, hint = count_bytes(positions, vocab_size, dense=dense)
+def require_count_memory(spec: CountSpec, /, *, budget_bytes: float) -> None:
+    """Refuse a one-process count that cannot fit, by the dense-or-sparse rule
+    (:meth:`CountSpec.fits_dense` of ``budget_bytes``, i.e. ``--memory-budget``)."""
+    need, what, hint = count_bytes(spec.positions, spec.vocab_size, dense=spec.fits_dense(budget_bytes))
     require_memory(need, what=what, hint=hint, command="count")
 
 

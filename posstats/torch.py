@@ -13,7 +13,7 @@ Additive absolute positions: ``forward(x)`` with ``x`` of shape ``(..., seq, d)`
 and ``W`` (d x r) parameters (``r(n + d)`` numbers instead of ``n d``). ``freeze=True``
 (default) sets ``requires_grad=False`` on them, so an optimiser leaves them alone.
 
-Files (written by :func:`posstats.export.export_encoding`) are read without executing
+Files (written by :func:`posstats.reports.export.export_encoding`) are read without executing
 code: safetensors, ``.npy`` with ``allow_pickle=False``, ``.pt`` with
 ``torch.load(..., weights_only=True)``.
 """
@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError(msg) from exc
 
 from posstats.errors import InputError
-from posstats.export import FACTOR_KEYS, LAYOUT_KEYS
+from posstats.reports.export import FACTOR_KEYS, LAYOUT_KEYS
 
 __all__ = ["MDSPositionalEmbedding", "read_export"]
 

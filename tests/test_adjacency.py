@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from posstats.adjacency import (
+from posstats.baselines.adjacency import (
     adjacency,
     adjacency_score,
     increasing_pair_counts,
@@ -126,7 +126,7 @@ def test_sinusoidal_has_high_adjacency(n, d, low):
 
 
 def test_catalog_encodings():
-    enc = pytest.importorskip("posstats.encodings", reason="posstats.encodings is not in this checkout")
+    enc = pytest.importorskip("posstats.geometry.encodings", reason="posstats.geometry.encodings is not in this checkout")
     sin = enc.make_encoding("sinusoidal", np.arange(128), 64).matrix
     np.testing.assert_allclose(sin, sinusoidal(128, 64), atol=1e-12)
     assert adjacency_score(self_cosine_similarity(enc.make_encoding("rope", np.arange(128), 384).matrix)) > 0.98
@@ -173,7 +173,7 @@ def _one_torch_thread():
 
 
 def _layer_scores(tokens, **config):
-    from posstats.random_transformer import RandomTransformer, TransformerConfig
+    from posstats.baselines.random_transformer import RandomTransformer, TransformerConfig
 
     cfg = TransformerConfig(**{"layers": 2, "dim": 384, "heads": 6, "vocab_size": 2048, **config})
     return layer_adjacency(RandomTransformer(cfg).hidden_states(tokens)).mean
@@ -206,8 +206,8 @@ def test_no_adjacency_with_bidirectional_attention(random_tokens):
 @pytest.mark.slow
 def test_paper_findings_on_real_text(data_dir):
     pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
-    from posstats.readers import read_token_batches
-    from posstats.tokenizer import load_tokenizer, vocab_size
+    from posstats.corpus.readers import read_token_batches
+    from posstats.corpus.tokenizer import load_tokenizer, vocab_size
 
     tok = load_tokenizer(data_dir / "tokenizers" / "gpt2.tokenizer.json")
     batch = next(read_token_batches(data_dir / "fortunes-sample.jsonl", text_column="text", tokenizer=tok))

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from posstats.audit import Checkpoint, audit_checkpoint
+from posstats.reports.audit import Checkpoint, audit_checkpoint
 from posstats.cli import main
-from posstats.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
-from posstats.export import load_run, run_distances
-from posstats.storage import save_counts
+from posstats.reports.export import load_run, run_distances
+from posstats.counting.io import save_counts
 
 N, V, D, HEADS = 24, 40, 16, 4
 

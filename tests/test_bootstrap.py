@@ -1,4 +1,4 @@
-"""Tests for posstats.bootstrap: exact shard resampling and percentile intervals."""
+"""Tests for posstats.estimates.bootstrap: exact shard resampling and percentile intervals."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from posstats.bootstrap import _stack, resample_counts, shard_bootstrap
-from posstats.hellinger import hellinger
-from posstats.mds import classical_mds
-from posstats.noise import split_counts, synthetic_counts
-from posstats.stress import stress_report
+from posstats.estimates.bootstrap import _stack, resample_counts, shard_bootstrap
+from posstats.geometry.hellinger import hellinger
+from posstats.geometry.mds import classical_mds
+from posstats.estimates.noise import split_counts, synthetic_counts
+from posstats.geometry.stress import stress_report
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for posstats.buckets: fixed-width and logarithmic position buckets, pooled counts."""
+"""Tests for posstats.counting.buckets: fixed-width and logarithmic position buckets, pooled counts."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.buckets import Buckets, bucket_counts, fixed_buckets, log_buckets, parse_buckets
-from posstats.counts import CountSpec, PositionalCounts, count_sequences
+from posstats.counting.buckets import Buckets, bucket_counts, fixed_buckets, log_buckets, parse_buckets
+from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
 from posstats.errors import PosstatsError
 
 

@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from posstats.cli import main
-from posstats.storage import load_counts
+from posstats.counting.io import load_counts
 
 BERT = "data/tokenizers/bert-base-uncased.tokenizer.json"
 GPT2 = "data/tokenizers/gpt2.tokenizer.json"

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, count_sequences
+from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, count_sequences
 from posstats.errors import InputError
-from posstats.storage import load_counts, save_counts
-from posstats.tokens import TokenBatch
+from posstats.counting.io import load_counts, save_counts
+from posstats.corpus.tokens import TokenBatch
 
 
 def oracle(seqs, n, V, mode="truncate", exclude=(), sep=None):

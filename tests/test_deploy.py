@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from posstats.pipeline_config import config_secrets, load_config, parse_config, secret_env_reason
-from posstats.schedule import parse_cron
-from posstats.store import validate_run_id
+from posstats.service.config import config_secrets, load_config, parse_config, secret_env_reason
+from posstats.service.schedule import parse_cron
+from posstats.service.pipeline_store import validate_run_id
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (it comes with ray[default])")
 

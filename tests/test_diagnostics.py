@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import posstats.backend
-from posstats.diagnostics import (
+import posstats.geometry.backend
+from posstats.geometry.diagnostics import (
     CorpusDiagnostics,
     Monotonicity,
     Separation,
@@ -20,7 +20,7 @@ from posstats.diagnostics import (
     monotonicity_of_encoding,
     monotonicity_violation_rate,
 )
-from posstats.stress import pairwise_distances
+from posstats.geometry.stress import pairwise_distances
 
 
 def brute_counts(dist, pos):
@@ -312,9 +312,9 @@ def test_corpus_diagnostics_needs_two_rows():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not posstats.backend.gpu_available(), reason="needs a CUDA GPU with cupy")
+@pytest.mark.skipif(not posstats.geometry.backend.gpu_available(), reason="needs a CUDA GPU with cupy")
 def test_cupy_inputs_match_numpy():
-    cp = posstats.backend.get_cupy()
+    cp = posstats.geometry.backend.get_cupy()
     rng = np.random.default_rng(8)
     p = rng.standard_normal((64, 5))
     d = pairwise_distances(p)

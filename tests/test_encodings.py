@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from posstats.encodings import (
+from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
     ENCODING_NAMES,
     Encoding,

@@ -17,9 +17,10 @@ import pytest
 import scipy.sparse as sp
 from mounts import mounted
 
-from posstats.cli import main, run_guarded
-from posstats.counts import CountSpec, PositionalCounts
-from posstats.storage import load_counts, save_counts
+from posstats.cli import main
+from posstats.guard import run_guarded
+from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import load_counts, save_counts
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = str(REPO / "data/tokenizers/bert-base-uncased.tokenizer.json")

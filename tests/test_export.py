@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from posstats.cli import main
-from posstats.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError, PosstatsError
-from posstats.export import (
+from posstats.reports.export import (
     FACTOR_KEYS,
     LAYOUT_KEYS,
     default_ranks,
@@ -23,9 +23,9 @@ from posstats.export import (
     orthonormal_basis,
     run_distances,
 )
-from posstats.hellinger import hellinger_sq
-from posstats.storage import save_counts
-from posstats.stress import stress_report
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.counting.io import save_counts
+from posstats.geometry.stress import stress_report
 
 
 def synthetic_counts(n: int = 24, vocab: int = 40, *, seed: int = 0, empty: tuple[int, ...] = ()) -> PositionalCounts:

@@ -1,4 +1,4 @@
-"""Tests for posstats.hellinger against brute-force oracles (THEORY.md section 2)."""
+"""Tests for posstats.geometry.hellinger against brute-force oracles (THEORY.md section 2)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from posstats.backend import gpu_available
-from posstats.hellinger import hellinger, hellinger_sq, hellinger_sq_pairs, sqrt_distributions
+from posstats.geometry.backend import gpu_available
+from posstats.geometry.hellinger import hellinger, hellinger_sq, hellinger_sq_pairs, sqrt_distributions
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")]
 

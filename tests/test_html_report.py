@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from posstats.cli import main
-from posstats.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
-from posstats.html_report import write_html_report
-from posstats.storage import save_counts
+from posstats.reports.html import write_html_report
+from posstats.counting.io import save_counts
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

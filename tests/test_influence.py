@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.errors import PosstatsError
-from posstats.influence import (
+from posstats.baselines.influence import (
     cesaro_influence,
     cesaro_influence_exact,
     cesaro_matrix,
@@ -315,10 +315,10 @@ def test_cli_with_distinctiveness_file(tmp_path, capsys):
 
 
 def test_cli_with_counts_folder(tmp_path, capsys):
-    pytest.importorskip("posstats.hellinger", reason="posstats.hellinger is not in this checkout")
+    pytest.importorskip("posstats.geometry.hellinger", reason="posstats.geometry.hellinger is not in this checkout")
     from posstats.cli import main
-    from posstats.counts import count_sequences
-    from posstats.storage import save_counts
+    from posstats.counting.counts import count_sequences
+    from posstats.counting.io import save_counts
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(0, 20, size=rng.integers(5, 40)).tolist() for _ in range(300)]

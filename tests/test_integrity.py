@@ -24,13 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
+from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
 from posstats.errors import PosstatsError
 from posstats.ids import is_valid_id, validate_id, validate_run_id
-from posstats.runstore import CorruptPartialError, RunStore, file_sha256, load_partial, sum_partials
-from posstats.shards import Shard
-from posstats.storage import load_counts, save_counts, write_json_atomic
-from posstats.tokenizer import check_tokenizer, tokenizer_hash
+from posstats.service.shard_store import CorruptPartialError, RunStore, file_sha256, load_partial, sum_partials
+from posstats.corpus.shards import Shard
+from posstats.counting.io import load_counts, save_counts, write_json_atomic
+from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZERS = REPO / "data" / "tokenizers"
@@ -144,9 +144,9 @@ def test_validate_id_accepts_plain_names(good):
 
 
 def test_one_validator_for_both_stores():
-    import posstats.store
+    import posstats.service.pipeline_store
 
-    assert posstats.store.validate_run_id is validate_run_id  # re-exported, not a copy
+    assert posstats.service.pipeline_store.validate_run_id is validate_run_id  # re-exported, not a copy
 
 
 @pytest.mark.parametrize("bad", ["../../victim", "../x", "/abs", "a/b", ""])

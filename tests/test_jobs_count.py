@@ -25,13 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus import CorpusSource, count_corpus
-from posstats.counts import CountSpec
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.counting.counts import CountSpec
 from posstats.errors import InputError
-from posstats.runstore import RunStore
-from posstats.shards import count_shard, plan_shards
-from posstats.storage import load_counts
-from posstats.tokenizer import encode_texts, load_tokenizer
+from posstats.service.shard_store import RunStore
+from posstats.corpus.shards import count_shard, plan_shards
+from posstats.counting.io import load_counts
+from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"

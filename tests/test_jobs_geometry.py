@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from posstats.backend import gpu_available
-from posstats.hellinger import hellinger_sq
-from posstats.mds import classical_mds
-from posstats.noise import synthetic_counts
-from posstats.storage import save_counts
+from posstats.geometry.backend import gpu_available
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import classical_mds
+from posstats.estimates.noise import synthetic_counts
+from posstats.counting.io import save_counts
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -12,13 +12,13 @@ import pytest
 import scipy.sparse as sp
 
 from posstats.analysis import AnalysisConfig, analyze
-from posstats.backend import gpu_available
+from posstats.geometry.backend import gpu_available
 from posstats.cli import main
 from posstats.errors import PosstatsError
-from posstats.hellinger import hellinger, hellinger_sq
-from posstats.mds import classical_mds
-from posstats.noise import corrected_squared_distances, noise_floor, split_counts, synthetic_counts
-from posstats.stress import stress_report
+from posstats.geometry.hellinger import hellinger, hellinger_sq
+from posstats.geometry.mds import classical_mds
+from posstats.estimates.noise import corrected_squared_distances, noise_floor, split_counts, synthetic_counts
+from posstats.geometry.stress import stress_report
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2 = str(REPO / "data/tokenizers/gpt2.tokenizer.json")
@@ -50,7 +50,7 @@ def test_lanczos_matches_dense_eigh(shape):
 
 
 def test_lanczos_splits_dense_columns_and_keeps_sparse_input_sparse():
-    from posstats.mds import _SplitSqrt
+    from posstats.geometry.mds import _SplitSqrt
 
     syn = synthetic_counts(300, 20_000, tokens=3000, rank=2, block_tokens=16, seed=4)
     op = _SplitSqrt(syn.counts.matrix)
@@ -130,7 +130,7 @@ def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):
     assert r["geometry"]["distances"] == "bias_corrected"
     assert r["hellinger"]["corrected_mean"] < r["hellinger"]["mean"]
     sin = next(e for e in r["encodings"] if e["name"] == "sinusoidal")
-    from posstats.encodings import make_encoding
+    from posstats.geometry.encodings import make_encoding
 
     exact = stress_report(make_encoding("sinusoidal", np.arange(700), 2).matrix, expected)
     np.testing.assert_allclose(sin["scaled_stress"], exact.scaled_stress, rtol=1e-12)
@@ -178,12 +178,12 @@ def test_cli_noise_floor_buckets_and_sampled_stress(tmp_path, monkeypatch):
 def test_cli_store_gives_parts_and_bootstrap_units(tmp_path, monkeypatch):
     """posstats analyze --store: the run store's shards are the noise-floor parts (by rank
     parity) and the bootstrap's resampling units."""
-    from posstats.corpus import CorpusSource, count_corpus
-    from posstats.counts import CountSpec
-    from posstats.runstore import RunStore
-    from posstats.shards import count_shard, plan_shards
-    from posstats.storage import save_counts
-    from posstats.tokenizer import load_tokenizer
+    from posstats.corpus.source import CorpusSource, count_corpus
+    from posstats.counting.counts import CountSpec
+    from posstats.service.shard_store import RunStore
+    from posstats.corpus.shards import count_shard, plan_shards
+    from posstats.counting.io import save_counts
+    from posstats.corpus.tokenizer import load_tokenizer
 
     monkeypatch.chdir(REPO)
     source = CorpusSource(inputs=(str(REPO / "data/fortunes-sample.jsonl"),), text_column="text", tokenizer=GPT2)

@@ -1,4 +1,4 @@
-"""Tests for posstats.mds: classical MDS = PCA of square-root distributions (THEORY.md section 3)."""
+"""Tests for posstats.geometry.mds: classical MDS = PCA of square-root distributions (THEORY.md section 3)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from posstats.backend import gpu_available
-from posstats import mds as mds_module
-from posstats.hellinger import hellinger_sq
-from posstats.mds import MDSResult, Spectrum, classical_mds, spectrum_summary
+from posstats.geometry.backend import gpu_available
+from posstats.geometry import mds as mds_module
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import MDSResult, Spectrum, classical_mds, spectrum_summary
 
 
 def centred_sqrt(counts: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Tests for posstats.noise: parts, noise floor, bias-corrected distances, null rank,
+"""Tests for posstats.estimates.noise: parts, noise floor, bias-corrected distances, null rank,
 generated corpora with known truth, and the real-corpus pack-vs-truncate validation."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from posstats.corpus import CorpusSource, count_corpus
-from posstats.counts import CountSpec, PositionalCounts, count_sequences
-from posstats.hellinger import hellinger_sq
-from posstats.mds import classical_mds
-from posstats.noise import (
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import classical_mds
+from posstats.estimates.noise import (
     corrected_squared_distances,
     count_parts,
     noise_floor,
@@ -106,9 +106,9 @@ def test_count_parts_pack_mode_keeps_every_token():
 
 
 def test_parts_from_store_group_shards_by_rank(tmp_path):
-    from posstats.runstore import RunStore
-    from posstats.shards import count_shard, plan_shards
-    from posstats.tokenizer import load_tokenizer
+    from posstats.service.shard_store import RunStore
+    from posstats.corpus.shards import count_shard, plan_shards
+    from posstats.corpus.tokenizer import load_tokenizer
 
     source = CorpusSource(inputs=(FORTUNES,), text_column="text", tokenizer=BERT)
     spec = CountSpec(16, 30522, "truncate", (0, 101, 102, 103))

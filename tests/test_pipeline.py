@@ -21,11 +21,11 @@ from safetensors.numpy import load_file
 
 from posstats.analysis import analyze
 from posstats.cli import main as cli
-from posstats.corpus import CorpusSource, count_corpus
-from posstats.counts import CountSpec
-from posstats.pipeline_config import load_config
-from posstats.storage import load_counts
-from posstats.store import STAGES, Store
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.counting.counts import CountSpec
+from posstats.service.config import load_config
+from posstats.counting.io import load_counts
+from posstats.service.pipeline_store import STAGES, Store
 
 REPO = Path(__file__).resolve().parents[1]
 V, N = 64, 16

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats import plots
+from posstats.reports import plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -103,7 +103,7 @@ def test_even_subsample_properties(m, limit):
 def test_plots_never_touch_pyplot_or_torch():
     code = (
         "import sys, numpy as np\n"
-        "from posstats import plots\n"
+        "from posstats.reports import plots\n"
         "p = plots.encoding_scatter_figure(np.random.default_rng(0).random((10, 3)), np.arange(10))\n"
         "plots.png_bytes(p)\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"

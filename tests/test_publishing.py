@@ -22,8 +22,8 @@ import pytest
 from mounts import mounted
 
 from posstats.cli import main
-from posstats.outputs import METADATA_DIR, published_dir, staged_output
-from posstats.storage import counts_file, load_counts
+from posstats.runs.publish import METADATA_DIR, published_dir, staged_output
+from posstats.counting.io import counts_file, load_counts
 
 REPO = Path(__file__).resolve().parents[1]
 RENAMES = "rename,renameat,renameat2"
@@ -193,7 +193,7 @@ def test_a_failed_command_leaves_the_folder_untouched(tmp_path):
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_pipeline_store_files_follow_the_umask(tmp_path, umask):
-    from posstats.store import Store
+    from posstats.service.pipeline_store import Store
 
     previous = os.umask(umask)
     try:

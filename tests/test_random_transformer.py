@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from posstats.influence import cesaro_influence, compare_with_theory
+from posstats.baselines.influence import cesaro_influence, compare_with_theory
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
 
-from posstats.random_transformer import (  # noqa: E402 - after the skip
+from posstats.baselines.random_transformer import (  # noqa: E402 - after the skip
     RandomTransformer,
     TransformerConfig,
     input_jacobian_norms,
@@ -35,7 +35,7 @@ def _one_torch_thread():
 
 def test_importing_posstats_never_imports_torch():
     code = (
-        "import sys, posstats, posstats.influence, posstats.adjacency, posstats.random_transformer, "
+        "import sys, posstats, posstats.baselines.influence, posstats.baselines.adjacency, posstats.baselines.random_transformer, "
         "posstats.cli.influence, posstats.cli.adjacency; "
         "print('torch' in sys.modules)"
     )

@@ -1,4 +1,4 @@
-"""posstats.readers: every format on small generated files with known ids, the shipped real
+"""posstats.corpus.readers: every format on small generated files with known ids, the shipped real
 corpora with both tokenizers, and every bad-input message (file + row/line + value)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from posstats.backend import get_cupy, gpu_available
+from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.errors import InputError, PosstatsError
-from posstats.readers import FORMATS, guess_format, read_token_batches, resolve_inputs, validate_ids
-from posstats.tokenizer import encode_texts, load_tokenizer, special_token_ids, vocab_size
-from posstats.tokens import TokenBatch
+from posstats.corpus.readers import FORMATS, guess_format, read_token_batches, resolve_inputs, validate_ids
+from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, vocab_size
+from posstats.corpus.tokens import TokenBatch
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"

@@ -35,10 +35,10 @@ import pytest
 from mounts import mounted
 from safetensors import safe_open
 
-from posstats.corpus import CorpusSource, count_corpus
-from posstats.counts import CountSpec
-from posstats.storage import load_counts
-from posstats.store import STAGES, Store
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.counting.counts import CountSpec
+from posstats.counting.io import load_counts
+from posstats.service.pipeline_store import STAGES, Store
 
 REPO = Path(__file__).resolve().parents[1]
 V, N = 64, 16

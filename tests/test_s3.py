@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus import CorpusSource, count_corpus
-from posstats.counts import CountSpec
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.counting.counts import CountSpec
 from posstats.errors import PosstatsError
-from posstats.storage import load_counts
-from posstats.store import STAGES, Store
+from posstats.counting.io import load_counts
+from posstats.service.pipeline_store import STAGES, Store
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (pip install s3fs)")
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")

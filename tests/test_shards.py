@@ -1,4 +1,4 @@
-"""posstats.shards: planning (kinds, row numbering, content-derived ids), reading one shard
+"""posstats.corpus.shards: planning (kinds, row numbering, content-derived ids), reading one shard
 exactly as the single-process reader reads that part of the file, and exactness: the
 partial counts of any shard order add up to count_corpus, counts and fingerprint."""
 
@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.corpus import CorpusSource, count_corpus, file_fingerprint
-from posstats.counts import CountSpec, combine_fingerprints
+from posstats.corpus.source import CorpusSource, count_corpus, file_fingerprint
+from posstats.counting.counts import CountSpec, combine_fingerprints
 from posstats.errors import InputError
-from posstats.readers import read_token_batches
-from posstats.shards import Shard, count_shard, plan_shards, read_shard
-from posstats.tokenizer import encode_texts, load_tokenizer, special_token_ids
+from posstats.corpus.readers import read_token_batches
+from posstats.corpus.shards import Shard, count_shard, plan_shards, read_shard
+from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"

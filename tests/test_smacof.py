@@ -1,4 +1,4 @@
-"""Tests for posstats.smacof: SMACOF against brute-force oracles and its guarantees."""
+"""Tests for posstats.geometry.smacof: SMACOF against brute-force oracles and its guarantees."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.backend import gpu_available, to_numpy
+from posstats.geometry.backend import gpu_available, to_numpy
 from posstats.errors import InputError
-from posstats.smacof import (
+from posstats.geometry.smacof import (
     SmacofResult,
     pair_weights,
     sampled_stress,
@@ -22,7 +22,7 @@ from posstats.smacof import (
 )
 
 # --------------------------------------------------------------------------- helpers
-# Independent of posstats.hellinger / posstats.mds on purpose: brute-force oracles.
+# Independent of posstats.geometry.hellinger / posstats.geometry.mds on purpose: brute-force oracles.
 
 
 def corpus_distances(n: int, *, vocab: int = 300, seed: int = 0):
@@ -443,7 +443,7 @@ def test_stochastic_rejects_bad_dist_fn():
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA GPU")
 def test_cupy_matches_numpy():
-    from posstats.backend import get_cupy
+    from posstats.geometry.backend import get_cupy
 
     cp = get_cupy()
     h, occ, _ = corpus_distances(90, seed=6)

@@ -10,9 +10,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from posstats.cli import main
-from posstats.encodings import make_encoding, parse_encoding_spec
+from posstats.geometry.encodings import make_encoding, parse_encoding_spec
 from posstats.errors import PosstatsError
-from posstats.stress import stress_report
+from posstats.geometry.stress import stress_report
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = str(REPO / "data/tokenizers/bert-base-uncased.tokenizer.json")

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import posstats.backend
+import posstats.geometry.backend
 from posstats.errors import InputError
-from posstats.stress import StressResult, pairwise_distances, stress_report
+from posstats.geometry.stress import StressResult, pairwise_distances, stress_report
 
 
 def naive_distances(p):
@@ -197,9 +197,9 @@ def test_pairwise_distances_near_identical_rows_stay_nonnegative():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not posstats.backend.gpu_available(), reason="needs a CUDA GPU with cupy")
+@pytest.mark.skipif(not posstats.geometry.backend.gpu_available(), reason="needs a CUDA GPU with cupy")
 def test_cupy_matches_numpy():
-    cp = posstats.backend.get_cupy()
+    cp = posstats.geometry.backend.get_cupy()
     p, h = random_case(6, n=50)
     want = stress_report(p, h, block=7)
     got = stress_report(cp.asarray(p), cp.asarray(h), block=7)
@@ -210,4 +210,4 @@ def test_cupy_matches_numpy():
     )
     d = pairwise_distances(cp.asarray(p), block=9)
     assert isinstance(d, cp.ndarray)
-    np.testing.assert_allclose(posstats.backend.to_numpy(d), pairwise_distances(p), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(posstats.geometry.backend.to_numpy(d), pairwise_distances(p), rtol=1e-10, atol=1e-12)

@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus import CorpusSource, count_corpus
-from posstats.counts import CountSpec
-from posstats.storage import load_counts
-from posstats.store import Store
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.counting.counts import CountSpec
+from posstats.counting.io import load_counts
+from posstats.service.pipeline_store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 V, N = 64, 16

@@ -1,4 +1,4 @@
-"""posstats.tokenizer on the two tokenizers shipped in data/tokenizers (BERT WordPiece, GPT-2 BPE)."""
+"""posstats.corpus.tokenizer on the two tokenizers shipped in data/tokenizers (BERT WordPiece, GPT-2 BPE)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from posstats.errors import InputError
-from posstats.tokenizer import encode_texts, load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
-from posstats.tokens import TokenBatch
+from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
+from posstats.corpus.tokens import TokenBatch
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from posstats.cli import main
-from posstats.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
-from posstats.export import export_encoding, load_run
-from posstats.storage import save_counts
+from posstats.reports.export import export_encoding, load_run
+from posstats.counting.io import save_counts
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
 from posstats.torch import MDSPositionalEmbedding  # noqa: E402
@@ -103,7 +103,7 @@ def test_bad_files(tmp_path):
 def test_import_posstats_never_imports_torch():
     code = (
         "import sys\n"
-        "import posstats, posstats.cli, posstats.export, posstats.audit, posstats.html_report, posstats.plots\n"
+        "import posstats, posstats.cli, posstats.reports.export, posstats.reports.audit, posstats.reports.html, posstats.reports.plots\n"
         "posstats.cli.build_parser()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

@@ -13,9 +13,9 @@ import importlib
 import sys
 
 from posstats import __version__
-from posstats.errors import PosstatsError
+from posstats.guard import run_guarded
 
-__all__ = ["explain_failure", "main", "run_guarded"]
+__all__ = ["build_parser", "main"]
 
 # (module, one-line help) in the order `posstats --help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -57,140 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
-
-
-def run_guarded(func, args: argparse.Namespace, /) -> int:
-    """Run ``func(args)``; user errors become one line on stderr and exit status 2.
-
-    So do failures of the environment, with what to change: a full disk, a read-only or
-    forbidden output, a file where a folder is needed (any ``OSError``, named by its path
-    and the flag it came from), running out of memory (``MemoryError``, the CPU allocator
-    errors of torch) and Ray's ``OutOfMemoryError`` (recognised by class name, so the
-    library never imports ray). Anything else is a bug and keeps its traceback.
-
-    Shared by ``posstats`` and the ``python -m jobs.*`` entrypoints.
-    """
-    try:
-        return int(func(args) or 0)
-    except PosstatsError as exc:
-        print(f"posstats: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("posstats: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        text = explain_failure(exc, args)
-        if text is None:
-            raise
-        print(f"posstats: error: {text}", file=sys.stderr)
-        return 2
-
-
-# Flags whose values are paths a command writes (first: the likeliest place of a failure).
-_OUTPUT_FLAGS = (("out", "--out"), ("store", "--store"), ("work", "--work"))
-_INPUT_FLAGS = (("counts", "--counts"), ("input", "--input"), ("config", "--config"), ("run_dir", "RUN_DIR"),
-                ("checkpoint", "CHECKPOINT"))
-
-
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _class_names(exc: BaseException) -> set[tuple[str, str]]:
-    return {(k.__module__ or "", k.__name__) for k in type(exc).__mro__}
-
-
-def _flag_of(path: str | None, args: argparse.Namespace) -> tuple[str, str] | None:
-    """(flag, value) of the argument ``path`` lies in, or None."""
-    import os
-
-    if not path:
-        return None
-    target = os.path.abspath(path)
-    for attr, flag in _OUTPUT_FLAGS + _INPUT_FLAGS:
-        values = getattr(args, attr, None)
-        for value in values if isinstance(values, (list, tuple)) else [values]:
-            if not isinstance(value, (str, os.PathLike)) or not str(value):
-                continue
-            base = os.path.abspath(os.fspath(value))
-            if target == base or target.startswith(base.rstrip(os.sep) + os.sep):
-                return flag, os.fspath(value)
-    return None
-
-
-def _shown_path(path: str, flag: tuple[str, str] | None) -> str:
-    """``path``, or ``"--out OUT"`` when it is a hidden working file inside that folder
-    (a staging version, a temporary file): the user named OUT, not its internals."""
-    import os
-
-    if flag is None:
-        return path
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(flag[1]))
-    if any(part.startswith(".") and part not in (".", "..") for part in rel.split(os.sep)):
-        return f"{flag[0]} {flag[1]}"
-    return path
-
-
-def _output_flag(args: argparse.Namespace) -> tuple[str, str] | None:
-    for attr, flag in _OUTPUT_FLAGS:
-        value = getattr(args, attr, None)
-        if isinstance(value, str) and value:
-            return flag, value
-    return None
-
-
-def explain_failure(exc: BaseException, args: argparse.Namespace, /) -> str | None:
-    """One line for an environment failure (disk, permissions, memory), or None for a bug."""
-    from posstats.errors import describe_os_error, error_chain, os_error_kind
-
-    command = getattr(args, "command", None)
-    chain = list(error_chain(exc))
-    for e in chain:
-        names = _class_names(e)
-        if any(name == "OutOfMemoryError" and module.startswith("ray") for module, name in names):
-            return (f"Ray stopped a task for lack of memory ({_one_line(e)}); use fewer --workers, a larger memory "
-                    "budget per worker (more memory per node) or smaller shards (--shard-size)")
-        if any(name == "OutOfMemoryError" for _, name in names):  # torch / cupy: GPU memory
-            return f"out of GPU memory ({_one_line(e)}); {_memory_hint(command)}"
-    for e in chain:
-        cpu_alloc = isinstance(e, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(e)
-        if isinstance(e, MemoryError) or cpu_alloc:
-            from posstats.memory import available_memory, format_bytes
-
-            free = available_memory()
-            have = f"; {format_bytes(free)} available" if free is not None else ""
-            return f"out of memory ({_one_line(e)}{have}); {_memory_hint(command)}"
-    found = os_error_kind(exc)
-    if found is not None:
-        kind, path = found
-        flag = _flag_of(path, args) if path else _output_flag(args)
-        name = flag[0] if flag else "location"
-        reading = flag is not None and flag[0] not in dict(_OUTPUT_FLAGS).values()
-        advice = {
-            "space": "free space and run again (the previous outputs are kept)",
-            "read-only": f"use a {name} on a writable file system",
-            "permission": (f"this user cannot read it; fix its permissions or choose another {name}" if reading
-                           else f"use a {name} this user can write to"),
-            "not-a-folder": f"choose another {name} or move the file away",
-            "exists": f"choose another {name} or move the file away",
-            "file-in-the-way": f"choose another {name} or move the file away",
-            "is-a-folder": f"give a file for {name}, not a folder",
-        }
-        where = f"{flag[0]} {flag[1]}" if flag and not path else None
-        return describe_os_error(exc, advice=advice, where=where, show=lambda p: _shown_path(p, flag))
-    for e in chain:
-        if isinstance(e, OSError) and e.errno is not None and not isinstance(e, BrokenPipeError):
-            where = getattr(e, "filename", None)
-            return f"{where}: {e.strerror or _one_line(e)}" if where else _one_line(e)
-    return None
-
-
-def _memory_hint(command: str | None) -> str:
-    from posstats.memory import memory_hint
-
-    return memory_hint(command)
 
 
 def main(argv: list[str] | None = None) -> int:

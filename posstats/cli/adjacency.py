@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.adjacency import adjacency, layer_adjacency
+    from posstats.baselines.adjacency import adjacency, layer_adjacency
 
     if args.input and args.random_tokens:
         raise PosstatsError("give either --input or --random-tokens, not both")
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = _model_config(args, vocab)
         doc["model"] = {"config": cfg.to_dict(), "tokens": source, "seq_len": args.seq_len,
                         "sequences": int(tokens.shape[0])}
-        from posstats.random_transformer import RandomTransformer, set_torch_threads
+        from posstats.baselines.random_transformer import RandomTransformer, set_torch_threads
 
         if args.threads < 1:
             msg = f"--threads must be >= 1; got {args.threads}"
@@ -165,9 +165,9 @@ def run(args: argparse.Namespace) -> int:
 
     _print_summary(layers, encodings, doc)
     if args.out:
-        from posstats.adjacency import plot_similarity_matrices
-        from posstats.outputs import staged_output
-        from posstats.storage import write_json_atomic
+        from posstats.baselines.adjacency import plot_similarity_matrices
+        from posstats.runs.publish import staged_output
+        from posstats.counting.io import write_json_atomic
 
         written = []
         with staged_output(args.out, last=("adjacency.json",)) as stage:
@@ -201,7 +201,7 @@ def _panel_indices(n: int) -> list[int]:
 
 def _model_config(args: argparse.Namespace, vocab: int) -> Any:
     try:
-        from posstats.random_transformer import TransformerConfig
+        from posstats.baselines.random_transformer import TransformerConfig
 
         return TransformerConfig(
             layers=args.layers, dim=args.dim, heads=args.heads, vocab_size=vocab, mlp_ratio=args.mlp_ratio,
@@ -223,7 +223,7 @@ def _token_sequences(args: argparse.Namespace) -> tuple[np.ndarray, int, dict[st
         rng = np.random.default_rng(args.seed)
         return rng.integers(0, vocab, size=(k, n)), vocab, {"kind": "random", "vocab_size": vocab}
 
-    from posstats.readers import read_token_batches, resolve_inputs
+    from posstats.corpus.readers import read_token_batches, resolve_inputs
 
     exclude: list[int] = []
     source: dict[str, Any] = {"kind": "corpus", "input": args.input}
@@ -235,7 +235,7 @@ def _token_sequences(args: argparse.Namespace) -> tuple[np.ndarray, int, dict[st
     else:
         if not args.tokenizer:
             raise PosstatsError("--input needs --tokenizer (or --column NAME --vocab-size V for token ids)")
-        from posstats.tokenizer import load_tokenizer, special_token_ids, vocab_size
+        from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, vocab_size
 
         tok = load_tokenizer(args.tokenizer)
         vocab = vocab_size(tok) if args.vocab_size is None else args.vocab_size
@@ -274,9 +274,9 @@ def _encoding(spec: str, n: int, dim: int) -> tuple[np.ndarray | None, str, str]
         msg = f"--encoding-dim must be >= 1; got {dim}"
         raise PosstatsError(msg)
     try:
-        from posstats.encodings import make_encoding
+        from posstats.geometry.encodings import make_encoding
     except ModuleNotFoundError as exc:
-        if exc.name != "posstats.encodings":
+        if exc.name != "posstats.geometry.encodings":
             raise
         if spec != "sinusoidal":
             msg = f"unknown encoding {spec!r}: this checkout has no encodings catalog; only 'sinusoidal' is available"
@@ -288,9 +288,9 @@ def _encoding(spec: str, n: int, dim: int) -> tuple[np.ndarray | None, str, str]
 
 def _default_encodings() -> list[str]:
     try:
-        from posstats.encodings import DEFAULT_ENCODINGS
+        from posstats.geometry.encodings import DEFAULT_ENCODINGS
     except ModuleNotFoundError as exc:
-        if exc.name != "posstats.encodings":
+        if exc.name != "posstats.geometry.encodings":
             raise
         return ["sinusoidal"]
     return [s for s in DEFAULT_ENCODINGS if s.split(":", 1)[0] not in ("mds", "mds-lowrank")]

@@ -68,7 +68,7 @@ def _find_tokenizer(cfg: dict, override: str | None) -> str | None:
     file of the recorded name (and hash) in the working directory, next to the inputs or in
     data/tokenizers."""
     from posstats.errors import PosstatsError
-    from posstats.tokenizer import tokenizer_hash
+    from posstats.corpus.tokenizer import tokenizer_hash
 
     if cfg.get("column") is not None:
         return None
@@ -92,11 +92,11 @@ def _find_tokenizer(cfg: dict, override: str | None) -> str | None:
 def _reread(counts, cfg: dict | None, parts: int, tokenizer: str | None = None, counts_path=None):
     """Count the corpus of a config.json again as ``parts`` document-parity parts, with the
     tokenizer the counts were made with (checked by hash)."""
-    from posstats.corpus import CorpusSource
-    from posstats.counts import CountSpec
+    from posstats.corpus.source import CorpusSource
+    from posstats.counting.counts import CountSpec
     from posstats.errors import PosstatsError
-    from posstats.noise import count_parts
-    from posstats.tokenizer import check_tokenizer
+    from posstats.estimates.noise import count_parts
+    from posstats.corpus.tokenizer import check_tokenizer
 
     if not cfg or "inputs" not in cfg:
         msg = ("the noise floor / bootstrap needs the corpus in parts: give --store (Ray run store) or --parts, "
@@ -127,7 +127,7 @@ def _describe_counts(path=None) -> str:
     """The counts in words for messages: their file when known."""
     if path is None:
         return "the counts"
-    from posstats.storage import counts_file
+    from posstats.counting.io import counts_file
 
     try:
         name = counts_file(path).name
@@ -137,7 +137,7 @@ def _describe_counts(path=None) -> str:
 
 
 def _store_partials(store: str):
-    from posstats.runstore import RunStore, load_partial
+    from posstats.service.shard_store import RunStore, load_partial
 
     rs = RunStore(store)
     manifest = rs.manifest() or {}
@@ -147,8 +147,8 @@ def _store_partials(store: str):
 def corpus_parts(counts, config, *, store=None, parts_dirs=None, places=()) -> tuple:
     """(noise parts, bootstrap partials) as the analysis options ask for them."""
     from posstats.errors import PosstatsError
-    from posstats.noise import parts_from_store
-    from posstats.storage import load_counts
+    from posstats.estimates.noise import parts_from_store
+    from posstats.counting.io import load_counts
 
     cfg = _corpus_config(*places)
     where = next((p for p in reversed(places) if p is not None), None)  # the counts, for messages
@@ -181,9 +181,9 @@ def analyze_to(counts, config, stage, *, counts_path=None, name=None, store=None
     from safetensors.numpy import save_file
 
     from posstats.analysis import analyze
-    from posstats.html_report import write_html_report
-    from posstats.report import format_markdown
-    from posstats.storage import atomic_path, write_json_atomic
+    from posstats.reports.html import write_html_report
+    from posstats.reports.summary import format_markdown
+    from posstats.counting.io import atomic_path, write_json_atomic
 
     write_json_atomic(stage / "analysis-config.json", config.to_dict())
     parts = partials = None
@@ -210,10 +210,10 @@ def analyze_to(counts, config, stage, *, counts_path=None, name=None, store=None
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.outputs import staged_output
-    from posstats.report import format_summary
-    from posstats.storage import load_counts
-    from posstats.tokenizer import check_tokenizer
+    from posstats.runs.publish import staged_output
+    from posstats.reports.summary import format_summary
+    from posstats.counting.io import load_counts
+    from posstats.corpus.tokenizer import check_tokenizer
 
     config = analysis_config(args)
     counts = load_counts(args.counts)

@@ -41,9 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from posstats.audit import audit_checkpoint, format_audit
+    from posstats.reports.audit import audit_checkpoint, format_audit
     from posstats.errors import PosstatsError
-    from posstats.storage import write_json_atomic
+    from posstats.counting.io import write_json_atomic
 
     if args.heads is not None and args.heads < 1:
         msg = f"--heads must be a positive integer; got {args.heads}"

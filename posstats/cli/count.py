@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 
-from posstats.cli._common import add_input_args, count_inputs
+from jobs import count as ray_count
+from posstats.errors import PosstatsError
+from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
+from posstats.runs.counts_folder import count_line, count_to, publish_counts
 
 HELP = "count positional token occurrences C[i, v] of a corpus"
 DESCRIPTION = """\
@@ -36,74 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> None:
-    """The ``--ray`` flags (argparse only: nothing here imports ray or jobs)."""
-    g = parser.add_argument_group("distributed counting (Ray)")
-    if switch:
-        g.add_argument("--ray", action="store_true",
-                       help="count as a Ray job: shards counted by a pool of actors, partials kept in a "
-                            "resumable run store; same output files and counts")
-    g.add_argument("--address", metavar="ADDR",
-                   help="Ray cluster to join (e.g. 127.0.0.1:6379); default: $RAY_ADDRESS, else an "
-                        "embedded local Ray started for this run")
-    g.add_argument("--workers", type=int, metavar="K",
-                   help="counting actors (default: one per CPU of the Ray cluster)")
-    g.add_argument("--store", metavar="DIR",
-                   help="run store: per-shard partial counts, markers, manifest, lock (default OUT/store); "
-                        "must be on a file system every Ray node sees")
-    g.add_argument("--run-id", metavar="ID",
-                   help="name of the run; rerunning with the same id resumes it (default: a hash of the "
-                        "inputs and the counting options)")
-    g.add_argument("--skip-bad-shards", action="store_true",
-                   help="record unreadable shards in the run manifest and finish without them "
-                        "(default: fail, keeping the finished partials for a rerun)")
-    g.add_argument("--shard-size", type=float, default=256.0, metavar="MiB",
-                   help="uncompressed JSONL / text files larger than this are cut into line ranges "
-                        "(default 256); Parquet is cut by row group, HF datasets by Arrow file")
-
-
-def count_to(args: argparse.Namespace, stage) -> tuple:
-    """Count the corpus of ``args`` into the staging folder; return (counts, summary)."""
-    from posstats.corpus import count_corpus
-    from posstats.memory import require_count_memory
-    from posstats.storage import save_counts, write_json_atomic
-
-    source, spec, metadata = count_inputs(args)
-    files = source.files()
-    write_json_atomic(stage / "config.json", {
-        "command": "count",
-        "inputs": files,
-        "format": source.format,
-        "column": source.column,
-        "text_column": source.text_column,
-        "tokenizer": args.tokenizer,
-        **spec.to_metadata(),
-        **metadata,
-    })
-    t = time.perf_counter()
-    dense = spec.positions * spec.vocab_size * 8 <= args.memory_budget * 2**30
-    require_count_memory(spec.positions, spec.vocab_size, memory_budget_gib=args.memory_budget)
-    counts = count_corpus(source, spec, dense=dense, metadata=metadata)
-    seconds = time.perf_counter() - t
-    path = save_counts(counts, stage)
-    summary = {
-        "files": len(files),
-        "sequences": counts.sequences,
-        "windows": counts.windows,
-        "tokens_counted": counts.tokens,
-        "positions_occupied": int((counts.occupancy() > 0).sum()),
-        "storage": "sparse" if counts.is_sparse else "dense",
-        "counts_file": path.name,
-        "seconds": round(seconds, 3),
-        "tokens_per_s": round(counts.tokens / seconds, 1) if seconds > 0 else None,
-        "fingerprint": counts.fingerprint,
-    }
-    return counts, summary
-
-
 def _check_ray_args(args: argparse.Namespace) -> None:
-    from posstats.errors import PosstatsError
-
     if getattr(args, "ray", False):
         if args.workers is not None and args.workers < 1:
             raise PosstatsError(f"--workers must be >= 1, got {args.workers}")
@@ -118,22 +52,10 @@ def _check_ray_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.outputs import staged_output
-    from posstats.storage import COUNTS_FILES, write_json_atomic
-
     _check_ray_args(args)
-    with staged_output(args.out, last=("count.json",), replaces=COUNTS_FILES) as stage:
-        if getattr(args, "ray", False):
-            from jobs.count import count_to as ray_count_to  # imports ray lazily
-
-            _, summary = ray_count_to(args, stage)
-        else:
-            _, summary = count_to(args, stage)
-        write_json_atomic(stage / "count.json", summary)
-    print(
-        f"counted {summary['tokens_counted']:,} tokens from {summary['sequences']:,} sequences in "
-        f"{summary['files']} file(s): {summary['positions_occupied']:,}/{args.positions:,} positions occupied "
-        f"({summary['storage']}) -> {args.out}",
-        file=sys.stdout,
-    )
+    if getattr(args, "ray", False):
+        return ray_count.run(args)
+    inputs = count_inputs_from_args(args)
+    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=args.memory_budget * 2**30)[1])
+    print(count_line(summary, positions=args.positions, out=args.out))
     return 0

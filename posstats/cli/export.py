@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.export import export_encoding
+    from posstats.reports.export import export_encoding
 
     _check_memory(args)
     res = export_encoding(
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_memory(args: argparse.Namespace) -> None:
     """Refuse a --dim whose table cannot fit in memory, before building it."""
-    from posstats.export import load_run
+    from posstats.reports.export import load_run
     from posstats.memory import require_memory, table_bytes
 
     if args.dim < 1 or (args.rank is not None and not 1 <= args.rank <= args.dim):

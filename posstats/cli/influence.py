@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.influence import compare_with_theory, influence_profile, influence_weighted_distinctiveness
+    from posstats.baselines.influence import compare_with_theory, influence_profile, influence_weighted_distinctiveness
 
     distinct, corpus_note = None, None
     if args.counts and args.distinctiveness:
@@ -141,9 +141,9 @@ def run(args: argparse.Namespace) -> int:
 
     _print_summary(result, doc)
     if args.out:
-        from posstats.influence import plot_influence
-        from posstats.outputs import staged_output
-        from posstats.storage import write_json_atomic
+        from posstats.baselines.influence import plot_influence
+        from posstats.runs.publish import staged_output
+        from posstats.counting.io import write_json_atomic
 
         with staged_output(args.out, last=("influence.json",)) as stage:
             fig = plot_influence(result, measured=measured or None)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile_section(result: Any, max_points: int) -> dict[str, Any]:
-    from posstats.influence import influence_density
+    from posstats.baselines.influence import influence_density
 
     d = result.to_dict(max_points=max_points)
     positions = np.asarray(d["positions"])
@@ -183,7 +183,7 @@ def _measure(args: argparse.Namespace, length: int, compare: Any) -> tuple[dict[
         msg = f"--seeds and --threads must be >= 1 and --probes >= 0; got {args.seeds}, {args.threads}, {args.probes}"
         raise PosstatsError(msg)
     try:
-        from posstats.random_transformer import TransformerConfig, jacobian_profile, set_torch_threads
+        from posstats.baselines.random_transformer import TransformerConfig, jacobian_profile, set_torch_threads
 
         set_torch_threads(args.threads)
         cfg = TransformerConfig(layers=args.depth, dim=args.dim, heads=args.heads, vocab_size=4096,
@@ -223,9 +223,9 @@ def _measure(args: argparse.Namespace, length: int, compare: Any) -> tuple[dict[
 
 
 def _distinctiveness_from_counts(path: str) -> tuple[np.ndarray, str]:
-    from posstats.hellinger import hellinger_sq
-    from posstats.influence import mean_distance_to_others
-    from posstats.storage import load_counts
+    from posstats.geometry.hellinger import hellinger_sq
+    from posstats.baselines.influence import mean_distance_to_others
+    from posstats.counting.io import load_counts
 
     counts = load_counts(path)
     occupied = counts.occupied_positions()

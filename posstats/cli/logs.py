@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.store:
         from posstats.cli.status import storage_options
-        from posstats.store import Store, validate_run_id
+        from posstats.service.pipeline_store import Store, validate_run_id
 
         if args.job_id:
             raise PosstatsError("give either JOB_ID or --store, not both")

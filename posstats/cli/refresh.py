@@ -20,7 +20,7 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.cli.count import add_ray_args
+    from posstats.flags import add_ray_args
 
     p = sub.add_parser("refresh", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", action="append", metavar="PATH_OR_GLOB",

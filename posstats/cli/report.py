@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from posstats.errors import PosstatsError
-    from posstats.html_report import SUMMARY_FILE, write_html_report
+    from posstats.reports.html import SUMMARY_FILE, write_html_report
 
     if args.width is not None and args.width < 1:
         msg = f"--width must be a positive integer; got {args.width}"
@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_positions < 2:
         msg = f"--max-positions must be >= 2; got {args.max_positions}"
         raise PosstatsError(msg)
-    from posstats.export import load_run
-    from posstats.html_report import FIGURES_DIR, HTML_FILE
-    from posstats.outputs import staged_output
+    from posstats.reports.export import load_run
+    from posstats.reports.html import FIGURES_DIR, HTML_FILE
+    from posstats.runs.publish import staged_output
 
     load_run(args.run_dir)  # a missing or foreign folder fails before anything is staged in it
     with staged_output(args.run_dir) as stage:

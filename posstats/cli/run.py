@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posstats.cli._common import add_analysis_args, add_input_args, analysis_config
+from posstats.cli._common import add_analysis_args, analysis_config
+from posstats.cli.analyze import analyze_to
+from posstats.counting.io import COUNTS_FILES, write_json_atomic
+from posstats.flags import add_input_args, count_inputs_from_args
+from posstats.reports.summary import format_summary
+from posstats.runs.counts_folder import COUNT_MARKER, count_to
+from posstats.runs.publish import staged_output
 
 HELP = "count a corpus and analyse it in one go (count + analyze)"
 DESCRIPTION = """\
@@ -29,16 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.cli.analyze import analyze_to
-    from posstats.cli.count import count_to
-    from posstats.outputs import staged_output
-    from posstats.report import format_summary
-    from posstats.storage import COUNTS_FILES, write_json_atomic
-
     config = analysis_config(args)  # validate analysis options before counting
-    with staged_output(args.out, last=("count.json", "report.json"), replaces=COUNTS_FILES) as stage:
-        counts, summary = count_to(args, stage)
-        write_json_atomic(stage / "count.json", summary)
+    inputs = count_inputs_from_args(args)
+    with staged_output(args.out, last=(COUNT_MARKER, "report.json"), replaces=COUNTS_FILES) as stage:
+        counts, summary = count_to(inputs, stage, budget_bytes=args.memory_budget * 2**30)
+        write_json_atomic(stage / COUNT_MARKER, summary)
         report = analyze_to(counts, config, stage, counts_path=args.out, name=Path(args.out).name)
     print(format_summary(report))
     print(f"\nreport: {args.out}/report.html (summary.md, report.json)")

@@ -38,7 +38,7 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.cli.pipeline import add_pipeline_args
+    from posstats.flags import add_pipeline_args
 
     p = sub.add_parser("schedule", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     when = p.add_mutually_exclusive_group()
@@ -74,9 +74,9 @@ def _stop(signum: int, _frame) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.cli.pipeline import config_from_args
-    from posstats.schedule import parse_schedule, run_schedule, tick_run_id
-    from posstats.store import Store, validate_run_id
+    from posstats.flags import config_from_args
+    from posstats.service.schedule import parse_schedule, run_schedule, tick_run_id
+    from posstats.service.pipeline_store import Store, validate_run_id
 
     if args.run_id:
         raise PosstatsError("--run-id does not apply to a schedule (each tick gets sched-<time>; see --run-prefix)")

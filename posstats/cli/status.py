@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def storage_options(items: list[str]) -> dict:
     """``a.b=VALUE`` pairs into a nested dict (VALUE in TOML syntax, a bare word a string)."""
-    from posstats.pipeline_config import parse_value
+    from posstats.service.config import parse_value
 
     out: dict = {}
     for item in items:
@@ -68,7 +68,7 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
     """{store, latest, lock, runs: [...]} of a run store (pure posstats, no Ray)."""
     import socket
 
-    from posstats.store import DEFAULT_STALE_AFTER_S, STAGES, Store, lock_is_stale, sorted_runs
+    from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, lock_is_stale, sorted_runs
 
     store = Store(url, storage_options=options)
     lock, exists = store.read_lock()
@@ -88,7 +88,7 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
 
 
 def _print_store(doc: dict) -> int:
-    from posstats.store import STAGES
+    from posstats.service.pipeline_store import STAGES
 
     latest = doc["latest"]
     print(f"store {doc['store']}")

@@ -83,7 +83,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.cli.pipeline import add_pipeline_args
+    from posstats.flags import add_pipeline_args
 
     p = sub.add_parser("submit", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_address_args(p)
@@ -100,14 +100,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.cli.pipeline import config_from_args
-    from posstats.pipeline_config import refuse_secrets
+    from posstats.flags import config_from_args
+    from posstats.service.config import refuse_secrets
 
     env = _env_pairs(args.env)
     refuse_secrets(env=env)  # first: a credential never goes anywhere, whatever else is wrong
     cfg, run_id = config_from_args(args)
     if args.print_config:
-        from posstats.pipeline_config import dumps_toml
+        from posstats.service.config import dumps_toml
 
         print(dumps_toml(cfg.to_dict()), end="")
         return 0

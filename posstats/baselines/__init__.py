@@ -1,0 +1,1 @@
+"""What the architecture alone does to positions: causal-residual influence, adjacency, a random causal transformer."""

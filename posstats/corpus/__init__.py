@@ -1,0 +1,1 @@
+"""Corpus inputs: token batches, tokenizers, readers per format, shards of input files."""

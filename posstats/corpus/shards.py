@@ -1,0 +1,581 @@
+"""Shards: the units of distributed, resumable counting, with content-derived ids.
+
+A shard is a piece of one input path that can be read on its own. :func:`plan_shards`
+cuts a corpus into shards; :func:`read_shard` reads one into :class:`TokenBatch` es and
+:func:`count_shard` counts it. The counts of all shards of a corpus add up exactly to the
+single-process :func:`posstats.corpus.source.count_corpus` (THEORY section 1: counts are
+additive; the shards partition the documents).
+
+Kinds of shard (``Shard.kind``):
+
+==============  ===============================================================
+``row_group``   one row group of a Parquet file
+``hf_file``     one Arrow file of a Hugging Face ``save_to_disk`` dataset folder
+``byte_range``  a range of lines of a big uncompressed JSONL / text file,
+                cut at line boundaries (files over ``shard_bytes``)
+``file``        a whole input path: every other input, and *every* input in
+                ``pack`` mode
+==============  ===============================================================
+
+Pack mode joins the documents of one input into one stream that restarts at each new
+input (``TokenBatch.source``), so a pack-mode shard must be a whole input: a row group
+or byte range would restart the stream in the middle and change the counts.
+:func:`plan_shards` never splits in pack mode and :func:`count_shard` refuses a partial
+shard under a pack spec.
+
+Every batch a shard yields carries the same ``source`` (the input path, as
+:func:`~posstats.corpus.readers.resolve_inputs` spells it) and the same ``first_row`` (row
+number within the input) as the single-process reader gives, so pack streams and error
+messages ("file: row r: ...") match it.
+
+Shard ids are content-derived: the sha256 of the input's absolute path, size and
+modification time (for a folder, those of every file in it, see
+:func:`posstats.corpus.source.file_fingerprint`), the shard's kind and position, and for Parquet
+the row-group index, its row count and a digest of the file's footer. Any change to an
+input gives *all* its shards new ids; an unchanged input keeps them.
+
+Fingerprints: the corpus fingerprint of ``count_corpus`` is the XOR of one fingerprint
+per input path. Exactly one shard of each input (``index == 0``) carries that input's
+fingerprint (:attr:`Shard.fingerprint`); the others carry ``""``, so the XOR over any
+complete set of shards equals ``count_corpus``'s fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from posstats.corpus.source import CorpusSource, file_fingerprint
+from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountAccumulator, CountSpec, PositionalCounts
+from posstats.errors import InputError, PosstatsError
+from posstats.corpus.readers import guess_format
+from posstats.corpus.tokens import TokenBatch
+
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "KINDS",
+    "Shard",
+    "count_shard",
+    "partial_is_dense",
+    "plan_file",
+    "plan_shards",
+    "read_shard",
+]
+
+KINDS = ("file", "row_group", "byte_range", "hf_file")
+DEFAULT_SHARD_BYTES = 256 * 2**20  # JSONL / text files above this are cut into line ranges
+_SCHEMA = "posstats.shard/1"
+_COMPRESSED = (".gz", ".bz2", ".xz")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One independently readable piece of an input.
+
+    Attributes:
+        shard_id: content-derived id (64 hex digits), see the module docstring.
+        path: the input path exactly as :func:`~posstats.corpus.readers.resolve_inputs` gives
+            it; the ``source`` of every batch the shard yields.
+        format: the reader format of ``path`` (one of :data:`posstats.corpus.readers.FORMATS`).
+        kind: one of :data:`KINDS`.
+        index: position of the shard within its input, 0-based.
+        count: number of shards of that input.
+        first_row: row number (0-based, within the input) of the shard's first row.
+        first_line: ``byte_range`` only: 1-based line number of its first line.
+        start, stop: ``row_group``: the row-group index and index + 1; ``byte_range``:
+            the byte range ``[start, stop)``; ``hf_file``: the Arrow file's index in the
+            dataset and index + 1; ``file``: 0 and the input's size in bytes.
+        member: ``hf_file`` only: the Arrow file's path relative to ``path``.
+        rows: rows in the shard when the input's metadata says (Parquet, HF), else -1.
+        size_hint: bytes of data in the shard (uncompressed when known); a scheduling
+            and storage hint only.
+        input_fingerprint: :func:`posstats.corpus.source.file_fingerprint` of ``path``.
+    """
+
+    shard_id: str
+    path: str
+    format: str
+    kind: str
+    index: int
+    count: int
+    first_row: int
+    first_line: int
+    start: int
+    stop: int
+    member: str
+    rows: int
+    size_hint: int
+    input_fingerprint: str
+
+    @property
+    def fingerprint(self) -> str:
+        """This shard's share of the corpus fingerprint: the input's for shard 0, else ""."""
+        return self.input_fingerprint if self.index == 0 else ""
+
+    @property
+    def is_whole_input(self) -> bool:
+        """True when the shard is a whole input (the only kind allowed in pack mode)."""
+        return self.kind == "file"
+
+    def label(self) -> str:
+        """Short human description, e.g. ``"a.parquet row group 3 (4/8)"``."""
+        where = {
+            "file": "whole file",
+            "row_group": f"row group {self.start}",
+            "byte_range": f"bytes {self.start}-{self.stop} (from line {self.first_line})",
+            "hf_file": f"arrow file {self.member}",
+        }[self.kind]
+        return f"{self.path} {where} ({self.index + 1}/{self.count}, shard {self.shard_id[:12]})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain values."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], /) -> Shard:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def plan_shards(
+    source: CorpusSource,
+    spec: CountSpec,
+    /,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[Shard]:
+    """Cut the corpus of ``source`` into shards (inputs in sorted order, shards in input order).
+
+    Reads only metadata (Parquet footers, HF ``state.json`` and Arrow batch headers) and,
+    for JSONL / text files larger than ``shard_bytes``, scans their lines once to place
+    cuts at line boundaries and number the rows of each range. In ``pack`` mode every
+    input is one shard.
+
+    Raises:
+        InputError / PosstatsError: for a pattern matching nothing or contradictory
+            reader options (as :meth:`CorpusSource.read` would). Unreadable inputs are
+            not an error here: they become one whole-input shard, whose reading fails
+            with the reader's message.
+    """
+    if shard_bytes < 1:
+        msg = f"the shard size must be >= 1 byte, got {shard_bytes}"
+        raise PosstatsError(msg)
+    files = source.files()
+    source.read(files)  # validates reader options and that files exist; reads nothing
+    split = spec.mode != "pack"
+    shards: list[Shard] = []
+    for path in files:
+        shards.extend(plan_file(path, source, split=split, shard_bytes=shard_bytes))
+    return shards
+
+
+def plan_file(path: str, source: CorpusSource, /, *, split: bool = True, shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[Shard]:
+    """The shards of one input path (at least one; exactly one when ``split`` is False)."""
+    fmt = source.format or guess_format(path)
+    fp = file_fingerprint(path)
+    pieces: list[dict[str, Any]] | None = None
+    if split:
+        if fmt == "parquet":
+            pieces = _parquet_pieces(path, source)
+        elif fmt == "hf" and os.path.isdir(path):
+            pieces = _hf_pieces(path)
+        elif fmt in ("jsonl", "text") and not path.lower().endswith(_COMPRESSED):
+            if os.path.getsize(path) > shard_bytes:
+                pieces = _line_pieces(path, shard_bytes)
+    if not pieces:
+        size = _path_size(path)
+        pieces = [dict(kind="file", start=0, stop=size, first_row=0, first_line=1 if fmt in ("jsonl", "text") else 0,
+                       member="", rows=-1, size_hint=size, extra="")]
+    abspath = os.path.abspath(path)
+    shards = []
+    for i, p in enumerate(pieces):
+        identity = json.dumps(
+            [_SCHEMA, abspath, fp, fmt, p["kind"], i, len(pieces), p["start"], p["stop"], p["member"], p["extra"]],
+            separators=(",", ":"),
+        )
+        shards.append(
+            Shard(
+                shard_id=hashlib.sha256(identity.encode()).hexdigest(),
+                path=path,
+                format=fmt,
+                kind=p["kind"],
+                index=i,
+                count=len(pieces),
+                first_row=p["first_row"],
+                first_line=p["first_line"],
+                start=p["start"],
+                stop=p["stop"],
+                member=p["member"],
+                rows=p["rows"],
+                size_hint=p["size_hint"],
+                input_fingerprint=fp,
+            )
+        )
+    return shards
+
+
+def _path_size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(r, n)) for r, _, names in os.walk(path) for n in names)
+    return os.path.getsize(path)
+
+
+def _parquet_footer(path: str) -> bytes | None:
+    """The raw Thrift footer of a Parquet file, or None when the file has no valid tail."""
+    size = os.path.getsize(path)
+    if size < 12:
+        return None
+    with open(path, "rb") as f:
+        if f.read(4) != b"PAR1":
+            return None
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            return None
+        (length,) = struct.unpack("<I", tail[:4])
+        if length + 12 > size:
+            return None
+        f.seek(size - 8 - length)
+        return f.read(length)
+
+
+def _parquet_pieces(path: str, source: CorpusSource) -> list[dict[str, Any]] | None:
+    import pyarrow.parquet as pq
+
+    footer = _parquet_footer(path)
+    if footer is None:
+        return None  # Arrow IPC, or a truncated file: one whole-file shard
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (pa.ArrowException, OSError):
+        return None  # unreadable footer: the whole-file shard reports it when read
+    digest = hashlib.sha256(footer).hexdigest()
+    pieces, row = [], 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        pieces.append(dict(kind="row_group", start=g, stop=g + 1, first_row=row, first_line=0, member="",
+                           rows=rg.num_rows, size_hint=int(rg.total_byte_size), extra=f"{digest}:{rg.num_rows}"))
+        row += rg.num_rows
+    return pieces
+
+
+def _hf_saved_dir(path: str) -> str | None:
+    """The folder holding ``state.json`` of a ``save_to_disk`` dataset (picking the split
+    of a DatasetDict as the reader does: its only split, else ``train``), or None."""
+    if os.path.isfile(os.path.join(path, "state.json")):
+        return path
+    dd = os.path.join(path, "dataset_dict.json")
+    if not os.path.isfile(dd):
+        return None
+    try:
+        with open(dd, encoding="utf-8") as f:
+            splits = list(json.load(f).get("splits", []))
+    except (OSError, ValueError, AttributeError):
+        return None
+    split = splits[0] if len(splits) == 1 else "train"
+    sub = os.path.join(path, split)
+    return sub if split in splits and os.path.isfile(os.path.join(sub, "state.json")) else None
+
+
+def _hf_pieces(path: str) -> list[dict[str, Any]] | None:
+    folder = _hf_saved_dir(path)
+    if folder is None:
+        return None  # a folder of raw data files: read whole through `datasets`
+    try:
+        with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
+            state = json.load(f)
+        names = [d["filename"] for d in state["_data_files"]]
+        if state.get("_indices_data_files"):
+            return None
+        pieces, row = [], 0
+        for i, name in enumerate(names):
+            full = os.path.join(folder, name)
+            with pa.memory_map(full) as mm:
+                rows = sum(b.num_rows for b in pa.ipc.open_stream(mm))
+            member = os.path.relpath(full, path)
+            pieces.append(dict(kind="hf_file", start=i, stop=i + 1, first_row=row, first_line=0, member=member,
+                               rows=rows, size_hint=os.path.getsize(full), extra=str(rows)))
+            row += rows
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return None  # let the whole-folder reader report what is wrong
+    return pieces or None
+
+
+def _line_pieces(path: str, shard_bytes: int) -> list[dict[str, Any]] | None:
+    """Line ranges of about ``shard_bytes`` bytes, with each range's first line and row.
+
+    Lines are split exactly as the reader splits them (universal newlines); a row is a
+    non-blank line (``str.strip()`` non-empty), as in the JSONL and text readers. Bytes
+    that are not UTF-8 are kept (``surrogateescape``: line ends are ASCII, so the cuts do
+    not depend on them); the shard holding one reports it with its line number when read.
+    """
+    pieces = []
+    start = pos = 0
+    line_no = rows = 0  # lines / rows before the current position
+    first_line, first_row = 1, 0
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+            for line in f:
+                pos += len(line.encode("utf-8", "surrogateescape"))
+                line_no += 1
+                if line.strip():
+                    rows += 1
+                if pos - start >= shard_bytes:
+                    pieces.append((start, pos, first_line, first_row))
+                    start, first_line, first_row = pos, line_no + 1, rows
+    except (UnicodeDecodeError, OSError):
+        return None  # the whole-file reader names the bad line
+    if pos > start or not pieces:
+        pieces.append((start, pos, first_line, first_row))
+    if len(pieces) == 1:
+        return None
+    return [dict(kind="byte_range", start=a, stop=b, first_row=r, first_line=ln, member="", rows=-1,
+                 size_hint=b - a, extra="") for a, b, ln, r in pieces]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _reader_spec(source: CorpusSource, tokenizer: Any) -> Any:
+    from posstats.corpus import readers
+
+    column = source.column
+    tok = None
+    if column is None:
+        tok = tokenizer if tokenizer is not None else source.tokenizer
+        if isinstance(tok, (str, os.PathLike)):
+            from posstats.corpus.tokenizer import load_tokenizer
+
+            tok = load_tokenizer(tok)
+    return readers._Spec(column, source.text_column, tok, source.batch_size, False, source.hf_streaming, None)
+
+
+def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:
+    """Iterate the :class:`TokenBatch` es of one shard, ``source`` and ``first_row`` as the
+    single-process reader gives them.
+
+    Args:
+        shard: from :func:`plan_shards` (same ``source``).
+        source: the reader options.
+        tokenizer: a loaded ``tokenizers.Tokenizer`` (else ``source.tokenizer`` is loaded).
+
+    Raises:
+        InputError: for bad content, naming the file and the row, line or row group.
+    """
+    if shard.kind == "file":
+        yield from source.read([shard.path], tokenizer)
+        return
+    spec = _reader_spec(source, tokenizer)
+    if shard.kind == "row_group":
+        yield from _read_row_group(shard, spec)
+    elif shard.kind == "hf_file":
+        yield from _read_hf_file(shard, spec)
+    elif shard.kind == "byte_range":
+        yield from _read_line_range(shard, spec)
+    else:
+        msg = f"unknown shard kind {shard.kind!r}"
+        raise ValueError(msg)
+
+
+def _columns_to_batches(chunks: Sequence[pa.Array], path: str, first_row: int, spec: Any) -> Iterator[TokenBatch]:
+    from posstats.corpus import readers
+
+    row = first_row
+    for chunk in chunks:
+        for start in range(0, len(chunk), spec.batch_size):
+            part = chunk.slice(start, spec.batch_size)
+            if spec.column is not None:
+                yield readers._ids_from_list_array(part, path, row, spec.column)
+            else:
+                yield readers._encode_arrow_texts(part, path, row, spec)
+            row += len(part)
+
+
+def _read_row_group(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
+    import pyarrow.parquet as pq
+
+    from posstats.corpus import readers
+
+    path, group = shard.path, shard.start
+    where = f"{path}: row group {group}"
+    try:
+        parquet = pq.ParquetFile(path)
+        readers._check_field(path, parquet.schema_arrow, spec)
+        # Streamed batch by batch (as the single-process reader does): decoding a whole row
+        # group first would leave the kernel working on data far out of cache.
+        batches = parquet.iter_batches(batch_size=spec.batch_size, row_groups=[group], columns=[spec.name])
+    except (pa.ArrowException, OSError) as exc:
+        msg = f"{where}: not a valid Parquet file ({readers._one_line(exc)})"
+        raise InputError(msg) from exc
+    row = shard.first_row
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as exc:
+            msg = f"{where}: not a valid Parquet file ({readers._one_line(exc)})"
+            raise InputError(msg) from exc
+        yield from _columns_to_batches([batch.column(spec.name)], path, row, spec)
+        row += batch.num_rows
+    if shard.rows >= 0 and row - shard.first_row != shard.rows:
+        msg = f"{where}: holds {row - shard.first_row} rows, its footer says {shard.rows}"
+        raise InputError(msg)
+
+
+def _read_hf_file(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
+    from posstats.corpus import readers
+
+    if spec.name is None:
+        msg = f"{shard.path}: tokenizer= needs text_column= naming the text column"
+        raise PosstatsError(msg)
+    full = os.path.join(shard.path, shard.member)
+    where = f"{shard.path}: arrow file {shard.member}"
+    try:
+        with pa.memory_map(full) as mm:
+            reader = pa.ipc.open_stream(mm)
+            readers._check_field(shard.path, reader.schema, spec)
+            table = reader.read_all()
+    except (pa.ArrowException, OSError) as exc:
+        msg = f"{where}: cannot read as a Hugging Face dataset ({readers._one_line(exc)})"
+        raise InputError(msg) from exc
+    if shard.rows >= 0 and table.num_rows != shard.rows:
+        msg = f"{where}: holds {table.num_rows} rows, expected {shard.rows}"
+        raise InputError(msg)
+    yield from _columns_to_batches(table.column(spec.name).chunks, shard.path, shard.first_row, spec)
+
+
+class _RangeIO(io.RawIOBase):
+    """Raw reader of bytes ``[start, stop)`` of a file."""
+
+    def __init__(self, path: str, start: int, stop: int) -> None:
+        super().__init__()
+        self._f = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._f.seek(start)
+        self._left = stop - start
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer)[: min(len(buffer), self._left)]
+        n = self._f.readinto(view)
+        self._left -= n or 0
+        return n or 0
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _range_lines(shard: Shard) -> Iterator[tuple[int, str]]:
+    """(1-based line number in the file, line) of a byte range, decoded as the reader does."""
+    from posstats.corpus import readers
+
+    path = shard.path
+    try:
+        raw = _RangeIO(path, shard.start, shard.stop)
+    except OSError as exc:
+        msg = f"{path}: cannot read ({readers._one_line(exc)})"
+        raise InputError(msg) from exc
+    lineno = shard.first_line - 1
+    # surrogateescape + a check per line (as the whole-file reader): a strict decoder fails
+    # on a whole decoded chunk, before the lines in front of the bad byte are numbered.
+    with io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8", errors="surrogateescape") as f:
+        try:
+            for lineno, line in readers.checked_lines(enumerate(f, shard.first_line), path):  # noqa: B007
+                yield lineno, line
+        except OSError as exc:
+            msg = f"{path}: line {lineno + 1}: cannot read ({readers._one_line(exc)})"
+            raise InputError(msg) from exc
+
+
+def _read_line_range(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
+    # The readers' own batching, over the range's numbered lines.
+    from posstats.corpus import readers
+
+    batches = readers._text_batches if shard.format == "text" else readers._jsonl_batches
+    yield from batches(_range_lines(shard), shard.path, spec, first_row=shard.first_row)
+
+
+# ----------------------------------------------------------------------------- counting
+
+
+def partial_is_dense(spec: CountSpec, shard: Shard, /, *, dense_budget: int = DEFAULT_DENSE_BUDGET) -> bool:
+    """Whether to count ``shard`` into a dense ``n x V`` array (else sparse keys).
+
+    Dense only within ``dense_budget`` bytes (``8 n V``), and only when the shard is big
+    enough to pay for touching all ``n V`` cells: an estimated token count (``size_hint
+    / 4``) of at least ``n V / 8``. Either choice gives exactly the same counts.
+    """
+    cells = spec.positions * spec.vocab_size
+    return spec.fits_dense(dense_budget) and shard.size_hint // 4 >= cells // 8
+
+
+def count_shard(
+    shard: Shard,
+    source: CorpusSource,
+    spec: CountSpec,
+    /,
+    *,
+    tokenizer: Any = None,
+    dense: bool | None = None,
+    dense_budget: int = DEFAULT_DENSE_BUDGET,
+    metadata: dict[str, str] | None = None,
+    out: np.ndarray | None = None,
+) -> PositionalCounts:
+    """Exact partial counts of one shard; their fingerprint is :attr:`Shard.fingerprint`.
+
+    Args:
+        dense: force dense or sparse accumulation; None uses :func:`partial_is_dense`.
+        out: a reusable int64 ``(n, V)`` buffer for a dense count (ignored when sparse);
+            the result then shares it, so save or copy the result before the next shard.
+
+    Raises:
+        InputError: bad content; the message names the file and row (or row group / line)
+            and ends with the shard (``[shard ...]``). Also when the input changed (size or
+            modification time) since the shard was planned, so that a partial always holds
+            the content its id names.
+        ValueError: a partial-input shard under a ``pack`` spec (it would change counts).
+    """
+    if spec.mode == "pack" and not shard.is_whole_input:
+        msg = f"pack mode counts whole inputs only; {shard.label()} is a {shard.kind} shard"
+        raise ValueError(msg)
+    if dense is None:
+        dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
+    acc = CountAccumulator(spec, dense=dense, fingerprint=shard.fingerprint, metadata=metadata, out=out if dense else None)
+    try:
+        _check_unchanged(shard)
+        for batch in read_shard(shard, source, tokenizer=tokenizer):
+            acc.add(batch)
+        _check_unchanged(shard)  # a partial must be the content its id names
+    except InputError as exc:
+        msg = f"{exc} [shard: {shard.label()}]"
+        raise InputError(msg) from exc
+    return acc.result(copy=False)  # the accumulator ends here: no n x V copy
+
+
+def _check_unchanged(shard: Shard) -> None:
+    try:
+        current = file_fingerprint(shard.path)
+    except OSError as exc:
+        msg = f"{shard.path}: cannot read ({exc.strerror or exc})"
+        raise InputError(msg) from exc
+    if current != shard.input_fingerprint:
+        msg = f"{shard.path}: changed since the shards were planned (size or modification time); run again"
+        raise InputError(msg)

@@ -1,0 +1,103 @@
+"""Counting a corpus on disk: readers -> counting kernel, with a fingerprint per file.
+
+This is the single-process path (``posstats count`` / ``posstats run``); the Ray job
+splits the same work into shards and sums the partial counts, which are exactly equal.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, fingerprint_of
+from posstats.errors import InputError
+from posstats.progress import progress
+from posstats.corpus.readers import read_token_batches, resolve_inputs
+
+__all__ = ["CorpusSource", "count_corpus", "file_fingerprint"]
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """Where token ids come from: the reader options of :func:`posstats.corpus.readers.read_token_batches`.
+
+    Attributes:
+        inputs: paths or glob patterns (expanded with :func:`resolve_inputs`).
+        format: an input format, or None to guess from each file's suffix.
+        column: a list<int> token-id column; or ``text_column`` + ``tokenizer`` for text.
+        tokenizer: path of a ``tokenizer.json`` (needed for text).
+    """
+
+    inputs: tuple[str, ...]
+    format: str | None = None
+    column: str | None = None
+    text_column: str | None = None
+    tokenizer: str | None = None
+    hf_streaming: bool = False
+    batch_size: int = 4096
+
+    def files(self) -> list[str]:
+        """The resolved input paths, sorted."""
+        return resolve_inputs(list(self.inputs))
+
+    def read(self, paths: Sequence[str], tokenizer: Any = None):
+        """Iterate the :class:`TokenBatch` es of ``paths``."""
+        return read_token_batches(
+            list(paths),
+            format=self.format,
+            column=self.column,
+            text_column=self.text_column,
+            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            batch_size=self.batch_size,
+            hf_streaming=self.hf_streaming,
+        )
+
+
+def file_fingerprint(path: str, /) -> str:
+    """Fingerprint of one input file: sha256 of its name, size and modification time.
+
+    Content changes that keep size and mtime identical are not detected (as with make).
+    """
+    st = os.stat(path)
+    if os.path.isdir(path):  # an HF dataset folder: fingerprint its files
+        parts = []
+        for root, _, names in sorted(os.walk(path)):
+            for name in sorted(names):
+                full = os.path.join(root, name)
+                s = os.stat(full)
+                parts.append(f"{os.path.relpath(full, path)}:{s.st_size}:{s.st_mtime_ns}")
+        return fingerprint_of(f"{os.path.basename(os.path.abspath(path))}|" + "|".join(parts))
+    return fingerprint_of(f"{os.path.basename(path)}|{st.st_size}|{st.st_mtime_ns}")
+
+
+def count_corpus(
+    source: CorpusSource,
+    spec: CountSpec,
+    /,
+    *,
+    dense: bool | None = None,
+    metadata: dict[str, str] | None = None,
+    show_progress: bool | None = None,
+) -> PositionalCounts:
+    """Count every file of ``source`` under ``spec`` in this process.
+
+    Returns exact int64 counts whose fingerprint combines each file's
+    (:func:`file_fingerprint`). Raises :class:`InputError` for an empty corpus.
+    """
+    from posstats.corpus.tokenizer import load_tokenizer
+
+    files = source.files()
+    tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
+    acc = CountAccumulator(spec, dense=dense, metadata=metadata)
+    with progress(desc="counting", unit="tok", enabled=show_progress) as bar:
+        for i, path in enumerate(files):
+            bar.set_postfix_str(f"file {i + 1}/{len(files)}", refresh=False)
+            for batch in source.read([path], tokenizer):
+                bar.update(acc.add(batch))
+            acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path))
+    counts = acc.result()
+    if counts.sequences == 0:
+        msg = f"empty corpus: no sequences in {', '.join(files)}"
+        raise InputError(msg)
+    return counts

@@ -1,0 +1,178 @@
+"""Loading a Hugging Face ``tokenizer.json`` and tokenising text into :class:`TokenBatch`.
+
+Padding and truncation are always switched off: a positional count must see every token
+of a document, and the BERT ``tokenizer.json`` ships with padding to 128 built in, which
+would otherwise add ``[PAD]`` ids at every position past the end of the text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from posstats.errors import InputError, PosstatsError
+from posstats.corpus.tokens import TokenBatch
+
+__all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "special_token_ids", "tokenizer_hash", "vocab_size"]
+
+_HASH_CHARS = 16
+
+
+def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
+    """Load a ``tokenizer.json`` with padding and truncation switched off.
+
+    Raises:
+        InputError: ``"<path>: not a tokenizer.json (<reason>)"`` when the file is missing,
+            unreadable, or not a tokenizer.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        reason = "is a directory" if os.path.isdir(path) else "no such file"
+        msg = f"{path}: not a tokenizer.json ({reason})"
+        raise InputError(msg)
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
+        msg = f"{path}: not a tokenizer.json ({_one_line(exc)})"
+        raise InputError(msg) from exc
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def tokenizer_hash(path: str | os.PathLike[str], /) -> str:
+    """Fingerprint of a tokenizer file: the first 16 hex digits (64 bits) of SHA-256 of its bytes.
+
+    Stored in count metadata so that counts made with different tokenizers are never
+    merged. It hashes the file, not the loaded object, so two byte-different files that
+    tokenise identically get different hashes (conservative, never the reverse).
+    """
+    path = os.fspath(path)
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        msg = f"{path}: not a tokenizer.json ({exc.strerror or exc})"
+        raise InputError(msg) from exc
+    return digest.hexdigest()[:_HASH_CHARS]
+
+
+def check_tokenizer(
+    recorded: Mapping[str, Any], path: str | os.PathLike[str], /, *, counts: str = "the counts"
+) -> str | None:
+    """Check that the tokenizer file ``path`` is the one existing counts were made with.
+
+    Every command that takes a tokenizer together with existing counts (``analyze``
+    re-reading the corpus for a noise floor or bootstrap, ``refresh`` adding shards to a
+    run store) calls this before using it: counts and text tokenised by another tokenizer
+    would mix two vocabularies without any error.
+
+    Args:
+        recorded: what the counts record: ``tokenizer_hash`` (see :func:`tokenizer_hash`)
+            and, for the message, ``tokenizer`` (the file name): the metadata of
+            :class:`~posstats.counting.counts.PositionalCounts`, or a run store's configuration.
+        path: the tokenizer.json given now.
+        counts: the counts in words for the message (their file or store).
+
+    Returns:
+        The hash of ``path``; None when the counts record no tokenizer hash. Counts
+        without one were counted from token ids (``--column``): there is nothing to
+        compare, so the tokenizer is accepted without reading it (the commands that
+        re-read such a corpus read its token ids and do not use the tokenizer).
+
+    Raises:
+        PosstatsError: ``"<path>: tokenizer hash H1 (bert-base-uncased.tokenizer.json)
+            differs from hash H2 (gpt2.tokenizer.json) recorded with <counts>; give the
+            tokenizer.json the counts were made with"``.
+        InputError: ``path`` is not readable.
+    """
+    expected = recorded.get("tokenizer_hash") or None
+    if expected is None:
+        return None
+    actual = tokenizer_hash(path)
+    if actual != expected:
+        name = recorded.get("tokenizer")
+        msg = (
+            f"{os.fspath(path)}: tokenizer hash {actual} ({os.path.basename(os.fspath(path))}) differs from hash "
+            f"{expected}{f' ({name})' if name else ''} recorded with {counts}; give the tokenizer.json the counts "
+            f"were made with"
+        )
+        raise PosstatsError(msg)
+    return actual
+
+
+def vocab_size(tok: Tokenizer, /) -> int:
+    """Number of token ids, added tokens included: every id is in ``[0, vocab_size)``."""
+    return int(tok.get_vocab_size(with_added_tokens=True))
+
+
+def special_token_ids(tok: Tokenizer, /, *, include_unk: bool = False) -> list[int]:
+    """Sorted ids of the tokenizer's added tokens marked special: the default exclude list.
+
+    BERT: ``[PAD]=0, [CLS]=101, [SEP]=102, [MASK]=103``; GPT-2: ``<|endoftext|>=50256``.
+
+    The model's unknown token (BERT's ``[UNK]=100``) is left out unless
+    ``include_unk=True``: it stands for real text the vocabulary cannot spell, so it
+    occupies a position like any other token, whereas the others are markup that a model
+    adds around or between documents.
+    """
+    unk = getattr(tok.model, "unk_token", None)
+    ids = {
+        int(i)
+        for i, added in tok.get_added_tokens_decoder().items()
+        if added.special and (include_unk or added.content != unk)
+    }
+    return sorted(ids)
+
+
+def encode_texts(
+    tok: Tokenizer,
+    texts: Iterable[str],
+    /,
+    *,
+    add_special_tokens: bool = False,
+    source: str = "<memory>",
+    first_row: int = 0,
+) -> TokenBatch:
+    """Tokenise ``texts`` in one batched (multi-threaded) call; one sequence per text.
+
+    ``add_special_tokens=False`` (default) gives the ids of the text alone; ``True`` adds
+    what the tokenizer's post-processor adds (BERT: ``[CLS] ... [SEP]``; GPT-2: nothing).
+    Counting removes excluded ids before assigning positions, so with the default exclude
+    list both give the same counts.
+
+    Raises:
+        InputError: when an element of ``texts`` is not a string (names ``source`` and row).
+
+    >>> tok = load_tokenizer("data/tokenizers/gpt2.tokenizer.json")  # doctest: +SKIP
+    >>> encode_texts(tok, ["Hello world"]).values.tolist()  # doctest: +SKIP
+    [15496, 995]
+    """
+    texts = texts if isinstance(texts, list) else list(texts)
+    for r, text in enumerate(texts):
+        if not isinstance(text, str):
+            msg = f"{source}: row {first_row + r}: expected a text string, got {text!r:.80}"
+            raise InputError(msg)
+    # encode_batch_fast (tokenizers >= 0.20) skips computing character offsets we never use.
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    encodings = encode(texts, add_special_tokens=add_special_tokens)
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter(
+        itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=int(offsets[-1])
+    )
+    return TokenBatch(values, offsets, source, first_row)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] if text else type(exc).__name__

@@ -1,0 +1,574 @@
+"""Positional token counts ``C[i, v]`` (THEORY section 1).
+
+The counting kernel turns a :class:`~posstats.corpus.tokens.TokenBatch` into flat keys
+``key = position * V + token`` with a few whole-array passes (no Python loop per token or
+per document) and accumulates them exactly in int64, densely when ``n * V`` fits the
+memory budget and sparsely otherwise. Counts are additive: the counts of a corpus are the
+sum of the counts of any partition of it, and :meth:`PositionalCounts.__add__` is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.lib.stride_tricks import sliding_window_view
+
+from posstats.errors import InputError
+from posstats.corpus.tokens import TokenBatch
+
+__all__ = [
+    "MAX_POSITIONS",
+    "MAX_VOCAB_SIZE",
+    "MODES",
+    "CountAccumulator",
+    "CountSpec",
+    "PositionalCounts",
+    "combine_fingerprints",
+    "count_sequences",
+]
+
+MODES = ("truncate", "chunk", "pack")
+DEFAULT_DENSE_BUDGET = 4 * 2**30  # bytes of int64 counts kept dense (n * V * 8)
+_SPARSE_FLUSH = 1 << 24  # buffered keys before a sparse accumulator compacts
+# Sparse counts files store positions and token ids as int32 (posstats.counting.io), so the
+# largest position n - 1 and the largest id V - 1 must be at most 2**31 - 1. Within these
+# limits the kernel's int64 keys position * V + token stay below n * V <= 2**62.
+MAX_POSITIONS = 2**31
+MAX_VOCAB_SIZE = 2**31
+
+
+@dataclass(frozen=True)
+class CountSpec:
+    """What to count: ``positions`` (n), ``vocab_size`` (V), the position mode, excluded ids.
+
+    Attributes:
+        positions: number of positions n (window length).
+        vocab_size: V; every token id must lie in ``[0, V)``.
+        mode: ``truncate`` (first n kept tokens of each document), ``chunk`` (consecutive
+            windows of n kept tokens, each from position 0) or ``pack`` (documents
+            concatenated into one stream, with ``separator_id`` between them, cut into
+            windows of n; the stream restarts at each new input file).
+        exclude_ids: ids removed *before* positions are assigned.
+        separator_id: pack mode only: id inserted between consecutive documents (counted
+            at its position, as the model sees it), or None.
+    """
+
+    positions: int
+    vocab_size: int
+    mode: str = "truncate"
+    exclude_ids: tuple[int, ...] = ()
+    separator_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.positions < 1:
+            msg = f"the number of positions must be >= 1, got {self.positions}"
+            raise InputError(msg)
+        if self.positions > MAX_POSITIONS:
+            msg = (
+                f"--positions {self.positions:,} is too large: positions are stored as int32, so the number of "
+                f"positions may be at most {MAX_POSITIONS:,} (2**31)"
+            )
+            raise InputError(msg)
+        if self.vocab_size < 1:
+            msg = f"the vocabulary size must be >= 1, got {self.vocab_size}"
+            raise InputError(msg)
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            msg = (
+                f"--vocab-size {self.vocab_size:,} is too large: token ids are stored as int32 (at most "
+                f"{MAX_VOCAB_SIZE - 1:,}), so the vocabulary size may be at most {MAX_VOCAB_SIZE:,} (2**31)"
+            )
+            raise InputError(msg)
+        if self.mode not in MODES:
+            msg = f"unknown position mode {self.mode!r}; choose one of {', '.join(MODES)}"
+            raise InputError(msg)
+        for tid in self.exclude_ids:
+            if not 0 <= tid < self.vocab_size:
+                msg = f"excluded token id {tid} is outside [0, {self.vocab_size})"
+                raise InputError(msg)
+        if self.separator_id is not None:
+            if self.mode != "pack":
+                msg = f"a separator id is only used in pack mode, not {self.mode!r}"
+                raise InputError(msg)
+            if not 0 <= self.separator_id < self.vocab_size:
+                msg = f"separator id {self.separator_id} is outside [0, {self.vocab_size})"
+                raise InputError(msg)
+        object.__setattr__(self, "exclude_ids", tuple(sorted({int(t) for t in self.exclude_ids})))
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes of the dense int64 ``n x V`` counts: ``8 n V``."""
+        return 8 * self.positions * self.vocab_size
+
+    def fits_dense(self, budget_bytes: float, /) -> bool:
+        """The one dense-or-sparse rule: dense ``n x V`` int64 counts while ``8 n V`` bytes
+        fit ``budget_bytes``, sparse otherwise."""
+        return self.dense_bytes <= budget_bytes
+
+    def to_metadata(self) -> dict[str, str]:
+        """String-to-string form (for safetensors / Parquet metadata)."""
+        return {
+            "positions": str(self.positions),
+            "vocab_size": str(self.vocab_size),
+            "mode": self.mode,
+            "exclude_ids": ",".join(map(str, self.exclude_ids)),
+            "separator_id": "" if self.separator_id is None else str(self.separator_id),
+        }
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, str]) -> CountSpec:
+        """Inverse of :meth:`to_metadata`."""
+        excl = meta.get("exclude_ids", "")
+        sep = meta.get("separator_id", "")
+        return cls(
+            positions=int(meta["positions"]),
+            vocab_size=int(meta["vocab_size"]),
+            mode=meta.get("mode", "truncate"),
+            exclude_ids=tuple(int(t) for t in excl.split(",") if t),
+            separator_id=int(sep) if sep else None,
+        )
+
+
+def combine_fingerprints(a: str, b: str, /) -> str:
+    """Order-free, associative combination of two corpus fingerprints (hex XOR).
+
+    The fingerprint of a corpus is the XOR of its shards' fingerprints, so it is the same
+    whatever the sharding order or reduction tree. An empty string is the identity.
+    """
+    if not a:
+        return b
+    if not b:
+        return a
+    width = max(len(a), len(b))
+    return format(int(a, 16) ^ int(b, 16), f"0{width}x")
+
+
+def fingerprint_of(text: str, /) -> str:
+    """sha256 hex digest of a shard's identity string (path, size, mtime, ...)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PositionalCounts:
+    """Exact positional counts of a corpus.
+
+    Attributes:
+        spec: the :class:`CountSpec` they were counted under.
+        matrix: int64 counts ``C``, shape (n, V): a dense ndarray or a scipy CSR array.
+        sequences: input sequences (documents) read.
+        windows: windows counted (truncate: documents with a kept token; chunk, pack: windows).
+        tokens: tokens counted, ``C.sum()`` (separators included in pack mode).
+        fingerprint: corpus fingerprint (see :func:`combine_fingerprints`), "" if unknown.
+        metadata: other string metadata (tokenizer hash, source description, ...).
+    """
+
+    spec: CountSpec
+    matrix: np.ndarray | sp.csr_array
+    sequences: int = 0
+    windows: int = 0
+    tokens: int = 0
+    fingerprint: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def positions(self) -> int:
+        """Number of positions n."""
+        return self.spec.positions
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size V."""
+        return self.spec.vocab_size
+
+    @property
+    def is_sparse(self) -> bool:
+        """True when :attr:`matrix` is a scipy sparse array."""
+        return sp.issparse(self.matrix)
+
+    def occupancy(self) -> np.ndarray:
+        """``occ[i] = sum_v C[i, v]``, int64, shape (n,)."""
+        return np.asarray(self.matrix.sum(axis=1), dtype=np.int64).ravel()
+
+    def occupied_positions(self, *, min_occupancy: int = 1) -> np.ndarray:
+        """0-based positions with ``occ[i] >= max(min_occupancy, 1)``, int64, ascending."""
+        return np.flatnonzero(self.occupancy() >= max(int(min_occupancy), 1)).astype(np.int64)
+
+    def rows(self, positions: np.ndarray, /) -> np.ndarray | sp.csr_array:
+        """Counts of the given positions, shape (len(positions), V), same storage kind."""
+        return self.matrix[np.asarray(positions)]
+
+    def to_dense(self) -> PositionalCounts:
+        """The same counts with a dense int64 matrix."""
+        if not self.is_sparse:
+            return self
+        return dataclasses.replace(self, matrix=self.matrix.toarray().astype(np.int64))
+
+    def to_sparse(self) -> PositionalCounts:
+        """The same counts with a CSR int64 matrix."""
+        if self.is_sparse:
+            return self
+        return dataclasses.replace(self, matrix=sp.csr_array(self.matrix, dtype=np.int64))
+
+    def __add__(self, other: PositionalCounts) -> PositionalCounts:
+        """Exact sum of two partial counts of the same spec (integers, never floats)."""
+        if not isinstance(other, PositionalCounts):
+            return NotImplemented
+        if other.spec != self.spec:
+            msg = f"cannot add counts with different specs: {self.spec} vs {other.spec}"
+            raise ValueError(msg)
+        if self.is_sparse or other.is_sparse:
+            a, b = self.to_sparse().matrix, other.to_sparse().matrix
+            matrix = sp.csr_array(a + b, dtype=np.int64)
+            matrix.sum_duplicates()
+        else:
+            matrix = self.matrix + other.matrix
+        meta = {**other.metadata, **self.metadata}
+        return PositionalCounts(
+            spec=self.spec,
+            matrix=matrix,
+            sequences=self.sequences + other.sequences,
+            windows=self.windows + other.windows,
+            tokens=self.tokens + other.tokens,
+            fingerprint=combine_fingerprints(self.fingerprint, other.fingerprint),
+            metadata=meta,
+        )
+
+    def __sub__(self, other: PositionalCounts) -> PositionalCounts:
+        """Exact difference (used to remove a shard that left the corpus)."""
+        neg = dataclasses.replace(
+            other,
+            matrix=-other.matrix,
+            sequences=-other.sequences,
+            windows=-other.windows,
+            tokens=-other.tokens,
+        )
+        return self + neg
+
+    def equals(self, other: PositionalCounts, /) -> bool:
+        """True when both hold exactly the same counts and totals."""
+        if self.spec != other.spec or (self.sequences, self.windows, self.tokens) != (
+            other.sequences,
+            other.windows,
+            other.tokens,
+        ):
+            return False
+        diff = self.to_sparse().matrix - other.to_sparse().matrix
+        return diff.count_nonzero() == 0
+
+    @classmethod
+    def zeros(cls, spec: CountSpec, /, *, sparse: bool = False) -> PositionalCounts:
+        """Empty counts (the identity of ``+``)."""
+        shape = (spec.positions, spec.vocab_size)
+        matrix = sp.csr_array(shape, dtype=np.int64) if sparse else np.zeros(shape, np.int64)
+        return cls(spec=spec, matrix=matrix)
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+def _check_ids(batch: TokenBatch, vocab_size: int) -> None:
+    """Raise InputError naming file, row and value for the first id outside [0, V)."""
+    v = batch.values
+    if v.size == 0:
+        return
+    lo, hi = int(v.min()), int(v.max())
+    if lo >= 0 and hi < vocab_size:
+        return
+    bad = int(np.flatnonzero((v < 0) | (v >= vocab_size))[0])
+    value = int(v[bad])
+    what = "negative token id" if value < 0 else f"token id outside [0, {vocab_size})"
+    msg = f"{batch.source}: row {batch.row_of(bad)}: {what}: {value}"
+    raise InputError(msg)
+
+
+def _drop_excluded(values: np.ndarray, offsets: np.ndarray, table: np.ndarray | None):
+    """Remove excluded ids; return (values, offsets) of the kept tokens."""
+    if table is None:
+        return values, offsets
+    keep = ~table[values]
+    if keep.all():
+        return values, offsets
+    cum = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(keep, out=cum[1:])
+    return values[keep], cum[offsets]
+
+
+def _within_document_positions(offsets: np.ndarray, total: int) -> np.ndarray:
+    """``pos[t]`` = index of token t inside its document, int64, shape (total,)."""
+    lengths = np.diff(offsets)
+    pos = np.arange(total, dtype=np.int64)
+    pos -= np.repeat(offsets[:-1], lengths)
+    return pos
+
+
+def _position_block_keys(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, vocab_size: int, block: int):
+    """Yield flat keys ``position * V + token`` of the windows, one block of positions at a time.
+
+    Window w holds ``values[starts[w] + j]`` at position j < lengths[w]. Grouping the
+    scatter by position block (instead of window by window, which jumps across all n rows
+    of the accumulator for every window) is what makes the dense scatter cache-friendly:
+    measured 2-3x faster than document order at n = 8192, V = 50,257. Windows that cover
+    the whole block are copied as contiguous slices (1.4x faster than a 2-D fancy index).
+    """
+    if lengths.size == 0:
+        return
+    order = np.argsort(-lengths, kind="stable")
+    starts, lengths = starts[order], lengths[order]
+    neg = -lengths  # ascending, for searchsorted
+    longest = int(lengths[0])
+    for p0 in range(0, longest, block):
+        p1 = min(p0 + block, longest)
+        live = int(np.searchsorted(neg, -p0, side="left"))  # windows longer than p0
+        full = int(np.searchsorted(neg, -p1, side="right"))  # windows reaching p1
+        cols = np.arange(p0, p1, dtype=np.int64)
+        if full:
+            # Row w of the sliding-window view is values[w : w + p1 - p0]: taking rows
+            # starts + p0 copies each window's slice whole, with no (full x block) index.
+            keys = sliding_window_view(values, p1 - p0)[starts[:full] + p0]
+            keys += cols * vocab_size
+            yield keys.reshape(-1)
+        if live > full:
+            idx = starts[full:live, None] + cols
+            mask = cols < lengths[full:live, None]
+            keys = values[idx[mask]]
+            keys += np.broadcast_to(cols, idx.shape)[mask] * vocab_size
+            yield keys
+
+
+class CountAccumulator:
+    """Accumulates :class:`TokenBatch` es into exact :class:`PositionalCounts`.
+
+    Dense (an int64 ``n x V`` array) when ``n * V * 8 <= dense_budget`` bytes, else
+    sparse (buffered keys compacted with ``np.unique``). Pack mode keeps the stream state
+    between batches of the same source; a new source restarts the stream at position 0.
+    ``block_positions`` sets how many positions are scattered together (default: about
+    2**22 accumulator cells); it changes speed, never the counts. ``out`` (dense only) is an
+    int64 ``(n, V)`` array to accumulate into, zeroed here: a counting worker reuses one
+    for all its shards instead of page-faulting a fresh ``n x V`` array every time
+    (measured 0.1 s for 51 MB on a VM, a third of the kernel time of a 16M-token shard).
+
+    >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10))
+    >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
+    4
+    >>> acc.result().matrix[:, :6].tolist()
+    [[0, 1, 0, 0, 0, 1], [0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0]]
+    """
+
+    def __init__(
+        self,
+        spec: CountSpec,
+        /,
+        *,
+        dense: bool | None = None,
+        dense_budget: int = DEFAULT_DENSE_BUDGET,
+        block_positions: int | None = None,
+        fingerprint: str = "",
+        metadata: dict[str, str] | None = None,
+        out: np.ndarray | None = None,
+    ) -> None:
+        self.spec = spec
+        n, V = spec.positions, spec.vocab_size
+        self.dense = spec.fits_dense(dense_budget) if dense is None else bool(dense)
+        if self.dense:
+            if out is None:
+                self._matrix = np.zeros((n, V), dtype=np.int64)
+            else:
+                if out.shape != (n, V) or out.dtype != np.int64 or not out.flags.c_contiguous or not out.flags.writeable:
+                    msg = f"out must be a writeable C-contiguous int64 array of shape {(n, V)}; got {out.dtype} {out.shape}"
+                    raise ValueError(msg)
+                out.fill(0)
+                self._matrix = out
+            self._flat = self._matrix.reshape(-1)
+        else:
+            self._keys = np.zeros(0, dtype=np.int64)  # sorted unique keys
+            self._vals = np.zeros(0, dtype=np.int64)
+            self._buffer: list[np.ndarray] = []
+            self._buffered = 0
+        # Positions per block: about 2**22 accumulator cells (32 MiB) per block keeps the
+        # frequently hit cells of those rows cache-resident during the scatter.
+        self._block = int(block_positions or min(max(2**22 // V, 16), n))
+        self._excluded = None
+        if spec.exclude_ids:
+            self._excluded = np.zeros(V, dtype=bool)
+            self._excluded[list(spec.exclude_ids)] = True
+        self.sequences = 0
+        self.windows = 0
+        self.tokens = 0
+        self.fingerprint = fingerprint
+        self.metadata = dict(metadata or {})
+        # pack-mode stream state: source of the open stream, and its length so far
+        self._pack_source: str | None = None
+        self._pack_len = 0
+
+    # -- public -------------------------------------------------------------------
+
+    def add(self, batch: TokenBatch, /) -> int:
+        """Count one batch; return the number of tokens counted from it."""
+        _check_ids(batch, self.spec.vocab_size)
+        values, offsets = _drop_excluded(batch.values, batch.offsets, self._excluded)
+        self.sequences += batch.rows
+        values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
+        counted = 0
+        if head is not None:
+            self._accumulate(head)
+            counted += head.size
+        for keys in _position_block_keys(values, starts, lengths, self.spec.vocab_size, self._block):
+            self._accumulate(keys)
+            counted += keys.size
+        self.tokens += counted
+        return counted
+
+    def add_sequences(self, sequences: Iterable, /) -> int:
+        """Count Python lists / arrays of token ids (convenience for small inputs)."""
+        return self.add(TokenBatch.from_sequences(list(sequences)))
+
+    def result(self, *, copy: bool = True) -> PositionalCounts:
+        """The counts so far.
+
+        With ``copy=False`` a dense result shares the accumulator's buffer (no n x V copy):
+        use it only when the accumulator is not used afterwards.
+        """
+        windows = self.windows + (self._pack_windows(self._pack_len) if self.spec.mode == "pack" else 0)
+        if self.dense:
+            matrix = self._matrix.copy() if copy else self._matrix
+        else:
+            self._compact()
+            n, V = self.spec.positions, self.spec.vocab_size
+            rows, cols = np.divmod(self._keys, V)
+            matrix = sp.csr_array((self._vals.copy(), (rows, cols)), shape=(n, V), dtype=np.int64)
+        return PositionalCounts(
+            spec=self.spec,
+            matrix=matrix,
+            sequences=self.sequences,
+            windows=windows,
+            tokens=self.tokens,
+            fingerprint=self.fingerprint,
+            metadata=dict(self.metadata),
+        )
+
+    # -- windows per mode ---------------------------------------------------------------
+    # Each returns (values, starts, lengths, head): window w holds values[starts[w] + j] at
+    # position j for j < lengths[w]; ``head`` is an array of ready keys for a window that
+    # does not start at position 0 (the continuation of a pack stream), or None.
+
+    def _windows_truncate(self, values: np.ndarray, offsets: np.ndarray, source: str):
+        lengths = np.diff(offsets)
+        nonempty = lengths > 0
+        self.windows += int(np.count_nonzero(nonempty))
+        return values, offsets[:-1][nonempty], np.minimum(lengths[nonempty], self.spec.positions), None
+
+    def _windows_chunk(self, values: np.ndarray, offsets: np.ndarray, source: str):
+        n = self.spec.positions
+        lengths = np.diff(offsets)
+        per_doc = -(-lengths // n)
+        first = np.zeros(len(per_doc) + 1, dtype=np.int64)
+        np.cumsum(per_doc, out=first[1:])
+        self.windows += int(first[-1])
+        k = _within_document_positions(first, int(first[-1]))  # window index inside its document
+        doc_of = np.repeat(np.arange(len(per_doc)), per_doc)
+        starts = offsets[:-1][doc_of] + k * n
+        return values, starts, np.minimum(n, lengths[doc_of] - k * n), None
+
+    def _windows_pack(self, values: np.ndarray, offsets: np.ndarray, source: str):
+        n, V = self.spec.positions, self.spec.vocab_size
+        if source != self._pack_source:
+            self.windows += self._pack_windows(self._pack_len)
+            self._pack_source, self._pack_len = source, 0
+        sep = self.spec.separator_id
+        rows = len(offsets) - 1
+        if sep is not None and rows:
+            # Stream = doc0 sep doc1 sep doc2 ...: a separator precedes every document but
+            # the first of the stream; empty documents (after exclusion) add nothing.
+            has_sep = (np.diff(offsets) > 0).astype(np.int64)
+            if self._pack_len == 0 and has_sep.any():
+                has_sep[int(np.argmax(has_sep))] = 0
+            total = len(values) + int(has_sep.sum())
+            stream = np.empty(total, dtype=np.int64)
+            doc_starts = offsets[:-1] + np.cumsum(has_sep)  # where each document begins
+            is_sep = np.zeros(total, dtype=bool)
+            is_sep[(doc_starts - 1)[has_sep.astype(bool)]] = True
+            stream[is_sep] = sep
+            stream[~is_sep] = values
+            values = stream
+        total = len(values)
+        phase = self._pack_len % n
+        self._pack_len += total
+        head = None
+        skip = 0
+        if phase:  # finish the window left open by the previous batch
+            skip = min(n - phase, total)
+            head = np.arange(phase, phase + skip, dtype=np.int64) * V + values[:skip]
+        starts = np.arange(skip, total, n, dtype=np.int64)
+        return values, starts, np.minimum(n, total - starts), head
+
+    def _pack_windows(self, stream_len: int) -> int:
+        return -(-stream_len // self.spec.positions)
+
+    # -- accumulation -----------------------------------------------------------------
+
+    def _accumulate(self, keys: np.ndarray) -> None:
+        if keys.size == 0:
+            return
+        if self.dense:
+            # Exact int64 scatter; keys come one block of positions at a time, so the
+            # touched rows of the accumulator stay in cache (see _position_block_keys).
+            np.add.at(self._flat, keys, 1)
+            return
+        self._buffer.append(keys)
+        self._buffered += keys.size
+        if self._buffered >= _SPARSE_FLUSH:
+            self._compact()
+
+    def _compact(self) -> None:
+        if not self._buffer:
+            return
+        new_keys, new_counts = np.unique(np.concatenate(self._buffer), return_counts=True)
+        self._buffer, self._buffered = [], 0
+        keys = np.concatenate([self._keys, new_keys])
+        vals = np.concatenate([self._vals, new_counts.astype(np.int64)])
+        order = np.argsort(keys, kind="stable")
+        keys, vals = keys[order], vals[order]
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        starts = np.flatnonzero(first)
+        self._keys = keys[starts]
+        self._vals = np.add.reduceat(vals, starts) if len(vals) else vals
+
+
+def count_sequences(
+    batches: Iterable[TokenBatch] | Iterable[Iterable[int]],
+    /,
+    *,
+    positions: int,
+    vocab_size: int,
+    mode: str = "truncate",
+    exclude_ids: Iterable[int] = (),
+    separator_id: int | None = None,
+    dense: bool | None = None,
+) -> PositionalCounts:
+    """Count token sequences: ``C[i, v]`` = times token v occurs at position i.
+
+    Args:
+        batches: :class:`TokenBatch` objects, or plain integer sequences (lists/arrays).
+        positions, vocab_size, mode, exclude_ids, separator_id: see :class:`CountSpec`.
+        dense: force dense (True) or sparse (False) storage; None picks by memory budget.
+
+    Returns:
+        :class:`PositionalCounts` with int64 counts of shape (positions, vocab_size).
+
+    >>> c = count_sequences([[7, 1, 2], [7, 3]], positions=2, vocab_size=8, exclude_ids=[7])
+    >>> c.matrix[0, 1], c.matrix[0, 3], c.matrix[1, 2], c.tokens
+    (np.int64(1), np.int64(1), np.int64(1), 3)
+    """
+    spec = CountSpec(positions, vocab_size, mode, tuple(exclude_ids), separator_id)
+    acc = CountAccumulator(spec, dense=dense)
+    items = list(batches) if not isinstance(batches, list) else batches
+    if items and not isinstance(items[0], TokenBatch):
+        items = [TokenBatch.from_sequences(items)]
+    for batch in items:
+        acc.add(batch)
+    return acc.result()

@@ -1,0 +1,146 @@
+"""Command-line flags shared by the ``posstats`` commands and the ``python -m jobs.*``
+entrypoints, and their conversion into the library's keyword options.
+
+argparse only: defining the flags here (not in :mod:`posstats.cli`) lets the job
+entrypoints parse the same flags while imports keep pointing one way (cli -> jobs ->
+library).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from posstats.corpus.inputs import CountInputs, count_inputs
+from posstats.corpus.readers import FORMATS
+from posstats.counting.counts import MODES
+from posstats.ids import validate_run_id
+from posstats.service.config import PipelineConfig, apply_overrides, load_config
+
+__all__ = [
+    "add_input_args",
+    "add_pipeline_args",
+    "add_ray_args",
+    "config_from_args",
+    "count_inputs_from_args",
+    "int_list",
+    "str_list",
+]
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Parse ``"1,2,3"`` into a tuple of ints (argparse type)."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def str_list(text: str) -> tuple[str, ...]:
+    """Parse ``"a,b"`` into a tuple of non-empty strings (argparse type)."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def add_input_args(parser: argparse.ArgumentParser) -> None:
+    """The corpus-selection and counting flags of ``count`` / ``run``."""
+    g = parser.add_argument_group("input corpus")
+    g.add_argument("--input", action="append", required=True, metavar="PATH_OR_GLOB",
+                   help="input file, folder (HF dataset) or glob; repeatable")
+    g.add_argument("--format", choices=FORMATS, default=None,
+                   help="input format (default: guessed from each file's suffix: .parquet/.arrow, "
+                        ".jsonl/.json, .txt/.md (one text per line), .csv/.tsv, folder = HF dataset)")
+    g.add_argument("--column", metavar="NAME", help="column holding token ids (a list of ints per row)")
+    g.add_argument("--text-column", metavar="NAME",
+                   help="column holding raw text, tokenised with --tokenizer (not needed for .txt files)")
+    g.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
+                   help="a Hugging Face tokenizer.json (padding and truncation are switched off)")
+    g.add_argument("--hf-streaming", action="store_true", help="stream HF datasets instead of caching them")
+    c = parser.add_argument_group("counting")
+    c.add_argument("--positions", type=int, default=512, metavar="N",
+                   help="number of positions n (window length); default 512")
+    c.add_argument("--vocab-size", type=int, metavar="V",
+                   help="vocabulary size (default: the tokenizer's; required with --column and no tokenizer)")
+    c.add_argument("--exclude-tokens", type=int_list, metavar="ID,ID",
+                   help="token ids removed before positions are assigned (default: the tokenizer's "
+                        "special tokens, or none); pass '' to keep everything")
+    c.add_argument("--mode", choices=MODES, default="truncate",
+                   help="truncate: first n tokens of each document (default); chunk: consecutive "
+                        "windows of n; pack: documents concatenated (per file) and cut into windows of n")
+    c.add_argument("--separator", type=int, metavar="ID", help="pack mode: token id inserted between documents")
+    c.add_argument("--memory-budget", type=float, default=4.0, metavar="GiB",
+                   help="dense n x V counts are used while 8*n*V bytes fit this budget, sparse otherwise (default 4)")
+
+
+def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
+    """:func:`posstats.corpus.inputs.count_inputs` of the flags of :func:`add_input_args`."""
+    return count_inputs(
+        inputs=tuple(args.input),
+        format=args.format,
+        column=args.column,
+        text_column=args.text_column,
+        tokenizer=args.tokenizer,
+        hf_streaming=args.hf_streaming,
+        positions=args.positions,
+        vocab_size_=args.vocab_size,
+        exclude_tokens=args.exclude_tokens,
+        mode=args.mode,
+        separator=args.separator,
+    )
+
+
+def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> None:
+    """The ``--ray`` flags (argparse only: nothing here imports ray or jobs)."""
+    g = parser.add_argument_group("distributed counting (Ray)")
+    if switch:
+        g.add_argument("--ray", action="store_true",
+                       help="count as a Ray job: shards counted by a pool of actors, partials kept in a "
+                            "resumable run store; same output files and counts")
+    g.add_argument("--address", metavar="ADDR",
+                   help="Ray cluster to join (e.g. 127.0.0.1:6379); default: $RAY_ADDRESS, else an "
+                        "embedded local Ray started for this run")
+    g.add_argument("--workers", type=int, metavar="K",
+                   help="counting actors (default: one per CPU of the Ray cluster)")
+    g.add_argument("--store", metavar="DIR",
+                   help="run store: per-shard partial counts, markers, manifest, lock (default OUT/store); "
+                        "must be on a file system every Ray node sees")
+    g.add_argument("--run-id", metavar="ID",
+                   help="name of the run; rerunning with the same id resumes it (default: a hash of the "
+                        "inputs and the counting options)")
+    g.add_argument("--skip-bad-shards", action="store_true",
+                   help="record unreadable shards in the run manifest and finish without them "
+                        "(default: fail, keeping the finished partials for a rerun)")
+    g.add_argument("--shard-size", type=float, default=256.0, metavar="MiB",
+                   help="uncompressed JSONL / text files larger than this are cut into line ranges "
+                        "(default 256); Parquet is cut by row group, HF datasets by Arrow file")
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = True) -> None:
+    """``--config`` and the override flags (argparse only; shared with jobs.pipeline).
+
+    ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
+    the job server; a submitted job joins the cluster it runs on)."""
+    parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
+    g = parser.add_argument_group("overrides (win over the file)")
+    g.add_argument("--run-id", metavar="ID",
+                   help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "
+                        "run_id, else run-<UTC time>)")
+    g.add_argument("--store", metavar="PATH_OR_URL", help="run store ([store] url)")
+    g.add_argument("--input", action="append", metavar="PATH_OR_GLOB", help="inputs ([input] paths); repeatable")
+    if ray_address:
+        g.add_argument("--address", dest="ray_address", metavar="ADDR", help="Ray cluster to join ([ray] address)")
+    g.add_argument("--workers", type=int, metavar="K", help="counting actors ([ray] workers)")
+    g.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="set any key, VALUE in TOML syntax (e.g. count.positions=1024, geometry.dims=[2,16]); repeatable")
+    g.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+
+
+def config_from_args(args: argparse.Namespace, /) -> tuple[PipelineConfig, str | None]:
+    """(PipelineConfig, run id or None) from ``--config`` and the overrides."""
+
+    cfg = load_config(args.config)
+    cfg = apply_overrides(cfg, sets=args.set, run_id=args.run_id, store=args.store, inputs=args.input,
+                          address=getattr(args, "ray_address", None), workers=args.workers)
+    run_id = cfg.run_id
+    if run_id is not None:
+        validate_run_id(run_id)
+    return cfg, run_id

@@ -1,0 +1,800 @@
+"""Classical MDS of the Hellinger geometry, and spectrum summaries (THEORY.md section 3).
+
+With ``D`` the squared Hellinger distances of the occupied positions, ``H = I - 11^T/n``:
+
+    B = -1/2 H D H = S_c S_c^T,      S_c = S - 1 mean(S)^T,   S = sqrt(C / occ)
+
+so classical MDS is PCA of the square-root distributions: the eigenvalues of ``B`` are the
+squared singular values of ``S_c`` and the encoding is
+
+    P = U_k diag(sqrt(max(lambda, 0))) = S_c V_k            (n x k)
+
+Two methods compute it:
+
+- ``dense``: ``D`` by :func:`posstats.geometry.hellinger.hellinger_sq`, ``B`` by double centring,
+  then a symmetric eigensolver (``scipy.linalg.eigh``; ``cupy.linalg.eigh`` on the GPU).
+  O(n^2) memory, O(n^3) time; gives the whole spectrum.
+- ``iterative``: ARPACK Lanczos (``scipy.sparse.linalg.eigsh``) for the top-k eigenpairs
+  of the implicit operator ``S_c S_c^T`` (n x n) or ``S_c^T S_c`` (V x V, whichever is
+  smaller), applied through products with ``S`` and a rank-one centring correction. It
+  never forms an n x n matrix, and never densifies ``S`` or ``S_c`` when the counts are
+  sparse. For a cupy input the products run on the GPU and only the Lanczos vectors
+  (length n or V) cross to the host.
+
+- ``lanczos``: block Lanczos (blocks of ``block`` vectors, full reorthogonalisation, no
+  restart) on the same implicit operator, for very long contexts. The sparse ``S`` is
+  split by column: its densest columns (the Zipf head, present at most positions) go to
+  a dense block multiplied by BLAS, the rest stays CSR; block products amortise the
+  index traffic of the sparse part (about 3x cheaper per vector than one at a time).
+  Converged when every wanted Ritz pair has ``||A x - theta x|| <= tol * theta_1``
+  (the residual is read off the block tridiagonal matrix and checked with one more
+  product at the end). It can also decompose the bias-corrected ``B - H diag(b) H``
+  (``diagonal=b``, :mod:`posstats.estimates.noise`), and run its products on a GPU (``xp=cupy``:
+  the dense block as a cupy array, the rest as a ``cupyx.scipy.sparse`` CSR matrix).
+
+Cost. Lanczos needs ~7k products for the top k here (ARPACK with ncv = 2k + 1; about
+the same unrestarted, because the top-64 of a corpus spectrum sit in its sampling-noise
+bulk with relative gaps ~1e-3), each costing two passes over the nnz of ``S`` (run in row
+blocks on ``product_threads()`` threads); the dense method costs the Gram product plus an
+O(n^3) eigensolver and n^2 memory, nearly independent of nnz. On an idle 2-core machine,
+n = 4096, V = 50257, k = 64 (benchmarks/bench_mds.py): 7.0x faster than dense at 0.9M
+nnz, 4.5x at 1.5M, 2.7x at 2.8M, 1.9x at 4.7M. The gap widens with n (n^3 against
+~n * nnz per row), and only the iterative methods fit n x n out of memory.
+
+Eigenvector signs are fixed: the largest-magnitude entry of every column of ``U`` (and so
+of ``P``) is positive (the first such entry on exact ties). Within a repeated eigenvalue
+the basis is whatever the solver returns (deterministic for a given input and method).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from posstats.geometry.backend import array_namespace, to_numpy
+from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
+
+__all__ = ["MDSResult", "Spectrum", "classical_mds", "spectrum_summary"]
+
+_COVERAGE_LEVELS = (0.9, 0.95, 0.99, 0.999)
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """Summary of an MDS spectrum (see :func:`spectrum_summary`).
+
+    Attributes:
+        eigenvalues: (k,) float64, descending.
+        rank: number of eigenvalues ``> rank_rtol * eigenvalues[0]`` (among those given;
+            a lower bound when the spectrum is truncated and every given one counts).
+        rank_rtol: the relative tolerance used for ``rank``.
+        explained_variance: (k,) cumulative ``sum_{j<=r} lambda_j / total_variance``.
+        components_for: smallest ``r`` whose cumulative explained variance reaches each
+            level ``"0.9", "0.95", "0.99", "0.999"``, or None if none of the given
+            eigenvalues reaches it.
+        negative_mass: ``sum |lambda < 0| / sum |lambda|`` over the given eigenvalues.
+        total_variance: the denominator of ``explained_variance``.
+        denominator: ``"positive_eigenvalues"`` (the sum of the positive given
+            eigenvalues: the spectrum was taken as complete) or ``"total_variance"``
+            (``trace(B)`` supplied by the caller, as needed when only the top-k are known).
+    """
+
+    eigenvalues: np.ndarray
+    rank: int
+    rank_rtol: float
+    explained_variance: np.ndarray
+    components_for: dict[str, int | None]
+    negative_mass: float
+    total_variance: float
+    denominator: Literal["positive_eigenvalues", "total_variance"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain Python values."""
+        return {
+            "eigenvalues": [float(x) for x in self.eigenvalues],
+            "rank": int(self.rank),
+            "rank_rtol": float(self.rank_rtol),
+            "explained_variance": [float(x) for x in self.explained_variance],
+            "components_for": {key: (None if r is None else int(r)) for key, r in self.components_for.items()},
+            "negative_mass": float(self.negative_mass),
+            "total_variance": float(self.total_variance),
+            "denominator": self.denominator,
+        }
+
+
+def _negative_mass(eigenvalues: np.ndarray) -> float:
+    absolute = float(np.sum(np.abs(eigenvalues)))
+    if absolute == 0.0:
+        return 0.0
+    return float(np.sum(np.abs(eigenvalues[eigenvalues < 0]))) / absolute
+
+
+def spectrum_summary(eigenvalues: Any, /, *, total_variance: float | None = None, rtol: float = 1e-10) -> Spectrum:
+    """Rank, cumulative explained variance and negative mass of MDS eigenvalues.
+
+    Args:
+        eigenvalues: (k,) eigenvalues of ``B`` (any order; sorted descending here), numpy
+            or cupy.
+        total_variance: ``trace(B) = ||S_c||_F^2``. Pass it when ``eigenvalues`` holds only
+            the top-k: it is then the denominator of the explained variance. When None the
+            eigenvalues are taken as the whole spectrum and the denominator is the sum of
+            the positive ones (THEORY.md section 3).
+        rtol: relative tolerance of the numerical rank.
+
+    Returns:
+        :class:`Spectrum`.
+
+    >>> spectrum_summary(np.array([3.0, 1.0, 0.0])).components_for["0.9"]
+    2
+    """
+    lam = np.sort(np.asarray(to_numpy(eigenvalues), dtype=np.float64).reshape(-1))[::-1].copy()
+    if not rtol >= 0:
+        msg = f"rtol must be >= 0; got {rtol}"
+        raise ValueError(msg)
+    top = float(lam[0]) if lam.size else 0.0
+    rank = int(np.count_nonzero(lam > rtol * top)) if top > 0 else 0
+    if total_variance is None:
+        denominator: Literal["positive_eigenvalues", "total_variance"] = "positive_eigenvalues"
+        total = float(np.sum(lam[lam > 0]))
+    else:
+        denominator = "total_variance"
+        total = float(total_variance)
+    cumulative = np.cumsum(lam) / total if total > 0 else np.zeros_like(lam)
+    components_for: dict[str, int | None] = {}
+    for level in _COVERAGE_LEVELS:
+        reached = np.nonzero(cumulative >= level)[0]
+        components_for[str(level)] = int(reached[0]) + 1 if reached.size else None
+    return Spectrum(
+        eigenvalues=lam,
+        rank=rank,
+        rank_rtol=float(rtol),
+        explained_variance=cumulative,
+        components_for=components_for,
+        negative_mass=_negative_mass(lam),
+        total_variance=total,
+        denominator=denominator,
+    )
+
+
+@dataclass(frozen=True)
+class MDSResult:
+    """Classical MDS of the squared Hellinger distances of the occupied positions.
+
+    All arrays are host numpy arrays (small: k and n x k), whatever the input's device.
+
+    Attributes:
+        eigenvalues: (k,) float64, the computed top-k eigenvalues of ``B``, descending.
+        encoding: (n, k) float64 ``P = U_k diag(sqrt(max(lambda, 0))) = S_c V_k``; the
+            largest-magnitude entry of each column is positive.
+        total_variance: ``trace(B) = ||S_c||_F^2``, the sum of *all* eigenvalues (dense:
+            the trace of the ``B`` that was decomposed; iterative: a two-pass column
+            variance of ``S``, O(nnz) and without an n x n matrix).
+        negative_mass: ``sum |lambda < 0| / sum |lambda|`` over the eigenvalues the solver
+            computed (dense with k = n: the whole spectrum; otherwise the top-k).
+        method: ``"dense"``, ``"iterative"`` or ``"lanczos"``.
+        tol: the solver's tolerance (ARPACK's relative tolerance on the Ritz values for
+            ``iterative``; relative to the largest eigenvalue for ``lanczos``; recorded
+            but unused by the direct dense solver).
+        residuals: (k,) ``||A x - lambda x|| / lambda_max`` for each returned unit
+            eigenvector ``x`` of the operator ``A`` the solver worked with: ``B`` itself
+            (dense, or iterative with n <= V) or ``S_c^T S_c`` (iterative with n > V, same
+            nonzero eigenvalues); ``lambda_max`` is the largest eigenvalue (1 if it is 0).
+    """
+
+    eigenvalues: np.ndarray
+    encoding: np.ndarray
+    total_variance: float
+    negative_mass: float
+    method: Literal["dense", "iterative", "lanczos"]
+    tol: float
+    residuals: np.ndarray
+
+    def spectrum(self, *, rtol: float = 1e-10) -> Spectrum:
+        """:func:`spectrum_summary` of the eigenvalues; ``total_variance`` is the
+        denominator unless the whole spectrum was computed (dense with k = n)."""
+        complete = self.method == "dense" and self.eigenvalues.shape[0] == self.encoding.shape[0]
+        return spectrum_summary(self.eigenvalues, total_variance=None if complete else self.total_variance, rtol=rtol)
+
+    def to_dict(self, *, include_encoding: bool = False) -> dict[str, Any]:
+        """JSON-ready plain Python values; the (n, k) encoding only on request (its shape
+        is always given), since it belongs in a safetensors file rather than a report."""
+        out: dict[str, Any] = {
+            "eigenvalues": [float(x) for x in self.eigenvalues],
+            "encoding_shape": [int(x) for x in self.encoding.shape],
+            "total_variance": float(self.total_variance),
+            "negative_mass": float(self.negative_mass),
+            "method": self.method,
+            "tol": float(self.tol),
+            "residuals": [float(x) for x in self.residuals],
+        }
+        if include_encoding:
+            out["encoding"] = self.encoding.tolist()
+        return out
+
+
+def classical_mds(
+    counts: Any,
+    /,
+    *,
+    k: int | None = None,
+    method: Literal["auto", "dense", "iterative", "lanczos"] = "auto",
+    tol: float = 1e-10,
+    seed: int = 0,
+    dense_limit: int = 2048,
+    block: int = 8,
+    diagonal: Any = None,
+    xp: types.ModuleType | None = None,
+) -> MDSResult:
+    """Classical MDS of the squared Hellinger distances between the rows of ``counts``.
+
+    Args:
+        counts: (n, V) counts of the *occupied* positions (every row sum > 0): numpy or
+            cupy array, or scipy sparse (kept sparse throughout the iterative method).
+        k: number of leading eigenpairs. None means all n (dense method only). ``dense``
+            clamps k to n. ``iterative`` clamps k to ``min(n, V) - 2`` (ARPACK needs
+            k < dim - 1 for a reliable restart); since ``rank(B) <= min(n - 1, V)`` at most
+            the one or two smallest nonzero pairs are lost, which need ``dense``.
+        method: ``"dense"``, ``"iterative"``, or ``"auto"`` (dense when n <= dense_limit).
+        tol: ARPACK's relative tolerance: each returned Ritz pair has
+            ``||A x - theta x|| <= tol * theta``, which bounds the eigenvalue error by
+            ``tol * theta`` (and by ~``(tol * theta)^2 / gap`` for separated eigenvalues).
+        seed: seeds the Lanczos start vector (results are deterministic for a seed).
+        dense_limit: the largest n ``auto`` solves densely.
+        block: ``lanczos`` only: vectors per block.
+        diagonal: ``dense`` and ``lanczos`` only: (n,) ``b``; decompose the bias-corrected
+            ``B - H diag(b) H`` (the MDS of ``D - b_i - b_j`` off the diagonal) instead of
+            ``B``; it can have negative eigenvalues.
+        xp: ``lanczos`` only: run the products with this namespace (``cupy`` puts a scipy
+            sparse input on the GPU); default: where ``counts`` lives.
+
+    ``lanczos`` interprets ``tol`` relative to the largest eigenvalue:
+    ``||A x - theta x|| <= tol * theta_1`` for every returned pair (``theta_1`` the largest),
+    so the eigenvalue errors are at most ``tol * theta_1`` and, for separated eigenvalues,
+    ~``(tol * theta_1)^2 / gap``. ``residuals`` says what was reached (at most
+    ``max(4 k, 2**27 / dim)`` Krylov vectors are used).
+
+    Returns:
+        :class:`MDSResult` (host numpy arrays).
+
+    >>> r = classical_mds(np.array([[4, 0, 0], [0, 4, 0], [2, 2, 0]]))
+    >>> r.eigenvalues.round(6)
+    array([1.      , 0.057191, 0.      ])
+    """
+    n = int(counts.shape[0])
+    if method not in ("auto", "dense", "iterative", "lanczos"):
+        msg = f"method must be 'auto', 'dense', 'iterative' or 'lanczos'; got {method!r}"
+        raise ValueError(msg)
+    if k is not None and (int(k) != k or k < 1):
+        msg = f"k must be a positive integer or None; got {k!r}"
+        raise ValueError(msg)
+    if method == "auto":
+        method = "dense" if n <= dense_limit else "iterative"
+        if method == "iterative" and k is None:
+            msg = (
+                f"k=None asks for the whole spectrum, which needs the dense method, but n={n} > "
+                f"dense_limit={dense_limit}; pass k (top-k by the iterative method) or method='dense'"
+            )
+            raise ValueError(msg)
+    if diagonal is not None and method == "iterative":
+        msg = "diagonal= (the bias-corrected B) needs method='dense' or 'lanczos'"
+        raise ValueError(msg)
+    if method == "dense":
+        return _dense_mds(counts, k=k, tol=tol, diagonal=diagonal)
+    if k is None:
+        msg = f"the {method} method needs k (the number of leading eigenpairs)"
+        raise ValueError(msg)
+    if method == "lanczos":
+        return _lanczos_mds(counts, k=int(k), tol=tol, seed=seed, block=int(block), diagonal=diagonal, xp=xp)
+    return _iterative_mds(counts, k=int(k), tol=tol, seed=seed)
+
+
+def _fix_signs(u: Any, xp: types.ModuleType) -> Any:
+    """Multiply each column by the sign of its largest-magnitude entry (first on ties)."""
+    if u.shape[0] == 0 or u.shape[1] == 0:
+        return u
+    idx = xp.argmax(xp.abs(u), axis=0)
+    signs = xp.sign(u[idx, xp.arange(u.shape[1])])
+    signs = xp.where(signs == 0, 1.0, signs)
+    return u * signs[None, :]
+
+
+def _dense_mds(counts: Any, *, k: int | None, tol: float, diagonal: Any = None) -> MDSResult:
+    xp = np if sp.issparse(counts) else array_namespace(counts)
+    b = hellinger_sq(counts, xp=None if sp.issparse(counts) else xp)
+    n = int(b.shape[0])
+    if n == 0:
+        msg = "counts has no rows"
+        raise ValueError(msg)
+    # B = -1/2 H D H in place: D is symmetric, so row and column means coincide.
+    means = b.mean(axis=1)
+    grand = means.mean()
+    b -= means[:, None]
+    b -= means[None, :]
+    b += grand
+    b *= -0.5
+    if diagonal is not None:
+        _subtract_centred_diagonal(b, xp.asarray(diagonal, dtype=xp.float64), xp)
+    total_variance = float(xp.trace(b))
+    kk = n if k is None else min(int(k), n)
+    if xp is np:
+        # Top-k by MRRR (evr) skips most of the back-transformation; the full spectrum by
+        # divide and conquer (evd). Both read only the lower triangle.
+        if kk < n:
+            w, u = scipy.linalg.eigh(b, subset_by_index=[n - kk, n - 1], driver="evr", check_finite=False)
+        else:
+            w, u = scipy.linalg.eigh(b, driver="evd", check_finite=False)
+    else:
+        w, u = xp.linalg.eigh(b)
+        w, u = w[n - kk :], u[:, n - kk :]
+    w = w[::-1]
+    u = _fix_signs(u[:, ::-1], xp)
+    top = float(w[0])
+    resid = xp.linalg.norm(b @ u - u * w[None, :], axis=0) / (top if top > 0 else 1.0)
+    encoding = u * xp.sqrt(xp.maximum(w, 0.0))[None, :]
+    w_host = to_numpy(w).astype(np.float64) + 0.0  # no -0.0 in reports
+    return MDSResult(
+        eigenvalues=w_host,
+        encoding=np.ascontiguousarray(to_numpy(encoding), dtype=np.float64),
+        total_variance=total_variance,
+        negative_mass=_negative_mass(w_host),
+        method="dense",
+        tol=float(tol),
+        residuals=to_numpy(resid).astype(np.float64),
+    )
+
+
+class _CentredSqrt:
+    """The implicit ``S_c = S - 1 m^T`` (n x V) with products on S's device.
+
+    Sparse ``S`` stays sparse (the centring is a rank-one correction); a dense ``S`` is
+    centred explicitly, which avoids the cancellation of ``S x - 1 (m . x)`` when the rows
+    are nearly identical.
+    """
+
+    def __init__(self, counts: Any) -> None:
+        self.sparse = sp.issparse(counts)
+        s = sqrt_distributions(counts)
+        self.xp = np if self.sparse else array_namespace(s)
+        xp = self.xp
+        self.shape = tuple(int(x) for x in s.shape)
+        if self.sparse:
+            csr = s.tocsr()
+            self.mean = np.asarray(csr.mean(axis=0), dtype=np.float64).reshape(-1)
+            self._total = self._sparse_total_variance(csr)
+            self.s = _RowBlocks(csr)
+            self.st = _RowBlocks(csr.T.tocsr())  # row-major transpose: fast S^T y
+        else:
+            self.mean = s.mean(axis=0)
+            self.s = s - self.mean[None, :]
+            self.st = self.s.T
+            self._total = float(self.xp.sum(self.s * self.s))
+
+    def _sparse_total_variance(self, csr: sp.csr_array) -> float:
+        """``||S_c||_F^2`` by a two-pass column variance (no cancellation against |S|^2)."""
+        n = self.shape[0]
+        dev = csr.data - self.mean[csr.indices]
+        stored = np.bincount(csr.indices, minlength=self.shape[1])
+        # Stored entries contribute (s - m)^2, each implicit zero of column v contributes m_v^2.
+        return float(np.sum(dev * dev) + np.sum((n - stored) * self.mean**2))
+
+    def total_variance(self) -> float:
+        """``trace(B) = ||S_c||_F^2``."""
+        return self._total
+
+    def apply(self, x: Any) -> Any:
+        """``S_c x`` for x of shape (V,) or (V, b)."""
+        if self.sparse:
+            # An elementwise sum, not a BLAS dot: threaded BLAS on one length-V vector per
+            # Lanczos step cost more in wake-ups than the arithmetic (see _single_blas_thread).
+            shift = (self.mean * x).sum() if x.ndim == 1 else self.mean @ x
+            return self.s @ x - shift
+        return self.s @ x
+
+    def apply_t(self, y: Any) -> Any:
+        """``S_c^T y`` for y of shape (n,) or (n, b)."""
+        if self.sparse:
+            ysum = y.sum(axis=0)
+            return self.st @ y - (self.mean[:, None] * ysum if y.ndim == 2 else self.mean * ysum)
+        return self.st @ y
+
+
+# Sparse products with at least this many stored entries run in row blocks on threads.
+_THREADED_NNZ = 1 << 18
+_POOL: ThreadPoolExecutor | None = None
+
+
+def product_threads() -> int:
+    """Threads for the sparse products: ``OMP_NUM_THREADS`` when set (Ray sets it to the
+    CPUs of a worker), else the CPUs this process may run on."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL  # noqa: PLW0603 - one pool per process, made on first use
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=product_threads(), thread_name_prefix="posstats-spmv")
+    return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL  # noqa: PLW0603 - a forked child has the pool object but not its threads
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+class _RowBlocks:
+    """A CSR matrix whose product ``m @ x`` multiplies row blocks of equal nnz on threads.
+
+    scipy's sparse kernels release the GIL, so the blocks run in parallel: on the 2-core
+    machine of ``benchmarks/bench_mds.py`` (4.7M nnz) one ``S S^T x`` product takes
+    9.0 ms instead of 11.5 ms. Small matrices (or one thread) use one block.
+    """
+
+    def __init__(self, m: sp.csr_array, /, *, threads: int | None = None) -> None:
+        threads = product_threads() if threads is None else int(threads)
+        parts = max(1, min(threads, m.nnz // _THREADED_NNZ, m.shape[0]))
+        cuts = np.searchsorted(m.indptr, np.linspace(0, m.nnz, parts + 1)[1:-1])
+        edges = [0, *sorted({int(c) for c in cuts} - {0, m.shape[0]}), m.shape[0]]
+        self.blocks = [m[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        self.shape = m.shape
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        if len(self.blocks) == 1:
+            return self.blocks[0] @ x
+        return np.concatenate(list(_pool().map(lambda b: b @ x, self.blocks)))
+
+
+def _single_blas_thread() -> contextlib.AbstractContextManager[Any]:
+    """One BLAS thread while ARPACK runs, when threadpoolctl is installed.
+
+    ARPACK's own BLAS calls are small matrix-vector products (n x ncv); threading them
+    costs more in synchronisation than it saves, badly so on a busy or many-core machine
+    (measured on a busy 2-core machine: the n = 4096, k = 64 benchmark's Lanczos ran 2-4x
+    faster with one thread). The
+    sparse products are single-threaded in scipy anyway. Without threadpoolctl this is a
+    no-op (set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead).
+    """
+    try:
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _iterative_mds(counts: Any, *, k: int, tol: float, seed: int) -> MDSResult:
+    op = _CentredSqrt(counts)
+    xp = op.xp
+    n, v = op.shape
+    dim = min(n, v)
+    kmax = dim - 2
+    if kmax < 1:
+        msg = f"the iterative method needs min(n, V) >= 3; got n={n}, V={v}: use method='dense'"
+        raise ValueError(msg)
+    kk = min(k, kmax)
+    small_side_n = n <= v
+
+    def gram(x: Any) -> Any:
+        # ARPACK hands over host vectors; the products run where S lives.
+        xd = xp.asarray(x, dtype=xp.float64)
+        if small_side_n:
+            out = op.apply(op.apply_t(xd))
+        else:
+            out = op.apply_t(op.apply(xd))
+        return to_numpy(out)
+
+    a = spla.LinearOperator((dim, dim), matvec=gram, matmat=gram, dtype=np.float64)
+    v0 = np.random.default_rng(seed).standard_normal(dim)
+    ncv = min(dim, max(2 * kk + 1, 20))
+    with _single_blas_thread():
+        w, x = spla.eigsh(a, k=kk, which="LA", tol=tol, v0=v0, ncv=ncv)
+    order = np.argsort(w)[::-1]
+    w, x = w[order], np.ascontiguousarray(x[:, order])
+    top = float(w[0])
+    resid = np.linalg.norm(gram(x) - x * w[None, :], axis=0) / (top if top > 0 else 1.0)
+    if small_side_n:
+        u = _fix_signs(x, np)
+        encoding = u * np.sqrt(np.maximum(w, 0.0))[None, :]
+    else:
+        encoding = _fix_signs(to_numpy(op.apply(xp.asarray(x))), np)
+    return MDSResult(
+        eigenvalues=w.astype(np.float64),
+        encoding=np.ascontiguousarray(encoding, dtype=np.float64),
+        total_variance=op.total_variance(),
+        negative_mass=_negative_mass(w),
+        method="iterative",
+        tol=float(tol),
+        residuals=resid.astype(np.float64),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Block Lanczos for very long contexts
+
+
+def _subtract_centred_diagonal(b: Any, d: Any, xp: types.ModuleType) -> None:
+    """``b -= H diag(d) H`` in place: ``d_i [i == j] - (d_i + d_j) / n + sum(d) / n^2``."""
+    n = int(b.shape[0])
+    if d.shape != (n,) or not bool(xp.all(xp.isfinite(d))):
+        msg = f"diagonal must be a finite (n,) = ({n},) vector; got shape {tuple(d.shape)}"
+        raise ValueError(msg)
+    idx = xp.arange(n)
+    b[idx, idx] -= d
+    b += (d[:, None] + d[None, :]) / n
+    b -= float(d.sum()) / (n * n)
+
+
+# Columns of S at least this dense go to the dense block (see hellinger._DENSE_COLUMN_DENSITY);
+# the block is capped at _SPLIT_DENSE_BYTES (2 GiB of float64).
+_SPLIT_DENSITY = 0.05
+_SPLIT_DENSE_BYTES = 1 << 31
+_SPLIT_CHUNK_NNZ = 1 << 23  # stored entries handled at a time while splitting
+
+
+class _SplitSqrt:
+    """The implicit ``S_c = S - 1 m^T`` (n x V) as a dense block of S's densest columns plus
+    a CSR matrix of the rest, with blocked products ``S_c X`` and ``S_c^T Y``.
+
+    Built from the counts in row chunks: ``S`` itself is never held whole (peak memory:
+    the counts, the dense block and the sparse rest). A dense input is centred explicitly
+    (no cancellation). ``xp=cupy`` moves both parts to the GPU.
+    """
+
+    def __init__(self, counts: Any, *, xp: types.ModuleType | None = None) -> None:
+        if not sp.issparse(counts):
+            s = sqrt_distributions(counts)
+            self.xp = array_namespace(s) if xp is None else xp
+            s = self.xp.asarray(s)
+            self.shape = tuple(int(x) for x in s.shape)
+            self.mean = s.mean(axis=0)
+            self.dense = s - self.mean[None, :]
+            self.heavy = None
+            self.rest = None
+            self._total = float(self.xp.sum(self.dense * self.dense))
+            self.mean = self.xp.zeros_like(self.mean)  # already centred
+            return
+        self.xp = np if xp is None else xp
+        c = counts if isinstance(counts, (sp.csr_array, sp.csr_matrix)) else sp.csr_array(counts)
+        if not c.has_canonical_format:
+            c = sp.csr_array(c, copy=True)
+            c.sum_duplicates()
+        n, v = (int(x) for x in c.shape)
+        self.shape = (n, v)
+        if c.dtype.kind not in "buif":
+            msg = f"counts must be a real numeric array; got dtype {c.dtype}"
+            raise TypeError(msg)
+        data, indices, indptr = c.data, c.indices, c.indptr
+        lengths = np.diff(indptr)
+        if data.size and (data.min() < 0 or not np.all(np.isfinite(data))):
+            msg = "counts must be finite and non-negative"
+            raise ValueError(msg)
+        per_col = np.bincount(indices, minlength=v)
+        order = np.argsort(per_col, kind="stable")[::-1]
+        cap = max(0, _SPLIT_DENSE_BYTES // (8 * max(n, 1)))
+        heavy = np.sort(order[: min(cap, int(np.count_nonzero(per_col >= _SPLIT_DENSITY * n)))])
+        col_map = np.full(v, -1, dtype=np.int64)
+        col_map[heavy] = np.arange(heavy.size)
+        dense = np.zeros((n, heavy.size), dtype=np.float64)
+        light_per_row = np.zeros(n, dtype=np.int64)
+        nnz_light = int(data.size - per_col[heavy].sum())
+        ldata = np.empty(nnz_light, dtype=np.float64)
+        lind = np.empty(nnz_light, dtype=np.int32 if v < 2**31 else np.int64)
+        col_sum = np.zeros(v, dtype=np.float64)
+        occ = np.zeros(n, dtype=np.float64)
+        pos = 0
+        rows_per_chunk = max(1, int(_SPLIT_CHUNK_NNZ // max(1, data.size // max(n, 1))))
+        for lo in range(0, n, rows_per_chunk):
+            hi = min(n, lo + rows_per_chunk)
+            a, b = int(indptr[lo]), int(indptr[hi])
+            ln = lengths[lo:hi]
+            rows = np.repeat(np.arange(lo, hi), ln)
+            vals = data[a:b]
+            # Exact integer row sums where the counts are integers.
+            csum = np.concatenate([[0], np.cumsum(vals, dtype=np.int64 if vals.dtype.kind in "biu" else np.float64)])
+            occ_chunk = (csum[indptr[lo + 1 : hi + 1] - a] - csum[indptr[lo:hi] - a]).astype(np.float64)
+            occ[lo:hi] = occ_chunk
+            if np.any(occ_chunk == 0):
+                empty = np.flatnonzero(occ_chunk == 0)[:5] + lo
+                msg = f"row(s) with zero occupancy (first: {empty.tolist()}); remove unoccupied positions before computing distances"
+                raise ValueError(msg)
+            s = np.sqrt(vals.astype(np.float64) / occ_chunk[rows - lo])
+            cols = indices[a:b]
+            hm = col_map[cols]
+            is_h = hm >= 0
+            dense[rows[is_h], hm[is_h]] = s[is_h]
+            keep = ~is_h
+            cnt = int(np.count_nonzero(keep))
+            ldata[pos : pos + cnt] = s[keep]
+            lind[pos : pos + cnt] = cols[keep]
+            pos += cnt
+            light_per_row[lo:hi] = np.bincount(rows[keep] - lo, minlength=hi - lo)
+            col_sum += np.bincount(cols, weights=s, minlength=v)
+        lptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(light_per_row, out=lptr[1:])
+        mean = col_sum / n
+        # ||S_c||_F^2 by the two-pass column variance: stored (s - m)^2 plus m_v^2 per
+        # implicit zero (no cancellation against |S|^2 = n).
+        dev_sq = float(np.sum((dense - mean[heavy][None, :]) ** 2)) if heavy.size else 0.0
+        for a in range(0, nnz_light, _SPLIT_CHUNK_NNZ):
+            dv = ldata[a : a + _SPLIT_CHUNK_NNZ] - mean[lind[a : a + _SPLIT_CHUNK_NNZ]]
+            dev_sq += float(np.dot(dv, dv))
+        light_cols = np.ones(v, dtype=bool)
+        light_cols[heavy] = False
+        dev_sq += float(np.sum(((n - per_col) * mean**2)[light_cols]))
+        self._total = dev_sq
+        self.occupancy = occ
+        if nnz_light < 2**31 and lind.dtype == np.int32:
+            lptr = lptr.astype(np.int32)  # scipy would otherwise upcast the indices (a copy)
+        rest = sp.csr_array((ldata, lind, lptr), shape=(n, v))
+        xp_ = self.xp
+        if xp_ is np:
+            self.dense, self.rest, self.mean, self.heavy = dense, rest, mean, heavy
+        else:
+            import cupyx.scipy.sparse as csp  # noqa: PLC0415 - only with cupy
+
+            self.dense = xp_.asarray(dense)
+            self.rest = csp.csr_matrix(
+                (xp_.asarray(ldata), xp_.asarray(lind.astype(np.int32)), xp_.asarray(lptr.astype(np.int32))), shape=(n, v)
+            )
+            self.mean = xp_.asarray(mean)
+            self.heavy = xp_.asarray(heavy)
+        self.heavy_columns = int(heavy.size)
+        self.light_nnz = nnz_light
+
+    def total_variance(self) -> float:
+        """``trace(B) = ||S_c||_F^2``."""
+        return self._total
+
+    def apply(self, x: Any) -> Any:
+        """``S_c x`` for x of shape (V, b)."""
+        xp = self.xp
+        if self.rest is None:
+            return self.dense @ x
+        out = self.rest @ x
+        if self.heavy.size:
+            out += self.dense @ x[self.heavy]
+        out -= (self.mean @ x)[None, :]
+        return out
+
+    def apply_t(self, y: Any) -> Any:
+        """``S_c^T y`` for y of shape (n, b)."""
+        xp = self.xp
+        if self.rest is None:
+            return self.dense.T @ y
+        out = xp.asarray(self.rest.T @ y)
+        if self.heavy.size:
+            out[self.heavy] += self.dense.T @ y
+        out -= self.mean[:, None] * y.sum(axis=0)[None, :]
+        return out
+
+
+def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int) -> np.ndarray:
+    """Lower band storage (``block + 1`` rows) of the block tridiagonal ``T``."""
+    m = len(a_blocks) * block
+    t = np.zeros((m, m))
+    for s, a in enumerate(a_blocks):
+        t[s * block : (s + 1) * block, s * block : (s + 1) * block] = a
+        if s + 1 < len(a_blocks):
+            t[(s + 1) * block : (s + 2) * block, s * block : (s + 1) * block] = b_blocks[s]
+    band = np.zeros((block + 1, m))
+    for i in range(block + 1):
+        band[i, : m - i] = np.diagonal(t, -i)
+    return band
+
+
+def _block_lanczos(
+    matmat: Any, dim: int, k: int, *, block: int, tol: float, seed: int, xp: types.ModuleType, max_dim: int
+) -> tuple[np.ndarray, Any, np.ndarray, int, bool]:
+    """Top-k eigenpairs of a symmetric operator by block Lanczos with full reorthogonalisation.
+
+    Returns (eigenvalues (k,) host, eigenvectors (dim, k) on xp, residual estimates (k,)
+    relative to the largest eigenvalue, operator applications, converged).
+    """
+    rng = np.random.default_rng(seed)
+    b = max(1, min(int(block), dim))
+    q, _ = xp.linalg.qr(xp.asarray(rng.standard_normal((dim, b))))
+    cap = min(dim, max_dim)
+    basis = xp.empty((dim, cap + b), dtype=xp.float64)
+    a_blocks: list[np.ndarray] = []
+    b_blocks: list[np.ndarray] = []
+    prev, b_prev = None, None
+    m = 0
+    applied = 0
+    step = 0
+    while True:
+        width = int(q.shape[1])
+        basis[:, m : m + width] = q
+        m += width
+        w = matmat(q)
+        applied += width
+        if prev is not None:
+            w -= prev @ xp.asarray(b_prev).T
+        a = q.T @ w
+        a = 0.5 * (a + a.T)
+        w -= q @ a
+        for _ in range(2):  # classical Gram-Schmidt twice: orthogonal to eps
+            w -= basis[:, :m] @ (basis[:, :m].T @ w)
+        q_next, r = xp.linalg.qr(w)
+        a_blocks.append(to_numpy(a))
+        r_host = to_numpy(r)
+        step += 1
+        exhausted = m + b > cap
+        breakdown = float(np.abs(r_host).max()) <= 1e-13 * max(1.0, float(np.abs(a_blocks[0]).max()))
+        if (m >= k + b and step % 4 == 0) or exhausted or breakdown:
+            kk = min(k, m)
+            band = _band_of(a_blocks, b_blocks + [r_host], width)
+            theta, y = scipy.linalg.eig_banded(band, lower=True, select="i", select_range=(m - kk, m - 1), check_finite=False)
+            theta, y = theta[::-1], y[:, ::-1]
+            top = abs(float(theta[0])) or 1.0
+            est = np.linalg.norm(r_host @ y[-width:, :], axis=0) / top
+            if breakdown:
+                est[:] = 0.0
+            if np.all(est <= tol) or exhausted or breakdown:
+                x = basis[:, :m] @ xp.asarray(y)
+                return theta, x, est, applied, bool(np.all(est <= tol))
+        b_blocks.append(r_host)
+        prev, b_prev, q = q, r_host, q_next
+
+
+def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None) -> MDSResult:
+    op = _SplitSqrt(counts, xp=xp)
+    xp = op.xp
+    n, v = op.shape
+    n_side = diagonal is not None or n <= v
+    dim = n if n_side else v
+    kk = min(k, max(1, min(n, v) - 1), dim)
+    if diagonal is not None:
+        diag = xp.asarray(diagonal, dtype=xp.float64)
+        if diag.shape != (n,) or not bool(xp.all(xp.isfinite(diag))):
+            msg = f"diagonal must be a finite (n,) = ({n},) vector; got shape {tuple(diag.shape)}"
+            raise ValueError(msg)
+
+    def matmat(x: Any) -> Any:
+        if not n_side:
+            return op.apply_t(op.apply(x))
+        out = op.apply(op.apply_t(x))
+        if diagonal is not None:
+            hx = x - x.mean(axis=0)[None, :]
+            t = diag[:, None] * hx
+            out -= t - t.mean(axis=0)[None, :]
+        return out
+
+    max_dim = min(dim, max(4 * kk + 2 * block, (1 << 27) // max(dim, 1)))
+    theta, x, _, applied, converged = _block_lanczos(matmat, dim, kk, block=block, tol=tol, seed=seed, xp=xp, max_dim=max_dim)
+    top = abs(float(theta[0])) or 1.0
+    if n_side:
+        ax = matmat(x)
+        u = _fix_signs(x, xp)
+        encoding = u * xp.sqrt(xp.maximum(xp.asarray(theta), 0.0))[None, :]
+    else:
+        sx = op.apply(x)
+        ax = op.apply_t(sx)
+        encoding = _fix_signs(sx, xp)
+    resid = to_numpy(xp.linalg.norm(ax - x * xp.asarray(theta)[None, :], axis=0)) / top
+    total = op.total_variance()
+    if diagonal is not None:
+        total -= float(diag.sum()) * (1.0 - 1.0 / n)
+    w = np.asarray(theta, dtype=np.float64) + 0.0
+    return MDSResult(
+        eigenvalues=w,
+        encoding=np.ascontiguousarray(to_numpy(encoding), dtype=np.float64),
+        total_variance=float(total),
+        negative_mass=_negative_mass(w),
+        method="lanczos",
+        tol=float(tol),
+        residuals=np.asarray(resid, dtype=np.float64),
+    )

@@ -1,0 +1,1 @@
+"""What a run tells people: terminal / Markdown summary, the HTML report and its plots, export, audit."""

@@ -1,0 +1,511 @@
+"""Audit a model checkpoint's learned position table against a corpus (THEORY.md 4-6).
+
+:func:`audit_checkpoint` reads a safetensors checkpoint (or a ``.npy`` table) without
+executing anything from it (the safetensors header is JSON; ``.npy`` is read with
+``allow_pickle=False``; pickled ``.bin`` / ``.pt`` checkpoints are refused), finds the
+learned position table, and reports against the corpus geometry of a counts / run folder:
+
+- stress, scaled stress, optimal scale and Pearson correlation of the table's rows
+  (positions ``i`` of the corpus -> row ``i``), minimum separation and the monotonicity
+  violation rate;
+- for reference, the same for the MDS encoding and the sinusoidal encoding at the table's
+  width (when the folder is an analysed run);
+- the layer-wise *projected stress*: the stress of the rows of ``P M_l`` against d_H, for
+  every attention layer found, per head and averaged over heads.
+
+Position table: the unique tensor whose name ends in ``embeddings.position_embeddings.weight``
+(BERT, any prefix such as ``bert.``) or is ``wpe.weight`` / ends in ``.wpe.weight``
+(GPT-2), or ``key``. Positions of the corpus beyond the table's rows are left out (and
+counted in ``notes``).
+
+Projected-stress convention. Attention layers are found by name: BERT
+``<prefix>encoder.layer.{l}.attention.self.{query,key}.weight`` (``nn.Linear`` weights,
+shape (out, in), so ``q = x W_Q^T``) and GPT-2 ``<prefix>h.{l}.attn.c_attn.weight``
+(``Conv1D``, shape (in, 3 out), ``q = x W[:, :d]``). With ``W_Q``, ``W_K`` in the
+``nn.Linear`` (out, in) form, the position-position part of the attention logits is
+``p_i W_Q^T W_K p_j^T``, so
+
+    M_l = W_Q^T W_K          (in x in; THEORY's ``W_Q W_K^T`` with W as x -> x W)
+    M_{l,h} = W_Q[h]^T W_K[h],   W[h] = rows h*dh .. (h+1)*dh of W,   sum_h M_{l,h} = M_l
+
+and the projected encoding is ``P M`` (n x in); its row i dotted with p_j is the logit
+position i gives position j. Biases and the ``1/sqrt(dh)`` factor are left out (they do
+not change scaled stress; raw stress scales with them). The number of heads comes from
+``heads``, else ``num_attention_heads`` / ``n_head`` in a ``config.json`` next to the
+checkpoint; without it only whole layers are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posstats.errors import InputError
+
+__all__ = [
+    "AuditResult",
+    "Checkpoint",
+    "audit_checkpoint",
+    "find_attention_layers",
+    "find_position_key",
+    "format_audit",
+    "projected_stress",
+]
+
+_BERT_QUERY = re.compile(r"^(?P<prefix>.*?)encoder\.layer\.(?P<layer>\d+)\.attention\.self\.query\.weight$")
+_GPT2_CATTN = re.compile(r"^(?P<prefix>(?:.*\.)?)h\.(?P<layer>\d+)\.attn\.c_attn\.weight$")
+_POSITION_PATTERNS = (
+    re.compile(r"^(?:.*\.)?embeddings\.position_embeddings\.weight$"),  # BERT family
+    re.compile(r"^(?:.*\.)?wpe\.weight$"),  # GPT-2
+)
+_PICKLED = {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"}
+# safetensors dtype names -> numpy dtypes; BF16 is widened to float32 by hand.
+_ST_DTYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+    "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?",
+}
+
+
+class Checkpoint:
+    """Read-only access to the tensors of a safetensors file or a single ``.npy`` array.
+
+    Parses the safetensors header (8-byte little-endian length + JSON) itself, so no code
+    from the file runs and bfloat16 tensors (which numpy lacks) can be widened to float32.
+    """
+
+    def __init__(self, path: str | os.PathLike, /) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            msg = f"{self.path}: no such checkpoint file"
+            raise InputError(msg)
+        suffix = self.path.suffix.lower()
+        if suffix in _PICKLED:
+            msg = f"{self.path}: pickled checkpoints can execute code and are not read; convert it to safetensors"
+            raise InputError(msg)
+        self._npy = suffix == ".npy"
+        self.metadata: dict[str, str] = {}
+        if self._npy:
+            try:
+                arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            except Exception as exc:  # noqa: BLE001 - numpy raises several kinds
+                msg = f"{self.path}: not a readable .npy array ({_first_line(exc)})"
+                raise InputError(msg) from exc
+            self._header = {"position_embeddings": {"shape": list(arr.shape), "dtype": arr.dtype.str}}
+            return
+        try:
+            with open(self.path, "rb") as fh:
+                (length,) = struct.unpack("<Q", fh.read(8))
+                if length > 100 * 2**20:
+                    raise ValueError(f"header length {length} is implausible")
+                header = json.loads(fh.read(length))
+        except Exception as exc:  # noqa: BLE001 - struct/json/OS errors
+            msg = f"{self.path}: not a safetensors file ({_first_line(exc)})"
+            raise InputError(msg) from exc
+        self.metadata = dict(header.pop("__metadata__", None) or {})
+        self._header = header
+        self._data_start = 8 + length
+
+    def keys(self) -> list[str]:
+        """Tensor names, in file order."""
+        return list(self._header)
+
+    def shape(self, name: str, /) -> tuple[int, ...]:
+        """Shape of tensor ``name``."""
+        return tuple(int(x) for x in self._header[name]["shape"])
+
+    def get(self, name: str, /) -> np.ndarray:
+        """Tensor ``name`` as a numpy array (bfloat16 widened to float32)."""
+        if name not in self._header:
+            msg = f"{self.path}: no tensor {name!r}"
+            raise InputError(msg)
+        if self._npy:
+            return np.load(self.path, allow_pickle=False)
+        info = self._header[name]
+        start, end = (int(x) for x in info["data_offsets"])
+        shape = self.shape(name)
+        with open(self.path, "rb") as fh:
+            fh.seek(self._data_start + start)
+            raw = fh.read(end - start)
+        dt = info["dtype"]
+        if dt == "BF16":
+            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(shape)
+        if dt not in _ST_DTYPES:
+            msg = f"{self.path}: tensor {name!r} has unsupported dtype {dt}"
+            raise InputError(msg)
+        return np.frombuffer(raw, dtype=_ST_DTYPES[dt]).reshape(shape).copy()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def find_position_key(ckpt: Checkpoint, /, *, key: str | None = None) -> str:
+    """The name of the learned position table (BERT / GPT-2 names, or ``key``).
+
+    Raises:
+        InputError: ``key`` absent or not 2-D; none or several auto-detected candidates.
+    """
+    if key is not None:
+        if key not in ckpt.keys():
+            msg = f"{ckpt.path}: no tensor {key!r} (--key)"
+            raise InputError(msg)
+        if len(ckpt.shape(key)) != 2:
+            msg = f"{ckpt.path}: tensor {key!r} has shape {ckpt.shape(key)}, not (positions, width)"
+            raise InputError(msg)
+        return key
+    if len(ckpt.keys()) == 1 and len(ckpt.shape(ckpt.keys()[0])) == 2:
+        return ckpt.keys()[0]
+    found = [k for k in ckpt.keys() if any(p.match(k) for p in _POSITION_PATTERNS) and len(ckpt.shape(k)) == 2]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        msg = f"{ckpt.path}: several position tables ({', '.join(found)}); choose one with --key"
+        raise InputError(msg)
+    two_d = [k for k in ckpt.keys() if len(ckpt.shape(k)) == 2][:5]
+    msg = (
+        f"{ckpt.path}: no position table found (looked for *embeddings.position_embeddings.weight and "
+        f"*wpe.weight); pass --key NAME (2-D tensors include: {', '.join(two_d) or 'none'})"
+    )
+    raise InputError(msg)
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """Where one layer's query / key weights are, and how they are laid out."""
+
+    layer: int
+    kind: str  # "bert" (nn.Linear q, k) or "gpt2" (Conv1D c_attn)
+    query: str
+    key: str  # same as query for gpt2
+
+
+def find_attention_layers(ckpt: Checkpoint, /) -> list[AttentionLayer]:
+    """Attention layers by BERT or GPT-2 naming, ordered by layer index."""
+    layers = []
+    names = set(ckpt.keys())
+    for k in ckpt.keys():
+        m = _BERT_QUERY.match(k)
+        if m:
+            kk = f"{m['prefix']}encoder.layer.{m['layer']}.attention.self.key.weight"
+            if kk in names:
+                layers.append(AttentionLayer(int(m["layer"]), "bert", k, kk))
+            continue
+        m = _GPT2_CATTN.match(k)
+        if m:
+            layers.append(AttentionLayer(int(m["layer"]), "gpt2", k, k))
+    return sorted(layers, key=lambda a: a.layer)
+
+
+def _check_finite(values: np.ndarray, where: str, *, first_row: np.ndarray | None = None) -> None:
+    """Raise InputError naming the first NaN / infinite entry of a 2-D tensor (row, column, value)."""
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    r, c = (int(x) for x in np.argwhere(bad)[0])
+    row = int(first_row[r]) if first_row is not None else r
+    count, total = int(bad.sum()), int(values.size)
+    share = f"all {total:,} values" if count == total else f"{count:,} of {total:,} values"
+    if first_row is not None:
+        share += f" of the {values.shape[0]:,} rows audited"
+    msg = (f"{where}: {share} are NaN or infinite (first: row {row}, column {c} = {values[r, c]}); "
+           "a damaged or diverged checkpoint cannot be audited")
+    raise InputError(msg)
+
+
+def _qk(ckpt: Checkpoint, layer: AttentionLayer) -> tuple[np.ndarray, np.ndarray]:
+    """W_Q, W_K in nn.Linear (out, in) form, float64; non-finite weights are refused."""
+    if layer.kind == "bert":
+        wq, wk = ckpt.get(layer.query).astype(np.float64), ckpt.get(layer.key).astype(np.float64)
+        for name, w in ((layer.query, wq), (layer.key, wk)):
+            if w.ndim == 2:
+                _check_finite(w, f"{ckpt.path}: {name}")
+        return wq, wk
+    w = ckpt.get(layer.query).astype(np.float64)  # Conv1D: (in, 3 * out), x @ w
+    if w.ndim == 2:
+        _check_finite(w, f"{ckpt.path}: {layer.query}")
+    if w.ndim != 2 or w.shape[1] % 3:
+        msg = f"{ckpt.path}: {layer.query} has shape {w.shape}, expected (in, 3 * out)"
+        raise InputError(msg)
+    out = w.shape[1] // 3
+    return w[:, :out].T, w[:, out : 2 * out].T
+
+
+def projected_stress(table: np.ndarray, wq: np.ndarray, wk: np.ndarray, distances: np.ndarray, /, *, heads: int | None = None) -> dict[str, Any]:
+    """Stress of the rows of ``P M`` against d_H, for the whole layer and per head.
+
+    Args:
+        table: (m, d_in) position rows P (the used positions).
+        wq, wk: (out, d_in) query / key weights (``nn.Linear`` form).
+        distances: (m, m) d_H.
+        heads: number of heads (``out`` must divide evenly), or None for the layer only.
+
+    Returns:
+        ``{"stress", "scaled_stress", "heads": [{"stress", "scaled_stress"}, ...] | None,
+        "head_mean_stress", "head_mean_scaled_stress"}``.
+    """
+    from posstats.geometry.stress import stress_report
+
+    if wq.shape != wk.shape or wq.shape[1] != table.shape[1]:
+        msg = f"query {wq.shape} / key {wk.shape} weights do not fit a table of width {table.shape[1]}"
+        raise InputError(msg)
+    s = stress_report(table @ (wq.T @ wk), distances)
+    out: dict[str, Any] = {"stress": float(s.stress), "scaled_stress": float(s.scaled_stress), "heads": None,
+                           "head_mean_stress": None, "head_mean_scaled_stress": None}
+    if heads:
+        if wq.shape[0] % heads:
+            msg = f"{wq.shape[0]} query dimensions do not split into {heads} heads"
+            raise InputError(msg)
+        dh = wq.shape[0] // heads
+        per = []
+        for h in range(heads):
+            sl = slice(h * dh, (h + 1) * dh)
+            sh = stress_report(table @ (wq[sl].T @ wk[sl]), distances)
+            per.append({"stress": float(sh.stress), "scaled_stress": float(sh.scaled_stress)})
+        out["heads"] = per
+        out["head_mean_stress"] = float(np.mean([p["stress"] for p in per]))
+        out["head_mean_scaled_stress"] = float(np.mean([p["scaled_stress"] for p in per]))
+    return out
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Everything :func:`audit_checkpoint` measured (``to_dict()`` is JSON-ready).
+
+    Attributes:
+        checkpoint: the file audited; key: the position table's name;
+        table_shape: its shape; positions: (m,) corpus positions audited (rows of the table);
+        encoding: stress / scaled stress / scale / pearson / min separation / monotonicity
+            of the table's rows;
+        references: the same for ``mds`` and ``sinusoidal`` at the table's width (may be empty);
+        layers: one dict per attention layer (see :func:`projected_stress`) with ``layer``;
+        heads: heads per layer used (None: layers only); notes: caveats in words;
+        offset: corpus position i was compared with table row i + offset.
+    """
+
+    checkpoint: str
+    key: str
+    table_shape: tuple[int, int]
+    positions: np.ndarray
+    encoding: dict[str, Any]
+    references: list[dict[str, Any]]
+    layers: list[dict[str, Any]]
+    heads: int | None
+    corpus: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    offset: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain values."""
+        p = self.positions
+        return {
+            "checkpoint": self.checkpoint,
+            "key": self.key,
+            "table_shape": list(self.table_shape),
+            "positions": {"count": int(p.size), "first": int(p[0]), "last": int(p[-1]), "row_offset": self.offset},
+            "corpus": self.corpus,
+            "encoding": self.encoding,
+            "references": self.references,
+            "projection": "P M_l with M_l = W_Q^T W_K (nn.Linear (out, in) weights), per head M_lh = W_Q[h]^T W_K[h]",
+            "heads": self.heads,
+            "layers": self.layers,
+            "notes": self.notes,
+        }
+
+
+def _scores(matrix: np.ndarray, distances: np.ndarray, positions: np.ndarray, *, seed: int, exact_limit: int) -> dict[str, Any]:
+    from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
+    from posstats.geometry.stress import stress_report
+
+    s = stress_report(matrix, distances)
+    sep = min_separation(matrix)
+    mono = monotonicity_of_encoding(matrix, positions=positions, exact_limit=exact_limit, seed=seed)
+    return {
+        "stress": float(s.stress),
+        "scaled_stress": float(s.scaled_stress),
+        "scale": float(s.scale),
+        "pearson": float(s.pearson),
+        "min_separation": float(sep.value),
+        "min_separation_pair": [int(positions[sep.pair[0]]), int(positions[sep.pair[1]])],
+        "monotonicity_violation_rate": float(mono.rate),
+        "monotonicity_method": mono.method,
+        "monotonicity_ci95": [mono.ci_low, mono.ci_high],
+    }
+
+
+def _heads_from_config(ckpt_path: Path) -> int | None:
+    cfg = ckpt_path.parent / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return None
+    for name in ("num_attention_heads", "n_head", "num_heads"):
+        if isinstance(data.get(name), int) and data[name] > 0:
+            return int(data[name])
+    return None
+
+
+def audit_checkpoint(
+    checkpoint: str | os.PathLike,
+    counts: str | os.PathLike,
+    /,
+    *,
+    key: str | None = None,
+    heads: int | None = None,
+    min_occupancy: int | None = None,
+    offset: int = 0,
+    layers: bool = True,
+    seed: int = 0,
+    exact_limit: int = 4096,
+) -> AuditResult:
+    """Audit the learned position table of ``checkpoint`` against the corpus of ``counts``.
+
+    Args:
+        checkpoint: ``.safetensors`` checkpoint, or ``.npy`` (n, d) table.
+        counts: a run folder (``posstats run`` / ``analyze``: its used positions and counts)
+            or a counts folder / file (``posstats count``: positions with
+            ``occ >= min_occupancy``).
+        key: the position table's name (default: auto-detected).
+        heads: heads per attention layer (default: from ``config.json`` beside the
+            checkpoint; None there: whole layers only).
+        min_occupancy: for a counts folder (default 1); a run folder's own threshold wins.
+        offset: corpus position i is compared with table row ``i + offset`` (default 0:
+            the first rows). Use 1 for a BERT checkpoint audited against counts without
+            [CLS]: the model puts [CLS] at row 0 and the first text token at row 1.
+        layers: compute the layer-wise projected stress.
+        seed, exact_limit: monotonicity sampling (see posstats.geometry.diagnostics).
+
+    Raises:
+        InputError: unreadable / pickled checkpoint, no position table, no counts, fewer
+            than two corpus positions within the table.
+    """
+    from posstats.geometry.hellinger import hellinger_sq
+    from posstats.counting.io import load_counts
+
+    ckpt = Checkpoint(checkpoint)
+    name = find_position_key(ckpt, key=key)
+    table = ckpt.get(name).astype(np.float64)
+    n_rows, width = table.shape
+    notes: list[str] = []
+
+    cdir = Path(counts)
+    run = None
+    if cdir.is_dir() and (cdir / "report.json").is_file() and (cdir / "mds.safetensors").is_file():
+        from posstats.reports.export import load_run
+
+        run = load_run(cdir)
+        counts_obj = load_counts(run.counts_path())
+        positions = run.positions
+        if min_occupancy is not None:
+            notes.append("--min-occupancy ignored: the run folder's used positions are audited")
+    else:
+        if not cdir.exists():
+            msg = f"{cdir}: no such counts or run folder"
+            raise InputError(msg)
+        counts_obj = load_counts(cdir)
+        positions = counts_obj.occupied_positions(min_occupancy=min_occupancy or 1)
+    if offset < 0:
+        msg = f"--offset must be >= 0; got {offset}"
+        raise InputError(msg)
+    inside = positions + offset < n_rows
+    if not inside.all():
+        notes.append(f"{int((~inside).sum())} corpus position(s) beyond the table's {n_rows} rows (offset {offset}) left out")
+    positions = positions[inside]
+    if positions.size < 2:
+        msg = f"{checkpoint}: fewer than two corpus positions fall within the table's {n_rows} rows (offset {offset})"
+        raise InputError(msg)
+    from posstats.reports.export import sparse_rows
+
+    distances = np.sqrt(np.asarray(hellinger_sq(sparse_rows(counts_obj.rows(positions))), dtype=np.float64))
+    rows = table[positions + offset]
+    _check_finite(rows, f"{checkpoint}: position table {name!r}", first_row=positions + offset)
+    result_encoding = _scores(rows, distances, positions, seed=seed, exact_limit=exact_limit)
+
+    references = []
+    if run is not None:
+        from posstats.geometry.encodings import sinusoidal
+
+        keep = np.isin(run.positions, positions)
+        mds_rows = run.encoding[keep]
+        k = min(width, mds_rows.shape[1])
+        mds_matrix = np.zeros((mds_rows.shape[0], width))
+        mds_matrix[:, :k] = mds_rows[:, :k]
+        references.append({"name": "mds", "dim": width, **_scores(mds_matrix, distances, positions, seed=seed, exact_limit=exact_limit)})
+        if width % 2 == 0:
+            sin = sinusoidal(positions, width)
+            references.append({"name": "sinusoidal", "dim": width, **_scores(sin, distances, positions, seed=seed, exact_limit=exact_limit)})
+
+    if heads is None:
+        heads = _heads_from_config(ckpt.path)
+    layer_rows = []
+    if layers:
+        found = find_attention_layers(ckpt)
+        if not found:
+            notes.append("no attention layers found (BERT or GPT-2 naming): no projected stress")
+        for lay in found:
+            wq, wk = _qk(ckpt, lay)
+            layer_rows.append({"layer": lay.layer, "query": lay.query, "key": lay.key,
+                               **projected_stress(rows, wq, wk, distances, heads=heads)})
+        if found and heads is None:
+            notes.append("number of heads unknown (no config.json, no --heads): whole layers only")
+    corpus = {
+        "counts": str(run.counts_path() if run is not None else cdir),
+        "fingerprint": counts_obj.fingerprint,
+        "positions_used": int(positions.size),
+        "tokenizer_hash": counts_obj.metadata.get("tokenizer_hash", ""),
+    }
+    return AuditResult(str(checkpoint), name, (int(n_rows), int(width)), positions, result_encoding, references,
+                       layer_rows, heads, corpus, notes, offset)
+
+
+def format_audit(result: AuditResult, /) -> str:
+    """A plain-text summary of an audit."""
+    e = result.encoding
+    n, d = result.table_shape
+    lines = [
+        f"checkpoint {result.checkpoint}",
+        f"table      {result.key} ({n} x {d}); {result.positions.size} corpus positions "
+        f"({int(result.positions[0])}..{int(result.positions[-1])}) against rows "
+        f"{int(result.positions[0]) + result.offset}..{int(result.positions[-1]) + result.offset}",
+        "",
+    ]
+    header = ("encoding", "stress", "scaled", "scale", "pearson", "min sep", "mono viol")
+    rows = [("learned", e)] + [(f"{r['name']} (ref)", r) for r in result.references]
+    table = [header] + [
+        (nm, f"{r['stress']:.4g}", f"{r['scaled_stress']:.4g}", f"{r['scale']:.4g}", f"{r['pearson']:.3f}",
+         f"{r['min_separation']:.4g}", f"{r['monotonicity_violation_rate']:.3f}" + ("" if r["monotonicity_method"] == "exact" else "~"))
+        for nm, r in rows
+    ]
+    lines += _columns(table)
+    if result.layers:
+        lines += ["", "projected stress of P M_l, M_l = W_Q^T W_K (rows of P M_l against d_H)"]
+        head = ("layer", "stress", "scaled", "head mean stress", "head mean scaled")
+        body = [head] + [
+            (str(lr["layer"]), f"{lr['stress']:.4g}", f"{lr['scaled_stress']:.4g}",
+             "-" if lr["head_mean_stress"] is None else f"{lr['head_mean_stress']:.4g}",
+             "-" if lr["head_mean_scaled_stress"] is None else f"{lr['head_mean_scaled_stress']:.4g}")
+            for lr in result.layers
+        ]
+        lines += _columns(body)
+    lines += [f"note: {x}" for x in result.notes]
+    return "\n".join(lines)
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out

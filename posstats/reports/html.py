@@ -1,0 +1,326 @@
+"""A self-contained HTML report of a run, its PNG figures and a Markdown summary.
+
+:func:`write_html_report` reads a run folder (``report.json``, ``mds.safetensors`` and the
+counts, from the folder itself or ``report.json`` ``inputs.counts``) and writes into it:
+
+- ``figures/<name>.png``: the figures of :mod:`posstats.reports.plots` (occupancy, d_H heatmap,
+  eigenspectrum, MDS encoding in 2-D and 3-D, stress against width, low-rank trade-off,
+  monotonicity);
+- ``report.html``: one file, images embedded as base64 ``data:`` URIs, inline CSS, no
+  scripts and no external resources, so it opens offline and can be mailed around;
+- ``summary.md``: key numbers, the encoding table and the rank / stress / parameter
+  table, with links to ``figures/*.png``, for a pull request or a model card.
+
+Distances are recomputed from the counts (float64, :func:`posstats.geometry.hellinger.hellinger_sq`)
+on all used positions up to ``max_positions`` (default 2048) and on an even sample of
+that many above; the heatmap shows at most ``max_heatmap`` x ``max_heatmap`` of them.
+
+Uncertainty, drawn when the report has it: ``spectrum.eigenvalues_ci95`` (or
+``bootstrap.eigenvalues_ci95``), a list of ``[low, high]`` per eigenvalue; a noise floor
+``noise_floor`` (or ``bootstrap.noise_floor``), a number on the eigenvalue scale or an
+object whose ``eigenvalue`` entry is; ``encodings[].stress_ci95`` /
+``scaled_stress_ci95``; ``encodings[].monotonicity_ci95`` (always present). Every other
+entry of ``bootstrap`` / ``noise_floor`` is listed as a table.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posstats import __version__
+
+__all__ = ["write_html_report"]
+
+FIGURES_DIR = "figures"
+HTML_FILE = "report.html"
+SUMMARY_FILE = "summary.md"
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:0 auto;padding:1.5rem;color:#1d1d1f;line-height:1.45}
+h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
+.meta{color:#555;font-size:.9rem} nav a{margin-right:.8rem;font-size:.9rem}
+table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0} th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
+th:first-child,td:first-child{text-align:left} th{background:#f5f5f7}
+figure{margin:1.2rem 0;padding:.6rem;border:1px solid #e5e5e5;border-radius:6px;background:#fff}
+figure img{max-width:100%;height:auto;display:block;margin:0 auto}
+figcaption{font-size:.9rem;color:#333;margin-top:.4rem} figcaption b{color:#000}
+.kv td:first-child{font-weight:600}
+"""
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _num(x: Any, spec: str = ".4g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, (float, np.floating)):
+        return format(float(x), spec)
+    if isinstance(x, (int, np.integer)):
+        return f"{int(x):,}"
+    return str(x)
+
+
+def _lookup(report: dict[str, Any], *paths: str) -> Any:
+    """The first present value among dotted ``paths``."""
+    for path in paths:
+        node: Any = report
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                node = None
+                break
+            node = node[part]
+        if node is not None:
+            return node
+    return None
+
+
+def _noise_floor(report: dict[str, Any]) -> float | None:
+    nf = _lookup(report, "noise_floor", "bootstrap.noise_floor")
+    if isinstance(nf, dict):
+        nf = nf.get("eigenvalue")
+    return float(nf) if isinstance(nf, (int, float)) else None
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, cls: str = "") -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(v)}</td>" for v in r) + "</tr>" for r in rows)
+    c = f' class="{cls}"' if cls else ""
+    return f"<table{c}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    out += ["| " + " | ".join(str(v) for v in r) + " |" for r in rows]
+    return out
+
+
+def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
+    c, p, s = report.get("corpus", {}), report.get("positions", {}), report.get("spectrum", {})
+    h = report.get("hellinger", {})
+    cf = s.get("components_for", {})
+    rows = [
+        ("corpus", f"{_num(c.get('sequences'))} sequences, {_num(c.get('tokens_counted'))} tokens, "
+                   f"V = {_num(c.get('vocab_size'))}, mode {c.get('mode', '-')}"),
+        ("fingerprint / tokenizer", f"{str(c.get('fingerprint', ''))[:16]} / {c.get('tokenizer', '-')} {str(c.get('tokenizer_hash', ''))[:12]}"),
+        ("positions", f"{_num(p.get('occupied'))} of {_num(p.get('requested'))} occupied, {_num(p.get('used'))} used "
+                      f"(min occupancy {p.get('min_occupancy', 1)})"),
+        ("d_H min / mean / max", f"{_num(h.get('min'))} / {_num(h.get('mean'))} / {_num(h.get('max'))}"),
+        ("MDS rank", f"{s.get('rank', '-')} at rtol {s.get('rank_rtol', '-')} ({s.get('method', '-')})"),
+        ("components for 90 / 95 / 99 / 99.9 %", " / ".join(_num(cf.get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))),
+    ]
+    h1, a3 = _corpus_h1(report), _corpus_a3(report)
+    if h1 or a3:
+        pair = h1.get("pair")
+        at = f" at positions {pair[0]}, {pair[1]}" if pair else ""
+        rows.append(("corpus min d_H (H1)", f"{_num(h1.get('min_distance'))}{at} (non-stationary: {h1.get('nonstationary', '-')})"))
+        rows.append(("corpus monotonicity violations (A3)", f"{_num(a3.get('rate'), '.4f')} ({a3.get('method', '-')})"))
+    return rows
+
+
+def _corpus_h1(report: dict[str, Any]) -> dict[str, Any]:
+    """H1 entries of ``diagnostics`` (flat, or under ``h1``)."""
+    d = report.get("diagnostics") or {}
+    return d.get("h1") or {k: d[k] for k in ("min_distance", "pair", "nonstationary") if k in d}
+
+
+def _corpus_a3(report: dict[str, Any]) -> dict[str, Any]:
+    """The corpus' own monotonicity (A3): ``diagnostics.monotonicity`` or ``diagnostics.a3``."""
+    d = report.get("diagnostics") or {}
+    return d.get("a3") or d.get("monotonicity") or {}
+
+
+def _encoding_rows(report: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for e in report.get("encodings", []):
+        mono = _num(e.get("monotonicity_violation_rate"), ".3f")
+        if e.get("monotonicity_method") not in (None, "exact"):
+            ci = e.get("monotonicity_ci95") or [None, None]
+            mono += f" [{_num(ci[0], '.3f')}, {_num(ci[1], '.3f')}]"
+        rows.append([e.get("name"), e.get("dim"), _num(e.get("stress")), _num(e.get("scaled_stress")), _num(e.get("scale")),
+                     _num(e.get("pearson"), ".3f"), _num(e.get("min_separation")), mono])
+    return rows
+
+
+_ENC_HEADER = ("encoding", "dim", "stress", "scaled stress", "scale a*", "pearson", "min separation", "monotonicity violations")
+_TRADE_HEADER = ("encoding", "rank r", "stress", "scaled stress", "parameters", "saving vs n*d")
+
+
+def _tradeoff_rows(trade: list[dict[str, Any]], report: dict[str, Any], *, n: int, width: int) -> list[list[str]]:
+    rows = []
+    for e in report.get("encodings", []):
+        if e.get("name") == "sinusoidal" and e.get("dim") == width:
+            rows.append([f"sinusoidal (d={width})", "-", _num(e.get("stress")), _num(e.get("scaled_stress")), "0 (fixed)", "-"])
+    for t in trade:
+        rows.append([f"P_MDS, r={t['rank']}", t["rank"], _num(t["stress"]), _num(t["scaled_stress"]),
+                     f"{t['parameters']:,}", f"{t['saving']:.1%}"])
+    rows.append(["free n x d table", "<= d", "-", "-", f"{n * width:,}", "0%"])
+    return rows
+
+
+def _uncertainty_rows(report: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for top in ("noise_floor", "bootstrap"):
+        node = report.get(top)
+        if node is None:
+            continue
+        items = node.items() if isinstance(node, dict) else [("", node)]
+        for k, v in items:
+            text = v if isinstance(v, (int, float, str)) else str(v)
+            if isinstance(text, str) and len(text) > 120:
+                text = text[:117] + "..."
+            rows.append([f"{top}.{k}" if k else top, _num(text) if isinstance(text, float) else str(text)])
+    return rows
+
+
+def write_html_report(
+    run_dir: str | os.PathLike,
+    /,
+    *,
+    width: int | None = None,
+    max_positions: int = 2048,
+    max_heatmap: int = 512,
+    name: str | None = None,
+    out: str | os.PathLike | None = None,
+) -> Path:
+    """Write ``report.html``, ``figures/*.png`` and ``summary.md`` for a run folder.
+
+    Args:
+        run_dir: a folder written by ``posstats run`` or ``posstats analyze``.
+        width: model width d of the low-rank trade-off (default: the largest analysed
+            width, ``config.dims``).
+        max_positions: distances use at most this many used positions (an even sample).
+        max_heatmap: the heatmap shows at most this many positions per side.
+        name: the run's name in the title (default: the folder's name; a command that
+            writes into a staging folder passes the destination's name).
+        out: the folder to write into (default: where ``run_dir``'s files are; a
+            published run folder is rewritten through :func:`posstats.runs.publish.staged_output`).
+
+    Returns:
+        The path of ``report.html``.
+
+    Raises:
+        InputError: the folder, its report, MDS file or counts are missing or unreadable.
+    """
+    from posstats.reports.export import default_ranks, load_run, lowrank_tradeoff, run_distances
+    from posstats.reports.plots import (
+        distance_heatmap_figure,
+        encoding_scatter3d_figure,
+        encoding_scatter_figure,
+        lowrank_figure,
+        monotonicity_figure,
+        occupancy_figure,
+        png_bytes,
+        spectrum_figure,
+        stress_by_dim_figure,
+    )
+    from posstats.counting.io import atomic_path
+
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    report = run.report
+    spectrum = report.get("spectrum", {})
+    positions_info = report.get("positions", {})
+    idx, dist = run_distances(run, max_positions=max_positions)
+    m, k = run.encoding.shape
+    dims = (report.get("config") or {}).get("dims") or [k]
+    d_model = int(width) if width is not None else int(max(dims))
+    cf = spectrum.get("components_for") or {}
+    ranks = default_ranks(k, width=d_model, extra=[cf.get(x) for x in ("0.9", "0.95", "0.99", "0.999")] + [spectrum.get("rank")])
+    trade = lowrank_tradeoff(run.encoding[idx], dist, width=d_model, ranks=ranks, n=m)
+
+    plots = [occupancy_figure(positions_info.get("occupancy", []), min_occupancy=int(positions_info.get("min_occupancy", 1)))]
+    plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m))
+    explained = spectrum.get("explained_variance") or []
+    if len(explained) < len(run.eigenvalues):
+        lam = run.eigenvalues
+        explained = np.cumsum(lam) / max(float(lam[lam > 0].sum()), 1e-300)
+    plots.append(spectrum_figure(run.eigenvalues, explained[: len(run.eigenvalues)], rank=spectrum.get("rank"),
+                                 eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
+                                 noise_floor=_noise_floor(report)))
+    plots.append(encoding_scatter_figure(run.encoding, run.positions))
+    if k >= 3:
+        plots.append(encoding_scatter3d_figure(run.encoding, run.positions))
+    entries = report.get("encodings", [])
+    if entries:
+        plots.append(stress_by_dim_figure(entries))
+    plots.append(lowrank_figure(trade, n=m, width=d_model, stress_positions=len(idx)))
+    if entries:
+        plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))
+
+    target = Path(out) if out is not None else run.folder
+    figdir = target / FIGURES_DIR
+    images: dict[str, bytes] = {}
+    for p in plots:
+        data = png_bytes(p)
+        images[p.name] = data
+        with atomic_path(figdir / f"{p.name}.png") as tmp:
+            tmp.write_bytes(data)
+        p.figure.clear()
+
+    title = f"posstats report: {name or run.directory.resolve().name}"
+    trade_rows = _tradeoff_rows(trade, report, n=m, width=d_model)
+    unc = _uncertainty_rows(report)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="meta">posstats {_esc(report.get("tool", {}).get("version", __version__))}, analysed '
+        f'{_esc(report.get("created", "-"))}, run id {_esc(run.run_id)}. Quantities are defined in THEORY.md; '
+        "d_H is the Hellinger distance (no 1/2 factor, in [0, sqrt 2]).</p>",
+        "<nav>" + "".join(f'<a href="#{p.name}">{_esc(p.title)}</a>' for p in plots) + "</nav>",
+        "<h2>Key numbers</h2>",
+        _html_table(("quantity", "value"), _key_numbers(report), cls="kv"),
+    ]
+    if entries:
+        parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
+    parts += [
+        f"<h2>Low-rank MDS encodings (n = {m}, d = {d_model})</h2>",
+        "<p>P = A W<sup>T</sup> with A (n x r) and W (d x r) orthonormal has r(n + d) parameters instead of n d and "
+        "the distances, so the stress, of the first r MDS coordinates"
+        + (f" (stress over all pairs of an even sample of {len(idx)} of the {m} positions)" if len(idx) < m else "")
+        + ".</p>",
+        _html_table(_TRADE_HEADER, trade_rows),
+    ]
+    if unc:
+        parts += ["<h2>Uncertainty</h2>", _html_table(("entry", "value"), unc)]
+    parts.append("<h2>Figures</h2>")
+    for p in plots:
+        b64 = base64.b64encode(images[p.name]).decode("ascii")
+        parts.append(
+            f'<figure id="{p.name}"><img src="data:image/png;base64,{b64}" alt="{_esc(p.title)}">'
+            f"<figcaption><b>{_esc(p.title)}.</b> {_esc(p.caption)}</figcaption></figure>"
+        )
+    parts.append(f'<p class="meta">Written in {time.perf_counter() - t0:.1f} s. PNG files: {FIGURES_DIR}/.</p></body></html>')
+
+    md = _summary_markdown(report, trade_rows, plots, title=title, run_id=run.run_id, n=m, width=d_model)
+    with atomic_path(target / SUMMARY_FILE) as tmp:
+        tmp.write_text(md)
+    html = target / HTML_FILE
+    with atomic_path(html) as tmp:
+        tmp.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    return html
+
+
+def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots: Sequence[Any], *, title: str, run_id: str, n: int, width: int) -> str:
+    lines = [f"## {title}", "", f"posstats {report.get('tool', {}).get('version', __version__)}, run id `{run_id}`.", ""]
+    lines += _md_table(("quantity", "value"), _key_numbers(report)) + [""]
+    if report.get("encodings"):
+        lines += _md_table(_ENC_HEADER, _encoding_rows(report)) + [""]
+    lines += [f"Low-rank MDS encodings, n = {n}, d = {width} (P = A W^T: r(n + d) parameters):", ""]
+    lines += _md_table(_TRADE_HEADER, trade_rows) + [""]
+    for p in plots:
+        lines += [f"![{p.title}]({FIGURES_DIR}/{p.name}.png)", f"*{p.caption}*", ""]
+    lines.append("Stress = sum (e - h)^2 / sum h^2 over position pairs (h = d_H, e = encoding distance); scaled stress at the optimal scale.")
+    return "\n".join(lines) + "\n"

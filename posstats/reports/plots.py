@@ -1,0 +1,409 @@
+"""Figures of a posstats run: matplotlib on the Agg canvas, never pyplot.
+
+Each ``*_figure`` function takes plain arrays / report entries and returns a
+:class:`Plot`: a matplotlib :class:`~matplotlib.figure.Figure` (created without pyplot,
+so no GUI backend and no global figure registry are ever touched), a file stem and a
+one-sentence caption saying what to look for. :func:`save_png` writes one atomically.
+
+The figures (THEORY.md section in brackets):
+
+- :func:`occupancy_figure`: tokens counted per position, the minimum-occupancy line and
+  the left-out positions (1, 7).
+- :func:`distance_heatmap_figure`: d_H between used positions, downsampled by an even
+  stride to at most ``max_size`` x ``max_size`` (2).
+- :func:`spectrum_figure`: MDS eigenvalues (log scale) with the cumulative explained
+  variance and the 90 / 95 / 99 / 99.9 % levels; eigenvalue confidence intervals and a
+  noise floor when the report has them (3, 7).
+- :func:`encoding_scatter_figure` / :func:`encoding_scatter3d_figure`: the first two /
+  three MDS coordinates coloured by position (3).
+- :func:`stress_by_dim_figure`: raw and scaled stress against width for each encoding (4).
+- :func:`lowrank_figure`: the rank / stress / parameter-count trade-off of low-rank MDS
+  encodings (3, the paper's Table 2 for this corpus).
+- :func:`monotonicity_figure`: monotonicity violation rates with their 95 % intervals,
+  the corpus' own rate (A3) and the random level 0.5 (6).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Plot",
+    "distance_heatmap_figure",
+    "encoding_scatter3d_figure",
+    "encoding_scatter_figure",
+    "even_subsample",
+    "lowrank_figure",
+    "monotonicity_figure",
+    "occupancy_figure",
+    "png_bytes",
+    "save_png",
+    "spectrum_figure",
+    "stress_by_dim_figure",
+]
+
+_DPI = 100
+_CMAP = "viridis"
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of a report.
+
+    Attributes:
+        name: file stem (``<name>.png``), also the HTML anchor.
+        title: short heading.
+        caption: one sentence saying what to look for.
+        figure: the matplotlib figure (Agg canvas).
+    """
+
+    name: str
+    title: str
+    caption: str
+    figure: Any
+
+
+def _new_figure(width: float = 7.0, height: float = 4.0):
+    """A Figure on the Agg canvas (no pyplot: no GUI backend, no global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(plot: Plot, /) -> bytes:
+    """The figure rendered as PNG bytes."""
+    buf = io.BytesIO()
+    plot.figure.savefig(buf, format="png", dpi=_DPI)
+    return buf.getvalue()
+
+
+def save_png(plot: Plot, directory: str | os.PathLike, /) -> Path:
+    """Write ``<directory>/<plot.name>.png`` atomically; return its path."""
+    from posstats.counting.io import atomic_path
+
+    path = Path(directory) / f"{plot.name}.png"
+    data = png_bytes(plot)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return path
+
+
+def even_subsample(m: int, /, limit: int) -> np.ndarray:
+    """At most ``limit`` evenly spaced indices of ``range(m)``, first and last included.
+
+    >>> even_subsample(10, 4)
+    array([0, 3, 6, 9])
+    """
+    if limit < 1:
+        msg = f"limit must be >= 1; got {limit}"
+        raise ValueError(msg)
+    if m <= limit:
+        return np.arange(m)
+    if limit == 1:
+        return np.array([0])
+    return np.unique(np.round(np.linspace(0, m - 1, limit)).astype(np.int64))
+
+
+def occupancy_figure(occupancy: Sequence[int], /, *, min_occupancy: int = 1) -> Plot:
+    """Tokens counted at each requested position (log scale), left-out positions marked.
+
+    Args:
+        occupancy: (n,) tokens counted per position (``report.json`` positions.occupancy).
+        min_occupancy: the analysis threshold; positions below it are drawn in red.
+    """
+    occ = np.asarray(occupancy, dtype=np.float64)
+    n = occ.shape[0]
+    x = np.arange(n)
+    fig = _new_figure(7.0, 3.2)
+    ax = fig.add_subplot()
+    kept = occ >= max(min_occupancy, 1)
+    ax.fill_between(x, np.where(occ > 0, occ, np.nan), step="mid", alpha=0.35, color="C0")
+    ax.step(x, np.where(occ > 0, occ, np.nan), where="mid", color="C0", lw=1, label="tokens counted")
+    if (~kept).any():
+        ax.scatter(x[~kept], np.maximum(occ[~kept], 0.8), color="C3", s=10, zorder=3, label="left out")
+    if min_occupancy > 1:
+        ax.axhline(min_occupancy, color="C3", ls="--", lw=1, label=f"min occupancy {min_occupancy}")
+    if (occ > 0).any():
+        ax.set_yscale("log")
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_xlabel("position i (0-based)")
+    ax.set_ylabel("occ[i] (tokens)")
+    ax.legend(loc="best", fontsize=8)
+    left = int((~kept).sum())
+    caption = (
+        "Tokens counted at each position: look for where occupancy falls off (deep positions are "
+        "estimated from fewer tokens, so their distances are noisier)"
+        + (f"; {left} position(s) below the minimum occupancy are left out (red)." if left else ".")
+    )
+    return Plot("occupancy", "Occupancy per position", caption, fig)
+
+
+def distance_heatmap_figure(distances: np.ndarray, positions: np.ndarray, /, *, max_size: int = 512, total: int | None = None) -> Plot:
+    """Heatmap of d_H between used positions, downsampled to at most ``max_size`` per side.
+
+    Args:
+        distances: (m, m) d_H between the used positions.
+        positions: (m,) their 0-based indices.
+        max_size: rows/columns drawn; above it an even stride of positions is shown.
+        total: used positions in the run when ``distances`` is already a subsample of them.
+    """
+    distances = np.asarray(distances)
+    positions = np.asarray(positions)
+    m = distances.shape[0]
+    idx = even_subsample(m, max_size)
+    sub = distances[np.ix_(idx, idx)]
+    pos = positions[idx]
+    fig = _new_figure(6.0, 5.0)
+    ax = fig.add_subplot()
+    lo, hi = float(pos[0]), float(pos[-1])
+    im = ax.imshow(sub, cmap="magma", origin="upper", interpolation="nearest", extent=(lo - 0.5, hi + 0.5, hi + 0.5, lo - 0.5), vmin=0.0)
+    fig.colorbar(im, ax=ax, label="d_H (in [0, sqrt 2])")
+    ax.set_xlabel("position j")
+    ax.set_ylabel("position i")
+    total = m if total is None else int(total)
+    shown = len(idx)
+    note = f" (downsampled: an even stride of {shown} of the {total} used positions, {shown} x {shown} pairs)" if shown < total else ""
+    caption = (
+        "Hellinger distance between the token distributions of every pair of used positions"
+        f"{note}: look for a dark band along the diagonal (nearby positions look alike) and for "
+        "blocks marking regimes such as the first few positions."
+    )
+    return Plot("hellinger_heatmap", "Hellinger distances d_H(i, j)", caption, fig)
+
+
+def spectrum_figure(
+    eigenvalues: Sequence[float],
+    explained: Sequence[float],
+    /,
+    *,
+    rank: int | None = None,
+    eigenvalue_ci: Sequence[Sequence[float]] | None = None,
+    noise_floor: float | None = None,
+) -> Plot:
+    """MDS eigenvalues (log scale) and cumulative explained variance.
+
+    Args:
+        eigenvalues: (k,) descending eigenvalues of B.
+        explained: (k,) cumulative explained variance.
+        rank: the numerical rank (vertical line).
+        eigenvalue_ci: optional (k, 2) bootstrap 95 % intervals of the eigenvalues.
+        noise_floor: optional eigenvalue level below which components are noise.
+    """
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    cum = np.asarray(explained, dtype=np.float64)
+    k = np.arange(1, lam.shape[0] + 1)
+    fig = _new_figure(7.0, 4.0)
+    ax = fig.add_subplot()
+    # Eigenvalues below 1e-12 of the largest are rounding noise of a rank-deficient B;
+    # drawing them would stretch the log axis over 15 decades of nothing.
+    top = float(lam.max()) if lam.size else 0.0
+    pos = lam > top * 1e-12 if top > 0 else np.zeros(lam.shape, dtype=bool)
+    ax.semilogy(k[pos], lam[pos], ".-", color="C0", ms=3, lw=1, label="eigenvalue lambda_k")
+    if eigenvalue_ci is not None:
+        ci = np.asarray(eigenvalue_ci, dtype=np.float64).reshape(-1, 2)[: lam.shape[0]]
+        kk = k[: ci.shape[0]]
+        ok = (ci[:, 0] > 0) & (ci[:, 1] > 0)
+        ax.fill_between(kk[ok], ci[ok, 0], ci[ok, 1], color="C0", alpha=0.25, label="95% CI")
+    if noise_floor is not None and noise_floor > 0:
+        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label="noise floor")
+    if rank is not None and 0 < rank <= lam.shape[0]:
+        ax.axvline(rank, color="gray", ls="--", lw=0.8, label=f"numerical rank {rank}")
+    ax.set_xlabel("component k")
+    ax.set_ylabel("lambda_k")
+    ax2 = ax.twinx()
+    ax2.plot(k, cum, color="C1", lw=1.5, label="cumulative explained variance")
+    for j, level in enumerate((0.9, 0.99)):
+        hit = np.nonzero(cum >= level)[0]
+        if hit.size:
+            r = int(hit[0]) + 1
+            ax2.plot([r], [cum[hit[0]]], "o", color="C1", ms=4)
+            ax2.annotate(f"{level:.0%} at r = {r}", (r, cum[hit[0]]), fontsize=8, color="C1",
+                         xytext=(6, -12 - 12 * j), textcoords="offset points")
+    ax2.set_ylim(0, 1.02)
+    ax2.set_ylabel("cumulative explained variance", color="C1")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="center right", fontsize=8)
+    caption = (
+        "Eigenvalues of the MDS matrix B with the cumulative share of positional variance they explain: "
+        "look for how fast the curve reaches 90-99 %, which is how many dimensions a positional encoding "
+        "of this corpus really needs."
+    )
+    return Plot("spectrum", "MDS eigenspectrum", caption, fig)
+
+
+def encoding_scatter_figure(encoding: np.ndarray, positions: np.ndarray, /) -> Plot:
+    """First two MDS coordinates of every used position, coloured by position."""
+    enc = np.asarray(encoding, dtype=np.float64)
+    positions = np.asarray(positions)
+    fig = _new_figure(6.0, 5.0)
+    ax = fig.add_subplot()
+    y = enc[:, 1] if enc.shape[1] > 1 else np.zeros(enc.shape[0])
+    ax.plot(enc[:, 0], y, color="0.8", lw=0.5, zorder=1)
+    sc = ax.scatter(enc[:, 0], y, c=positions, cmap=_CMAP, s=12, zorder=2)
+    fig.colorbar(sc, ax=ax, label="position i", shrink=0.8)
+    for i in (0, len(positions) - 1):
+        ax.annotate(str(int(positions[i])), (enc[i, 0], y[i]), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("MDS coordinate 1")
+    ax.set_ylabel("MDS coordinate 2")
+    ax.set_aspect("equal", adjustable="datalim")
+    caption = (
+        "The information-optimal encoding in its first two dimensions, coloured by position and joined in "
+        "order: look for a smooth curve (positions change gradually) and for where early positions "
+        "separate from the rest."
+    )
+    return Plot("mds_2d", "MDS encoding, first two dimensions", caption, fig)
+
+
+def encoding_scatter3d_figure(encoding: np.ndarray, positions: np.ndarray, /) -> Plot:
+    """First three MDS coordinates, coloured by position (needs at least 3 columns)."""
+    enc = np.asarray(encoding, dtype=np.float64)
+    positions = np.asarray(positions)
+    if enc.shape[1] < 3:
+        msg = f"a 3-D scatter needs at least 3 coordinates; got {enc.shape[1]}"
+        raise ValueError(msg)
+    fig = _new_figure(6.0, 5.0)
+    ax = fig.add_subplot(projection="3d")
+    ax.plot(enc[:, 0], enc[:, 1], enc[:, 2], color="0.8", lw=0.5)
+    sc = ax.scatter(enc[:, 0], enc[:, 1], enc[:, 2], c=positions, cmap=_CMAP, s=10, depthshade=False)
+    fig.colorbar(sc, ax=ax, label="position i", shrink=0.8)
+    ax.set_xlabel("coord 1")
+    ax.set_ylabel("coord 2")
+    ax.set_zlabel("coord 3")
+    ax.view_init(elev=25, azim=-60)
+    caption = (
+        "The first three MDS dimensions, coloured by position: look for whether the third dimension "
+        "untangles structure that overlaps in the 2-D view."
+    )
+    return Plot("mds_3d", "MDS encoding, first three dimensions", caption, fig)
+
+
+def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
+    """Raw and scaled stress against width, one line per encoding.
+
+    Args:
+        entries: ``report.json`` ``encodings[]`` objects (``name``, ``dim``, ``stress``,
+            ``scaled_stress``, optionally ``stress_ci95`` / ``scaled_stress_ci95``).
+    """
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_name.setdefault(str(e["name"]), []).append(e)
+    fig = _new_figure(9.0, 3.8)
+    axes = fig.subplots(1, 2)
+    for j, (key, label) in enumerate((("stress", "raw stress"), ("scaled_stress", "scaled stress"))):
+        ax = axes[j]
+        positive = False
+        for i, (name, rows) in enumerate(by_name.items()):
+            rows = sorted(rows, key=lambda r: r["dim"])
+            d = np.array([r["dim"] for r in rows], dtype=np.float64)
+            v = np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=np.float64)
+            positive |= bool(np.any(v > 0))
+            ax.plot(d, v, "o-", ms=4, lw=1.2, color=f"C{i % 10}", label=name)
+            ci = [r.get(f"{key}_ci95") for r in rows]
+            if all(c is not None for c in ci):
+                c = np.asarray(ci, dtype=np.float64)
+                ax.fill_between(d, c[:, 0], c[:, 1], color=f"C{i % 10}", alpha=0.2)
+        if positive:
+            ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("width d")
+        ax.set_ylabel(label)
+        ax.set_title(label, fontsize=10)
+    axes[1].legend(fontsize=7, loc="best")
+    caption = (
+        "Stress of each encoding against the corpus geometry at each width (left raw, right at the optimal "
+        "scale): look for how far each encoding sits above MDS, which is the lower bound; raw stress is "
+        "dominated by an encoding's overall scale, scaled stress is not."
+    )
+    return Plot("stress_by_dim", "Stress against width", caption, fig)
+
+
+def lowrank_figure(rows: Sequence[dict[str, Any]], /, *, n: int, width: int, stress_positions: int | None = None) -> Plot:
+    """Stress and parameter count of rank-r MDS encodings (the paper's Table 2).
+
+    Args:
+        rows: dicts with ``rank``, ``stress``, ``scaled_stress``, ``parameters``
+            (see :func:`posstats.reports.export.lowrank_tradeoff`).
+        n: positions; width: model width d (for the free n x d reference).
+        stress_positions: when the stresses were computed on an even sample of the
+            positions, its size (said in the caption).
+    """
+    r = np.array([row["rank"] for row in rows], dtype=np.float64)
+    s = np.array([row["stress"] for row in rows], dtype=np.float64)
+    ss = np.array([row["scaled_stress"] for row in rows], dtype=np.float64)
+    p = np.array([row["parameters"] for row in rows], dtype=np.float64)
+    fig = _new_figure(7.0, 4.3)
+    ax = fig.add_subplot()
+    floor = 1e-12
+    ax.semilogy(r, np.maximum(s, floor), "o-", color="C0", ms=4, label="stress")
+    ax.semilogy(r, np.maximum(ss, floor), "s--", color="C2", ms=3, label="scaled stress")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rank r")
+    ax.set_ylabel("stress of P_MDS(r)")
+    ax2 = ax.twinx()
+    ax2.plot(r, p, "^-", color="C1", ms=4, label="parameters r(n + d)")
+    ax2.axhline(n * width, color="C1", ls=":", lw=1, label=f"free n x d = {n * width:,}")
+    ax2.set_ylabel("parameters", color="C1")
+    ax2.set_ylim(bottom=0)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    fig.legend(h1 + h2, l1 + l2, fontsize=8, loc="outside lower center", ncols=4, frameon=False)
+    sample = f" (stress over an even sample of {stress_positions} positions)" if stress_positions and stress_positions < n else ""
+    caption = (
+        f"Stress of the rank-r MDS encoding and its parameter count r(n + d) with n = {n}, d = {width}{sample}: "
+        "look for the smallest rank whose stress is already low while it still costs far fewer "
+        "parameters than a free n x d table (dotted line)."
+    )
+    return Plot("lowrank_tradeoff", "Rank / stress / parameter trade-off", caption, fig)
+
+
+def monotonicity_figure(entries: Sequence[dict[str, Any]], /, *, corpus_rate: float | None = None) -> Plot:
+    """Monotonicity violation rate of each (encoding, width), with 95 % intervals.
+
+    Args:
+        entries: ``report.json`` ``encodings[]`` objects.
+        corpus_rate: the corpus' own rate with d_H (hypothesis A3), drawn as a line.
+    """
+    labels = [f"{e['name']} d={e['dim']}" for e in entries]
+    rate = np.array([np.nan if e.get("monotonicity_violation_rate") is None else e["monotonicity_violation_rate"] for e in entries], dtype=np.float64)
+    lo = np.zeros_like(rate)
+    hi = np.zeros_like(rate)
+    for i, e in enumerate(entries):
+        ci = e.get("monotonicity_ci95")
+        if ci and ci[0] is not None and ci[1] is not None and np.isfinite(rate[i]):
+            lo[i] = max(rate[i] - ci[0], 0.0)
+            hi[i] = max(ci[1] - rate[i], 0.0)
+    height = max(3.0, 0.22 * len(entries) + 1.2)
+    fig = _new_figure(7.0, height)
+    ax = fig.add_subplot()
+    y = np.arange(len(entries))
+    names = [str(e["name"]) for e in entries]
+    uniq = list(dict.fromkeys(names))
+    colours = [f"C{uniq.index(nm) % 10}" for nm in names]
+    bars = ax.barh(y, np.nan_to_num(rate), xerr=np.vstack([lo, hi]), color=colours, alpha=0.85, capsize=2)
+    # Values on the bars: a rate of exactly 0 (ALiBi is monotone by construction) has no bar.
+    ax.bar_label(bars, labels=["-" if not np.isfinite(r) else f"{r:.3f}" for r in rate], fontsize=6, padding=3)
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(0.5, color="gray", ls="--", lw=1, label="random (0.5)")
+    if corpus_rate is not None:
+        ax.axvline(corpus_rate, color="C3", ls=":", lw=1.5, label=f"corpus d_H ({corpus_rate:.3f})")
+    ax.set_xlim(0, max(0.6, float(np.nanmax(rate + hi)) + 0.05) if np.isfinite(rate).any() else 1)
+    ax.set_xlabel("monotonicity violation rate")
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)
+    caption = (
+        "Fraction of ordered triples where a farther position is closer in the encoding than a nearer one "
+        "(0 = perfectly monotone, 0.5 = random): look for encodings near the corpus' own rate (red dotted), "
+        "which is what the corpus geometry itself does."
+    )
+    return Plot("monotonicity", "Monotonicity violation rates", caption, fig)

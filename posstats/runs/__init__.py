@@ -1,0 +1,1 @@
+"""Run folders: publishing output folders atomically."""

@@ -1,0 +1,71 @@
+"""A counts folder (``posstats count --out OUT``): ``config.json``, the counts file, and
+``count.json`` (the completion marker, which names the counts file), published together.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from posstats.corpus.inputs import CountInputs
+from posstats.corpus.source import count_corpus
+from posstats.counting.counts import PositionalCounts
+from posstats.counting.io import COUNTS_FILES, save_counts, write_json_atomic
+from posstats.memory import require_count_memory
+from posstats.runs.publish import staged_output
+
+__all__ = ["COUNT_MARKER", "count_line", "count_summary", "count_to", "publish_counts"]
+
+COUNT_MARKER = "count.json"
+
+
+def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, seconds: float) -> dict[str, Any]:
+    """The ``count.json`` record of counts written as ``counts_file``."""
+    return {
+        "files": files,
+        "sequences": counts.sequences,
+        "windows": counts.windows,
+        "tokens_counted": counts.tokens,
+        "positions_occupied": int((counts.occupancy() > 0).sum()),
+        "storage": "sparse" if counts.is_sparse else "dense",
+        "counts_file": counts_file,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(counts.tokens / seconds, 1) if seconds > 0 else None,
+        "fingerprint": counts.fingerprint,
+    }
+
+
+def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float) -> tuple[PositionalCounts, dict[str, Any]]:
+    """Count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
+    return the counts and their ``count.json`` record. Dense while ``8 n V`` bytes fit
+    ``budget_bytes`` (:meth:`~posstats.counting.counts.CountSpec.fits_dense`)."""
+    files = inputs.source.files()
+    write_json_atomic(stage / "config.json", inputs.record(command="count", files=files))
+    require_count_memory(inputs.spec, budget_bytes=budget_bytes)
+    t = time.perf_counter()
+    counts = count_corpus(inputs.source, inputs.spec, dense=inputs.spec.fits_dense(budget_bytes), metadata=inputs.metadata)
+    seconds = time.perf_counter() - t
+    path = save_counts(counts, stage)
+    return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
+
+
+def publish_counts(out: str | os.PathLike, count: Callable[[Path], dict[str, Any]], /) -> dict[str, Any]:
+    """Run ``count(stage)`` (it writes ``config.json`` and the counts file and returns the
+    summary), write ``count.json`` and publish the folder as ``out``; return the summary.
+    The other kind of counts file, if ``out`` held one, is dropped."""
+    with staged_output(out, last=(COUNT_MARKER,), replaces=COUNTS_FILES) as stage:
+        summary = count(stage)
+        write_json_atomic(stage / COUNT_MARKER, summary)
+    return summary
+
+
+def count_line(summary: dict[str, Any], /, *, positions: int, out: str | os.PathLike) -> str:
+    """The one line ``posstats count`` prints."""
+    return (
+        f"counted {summary['tokens_counted']:,} tokens from {summary['sequences']:,} sequences in "
+        f"{summary['files']} file(s): {summary['positions_occupied']:,}/{positions:,} positions occupied "
+        f"({summary['storage']}) -> {out}"
+    )

@@ -1,0 +1,1 @@
+"""The service: pipeline config, the pipeline run store, the shard store of counting partials, scheduling."""
