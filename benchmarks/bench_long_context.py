@@ -6,7 +6,7 @@
 Prints one JSON object. Each step runs in its own subprocess so that its peak memory
 (``ru_maxrss``) is its own:
 
-- ``generate``: seeded counts with a known structure (:func:`posstats.estimates.noise.synthetic_counts`:
+- ``generate``: seeded counts with a known structure (:func:`posstats.testing.synthetic_counts`:
   a Zipf base over the GPT-2 vocabulary plus a planted rank-8 positional component,
   Poisson counts built as CSR directly), saved to a safetensors cache (data, indices,
   indptr). About a minute.
@@ -55,7 +55,7 @@ def _cache_paths(cache: Path, n: int, vocab: int, tokens: float, rank: int, seed
 def step_generate(args: argparse.Namespace) -> dict:
     from safetensors.numpy import save_file
 
-    from posstats.estimates.noise import synthetic_counts
+    from posstats.testing import synthetic_counts
 
     path = _cache_paths(Path(args.cache), args.n, args.vocab, args.tokens, args.rank, args.seed)
     if path.exists():
@@ -152,7 +152,7 @@ def step_sampled(args: argparse.Namespace) -> dict:
 
 def step_accuracy(args: argparse.Namespace) -> dict:
     from posstats.geometry.mds import classical_mds
-    from posstats.estimates.noise import synthetic_counts
+    from posstats.testing import synthetic_counts
 
     n = 8192
     syn = synthetic_counts(n, args.vocab, tokens=args.tokens, rank=args.rank, strength=0.3, seed=args.seed + 1)
@@ -181,8 +181,8 @@ def step_monotonicity(args: argparse.Namespace) -> dict:
     from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.hellinger import hellinger
-    from posstats.estimates.noise import synthetic_counts
     from posstats.geometry.stress import stress_report
+    from posstats.testing import synthetic_counts
 
     out = {}
     n = 8192

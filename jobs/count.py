@@ -15,8 +15,10 @@ What runs where:
   completion marker to the run store (:class:`posstats.service.shard_store.RunStore`); it returns a
   small summary, never an array;
 * a tree reduce on the same actors sums partials (``fan_in`` at a time, in sorted shard-id
-  order) into intermediate files and finally the result in ``STORE/results/``; the driver
-  copies that file into the output folder.
+  order; :func:`posstats.counting.reduce.reduce_partials`) into intermediate files and
+  finally the result in ``STORE/results/``; the driver copies that file into the output
+  folder. Which partials, with which signs (a refresh: ``total - removed + added``), and
+  the manifest it publishes are the store's rules (:mod:`posstats.service.shard_store`).
 
 Failures: actors run with ``max_restarts`` / ``max_task_retries``, so a counting actor
 killed mid-shard is restarted and the shard recounted; a shard whose marker exists is
@@ -29,9 +31,6 @@ A driver killed mid-run leaves its markers behind: rerunning the same command (s
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import json
 import os
 import random
 import shutil
@@ -40,24 +39,33 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jobs.connect import connect_ray
-from posstats.corpus.source import CorpusSource
-from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
-from posstats.errors import InputError, PosstatsError
-from posstats.ids import validate_run_id
-from posstats.service.shard_store import RunStore, config_key
-from posstats.counting.io import write_json_atomic
 from posstats.corpus.inputs import CountInputs
+from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, count_shard, partial_is_dense, plan_shards
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.tokenizer import load_tokenizer
+from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
+from posstats.counting.io import write_json_atomic
+from posstats.counting.reduce import check_summable, reduce_partials
+from posstats.errors import InputError, PosstatsError
 from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
 from posstats.guard import run_guarded
+from posstats.ids import validate_run_id
+from posstats.progress import progress
 from posstats.runs.counts_folder import count_line, publish_counts
-from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, plan_shards
+from posstats.service.shard_store import (
+    RunStore,
+    derive_run_id,
+    manifest_changes,
+    refresh_source,
+    store_config,
+)
 
 __all__ = [
     "CountWorker",
@@ -67,7 +75,6 @@ __all__ = [
     "count_to",
     "main",
     "refresh_job",
-    "store_config",
 ]
 
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
@@ -119,6 +126,10 @@ def _log(message: str) -> None:
     print(f"posstats: {message}", file=sys.stderr, flush=True)
 
 
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
 # ----------------------------------------------------------------------------- actor
 
 
@@ -139,12 +150,10 @@ class CountWorker:
         cwd: str,
         shard_delay: float = 0.0,
     ) -> None:
-        from posstats.corpus.tokenizer import load_tokenizer
-
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative input paths mean what they mean to the driver
         self.store = RunStore(store)
-        self.source = CorpusSource(**{**source, "inputs": tuple(source["inputs"])})
+        self.source = CorpusSource.from_dict(source)
         self.spec = CountSpec.from_metadata(spec)
         self.metadata = dict(metadata)
         self.dense_budget = int(dense_budget)
@@ -155,8 +164,6 @@ class CountWorker:
 
     def _dense_buffer(self, shard: Shard) -> Any:
         """The reusable dense accumulator, made on the first dense shard; None for sparse."""
-        from posstats.corpus.shards import partial_is_dense
-
         if not partial_is_dense(self.spec, shard, dense_budget=self.dense_budget):
             return None
         if self._buffer is None:
@@ -172,8 +179,6 @@ class CountWorker:
     def count(self, shard: dict[str, Any]) -> dict[str, Any]:
         """Count one shard unless its marker exists; return a summary (status counted,
         cached or bad)."""
-        from posstats.corpus.shards import count_shard
-
         s = Shard.from_dict(shard)
         marker = self.store.marker(s.shard_id)
         if marker is not None:
@@ -198,41 +203,42 @@ class CountWorker:
                 "save_seconds": save_s, **who}
 
     def reduce(self, items: list[tuple[str, int]], out: str, final: bool, final_dense: bool) -> dict[str, Any]:
-        """Signed sum of saved counts into ``out``; intermediate sums are stored compactly,
-        the final one dense exactly when ``final_dense``. When partials do not match their
-        markers nothing is saved and ``{"corrupt": [{"path", "error"}, ...]}`` is returned."""
-        from posstats.service.shard_store import compact_counts, sum_partials
-        from posstats.counting.io import save_counts
-
-        n, V = self.spec.positions, self.spec.vocab_size
-        dense = self.spec.fits_dense(self.dense_budget)
+        """Signed sum of saved counts into ``out`` (:func:`posstats.counting.reduce.reduce_partials`),
+        with its time in ``seconds``; ``{"corrupt": [...]}`` when partials do not match
+        their markers (nothing saved)."""
         t = time.perf_counter()
-        corrupt: list = []
-        total = sum_partials([(p, int(sign)) for p, sign in items], self.spec, dense=dense, metadata=self.metadata,
-                             corrupt=corrupt)
-        if corrupt:
-            return {"corrupt": [{"path": exc.path, "error": str(exc), "detail": exc.detail} for exc in corrupt]}
-        if final:
-            total = total.to_dense() if final_dense else total.to_sparse()
-        else:
-            total = compact_counts(total)
-        path = save_counts(total, out, narrow=not final)  # the final file keeps int64
-        summary = {
-            "path": str(out),
-            "counts_file": path.name,
-            "sequences": total.sequences,
-            "windows": total.windows,
-            "tokens": total.tokens,
-            "fingerprint": total.fingerprint,
-            "storage": "sparse" if total.is_sparse else "dense",
-            "seconds": round(time.perf_counter() - t, 3),
-        }
-        if final:
-            summary["positions_occupied"] = int((total.occupancy() > 0).sum())
+        summary = reduce_partials([(p, int(sign)) for p, sign in items], self.spec, out,
+                                  dense_budget=self.dense_budget, final=final, final_dense=final_dense,
+                                  metadata=self.metadata)
+        if "corrupt" not in summary:
+            summary["seconds"] = round(time.perf_counter() - t, 3)
         return summary
 
 
 # ----------------------------------------------------------------------------- engine
+
+
+def _actor_lost_errors() -> tuple[type, ...]:
+    """The Ray exceptions that mean a counting actor is gone (its shard must be redone)."""
+    from ray.exceptions import RayActorError
+
+    try:
+        from ray.exceptions import ActorUnavailableError
+    except ImportError:  # older Ray
+        return (RayActorError,)
+    return (RayActorError, ActorUnavailableError)
+
+
+@dataclass
+class _Tally:
+    """What the actors have reported so far: results by shard id, bad shards, actor losses
+    per shard, tokens counted, and whether dispatching stopped (at a bad shard)."""
+
+    results: dict[str, dict] = field(default_factory=dict)
+    bad: list[dict] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    stop: bool = False
 
 
 class _Engine:
@@ -250,22 +256,34 @@ class _Engine:
     # -- lifecycle -----------------------------------------------------------------
 
     def __enter__(self) -> _Engine:
+        t = time.perf_counter()
+        self._connect()
+        self.startup_s = time.perf_counter() - t
+        t = time.perf_counter()
+        self._start_actors()
+        self.actors_s = time.perf_counter() - t
+        return self
+
+    def _connect(self) -> None:
+        """Join (or start) Ray; size the pool to ``--workers``, at most the cluster's CPUs."""
         import ray
 
-        t = time.perf_counter()
         started, context = connect_ray(self.opts.address, num_cpus=max(os.cpu_count() or 1, self.opts.workers or 1),
                                        dashboard=None)
         self.started_ray = started
         url = getattr(context, "dashboard_url", None) if started else None
         if url:
             _log(f"Ray dashboard: http://{url}")
-        self.startup_s = time.perf_counter() - t
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = self.opts.workers or cpus
         if self.workers > cpus:
             _log(f"only {cpus} CPU(s) in the Ray cluster: using {cpus} workers, not {self.workers}")
             self.workers = cpus
-        t = time.perf_counter()
+
+    def _start_actors(self) -> None:
+        """Start the pool and wait until every actor answers (or give up, stopping them)."""
+        import ray
+
         self.actors = [self._new_actor() for _ in range(self.workers)]
         try:
             self.where = ray.get([a.where.remote() for a in self.actors], timeout=ACTOR_START_TIMEOUT_S)
@@ -276,8 +294,6 @@ class _Engine:
                 f"cluster's CPUs taken by other jobs? (try fewer --workers)"
             )
             raise PosstatsError(msg) from None
-        self.actors_s = time.perf_counter() - t
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         import ray
@@ -314,68 +330,67 @@ class _Engine:
     # -- counting ------------------------------------------------------------------
 
     def count(self, todo: list[Shard], *, bar: Any) -> tuple[dict[str, dict], list[dict]]:
-        """Count ``todo`` on the pool; return (results by shard id, bad shards).
+        """Count ``todo`` on the pool, one shard in flight per actor; return (results by
+        shard id, bad shards).
 
         Stops handing out shards at the first bad one (unless skipping), lets the shards in
-        flight finish so their partials are kept, then raises.
+        flight finish so their partials are kept, then returns.
         """
         import ray
-        from ray.exceptions import RayActorError
 
-        unavailable: tuple[type, ...] = (RayActorError,)
-        try:
-            from ray.exceptions import ActorUnavailableError
-
-            unavailable += (ActorUnavailableError,)
-        except ImportError:  # older Ray
-            pass
-
+        lost = _actor_lost_errors()
+        tally = _Tally()
         queue = deque(todo)
         inflight: dict[Any, tuple[int, Shard]] = {}
-        busy = [False] * len(self.actors)
-        attempts: dict[str, int] = {}
-        results: dict[str, dict] = {}
-        bad: list[dict] = []
-        stop = False
-        tokens = 0
         t0 = time.perf_counter()
         while queue or inflight:
-            if not stop:
-                for i in range(len(self.actors)):
-                    if not busy[i] and queue:
-                        shard = queue.popleft()
-                        inflight[self.actors[i].count.remote(shard.to_dict())] = (i, shard)
-                        busy[i] = True
+            if not tally.stop:
+                self._dispatch(queue, inflight)
             if not inflight:
                 break
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
             for ref in ready:
                 i, shard = inflight.pop(ref)
-                busy[i] = False
-                try:
-                    res = ray.get(ref)
-                except unavailable as exc:
-                    attempts[shard.shard_id] = attempts.get(shard.shard_id, 0) + 1
-                    if attempts[shard.shard_id] >= MAX_SHARD_ATTEMPTS:
-                        msg = f"{shard.label()}: lost {attempts[shard.shard_id]} counting actors ({type(exc).__name__})"
-                        raise PosstatsError(msg) from exc
-                    _log(f"a counting actor was lost on {shard.label()}; starting a new one and recounting")
-                    self._replace(i)
-                    queue.appendleft(shard)
-                    continue
-                if res["status"] == "bad":
-                    bad.append({"shard_id": shard.shard_id, "path": shard.path, "label": shard.label(), "error": res["error"]})
-                    if not self.opts.skip_bad_shards:
-                        stop = True
-                    continue
-                results[shard.shard_id] = res
-                if res["status"] == "counted":
-                    tokens += res["tokens"]
-                bar.update(1)
-            rate = tokens / max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(f"{tokens:,} tok counted, {rate:,.0f} tok/s", refresh=False)
+                self._collect(ref, i, shard, tally, queue, bar, lost)
+            rate = tally.tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"{tally.tokens:,} tok counted, {rate:,.0f} tok/s", refresh=False)
             bar.refresh()
-        return results, bad
+        return tally.results, tally.bad
+
+    def _dispatch(self, queue: deque[Shard], inflight: dict[Any, tuple[int, Shard]]) -> None:
+        """Hand the next queued shards to the idle actors."""
+        busy = {i for i, _ in inflight.values()}
+        for i in range(len(self.actors)):
+            if i not in busy and queue:
+                shard = queue.popleft()
+                inflight[self.actors[i].count.remote(shard.to_dict())] = (i, shard)
+
+    def _collect(self, ref: Any, i: int, shard: Shard, tally: _Tally, queue: deque[Shard], bar: Any,
+                 lost: tuple[type, ...]) -> None:
+        """Record one finished count; a lost actor is replaced and its shard queued again
+        (at most ``MAX_SHARD_ATTEMPTS`` times per shard)."""
+        import ray
+
+        try:
+            res = ray.get(ref)
+        except lost as exc:
+            attempts = tally.attempts.get(shard.shard_id, 0) + 1
+            tally.attempts[shard.shard_id] = attempts
+            if attempts >= MAX_SHARD_ATTEMPTS:
+                msg = f"{shard.label()}: lost {attempts} counting actors ({type(exc).__name__})"
+                raise PosstatsError(msg) from exc
+            _log(f"a counting actor was lost on {shard.label()}; starting a new one and recounting")
+            self._replace(i)
+            queue.appendleft(shard)
+            return
+        if res["status"] == "bad":
+            tally.bad.append({"shard_id": shard.shard_id, "path": shard.path, "label": shard.label(), "error": res["error"]})
+            tally.stop = tally.stop or not self.opts.skip_bad_shards
+            return
+        tally.results[shard.shard_id] = res
+        if res["status"] == "counted":
+            tally.tokens += res["tokens"]
+        bar.update(1)
 
     # -- reducing ------------------------------------------------------------------
 
@@ -408,244 +423,163 @@ class _Engine:
 # ----------------------------------------------------------------------------- driver
 
 
-def store_config(source: CorpusSource, spec: CountSpec, metadata: dict[str, str]) -> dict[str, Any]:
-    """What a store's partials depend on (bound in ``store.json``): spec and reader options.
+@dataclass(frozen=True)
+class _Plan:
+    """What a run will do, decided under the store's lock before any actor starts.
 
-    Input paths are not part of it (shard ids cover them); the tokenizer enters by hash.
+    ``planned``: every shard id, sorted; ``done_ids``: those with a marker (reused);
+    ``todo``: the others, in dispatch order; ``added`` / ``removed``: shard ids new to /
+    gone from the previous manifest; ``changes``: the same per input path.
     """
+
+    shards: list[Shard]
+    by_id: dict[str, Shard]
+    planned: list[str]
+    done_ids: set[str]
+    todo: list[Shard]
+    added: list[str]
+    removed: list[str]
+    changes: list[dict]
+
+
+@dataclass
+class _Run:
+    """A count or refresh run in progress: its store, options, plan and run record."""
+
+    store: RunStore
+    run_id: str
+    command: str
+    opts: JobOptions
+    incremental: bool
+    inputs: list[str]
+    files: list[str]
+    config: dict[str, Any]
+    previous: dict[str, Any] | None
+    plan: _Plan
+    record: dict[str, Any]
+    final_dense: bool
+    t_start: float
+
+    def write_record(self, **changes: Any) -> None:
+        """Update the run record (``runs/<run_id>.json``) and write it."""
+        self.record.update(changes)
+        self.store.write_run(self.run_id, self.record)
+
+
+@dataclass
+class _Counted:
+    """Shards counted in this run (results by shard id) and the bad ones skipped."""
+
+    results: dict[str, dict]
+    bad: list[dict]
+
+    def good(self, ids: Sequence[str]) -> list[str]:
+        """``ids`` without the bad shards."""
+        bad_ids = {b["shard_id"] for b in self.bad}
+        return [sid for sid in ids if sid not in bad_ids]
+
+    def counted_now(self) -> list[dict]:
+        """Results of the shards counted now (not reused from their markers)."""
+        return [r for r in self.results.values() if r["status"] == "counted"]
+
+
+def _worker_args(store: RunStore, source: CorpusSource, spec: CountSpec, metadata: dict[str, str],
+                 opts: JobOptions) -> dict[str, Any]:
+    """The constructor arguments of every :class:`CountWorker` (plain values for Ray)."""
+    tokenizer = os.path.abspath(source.tokenizer) if source.tokenizer else source.tokenizer
     return {
+        "store": str(store.root),
+        "source": {**source.to_dict(), "tokenizer": tokenizer},
         "spec": spec.to_metadata(),
-        "format": source.format,
-        "column": source.column,
-        "text_column": source.text_column,
-        "tokenizer_hash": metadata.get("tokenizer_hash") if source.column is None else None,
-        "metadata": dict(sorted(metadata.items())),
+        "metadata": metadata,
+        "dense_budget": opts.dense_budget,
+        "cwd": os.getcwd(),
+        "shard_delay": opts.shard_delay,
     }
 
 
-def default_run_id(files: Sequence[str], config: dict[str, Any]) -> str:
-    """``run-`` + 16 hex digits of sha256(absolute input paths + counting configuration)."""
-    text = json.dumps([sorted(os.path.abspath(f) for f in files), config], sort_keys=True)
-    return "run-" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _source_dict(source: CorpusSource) -> dict[str, Any]:
-    d = dataclasses.asdict(source)
-    d["inputs"] = list(source.inputs)
-    if d["tokenizer"]:
-        d["tokenizer"] = os.path.abspath(d["tokenizer"])
-    return d
-
-
-def _check_no_dense_overflow(spec: CountSpec) -> None:
-    if spec.positions * spec.vocab_size >= 2**62:
-        msg = f"positions x vocabulary = {spec.positions} x {spec.vocab_size} is too large to key"
-        raise PosstatsError(msg)
-
-
 def _progress(total: int, enabled: bool | None) -> Any:
-    from posstats.progress import progress
-
     return progress(total=total, desc="counting shards", unit="shard", enabled=enabled, unit_scale=False)
 
 
-def _run(
-    source: CorpusSource,
-    spec: CountSpec,
-    metadata: dict[str, str],
-    opts: JobOptions,
-    *,
-    command: str,
-    inputs: Sequence[str],
-    incremental: bool,
-) -> dict[str, Any]:
-    """The body of a count or refresh run; returns the run summary (see :func:`count_job`)."""
+def _bind(store: RunStore, config: dict[str, Any], source: CorpusSource) -> None:
+    """Bind the store to ``config``; remember a text corpus' tokenizer path for ``posstats refresh``."""
+    bound = store.bind(config)
     tokenizer_path = os.path.abspath(source.tokenizer) if source.column is None and source.tokenizer else None
-    t_start = time.perf_counter()
-    _check_no_dense_overflow(spec)
-    store = RunStore(os.path.abspath(opts.store))
-    config = store_config(source, spec, metadata)
-    files = source.files()
-    run_id = opts.run_id or (default_run_id(files, config) if command == "count" else "refresh-" + default_run_id(files, config)[4:])
-    validate_run_id(run_id)
-    with store.lock(run_id=run_id, command=command):
-        bound = store.bind(config)
-        if tokenizer_path and bound.get("tokenizer_path") != tokenizer_path:
-            # remembered so that `posstats refresh` can find it
-            write_json_atomic(store.config_path, {**bound, "tokenizer_path": tokenizer_path})
-        previous = store.manifest()
-        if incremental and previous is None:
-            msg = f"run store {store.root} has no finished count to refresh; run 'posstats count --ray' first"
-            raise PosstatsError(msg)
-        shards = plan_shards(source, spec, shard_bytes=opts.shard_bytes)
-        by_id = {s.shard_id: s for s in shards}
-        planned = sorted(by_id)
-        record = store.read_run(run_id)
-        resumed = record is not None and record.get("status") != "complete"
-        done_ids = {sid for sid in planned if store.is_done(sid)}
-        todo = [by_id[sid] for sid in planned if sid not in done_ids]
-        if opts.shuffle_seed is not None:
-            random.Random(opts.shuffle_seed).shuffle(todo)
-        else:
-            todo.sort(key=lambda s: (-s.size_hint, s.shard_id))  # biggest first: balanced finish
-        old_ids = set(previous.get("shard_ids", [])) if previous else set()
-        added = sorted(set(planned) - old_ids)
-        removed = sorted(old_ids - set(planned))
-        changes = _changes(previous, shards, added, removed)
-        record = {
-            "run_id": run_id,
-            "command": command,
-            "status": "running",
-            "started": record.get("started") if resumed and record else time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "attempt": (record.get("attempt", 1) + 1) if record else 1,
-            "inputs": list(inputs),
-            "files": len(files),
-            "shards": len(shards),
-            "already_done": len(done_ids),
-            "bad_shards": [],
-        }
-        store.write_run(run_id, record)
-        if resumed:
-            _log(f"resuming run {run_id}: {len(done_ids)}/{len(shards)} shard(s) already counted")
-        final_dense = spec.fits_dense(opts.dense_budget)
-        up_to_date = (
-            previous is not None
-            and previous.get("storage") == ("dense" if final_dense else "sparse")
-            and not todo
-            and previous.get("shard_ids") == planned
-            and not previous.get("bad_shards")
-            and store.result_file(previous) is not None
-        )
-        if up_to_date:
-            _log(f"run store {store.root} is up to date ({len(shards)} shard(s)); nothing to count")
-            result_file = store.result_file(previous)
-            summary = _summary(previous, result_file, files, shards, counted=0, cached=len(done_ids), bad=[],
-                               engine=None, seconds=time.perf_counter() - t_start, run_id=run_id, store=store,
-                               added=added, removed=removed, changes=changes, mode="up to date")
-            store.write_run(run_id, {**record, "status": "complete", "finished": _stamp(), "counted": 0})
-            return summary
+    if tokenizer_path and bound.get("tokenizer_path") != tokenizer_path:
+        write_json_atomic(store.config_path, {**bound, "tokenizer_path": tokenizer_path})
 
-        worker_args = {
-            "store": str(store.root),
-            "source": _source_dict(source),
-            "spec": spec.to_metadata(),
-            "metadata": metadata,
-            "dense_budget": opts.dense_budget,
-            "cwd": os.getcwd(),
-            "shard_delay": opts.shard_delay,
-        }
-        try:
-            with _Engine(opts, worker_args) as engine:
-                _log(
-                    f"{command} {run_id}: {len(shards)} shard(s) in {len(files)} input(s), {len(todo)} to count, "
-                    f"{engine.workers} worker(s), store {store.root}"
-                )
-                t_count = time.perf_counter()
-                with _progress(len(shards), opts.show_progress) as bar:
-                    bar.update(len(done_ids))
-                    results, bad = engine.count(todo, bar=bar)
-                count_s = time.perf_counter() - t_count
-                record["bad_shards"] = bad
-                if bad and not opts.skip_bad_shards:
-                    more = f" (and {len(bad) - 1} more bad shard(s), see {store.run_path(run_id)})" if len(bad) > 1 else ""
-                    msg = (
-                        f"{bad[0]['error']}{more}; the {len(done_ids) + len(results)} finished shard(s) are kept in "
-                        f"{store.root}: fix the input and rerun to continue, or pass --skip-bad-shards"
-                    )
-                    raise InputError(msg)
-                bad_ids = {b["shard_id"] for b in bad}
-                good = [sid for sid in planned if sid not in bad_ids]
-                result_dir = store.new_result_dir(run_id)
-                old_result = store.result_file(previous) if previous else None
-                good_added = [sid for sid in added if sid not in bad_ids]
-                t_reduce = time.perf_counter()
-                for attempt in range(2):
-                    removable = all(store.is_done(sid) for sid in removed)
-                    if incremental and old_result is not None and removable:
-                        items = [(str(old_result.parent), 1)]
-                        items += [(str(store.partial_dir(sid)), 1) for sid in good_added]
-                        items += [(str(store.partial_dir(sid)), -1) for sid in removed]
-                        mode = "incremental"
-                    else:
-                        items = [(str(store.partial_dir(sid)), 1) for sid in good]
-                        mode = "full"
-                    reduced = engine.reduce(items, scratch=store.reduce_dir(run_id), final_dir=result_dir,
-                                            final_dense=final_dense)
-                    if "corrupt" not in reduced:
-                        break
-                    recount = _drop_corrupt(store, reduced["corrupt"], by_id, removed, last=attempt == 1)
-                    if recount:
-                        with _progress(len(recount), opts.show_progress) as bar:
-                            more, more_bad = engine.count(recount, bar=bar)
-                        results.update(more)
-                        if more_bad:
-                            record["bad_shards"] = bad = bad + more_bad
-                            if not opts.skip_bad_shards:
-                                raise InputError(more_bad[0]["error"])
-                            bad_ids |= {b["shard_id"] for b in more_bad}
-                            good = [sid for sid in good if sid not in bad_ids]
-                            good_added = [sid for sid in good_added if sid not in bad_ids]
-                reduce_s = time.perf_counter() - t_reduce
-                workers, startup_s, actors_s = engine.workers, engine.startup_s, engine.actors_s
-        except BaseException as exc:
-            record.update(status="failed", finished=_stamp(), error=str(exc) or type(exc).__name__)
-            store.write_run(run_id, record)
-            raise
-        if reduced["sequences"] == 0:
-            shutil.rmtree(result_dir, ignore_errors=True)
-            msg = f"empty corpus: no sequences in {', '.join(files)}"
-            store.write_run(run_id, {**record, "status": "failed", "finished": _stamp(), "error": msg})
-            raise InputError(msg)
-        manifest = {
-            "schema": "posstats.manifest/1",
-            "run_id": run_id,
-            "command": command,
-            "finished": _stamp(),
-            "config_key": config_key(config),
-            "inputs": list(inputs),
-            "files": [os.path.abspath(f) for f in files],
-            "out": opts.out if opts.out is not None else (previous or {}).get("out"),
-            "shard_ids": sorted(good),
-            "shards": [by_id[sid].to_dict() for sid in sorted(good)],
-            "bad_shards": bad,
-            "result": os.path.relpath(result_dir, store.root),
-            "counts_file": reduced["counts_file"],
-            "sequences": reduced["sequences"],
-            "windows": reduced["windows"],
-            "tokens": reduced["tokens"],
-            "fingerprint": reduced["fingerprint"],
-            "positions_occupied": reduced["positions_occupied"],
-            "storage": reduced["storage"],
-            "dense_budget": opts.dense_budget,
-        }
-        store.publish(manifest)
-        if mode == "incremental":
-            for sid in removed:
-                store.remove_partial(sid)
-        store.clean_temporary(run_id)
-        counted = sum(1 for r in results.values() if r["status"] == "counted")
-        record.update(status="complete", finished=_stamp(), counted=counted, reduce=mode)
-        store.write_run(run_id, record)
-        tokens_counted_now = sum(r["tokens"] for r in results.values() if r["status"] == "counted")
-        engine_info = {
-            "workers": workers,
-            "ray_startup_s": startup_s,
-            "actors_start_s": actors_s,
-            "count_s": count_s,
-            "reduce_s": reduce_s,
-            "reduce_levels": reduced["levels"],
-            "tokens_counted_now": tokens_counted_now,
-        }
-        return _summary(
-            manifest, store.result_file(manifest), files, shards, counted=counted, cached=len(done_ids), bad=bad,
-            engine=engine_info, seconds=time.perf_counter() - t_start, run_id=run_id, store=store, added=added,
-            removed=removed, changes=changes, mode=mode,
+
+def _previous_manifest(store: RunStore, *, incremental: bool) -> dict[str, Any] | None:
+    """The manifest of the last finished run (None: none yet; a refresh needs one)."""
+    previous = store.manifest()
+    if incremental and previous is None:
+        msg = f"run store {store.root} has no finished count to refresh; run 'posstats count --ray' first"
+        raise PosstatsError(msg)
+    return previous
+
+
+def _plan(store: RunStore, source: CorpusSource, spec: CountSpec, opts: JobOptions,
+          previous: dict[str, Any] | None) -> _Plan:
+    """Plan the shards; split them into reused (marked) and to count; diff with ``previous``."""
+    shards = plan_shards(source, spec, shard_bytes=opts.shard_bytes)
+    by_id = {s.shard_id: s for s in shards}
+    planned = sorted(by_id)
+    done_ids = {sid for sid in planned if store.is_done(sid)}
+    todo = [by_id[sid] for sid in planned if sid not in done_ids]
+    if opts.shuffle_seed is not None:
+        random.Random(opts.shuffle_seed).shuffle(todo)
+    else:
+        todo.sort(key=lambda s: (-s.size_hint, s.shard_id))  # biggest first: balanced finish
+    old_ids = set(previous.get("shard_ids", [])) if previous else set()
+    added = sorted(set(planned) - old_ids)
+    removed = sorted(old_ids - set(planned))
+    return _Plan(shards, by_id, planned, done_ids, todo, added, removed,
+                 manifest_changes(previous, shards, added, removed))
+
+
+def _start_record(store: RunStore, run_id: str, command: str, inputs: Sequence[str], files: Sequence[str],
+                  plan: _Plan) -> dict[str, Any]:
+    """Write the run record with status ``running`` (an attempt more when resuming); return it."""
+    old = store.read_run(run_id)
+    resumed = old is not None and old.get("status") != "complete"
+    record = {
+        "run_id": run_id,
+        "command": command,
+        "status": "running",
+        "started": old.get("started") if resumed and old else _stamp(),
+        "attempt": (old.get("attempt", 1) + 1) if old else 1,
+        "inputs": list(inputs),
+        "files": len(files),
+        "shards": len(plan.shards),
+        "already_done": len(plan.done_ids),
+        "bad_shards": [],
+    }
+    store.write_run(run_id, record)
+    if resumed:
+        _log(f"resuming run {run_id}: {len(plan.done_ids)}/{len(plan.shards)} shard(s) already counted")
+    return record
+
+
+def _count_todo(run: _Run, engine: _Engine) -> _Counted:
+    """Count the shards to count; raise at a bad shard unless skipping them."""
+    with _progress(len(run.plan.shards), run.opts.show_progress) as bar:
+        bar.update(len(run.plan.done_ids))
+        results, bad = engine.count(run.plan.todo, bar=bar)
+    run.record["bad_shards"] = bad
+    if bad and not run.opts.skip_bad_shards:
+        more = f" (and {len(bad) - 1} more bad shard(s), see {run.store.run_path(run.run_id)})" if len(bad) > 1 else ""
+        msg = (
+            f"{bad[0]['error']}{more}; the {len(run.plan.done_ids) + len(results)} finished shard(s) are kept in "
+            f"{run.store.root}: fix the input and rerun to continue, or pass --skip-bad-shards"
         )
+        raise InputError(msg)
+    return _Counted(results, bad)
 
 
 def _drop_corrupt(store: RunStore, corrupt: list[dict], by_id: dict[str, Shard], removed: list[str], *,
                   last: bool) -> list[Shard]:
-    """Delete partials that failed their integrity check (see :mod:`posstats.service.shard_store`) and
+    """Delete partials that failed their integrity check (see :mod:`posstats.counting.reduce`) and
     return the shards to count again; a corrupt partial of a removed shard is only deleted
     (the reduce then sums the remaining partials in full).
 
@@ -670,33 +604,106 @@ def _drop_corrupt(store: RunStore, corrupt: list[dict], by_id: dict[str, Shard],
     return recount
 
 
-def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+def _recount_corrupt(run: _Run, engine: _Engine, counted: _Counted, corrupt: list[dict], *, last: bool) -> None:
+    """Delete the corrupt partials and count their shards again (raises on the last attempt)."""
+    recount = _drop_corrupt(run.store, corrupt, run.plan.by_id, run.plan.removed, last=last)
+    if not recount:
+        return
+    with _progress(len(recount), run.opts.show_progress) as bar:
+        more, more_bad = engine.count(recount, bar=bar)
+    counted.results.update(more)
+    if more_bad:
+        counted.bad = counted.bad + more_bad
+        run.record["bad_shards"] = counted.bad
+        if not run.opts.skip_bad_shards:
+            raise InputError(more_bad[0]["error"])
 
 
-def _changes(previous: dict[str, Any] | None, shards: list[Shard], added: list[str], removed: list[str]) -> list[dict]:
-    """Per input path: new / changed / gone, with the shards added and removed."""
-    old = {s["shard_id"]: s for s in (previous or {}).get("shards", [])}
-    old_paths = {os.path.abspath(s["path"]) for s in old.values()}
-    new_paths = {os.path.abspath(s.path) for s in shards}
-    by_id = {s.shard_id: s for s in shards}
-    per: dict[str, list[int]] = {}
-    for sid in added:
-        per.setdefault(os.path.abspath(by_id[sid].path), [0, 0])[0] += 1
-    for sid in removed:
-        path = os.path.abspath(old[sid]["path"]) if sid in old else "(unknown input)"
-        per.setdefault(path, [0, 0])[1] += 1
-    out = []
-    for path, (n_add, n_rm) in sorted(per.items()):
-        status = "changed" if path in old_paths and path in new_paths else ("new" if path in new_paths else "gone")
-        out.append({"path": path, "status": status, "shards_added": n_add, "shards_removed": n_rm})
-    return out
+def _reduce(run: _Run, engine: _Engine, counted: _Counted, result_dir: Path) -> tuple[dict[str, Any], str]:
+    """Reduce into ``result_dir``: incrementally or in full (:meth:`RunStore.reduce_items`);
+    once more after recounting corrupt partials. Returns (final summary, mode)."""
+    plan, store = run.plan, run.store
+    old_result = store.result_file(run.previous) if run.previous else None  # checks the manifest's result
+    for last in (False, True):
+        items, mode = store.reduce_items(counted.good(plan.planned), added=counted.good(plan.added),
+                                         removed=plan.removed, old_result=old_result if run.incremental else None)
+        reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir,
+                                final_dense=run.final_dense)
+        if "corrupt" not in reduced:
+            break
+        _recount_corrupt(run, engine, counted, reduced["corrupt"], last=last)
+    return reduced, mode
 
 
-def _summary(manifest, result_file, files, shards, *, counted, cached, bad, engine, seconds, run_id, store,
-             added, removed, changes, mode) -> dict[str, Any]:
+def _count_and_reduce(run: _Run, worker_args: dict[str, Any]) -> tuple[_Counted, dict[str, Any], str, Path, dict]:
+    """Count on the actor pool, then tree-reduce; a failure is recorded in the run record.
+
+    Returns (counted, final reduce summary, mode, result folder, engine timings).
+    """
+    try:
+        with _Engine(run.opts, worker_args) as engine:
+            _log(
+                f"{run.command} {run.run_id}: {len(run.plan.shards)} shard(s) in {len(run.files)} input(s), "
+                f"{len(run.plan.todo)} to count, {engine.workers} worker(s), store {run.store.root}"
+            )
+            t = time.perf_counter()
+            counted = _count_todo(run, engine)
+            count_s = time.perf_counter() - t
+            result_dir = run.store.new_result_dir(run.run_id)
+            t = time.perf_counter()
+            reduced, mode = _reduce(run, engine, counted, result_dir)
+            reduce_s = time.perf_counter() - t
+            timings = {"workers": engine.workers, "ray_startup_s": engine.startup_s, "actors_start_s": engine.actors_s,
+                       "count_s": count_s, "reduce_s": reduce_s}
+    except BaseException as exc:
+        run.write_record(status="failed", finished=_stamp(), error=str(exc) or type(exc).__name__)
+        raise
+    return counted, reduced, mode, result_dir, timings
+
+
+def _publish(run: _Run, counted: _Counted, reduced: dict[str, Any], mode: str, result_dir: Path,
+             timings: dict[str, Any]) -> dict[str, Any]:
+    """Publish the manifest of a reduced total (refusing an empty corpus), drop what it
+    replaced, mark the run complete; return the run summary."""
+    store, plan = run.store, run.plan
+    if reduced["sequences"] == 0:
+        shutil.rmtree(result_dir, ignore_errors=True)
+        msg = f"empty corpus: no sequences in {', '.join(run.files)}"
+        store.write_run(run.run_id, {**run.record, "status": "failed", "finished": _stamp(), "error": msg})
+        raise InputError(msg)
+    out = run.opts.out if run.opts.out is not None else (run.previous or {}).get("out")
+    manifest = store.new_manifest(
+        reduced, run_id=run.run_id, command=run.command, finished=_stamp(), config=run.config, inputs=run.inputs,
+        files=run.files, out=out, shards=[plan.by_id[sid] for sid in counted.good(plan.planned)], bad=counted.bad,
+        result_dir=result_dir, dense_budget=run.opts.dense_budget,
+    )
+    store.publish(manifest)
+    if mode == "incremental":
+        for sid in plan.removed:
+            store.remove_partial(sid)
+    store.clean_temporary(run.run_id)
+    n_counted = len(counted.counted_now())
+    run.write_record(status="complete", finished=_stamp(), counted=n_counted, reduce=mode)
+    engine = {**timings, "reduce_levels": reduced["levels"],
+              "tokens_counted_now": sum(r["tokens"] for r in counted.counted_now())}
+    return _summary(run, manifest, counted=n_counted, bad=counted.bad, engine=engine, mode=mode)
+
+
+def _up_to_date(run: _Run) -> dict[str, Any]:
+    """Nothing to count or reduce: the previous result stands; return its run summary."""
+    _log(f"run store {run.store.root} is up to date ({len(run.plan.shards)} shard(s)); nothing to count")
+    summary = _summary(run, run.previous, counted=0, bad=[], engine=None, mode="up to date")
+    run.store.write_run(run.run_id, {**run.record, "status": "complete", "finished": _stamp(), "counted": 0})
+    return summary
+
+
+def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dict], engine: dict | None,
+             mode: str) -> dict[str, Any]:
+    """The run summary (``count.json`` fields, ``counts_path`` and ``ray``; see :func:`count_job`)."""
+    seconds = time.perf_counter() - run.t_start
+    plan = run.plan
     return {
-        "files": len(files),
+        "files": len(run.files),
         "sequences": manifest["sequences"],
         "windows": manifest["windows"],
         "tokens_counted": manifest["tokens"],
@@ -706,22 +713,57 @@ def _summary(manifest, result_file, files, shards, *, counted, cached, bad, engi
         "seconds": round(seconds, 3),
         "tokens_per_s": round(manifest["tokens"] / seconds, 1) if seconds > 0 else None,
         "fingerprint": manifest["fingerprint"],
-        "counts_path": str(result_file),
+        "counts_path": str(run.store.result_file(manifest)),
         "ray": {
-            "run_id": run_id,
-            "store": str(store.root),
-            "shards": len(shards),
+            "run_id": run.run_id,
+            "store": str(run.store.root),
+            "shards": len(plan.shards),
             "shards_counted": counted,
-            "shards_cached": cached,
-            "shards_kept": len(shards) - len(added),
-            "shards_added": len(added),
-            "shards_removed": len(removed),
-            "changes": changes,
+            "shards_cached": len(plan.done_ids),
+            "shards_kept": len(plan.shards) - len(plan.added),
+            "shards_added": len(plan.added),
+            "shards_removed": len(plan.removed),
+            "changes": plan.changes,
             "bad_shards": bad,
             "reduce": mode,
             **({k: (round(v, 3) if isinstance(v, float) else v) for k, v in engine.items()} if engine else {}),
         },
     }
+
+
+def _run(
+    source: CorpusSource,
+    spec: CountSpec,
+    metadata: dict[str, str],
+    opts: JobOptions,
+    *,
+    command: str,
+    inputs: Sequence[str],
+    incremental: bool,
+) -> dict[str, Any]:
+    """The body of a count or refresh run; returns the run summary (see :func:`count_job`).
+
+    Under the store's lock: bind the store, plan the shards, write the run record; then,
+    unless the stored result is already up to date, count, reduce and publish.
+    """
+    t_start = time.perf_counter()
+    check_summable(spec)
+    store = RunStore(os.path.abspath(opts.store))
+    config = store_config(source, spec, metadata)
+    files = source.files()
+    run_id = validate_run_id(opts.run_id or derive_run_id(files, config, command=command))
+    with store.lock(run_id=run_id, command=command):
+        _bind(store, config, source)
+        previous = _previous_manifest(store, incremental=incremental)
+        plan = _plan(store, source, spec, opts, previous)
+        record = _start_record(store, run_id, command, inputs, files, plan)
+        run = _Run(store, run_id, command, opts, incremental, list(inputs), files, config, previous, plan, record,
+                   final_dense=spec.fits_dense(opts.dense_budget), t_start=t_start)
+        if store.is_up_to_date(previous, plan.planned, todo=len(plan.todo), final_dense=run.final_dense):
+            return _up_to_date(run)
+        counted, reduced, mode, result_dir, timings = _count_and_reduce(
+            run, _worker_args(store, source, spec, metadata, opts))
+        return _publish(run, counted, reduced, mode, result_dir, timings)
 
 
 def count_job(source: CorpusSource, spec: CountSpec, metadata: dict[str, str], opts: JobOptions) -> dict[str, Any]:
@@ -749,33 +791,8 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
     stored total (``total - removed + added``), and returns (summary, store config). The
     result equals a full recount of the inputs.
     """
-    rs = RunStore(os.path.abspath(store))
-    stored = rs.config()
-    manifest = rs.manifest()
-    if stored is None or manifest is None:
-        msg = f"{store}: not a run store with a finished count (run 'posstats count --ray --store {store}' first)"
-        raise PosstatsError(msg)
-    cfg = stored["config"]
-    spec = CountSpec.from_metadata(cfg["spec"])
-    metadata = dict(cfg.get("metadata", {}))
-    tok_path = tokenizer or stored.get("tokenizer_path")
-    if cfg.get("column") is None and not tok_path:
-        msg = f"{store}: counts text; pass --tokenizer (the tokenizer.json it was counted with)"
-        raise PosstatsError(msg)
-    if tok_path:
-        from posstats.corpus.tokenizer import check_tokenizer
-
-        recorded = {"tokenizer_hash": cfg.get("tokenizer_hash"), "tokenizer": metadata.get("tokenizer")}
-        check_tokenizer(recorded, tok_path, counts=f"run store {store}")
-    patterns = [os.path.abspath(p) for p in (inputs or manifest["inputs"])]
-    source = CorpusSource(
-        inputs=tuple(patterns),
-        format=cfg.get("format"),
-        column=cfg.get("column"),
-        text_column=cfg.get("text_column"),
-        tokenizer=tok_path if cfg.get("column") is None else None,
-    )
-    summary = _run(source, spec, metadata, opts, command="refresh", inputs=patterns, incremental=True)
+    source, spec, metadata = refresh_source(store, inputs=inputs, tokenizer=tokenizer)
+    summary = _run(source, spec, metadata, opts, command="refresh", inputs=list(source.inputs), incremental=True)
     return summary, {"source": source, "spec": spec, "metadata": metadata}
 
 
@@ -828,22 +845,11 @@ def run(args: argparse.Namespace, /) -> int:
     return 0
 
 
-def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
-    """``posstats refresh``: update the store, print what changed, write OUT if known."""
-    if args.run_id is not None:
-        validate_run_id(args.run_id)  # before reading the store
-    if args.memory_budget is None:
-        manifest = RunStore(os.path.abspath(args.store)).manifest() or {}
-        args.memory_budget = manifest.get("dense_budget", 4 * 2**30) / 2**30
-    opts = options_from_args(args, default_store=None)
-    summary, ctx = refresh_job(args.store, opts, inputs=args.input, tokenizer=args.tokenizer)
+def _print_refresh(store: str, summary: dict[str, Any]) -> None:
+    """What a refresh reused, added and removed, per input, and the new total."""
     ray_info = summary["ray"]
-    rs = RunStore(os.path.abspath(args.store))
-    manifest = rs.manifest() or {}
-    out = args.out or manifest.get("out")
-    source, spec, metadata = ctx["source"], ctx["spec"], ctx["metadata"]
     print(
-        f"refresh {args.store}: reused {ray_info['shards_kept']} shard(s), added {ray_info['shards_added']}, "
+        f"refresh {store}: reused {ray_info['shards_kept']} shard(s), added {ray_info['shards_added']}, "
         f"removed {ray_info['shards_removed']} ({ray_info['reduce']}; {ray_info['shards_counted']} counted now)"
     )
     marks = {"new": "+", "changed": "~", "gone": "-"}
@@ -853,15 +859,35 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  ! skipped {b['label']}: {b['error']}")
     print(f"total: {summary['tokens_counted']:,} tokens from {summary['sequences']:,} sequences in "
           f"{summary['files']} file(s), fingerprint {summary['fingerprint'][:16]}")
-    if out and (ray_info["reduce"] != "up to date" or not os.path.exists(os.path.join(out, "count.json"))):
-        config = CountInputs(source, spec, metadata, source.tokenizer).record(
-            command="refresh", files=source.files(), ray={"store": ray_info["store"], "run_id": ray_info["run_id"]})
-        def copy_result(stage: Path) -> dict[str, Any]:
-            write_json_atomic(stage / "config.json", config)
-            shutil.copyfile(summary["counts_path"], stage / summary["counts_file"])
-            return {k: v for k, v in summary.items() if k != "counts_path"}
 
-        publish_counts(out, copy_result)
+
+def _publish_refresh(out: str, summary: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """Publish the refreshed total as the counts folder ``out`` (config.json, counts.*, count.json)."""
+    source, ray_info = ctx["source"], summary["ray"]
+    config = CountInputs(source, ctx["spec"], ctx["metadata"], source.tokenizer).record(
+        command="refresh", files=source.files(), ray={"store": ray_info["store"], "run_id": ray_info["run_id"]})
+
+    def copy_result(stage: Path) -> dict[str, Any]:
+        write_json_atomic(stage / "config.json", config)
+        shutil.copyfile(summary["counts_path"], stage / summary["counts_file"])
+        return {k: v for k, v in summary.items() if k != "counts_path"}
+
+    publish_counts(out, copy_result)
+
+
+def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
+    """``posstats refresh``: update the store, print what changed, write OUT if known."""
+    if args.run_id is not None:
+        validate_run_id(args.run_id)  # before reading the store
+    if args.memory_budget is None:
+        manifest = RunStore(os.path.abspath(args.store)).manifest() or {}
+        args.memory_budget = manifest.get("dense_budget", 4 * 2**30) / 2**30
+    opts = options_from_args(args, default_store=None)
+    summary, ctx = refresh_job(args.store, opts, inputs=args.input, tokenizer=args.tokenizer)
+    _print_refresh(args.store, summary)
+    out = args.out or (RunStore(os.path.abspath(args.store)).manifest() or {}).get("out")
+    if out and (summary["ray"]["reduce"] != "up to date" or not os.path.exists(os.path.join(out, "count.json"))):
+        _publish_refresh(out, summary, ctx)
         print(f"-> {out}")
     return summary
 

@@ -20,6 +20,7 @@ import json
 import sys
 
 from jobs.hellinger import add_common_args, run_job
+from posstats.errors import PosstatsError
 
 __all__ = ["build_parser", "main"]
 
@@ -35,8 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from posstats.errors import PosstatsError
-
     args = build_parser().parse_args(argv)
     if args.k < 1:
         print(f"posstats: error: --k must be >= 1, got {args.k}", file=sys.stderr)

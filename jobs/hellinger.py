@@ -22,20 +22,66 @@ the actor falls back to the host's sparse path (and says so in the summary).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import scipy.sparse as sp
+from safetensors.numpy import save_file
+
 from jobs.connect import connect_ray
+from posstats.counting.buckets import parse_buckets
+from posstats.counting.io import counts_file, load_counts, write_json_atomic
+from posstats.counting.rows import select_rows
+from posstats.errors import PosstatsError
+from posstats.geometry.backend import get_cupy, to_numpy
+from posstats.geometry.hellinger import distance_summary, hellinger_sq
+from posstats.geometry.mds import classical_mds
+from posstats.memory import gpu_fits
+from posstats.runs.publish import atomic_path
+from posstats.runs.run_folder import MDS_FILE, write_mds
 
 __all__ = ["GeometryWorker", "build_parser", "connect", "main", "start_worker"]
+
+GPU_MEMORY_SHARE = 0.8  # of the free device memory a GPU distance matrix may take
 
 
 def connect(address: str | None) -> bool:
     """Join ``address`` / ``$RAY_ADDRESS``, or start a local Ray; True when started here."""
     return connect_ray(address)[0]
+
+
+def _load_rows(counts_path: str, min_occupancy: int, buckets: str) -> tuple[Any, np.ndarray, np.ndarray, str]:
+    """(rows (m, V), positions (m,), occupancy (m,), fingerprint) of saved counts: bucketed
+    by ``buckets`` (``none|fixed:W|log:P``), occupied rows only (:func:`posstats.counting.rows.select_rows`)."""
+    counts = load_counts(counts_path)
+    selection = select_rows(counts, min_occupancy=min_occupancy, buckets=parse_buckets(buckets, counts.positions))
+    return selection.rows(), selection.positions, selection.occupancy(), selection.counts.fingerprint
+
+
+def _hellinger_on_device(rows: Any, *, block: int, device: str) -> tuple[np.ndarray, str]:
+    """Squared Hellinger distances (n x n float64, on the host) and where they were computed:
+    on the GPU when ``device == "gpu"`` and they fit its memory, else on the host."""
+    n, v = rows.shape
+    if device == "gpu" and gpu_fits(8 * (2 * n * v + 2 * n * n), share=GPU_MEMORY_SHARE):
+        cp = get_cupy()
+        dense = rows.toarray() if sp.issparse(rows) else np.asarray(rows)
+        d2 = to_numpy(hellinger_sq(cp.asarray(dense), block=block))
+        del dense
+        cp.get_default_memory_pool().free_all_blocks()
+        return d2, "gpu"
+    return hellinger_sq(rows, block=block), "cpu"
+
+
+def _write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """Write a safetensors file atomically (C-contiguous arrays, string metadata)."""
+    with atomic_path(path) as tmp:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=metadata)
 
 
 class GeometryWorker:
@@ -47,99 +93,35 @@ class GeometryWorker:
         self.device = device
 
     def where(self) -> dict[str, Any]:
-        import socket
-
         return {"pid": os.getpid(), "hostname": socket.gethostname(), "device": self.device}
-
-    def _rows(self, counts_path: str, min_occupancy: int, buckets: str) -> tuple[Any, Any, Any, str]:
-        from posstats.counting.buckets import bucket_counts, parse_buckets
-        from posstats.counting.io import load_counts
-
-        counts = load_counts(counts_path)
-        b = parse_buckets(buckets, counts.positions)
-        if b is not None:
-            counts = bucket_counts(counts, b)
-        index = counts.occupied_positions(min_occupancy=min_occupancy)
-        positions = b.midpoints[index] if b is not None else index
-        rows = counts.matrix if counts.is_sparse and index.size == counts.positions else counts.rows(index)
-        return rows, positions, counts.occupancy()[index], counts.fingerprint
 
     def hellinger(self, counts_path: str, out: str, min_occupancy: int, block: int, buckets: str) -> dict[str, Any]:
         """Write ``out/hellinger.safetensors``; return a summary."""
-        import numpy as np
-        import scipy.sparse as sp
-        from safetensors.numpy import save_file
-
-        from posstats.geometry.hellinger import hellinger_sq
-        from posstats.counting.io import atomic_path
-
         t = time.perf_counter()
-        rows, positions, occupancy, fingerprint = self._rows(counts_path, min_occupancy, buckets)
-        n, v = rows.shape
-        used = "cpu"
-        if self.device == "gpu":
-            import cupy
-
-            free, _ = cupy.cuda.runtime.memGetInfo()
-            # counts + square roots (n x V) and the result plus one block temporary (n x n)
-            need = 8 * (2 * n * v + 2 * n * n)
-            if need < 0.8 * free:
-                dense = rows.toarray() if sp.issparse(rows) else np.asarray(rows)
-                d2 = cupy.asnumpy(hellinger_sq(cupy.asarray(dense), block=block))
-                used = "gpu"
-                del dense
-                cupy.get_default_memory_pool().free_all_blocks()
-        if used == "cpu":
-            d2 = hellinger_sq(rows, block=block)
-        Path(out).mkdir(parents=True, exist_ok=True)
-        with atomic_path(Path(out) / "hellinger.safetensors") as tmp:
-            save_file(
-                {
-                    "d2": np.ascontiguousarray(d2),
-                    "positions": np.asarray(positions, dtype=np.int64),
-                    "occupancy": np.asarray(occupancy, dtype=np.int64),
-                },
-                str(tmp),
-                metadata={"schema": "posstats.hellinger/1", "device": used, "fingerprint": fingerprint},
-            )
-        off = np.sqrt(d2[~np.eye(n, dtype=bool)])
+        rows, positions, occupancy, fingerprint = _load_rows(counts_path, min_occupancy, buckets)
+        d2, used = _hellinger_on_device(rows, block=block, device=self.device)
+        _write_tensors(
+            Path(out) / "hellinger.safetensors",
+            {"d2": d2, "positions": np.asarray(positions, dtype=np.int64), "occupancy": np.asarray(occupancy, dtype=np.int64)},
+            {"schema": "posstats.hellinger/1", "device": used, "fingerprint": fingerprint},
+        )
         return {
-            "positions_used": int(n),
+            "positions_used": int(rows.shape[0]),
             "device": used,
             "seconds": round(time.perf_counter() - t, 3),
-            "d_h": {"min": float(off.min()), "mean": float(off.mean()), "max": float(off.max())} if off.size else {},
+            "d_h": distance_summary(d2),
         }
 
     def eigensolve(
         self, counts_path: str, out: str, k: int, tol: float, block: int, min_occupancy: int, buckets: str, seed: int
     ) -> dict[str, Any]:
         """Top-k MDS by block Lanczos; write ``out/mds.safetensors``; return a summary."""
-        import numpy as np
-        from safetensors.numpy import save_file
-
-        from posstats.geometry.mds import classical_mds
-        from posstats.counting.io import atomic_path
-
         t = time.perf_counter()
-        rows, positions, occupancy, fingerprint = self._rows(counts_path, min_occupancy, buckets)
-        xp = None
-        if self.device == "gpu":
-            from posstats.geometry.backend import get_cupy
-
-            xp = get_cupy()
+        rows, positions, _, fingerprint = _load_rows(counts_path, min_occupancy, buckets)
+        xp = get_cupy() if self.device == "gpu" else None
         mds = classical_mds(rows, k=k, method="lanczos", tol=tol, block=block, seed=seed, xp=xp)
-        Path(out).mkdir(parents=True, exist_ok=True)
-        with atomic_path(Path(out) / "mds.safetensors") as tmp:
-            save_file(
-                {
-                    "positions": np.asarray(positions, dtype=np.int64),
-                    "eigenvalues": np.ascontiguousarray(mds.eigenvalues),
-                    "encoding": np.ascontiguousarray(mds.encoding),
-                    "residuals": np.ascontiguousarray(mds.residuals),
-                },
-                str(tmp),
-                metadata={"schema": "posstats.mds/1", "method": mds.method, "device": self.device, "fingerprint": fingerprint},
-            )
+        write_mds(Path(out) / MDS_FILE, positions, mds, fingerprint=fingerprint, residuals=True,
+                  metadata={"device": self.device})
         return {
             "positions_used": int(len(positions)),
             "k": int(mds.eigenvalues.size),
@@ -160,8 +142,6 @@ def start_worker(device: str = "auto") -> tuple[Any, str]:
 
     has_gpu = float(ray.cluster_resources().get("GPU", 0)) >= 1
     if device == "gpu" and not has_gpu:
-        from posstats.errors import PosstatsError
-
         raise PosstatsError("--device gpu: the Ray cluster has no GPU")
     use_gpu = has_gpu if device == "auto" else device == "gpu"
     opts = {"num_gpus": 1, "num_cpus": 1} if use_gpu else {"num_cpus": 1}
@@ -190,8 +170,6 @@ def run_job(args: argparse.Namespace, method: str, **kwargs: Any) -> dict[str, A
     """Start the actor, run ``method`` on it, write OUT/<job>.json last, stop what we started."""
     import ray
 
-    from posstats.counting.io import counts_file, write_json_atomic
-
     counts_file(args.counts)  # a missing or foreign path fails here, before any actor starts
     started = connect(args.address)
     actor = None
@@ -210,10 +188,6 @@ def run_job(args: argparse.Namespace, method: str, **kwargs: Any) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
-    from posstats.errors import PosstatsError
-
     args = build_parser().parse_args(argv)
     try:
         summary = run_job(args, "hellinger", min_occupancy=args.min_occupancy, block=args.block, buckets=args.buckets)

@@ -20,12 +20,19 @@ One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.servic
   ``reduce/counts.safetensors`` (or ``.parquet``), ``count.json``, ``config.json`` (a
   counts folder, as ``posstats count`` writes one).
 * **geometry**: Hellinger geometry, classical MDS and encoding stress
-  (:func:`posstats.analysis.analyze`) in a Ray task (retried by Ray if its worker dies):
-  ``mds.safetensors``, ``report.json``, ``report.md``, ``analysis-config.json``.
+  (:func:`posstats.analysis.analyze`) in a Ray task (retried by Ray if its worker dies),
+  on the counts the reduce stage hands over through Ray's object store:
+  ``mds.safetensors``, ``report.json``, ``report.md``, ``analysis-config.json``
+  (:func:`posstats.runs.analysis_folder.write_analysis`).
 * **report**: ``report.html`` with ``figures/`` and ``summary.md``
-  (:func:`posstats.reports.html.write_html_report`).
+  (:func:`posstats.reports.html.render_html_report`), next to copies of the geometry files.
 * **export**: the MDS encoding as a position table a model loads
-  (:func:`posstats.reports.export.export_encoding`), with its model card.
+  (:func:`posstats.reports.export.export_run`), with its model card.
+
+The distances are computed once: the geometry task renders the report and the export
+from its analysis in memory, into work folders that their stages then publish. A run
+resumed after the geometry stage reads that stage back (and the reduce stage's counts)
+once for both.
 
 Each stage is built in a staging folder and published with its marker last; a rerun of the
 run id skips completed stages. After the last stage the run's ``done.json`` is written, and
@@ -44,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as _dt
 import fnmatch
 import glob as _glob
@@ -57,16 +65,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobs.connect import connect_ray
+from posstats.analysis import analyze
 from posstats.corpus.inputs import count_inputs
+from posstats.counting.counts import PositionalCounts
+from posstats.counting.io import load_counts, write_json_atomic
 from posstats.flags import add_pipeline_args, config_from_args
 from posstats.guard import run_guarded
 from posstats.errors import InputError, PosstatsError
+from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
+from posstats.reports.html import render_html_report
+from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
+from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
+from posstats.service.shard_store import RunStore
 
 __all__ = [
     "build_parser",
@@ -99,6 +116,23 @@ class _Recount(Exception):
 # ----------------------------------------------------------------------------- context
 
 
+@dataclass
+class _Handoff:
+    """What the stages of one driver hand each other in memory; empty after a resume.
+
+    Attributes:
+        counts: the reduce stage's counts (verified), for the geometry task.
+        rendered: stage -> (folder, marker info) of the report / export the geometry task
+            rendered from its analysis, waiting for their stage to publish them.
+        run_data: the completed geometry stage's run read back (a resumed run), shared by
+            the report and the export.
+    """
+
+    counts: PositionalCounts | None = None
+    rendered: dict[str, tuple[Path, dict[str, Any]]] = field(default_factory=dict)
+    run_data: RunData | None = None
+
+
 class _Run:
     """One pipeline run: configuration, store, lock, work folders, Ray connection."""
 
@@ -110,6 +144,7 @@ class _Run:
         self.attempt = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
         self._ray_started = False
         self._ray_ready = False
+        self.handoff = _Handoff()
 
     # -- Ray ---------------------------------------------------------------------------
 
@@ -360,9 +395,6 @@ def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
 
 
 def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
-    from posstats.service.shard_store import RunStore
-    from posstats.counting.io import load_counts
-
     doc = run.stage_json("count", "summary.json")
     manifest = RunStore(doc["counts_store"]).manifest() or {}
     if manifest.get("result") != doc["result"] or manifest.get("fingerprint") != doc["fingerprint"]:
@@ -384,47 +416,75 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
     summary["run_id"] = run.run_id
     (staging / "count.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (staging / "config.json").write_text(json.dumps({"command": "pipeline", **doc["count_config"]}, indent=2) + "\n")
+    run.handoff.counts = counts
     return {"counts_file": doc["counts_file"], "tokens_counted": counts.tokens, "fingerprint": counts.fingerprint}
 
 
-def geometry_task(counts_dir: str, out_dir: str, config: Any, run_id: str, counts_ref: str, delay: float = 0.0) -> dict:
-    """The geometry stage's body (runs as a Ray task): analyse the counts in ``counts_dir``
-    and write mds.safetensors, report.json, report.md and analysis-config.json into
-    ``out_dir``, which is emptied first (a retried task starts clean)."""
-    import numpy as np
-    from safetensors.numpy import save_file
+def _fresh_folder(path: Path) -> Path:
+    """``path`` as an empty folder (what a killed or retried attempt left is removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
-    from posstats.analysis import analyze
-    from posstats.reports.summary import format_markdown
-    from posstats.counting.io import atomic_path, load_counts, write_json_atomic
 
-    out = Path(out_dir)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    write_json_atomic(out / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
+def _report_options(cfg: PipelineConfig) -> dict[str, Any]:
+    """Keywords of :func:`posstats.reports.html.render_html_report` from ``[report]``."""
+    r = cfg.values["report"]
+    return {"width": r["width"], "max_positions": r["max_positions"]}
+
+
+def _export_options(cfg: PipelineConfig) -> dict[str, Any]:
+    """Keywords of :func:`posstats.reports.export.export_run` from ``[export]``."""
+    e = cfg.values["export"]
+    return {"dim": cfg.export_dim(), "rank": e["rank"], "layout": e["layout"], "format": e["format"], "basis": e["basis"],
+            "seed": cfg.values["geometry"]["seed"], "dtype": e["dtype"], "card": e["card"], "force": True, "method": e["method"]}
+
+
+def _export_file(cfg: PipelineConfig) -> str:
+    """The exported table's file name in export/: ``[export] name`` + ``.format``."""
+    e = cfg.values["export"]
+    return f"{e['name']}.{e['format']}"
+
+
+def _write_report(run_data: RunData, geometry: Path, out: Path, *, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The report stage's files in ``out``: the geometry stage's (copied) and the HTML
+    report of ``run_data`` (report.html, figures/, summary.md); its marker info."""
+    for file in ANALYSIS_FILES:
+        shutil.copyfile(geometry / file, out / file)
+    path = render_html_report(run_data, name=name, out=out, **options)
+    return {"html": path.name}
+
+
+def _write_export(run_data: RunData, out: Path, *, file: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The export stage's files in ``out`` (the table ``file`` and its card); its marker info."""
+    res = export_run(run_data, out / file, **options)
+    m = res.metadata
+    return {"file": file, "key": res.key, "n": m["n"], "d": m["d"], "rank": m["rank"], "stress": m["stress"],
+            "scaled_stress": m["scaled_stress"]}
+
+
+def geometry_task(counts: PositionalCounts | str, out_dirs: Mapping[str, str], config: Any, options: Mapping[str, Any],
+                  run_id: str, counts_ref: str, delay: float = 0.0) -> dict[str, Any]:
+    """The geometry stage's body (runs as a Ray task): analyse ``counts`` (the reduce stage's,
+    or its folder) once and, from that analysis in memory, write the geometry folder
+    (mds.safetensors, report.json, report.md, analysis-config.json) and those of the later
+    stages named in ``out_dirs`` (``report``, ``export``; ``options`` holds their keywords
+    and the export's file name). Every folder is emptied first (a retried task starts
+    clean). Returns each stage's marker info."""
+    outs = {stage: _fresh_folder(Path(d)) for stage, d in out_dirs.items()}
+    write_json_atomic(outs["geometry"] / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
     if delay:
         time.sleep(delay)
-    counts = load_counts(counts_dir)
-    write_json_atomic(out / "analysis-config.json", config.to_dict())
-    result = analyze(counts, config)
-    with atomic_path(out / "mds.safetensors") as tmp:
-        save_file(
-            {
-                "positions": result.positions.astype("int64"),
-                "eigenvalues": np.ascontiguousarray(result.mds.eigenvalues),
-                "encoding": np.ascontiguousarray(result.mds.encoding),
-            },
-            str(tmp),
-            metadata={"schema": "posstats.mds/1", "method": result.mds.method, "fingerprint": counts.fingerprint},
-        )
-    report = result.report()
-    report["run_id"] = run_id
-    report["inputs"] = {"counts": counts_ref}
-    with atomic_path(out / "report.md") as tmp:
-        tmp.write_text(format_markdown(report))
-    write_json_atomic(out / "report.json", report)
-    spectrum = report.get("spectrum", {})
-    return {"positions_used": int(len(result.positions)), "rank": spectrum.get("rank"), "pid": os.getpid()}
+    counts = counts if isinstance(counts, PositionalCounts) else load_counts(counts)
+    analysis = analyze(counts, config)
+    run_data = write_analysis(outs["geometry"], analysis, inputs={"counts": counts_ref}, run_id=run_id, html=False)
+    info = {"geometry": {"positions_used": int(len(analysis.positions)), "rank": run_data.report["spectrum"].get("rank"),
+                         "pid": os.getpid()}}
+    if "report" in outs:
+        info["report"] = _write_report(run_data, outs["geometry"], outs["report"], name=run_id, options=options["report"])
+    if "export" in outs:
+        info["export"] = _write_export(run_data, outs["export"], file=options["export_file"], options=options["export"])
+    return info
 
 
 def _unwrap_task_error(exc: BaseException) -> BaseException:
@@ -435,19 +495,24 @@ def _unwrap_task_error(exc: BaseException) -> BaseException:
 
 
 def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
+    """Run :func:`geometry_task` in a Ray task (retried if its worker dies) on the counts the
+    reduce stage handed over (else its folder); the report and export it rendered wait in
+    the work folder for their stages."""
     ray = run.ray()
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
     from jobs.pipeline import geometry_task as task_body  # by reference, also when run as __main__
 
-    counts_dir = run.stage_local("reduce")
-    config = run.cfg.analysis_config()
+    later = [s for s in ("report", "export") if run.store.stage_marker(run.run_id, s) is None]
+    out_dirs = {"geometry": str(staging), **{s: str(run.staging_root / f"{s}-rendered-{run.attempt}") for s in later}}
+    options = {"report": _report_options(run.cfg), "export": _export_options(run.cfg), "export_file": _export_file(run.cfg)}
+    counts = ray.put(run.handoff.counts) if run.handoff.counts is not None else str(run.stage_local("reduce"))
     rc = run.cfg.values["ray"]
     task = ray.remote(task_body).options(num_cpus=rc["geometry_cpus"], max_retries=rc["geometry_retries"],
                                              retry_exceptions=False)
     delay = float(os.environ.get(GEOMETRY_DELAY_ENV, "0") or 0)
     counts_ref = run.store.display(run.store.stage_rel(run.run_id, "reduce"))
-    ref = task.remote(str(counts_dir), str(staging), config, run.run_id, counts_ref, delay)
+    ref = task.remote(counts, out_dirs, run.cfg.analysis_config(), options, run.run_id, counts_ref, delay)
     try:
         out = ray.get(ref)
     except RayTaskError as exc:
@@ -456,53 +521,51 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
         msg = (f"the geometry task's worker died {rc['geometry_retries'] + 1} time(s); rerun with --run-id "
                f"{run.run_id} to resume from the geometry stage")
         raise PosstatsError(msg) from exc
-    return {"positions_used": out["positions_used"], "rank": out["rank"]}
+    run.handoff.rendered = {s: (Path(out_dirs[s]), out[s]) for s in later}
+    return {"positions_used": out["geometry"]["positions_used"], "rank": out["geometry"]["rank"]}
 
 
-def _assemble_run_folder(run: _Run, dest: Path) -> Path:
-    """A local folder with what report/export read: report.json, mds.safetensors, counts."""
-    dest.mkdir(parents=True, exist_ok=True)
-    geometry, reduce = run.stage_local("geometry"), run.stage_local("reduce")
-    for name in ("report.json", "mds.safetensors", "report.md", "analysis-config.json"):
-        shutil.copyfile(geometry / name, dest / name)
-    counts = run.stage_json("reduce", "count.json")["counts_file"]
-    try:
-        os.link(reduce / counts, dest / counts)
-    except OSError:
-        shutil.copyfile(reduce / counts, dest / counts)
-    return dest / counts
+def _take_rendered(run: _Run, stage: str, staging: Path) -> dict[str, Any] | None:
+    """Move what the geometry task rendered for ``stage`` into its staging folder and return
+    its marker info; None when nothing was (the geometry stage completed in an earlier attempt)."""
+    rendered = run.handoff.rendered.pop(stage, None)
+    if rendered is None:
+        return None
+    folder, info = rendered
+    for entry in folder.iterdir():
+        os.replace(entry, staging / entry.name)
+    folder.rmdir()
+    return info
+
+
+def _resumed_run(run: _Run) -> RunData:
+    """The run of the completed geometry stage, read back once per driver (a resumed run):
+    its folder, the reduce stage's counts and, for up to STRESS_POSITION_LIMIT positions,
+    all their distances (what the report and the export then share)."""
+    if run.handoff.run_data is None:
+        counts = run.handoff.counts if run.handoff.counts is not None else load_counts(run.stage_local("reduce"))
+        run_data = dataclasses.replace(load_run(run.stage_local("geometry")), counts=counts)
+        if run_data.positions.size <= STRESS_POSITION_LIMIT:
+            run_data = with_distances(run_data)
+        run.handoff.run_data = run_data
+    return run.handoff.run_data
 
 
 def _stage_report(run: _Run, staging: Path) -> dict[str, Any]:
-    from posstats.reports.html import write_html_report
-
-    counts = _assemble_run_folder(run, staging)
-    r = run.cfg.values["report"]
-    try:
-        path = write_html_report(staging, width=r["width"], max_positions=r["max_positions"], name=run.run_id)
-    finally:
-        counts.unlink(missing_ok=True)  # the counts live in reduce/
-    return {"html": path.name}
+    """report.html, figures/ and summary.md next to copies of the geometry stage's files."""
+    info = _take_rendered(run, "report", staging)
+    if info is not None:
+        return info
+    return _write_report(_resumed_run(run), run.stage_local("geometry"), staging, name=run.run_id,
+                         options=_report_options(run.cfg))
 
 
 def _stage_export(run: _Run, staging: Path) -> dict[str, Any]:
-    from posstats.reports.export import export_encoding
-
-    e = run.cfg.values["export"]
-    tmp = run.staging_root / f"export-input-{run.attempt}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _assemble_run_folder(run, tmp)
-    try:
-        res = export_encoding(
-            tmp, staging / f"{e['name']}.{e['format']}", dim=run.cfg.export_dim(), rank=e["rank"], layout=e["layout"],
-            format=e["format"], basis=e["basis"], seed=run.cfg.values["geometry"]["seed"], dtype=e["dtype"],
-            card=e["card"], force=True, method=e["method"],
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    m = res.metadata
-    return {"file": f"{e['name']}.{e['format']}", "key": res.key, "n": m["n"], "d": m["d"], "rank": m["rank"],
-            "stress": m["stress"], "scaled_stress": m["scaled_stress"]}
+    """The MDS encoding as a position table with its model card."""
+    info = _take_rendered(run, "export", staging)
+    if info is not None:
+        return info
+    return _write_export(_resumed_run(run), staging, file=_export_file(run.cfg), options=_export_options(run.cfg))
 
 
 # ----------------------------------------------------------------------------- driver

@@ -13,16 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.spatial import cKDTree
 
 from posstats import __version__
+from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
+from posstats.counting.rows import select_rows
+from posstats.errors import InputError, PosstatsError
+from posstats.estimates.bootstrap import shard_bootstrap
+from posstats.estimates.noise import corrected_squared_distances, noise_floor, null_rank
+from posstats.estimates.sampled import SampledGeometry
 from posstats.geometry.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding, parse_encoding_spec
-from posstats.errors import InputError, PosstatsError
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, classical_mds
-from posstats.progress import progress
 from posstats.geometry.stress import stress_report
+from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
+from posstats.progress import progress
 
 __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
 
@@ -101,8 +108,6 @@ class AnalysisConfig:
             if int(d) != d or d < 1:
                 msg = f"dimensions must be positive integers, got {d!r}"
                 raise PosstatsError(msg)
-        from posstats.memory import encoding_probe_bytes, require_memory
-
         need, what, hint = encoding_probe_bytes(self.dims)
         require_memory(need, what=what, hint=hint, command="analyze")
         if not self.encodings:
@@ -121,8 +126,6 @@ class AnalysisConfig:
         self._check_long_context_options()
 
     def _check_long_context_options(self) -> None:
-        from posstats.counting.buckets import parse_buckets
-
         parse_buckets(self.buckets, 1 << 20)
         if self.exact_limit < 2:
             msg = f"the exact limit must be >= 2 positions, got {self.exact_limit}"
@@ -193,6 +196,9 @@ class Analysis:
         sections: further report sections (geometry, noise, null, bootstrap, buckets).
         hellinger_summary: the ``hellinger`` report entry when it is not computed from
             ``distances`` (sampled path, bias-corrected distances).
+        plugin_distances: (m, m) plug-in d_H of the same rows (the very array
+            ``distances`` is unless they are bias-corrected), or None above
+            ``exact_limit``: what the HTML report and the export draw and score against.
     """
 
     counts: PositionalCounts
@@ -205,69 +211,176 @@ class Analysis:
     timings: dict[str, float] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)
     hellinger_summary: dict[str, Any] | None = None
+    plugin_distances: np.ndarray | None = None
 
     def report(self) -> dict[str, Any]:
         """The ``report.json`` document (see README.md for the schema)."""
-        c = self.counts
-        occ = c.occupancy()
-        spectrum = self.mds.spectrum(rtol=self.config.rank_rtol).to_dict()
-        spectrum.update(
-            method=self.mds.method,
-            solver_tol=self.mds.tol,
-            max_residual=float(np.max(self.mds.residuals)) if self.mds.residuals.size else 0.0,
-        )
-        if self.hellinger_summary is not None:
-            hellinger_entry = self.hellinger_summary
-        else:
-            off = self.distances[~np.eye(len(self.positions), dtype=bool)]
-            hellinger_entry = {
-                "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
-                "min": float(off.min()) if off.size else 0.0,
-                "mean": float(off.mean()) if off.size else 0.0,
-                "max": float(off.max()) if off.size else 0.0,
-            }
-        null = self.sections.get("null")
-        if null is not None:
-            spectrum["components_above_null"] = null.get("components_above_null")
-        occ_used = occ[occ > 0]
         report = {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "posstats", "version": __version__},
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "config": self.config.to_dict(),
-            "corpus": {
-                "sequences": c.sequences,
-                "windows": c.windows,
-                "tokens_counted": c.tokens,
-                "vocab_size": c.vocab_size,
-                "mode": c.spec.mode,
-                "exclude_ids": list(c.spec.exclude_ids),
-                "separator_id": c.spec.separator_id,
-                "fingerprint": c.fingerprint,
-                **{k: v for k, v in c.metadata.items()},
-            },
-            "positions": {
-                "requested": c.positions,
-                "occupied": int(np.count_nonzero(occ)),
-                "used": len(self.positions),
-                "min_occupancy": self.config.min_occupancy,
-                "occupancy": occ.tolist(),
-                "left_out": np.flatnonzero(occ < max(self.config.min_occupancy, 1)).tolist(),
-                "occupancy_summary": {
-                    "min": int(occ_used.min()) if occ_used.size else 0,
-                    "median": float(np.median(occ_used)) if occ_used.size else 0.0,
-                    "max": int(occ_used.max()) if occ_used.size else 0,
-                },
-            },
-            "hellinger": hellinger_entry,
+            "corpus": _corpus_entry(self.counts),
+            "positions": _positions_entry(self.counts, used=len(self.positions), min_occupancy=self.config.min_occupancy),
+            "hellinger": self.hellinger_summary if self.hellinger_summary is not None else _hellinger_entry(self.distances),
             "diagnostics": self.diagnostics,
-            "spectrum": spectrum,
+            "spectrum": _spectrum_entry(self.mds, rtol=self.config.rank_rtol, null=self.sections.get("null")),
             "encodings": self.encodings,
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }
-        if self.sections:
-            report.update({k: v for k, v in self.sections.items() if k not in report})
+        report.update({k: v for k, v in self.sections.items() if k not in report})
         return report
+
+
+_HELLINGER_CONVENTION = "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]"
+
+
+def _summary(values: np.ndarray, prefix: str = "") -> dict[str, float]:
+    """``{prefix}min / mean / max`` of ``values`` (zeros when empty)."""
+    if not values.size:
+        return {f"{prefix}min": 0.0, f"{prefix}mean": 0.0, f"{prefix}max": 0.0}
+    return {f"{prefix}min": float(values.min()), f"{prefix}mean": float(values.mean()), f"{prefix}max": float(values.max())}
+
+
+def _off_diagonal(matrix: np.ndarray) -> np.ndarray:
+    """The m (m - 1) off-diagonal entries of an (m, m) matrix, row by row."""
+    return matrix[~np.eye(matrix.shape[0], dtype=bool)]
+
+
+def _hellinger_entry(distances: np.ndarray) -> dict[str, Any]:
+    """The ``hellinger`` report entry: min / mean / max of the off-diagonal d_H."""
+    return {"convention": _HELLINGER_CONVENTION, **_summary(_off_diagonal(distances))}
+
+
+def _corpus_entry(c: PositionalCounts) -> dict[str, Any]:
+    """The ``corpus`` report entry: totals, counting spec, fingerprint and metadata."""
+    return {
+        "sequences": c.sequences,
+        "windows": c.windows,
+        "tokens_counted": c.tokens,
+        "vocab_size": c.vocab_size,
+        "mode": c.spec.mode,
+        "exclude_ids": list(c.spec.exclude_ids),
+        "separator_id": c.spec.separator_id,
+        "fingerprint": c.fingerprint,
+        **dict(c.metadata.items()),
+    }
+
+
+def _positions_entry(c: PositionalCounts, *, used: int, min_occupancy: int) -> dict[str, Any]:
+    """The ``positions`` report entry: occupancy (n,) of every position and its summary."""
+    occ = c.occupancy()
+    occ_used = occ[occ > 0]
+    return {
+        "requested": c.positions,
+        "occupied": int(np.count_nonzero(occ)),
+        "used": used,
+        "min_occupancy": min_occupancy,
+        "occupancy": occ.tolist(),
+        "left_out": np.flatnonzero(occ < max(min_occupancy, 1)).tolist(),
+        "occupancy_summary": {
+            "min": int(occ_used.min()) if occ_used.size else 0,
+            "median": float(np.median(occ_used)) if occ_used.size else 0.0,
+            "max": int(occ_used.max()) if occ_used.size else 0,
+        },
+    }
+
+
+def _spectrum_entry(mds: MDSResult, *, rtol: float, null: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``spectrum`` report entry: :meth:`MDSResult.spectrum` plus solver facts and the
+    components above the null (when one was computed)."""
+    spectrum = mds.spectrum(rtol=rtol).to_dict()
+    spectrum.update(
+        method=mds.method,
+        solver_tol=mds.tol,
+        max_residual=float(np.max(mds.residuals)) if mds.residuals.size else 0.0,
+    )
+    if null is not None:
+        spectrum["components_above_null"] = null.get("components_above_null")
+    return spectrum
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The rows the geometry runs on.
+
+    Attributes:
+        geo: the counts, or their bucketed counts.
+        buckets: the buckets, or None.
+        index: (m,) rows of ``geo`` used (occupancy >= the minimum).
+        positions: (m,) their positions (bucket midpoints with buckets).
+        rows: (m, V) counts of those rows (dense or scipy CSR).
+        occupancy: (m,) their occupancies.
+    """
+
+    geo: PositionalCounts
+    buckets: Buckets | None
+    index: np.ndarray
+    positions: np.ndarray
+    rows: Any
+    occupancy: np.ndarray
+
+
+def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
+    """Bucket the counts if asked, keep rows with ``occupancy >= min_occupancy``
+    (:func:`posstats.counting.rows.select_rows`), check that two or more are left and
+    that the analysis fits in memory."""
+    sel = select_rows(counts, min_occupancy=config.min_occupancy, buckets=parse_buckets(config.buckets, counts.positions))
+    m = len(sel.index)
+    if m < 2:
+        what = "bucket(s)" if sel.buckets is not None else "position(s)"
+        msg = (
+            f"{m} {what} have at least {config.min_occupancy} counted token(s); "
+            "the geometry needs two or more (count more text, or lower --min-occupancy)"
+        )
+        raise InputError(msg)
+    need, what, hint = analysis_bytes(m, sel.counts.vocab_size, dims=config.dims, encodings=len(config.encodings),
+                                      exact=m <= config.exact_limit, dense_counts=not sel.counts.is_sparse)
+    require_memory(need, what=what, hint=hint, command="analyze")
+    return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, sel.rows(), sel.occupancy())
+
+
+def _noise(parts: Any, g: _Rows, config: AnalysisConfig, timings: dict[str, float]) -> tuple[Any, list | None, dict | None]:
+    """The split-half noise floor of the geometry rows when ``config.noise_floor``:
+    ``(NoiseFloor, the parts bucketed like the rows, its report section)``, else Nones."""
+    if not config.noise_floor:
+        return None, None, None
+    if parts is None:
+        msg = "a noise floor needs the corpus in parts (posstats analyze --store DIR, --parts DIRS, or counts with a config.json to re-read)"
+        raise PosstatsError(msg)
+    t = time.perf_counter()
+    geo_parts = [bucket_counts(p, g.buckets) for p in parts] if g.buckets is not None else list(parts)
+    noise = noise_floor(geo_parts, positions=g.index)
+    entry = noise.to_dict()
+    entry["positions"] = [int(x) for x in g.positions]
+    timings["noise_floor"] = time.perf_counter() - t
+    return noise, geo_parts, entry
+
+
+def _geometry_section(config: AnalysisConfig, *, corrected: bool, rows: int, large: bool) -> dict[str, Any]:
+    """The ``geometry`` report section: which distances, exact or sampled stress."""
+    return {
+        "distances": "bias_corrected" if corrected else "plugin",
+        "distances_formula": (
+            "max(d_H^2 - b_i - b_j, 0), b from the split-half noise floor" if corrected else "plug-in d_H^2"
+        ),
+        "stress_method": "sampled" if large else "exact",
+        "exact_limit": config.exact_limit,
+        "rows": rows,
+        "buckets": config.buckets,
+    }
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """What the exact or the sampled path computed (fields as in :class:`Analysis`)."""
+
+    mds: MDSResult
+    diagnostics: dict[str, Any]
+    encodings: list[dict[str, Any]]
+    hellinger_summary: dict[str, Any] | None
+    distances: np.ndarray | None = None
+    plugin_distances: np.ndarray | None = None
 
 
 def analyze(
@@ -289,179 +402,154 @@ def analyze(
             parity, :mod:`posstats.estimates.noise`), for ``config.noise_floor``.
         partials: per-shard partial counts, for ``config.bootstrap``.
 
-    Above ``config.exact_limit`` geometry rows no n x n matrix is formed (module
-    :mod:`posstats.estimates.sampled`): block-Lanczos MDS, sampled stress with 95 % intervals, sampled
-    corpus diagnostics; the report says ``stress_method: sampled``.
+    Up to ``config.exact_limit`` geometry rows the (m, m) squared distances
+    ``D = hellinger_sq(rows)`` are computed once and shared by the MDS, the stress, the
+    diagnostics and (as :attr:`Analysis.plugin_distances`) the report and the export.
+    Above it no m x m matrix is formed (module :mod:`posstats.estimates.sampled`):
+    block-Lanczos MDS, sampled stress with 95 % intervals, sampled corpus diagnostics; the
+    report says ``stress_method: sampled``.
 
     Raises:
         InputError: fewer than two positions reach the minimum occupancy.
         PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
     """
-    from posstats.counting.buckets import bucket_counts, parse_buckets
-
     config = config or AnalysisConfig()
     timings: dict[str, float] = {}
     sections: dict[str, Any] = {}
-    buckets = parse_buckets(config.buckets, counts.positions)
-    geo = bucket_counts(counts, buckets) if buckets is not None else counts
-    index = geo.occupied_positions(min_occupancy=config.min_occupancy)
-    positions = buckets.midpoints[index] if buckets is not None else index
-    if len(index) < 2:
-        what = "bucket(s)" if buckets is not None else "position(s)"
-        msg = (
-            f"{len(index)} {what} have at least {config.min_occupancy} counted token(s); "
-            "the geometry needs two or more (count more text, or lower --min-occupancy)"
-        )
-        raise InputError(msg)
-    from posstats.memory import analysis_bytes, require_memory
-
-    need, what, hint = analysis_bytes(len(index), geo.vocab_size, dims=config.dims, encodings=len(config.encodings),
-                                      exact=len(index) <= config.exact_limit, dense_counts=not geo.is_sparse)
-    require_memory(need, what=what, hint=hint, command="analyze")
-    # All rows of a sparse matrix: no copy (a fancy index would copy every stored entry).
-    rows = geo.matrix if geo.is_sparse and len(index) == geo.positions else geo.rows(index)
-    occupancy = geo.occupancy()[index]
-    if buckets is not None:
-        sections["buckets"] = {**buckets.to_dict(), "occupancy": geo.occupancy().tolist(), "used": len(index)}
-
-    noise = None
-    geo_parts = None
-    if config.noise_floor:
-        if parts is None:
-            msg = "a noise floor needs the corpus in parts (posstats analyze --store DIR, --parts DIRS, or counts with a config.json to re-read)"
-            raise PosstatsError(msg)
-        from posstats.estimates.noise import noise_floor
-
-        t = time.perf_counter()
-        geo_parts = [bucket_counts(p, buckets) for p in parts] if buckets is not None else list(parts)
-        noise = noise_floor(geo_parts, positions=index)
-        entry = noise.to_dict()
-        entry["positions"] = [int(x) for x in positions]
-        sections["noise"] = entry
-        timings["noise_floor"] = time.perf_counter() - t
+    g = _geometry_rows(counts, config)
+    if g.buckets is not None:
+        sections["buckets"] = {**g.buckets.to_dict(), "occupancy": g.geo.occupancy().tolist(), "used": len(g.index)}
+    noise, geo_parts, noise_entry = _noise(parts, g, config, timings)
+    if noise_entry is not None:
+        sections["noise"] = noise_entry
     bias = noise.bias if (noise is not None and config.distances == "corrected") else None
-
-    m = len(index)
-    large = m > config.exact_limit
-    sections["geometry"] = {
-        "distances": "bias_corrected" if bias is not None else "plugin",
-        "distances_formula": (
-            "max(d_H^2 - b_i - b_j, 0), b from the split-half noise floor" if bias is not None else "plug-in d_H^2"
-        ),
-        "stress_method": "sampled" if large else "exact",
-        "exact_limit": config.exact_limit,
-        "rows": m,
-        "buckets": config.buckets,
-    }
-    hellinger_summary = None
-    distances = None
-    if not large:
-        t = time.perf_counter()
-        d2 = hellinger_sq(rows)
-        if bias is not None:
-            from posstats.estimates.noise import corrected_squared_distances
-
-            plug = np.sqrt(d2[~np.eye(m, dtype=bool)])
-            distances = np.sqrt(corrected_squared_distances(d2, bias))
-            corr = distances[~np.eye(m, dtype=bool)]
-            hellinger_summary = {
-                "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
-                "min": float(plug.min()),
-                "mean": float(plug.mean()),
-                "max": float(plug.max()),
-                "corrected_min": float(corr.min()),
-                "corrected_mean": float(corr.mean()),
-                "corrected_max": float(corr.max()),
-            }
-            del plug, corr
-        else:
-            distances = np.sqrt(d2, out=d2)
-        timings["hellinger"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        k = None if config.mds_method == "dense" or (config.mds_method == "auto" and m <= 2048) else min(max(config.dims), m)
-        method = config.mds_method
-        if bias is not None and (method == "iterative" or (method == "auto" and k is not None)):
-            method = "lanczos"  # ARPACK's path has no bias correction
-        tol = config.lanczos_tol if method == "lanczos" else 1e-10
-        mds = classical_mds(rows, k=k, method=method, seed=config.seed, tol=tol, diagonal=bias)
-        timings["mds"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        diag = corpus_diagnostics(distances, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
-        diagnostics = {
-            "h1": {
-                "min_distance": float(diag.min_distance),
-                "pair": [int(positions[diag.pair[0]]), int(positions[diag.pair[1]])],
-                "nonstationary": bool(diag.nonstationary),
-            },
-            "a3": diag.monotonicity.to_dict(),
-        }
-        timings["corpus_diagnostics"] = time.perf_counter() - t
-
-        results = []
-        jobs = [(d, spec) for d in config.dims for spec in config.encodings]
-        t = time.perf_counter()
-        with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
-            for dim, spec in jobs:
-                entry = _evaluate(spec, positions, dim, distances, mds, config, occupancy)
-                entry.update(
-                    stress_method="exact",
-                    stress_ci95=[entry["stress"], entry["stress"]],
-                    scaled_stress_ci95=[entry["scaled_stress"], entry["scaled_stress"]],
-                    stress_pairs=m * (m - 1) // 2,
-                )
-                results.append(entry)
-                bar.update(1)
-        timings["encodings"] = time.perf_counter() - t
-    else:
-        mds, diagnostics, results, hellinger_summary = _sampled_analysis(
-            rows, positions, occupancy, bias, config, timings, show_progress
-        )
-
-    null = _null_section(mds, bias, noise, geo, geo_parts, index, config, timings)
+    large = len(g.index) > config.exact_limit
+    sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
+    run = _sampled_geometry if large else _exact_geometry
+    geometry = run(g, bias, config, timings, show_progress)
+    null = _null_section(geometry.mds, bias, noise, g.geo, geo_parts, g.index, config, timings)
     if null is not None:
         sections["null"] = null
     if config.bootstrap > 0:
-        sections["bootstrap"] = _bootstrap_section(partials, buckets, index, positions, mds, null, config, timings)
-    return Analysis(counts, config, positions, distances, mds, diagnostics, results, timings, sections, hellinger_summary)
+        sections["bootstrap"] = _bootstrap_section(partials, g.buckets, g.index, g.positions, geometry.mds, null, config, timings)
+    return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
+                    timings, sections, geometry.hellinger_summary, geometry.plugin_distances)
 
 
-def _sampled_analysis(
-    rows: Any,
-    positions: np.ndarray,
-    occupancy: np.ndarray,
-    bias: np.ndarray | None,
-    config: AnalysisConfig,
-    timings: dict[str, float],
-    show_progress: bool | None,
-) -> tuple[MDSResult, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """The geometry above ``exact_limit``: no n x n matrix (see :func:`analyze`)."""
-    from posstats.estimates.sampled import SampledGeometry
+# ----------------------------------------------------------------------------- exact path
 
-    m = len(positions)
+
+def _corrected(d2: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """Bias-corrected ``d_H = sqrt(max(D - b_i - b_j, 0))`` (m, m) and the ``hellinger``
+    report entry of both the plug-in and the corrected distances."""
+    distances = np.sqrt(corrected_squared_distances(d2, bias))
+    summary = {
+        "convention": _HELLINGER_CONVENTION,
+        **_summary(np.sqrt(_off_diagonal(d2))),
+        **_summary(_off_diagonal(distances), "corrected_"),
+    }
+    return distances, summary
+
+
+def _exact_mds(rows: Any, d2: np.ndarray, bias: np.ndarray | None, config: AnalysisConfig) -> MDSResult:
+    """Classical MDS of the m geometry rows: dense from ``D = d2`` (``mds_method`` dense, or
+    auto with m <= 2048), else top-``max(dims)`` by ARPACK, or by block Lanczos when
+    bias-corrected (ARPACK's path has no bias correction)."""
+    m = d2.shape[0]
+    method = config.mds_method
+    if method == "dense" or (method == "auto" and m <= 2048):
+        return classical_mds(rows, k=None, method="dense", seed=config.seed, tol=1e-10, diagonal=bias, squared_distances=d2)
+    if method == "auto":
+        method = "iterative"
+    if bias is not None and method == "iterative":
+        method = "lanczos"
+    tol = config.lanczos_tol if method == "lanczos" else 1e-10
+    return classical_mds(rows, k=min(max(config.dims), m), method=method, seed=config.seed, tol=tol, diagonal=bias)
+
+
+def _corpus_diagnostics_entry(distances: np.ndarray, positions: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
+    """The ``diagnostics`` report entry from the (m, m) d_H: H1 (minimum distance, its pair
+    of positions, non-stationarity) and A3 (the corpus' own monotonicity)."""
+    diag = corpus_diagnostics(distances, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+    return {
+        "h1": {
+            "min_distance": float(diag.min_distance),
+            "pair": [int(positions[diag.pair[0]]), int(positions[diag.pair[1]])],
+            "nonstationary": bool(diag.nonstationary),
+        },
+        "a3": diag.monotonicity.to_dict(),
+    }
+
+
+def _exact_encodings(
+    distances: np.ndarray, mds: MDSResult, g: _Rows, config: AnalysisConfig, show_progress: bool | None
+) -> list[dict[str, Any]]:
+    """One report entry per (width, encoding): exact stress over all m (m - 1) / 2 pairs."""
+    m = len(g.positions)
+    results = []
+    jobs = [(d, spec) for d in config.dims for spec in config.encodings]
+    with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
+        for dim, spec in jobs:
+            entry = _evaluate(spec, g.positions, dim, distances, mds, config, g.occupancy)
+            entry.update(
+                stress_method="exact",
+                stress_ci95=[entry["stress"], entry["stress"]],
+                scaled_stress_ci95=[entry["scaled_stress"], entry["scaled_stress"]],
+                stress_pairs=m * (m - 1) // 2,
+            )
+            results.append(entry)
+            bar.update(1)
+    return results
+
+
+def _exact_geometry(
+    g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None
+) -> _Geometry:
+    """The geometry up to ``exact_limit`` rows: ``D = hellinger_sq(rows)`` once, shared by
+    the MDS (dense path), the stress and the diagnostics."""
     t = time.perf_counter()
-    mds = classical_mds(rows, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol, seed=config.seed, diagonal=bias)
+    d2 = hellinger_sq(g.rows)
+    corrected, summary = _corrected(d2, bias) if bias is not None else (None, None)
+    timings["hellinger"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    mds = _exact_mds(g.rows, d2, bias, config)
     timings["mds"] = time.perf_counter() - t
+    plugin = np.sqrt(d2, out=d2)  # after the MDS, which read D
+    distances = corrected if corrected is not None else plugin
 
     t = time.perf_counter()
-    sampled = SampledGeometry(rows, bias=bias, seed=config.seed)
+    diagnostics = _corpus_diagnostics_entry(distances, g.positions, config)
+    timings["corpus_diagnostics"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    results = _exact_encodings(distances, mds, g, config, show_progress)
+    timings["encodings"] = time.perf_counter() - t
+    return _Geometry(mds, diagnostics, results, summary, distances, plugin)
+
+
+# ----------------------------------------------------------------------------- sampled path
+
+
+def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list[tuple[int, Any]]:
+    """Every (width, encoding) of the config built on the m rows; SMACOF is refused (it
+    needs the n x n distances)."""
+    m = len(g.positions)
     encodings = []
     for dim in config.dims:
         for spec in config.encodings:
             if parse_encoding_spec(spec).name == "mds-smacof":
                 msg = f"{spec}: SMACOF needs the n x n distances; not available above the exact limit ({m} > {config.exact_limit} rows)"
                 raise PosstatsError(msg)
-            encodings.append((dim, make_encoding(spec, positions, dim, mds=mds, occupancy=occupancy)))
-    stresses = sampled.stress(
-        [e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth, max_pairs=config.stress_max_pairs
-    )
-    timings["sampled_stress"] = time.perf_counter() - t
+            encodings.append((dim, make_encoding(spec, g.positions, dim, mds=mds, occupancy=g.occupancy)))
+    return encodings
 
-    t = time.perf_counter()
+
+def _sampled_diagnostics(sampled: SampledGeometry, positions: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
+    """The ``diagnostics`` entry from sampled pairs (H1: an upper bound) and triples (A3)."""
     value, pair = sampled.min_sampled()
     mono = sampled.monotonicity(positions=positions, samples=config.corpus_triples, seed=config.seed)
-    diagnostics = {
+    return {
         "h1": {
             "min_distance": value,
             "pair": [int(positions[pair[0]]), int(positions[pair[1]])],
@@ -470,52 +558,82 @@ def _sampled_analysis(
         },
         "a3": mono.to_dict(),
     }
+
+
+def _sampled_hellinger_entry(sampled: SampledGeometry, *, corrected: bool) -> dict[str, Any]:
+    """The ``hellinger`` report entry from the sampled pairs' d_H, with a 95 % interval of the mean."""
     h = sampled.h
     lo, hi = _mean_interval(h)
-    hellinger_summary = {
-        "convention": "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]",
+    return {
+        "convention": _HELLINGER_CONVENTION,
         "method": "sampled",
         "pairs": int(h.size),
         "min": float(h.min()),
         "mean": float(h.mean()),
         "mean_ci95": [lo, hi],
         "max": float(h.max()),
-        "distances": "bias_corrected" if bias is not None else "plugin",
+        "distances": "bias_corrected" if corrected else "plugin",
     }
+
+
+def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positions: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
+    """The report entry of one encoding on the sampled path: stress ``st`` with its 95 %
+    intervals, separation (exact or an upper bound) and monotonicity."""
+    sep_value, sep_pair, sep_method = _large_min_separation(enc.matrix, sampled)
+    mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+    return {
+        "name": enc.name,
+        "dim": int(dim),
+        "stress": st.stress,
+        "scaled_stress": st.scaled_stress,
+        "scale": st.scale,
+        "pearson": st.pearson,
+        "min_separation": sep_value,
+        "min_separation_pair": [int(positions[sep_pair[0]]), int(positions[sep_pair[1]])],
+        "monotonicity_violation_rate": mono.rate,
+        "monotonicity_method": mono.method,
+        "monotonicity_ci95": [mono.ci_low, mono.ci_high],
+        "stress_method": "sampled",
+        "stress_ci95": list(st.stress_ci95),
+        "scaled_stress_ci95": list(st.scaled_stress_ci95),
+        "scale_ci95": list(st.scale_ci95),
+        "pearson_ci95": list(st.pearson_ci95),
+        "stress_pairs": st.pairs,
+        "min_separation_method": sep_method,
+        **({"fit": dict(enc.details)} if enc.details else {}),
+    }
+
+
+def _sampled_geometry(
+    g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None
+) -> _Geometry:
+    """The geometry above ``exact_limit``: no m x m matrix (see :func:`analyze`)."""
+    m = len(g.positions)
+    t = time.perf_counter()
+    mds = classical_mds(g.rows, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol, seed=config.seed, diagonal=bias)
+    timings["mds"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed)
+    encodings = _sampled_encodings(g, mds, config)
+    stresses = sampled.stress(
+        [e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth, max_pairs=config.stress_max_pairs
+    )
+    timings["sampled_stress"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    diagnostics = _sampled_diagnostics(sampled, g.positions, config)
+    summary = _sampled_hellinger_entry(sampled, corrected=bias is not None)
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
-    results = []
     t = time.perf_counter()
+    results = []
     with progress(total=len(encodings), desc="encodings", unit="enc", enabled=show_progress) as bar:
         for (dim, enc), st in zip(encodings, stresses, strict=True):
-            sep_value, sep_pair, sep_method = _large_min_separation(enc.matrix, sampled)
-            mono_e = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
-            results.append(
-                {
-                    "name": enc.name,
-                    "dim": int(dim),
-                    "stress": st.stress,
-                    "scaled_stress": st.scaled_stress,
-                    "scale": st.scale,
-                    "pearson": st.pearson,
-                    "min_separation": sep_value,
-                    "min_separation_pair": [int(positions[sep_pair[0]]), int(positions[sep_pair[1]])],
-                    "monotonicity_violation_rate": mono_e.rate,
-                    "monotonicity_method": mono_e.method,
-                    "monotonicity_ci95": [mono_e.ci_low, mono_e.ci_high],
-                    "stress_method": "sampled",
-                    "stress_ci95": list(st.stress_ci95),
-                    "scaled_stress_ci95": list(st.scaled_stress_ci95),
-                    "scale_ci95": list(st.scale_ci95),
-                    "pearson_ci95": list(st.pearson_ci95),
-                    "stress_pairs": st.pairs,
-                    "min_separation_method": sep_method,
-                    **({"fit": dict(enc.details)} if enc.details else {}),
-                }
-            )
+            results.append(_sampled_entry(dim, enc, st, sampled, g.positions, config))
             bar.update(1)
     timings["encodings"] = time.perf_counter() - t
-    return mds, diagnostics, results, hellinger_summary
+    return _Geometry(mds, diagnostics, results, summary)
 
 
 def _mean_interval(x: np.ndarray) -> list[float]:
@@ -530,8 +648,6 @@ _KDTREE_MAX_DIM = 8
 def _large_min_separation(p: np.ndarray, sampled: Any) -> tuple[float, tuple[int, int], str]:
     """Minimum separation without an n x n pass: exact by a k-d tree for d <= 8, else an
     upper bound over adjacent rows and the sampled pairs."""
-    from scipy.spatial import cKDTree
-
     p = np.asarray(p, dtype=np.float64)
     if p.shape[1] <= _KDTREE_MAX_DIM:
         dist, nn = cKDTree(p).query(p, k=2)
@@ -563,8 +679,6 @@ def _null_section(
     timings: dict[str, float],
 ) -> dict[str, Any] | None:
     """How many MDS components stand above a null corpus (:func:`posstats.estimates.noise.null_rank`)."""
-    from posstats.estimates.noise import null_rank
-
     m = len(index)
     choice = config.null
     if choice == "auto":
@@ -610,9 +724,6 @@ def _bootstrap_section(
     timings: dict[str, float],
 ) -> dict[str, Any]:
     """Shard-bootstrap intervals for eigenvalues, rank and stress (:mod:`posstats.estimates.bootstrap`)."""
-    from posstats.estimates.bootstrap import shard_bootstrap
-    from posstats.counting.buckets import bucket_counts
-
     if not partials or len(partials) < 2:
         msg = "a shard bootstrap (--bootstrap) needs per-shard partial counts (posstats analyze --store DIR, or counts with a config.json to re-read)"
         raise PosstatsError(msg)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from posstats.counting.counts import CountSpec
 from posstats.errors import PosstatsError
+from posstats.geometry.backend import get_cupy
 
 __all__ = [
     "MEMORY_HINTS",
@@ -239,3 +240,13 @@ def memory_hint(command: str | None, /) -> str:
     """The flags to change when ``command`` runs out of memory."""
     return MEMORY_HINTS.get(command or "", "use a smaller problem or a machine with more memory")
 
+
+
+def gpu_fits(nbytes: int, /, *, share: float) -> bool:
+    """Whether ``nbytes`` fit within ``share`` (0..1) of the GPU's free memory now.
+
+    For a Hellinger job on the device: counts and square roots (``n x V``) plus the
+    result and one block temporary (``n x n``), all float64: ``8 (2 n V + 2 n^2)`` bytes.
+    """
+    free, _ = get_cupy().cuda.runtime.memGetInfo()
+    return nbytes < share * free

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["pid_alive", "process_start_ticks"]
+__all__ = ["pid_alive", "process_gone", "process_start_ticks"]
 
 
 def pid_alive(pid: int, /) -> bool:
@@ -30,3 +32,28 @@ def process_start_ticks(pid: int, /) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def process_gone(
+    pid: int,
+    recorded_ticks: Any,
+    /,
+    *,
+    pid_alive: Callable[[int], bool] = pid_alive,
+    start_ticks: Callable[[int], int | None] = process_start_ticks,
+) -> str | None:
+    """The pid rule for a process recorded on this host: ``"gone"`` when ``pid`` has exited,
+    ``"reused"`` when ``pid`` now belongs to a process whose start time differs from
+    ``recorded_ticks``, else None (alive, or no start time to compare).
+
+    Args:
+        pid: the recorded pid.
+        recorded_ticks: the recorded :func:`process_start_ticks` of that process, or None.
+        pid_alive, start_ticks: process probes (injectable for tests).
+    """
+    if not pid_alive(pid):
+        return "gone"
+    current = start_ticks(pid)
+    if recorded_ticks is not None and current is not None and int(recorded_ticks) != int(current):
+        return "reused"
+    return None

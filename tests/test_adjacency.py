@@ -19,6 +19,11 @@ from posstats.baselines.adjacency import (
     row_adjacency_scores,
     self_cosine_similarity,
 )
+from posstats.baselines.random_transformer import RandomTransformer, TransformerConfig
+from posstats.cli import main
+from posstats.corpus.readers import read_token_batches
+from posstats.corpus.tokenizer import load_tokenizer, vocab_size
+from posstats.geometry.encodings import make_encoding
 
 
 def brute_counts(cs: np.ndarray) -> np.ndarray:
@@ -126,11 +131,10 @@ def test_sinusoidal_has_high_adjacency(n, d, low):
 
 
 def test_catalog_encodings():
-    enc = pytest.importorskip("posstats.geometry.encodings", reason="posstats.geometry.encodings is not in this checkout")
-    sin = enc.make_encoding("sinusoidal", np.arange(128), 64).matrix
+    sin = make_encoding("sinusoidal", np.arange(128), 64).matrix
     np.testing.assert_allclose(sin, sinusoidal(128, 64), atol=1e-12)
-    assert adjacency_score(self_cosine_similarity(enc.make_encoding("rope", np.arange(128), 384).matrix)) > 0.98
-    assert abs(adjacency(enc.make_encoding("random", np.arange(128), 64).matrix).score - 0.5) < 0.05
+    assert adjacency_score(self_cosine_similarity(make_encoding("rope", np.arange(128), 384).matrix)) > 0.98
+    assert abs(adjacency(make_encoding("random", np.arange(128), 64).matrix).score - 0.5) < 0.05
 
 
 def test_layer_adjacency_and_plot(tmp_path):
@@ -173,8 +177,6 @@ def _one_torch_thread():
 
 
 def _layer_scores(tokens, **config):
-    from posstats.baselines.random_transformer import RandomTransformer, TransformerConfig
-
     cfg = TransformerConfig(**{"layers": 2, "dim": 384, "heads": 6, "vocab_size": 2048, **config})
     return layer_adjacency(RandomTransformer(cfg).hidden_states(tokens)).mean
 
@@ -206,9 +208,6 @@ def test_no_adjacency_with_bidirectional_attention(random_tokens):
 @pytest.mark.slow
 def test_paper_findings_on_real_text(data_dir):
     pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
-    from posstats.corpus.readers import read_token_batches
-    from posstats.corpus.tokenizer import load_tokenizer, vocab_size
-
     tok = load_tokenizer(data_dir / "tokenizers" / "gpt2.tokenizer.json")
     batch = next(read_token_batches(data_dir / "fortunes-sample.jsonl", text_column="text", tokenizer=tok))
     assert vocab_size(tok) == 50257
@@ -231,8 +230,6 @@ def test_paper_findings_on_real_text(data_dir):
 
 def test_cli_random_tokens_and_encodings(tmp_path, capsys):
     pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
-    from posstats.cli import main
-
     out = tmp_path / "adj"
     argv = ["adjacency", "--random-tokens", "--layers", "2", "--dim", "64", "--heads", "4", "--vocab-size", "500",
             "--seq-len", "24", "--sequences", "3", "--encodings", "sinusoidal,mds", "--encoding-dim", "32",
@@ -253,8 +250,6 @@ def test_cli_random_tokens_and_encodings(tmp_path, capsys):
 
 def test_cli_real_corpus(tmp_path, data_dir):
     pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
-    from posstats.cli import main
-
     out = tmp_path / "adj"
     argv = ["adjacency", "--input", str(data_dir / "fortunes-sample.jsonl"),
             "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
@@ -280,16 +275,12 @@ def test_cli_real_corpus(tmp_path, data_dir):
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
-    from posstats.cli import main
-
     assert main(["adjacency", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posstats: error:") and "\n" not in err
 
 
 def test_cli_too_few_tokens(tmp_path, data_dir, capsys):
-    from posstats.cli import main
-
     (tmp_path / "small.txt").write_text("just a few words here\n")
     argv = ["adjacency", "--input", str(tmp_path / "small.txt"),
             "--tokenizer", str(data_dir / "tokenizers" / "gpt2.tokenizer.json")]

@@ -16,7 +16,7 @@ from posstats.reports.audit import Checkpoint, audit_checkpoint
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
-from posstats.reports.export import load_run, run_distances
+from posstats.runs.run_folder import load_run, run_distances
 from posstats.counting.io import save_counts
 
 N, V, D, HEADS = 24, 40, 16, 4

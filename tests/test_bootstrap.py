@@ -10,8 +10,8 @@ import pytest
 from posstats.estimates.bootstrap import _stack, resample_counts, shard_bootstrap
 from posstats.geometry.hellinger import hellinger
 from posstats.geometry.mds import classical_mds
-from posstats.estimates.noise import split_counts, synthetic_counts
 from posstats.geometry.stress import stress_report
+from posstats.testing import split_counts, synthetic_counts
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Minimum separation, monotonicity (exact vs O(n^3) brute force, sampled) and corpus checks."""
+"""Minimum separation, monotonicity (exact vs O(n^3) brute force, sampled) and corpus checks,
+on every backend (the ``xp`` fixture; positions stay host arrays)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import posstats.geometry.backend
 from posstats.geometry.diagnostics import (
     CorpusDiagnostics,
     Monotonicity,
@@ -20,7 +20,6 @@ from posstats.geometry.diagnostics import (
     monotonicity_of_encoding,
     monotonicity_violation_rate,
 )
-from posstats.geometry.stress import pairwise_distances
 
 
 def brute_counts(dist, pos):
@@ -61,11 +60,11 @@ def naive_distances(p):
 
 @pytest.mark.parametrize("n", [12, 17, 25])
 @pytest.mark.parametrize("levels", [2, 3, 5])
-def test_exact_equals_triple_loop_with_ties(n, levels):
+def test_exact_equals_triple_loop_with_ties(xp, n, levels):
     rng = np.random.default_rng(n * 10 + levels)
     dist = rng.integers(0, levels, (n, n)).astype(np.float64)  # many ties in distance
     pos = np.arange(n)  # every anchor has ties in sequence distance (left and right)
-    got = monotonicity_violation_rate(dist, positions=pos)
+    got = monotonicity_violation_rate(xp.asarray(dist), positions=pos)
     v, t = brute_triple_loop(dist.tolist(), pos.tolist())
     assert (got.violations, got.triples) == (v, t)
     np.testing.assert_allclose(got.rate, v / t, rtol=1e-15)
@@ -74,11 +73,11 @@ def test_exact_equals_triple_loop_with_ties(n, levels):
 
 
 @pytest.mark.parametrize("n", [3, 16, 17, 33, 70, 129])
-def test_exact_equals_brute_force_across_merge_levels(n):
+def test_exact_equals_brute_force_across_merge_levels(xp, n):
     rng = np.random.default_rng(n)
     dist = rng.integers(0, 6, (n, n)).astype(np.float64)
     pos = np.sort(rng.choice(4 * n, n, replace=False))
-    got = monotonicity_violation_rate(dist, positions=pos)
+    got = monotonicity_violation_rate(xp.asarray(dist), positions=pos)
     assert (got.violations, got.triples) == brute_counts(dist, pos)
 
 
@@ -89,13 +88,13 @@ def test_exact_equals_brute_force_across_merge_levels(n):
     seed=st.integers(0, 2**32 - 1),
     shuffle=st.booleans(),
 )
-def test_property_exact_equals_brute_force(n, levels, seed, shuffle):
+def test_property_exact_equals_brute_force(xp, n, levels, seed, shuffle):
     rng = np.random.default_rng(seed)
     dist = rng.integers(0, levels, (n, n)).astype(np.float64)
     pos = rng.choice(3 * n + 1, n, replace=False)
     if not shuffle:
         pos = np.sort(pos)
-    got = monotonicity_violation_rate(dist, positions=pos)
+    got = monotonicity_violation_rate(xp.asarray(dist), positions=pos)
     v, t = brute_counts(dist, pos)
     assert (got.violations, got.triples) == (v, t)
     if t == 0:
@@ -104,31 +103,31 @@ def test_property_exact_equals_brute_force(n, levels, seed, shuffle):
         assert got.rate == v / t
 
 
-def test_monotone_and_antimonotone_matrices():
+def test_monotone_and_antimonotone_matrices(xp):
     n = 40
-    lag = np.abs(np.subtract.outer(np.arange(n), np.arange(n))).astype(np.float64)
+    lag = xp.asarray(np.abs(np.subtract.outer(np.arange(n), np.arange(n))).astype(np.float64))
     assert monotonicity_violation_rate(lag).rate == 0.0
-    assert monotonicity_violation_rate(np.sqrt(lag)).rate == 0.0
+    assert monotonicity_violation_rate(xp.sqrt(lag)).rate == 0.0
     assert monotonicity_violation_rate(n - lag).rate == 1.0
     # Ties are not violations: a constant matrix has none.
-    assert monotonicity_violation_rate(np.ones((n, n))).rate == 0.0
+    assert monotonicity_violation_rate(xp.ones((n, n))).rate == 0.0
 
 
-def test_positions_give_sequence_distance():
+def test_positions_give_sequence_distance(xp):
     # Rows 0..3 sit at positions 0, 1, 10, 11: distances that follow positions are monotone,
     # distances that follow row indices are not.
     pos = np.array([0, 1, 10, 11])
     by_pos = np.abs(np.subtract.outer(pos, pos)).astype(float)
     by_row = np.abs(np.subtract.outer(np.arange(4), np.arange(4))).astype(float) ** 3
-    assert monotonicity_violation_rate(by_pos, positions=pos).rate == 0.0
+    assert monotonicity_violation_rate(xp.asarray(by_pos), positions=pos).rate == 0.0
     v, t = brute_counts(by_row, pos)
-    got = monotonicity_violation_rate(by_row, positions=pos)
+    got = monotonicity_violation_rate(xp.asarray(by_row), positions=pos)
     assert (got.violations, got.triples) == (v, t)
 
 
-def test_small_n_has_no_triples():
+def test_small_n_has_no_triples(xp):
     for n in (0, 1, 2):
-        got = monotonicity_violation_rate(np.zeros((n, n)))
+        got = monotonicity_violation_rate(xp.zeros((n, n)))
         assert got.triples == 0
         assert math.isnan(got.rate)
 
@@ -137,52 +136,52 @@ def test_small_n_has_no_triples():
     ("positions", "match"),
     [([0, 0, 1, 2], "distinct"), ([0, 1, 2], "one entry per row"), ([0.0, 1.0, 2.0, 3.0], "integers")],
 )
-def test_bad_positions_raise(positions, match):
+def test_bad_positions_raise(xp, positions, match):
     with pytest.raises(ValueError, match=match):
-        monotonicity_violation_rate(np.zeros((4, 4)), positions=positions)
+        monotonicity_violation_rate(xp.zeros((4, 4)), positions=positions)
 
 
-def test_non_square_and_non_finite_raise():
+def test_non_square_and_non_finite_raise(xp):
     with pytest.raises(ValueError, match="square"):
-        monotonicity_violation_rate(np.zeros((3, 4)))
+        monotonicity_violation_rate(xp.zeros((3, 4)))
     d = np.zeros((5, 5))
     d[1, 2] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
-        monotonicity_violation_rate(d)
+        monotonicity_violation_rate(xp.asarray(d))
 
 
-def test_random_encoding_is_about_one_half():
+def test_random_encoding_is_about_one_half(xp):
     p = np.random.default_rng(0).standard_normal((300, 32))
-    got = monotonicity_of_encoding(p)
+    got = monotonicity_of_encoding(xp.asarray(p))
     assert got.method == "exact"
     assert 0.45 < got.rate < 0.55
 
 
-def test_encoding_path_equals_matrix_path():
+def test_encoding_path_equals_matrix_path(xp):
     rng = np.random.default_rng(1)
     p = rng.standard_normal((90, 6))
     pos = np.sort(rng.choice(500, 90, replace=False))
-    a = monotonicity_of_encoding(p, positions=pos)
-    b = monotonicity_violation_rate(naive_distances(p), positions=pos)
+    a = monotonicity_of_encoding(xp.asarray(p), positions=pos)
+    b = monotonicity_violation_rate(xp.asarray(naive_distances(p)), positions=pos)
     assert (a.violations, a.triples) == (b.violations, b.triples) == brute_counts(naive_distances(p), pos)
 
 
-def test_alibi_like_rank_one_encoding_is_exactly_monotone():
+def test_alibi_like_rank_one_encoding_is_exactly_monotone(xp):
     slopes = 2.0 ** -np.arange(1, 9)
     p = np.multiply.outer(np.arange(500.0), slopes)
-    assert monotonicity_of_encoding(p).violations == 0
+    assert monotonicity_of_encoding(xp.asarray(p)).violations == 0
 
 
 # ---------------------------------------------------------------------------------------
 # monotonicity: sampled
 
 
-def test_sampled_contains_exact_within_its_interval():
+def test_sampled_contains_exact_within_its_interval(xp):
     rng = np.random.default_rng(2)
     n = 80
     # A partly monotone matrix (rate well away from 0 and 0.5) with ties.
     lag = np.abs(np.subtract.outer(np.arange(n), np.arange(n)))
-    dist = np.round(lag / 8 + rng.integers(0, 4, (n, n)))
+    dist = xp.asarray(np.round(lag / 8 + rng.integers(0, 4, (n, n))))
     exact = monotonicity_violation_rate(dist)
     sampled = monotonicity_violation_rate(dist, exact_limit=10, samples=200_000, seed=3)
     assert sampled.method == "sampled"
@@ -194,28 +193,30 @@ def test_sampled_contains_exact_within_its_interval():
     assert again == sampled  # seeded
 
 
-def test_sampled_encoding_path_matches_matrix_path():
+def test_sampled_encoding_path_matches_matrix_path(xp):
     p = np.random.default_rng(4).standard_normal((200, 5))
     pos = np.arange(200) * 3
-    a = monotonicity_of_encoding(p, positions=pos, exact_limit=50, samples=50_000, seed=9)
-    b = monotonicity_violation_rate(naive_distances(p), positions=pos, exact_limit=50, samples=50_000, seed=9)
+    a = monotonicity_of_encoding(xp.asarray(p), positions=pos, exact_limit=50, samples=50_000, seed=9)
+    b = monotonicity_violation_rate(
+        xp.asarray(naive_distances(p)), positions=pos, exact_limit=50, samples=50_000, seed=9
+    )
     assert a == b
-    exact = monotonicity_of_encoding(p, positions=pos)
+    exact = monotonicity_of_encoding(xp.asarray(p), positions=pos)
     # Unbiased: within 4 standard errors (a 95 % interval misses 1 seed in 20).
     assert abs(a.rate - exact.rate) <= 4 * math.sqrt(exact.rate * (1 - exact.rate) / a.triples)
 
 
-def test_sampled_monotone_matrix_has_zero_rate_and_tight_interval():
+def test_sampled_monotone_matrix_has_zero_rate_and_tight_interval(xp):
     n = 100
     lag = np.abs(np.subtract.outer(np.arange(n), np.arange(n))).astype(float)
-    got = monotonicity_violation_rate(lag, exact_limit=10, samples=20_000)
+    got = monotonicity_violation_rate(xp.asarray(lag), exact_limit=10, samples=20_000)
     assert got.rate == 0.0
     assert got.ci_low == 0.0
     assert 0.0 < got.ci_high < 1e-3
 
 
-def test_monotonicity_to_dict():
-    got = monotonicity_violation_rate(np.random.default_rng(0).random((10, 10)))
+def test_monotonicity_to_dict(xp):
+    got = monotonicity_violation_rate(xp.asarray(np.random.default_rng(0).random((10, 10))))
     d = got.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert set(d) >= {"rate", "method", "triples", "ci_low", "ci_high"}
@@ -238,35 +239,35 @@ def brute_min_separation(p):
 
 
 @pytest.mark.parametrize("block", [1, 3, 2048])
-def test_min_separation_matches_brute_force(block):
+def test_min_separation_matches_brute_force(xp, block):
     p = np.random.default_rng(5).standard_normal((40, 3))
     value, pair = brute_min_separation(p)
-    got = min_separation(p, block=block)
+    got = min_separation(xp.asarray(p), block=block)
     assert got.pair == pair
     np.testing.assert_allclose(got.value, value, rtol=1e-12)
 
 
-def test_min_separation_near_identical_rows_is_exact():
+def test_min_separation_near_identical_rows_is_exact(xp):
     rng = np.random.default_rng(6)
     p = rng.standard_normal((30, 16)) * 1e3  # large norms: the Gram form cancels to noise
     p[17] = p[4] + 1e-7 * rng.standard_normal(16)
-    got = min_separation(p, block=7)
+    got = min_separation(xp.asarray(p), block=7)
     assert got.pair == (4, 17)
     np.testing.assert_allclose(got.value, np.linalg.norm(p[17] - p[4]), rtol=1e-6)
 
 
-def test_min_separation_duplicates_and_ties():
-    p = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
+def test_min_separation_duplicates_and_ties(xp):
+    p = xp.asarray([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
     assert min_separation(p) == Separation(0.0, (0, 2))
-    q = np.array([[0.0], [1.0], [2.0], [3.0]])  # all neighbours at 1: the first pair wins
+    q = xp.asarray([[0.0], [1.0], [2.0], [3.0]])  # all neighbours at 1: the first pair wins
     assert min_separation(q) == Separation(1.0, (0, 1))
-    assert min_separation(np.zeros((5, 3))) == Separation(0.0, (0, 1))
+    assert min_separation(xp.zeros((5, 3))) == Separation(0.0, (0, 1))
 
 
-def test_min_separation_errors_and_dict():
+def test_min_separation_errors_and_dict(xp):
     with pytest.raises(ValueError, match="at least 2"):
-        min_separation(np.zeros((1, 3)))
-    d = min_separation(np.eye(3)).to_dict()
+        min_separation(xp.zeros((1, 3)))
+    d = min_separation(xp.eye(3)).to_dict()
     assert json.loads(json.dumps(d)) == d
     np.testing.assert_allclose(d["value"], math.sqrt(2), rtol=1e-15)
 
@@ -280,12 +281,12 @@ def hellinger(mu):
     return np.sqrt(((s[:, None, :] - s[None, :, :]) ** 2).sum(axis=2))
 
 
-def test_corpus_diagnostics_h1_and_a3():
+def test_corpus_diagnostics_h1_and_a3(xp):
     rng = np.random.default_rng(7)
     mu = rng.dirichlet(np.ones(20), size=15)
     dh = hellinger(mu)
     pos = np.arange(15) * 2
-    got = corpus_diagnostics(dh, positions=pos)
+    got = corpus_diagnostics(xp.asarray(dh), positions=pos)
     iu = np.triu_indices(15, 1)
     k = int(np.argmin(dh[iu]))
     assert got.pair == (int(iu[0][k]), int(iu[1][k]))
@@ -297,31 +298,15 @@ def test_corpus_diagnostics_h1_and_a3():
     assert isinstance(got, CorpusDiagnostics)
 
 
-def test_corpus_diagnostics_stationary_corpus():
+def test_corpus_diagnostics_stationary_corpus(xp):
     mu = np.tile(np.array([[0.5, 0.25, 0.25]]), (6, 1))
     mu[3] = [0.2, 0.3, 0.5]
-    got = corpus_diagnostics(hellinger(mu), positions=None)
+    got = corpus_diagnostics(xp.asarray(hellinger(mu)), positions=None)
     assert got.min_distance == 0.0
     assert got.pair == (0, 1)
     assert not got.nonstationary
 
 
-def test_corpus_diagnostics_needs_two_rows():
+def test_corpus_diagnostics_needs_two_rows(xp):
     with pytest.raises(ValueError, match="n >= 2"):
-        corpus_diagnostics(np.zeros((1, 1)), positions=None)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not posstats.geometry.backend.gpu_available(), reason="needs a CUDA GPU with cupy")
-def test_cupy_inputs_match_numpy():
-    cp = posstats.geometry.backend.get_cupy()
-    rng = np.random.default_rng(8)
-    p = rng.standard_normal((64, 5))
-    d = pairwise_distances(p)
-    assert monotonicity_of_encoding(cp.asarray(p)) == monotonicity_of_encoding(p)
-    assert monotonicity_violation_rate(cp.asarray(d)) == monotonicity_violation_rate(d)
-    got = min_separation(cp.asarray(p))
-    want = min_separation(p)
-    assert got.pair == want.pair
-    np.testing.assert_allclose(got.value, want.value, rtol=1e-12)
-    assert corpus_diagnostics(cp.asarray(d), positions=None) == corpus_diagnostics(d, positions=None)
+        corpus_diagnostics(xp.zeros((1, 1)), positions=None)

@@ -18,11 +18,10 @@ from posstats.reports.export import (
     LAYOUT_KEYS,
     default_ranks,
     export_encoding,
-    load_run,
     lowrank_tradeoff,
     orthonormal_basis,
-    run_distances,
 )
+from posstats.runs.run_folder import load_run, run_distances
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.counting.io import save_counts
 from posstats.geometry.stress import stress_report

@@ -1,4 +1,7 @@
-"""Tests for posstats.geometry.hellinger against brute-force oracles (THEORY.md section 2)."""
+"""Tests for posstats.geometry.hellinger against brute-force oracles (THEORY.md section 2).
+
+Dense inputs run on every backend (the ``xp`` fixture); scipy.sparse inputs are host-only.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from posstats.geometry.backend import gpu_available
+from posstats.geometry.backend import array_namespace, to_numpy
 from posstats.geometry.hellinger import hellinger, hellinger_sq, hellinger_sq_pairs, sqrt_distributions
-
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")]
 
 
 def brute_sq(counts: np.ndarray) -> np.ndarray:
@@ -53,24 +54,26 @@ def count_matrices(draw, max_n: int = 8, max_v: int = 6) -> np.ndarray:
     return c
 
 
-def test_small_example_matches_formula():
-    c = np.array([[1, 0], [0, 1], [1, 1]])
-    d = hellinger_sq(c)
+def test_small_example_matches_formula(xp):
+    c = xp.asarray([[1, 0], [0, 1], [1, 1]])
+    d = to_numpy(hellinger_sq(c))
     expected = np.array([[0, 2, 2 - math.sqrt(2)], [2, 0, 2 - math.sqrt(2)], [2 - math.sqrt(2), 2 - math.sqrt(2), 0]])
     np.testing.assert_allclose(d, expected, rtol=0, atol=1e-15)
 
 
 @settings(max_examples=60, deadline=None)
-@given(count_matrices())
-def test_properties_and_brute_force(c):
-    d = hellinger_sq(c)
+@given(c=count_matrices())
+def test_properties_and_brute_force(xp, c):
+    out = hellinger_sq(xp.asarray(c))
+    assert array_namespace(out) is xp  # the output stays on the input's device
+    d = to_numpy(out)
     assert d.dtype == np.float64
     np.testing.assert_array_equal(d, d.T)
     np.testing.assert_array_equal(np.diag(d), np.zeros(c.shape[0]))
     assert d.min() >= 0.0
     assert d.max() <= 2.0
     np.testing.assert_allclose(d, brute_sq(c), rtol=0, atol=1e-14)
-    dh = hellinger(c)
+    dh = to_numpy(hellinger(xp.asarray(c)))
     np.testing.assert_allclose(dh, np.sqrt(d), rtol=1e-15, atol=0)
     assert dh.max() <= math.sqrt(2.0)
 
@@ -85,28 +88,52 @@ def test_sparse_equals_dense(c, as_array):
     np.testing.assert_array_equal(ds, ds.T)
 
 
-@settings(max_examples=40, deadline=None)
-@given(count_matrices(max_n=12), st.integers(1, 13), st.booleans())
-def test_blocked_equals_unblocked(c, block, sparse):
-    x = sp.csr_array(c) if sparse else c
-    ref = hellinger_sq(x, block=4096)
-    d = hellinger_sq(x, block=block)
+def check_blocked_equals_unblocked(x, block: int) -> None:
+    """``hellinger_sq(x, block=block)`` equals one block, exactly symmetric, zero diagonal."""
+    ref = to_numpy(hellinger_sq(x, block=4096))
+    d = to_numpy(hellinger_sq(x, block=block))
     np.testing.assert_allclose(d, ref, rtol=0, atol=1e-14)
     np.testing.assert_array_equal(d, d.T)
     np.testing.assert_array_equal(np.diag(d), 0.0)
 
 
-@pytest.mark.parametrize("block", [1, 7, 32, 50, 64, 1000])
-@pytest.mark.parametrize("sparse", [False, True])
-def test_blocked_medium(block, sparse):
+@settings(max_examples=40, deadline=None)
+@given(c=count_matrices(max_n=12), block=st.integers(1, 13))
+def test_blocked_equals_unblocked(xp, c, block):
+    check_blocked_equals_unblocked(xp.asarray(c), block)
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=count_matrices(max_n=12), block=st.integers(1, 13))
+def test_blocked_equals_unblocked_sparse(c, block):
+    check_blocked_equals_unblocked(sp.csr_array(c), block)
+
+
+def medium_counts() -> np.ndarray:
+    """(50, 400) seeded Poisson counts with 10 dense columns (the dense/sparse column split)."""
     rng = np.random.default_rng(3)
     c = rng.poisson(0.3, size=(50, 400))
-    c[:, :10] += rng.poisson(40, size=(50, 10))  # dense columns: exercises the dense/sparse split
+    c[:, :10] += rng.poisson(40, size=(50, 10))
     c[:, 0] += 1
-    x = sp.csr_array(c) if sparse else c
-    d = hellinger_sq(x, block=block)
+    return c
+
+
+def check_blocked_medium(x, c: np.ndarray, block: int) -> None:
+    d = to_numpy(hellinger_sq(x, block=block))
     np.testing.assert_allclose(d, brute_sq(c), rtol=0, atol=1e-14)
     np.testing.assert_array_equal(d, d.T)
+
+
+@pytest.mark.parametrize("block", [1, 7, 32, 50, 64, 1000])
+def test_blocked_medium(xp, block):
+    c = medium_counts()
+    check_blocked_medium(xp.asarray(c), c, block)
+
+
+@pytest.mark.parametrize("block", [1, 7, 32, 50, 64, 1000])
+def test_blocked_medium_sparse(block):
+    c = medium_counts()
+    check_blocked_medium(sp.csr_array(c), c, block)
 
 
 def _near_identical(rng: np.random.Generator, scale: int) -> np.ndarray:
@@ -125,66 +152,92 @@ def _near_identical(rng: np.random.Generator, scale: int) -> np.ndarray:
     return np.array(rows, dtype=np.int64)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-@pytest.mark.parametrize("scale", [10**3, 10**7])
-def test_near_identical_rows_relative_precision(sparse, scale):
+def check_near_identical_rows(x, c: np.ndarray) -> None:
     """Against a 60-digit oracle, d_H^2 of nearly identical rows is exact to ~1e-13 relative.
 
     The Gram form alone (refine_below=0) has an absolute error ~1e-16, i.e. a relative
-    error of 1e-6 or worse at these distances; the refinement is what this test checks.
+    error of 1e-6 or worse at these distances; the refinement is what this checks.
     """
-    c = _near_identical(np.random.default_rng(11), scale)
     n = c.shape[0]
     oracle = np.array([[decimal_sq(c[i], c[j]) for j in range(n)] for i in range(n)])
     assert 0 < oracle[0, 1] < 1e-8  # really near-identical
     np.testing.assert_array_equal(oracle[0, -1], 0.0)
-    x = sp.csr_array(c) if sparse else c
-    d = hellinger_sq(x)
+    d = to_numpy(hellinger_sq(x))
     near = oracle < 1e-6  # the pairs refine_below (default 1e-6) sends to the difference form
     assert near.sum() > n + 10
     np.testing.assert_allclose(d[near], oracle[near], rtol=1e-13, atol=1e-300)
     # Elsewhere the Gram form's absolute error (a few eps) is at most ~1e-10 relative.
     np.testing.assert_allclose(d[~near], oracle[~near], rtol=0, atol=1e-14)
     # d_H itself, where the user sees it: relative precision too.
-    np.testing.assert_allclose(hellinger(x)[near], np.sqrt(oracle[near]), rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(to_numpy(hellinger(x))[near], np.sqrt(oracle[near]), rtol=1e-13, atol=1e-300)
     # The Gram form is measurably worse on these pairs (why the refinement exists).
-    gram = hellinger_sq(x, refine_below=0.0)
+    gram = to_numpy(hellinger_sq(x, refine_below=0.0))
     mask = oracle > 0
     assert np.max(np.abs(gram[mask] - oracle[mask]) / oracle[mask]) > 1e-6
 
 
-def test_pairs_difference_form_matches_oracle():
+@pytest.mark.parametrize("scale", [10**3, 10**7])
+def test_near_identical_rows_relative_precision(xp, scale):
+    c = _near_identical(np.random.default_rng(11), scale)
+    check_near_identical_rows(xp.asarray(c), c)
+
+
+@pytest.mark.parametrize("scale", [10**3, 10**7])
+def test_near_identical_rows_relative_precision_sparse(scale):
+    c = _near_identical(np.random.default_rng(11), scale)
+    check_near_identical_rows(sp.csr_array(c), c)
+
+
+def pairs_case() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(counts (6, 30), rows, cols of every pair i < j, their 60-digit d_H^2)."""
     rng = np.random.default_rng(5)
     c = rng.integers(0, 50, size=(6, 30))
     c[:, 0] += 1
     rows, cols = np.triu_indices(6, 1)
-    for x in (c, sp.csr_matrix(c)):
-        got = hellinger_sq_pairs(x, rows, cols)
-        want = np.array([decimal_sq(c[i], c[j]) for i, j in zip(rows, cols, strict=True)])
-        np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
+    want = np.array([decimal_sq(c[i], c[j]) for i, j in zip(rows, cols, strict=True)])
+    return c, rows, cols, want
 
 
-def test_pairs_huge_counts_fall_back_to_float():
+def test_pairs_difference_form_matches_oracle(xp):
+    c, rows, cols, want = pairs_case()
+    got = hellinger_sq_pairs(xp.asarray(c), rows, cols)
+    assert array_namespace(got) is xp
+    np.testing.assert_allclose(to_numpy(got), want, rtol=1e-14, atol=0)
+
+
+def test_pairs_difference_form_matches_oracle_sparse():
+    c, rows, cols, want = pairs_case()
+    np.testing.assert_allclose(hellinger_sq_pairs(sp.csr_matrix(c), rows, cols), want, rtol=1e-14, atol=0)
+
+
+def test_pairs_huge_counts_fall_back_to_float(xp):
     # C * occ overflows int64 here; the float64 numerator still gives full precision at
     # moderate distances.
     rng = np.random.default_rng(8)
     c = rng.integers(1, 2**40, size=(3, 20), dtype=np.int64)
-    got = hellinger_sq_pairs(c, [0, 0, 1], [1, 2, 2])
+    got = to_numpy(hellinger_sq_pairs(xp.asarray(c), [0, 0, 1], [1, 2, 2]))
     want = [decimal_sq(c[0], c[1]), decimal_sq(c[0], c[2]), decimal_sq(c[1], c[2])]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
-def test_float_counts_accepted():
+def test_float_counts_accepted(xp):
     c = np.array([[0.5, 1.5, 0.0], [1.0, 1.0, 2.0]])
-    np.testing.assert_allclose(hellinger_sq(c), brute_sq(c), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(to_numpy(hellinger_sq(xp.asarray(c))), brute_sq(c), rtol=0, atol=1e-15)
 
 
-def test_sqrt_distributions_dense_and_sparse():
+def test_sqrt_distributions_dense(xp):
     c = np.array([[1, 3, 0], [0, 2, 2]])
-    s = sqrt_distributions(c)
+    out = sqrt_distributions(xp.asarray(c))
+    assert array_namespace(out) is xp
+    s = to_numpy(out)
     assert s.dtype == np.float64
     np.testing.assert_allclose(s, np.sqrt(c / c.sum(axis=1, keepdims=True)), rtol=1e-15, atol=0)
     np.testing.assert_allclose(np.sum(s * s, axis=1), 1.0, rtol=1e-15)
+
+
+def test_sqrt_distributions_sparse():
+    c = np.array([[1, 3, 0], [0, 2, 2]])
+    s = sqrt_distributions(c)
     sa = sqrt_distributions(sp.csr_array(c))
     sm = sqrt_distributions(sp.csr_matrix(c))
     assert isinstance(sa, sp.csr_array) and sa.dtype == np.float64
@@ -204,65 +257,59 @@ def test_sparse_duplicates_and_stored_zeros():
     np.testing.assert_allclose(hellinger_sq(coo), brute_sq(dense), rtol=0, atol=1e-15)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_zero_occupancy_row_raises(sparse):
-    c = np.array([[1, 2], [0, 0], [3, 0]])
-    x = sp.csr_array(c) if sparse else c
+def check_zero_occupancy_row_raises(x) -> None:
     with pytest.raises(ValueError, match=r"zero occupancy \(first: \[1\]\)"):
         hellinger_sq(x)
     with pytest.raises(ValueError, match="zero occupancy"):
         sqrt_distributions(x)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_negative_counts_raise(sparse):
-    c = np.array([[1, 2], [3, -1]])
-    x = sp.csr_array(c) if sparse else c
+def test_zero_occupancy_row_raises(xp):
+    check_zero_occupancy_row_raises(xp.asarray([[1, 2], [0, 0], [3, 0]]))
+
+
+def test_zero_occupancy_row_raises_sparse():
+    check_zero_occupancy_row_raises(sp.csr_array(np.array([[1, 2], [0, 0], [3, 0]])))
+
+
+def test_negative_counts_raise(xp):
     with pytest.raises(ValueError, match="non-negative.*row 1, column 1"):
-        hellinger_sq(x)
+        hellinger_sq(xp.asarray([[1, 2], [3, -1]]))
 
 
-def test_bad_shapes_and_values_raise():
+def test_negative_counts_raise_sparse():
+    with pytest.raises(ValueError, match="non-negative.*row 1, column 1"):
+        hellinger_sq(sp.csr_array(np.array([[1, 2], [3, -1]])))
+
+
+def test_bad_shapes_and_values_raise(xp):
     with pytest.raises(ValueError, match="2-D"):
-        hellinger_sq(np.array([1, 2, 3]))
+        hellinger_sq(xp.asarray([1, 2, 3]))
     with pytest.raises(ValueError, match="NaN"):
-        hellinger_sq(np.array([[1.0, np.nan]]))
+        hellinger_sq(xp.asarray([[1.0, np.nan]]))
     with pytest.raises(ValueError, match="block"):
-        hellinger_sq(np.array([[1, 2]]), block=0)
+        hellinger_sq(xp.asarray([[1, 2]]), block=0)
+
+
+def test_non_numeric_dtype_raises():
+    # Host only: cupy has no string arrays.
     with pytest.raises(TypeError, match="dtype"):
         hellinger_sq(np.array([["a", "b"]]))
 
 
-def test_empty_input():
-    d = hellinger_sq(np.zeros((0, 4), dtype=np.int64))
+def test_empty_input(xp):
+    d = hellinger_sq(xp.zeros((0, 4), dtype=xp.int64))
     assert d.shape == (0, 0)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_identical_rows_exact_zero(sparse):
-    c = np.array([[1, 2, 3], [2, 4, 6], [10, 20, 30], [0, 0, 1]])
-    x = sp.csr_array(c) if sparse else c
-    d = hellinger_sq(x)
+IDENTICAL_ROWS = np.array([[1, 2, 3], [2, 4, 6], [10, 20, 30], [0, 0, 1]])
+
+
+def test_identical_rows_exact_zero(xp):
+    d = to_numpy(hellinger_sq(xp.asarray(IDENTICAL_ROWS)))
     np.testing.assert_array_equal(d[:3, :3], np.zeros((3, 3)))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")
-@pytest.mark.parametrize("block", [3, 4096])
-def test_gpu_matches_numpy(block):
-    import cupy as cp  # noqa: PLC0415 - only when a GPU is present
-
-    rng = np.random.default_rng(2)
-    c = rng.poisson(2.0, size=(20, 40))
-    c[:, 0] += 1
-    c = np.concatenate([c, _near_identical(rng, 10**5)], axis=0)  # exercises the refinement
-    got = hellinger_sq(cp.asarray(c), block=block)
-    assert isinstance(got, cp.ndarray) and got.dtype == cp.float64
-    want = hellinger_sq(c, block=block)
-    np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-12)
-    near = (want > 0) & (want < 1e-6)
-    np.testing.assert_allclose(got.get()[near], want[near], rtol=1e-12, atol=0)
-    np.testing.assert_array_equal(got.get(), got.get().T)
-    s = sqrt_distributions(cp.asarray(c))
-    assert isinstance(s, cp.ndarray)
-    np.testing.assert_allclose(s.get(), sqrt_distributions(c), rtol=1e-12, atol=0)
+def test_identical_rows_exact_zero_sparse():
+    d = hellinger_sq(sp.csr_array(IDENTICAL_ROWS))
+    np.testing.assert_array_equal(d[:3, :3], np.zeros((3, 3)))

@@ -27,9 +27,11 @@ import pytest
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
 from posstats.errors import PosstatsError
 from posstats.ids import is_valid_id, validate_id, validate_run_id
-from posstats.service.shard_store import CorruptPartialError, RunStore, file_sha256, load_partial, sum_partials
+from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
+from posstats.service.shard_store import RunStore
 from posstats.corpus.shards import Shard
 from posstats.counting.io import load_counts, save_counts, write_json_atomic
+from posstats.runs.publish import file_sha256
 from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 
 REPO = Path(__file__).resolve().parents[1]

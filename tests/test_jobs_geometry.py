@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from posstats.geometry.backend import gpu_available
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
-from posstats.estimates.noise import synthetic_counts
 from posstats.counting.io import save_counts
+from posstats.testing import synthetic_counts
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -64,7 +63,7 @@ def test_jobs_report_bad_input(ray_session, tmp_path, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")
+@pytest.mark.usefixtures("cupy")  # skips with the reason when cupy or a CUDA device is missing
 def test_gpu_actor_equals_cpu(ray_session, counts_dir, tmp_path):
     from jobs.hellinger import main
 

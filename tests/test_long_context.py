@@ -1,6 +1,7 @@
-"""Long contexts end to end: block-Lanczos MDS against dense eigh, the analysis path above
-the exact limit (no n x n matrix, sampled stress with intervals), buckets, the noise
-floor and bias-corrected geometry in the pipeline and the CLI, and the GPU variants."""
+"""Long contexts end to end: block-Lanczos MDS against dense eigh (its products on every
+backend, the ``xp`` fixture), the analysis path above the exact limit (no n x n matrix,
+sampled stress with intervals), buckets, the noise floor and bias-corrected geometry in
+the pipeline and the CLI."""
 
 from __future__ import annotations
 
@@ -12,17 +13,24 @@ import pytest
 import scipy.sparse as sp
 
 from posstats.analysis import AnalysisConfig, analyze
-from posstats.geometry.backend import gpu_available
 from posstats.cli import main
+from posstats.corpus.shards import count_shard, plan_shards
+from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.tokenizer import load_tokenizer
+from posstats.counting.counts import CountSpec
+from posstats.counting.io import save_counts
 from posstats.errors import PosstatsError
+from posstats.estimates.noise import corrected_squared_distances, noise_floor
+from posstats.geometry.backend import array_namespace, to_numpy
+from posstats.geometry.encodings import make_encoding
 from posstats.geometry.hellinger import hellinger, hellinger_sq
-from posstats.geometry.mds import classical_mds
-from posstats.estimates.noise import corrected_squared_distances, noise_floor, split_counts, synthetic_counts
+from posstats.geometry.mds import _SplitSqrt, classical_mds
 from posstats.geometry.stress import stress_report
+from posstats.service.shard_store import RunStore
+from posstats.testing import split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2 = str(REPO / "data/tokenizers/gpt2.tokenizer.json")
-needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +42,14 @@ def planted():
 
 
 @pytest.mark.parametrize("shape", ["n<V", "n>V"])
-def test_lanczos_matches_dense_eigh(shape):
+def test_lanczos_matches_dense_eigh(xp, shape):
     if shape == "n<V":
         syn = synthetic_counts(600, 3000, tokens=3000, rank=4, strength=0.3, block_tokens=24, seed=1)
     else:
         syn = synthetic_counts(1500, 400, tokens=2000, rank=3, strength=0.3, block_tokens=16, seed=2)
     c = syn.counts.matrix
     dense = classical_mds(c, k=32, method="dense")
-    lz = classical_mds(c, k=32, method="lanczos", tol=1e-10, block=8)
+    lz = classical_mds(c, k=32, method="lanczos", tol=1e-10, block=8, xp=xp)
     assert lz.method == "lanczos" and lz.residuals.max() <= 1e-10
     np.testing.assert_allclose(lz.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-11 * dense.eigenvalues[0])
     np.testing.assert_allclose(lz.total_variance, dense.total_variance, rtol=1e-12)
@@ -49,26 +57,26 @@ def test_lanczos_matches_dense_eigh(shape):
     np.testing.assert_allclose(lz.encoding[:, :3], dense.encoding[:, :3], rtol=0, atol=1e-8)
 
 
-def test_lanczos_splits_dense_columns_and_keeps_sparse_input_sparse():
-    from posstats.geometry.mds import _SplitSqrt
-
+def test_lanczos_splits_dense_columns_and_keeps_sparse_input_sparse(xp):
     syn = synthetic_counts(300, 20_000, tokens=3000, rank=2, block_tokens=16, seed=4)
-    op = _SplitSqrt(syn.counts.matrix)
+    op = _SplitSqrt(syn.counts.matrix, xp=xp)
     assert 0 < op.heavy_columns < 10_000 and 0 < op.light_nnz < syn.counts.matrix.nnz
     s = np.sqrt(syn.counts.to_dense().matrix / syn.counts.occupancy()[:, None])
     sc = s - s.mean(axis=0)
     x = np.random.default_rng(0).normal(size=(20_000, 5))
     y = np.random.default_rng(1).normal(size=(300, 5))
-    np.testing.assert_allclose(op.apply(x), sc @ x, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(op.apply_t(y), sc.T @ y, rtol=1e-12, atol=1e-12)
+    sx, sty = op.apply(xp.asarray(x)), op.apply_t(xp.asarray(y))
+    assert array_namespace(sx, sty) is xp  # the products run (and stay) on the backend
+    np.testing.assert_allclose(to_numpy(sx), sc @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(to_numpy(sty), sc.T @ y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(op.total_variance(), np.sum(sc * sc), rtol=1e-12)
 
 
-def test_lanczos_bias_corrected_operator_matches_dense(planted):
+def test_lanczos_bias_corrected_operator_matches_dense(xp, planted):
     c = planted.counts.matrix
     b = noise_floor(split_counts(planted.counts, parts=4, seed=0)).bias
     dense = classical_mds(c, k=12, method="dense", diagonal=b)
-    lz = classical_mds(c, k=12, method="lanczos", diagonal=b, tol=1e-10)
+    lz = classical_mds(c, k=12, method="lanczos", diagonal=b, tol=1e-10, xp=xp)
     np.testing.assert_allclose(lz.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-10 * dense.eigenvalues[0])
     # B_c is the double-centred, unclipped D - b_i - b_j with a zero diagonal
     d2 = hellinger_sq(c) - b[:, None] - b[None, :]
@@ -77,6 +85,19 @@ def test_lanczos_bias_corrected_operator_matches_dense(planted):
     h = np.eye(m) - 1.0 / m
     lam = np.sort(np.linalg.eigvalsh(-0.5 * h @ d2 @ h))[::-1]
     np.testing.assert_allclose(dense.eigenvalues, lam[:12], rtol=0, atol=1e-10 * lam[0])
+
+
+def test_lanczos_on_a_dense_input_matches_sparse(xp, planted):
+    sparse = classical_mds(planted.counts.matrix, k=16, method="lanczos", tol=1e-10)
+    dense = classical_mds(xp.asarray(planted.counts.to_dense().matrix), k=16, method="lanczos", tol=1e-10)
+    np.testing.assert_allclose(dense.eigenvalues, sparse.eigenvalues, rtol=1e-12)
+
+
+def test_hellinger_blocks_of_a_long_context(xp, planted):
+    dense = planted.counts.to_dense().matrix
+    d = to_numpy(hellinger_sq(xp.asarray(dense), block=256))
+    np.testing.assert_allclose(d, hellinger_sq(dense), rtol=0, atol=1e-12)
+    assert np.all(np.diag(d) == 0.0)
 
 
 def test_lanczos_argument_errors(planted):
@@ -130,8 +151,6 @@ def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):
     assert r["geometry"]["distances"] == "bias_corrected"
     assert r["hellinger"]["corrected_mean"] < r["hellinger"]["mean"]
     sin = next(e for e in r["encodings"] if e["name"] == "sinusoidal")
-    from posstats.geometry.encodings import make_encoding
-
     exact = stress_report(make_encoding("sinusoidal", np.arange(700), 2).matrix, expected)
     np.testing.assert_allclose(sin["scaled_stress"], exact.scaled_stress, rtol=1e-12)
     assert r["noise"]["method"] == "quarters" and len(r["noise"]["split_half_d_h_per_position"]) == 700
@@ -178,13 +197,6 @@ def test_cli_noise_floor_buckets_and_sampled_stress(tmp_path, monkeypatch):
 def test_cli_store_gives_parts_and_bootstrap_units(tmp_path, monkeypatch):
     """posstats analyze --store: the run store's shards are the noise-floor parts (by rank
     parity) and the bootstrap's resampling units."""
-    from posstats.corpus.source import CorpusSource, count_corpus
-    from posstats.counting.counts import CountSpec
-    from posstats.service.shard_store import RunStore
-    from posstats.corpus.shards import count_shard, plan_shards
-    from posstats.counting.io import save_counts
-    from posstats.corpus.tokenizer import load_tokenizer
-
     monkeypatch.chdir(REPO)
     source = CorpusSource(inputs=(str(REPO / "data/fortunes-sample.jsonl"),), text_column="text", tokenizer=GPT2)
     spec = CountSpec(24, 50257, "truncate", (50256,))
@@ -210,32 +222,3 @@ def test_cli_bad_long_context_options(tmp_path, capsys):
     assert rc == 2 and "noise floor" in capsys.readouterr().err
     rc = main(["analyze", "--counts", str(tmp_path), "--buckets", "cubic:2", "--out", str(tmp_path / "o")])
     assert rc == 2 and "bucketing" in capsys.readouterr().err
-
-
-# ----------------------------------------------------------------------------- GPU
-
-
-@pytest.mark.gpu
-@needs_gpu
-def test_lanczos_on_the_gpu_matches_numpy(planted):
-    import cupy
-
-    c = planted.counts.matrix
-    cpu = classical_mds(c, k=16, method="lanczos", tol=1e-10)
-    gpu = classical_mds(c, k=16, method="lanczos", tol=1e-10, xp=cupy)
-    np.testing.assert_allclose(gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
-    np.testing.assert_allclose(gpu.encoding[:, :4], cpu.encoding[:, :4], rtol=0, atol=1e-9)
-    dense_gpu = classical_mds(cupy.asarray(planted.counts.to_dense().matrix), k=16, method="lanczos", tol=1e-10)
-    np.testing.assert_allclose(dense_gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
-
-
-@pytest.mark.gpu
-@needs_gpu
-def test_gpu_hellinger_blocks_match_numpy(planted):
-    import cupy
-
-    dense = planted.counts.to_dense().matrix
-    d_cpu = hellinger_sq(dense)
-    d_gpu = cupy.asnumpy(hellinger_sq(cupy.asarray(dense), block=256))
-    np.testing.assert_allclose(d_gpu, d_cpu, rtol=0, atol=1e-12)
-    assert np.all(np.diag(d_gpu) == 0.0)

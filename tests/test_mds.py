@@ -1,4 +1,8 @@
-"""Tests for posstats.geometry.mds: classical MDS = PCA of square-root distributions (THEORY.md section 3)."""
+"""Tests for posstats.geometry.mds: classical MDS = PCA of square-root distributions (THEORY.md section 3).
+
+Dense inputs run on every backend (the ``xp`` fixture); results are host arrays whatever
+the input's device. scipy.sparse inputs are host-only.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from posstats.geometry.backend import gpu_available
 from posstats.geometry import mds as mds_module
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, Spectrum, classical_mds, spectrum_summary
@@ -84,9 +87,10 @@ def count_matrices(draw, max_n: int = 7, max_v: int = 6) -> np.ndarray:
 
 
 @settings(max_examples=50, deadline=None)
-@given(count_matrices())
-def test_eigenvalues_are_squared_singular_values(c):
-    r = classical_mds(c, method="dense")
+@given(c=count_matrices())
+def test_eigenvalues_are_squared_singular_values(xp, c):
+    r = classical_mds(xp.asarray(c), method="dense")
+    assert isinstance(r.eigenvalues, np.ndarray) and isinstance(r.encoding, np.ndarray)  # host results
     n = c.shape[0]
     sv = np.linalg.svd(centred_sqrt(c), compute_uv=False)
     expected = np.zeros(n)
@@ -98,9 +102,9 @@ def test_eigenvalues_are_squared_singular_values(c):
 
 
 @settings(max_examples=50, deadline=None)
-@given(count_matrices())
-def test_full_rank_reproduces_b_and_distances(c):
-    r = classical_mds(c, method="dense")
+@given(c=count_matrices())
+def test_full_rank_reproduces_b_and_distances(xp, c):
+    r = classical_mds(xp.asarray(c), method="dense")
     # P P^T = B (negative eigenvalues are rounding-sized and clipped) ...
     np.testing.assert_allclose(r.encoding @ r.encoding.T, oracle_b(c), rtol=0, atol=1e-12)
     # ... so the encoding's pairwise distances are the Hellinger distances: zero stress.
@@ -130,9 +134,7 @@ def dense_300(corpus_300) -> MDSResult:
     return classical_mds(corpus_300, k=16, method="dense")
 
 
-@pytest.mark.parametrize("sparse", [True, False])
-def test_iterative_matches_dense(corpus_300, dense_300, sparse):
-    x = sp.csr_array(corpus_300) if sparse else corpus_300
+def check_iterative_matches_dense(x, corpus_300: np.ndarray, dense_300: MDSResult) -> None:
     it = classical_mds(x, k=16, method="iterative", seed=3)
     assert it.method == "iterative" and dense_300.method == "dense"
     lam = dense_300.eigenvalues
@@ -144,6 +146,14 @@ def test_iterative_matches_dense(corpus_300, dense_300, sparse):
     np.testing.assert_allclose(it.total_variance, np.sum(centred_sqrt(corpus_300) ** 2), rtol=1e-12)
     assert np.all(it.residuals < 1e-9)
     assert it.negative_mass == 0.0
+
+
+def test_iterative_matches_dense(xp, corpus_300, dense_300):
+    check_iterative_matches_dense(xp.asarray(corpus_300), corpus_300, dense_300)
+
+
+def test_iterative_matches_dense_sparse(corpus_300, dense_300):
+    check_iterative_matches_dense(sp.csr_array(corpus_300), corpus_300, dense_300)
 
 
 @pytest.mark.parametrize("threads", [2, 3, 7])
@@ -173,10 +183,11 @@ def test_product_threads_honours_omp_num_threads(monkeypatch):
     assert mds_module.product_threads() >= 1
 
 
-def test_dense_topk_matches_full(corpus_300, dense_300):
-    full = classical_mds(corpus_300, method="dense")
-    np.testing.assert_allclose(dense_300.eigenvalues, full.eigenvalues[:16], rtol=1e-12)
-    np.testing.assert_allclose(dense_300.encoding, full.encoding[:, :16], rtol=0, atol=1e-9)
+def test_dense_topk_matches_full(xp, corpus_300):
+    topk = classical_mds(xp.asarray(corpus_300), k=16, method="dense")
+    full = classical_mds(xp.asarray(corpus_300), method="dense")
+    np.testing.assert_allclose(topk.eigenvalues, full.eigenvalues[:16], rtol=1e-12)
+    np.testing.assert_allclose(topk.encoding, full.encoding[:, :16], rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.sum(full.eigenvalues), full.total_variance, rtol=1e-12)
 
 
@@ -201,17 +212,17 @@ def test_deterministic_and_signs(corpus_300, method):
     assert np.all(a.encoding[np.argmax(np.abs(a.encoding), axis=0), cols] > 0)
 
 
-def test_row_permutation_permutes_encoding(corpus_300, dense_300):
+def test_row_permutation_permutes_encoding(xp, corpus_300, dense_300):
     perm = np.random.default_rng(0).permutation(corpus_300.shape[0])
-    r = classical_mds(corpus_300[perm], k=16, method="dense")
+    r = classical_mds(xp.asarray(corpus_300[perm]), k=16, method="dense")
     np.testing.assert_allclose(r.eigenvalues, dense_300.eigenvalues, rtol=1e-12)
     np.testing.assert_allclose(r.encoding[:, :8], dense_300.encoding[perm, :8], rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
-def test_planted_rank_recovered(k):
+def test_planted_rank_recovered(xp, k):
     c = planted_rank(k, n=40, width=5, seed=k)
-    r = classical_mds(c, method="dense")
+    r = classical_mds(xp.asarray(c), method="dense")
     spec = r.spectrum()
     assert spec.rank == k
     assert spec.denominator == "positive_eigenvalues"
@@ -220,13 +231,22 @@ def test_planted_rank_recovered(k):
     np.testing.assert_allclose(r.eigenvalues[k:], 0.0, atol=1e-12)
     # Rank k: the first k coordinates already reproduce every distance.
     np.testing.assert_allclose(pairwise_sq(r.encoding[:, :k]), hellinger_sq(c), atol=1e-12)
+    it = classical_mds(xp.asarray(c), k=k, method="iterative")
+    np.testing.assert_allclose(it.eigenvalues, r.eigenvalues[:k], rtol=1e-8)
+    assert it.spectrum().rank == k
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_planted_rank_recovered_iterative_sparse(k):
+    c = planted_rank(k, n=40, width=5, seed=k)
+    r = classical_mds(c, method="dense")
     it = classical_mds(sp.csr_array(c), k=k, method="iterative")
     np.testing.assert_allclose(it.eigenvalues, r.eigenvalues[:k], rtol=1e-8)
     assert it.spectrum().rank == k
 
 
-def test_k_clamping_and_auto():
-    c = positional_corpus(30, 12, seed=4, topics=3, tokens=200)
+def test_k_clamping_and_auto(xp):
+    c = xp.asarray(positional_corpus(30, 12, seed=4, topics=3, tokens=200))
     d = classical_mds(c, k=100, method="dense")
     assert d.eigenvalues.shape == (30,)
     it = classical_mds(c, k=100, method="iterative")
@@ -246,18 +266,26 @@ def test_k_clamping_and_auto():
         classical_mds(c[:2], k=1, method="iterative")
 
 
-@pytest.mark.parametrize("method", ["dense", "iterative"])
-@pytest.mark.parametrize("sparse", [False, True])
-def test_zero_occupancy_row_raises(method, sparse):
+def unoccupied_row() -> np.ndarray:
     c = positional_corpus(10, 8, seed=0, topics=2, tokens=50)
     c[4] = 0
-    x = sp.csr_array(c) if sparse else c
+    return c
+
+
+@pytest.mark.parametrize("method", ["dense", "iterative"])
+def test_zero_occupancy_row_raises(xp, method):
     with pytest.raises(ValueError, match="zero occupancy"):
-        classical_mds(x, k=2, method=method)
+        classical_mds(xp.asarray(unoccupied_row()), k=2, method=method)
 
 
-def test_spectrum_summary_by_hand():
-    lam = np.array([1.0, 4.0, 3.0, 2.0, 0.0, -1e-3])  # unsorted on purpose
+@pytest.mark.parametrize("method", ["dense", "iterative"])
+def test_zero_occupancy_row_raises_sparse(method):
+    with pytest.raises(ValueError, match="zero occupancy"):
+        classical_mds(sp.csr_array(unoccupied_row()), k=2, method=method)
+
+
+def test_spectrum_summary_by_hand(xp):
+    lam = xp.asarray([1.0, 4.0, 3.0, 2.0, 0.0, -1e-3])  # unsorted on purpose
     s = spectrum_summary(lam)
     np.testing.assert_array_equal(s.eigenvalues, [4.0, 3.0, 2.0, 1.0, 0.0, -1e-3])
     assert s.rank == 4 and s.rank_rtol == 1e-10
@@ -295,20 +323,6 @@ def test_to_dict_json_ready(corpus_300, dense_300):
     full = dense_300.to_dict(include_encoding=True)
     np.testing.assert_array_equal(np.array(full["encoding"]), dense_300.encoding)
     assert isinstance(dense_300.spectrum(), Spectrum)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA device")
-@pytest.mark.parametrize("method", ["dense", "iterative"])
-def test_gpu_matches_numpy(corpus_300, method):
-    import cupy as cp  # noqa: PLC0415 - only when a GPU is present
-
-    cpu = classical_mds(corpus_300, k=16, method=method)
-    gpu = classical_mds(cp.asarray(corpus_300), k=16, method=method)
-    assert isinstance(gpu.eigenvalues, np.ndarray) and gpu.method == method
-    np.testing.assert_allclose(gpu.eigenvalues, cpu.eigenvalues, rtol=1e-12)
-    np.testing.assert_allclose(gpu.total_variance, cpu.total_variance, rtol=1e-12)
-    np.testing.assert_allclose(gpu.encoding[:, :4], cpu.encoding[:, :4], rtol=0, atol=1e-9)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")

@@ -1,5 +1,6 @@
 """Tests for posstats.estimates.noise: parts, noise floor, bias-corrected distances, null rank,
-generated corpora with known truth, and the real-corpus pack-vs-truncate validation."""
+the real-corpus pack-vs-truncate validation, and the generated corpora with known truth they
+are checked against (posstats.testing)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from posstats.corpus.shards import count_shard, plan_shards
 from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
-from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import classical_mds
+from posstats.errors import PosstatsError
 from posstats.estimates.noise import (
     corrected_squared_distances,
     count_parts,
@@ -21,9 +23,11 @@ from posstats.estimates.noise import (
     null_counts,
     null_rank,
     parts_from_store,
-    split_counts,
-    synthetic_counts,
 )
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import classical_mds
+from posstats.service.shard_store import RunStore
+from posstats.testing import split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = str(REPO / "data/tokenizers/bert-base-uncased.tokenizer.json")
@@ -106,10 +110,6 @@ def test_count_parts_pack_mode_keeps_every_token():
 
 
 def test_parts_from_store_group_shards_by_rank(tmp_path):
-    from posstats.service.shard_store import RunStore
-    from posstats.corpus.shards import count_shard, plan_shards
-    from posstats.corpus.tokenizer import load_tokenizer
-
     source = CorpusSource(inputs=(FORTUNES,), text_column="text", tokenizer=BERT)
     spec = CountSpec(16, 30522, "truncate", (0, 101, 102, 103))
     shards = plan_shards(source, spec, shard_bytes=80_000)
@@ -134,8 +134,6 @@ def test_parts_from_store_group_shards_by_rank(tmp_path):
 
 
 def test_parts_from_store_needs_a_finished_count(tmp_path):
-    from posstats.errors import PosstatsError
-
     with pytest.raises(PosstatsError, match="no finished count"):
         parts_from_store(tmp_path)
 

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.errors import PosstatsError
-from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, lock_is_stale, validate_run_id
+from posstats.service.locks import pipeline_lock_is_stale as lock_is_stale
+from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, validate_run_id
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.errors import InputError, PosstatsError
 from posstats.corpus.readers import FORMATS, guess_format, read_token_batches, resolve_inputs, validate_ids
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, vocab_size
@@ -623,12 +622,9 @@ def test_sample_data_is_small():
     assert os.path.getsize(BERT) < 1024 * 1024 and os.path.getsize(GPT2) < 4 * 1024 * 1024
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a CUDA GPU")
-def test_validate_ids_cupy():
-    cp = get_cupy()
+def test_validate_ids_on_either_backend(xp):
     host = TokenBatch.from_sequences([[1, 2], [], [3, 12]], source="g.parquet", first_row=5)
-    batch = TokenBatch(cp.asarray(host.values), cp.asarray(host.offsets), host.source, host.first_row)
+    batch = TokenBatch(xp.asarray(host.values), xp.asarray(host.offsets), host.source, host.first_row)
     validate_ids(batch, 13)
     with pytest.raises(InputError, match=r"^g\.parquet: row 7: token id 12 is out of range \[0, 12\)$"):
         validate_ids(batch, 12)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from posstats.estimates.noise import corrected_squared_distances
+from posstats.estimates.sampled import SampledGeometry, sample_pairs, sampled_monotonicity, stress_from_pairs
 from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
 from posstats.geometry.hellinger import hellinger, hellinger_sq
-from posstats.estimates.noise import corrected_squared_distances, synthetic_counts
-from posstats.estimates.sampled import SampledGeometry, sample_pairs, sampled_monotonicity, stress_from_pairs
+from posstats.geometry.mds import classical_mds
 from posstats.geometry.stress import pairwise_distances, stress_report
+from posstats.testing import synthetic_counts
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +83,6 @@ def test_delta_method_intervals_cover_at_95_percent(corpus, kind):
         w = 10000.0 ** (-2 * k / 8)
         p = np.concatenate([np.sin(pos[:, None] * w), np.cos(pos[:, None] * w)], axis=1)
     else:
-        from posstats.geometry.mds import classical_mds
-
         p = classical_mds(corpus, k=3, method="dense").encoding + np.random.default_rng(3).normal(scale=0.05, size=(n, 3))
     exact = stress_report(p, d)
     e_all = pairwise_distances(p)

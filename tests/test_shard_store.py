@@ -1,10 +1,9 @@
-"""posstats.service.shard_store: partials + markers (a killed writer never leaves a marker), exact
-signed sums, storage choice, the store's configuration binding, and the lock rule with
-real processes (a live holder refuses the second run; a SIGKILLed one does not)."""
+"""posstats.service.shard_store: partials + markers (a killed writer never leaves a marker), the
+store's configuration binding, and the lock rule with real processes (a live holder
+refuses the second run; a SIGKILLed one does not). Sums and storage choice: test_reduce."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -17,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints, count_sequences, fingerprint_of
-from posstats.errors import InputError, PosstatsError
-from posstats.service.shard_store import RunStore, compact_counts, config_key, lock_is_stale, sum_partials
+from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
+from posstats.errors import PosstatsError
+from posstats.processes import process_start_ticks
+from posstats.service.locks import run_store_lock_is_stale as lock_is_stale
+from posstats.service.shard_store import RunStore, config_key
 from posstats.corpus.shards import Shard
 from posstats.counting.io import load_counts, save_counts
 
@@ -97,7 +95,7 @@ def test_writer_killed_mid_partial_leaves_no_marker(tmp_path):
     completes it."""
     proc = run_python(f"""
         import time, posstats.service.shard_store as rs
-        from tests.test_runstore import random_counts, shard
+        from tests.test_shard_store import random_counts, shard
         real = rs.save_counts
         def slow(counts, directory, **kwargs):
             path = real(counts, directory, **kwargs)
@@ -122,65 +120,6 @@ def test_writer_killed_mid_partial_leaves_no_marker(tmp_path):
     store.write_partial(shard(3), random_counts(3))
     assert store.is_done(shard(3).shard_id)
     assert load_counts(store.partial_dir(shard(3).shard_id)).equals(random_counts(3))
-
-
-def test_compact_counts_picks_the_smaller_storage():
-    dense_data = random_counts(4, docs=400)
-    assert not compact_counts(dense_data).is_sparse  # nearly every cell is non-zero
-    few = count_sequences([[1, 2]], positions=50, vocab_size=1000)
-    small = compact_counts(few)
-    assert small.is_sparse and small.equals(few)
-    with_zeros = PositionalCounts(few.spec, sp.csr_array(few.matrix * 0 + few.matrix), 1, 1, 2)
-    assert compact_counts(with_zeros).matrix.nnz == 2
-
-
-# ----------------------------------------------------------------------------- sums
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    seeds=st.lists(st.integers(0, 10_000), min_size=1, max_size=6, unique=True),
-    signs=st.lists(st.sampled_from([1, -1]), min_size=6, max_size=6),
-    kinds=st.lists(st.booleans(), min_size=6, max_size=6),
-    dense=st.booleans(),
-)
-def test_sum_partials_is_the_exact_signed_sum(tmp_path_factory, seeds, signs, kinds, dense):
-    root = tmp_path_factory.mktemp("sum")
-    items, expected = [], np.zeros((6, 20), dtype=np.int64)
-    totals = np.zeros(3, dtype=np.int64)
-    fp = ""
-    for k, seed in enumerate(seeds):
-        c = random_counts(seed, sparse=kinds[k])
-        save_counts(compact_counts(c) if kinds[k] else c, root / str(k))
-        items.append((root / str(k), signs[k]))
-        expected += signs[k] * c.to_dense().matrix
-        totals += signs[k] * np.array([c.sequences, c.windows, c.tokens])
-        fp = combine_fingerprints(fp, c.fingerprint)
-    got = sum_partials(items, SPEC, dense=dense, metadata={"tokenizer": "t"})
-    assert got.is_sparse is (not dense)
-    np.testing.assert_array_equal(got.to_dense().matrix, expected)
-    assert [got.sequences, got.windows, got.tokens] == totals.tolist()
-    assert got.fingerprint == fp and got.metadata == {"tokenizer": "t"}
-    if not dense:
-        assert np.all(got.matrix.data != 0)  # cancelled cells are dropped, not stored as 0
-    assert sum_partials(list(reversed(items)), SPEC, dense=not dense).equals(got)
-
-
-def test_sum_partials_subtracting_a_shard_removes_it(tmp_path):
-    parts = [random_counts(s) for s in range(4)]
-    for i, c in enumerate(parts):
-        save_counts(c, tmp_path / str(i))
-    total = functools.reduce(lambda a, b: a + b, parts)
-    save_counts(total, tmp_path / "total")
-    got = sum_partials([(tmp_path / "total", 1), (tmp_path / "2", -1)], SPEC, dense=True)
-    rest = parts[0] + parts[1] + parts[3]
-    assert got.equals(rest) and got.fingerprint == rest.fingerprint
-
-
-def test_sum_partials_refuses_other_specs(tmp_path):
-    save_counts(count_sequences([[1]], positions=3, vocab_size=20), tmp_path / "a")
-    with pytest.raises(InputError, match="counted under"):
-        sum_partials([(tmp_path / "a", 1)], SPEC, dense=True)
 
 
 # ----------------------------------------------------------------------------- binding, manifest
@@ -255,9 +194,7 @@ def test_pid_rule():
     assert lock_is_stale({**base, "pid": dead.pid})
     assert not lock_is_stale({**base, "pid": os.getpid()})
     assert not lock_is_stale({**base, "pid": dead.pid, "hostname": "another-host"})
-    from posstats.service.shard_store import _proc_start_ticks
-
-    ticks = _proc_start_ticks(os.getpid())
+    ticks = process_start_ticks(os.getpid())
     if ticks is not None:  # Linux: a reused pid is a different process
         assert not lock_is_stale({**base, "pid": os.getpid(), "start_ticks": ticks})
         assert lock_is_stale({**base, "pid": os.getpid(), "start_ticks": ticks + 1})

@@ -11,7 +11,8 @@ import pytest
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError
-from posstats.reports.export import export_encoding, load_run
+from posstats.reports.export import export_encoding
+from posstats.runs.run_folder import load_run
 from posstats.counting.io import save_counts
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")

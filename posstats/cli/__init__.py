@@ -2,42 +2,59 @@
 
 Each subcommand lives in its own module under ``posstats.cli`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` (``args -> int``).
-Modules are imported only when listed here, so a heavy dependency of one subcommand
-(torch, ray) never slows down another.
+Every subcommand is registered on every call, so their modules import only what
+registering needs at module level: heavy dependencies (torch, ray, matplotlib) are
+imported inside the subcommand's ``run``, and ``posstats --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+import types
 
 from posstats import __version__
+from posstats.cli import (
+    adjacency,
+    analyze,
+    audit,
+    count,
+    export,
+    influence,
+    logs,
+    pipeline,
+    refresh,
+    report,
+    run,
+    schedule,
+    status,
+    submit,
+)
 from posstats.guard import run_guarded
 
 __all__ = ["build_parser", "main"]
 
-# (module, one-line help) in the order `posstats --help` lists them.
-SUBCOMMANDS: tuple[str, ...] = (
-    "run",
-    "count",
-    "analyze",
-    "refresh",
-    "pipeline",
-    "submit",
-    "status",
-    "logs",
-    "schedule",
-    "report",
-    "export",
-    "audit",
-    "influence",
-    "adjacency",
+# The subcommands in the order `posstats --help` lists them.
+SUBCOMMANDS: tuple[types.ModuleType, ...] = (
+    run,
+    count,
+    analyze,
+    refresh,
+    pipeline,
+    submit,
+    status,
+    logs,
+    schedule,
+    report,
+    export,
+    audit,
+    influence,
+    adjacency,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available subcommand registered."""
+    """The top-level parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="posstats",
         description=(
@@ -48,13 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"posstats {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"posstats.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"posstats.cli.{name}":
-                continue  # subcommand not built yet in this checkout
-            raise
+    for module in SUBCOMMANDS:
         module.register(sub)
     return parser
 

@@ -10,7 +10,22 @@ from typing import Any
 
 import numpy as np
 
+from posstats.baselines.adjacency import (
+    AdjacencyResult,
+    LayerAdjacency,
+    adjacency,
+    layer_adjacency,
+    plot_similarity_matrices,
+)
+from posstats.baselines.random_transformer import RandomTransformer, TransformerConfig, set_torch_threads
+from posstats.corpus.readers import read_token_batches, resolve_inputs
+from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, vocab_size
+from posstats.counting.io import write_json_atomic
+from posstats.counting.counts import first_id_outside
 from posstats.errors import InputError, PosstatsError
+from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding
+from posstats.memory import require_memory, transformer_bytes
+from posstats.runs.publish import staged_output
 
 HELP = "adjacency score of encodings and of a random causal transformer's hidden states"
 DESCRIPTION = """\
@@ -48,6 +63,7 @@ examples:
 
 SCHEMA = "posstats.adjacency/1"
 MAX_PANELS = 16
+NEEDS_COUNTS = ("mds", "mds-lowrank")  # catalog encodings that need corpus counts: skipped here
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,15 +116,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.baselines.adjacency import adjacency, layer_adjacency
+    """Score the model's layers and/or the encodings; print a summary, write OUT on request."""
+    specs = _encoding_specs(args)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "definition": "row k: fraction of 0 <= i < j < k with Cs[k,i] < Cs[k,j]; score: mean over k >= 2",
+        "notes": [],
+    }
+    layers = _score_model(args, doc) if args.input or args.random_tokens else None
+    encodings = _score_encodings(args, specs, doc) if specs else []
+    _print_summary(layers, encodings, doc)
+    if args.out:
+        _write_outputs(args.out, layers, encodings, doc)
+    return 0
 
+
+def _encoding_specs(args: argparse.Namespace) -> list[str]:
+    """The encoding specs to score (``default`` expanded), once the arguments are checked."""
     if args.input and args.random_tokens:
         raise PosstatsError("give either --input or --random-tokens, not both")
-    wants_model = bool(args.input or args.random_tokens)
     specs = [s.strip() for s in (args.encodings or "").split(",") if s.strip()]
     if "default" in specs:
         specs = [x for s in specs for x in (_default_encodings() if s == "default" else [s])]
-    if not wants_model and not specs:
+    if not (args.input or args.random_tokens) and not specs:
         raise PosstatsError("nothing to score: give --input FILE --tokenizer FILE, --random-tokens, or --encodings")
     if args.seq_len < 3:
         msg = f"--seq-len must be >= 3 (row k needs two earlier positions); got {args.seq_len}"
@@ -116,81 +147,75 @@ def run(args: argparse.Namespace) -> int:
     if args.sequences < 1:
         msg = f"--sequences must be >= 1; got {args.sequences}"
         raise PosstatsError(msg)
+    return specs
 
-    doc: dict[str, Any] = {
-        "schema": SCHEMA,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "definition": "row k: fraction of 0 <= i < j < k with Cs[k,i] < Cs[k,j]; score: mean over k >= 2",
-        "notes": [],
-    }
-    layers = None
-    if wants_model:
-        tokens, vocab, source = _token_sequences(args)
-        cfg = _model_config(args, vocab)
-        doc["model"] = {"config": cfg.to_dict(), "tokens": source, "seq_len": args.seq_len,
-                        "sequences": int(tokens.shape[0])}
-        from posstats.baselines.random_transformer import RandomTransformer, set_torch_threads
 
-        if args.threads < 1:
-            msg = f"--threads must be >= 1; got {args.threads}"
-            raise PosstatsError(msg)
-        from posstats.memory import require_memory, transformer_bytes
+def _score_model(args: argparse.Namespace, doc: dict[str, Any]) -> LayerAdjacency:
+    """Adjacency of the random transformer's embeddings and layers over the token windows;
+    fills ``doc["model"]``."""
+    tokens, vocab, source = _token_sequences(args)
+    cfg = _model_config(args, vocab)
+    doc["model"] = {"config": cfg.to_dict(), "tokens": source, "seq_len": args.seq_len,
+                    "sequences": int(tokens.shape[0])}
+    if args.threads < 1:
+        msg = f"--threads must be >= 1; got {args.threads}"
+        raise PosstatsError(msg)
+    need, what, hint = transformer_bytes(layers=cfg.layers, dim=cfg.dim, vocab_size=cfg.vocab_size,
+                                         mlp_ratio=cfg.mlp_ratio, tokens=int(tokens.size), itemsize=4)
+    require_memory(need, what=what, hint=hint + ", --sequences or --seq-len", command="adjacency")
+    try:
+        set_torch_threads(args.threads)
+        hidden = RandomTransformer(cfg).hidden_states(tokens)
+    except ImportError as exc:
+        raise PosstatsError(str(exc)) from None
+    layers = layer_adjacency(hidden)
+    doc["model"].update(layers.to_dict())
+    return layers
 
-        need, what, hint = transformer_bytes(layers=cfg.layers, dim=cfg.dim, vocab_size=cfg.vocab_size,
-                                             mlp_ratio=cfg.mlp_ratio, tokens=int(tokens.size), itemsize=4)
-        require_memory(need, what=what, hint=hint + ", --sequences or --seq-len", command="adjacency")
-        try:
-            set_torch_threads(args.threads)
-            hidden = RandomTransformer(cfg).hidden_states(tokens)
-        except ImportError as exc:
-            raise PosstatsError(str(exc)) from None
-        layers = layer_adjacency(hidden)
-        doc["model"].update(layers.to_dict())
 
+def _score_encodings(args: argparse.Namespace, specs: list[str], doc: dict[str, Any]) -> list[AdjacencyResult]:
+    """Adjacency of each catalog encoding (--seq-len positions, width --encoding-dim);
+    fills ``doc["encodings"]`` and notes the skipped ones."""
+    dim = args.encoding_dim or args.dim
+    if dim >= 1:
+        require_memory(3 * 8 * args.seq_len * dim, what=f"encodings of {args.seq_len:,} positions x width {dim:,}",
+                       hint="lower --encoding-dim (or --dim)", command="adjacency")
     encodings = []
-    if specs:
-        dim = args.encoding_dim or args.dim
-        if dim >= 1:
-            from posstats.memory import require_memory
+    for spec in specs:
+        matrix, name, note = _encoding(spec, args.seq_len, dim)
+        if matrix is None:
+            doc["notes"].append(note)
+            continue
+        encodings.append(adjacency(matrix, name=name))
+    doc["encodings"] = [{**r.to_dict(), "dim": dim} for r in encodings]
+    return encodings
 
-            require_memory(3 * 8 * args.seq_len * dim, what=f"encodings of {args.seq_len:,} positions x width {dim:,}",
-                           hint="lower --encoding-dim (or --dim)", command="adjacency")
-        for spec in specs:
-            matrix, name, note = _encoding(spec, args.seq_len, dim)
-            if matrix is None:
-                doc["notes"].append(note)
-                continue
-            encodings.append(adjacency(matrix, name=name))
-        doc["encodings"] = [{**r.to_dict(), "dim": dim} for r in encodings]
 
-    _print_summary(layers, encodings, doc)
-    if args.out:
-        from posstats.baselines.adjacency import plot_similarity_matrices
-        from posstats.runs.publish import staged_output
-        from posstats.counting.io import write_json_atomic
-
-        written = []
-        with staged_output(args.out, last=("adjacency.json",)) as stage:
-            if layers is not None:
-                keep = _panel_indices(len(layers.names))
-                fig = plot_similarity_matrices(
-                    [layers.example[i] for i in keep],
-                    [f"{layers.names[i]} ({layers.scores[0, i]:.2f})" for i in keep],
-                    suptitle="self-cosine similarity, sequence 0 (adjacency score)",
-                )
-                fig.savefig(stage / "adjacency-layers.png", dpi=100)
-                written.append("adjacency-layers.png")
-            if encodings:
-                fig = plot_similarity_matrices(
-                    [r.similarity for r in encodings[:MAX_PANELS]],
-                    [f"{r.name} ({r.score:.2f})" for r in encodings[:MAX_PANELS]],
-                    suptitle="self-cosine similarity of encodings (adjacency score)",
-                )
-                fig.savefig(stage / "adjacency-encodings.png", dpi=100)
-                written.append("adjacency-encodings.png")
-            write_json_atomic(stage / "adjacency.json", doc)
-        print(f"wrote {', '.join(str(Path(args.out) / n) for n in ['adjacency.json', *written])}")
-    return 0
+def _write_outputs(
+    out: str, layers: LayerAdjacency | None, encodings: list[AdjacencyResult], doc: dict[str, Any]
+) -> None:
+    """OUT/adjacency.json (last) and the heatmaps of the first window's layers and of the encodings."""
+    written = []
+    with staged_output(out, last=("adjacency.json",)) as stage:
+        if layers is not None:
+            keep = _panel_indices(len(layers.names))
+            fig = plot_similarity_matrices(
+                [layers.example[i] for i in keep],
+                [f"{layers.names[i]} ({layers.scores[0, i]:.2f})" for i in keep],
+                suptitle="self-cosine similarity, sequence 0 (adjacency score)",
+            )
+            fig.savefig(stage / "adjacency-layers.png", dpi=100)
+            written.append("adjacency-layers.png")
+        if encodings:
+            fig = plot_similarity_matrices(
+                [r.similarity for r in encodings[:MAX_PANELS]],
+                [f"{r.name} ({r.score:.2f})" for r in encodings[:MAX_PANELS]],
+                suptitle="self-cosine similarity of encodings (adjacency score)",
+            )
+            fig.savefig(stage / "adjacency-encodings.png", dpi=100)
+            written.append("adjacency-encodings.png")
+        write_json_atomic(stage / "adjacency.json", doc)
+    print(f"wrote {', '.join(str(Path(out) / n) for n in ['adjacency.json', *written])}")
 
 
 def _panel_indices(n: int) -> list[int]:
@@ -199,10 +224,8 @@ def _panel_indices(n: int) -> list[int]:
     return sorted({int(round(v)) for v in np.linspace(0, n - 1, MAX_PANELS)})
 
 
-def _model_config(args: argparse.Namespace, vocab: int) -> Any:
+def _model_config(args: argparse.Namespace, vocab: int) -> TransformerConfig:
     try:
-        from posstats.baselines.random_transformer import TransformerConfig
-
         return TransformerConfig(
             layers=args.layers, dim=args.dim, heads=args.heads, vocab_size=vocab, mlp_ratio=args.mlp_ratio,
             init_std=args.init_std, causal=not args.bidirectional, rope=args.rope, norm=args.norm,
@@ -222,91 +245,67 @@ def _token_sequences(args: argparse.Namespace) -> tuple[np.ndarray, int, dict[st
             raise PosstatsError(msg)
         rng = np.random.default_rng(args.seed)
         return rng.integers(0, vocab, size=(k, n)), vocab, {"kind": "random", "vocab_size": vocab}
-
-    from posstats.corpus.readers import read_token_batches, resolve_inputs
-
-    exclude: list[int] = []
-    source: dict[str, Any] = {"kind": "corpus", "input": args.input}
-    if args.column:
-        if args.vocab_size is None:
-            raise PosstatsError("--column needs --vocab-size")
-        vocab = args.vocab_size
-        batches = read_token_batches(resolve_inputs([args.input]), column=args.column)
-    else:
-        if not args.tokenizer:
-            raise PosstatsError("--input needs --tokenizer (or --column NAME --vocab-size V for token ids)")
-        from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, vocab_size
-
-        tok = load_tokenizer(args.tokenizer)
-        vocab = vocab_size(tok) if args.vocab_size is None else args.vocab_size
-        exclude = special_token_ids(tok)
-        source["tokenizer"] = args.tokenizer
-        batches = read_token_batches(resolve_inputs([args.input]), text_column=args.text_column, tokenizer=tok)
-    need = n * k
-    parts, have = [], 0
-    for batch in batches:
-        values = np.asarray(batch.values, dtype=np.int64)
-        if exclude:
-            values = values[~np.isin(values, exclude)]
-        if values.size and (values.min() < 0 or values.max() >= vocab):
-            bad = int(values[(values < 0) | (values >= vocab)][0])
-            msg = f"{batch.source}: token id {bad} outside [0, {vocab})"
-            raise InputError(msg)
-        parts.append(values)
-        have += values.size
-        if have >= need:
-            break
-    if have < need:
-        msg = (f"{args.input}: {have} tokens, fewer than --sequences x --seq-len = {need}; "
-               "lower --sequences or --seq-len")
-        raise InputError(msg)
-    stream = np.concatenate(parts)[:need]
+    batches, vocab, source, exclude = _corpus_batches(args)
+    stream = _first_tokens(batches, n * k, vocab, exclude, args.input)
     source["exclude_ids"] = exclude
     source["packing"] = "documents concatenated in order, cut into consecutive windows"
     return stream.reshape(k, n), vocab, source
 
 
+def _corpus_batches(args: argparse.Namespace) -> tuple[Any, int, dict[str, Any], list[int]]:
+    """(token batches of --input, vocabulary size, source description, special ids to drop)."""
+    source: dict[str, Any] = {"kind": "corpus", "input": args.input}
+    if args.column:
+        if args.vocab_size is None:
+            raise PosstatsError("--column needs --vocab-size")
+        return read_token_batches(resolve_inputs([args.input]), column=args.column), args.vocab_size, source, []
+    if not args.tokenizer:
+        raise PosstatsError("--input needs --tokenizer (or --column NAME --vocab-size V for token ids)")
+    tok = load_tokenizer(args.tokenizer)
+    vocab = vocab_size(tok) if args.vocab_size is None else args.vocab_size
+    exclude = special_token_ids(tok)
+    source["tokenizer"] = args.tokenizer
+    batches = read_token_batches(resolve_inputs([args.input]), text_column=args.text_column, tokenizer=tok)
+    return batches, vocab, source, exclude
+
+
+def _first_tokens(batches: Any, need: int, vocab: int, exclude: list[int], input_name: str) -> np.ndarray:
+    """The first ``need`` ids of the batches' token stream, ``exclude`` ids dropped; each
+    id checked against [0, vocab)."""
+    parts, have = [], 0
+    for batch in batches:
+        found = first_id_outside(batch, vocab)
+        if found is not None:
+            msg = f"{batch.source}: row {found[0]}: token id {found[1]} outside [0, {vocab})"
+            raise InputError(msg)
+        values = np.asarray(batch.values, dtype=np.int64)
+        if exclude:
+            values = values[~np.isin(values, exclude)]
+        parts.append(values)
+        have += values.size
+        if have >= need:
+            break
+    if have < need:
+        msg = (f"{input_name}: {have} tokens, fewer than --sequences x --seq-len = {need}; "
+               "lower --sequences or --seq-len")
+        raise InputError(msg)
+    return np.concatenate(parts)[:need]
+
+
 def _encoding(spec: str, n: int, dim: int) -> tuple[np.ndarray | None, str, str]:
     """(matrix, name, note): the catalog's encoding, or None and why it was skipped."""
-    if spec.split(":", 1)[0] in ("mds", "mds-lowrank"):
+    if spec.split(":", 1)[0] in NEEDS_COUNTS:
         return None, spec, f"{spec}: skipped (the MDS encoding needs corpus counts)"
     if dim < 1:
         msg = f"--encoding-dim must be >= 1; got {dim}"
         raise PosstatsError(msg)
-    try:
-        from posstats.geometry.encodings import make_encoding
-    except ModuleNotFoundError as exc:
-        if exc.name != "posstats.geometry.encodings":
-            raise
-        if spec != "sinusoidal":
-            msg = f"unknown encoding {spec!r}: this checkout has no encodings catalog; only 'sinusoidal' is available"
-            raise PosstatsError(msg) from None
-        return _sinusoidal(n, dim), "sinusoidal", ""
     enc = make_encoding(spec, np.arange(n), dim)
     return np.asarray(enc.matrix, dtype=np.float64), str(enc.name), ""
 
 
 def _default_encodings() -> list[str]:
-    try:
-        from posstats.geometry.encodings import DEFAULT_ENCODINGS
-    except ModuleNotFoundError as exc:
-        if exc.name != "posstats.geometry.encodings":
-            raise
-        return ["sinusoidal"]
-    return [s for s in DEFAULT_ENCODINGS if s.split(":", 1)[0] not in ("mds", "mds-lowrank")]
-
-
-def _sinusoidal(n: int, dim: int) -> np.ndarray:
-    """THEORY section 5: P[i, 2k] = sin(i w_k), P[i, 2k+1] = cos(i w_k), w_k = 10000^(-2k/d)."""
-    if dim % 2:
-        msg = f"sinusoidal needs an even width; got {dim}"
-        raise PosstatsError(msg)
-    w = 10000.0 ** (-2.0 * np.arange(dim // 2) / dim)
-    ang = np.arange(n, dtype=np.float64)[:, None] * w[None, :]
-    out = np.empty((n, dim))
-    out[:, 0::2] = np.sin(ang)
-    out[:, 1::2] = np.cos(ang)
-    return out
+    """The catalog's default list without the encodings that need corpus counts."""
+    return [s for s in DEFAULT_ENCODINGS if s.split(":", 1)[0] not in NEEDS_COUNTS]
 
 
 def _fmt(v: float) -> str:

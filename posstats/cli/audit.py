@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from posstats.counting.io import write_json_atomic
+from posstats.errors import PosstatsError
+from posstats.reports.audit import audit_checkpoint, format_audit
 
 HELP = "audit a checkpoint's learned position table (stress, separation, monotonicity, layer-wise projected stress)"
 DESCRIPTION = """\
@@ -39,12 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from posstats.reports.audit import audit_checkpoint, format_audit
-    from posstats.errors import PosstatsError
-    from posstats.counting.io import write_json_atomic
-
     if args.heads is not None and args.heads < 1:
         msg = f"--heads must be a positive integer; got {args.heads}"
         raise PosstatsError(msg)

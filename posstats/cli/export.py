@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from posstats.memory import require_memory, table_bytes
+from posstats.reports.export import export_run
+from posstats.runs.run_folder import RunData, load_run
+
 HELP = "export the MDS encoding of a run as a BERT / GPT-2 / plain position table"
 DESCRIPTION = """\
 Write the run's information-optimal (MDS) positional encoding as an n x D table, where
@@ -52,11 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.reports.export import export_encoding
-
-    _check_memory(args)
-    res = export_encoding(
-        args.run_dir, args.out, dim=args.dim, rank=args.rank, layout=args.layout, format=args.format,
+    run_data = load_run(args.run_dir)
+    _check_memory(args, run_data)
+    res = export_run(
+        run_data, args.out, dim=args.dim, rank=args.rank, layout=args.layout, format=args.format,
         factors=args.factors, basis=args.basis, seed=args.seed, dtype=args.dtype, card=not args.no_card, force=args.force,
         method=args.method, smacof_max_iter=args.smacof_max_iter, smacof_tol=args.smacof_tol,
     )
@@ -68,14 +71,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_memory(args: argparse.Namespace) -> None:
+def _check_memory(args: argparse.Namespace, run_data: RunData) -> None:
     """Refuse a --dim whose table cannot fit in memory, before building it."""
-    from posstats.reports.export import load_run
-    from posstats.memory import require_memory, table_bytes
-
     if args.dim < 1 or (args.rank is not None and not 1 <= args.rank <= args.dim):
-        return  # export_encoding explains these
-    run = load_run(args.run_dir)
-    rank = args.rank if args.rank is not None else min(args.dim, run.encoding.shape[1])
-    need, what, hint = table_bytes(run.positions.size, args.dim, rank, itemsize=4 if args.dtype == "float32" else 8)
+        return  # export_run explains these
+    rank = args.rank if args.rank is not None else min(args.dim, run_data.encoding.shape[1])
+    need, what, hint = table_bytes(run_data.positions.size, args.dim, rank, itemsize=4 if args.dtype == "float32" else 8)
     require_memory(need, what=what, hint=hint, command="export")

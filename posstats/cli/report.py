@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from posstats.errors import PosstatsError
+from posstats.reports.html import FIGURES_DIR, HTML_FILE, SUMMARY_FILE, render_html_report
+from posstats.runs.publish import staged_output
+from posstats.runs.run_folder import load_run
+
 HELP = "write report.html (self-contained), figures/*.png and summary.md for a run folder"
 DESCRIPTION = """\
 Read a run folder written by 'posstats run' or 'posstats analyze' (report.json,
@@ -32,23 +37,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.errors import PosstatsError
-    from posstats.reports.html import SUMMARY_FILE, write_html_report
-
     if args.width is not None and args.width < 1:
         msg = f"--width must be a positive integer; got {args.width}"
         raise PosstatsError(msg)
     if args.max_positions < 2:
         msg = f"--max-positions must be >= 2; got {args.max_positions}"
         raise PosstatsError(msg)
-    from posstats.reports.export import load_run
-    from posstats.reports.html import FIGURES_DIR, HTML_FILE
-    from posstats.runs.publish import staged_output
-
-    load_run(args.run_dir)  # a missing or foreign folder fails before anything is staged in it
+    run_data = load_run(args.run_dir)  # a missing or foreign folder fails before anything is staged in it
     with staged_output(args.run_dir) as stage:
-        write_html_report(args.run_dir, width=args.width, max_positions=args.max_positions,
-                          name=Path(args.run_dir).resolve().name, out=stage)
+        render_html_report(run_data, width=args.width, max_positions=args.max_positions,
+                           name=Path(args.run_dir).resolve().name, out=stage)
     run_dir = Path(args.run_dir)
     print(f"report: {run_dir / HTML_FILE}\nfigures: {run_dir / FIGURES_DIR}\nsummary: {run_dir / SUMMARY_FILE}")
     return 0

@@ -68,14 +68,15 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
     """{store, latest, lock, runs: [...]} of a run store (pure posstats, no Ray)."""
     import socket
 
-    from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, lock_is_stale, sorted_runs
+    from posstats.service.locks import pipeline_lock_is_stale
+    from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs
 
     store = Store(url, storage_options=options)
     lock, exists = store.read_lock()
     lock_view = None
     if exists:
         stale_after = float((lock or {}).get("stale_after_s", DEFAULT_STALE_AFTER_S))
-        stale, why = lock_is_stale(lock, now=time.time(), hostname=socket.gethostname(), stale_after=stale_after)
+        stale, why = pipeline_lock_is_stale(lock, now=time.time(), hostname=socket.gethostname(), stale_after=stale_after)
         lock_view = {k: (lock or {}).get(k) for k in ("run_id", "command", "pid", "hostname", "started", "heartbeat")}
         lock_view.update(stale=stale, why=why)
     runs = []

@@ -25,6 +25,7 @@ line at a time (the format forces it); their ids are type-checked per batch at C
 from __future__ import annotations
 
 import bz2
+import csv
 import dataclasses
 import glob
 import gzip
@@ -40,13 +41,28 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 
-from posstats.geometry.backend import array_namespace, to_numpy
-from posstats.errors import InputError, PosstatsError
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.corpus.tokens import TokenBatch
+from posstats.counting.counts import first_id_outside
+from posstats.errors import InputError, PosstatsError
 
-__all__ = ["FORMATS", "guess_format", "read_token_batches", "resolve_inputs", "validate_ids"]
+__all__ = [
+    "FORMATS",
+    "ReaderSpec",
+    "arrow_batches",
+    "check_column",
+    "checked_lines",
+    "describe_exception",
+    "guess_format",
+    "jsonl_batches",
+    "read_token_batches",
+    "resolve_inputs",
+    "text_batches",
+    "validate_ids",
+]
 
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
 
@@ -126,7 +142,11 @@ def guess_format(path: str | os.PathLike[str], /) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Spec:
+class ReaderSpec:
+    """How rows become token ids: the options of :func:`read_token_batches` (see there),
+    with ``tokenizer`` loaded. Shared with the shard readers (:mod:`posstats.corpus.shards`),
+    which read pieces of a file with the same per-format batching."""
+
     column: str | None
     text_column: str | None
     tokenizer: Any
@@ -184,7 +204,18 @@ def read_token_batches(
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    paths = [os.fspath(p) for p in paths]
+    _check_options(format, batch_size, column, text_column, tokenizer)
+    if column is not None:
+        tokenizer = None
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(tokenizer)
+    spec = ReaderSpec(column, text_column, tokenizer, batch_size, add_special_tokens, hf_streaming, hf_split)
+    return _read_all(_plan_reads([os.fspath(p) for p in paths], format, spec), spec)
+
+
+def _check_options(format: str | None, batch_size: Any, column: str | None, text_column: str | None,  # noqa: A002
+                   tokenizer: Any) -> None:
+    """Refuse contradictory reader options (PosstatsError), before any file is looked at."""
     if format is not None and format not in FORMATS:
         msg = f"unknown input format {format!r}; choose one of {', '.join(FORMATS)}"
         raise PosstatsError(msg)
@@ -197,53 +228,46 @@ def read_token_batches(
     if column is None and tokenizer is None:
         msg = "give column= (a token-id column) or a tokenizer= to tokenise text"
         raise PosstatsError(msg)
-    if column is not None:
-        tokenizer = None
-    elif isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_tokenizer(tokenizer)
-    spec = _Spec(column, text_column, tokenizer, batch_size, add_special_tokens, hf_streaming, hf_split)
 
-    # Guess every format before reading anything, so a bad suffix fails fast.
+
+def _plan_reads(paths: list[str], format: str | None, spec: ReaderSpec) -> list[tuple[str, str]]:  # noqa: A002
+    """(path, format) of every input, each checked to fit the options and to exist.
+
+    Every format is guessed before anything is read, so a bad suffix fails fast.
+    """
     jobs = [(p, format or guess_format(p)) for p in paths]
     for path, fmt in jobs:
         if fmt == "text":
-            if column is not None:
+            if spec.column is not None:
                 msg = f"{path}: a text file has no token-id column; pass tokenizer= instead of column="
                 raise PosstatsError(msg)
-        elif fmt != "hf" and column is None and text_column is None:
+        elif fmt != "hf" and spec.column is None and spec.text_column is None:
             msg = f"{path}: tokenizer= needs text_column= naming the text column"
             raise PosstatsError(msg)
     for path, fmt in jobs:
         if fmt != "hf":
             _check_file(path)
-    return _read_all(jobs, spec)
+    return jobs
 
 
-def _read_all(jobs: list[tuple[str, str]], spec: _Spec) -> Iterator[TokenBatch]:
+def _read_all(jobs: list[tuple[str, str]], spec: ReaderSpec) -> Iterator[TokenBatch]:
     for path, fmt in jobs:
         yield from _READERS[fmt](path, spec)
 
 
 def validate_ids(batch: TokenBatch, vocab_size: int, /) -> None:
-    """Check that every id of ``batch`` is in ``[0, vocab_size)`` (vectorised; numpy or cupy).
+    """Check that every id of ``batch`` is in ``[0, vocab_size)`` (vectorised; numpy or cupy;
+    :func:`posstats.counting.counts.first_id_outside`).
 
     Raises:
         InputError: ``"<source>: row <r>: token id <v> is out of range [0, <V>)"`` for the
             first offending id.
     """
-    values = batch.values
-    if values.size == 0:
-        return
-    lo, hi = int(values.min()), int(values.max())
-    if lo >= 0 and hi < vocab_size:
-        return
-    xp = array_namespace(values)
-    index = int(xp.argmax((values < 0) | (values >= vocab_size)))
-    value = int(values[index])
-    # TokenBatch.row_of is numpy-only; offsets may live on the GPU.
-    row = batch.first_row + int(np.searchsorted(to_numpy(batch.offsets), index, side="right")) - 1
-    msg = f"{batch.source}: row {row}: token id {value} is out of range [0, {vocab_size})"
-    raise InputError(msg)
+    found = first_id_outside(batch, vocab_size)
+    if found is not None:
+        row, value = found
+        msg = f"{batch.source}: row {row}: token id {value} is out of range [0, {vocab_size})"
+        raise InputError(msg)
 
 
 # ----------------------------------------------------------------------------------------
@@ -259,7 +283,9 @@ def _check_file(path: str) -> None:
         raise InputError(msg)
 
 
-def _check_field(path: str, schema: pa.Schema, spec: _Spec) -> None:
+def check_column(path: str, schema: pa.Schema, spec: ReaderSpec) -> None:
+    """Raise InputError unless ``schema`` has the column ``spec`` reads, of the right type
+    (a list of integers for ``column``, text for ``text_column``)."""
     name = spec.name
     if name not in schema.names:
         msg = f"{path}: no column {name!r} (available: {', '.join(schema.names) or 'none'})"
@@ -284,11 +310,12 @@ def _is_text(dtype: pa.DataType) -> bool:
     return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or getattr(pa.types, "is_string_view", bool)(dtype)
 
 
-def _arrow_batches(
-    arrays: Iterable[pa.Array | pa.ChunkedArray], path: str, spec: _Spec
+def arrow_batches(
+    arrays: Iterable[pa.Array | pa.ChunkedArray], path: str, spec: ReaderSpec, /, *, first_row: int = 0
 ) -> Iterator[TokenBatch]:
-    """Re-slice a stream of Arrow columns into TokenBatches of at most ``batch_size`` rows."""
-    row = 0
+    """Re-slice a stream of Arrow columns (list<int> ids or text) into TokenBatches of at
+    most ``batch_size`` rows, numbering rows from ``first_row``."""
+    row = first_row
     for array in arrays:
         chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
         for chunk in chunks:
@@ -331,7 +358,7 @@ def _ids_from_list_array(array: pa.Array, path: str, first_row: int, name: str) 
     return TokenBatch(ids.astype(np.int64, copy=False), offsets, path, first_row)
 
 
-def _encode_arrow_texts(array: pa.Array, path: str, first_row: int, spec: _Spec) -> TokenBatch:
+def _encode_arrow_texts(array: pa.Array, path: str, first_row: int, spec: ReaderSpec) -> TokenBatch:
     if array.null_count:
         row = first_row + _first_true(array.is_null())
         msg = f"{path}: row {row}: text column {spec.text_column!r} is null"
@@ -351,7 +378,9 @@ def _first_true(mask: pa.Array) -> int:
     return int(np.argmax(mask.to_numpy(zero_copy_only=False)))
 
 
-def _one_line(exc: BaseException) -> str:
+def describe_exception(exc: BaseException) -> str:
+    """``"TypeName: message"`` on one line (whitespace collapsed, at most 300 characters),
+    for messages that quote a library's error."""
     text = " ".join(str(exc).split())
     text = text[:300] if text else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -365,7 +394,7 @@ def _guarded(items: Iterator[Any], path: str, what: str) -> Iterator[Any]:
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
-            msg = f"{path}: not a valid {what} file ({_one_line(exc)})"
+            msg = f"{path}: not a valid {what} file ({describe_exception(exc)})"
             raise InputError(msg) from exc
         yield item
 
@@ -374,9 +403,7 @@ def _guarded(items: Iterator[Any], path: str, what: str) -> Iterator[Any]:
 # Parquet and Arrow IPC
 
 
-def _read_columnar(path: str, spec: _Spec) -> Iterator[TokenBatch]:
-    import pyarrow.parquet as pq
-
+def _read_columnar(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
     with open(path, "rb") as f:
         head = f.read(8)
     try:
@@ -384,28 +411,28 @@ def _read_columnar(path: str, spec: _Spec) -> Iterator[TokenBatch]:
             what = "Parquet"
             parquet = pq.ParquetFile(path)
             schema = parquet.schema_arrow
-            _check_field(path, schema, spec)
+            check_column(path, schema, spec)
             batches = parquet.iter_batches(batch_size=spec.batch_size, columns=[spec.name])
         elif head[:6] == b"ARROW1":
             what = "Arrow IPC"
             reader = pa.ipc.open_file(pa.memory_map(path))
             schema = reader.schema
-            _check_field(path, schema, spec)
+            check_column(path, schema, spec)
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         elif head[:4] == b"\xff\xff\xff\xff":
             what = "Arrow IPC"
             reader = pa.ipc.open_stream(pa.memory_map(path))
             schema = reader.schema
-            _check_field(path, schema, spec)
+            check_column(path, schema, spec)
             batches = iter(reader)
         else:
             msg = f"{path}: not a valid Parquet file (no Parquet or Arrow magic bytes at its start)"
             raise InputError(msg)
     except (pa.ArrowException, OSError) as exc:
-        msg = f"{path}: not a valid {what} file ({_one_line(exc)})"
+        msg = f"{path}: not a valid {what} file ({describe_exception(exc)})"
         raise InputError(msg) from exc
     columns = (batch.column(spec.name) for batch in _guarded(iter(batches), path, what))
-    yield from _arrow_batches(columns, path, spec)
+    yield from arrow_batches(columns, path, spec)
 
 
 # ----------------------------------------------------------------------------------------
@@ -464,15 +491,15 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
             for lineno, line in checked_lines(enumerate(f, 1), path):  # noqa: B007 - lineno is used after the loop
                 yield lineno, line
         except (OSError, EOFError, lzma.LZMAError) as exc:
-            msg = f"{path}: line {lineno + 1}: cannot read ({_one_line(exc)})"
+            msg = f"{path}: line {lineno + 1}: cannot read ({describe_exception(exc)})"
             raise InputError(msg) from exc
 
 
-def _read_text(path: str, spec: _Spec) -> Iterator[TokenBatch]:
-    return _text_batches(_numbered_lines(path), path, spec)
+def _read_text(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
+    return text_batches(_numbered_lines(path), path, spec)
 
 
-def _text_batches(lines: Iterable[tuple[int, str]], path: str, spec: _Spec, *, first_row: int = 0) -> Iterator[TokenBatch]:
+def text_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, *, first_row: int = 0) -> Iterator[TokenBatch]:
     """Tokenised batches of the non-blank lines (``(1-based line number, text)``) of ``path``.
 
     Shared by whole-file reading and by byte-range shards (``posstats.corpus.shards``); rows
@@ -493,11 +520,11 @@ def _text_batches(lines: Iterable[tuple[int, str]], path: str, spec: _Spec, *, f
         yield encode_texts(spec.tokenizer, texts, add_special_tokens=spec.add_special_tokens, source=path, first_row=row)
 
 
-def _read_jsonl(path: str, spec: _Spec) -> Iterator[TokenBatch]:
-    return _jsonl_batches(_numbered_lines(path), path, spec)
+def _read_jsonl(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
+    return jsonl_batches(_numbered_lines(path), path, spec)
 
 
-def _jsonl_batches(lines: Iterable[tuple[int, str]], path: str, spec: _Spec, *, first_row: int = 0) -> Iterator[TokenBatch]:
+def jsonl_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, *, first_row: int = 0) -> Iterator[TokenBatch]:
     """Batches from numbered JSON lines (``(1-based line number, text)``) of ``path``.
 
     Shared by whole-file reading and by byte-range shards (``posstats.corpus.shards``), which
@@ -531,7 +558,7 @@ def _jsonl_batches(lines: Iterable[tuple[int, str]], path: str, spec: _Spec, *, 
         yield _jsonl_batch(cells, linenos, path, row, spec)
 
 
-def _jsonl_batch(cells: list[Any], linenos: list[int], path: str, first_row: int, spec: _Spec) -> TokenBatch:
+def _jsonl_batch(cells: list[Any], linenos: list[int], path: str, first_row: int, spec: ReaderSpec) -> TokenBatch:
     key = spec.name
     if spec.column is None:
         for r, cell in enumerate(cells):
@@ -573,9 +600,7 @@ def _short(value: Any) -> str:
 # CSV / TSV
 
 
-def _read_csv(path: str, spec: _Spec) -> Iterator[TokenBatch]:
-    import pyarrow.csv as pcsv
-
+def _read_csv(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
     if os.path.getsize(path) == 0:
         return
     base = path[: -len(os.path.splitext(path)[1])] if os.path.splitext(path)[1].lower() in _OPENERS else path
@@ -599,7 +624,7 @@ def _read_csv(path: str, spec: _Spec) -> Iterator[TokenBatch]:
         raise _csv_error(path, exc, spec.name, delimiter) from exc
     columns = (batch.column(spec.name) for batch in _csv_guarded(iter(reader), path, spec.name, delimiter))
     if spec.column is None:
-        yield from _arrow_batches(columns, path, spec)
+        yield from arrow_batches(columns, path, spec)
         return
     row = 0
     for array in columns:
@@ -628,15 +653,13 @@ def _csv_error(path: str, exc: BaseException, name: str, delimiter: str) -> Inpu
         where = _csv_utf8_location(path, name, delimiter)
         if where is not None:
             return InputError(f"{path}: {where}")
-    return InputError(f"{path}: not a valid CSV file ({_one_line(exc)})")
+    return InputError(f"{path}: not a valid CSV file ({describe_exception(exc)})")
 
 
 def _csv_utf8_location(path: str, name: str, delimiter: str) -> str | None:
     """``"line L: row R: column 'x' is not UTF-8 text (...)"`` for the first bad cell of
     column ``name`` (or a bad header), re-reading the file with Python's csv module (the
     error path only: Arrow says neither the row nor the line)."""
-    import csv
-
     try:
         with _open_text(path) as f:
             reader = csv.reader(f, delimiter=delimiter, strict=False)
@@ -683,7 +706,7 @@ def _ids_from_strings(array: pa.Array, path: str, first_row: int, name: str) -> 
         bad = (i for i, s in enumerate(texts) if not _INT_STRING.fullmatch(s) or not -_INT64_MAX - 1 <= int(s) <= _INT64_MAX)
         index = next(bad, None)
         if index is None:
-            msg = f"{path}: rows {first_row}-{first_row + len(array) - 1}: column {name!r}: {_one_line(exc)}"
+            msg = f"{path}: rows {first_row}-{first_row + len(array) - 1}: column {name!r}: {describe_exception(exc)}"
             raise InputError(msg) from exc
         row = first_row + int(np.searchsorted(offsets, index, side="right")) - 1
         msg = f"{path}: row {row}: column {name!r}: {texts[index]!r:.60} is not an int64 token id"
@@ -695,7 +718,7 @@ def _ids_from_strings(array: pa.Array, path: str, first_row: int, name: str) -> 
 # Hugging Face datasets (offline: local folders and files only)
 
 
-def _read_hf(path: str, spec: _Spec) -> Iterator[TokenBatch]:
+def _read_hf(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
     import datasets  # heavy; only imported when an HF input is read
 
     if not os.path.exists(path):
@@ -719,7 +742,7 @@ def _read_hf(path: str, spec: _Spec) -> Iterator[TokenBatch]:
             kwargs = {"delimiter": "\t"} if builder == "csv" and ".tsv" in path.lower() else {}
             ds = datasets.load_dataset(builder, data_files=[path], streaming=spec.hf_streaming, **kwargs)
     except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
-        msg = f"{path}: cannot load as a Hugging Face dataset ({_one_line(exc)})"
+        msg = f"{path}: cannot load as a Hugging Face dataset ({describe_exception(exc)})"
         raise InputError(msg) from exc
     ds = _pick_split(ds, path, spec.hf_split)
     if spec.hf_streaming and isinstance(ds, datasets.Dataset):
@@ -728,10 +751,10 @@ def _read_hf(path: str, spec: _Spec) -> Iterator[TokenBatch]:
     if names is not None and spec.name not in names:
         msg = f"{path}: no column {spec.name!r} (available: {', '.join(names) or 'none'})"
         raise InputError(msg)
-    yield from _arrow_batches(_hf_columns(ds, path, spec), path, spec)
+    yield from arrow_batches(_hf_columns(ds, path, spec), path, spec)
 
 
-def _hf_columns(ds: Any, path: str, spec: _Spec) -> Iterator[pa.ChunkedArray]:
+def _hf_columns(ds: Any, path: str, spec: ReaderSpec) -> Iterator[pa.ChunkedArray]:
     tables = iter(ds.with_format("arrow").iter(batch_size=spec.batch_size))
     checked = False
     while True:
@@ -740,10 +763,10 @@ def _hf_columns(ds: Any, path: str, spec: _Spec) -> Iterator[pa.ChunkedArray]:
         except StopIteration:
             return
         except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
-            msg = f"{path}: cannot read as a Hugging Face dataset ({_one_line(exc)})"
+            msg = f"{path}: cannot read as a Hugging Face dataset ({describe_exception(exc)})"
             raise InputError(msg) from exc
         if not checked:
-            _check_field(path, table.schema, spec)
+            check_column(path, table.schema, spec)
             checked = True
         yield table.column(spec.name)
 

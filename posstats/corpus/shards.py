@@ -48,18 +48,29 @@ import io
 import json
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from posstats.corpus.readers import (
+    ReaderSpec,
+    arrow_batches,
+    check_column,
+    checked_lines,
+    describe_exception,
+    guess_format,
+    jsonl_batches,
+    text_batches,
+)
 from posstats.corpus.source import CorpusSource, file_fingerprint
+from posstats.corpus.tokenizer import load_tokenizer
+from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountAccumulator, CountSpec, PositionalCounts
 from posstats.errors import InputError, PosstatsError
-from posstats.corpus.readers import guess_format
-from posstats.corpus.tokens import TokenBatch
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
@@ -253,8 +264,6 @@ def _parquet_footer(path: str) -> bytes | None:
 
 
 def _parquet_pieces(path: str, source: CorpusSource) -> list[dict[str, Any]] | None:
-    import pyarrow.parquet as pq
-
     footer = _parquet_footer(path)
     if footer is None:
         return None  # Arrow IPC, or a truncated file: one whole-file shard
@@ -349,18 +358,16 @@ def _line_pieces(path: str, shard_bytes: int) -> list[dict[str, Any]] | None:
 # ----------------------------------------------------------------------------- reading
 
 
-def _reader_spec(source: CorpusSource, tokenizer: Any) -> Any:
-    from posstats.corpus import readers
-
-    column = source.column
+def _reader_spec(source: CorpusSource, tokenizer: Any) -> ReaderSpec:
+    """The reader options of ``source`` (tokenizer loaded when it counts text)."""
     tok = None
-    if column is None:
+    if source.column is None:
         tok = tokenizer if tokenizer is not None else source.tokenizer
         if isinstance(tok, (str, os.PathLike)):
-            from posstats.corpus.tokenizer import load_tokenizer
-
             tok = load_tokenizer(tok)
-    return readers._Spec(column, source.text_column, tok, source.batch_size, False, source.hf_streaming, None)
+    return ReaderSpec(column=source.column, text_column=source.text_column, tokenizer=tok,
+                      batch_size=source.batch_size, add_special_tokens=False, hf_streaming=source.hf_streaming,
+                      hf_split=None)
 
 
 def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:
@@ -390,35 +397,17 @@ def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) 
         raise ValueError(msg)
 
 
-def _columns_to_batches(chunks: Sequence[pa.Array], path: str, first_row: int, spec: Any) -> Iterator[TokenBatch]:
-    from posstats.corpus import readers
-
-    row = first_row
-    for chunk in chunks:
-        for start in range(0, len(chunk), spec.batch_size):
-            part = chunk.slice(start, spec.batch_size)
-            if spec.column is not None:
-                yield readers._ids_from_list_array(part, path, row, spec.column)
-            else:
-                yield readers._encode_arrow_texts(part, path, row, spec)
-            row += len(part)
-
-
-def _read_row_group(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
-    import pyarrow.parquet as pq
-
-    from posstats.corpus import readers
-
+def _read_row_group(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
     path, group = shard.path, shard.start
     where = f"{path}: row group {group}"
     try:
         parquet = pq.ParquetFile(path)
-        readers._check_field(path, parquet.schema_arrow, spec)
+        check_column(path, parquet.schema_arrow, spec)
         # Streamed batch by batch (as the single-process reader does): decoding a whole row
         # group first would leave the kernel working on data far out of cache.
         batches = parquet.iter_batches(batch_size=spec.batch_size, row_groups=[group], columns=[spec.name])
     except (pa.ArrowException, OSError) as exc:
-        msg = f"{where}: not a valid Parquet file ({readers._one_line(exc)})"
+        msg = f"{where}: not a valid Parquet file ({describe_exception(exc)})"
         raise InputError(msg) from exc
     row = shard.first_row
     while True:
@@ -427,18 +416,16 @@ def _read_row_group(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
         except StopIteration:
             break
         except (pa.ArrowException, OSError) as exc:
-            msg = f"{where}: not a valid Parquet file ({readers._one_line(exc)})"
+            msg = f"{where}: not a valid Parquet file ({describe_exception(exc)})"
             raise InputError(msg) from exc
-        yield from _columns_to_batches([batch.column(spec.name)], path, row, spec)
+        yield from arrow_batches([batch.column(spec.name)], path, spec, first_row=row)
         row += batch.num_rows
     if shard.rows >= 0 and row - shard.first_row != shard.rows:
         msg = f"{where}: holds {row - shard.first_row} rows, its footer says {shard.rows}"
         raise InputError(msg)
 
 
-def _read_hf_file(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
-    from posstats.corpus import readers
-
+def _read_hf_file(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
     if spec.name is None:
         msg = f"{shard.path}: tokenizer= needs text_column= naming the text column"
         raise PosstatsError(msg)
@@ -447,15 +434,15 @@ def _read_hf_file(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
     try:
         with pa.memory_map(full) as mm:
             reader = pa.ipc.open_stream(mm)
-            readers._check_field(shard.path, reader.schema, spec)
+            check_column(shard.path, reader.schema, spec)
             table = reader.read_all()
     except (pa.ArrowException, OSError) as exc:
-        msg = f"{where}: cannot read as a Hugging Face dataset ({readers._one_line(exc)})"
+        msg = f"{where}: cannot read as a Hugging Face dataset ({describe_exception(exc)})"
         raise InputError(msg) from exc
     if shard.rows >= 0 and table.num_rows != shard.rows:
         msg = f"{where}: holds {table.num_rows} rows, expected {shard.rows}"
         raise InputError(msg)
-    yield from _columns_to_batches(table.column(spec.name).chunks, shard.path, shard.first_row, spec)
+    yield from arrow_batches([table.column(spec.name)], shard.path, spec, first_row=shard.first_row)
 
 
 class _RangeIO(io.RawIOBase):
@@ -485,31 +472,27 @@ class _RangeIO(io.RawIOBase):
 
 def _range_lines(shard: Shard) -> Iterator[tuple[int, str]]:
     """(1-based line number in the file, line) of a byte range, decoded as the reader does."""
-    from posstats.corpus import readers
-
     path = shard.path
     try:
         raw = _RangeIO(path, shard.start, shard.stop)
     except OSError as exc:
-        msg = f"{path}: cannot read ({readers._one_line(exc)})"
+        msg = f"{path}: cannot read ({describe_exception(exc)})"
         raise InputError(msg) from exc
     lineno = shard.first_line - 1
     # surrogateescape + a check per line (as the whole-file reader): a strict decoder fails
     # on a whole decoded chunk, before the lines in front of the bad byte are numbered.
     with io.TextIOWrapper(io.BufferedReader(raw, 1 << 20), encoding="utf-8", errors="surrogateescape") as f:
         try:
-            for lineno, line in readers.checked_lines(enumerate(f, shard.first_line), path):  # noqa: B007
+            for lineno, line in checked_lines(enumerate(f, shard.first_line), path):  # noqa: B007
                 yield lineno, line
         except OSError as exc:
-            msg = f"{path}: line {lineno + 1}: cannot read ({readers._one_line(exc)})"
+            msg = f"{path}: line {lineno + 1}: cannot read ({describe_exception(exc)})"
             raise InputError(msg) from exc
 
 
-def _read_line_range(shard: Shard, spec: Any) -> Iterator[TokenBatch]:
-    # The readers' own batching, over the range's numbered lines.
-    from posstats.corpus import readers
-
-    batches = readers._text_batches if shard.format == "text" else readers._jsonl_batches
+def _read_line_range(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
+    """The readers' own batching, over the range's numbered lines."""
+    batches = text_batches if shard.format == "text" else jsonl_batches
     yield from batches(_range_lines(shard), shard.path, spec, first_row=shard.first_row)
 
 

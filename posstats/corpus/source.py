@@ -6,6 +6,7 @@ splits the same work into shards and sums the partial counts, which are exactly 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -14,6 +15,7 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.errors import InputError
 from posstats.progress import progress
 from posstats.corpus.readers import read_token_batches, resolve_inputs
+from posstats.corpus.tokenizer import load_tokenizer
 
 __all__ = ["CorpusSource", "count_corpus", "file_fingerprint"]
 
@@ -36,6 +38,15 @@ class CorpusSource:
     tokenizer: str | None = None
     hf_streaming: bool = False
     batch_size: int = 4096
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain values (``inputs`` as a list)."""
+        return {**dataclasses.asdict(self), "inputs": list(self.inputs)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], /) -> CorpusSource:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{**d, "inputs": tuple(d["inputs"])})
 
     def files(self) -> list[str]:
         """The resolved input paths, sorted."""
@@ -85,8 +96,6 @@ def count_corpus(
     Returns exact int64 counts whose fingerprint combines each file's
     (:func:`file_fingerprint`). Raises :class:`InputError` for an empty corpus.
     """
-    from posstats.corpus.tokenizer import load_tokenizer
-
     files = source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
     acc = CountAccumulator(spec, dense=dense, metadata=metadata)

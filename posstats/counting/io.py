@@ -7,33 +7,34 @@ sparse counts go to ``counts.parquet`` in long COO form (``position`` int32,
 ``tokens``, ``fingerprint`` and free-form entries prefixed ``meta.``.
 
 Every write goes to a temporary file in the destination folder and is moved into place
-with :func:`os.replace`, so a reader never sees a half-written file.
+with :func:`os.replace` (:func:`posstats.runs.publish.atomic_path`), so a reader never
+sees a half-written file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from posstats.counting.counts import CountSpec, PositionalCounts
-from posstats.errors import InputError
-from posstats.runs.publish import apply_umask, published_dir
+from posstats.errors import InputError, PosstatsError
+from posstats.runs.publish import atomic_path, published_dir
 
 __all__ = [
     "COUNTS_FILES",
     "COUNTS_SCHEMA",
-    "atomic_path",
     "counts_file",
     "load_counts",
+    "read_json_file",
     "save_counts",
     "write_json_atomic",
 ]
@@ -47,32 +48,28 @@ COUNTS_FILES = (DENSE_FILE, SPARSE_FILE)
 MARKERS = ("count.json", "done.json")
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, /) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success move it onto ``path``.
-
-    On an exception the temporary file is removed and ``path`` is left untouched. The file
-    gets the mode a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        apply_umask(tmp_path)  # after the writer: some (safetensors) recreate the file
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: str | os.PathLike, obj: Any, /) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically; return the path."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n")
     return Path(path)
+
+
+def read_json_file(path: str | os.PathLike, /, *, what: str) -> dict[str, Any] | None:
+    """Parse a JSON file; None when it does not exist.
+
+    Raises:
+        PosstatsError: ``"<path>: unreadable <what> (<reason>)"`` for a file that exists but
+            cannot be read or parsed.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        msg = f"{path}: unreadable {what} ({exc})"
+        raise PosstatsError(msg) from exc
 
 
 def _metadata(counts: PositionalCounts) -> dict[str, str]:
@@ -159,8 +156,6 @@ def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /, *, na
         with atomic_path(target) as tmp:
             pq.write_table(table, tmp)
     else:
-        from safetensors.numpy import save_file
-
         target, stale = directory / DENSE_FILE, directory / SPARSE_FILE
         with atomic_path(target) as tmp:
             matrix = _int32_if_fits(counts.matrix) if narrow else np.ascontiguousarray(counts.matrix, dtype=np.int64)
@@ -228,8 +223,6 @@ def load_counts(path: str | os.PathLike, /) -> PositionalCounts:
 
 
 def _load_safetensors(path: Path) -> PositionalCounts:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = dict(f.metadata() or {})

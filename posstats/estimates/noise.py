@@ -10,9 +10,10 @@ module measures that noise and corrects for it.
 sum is the corpus: documents by index (:func:`count_parts`: row ``r`` of every input file
 goes to part ``r mod K``), the shards of a Ray run store (:func:`parts_from_store`:
 shards in sorted shard-id order, rank ``mod K``, i.e. shard-id parity for ``K = 2``), or,
-for generated corpora, a random split of every token (:func:`split_counts`). In ``pack``
-mode each part packs only its own documents, so the parts' sum differs slightly from the
-corpus' counts there (same distribution, different stream); elsewhere it is exact.
+for generated corpora, a random split of every token (:func:`posstats.testing.split_counts`).
+In ``pack`` mode each part packs only its own documents, so the parts' sum differs
+slightly from the corpus' counts there (same distribution, different stream); elsewhere
+it is exact.
 
 **Noise floor.** For position i with parts A and B (the two halves) the split-half
 distance ``h_i = d_H^2(A_i, B_i)`` is what two independent estimates of the *same*
@@ -73,25 +74,32 @@ the same plug-in bias.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 
+from posstats.corpus.source import file_fingerprint
+from posstats.corpus.tokenizer import load_tokenizer
+from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints
+from posstats.counting.reduce import sum_partials
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
+from posstats.geometry.mds import classical_mds
+from posstats.service.shard_store import RunStore
 
 __all__ = [
     "NULL_METHODS",
     "NoiseFloor",
     "NullRank",
-    "SyntheticCorpus",
     "corrected_squared_distances",
     "count_parts",
     "mp_edge",
@@ -99,8 +107,7 @@ __all__ = [
     "null_counts",
     "null_rank",
     "parts_from_store",
-    "split_counts",
-    "synthetic_counts",
+    "poisson_rows",
 ]
 
 NULL_METHODS = ("shuffle", "mp")
@@ -113,8 +120,6 @@ _CHUNK_ELEMENTS = 1 << 22  # rows x columns per temporary in the samplers (32 Mi
 
 def _take_rows(batch: Any, parity: int, parts: int) -> Any:
     """The rows of a TokenBatch whose row number in its file is ``parity`` mod ``parts``."""
-    from posstats.corpus.tokens import TokenBatch
-
     lengths = np.diff(batch.offsets)
     row_no = batch.first_row + np.arange(lengths.size, dtype=np.int64)
     keep_rows = (row_no % parts) == parity
@@ -155,9 +160,6 @@ def count_parts(
     Raises:
         InputError: bad input (as for counting), or an empty corpus.
     """
-    from posstats.corpus.source import file_fingerprint
-    from posstats.corpus.tokenizer import load_tokenizer
-
     parts = int(parts)
     if parts < 2:
         msg = f"parts must be >= 2, got {parts}"
@@ -184,14 +186,12 @@ def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budge
 
     The shards of the current result (its manifest) are sorted by shard id and shard of
     rank r goes to part ``r mod parts`` (shard-id parity for 2 parts); each part is the
-    exact sum of its partials (:func:`posstats.service.shard_store.sum_partials`). With fewer shards
+    exact sum of its partials (:func:`posstats.counting.reduce.sum_partials`). With fewer shards
     than parts, two parts are made (halves) if there are at least two shards.
 
     Raises:
         PosstatsError: no finished count in the store, or fewer than two shards.
     """
-    from posstats.service.shard_store import RunStore, sum_partials
-
     rs = RunStore(store)
     manifest = rs.manifest()
     record = rs.config()
@@ -210,45 +210,6 @@ def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budge
         items = [(str(rs.partial_dir(sid)), 1) for sid in ids[p::k]]
         part = sum_partials(items, spec, dense=dense, metadata={"part": f"{p}/{k}", "store": str(store)})
         out.append(dataclasses.replace(part, fingerprint=manifest.get("fingerprint", "")))
-    return tuple(out)
-
-
-def split_counts(counts: PositionalCounts, /, *, parts: int = 2, seed: int = 0) -> tuple[PositionalCounts, ...]:
-    """Split every counted token independently and uniformly into ``parts`` parts.
-
-    ``C = sum_k C_k`` exactly, and each ``C_k[i]`` is a multinomial thinning of ``C[i]``:
-    for independently sampled tokens (the generated corpora of :func:`synthetic_counts`)
-    the parts are independent samples of each position. Real corpora should be split by
-    document (:func:`count_parts`) or shard (:func:`parts_from_store`), which also keeps
-    the dependence between tokens of one document inside one part.
-    """
-    parts = int(parts)
-    if parts < 2:
-        msg = f"parts must be >= 2, got {parts}"
-        raise ValueError(msg)
-    rng = np.random.default_rng(seed)
-    base = counts.to_sparse().matrix.copy()
-    base.sum_duplicates()
-    left = base.data.astype(np.int64)
-    out = []
-    for k in range(parts):
-        take = left if k == parts - 1 else rng.binomial(left, 1.0 / (parts - k))
-        left = left - take
-        tokens = int(take.sum())
-        m = sp.csr_array((take.copy(), base.indices.copy(), base.indptr.copy()), shape=base.shape)
-        m.eliminate_zeros()
-        matrix: Any = m if counts.is_sparse else m.toarray()
-        out.append(
-            PositionalCounts(
-                counts.spec,
-                matrix,
-                0,
-                0,
-                tokens,
-                counts.fingerprint,
-                {**counts.metadata, "part": f"{k}/{parts}"},
-            )
-        )
     return tuple(out)
 
 
@@ -280,12 +241,6 @@ def _solve_gamma(ratio_sizes_q: np.ndarray, ratio_sizes_h: np.ndarray, target: n
     """Per position, gamma in [0, 1] with f(gamma) = target by bisection (f increasing)."""
     lo = np.zeros(target.shape)
     hi = np.ones(target.shape)
-
-    def f(g: np.ndarray) -> np.ndarray:
-        num = np.mean(ratio_sizes_q[..., None] ** (-g[None, :, None] if False else 0), axis=0)  # placeholder
-        return num
-
-    del f
     # f(gamma) = mean_pairs(Na^-g + Nb^-g) / (NA^-g + NB^-g); grows with g for sizes that
     # halve. ratio_sizes_q: (pairs, 2, m) quarter sizes; ratio_sizes_h: (2, m) half sizes.
     for _ in range(40):
@@ -299,22 +254,12 @@ def _solve_gamma(ratio_sizes_q: np.ndarray, ratio_sizes_h: np.ndarray, target: n
     return 0.5 * (lo + hi)
 
 
-def _quiet_nan_mean() -> Any:
+@contextlib.contextmanager
+def _quiet_nan_mean() -> Iterator[None]:
     """Silence numpy's 'Mean of empty slice' (an all-NaN position stays NaN, by design)."""
-    import warnings
-
-    ctx = warnings.catch_warnings()
-    ctx.__enter__()
-    warnings.simplefilter("ignore", RuntimeWarning)
-
-    class _Exit:
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, *exc: Any) -> None:
-            ctx.__exit__(*exc)
-
-    return _Exit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 @dataclass(frozen=True)
@@ -384,14 +329,7 @@ def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) 
     Returns:
         :class:`NoiseFloor`.
     """
-    k = len(parts)
-    if k not in (2, 4):
-        msg = f"noise_floor needs 2 or 4 parts, got {k}"
-        raise ValueError(msg)
-    spec = parts[0].spec
-    if any(p.spec.positions != spec.positions or p.spec.vocab_size != spec.vocab_size for p in parts):
-        msg = "all parts must have the same number of positions and vocabulary"
-        raise ValueError(msg)
+    spec = _common_spec(parts)
     rows = np.arange(spec.positions, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
     mats = [_rows_csr(p, rows) for p in parts]
     sizes = np.stack([np.asarray(m.sum(axis=1)).ravel().astype(np.float64) for m in mats])  # (k, m)
@@ -399,52 +337,90 @@ def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) 
     for m in mats[1:]:
         total = total + m
     occ = sizes.sum(axis=0)
-    if k == 2:
-        h = _paired_d2(mats[0], mats[1])
-        q = None
-        gamma = np.ones(rows.size)
-        na, nb = sizes
-        method = "halves-first-order"
-    else:
-        pairings = [((0, 2), (1, 3)), ((0, 1), (2, 3))]
-        hs, nas, nbs = [], [], []
-        for (a0, a1), (b0, b1) in pairings:
-            hs.append(_paired_d2(mats[a0] + mats[a1], mats[b0] + mats[b1]))
-            nas.append(sizes[a0] + sizes[a1])
-            nbs.append(sizes[b0] + sizes[b1])
-        with np.errstate(invalid="ignore"), _quiet_nan_mean():
-            h = np.nanmean(hs, axis=0)
-            na, nb = np.mean(nas, axis=0), np.mean(nbs, axis=0)
-            quarter_pairs = [(0, 1), (2, 3), (0, 2), (1, 3), (0, 3), (1, 2)]
-            q = np.nanmean([_paired_d2(mats[a], mats[b]) for a, b in quarter_pairs], axis=0)
-        qsizes = np.stack([np.stack([sizes[a], sizes[b]]) for a, b in quarter_pairs])  # (6, 2, m)
-        ok = np.isfinite(h) & np.isfinite(q) & (q > 0) & np.all(sizes > 0, axis=0)
-        gamma = np.ones(rows.size)
-        if ok.any():
-            gamma[ok] = _solve_gamma(qsizes[:, :, ok], np.stack([na, nb])[:, ok], q[ok] / h[ok])
-        method = "quarters"
+    split = _halves(mats, sizes) if len(parts) == 2 else _quarters(mats, sizes)
+    bias, fallback = _bias(split, occ, np.diff(total.indptr).astype(np.float64))
+    return NoiseFloor(
+        positions=rows,
+        occupancy=occ.astype(np.int64),
+        split_half=split.h,
+        split_quarter=split.q,
+        gamma=split.gamma,
+        bias=bias,
+        method=split.method,
+        parts=len(parts),
+        fallback=fallback,
+    )
+
+
+def _common_spec(parts: Sequence[PositionalCounts]) -> CountSpec:
+    """The spec shared by 2 or 4 parts (same positions and vocabulary), else ValueError."""
+    if len(parts) not in (2, 4):
+        msg = f"noise_floor needs 2 or 4 parts, got {len(parts)}"
+        raise ValueError(msg)
+    spec = parts[0].spec
+    if any(p.spec.positions != spec.positions or p.spec.vocab_size != spec.vocab_size for p in parts):
+        msg = "all parts must have the same number of positions and vocabulary"
+        raise ValueError(msg)
+    return spec
+
+
+class _SplitHalf(NamedTuple):
+    """Split-half statistics of m positions and the fitted decay of ``beta(N) = c N^-gamma``."""
+
+    h: np.ndarray  # (m,) d_H^2 between the two halves (NaN where a half is empty)
+    q: np.ndarray | None  # (m,) mean d_H^2 between two quarters; None with two parts
+    gamma: np.ndarray  # (m,) decay exponent in [0, 1]
+    na: np.ndarray  # (m,) tokens of half A
+    nb: np.ndarray  # (m,) tokens of half B
+    method: str
+
+
+# Quarters (a, b) compared for q, and the two ways of pairing quarters into halves for h.
+_QUARTER_PAIRS = ((0, 1), (2, 3), (0, 2), (1, 3), (0, 3), (1, 2))
+_HALF_PAIRINGS = (((0, 2), (1, 3)), ((0, 1), (2, 3)))
+
+
+def _halves(mats: list[sp.csr_array], sizes: np.ndarray) -> _SplitHalf:
+    """Two parts (sizes (2, m)): ``h`` between them, first-order ``gamma = 1``."""
+    na, nb = sizes
+    return _SplitHalf(_paired_d2(mats[0], mats[1]), None, np.ones(na.size), na, nb, "halves-first-order")
+
+
+def _quarters(mats: list[sp.csr_array], sizes: np.ndarray) -> _SplitHalf:
+    """Four parts (sizes (4, m)): ``h`` averaged over both pairings into halves, ``q`` over
+    the six quarter pairs, and ``gamma`` solving ``q / h`` per position (1 where undefined)."""
+    hs, nas, nbs = [], [], []
+    for (a0, a1), (b0, b1) in _HALF_PAIRINGS:
+        hs.append(_paired_d2(mats[a0] + mats[a1], mats[b0] + mats[b1]))
+        nas.append(sizes[a0] + sizes[a1])
+        nbs.append(sizes[b0] + sizes[b1])
+    with np.errstate(invalid="ignore"), _quiet_nan_mean():
+        h = np.nanmean(hs, axis=0)
+        na, nb = np.mean(nas, axis=0), np.mean(nbs, axis=0)
+        q = np.nanmean([_paired_d2(mats[a], mats[b]) for a, b in _QUARTER_PAIRS], axis=0)
+    qsizes = np.stack([np.stack([sizes[a], sizes[b]]) for a, b in _QUARTER_PAIRS])  # (6, 2, m)
+    ok = np.isfinite(h) & np.isfinite(q) & (q > 0) & np.all(sizes > 0, axis=0)
+    gamma = np.ones(h.size)
+    if ok.any():
+        gamma[ok] = _solve_gamma(qsizes[:, :, ok], np.stack([na, nb])[:, ok], q[ok] / h[ok])
+    return _SplitHalf(h, q, gamma, na, nb, "quarters")
+
+
+def _bias(split: _SplitHalf, occ: np.ndarray, distinct: np.ndarray) -> tuple[np.ndarray, int]:
+    """``b_i = c_i occ_i^-gamma_i`` with ``c_i = h_i / (N_A^-gamma_i + N_B^-gamma_i)``, and how
+    many occupied positions fell back to the delta method ``(K_i - 1) / (4 occ_i)``
+    (``K_i = distinct`` tokens) because that was not finite; NaN where ``occ_i = 0``."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        c = h / (na ** (-gamma) + nb ** (-gamma))
-        bias = c * occ ** (-gamma)
+        c = split.h / (split.na ** (-split.gamma) + split.nb ** (-split.gamma))
+        bias = c * occ ** (-split.gamma)
     bad = ~np.isfinite(bias)
     fallback = int(np.count_nonzero(bad & (occ > 0)))
     if bad.any():
-        distinct = np.diff(total.indptr).astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             delta = (distinct - 1.0) / (4.0 * occ)
         bias = np.where(bad, delta, bias)
         bias = np.where(occ > 0, bias, np.nan)
-    return NoiseFloor(
-        positions=rows,
-        occupancy=occ.astype(np.int64),
-        split_half=h,
-        split_quarter=q,
-        gamma=gamma,
-        bias=bias,
-        method=method,
-        parts=k,
-        fallback=fallback,
-    )
+    return bias, fallback
 
 
 def corrected_squared_distances(d2: Any, bias: Any, /) -> np.ndarray:
@@ -470,7 +446,7 @@ def corrected_squared_distances(d2: Any, bias: Any, /) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------
-# Samplers (null corpora and generated corpora with known truth)
+# Samplers (null corpora here; generated corpora with known truth in posstats.testing)
 
 
 def _alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -491,7 +467,7 @@ def _alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return prob, alias
 
 
-def _poisson_rows(
+def poisson_rows(
     n: int,
     vocab: int,
     *,
@@ -502,9 +478,22 @@ def _poisson_rows(
     tail_rate: np.ndarray,
     rng: np.random.Generator,
 ) -> sp.csr_array:
-    """Sparse int64 counts with ``C[i, dense_cols] ~ Poisson(dense_rates(lo, hi)[i - lo])``
-    and, for the tail, ``C[i, tail_cols] ~ Poisson(tail_rate[i] * tail_p)`` (drawn as a
-    Poisson number of tokens per row placed by an alias table: no n x V array, O(tokens)).
+    """(n, vocab) sparse int64 Poisson counts, drawn in row blocks (never an n x vocab array).
+
+    ``C[i, dense_cols] ~ Poisson(dense_rates(lo, hi)[i - lo])`` for the columns drawn
+    densely, and ``C[i, tail_cols] ~ Poisson(tail_rate[i] * tail_p)`` for the tail, drawn
+    as ``Poisson(tail_rate[i])`` tokens per row placed by an alias table of ``tail_p``
+    (O(tokens)). The sampler of the null corpora here and of the generated corpora of
+    :mod:`posstats.testing`.
+
+    Args:
+        n, vocab: shape of the result.
+        dense_cols: (h,) columns drawn densely.
+        dense_rates: ``(lo, hi) -> (hi - lo, h)`` Poisson means of rows ``lo .. hi - 1``.
+        tail_cols: (t,) the other columns with mass.
+        tail_p: (t,) distribution over ``tail_cols`` (empty when t = 0).
+        tail_rate: (n,) expected tail tokens per row.
+        rng: consumed in row-block order (seeded draws are reproducible).
     """
     chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, dense_cols.size + 1)))
     prob, alias = _alias_table(tail_p) if tail_cols.size else (None, None)
@@ -536,8 +525,15 @@ def _poisson_rows(
         )
         piece.sum_duplicates()
         pieces.append(piece)
-    # Concatenate the row blocks by hand: one copy of the data, and int32 indices / indptr
-    # when they fit (scipy upcasts both if either is int64): a third less memory.
+    return _concatenate_rows(pieces, n, vocab)
+
+
+def _concatenate_rows(pieces: list[sp.csr_array], n: int, vocab: int) -> sp.csr_array:
+    """Stack CSR row blocks (n rows in all) into one (n, vocab) CSR, emptying ``pieces``.
+
+    By hand rather than ``sp.vstack``: one copy of the data, and int32 indices / indptr
+    when they fit (scipy upcasts both if either is int64): a third less memory.
+    """
     nnz = sum(int(p.nnz) for p in pieces)
     index_dtype = np.int32 if nnz < 2**31 and vocab < 2**31 else np.int64
     data = np.empty(nnz, dtype=np.int64)
@@ -578,7 +574,7 @@ def null_counts(counts: PositionalCounts, /, *, seed: int = 0, positions: Any = 
     tail_mass = float(p[tail_cols].sum()) if tail_cols.size else 0.0
     ph = p[dense_cols]
     rng = np.random.default_rng(seed)
-    matrix = _poisson_rows(
+    matrix = poisson_rows(
         rows.size,
         counts.vocab_size,
         dense_cols=dense_cols,
@@ -590,131 +586,6 @@ def null_counts(counts: PositionalCounts, /, *, seed: int = 0, positions: Any = 
     )
     spec = dataclasses.replace(counts.spec, positions=rows.size)
     return PositionalCounts(spec, matrix, 0, 0, int(matrix.sum()), "", {"null": f"shuffle seed={seed}"})
-
-
-@dataclass(frozen=True)
-class SyntheticCorpus:
-    """A generated corpus with a known positional structure (see :func:`synthetic_counts`).
-
-    Attributes:
-        counts: sparse int64 counts (n x V).
-        rank: the true rank of ``B`` (the number of signal blocks; 0 = one distribution).
-        true_eigenvalues: (rank,) eigenvalues of the true ``B = S_c S_c^T``, descending.
-        coefficients: (n, rank + 1) ``sqrt`` block masses: ``s_i = sum_k a[i, k] u_k`` with
-            orthonormal ``u_k`` (disjoint supports), so ``B_true = A_c A_c^T``.
-        occupancy: (n,) expected tokens per position.
-    """
-
-    counts: PositionalCounts
-    rank: int
-    true_eigenvalues: np.ndarray
-    coefficients: np.ndarray
-    occupancy: np.ndarray = field(repr=False)
-
-
-def _zipf(size: int, exponent: float, offset: float) -> np.ndarray:
-    p = 1.0 / (np.arange(size) + offset) ** exponent
-    return p / p.sum()
-
-
-def synthetic_counts(
-    n: int,
-    vocab: int,
-    /,
-    *,
-    tokens: Any = 10_000,
-    rank: int = 0,
-    strength: float = 0.3,
-    block_tokens: int = 64,
-    exponent: float = 1.07,
-    head: int = 1024,
-    seed: int = 0,
-) -> SyntheticCorpus:
-    """Generated positional counts with a planted structure of known rank.
-
-    Token ids ``0 .. rank * block_tokens - 1`` form ``rank`` signal blocks with fixed
-    within-block distributions ``q_k`` (Zipf over the block); the other ids carry a Zipf
-    base distribution ``z`` (``p_v ~ (v + 2.7)^-exponent``, realistic for BPE text). Position
-    i has the distribution
-
-        mu_i = (1 - strength) z + strength * sum_k w_k(i)^2 q_k,   |w(i)| = 1, w >= 0
-
-    with ``w(i)`` a smooth, seeded curve on the positive part of the unit sphere of
-    R^rank. Since the blocks have disjoint supports, ``sqrt(mu_i)`` is a combination of
-    ``rank + 1`` orthonormal vectors with a constant base coefficient, and the true
-    ``B = S_c S_c^T`` has rank exactly ``rank`` (for rank >= 2) with known eigenvalues
-    ``strength * eig(W_c^T W_c)``. ``rank = 0`` is the one-distribution corpus; rank 1 is
-    impossible on the square-root sphere (a one-parameter family of distributions is a
-    curve, never a line) and refused.
-
-    Counts are Poisson, ``C[i, v] ~ Poisson(tokens_i mu_i[v])``, built as CSR directly
-    (the ``head`` most frequent base tokens and the signal blocks densely per row block,
-    the rest as tokens placed by an alias table): 10^9 tokens at n = 131,072 take about a
-    minute and never an n x V array.
-
-    Args:
-        n, vocab: positions and vocabulary size (vocab > rank * block_tokens).
-        tokens: expected tokens per position (a number, or (n,) array for an occupancy
-            profile such as truncate mode's decay).
-        rank, strength, block_tokens, exponent: the structure (see above).
-        head: base tokens drawn densely.
-        seed: seeds everything.
-    """
-    rank = int(rank)
-    if rank < 0 or rank == 1:
-        msg = f"rank must be 0 or >= 2 (rank 1 is impossible on the square-root sphere), got {rank}"
-        raise ValueError(msg)
-    sig_cols = rank * int(block_tokens)
-    if vocab <= sig_cols + 1:
-        msg = f"vocab={vocab} too small for {rank} signal blocks of {block_tokens} tokens"
-        raise ValueError(msg)
-    if not 0.0 <= strength < 1.0:
-        msg = f"strength must be in [0, 1), got {strength}"
-        raise ValueError(msg)
-    rng = np.random.default_rng(seed)
-    occ = np.broadcast_to(np.asarray(tokens, dtype=np.float64), (n,)).copy()
-    t = (np.arange(n) + 0.5) / n
-    if rank:
-        phases = rng.uniform(0.0, 2.0 * np.pi, rank)
-        freqs = rng.uniform(0.5, 3.0, rank)
-        u = 0.2 + 0.5 * (1.0 + np.sin(2.0 * np.pi * freqs[None, :] * t[:, None] + phases[None, :]))
-        w = u / np.linalg.norm(u, axis=1, keepdims=True)
-        base_mass = 1.0 - strength
-    else:
-        w = np.zeros((n, 0))
-        base_mass = 1.0
-    base = _zipf(vocab - sig_cols, exponent, 2.7)
-    q = _zipf(int(block_tokens), 1.0, 1.0)
-    h = min(int(head), base.size)
-    dense_cols = np.arange(sig_cols + h, dtype=np.int64)
-    tail_cols = np.arange(sig_cols + h, vocab, dtype=np.int64)
-    tail = base[h:]
-    tail_mass = float(tail.sum())
-
-    def rates(lo: int, hi: int) -> np.ndarray:
-        o = occ[lo:hi, None]
-        sig = (o * strength * w[lo:hi] ** 2)[:, :, None] * q[None, None, :]
-        return np.concatenate([sig.reshape(hi - lo, -1), o * base_mass * base[None, :h]], axis=1)
-
-    matrix = _poisson_rows(
-        n,
-        vocab,
-        dense_cols=dense_cols,
-        dense_rates=rates,
-        tail_cols=tail_cols,
-        tail_p=tail / tail_mass if tail.size else np.zeros(0),
-        tail_rate=occ * base_mass * tail_mass,
-        rng=rng,
-    )
-    coeff = np.concatenate([np.full((n, 1), math.sqrt(base_mass)), math.sqrt(strength) * w if rank else w], axis=1)
-    if rank:
-        wc = w - w.mean(axis=0)
-        true = strength * np.sort(np.linalg.eigvalsh(wc.T @ wc))[::-1]
-    else:
-        true = np.zeros(0)
-    spec = CountSpec(positions=n, vocab_size=vocab)
-    counts = PositionalCounts(spec, matrix, 0, 0, int(matrix.sum()), "", {"synthetic": f"rank={rank} seed={seed}"})
-    return SyntheticCorpus(counts, rank, true, coeff, occ)
 
 
 # ---------------------------------------------------------------------------------------
@@ -781,6 +652,51 @@ def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /) -> float:
     return (math.sqrt(row_max) + math.sqrt(float(col.max()))) ** 2
 
 
+def _mds_top_eigenvalues(k: int, seed: int) -> Callable[[PositionalCounts], np.ndarray]:
+    """The default null solver: the top ``min(k, m)`` classical-MDS eigenvalues of m
+    positions (dense up to 2048 positions, as the data's default)."""
+
+    def solver(c: PositionalCounts) -> np.ndarray:
+        m = c.positions
+        return classical_mds(c.matrix, k=min(k, m), method="auto" if m > 2048 else "dense", seed=seed).eigenvalues
+
+    return solver
+
+
+def _occupied_rows(counts: PositionalCounts) -> PositionalCounts:
+    """``counts`` without its unoccupied positions (geometry needs occupied rows only)."""
+    keep = np.flatnonzero(counts.occupancy() > 0)
+    if keep.size == counts.positions:
+        return counts
+    spec = dataclasses.replace(counts.spec, positions=keep.size)
+    return dataclasses.replace(counts, matrix=counts.matrix[keep], spec=spec)
+
+
+def _shuffled_spectra(
+    counts: PositionalCounts,
+    positions: Any,
+    k: int,
+    replicates: int,
+    solver: Callable[[PositionalCounts], np.ndarray],
+    seed: int,
+) -> list[np.ndarray]:
+    """Top eigenvalues (descending, equal lengths <= max(1, k)) of ``max(1, replicates)``
+    shuffled null corpora, replicate r drawn with ``seed + r``."""
+    null = []
+    for r in range(max(1, int(replicates))):
+        nc = _occupied_rows(null_counts(counts, seed=seed + r, positions=positions))
+        null.append(np.sort(np.asarray(solver(nc), dtype=np.float64))[::-1][: max(1, k)])
+    width = min(len(x) for x in null)
+    return [x[:width] for x in null]
+
+
+def _shuffle_threshold(null: np.ndarray) -> float:
+    """Largest top null eigenvalue plus two standard deviations of the top ones (replicates, k)."""
+    tops = null[:, 0]
+    spread = float(np.std(tops, ddof=1)) if tops.size > 1 else 0.0
+    return float(tops.max()) + 2.0 * spread
+
+
 def null_rank(
     eigenvalues: Any,
     /,
@@ -816,36 +732,14 @@ def null_rank(
         if counts is None:
             msg = "null_rank(method='shuffle') needs the counts"
             raise ValueError(msg)
-        if solver is None:
-            from posstats.geometry.mds import classical_mds
-
-            k = int(lam.size)
-
-            def solver(c: PositionalCounts) -> np.ndarray:
-                m = c.positions
-                kk = min(k, m)
-                return classical_mds(c.matrix, k=kk, method="auto" if m > 2048 else "dense", seed=seed).eigenvalues
-
-        null = []
-        for r in range(max(1, int(replicates))):
-            nc = null_counts(counts, seed=seed + r, positions=positions)
-            keep = np.flatnonzero(nc.occupancy() > 0)
-            if keep.size < nc.positions:
-                nc = dataclasses.replace(nc, matrix=nc.matrix[keep], spec=dataclasses.replace(nc.spec, positions=keep.size))
-            null.append(np.sort(np.asarray(solver(nc), dtype=np.float64))[::-1][: max(1, lam.size)])
-        width = min(len(x) for x in null)
-        null_arr = np.stack([x[:width] for x in null])
-        tops = null_arr[:, 0]
-        spread = float(np.std(tops, ddof=1)) if tops.size > 1 else 0.0
-        threshold = float(tops.max()) + 2.0 * spread
-        reps = len(null)
+        solve = _mds_top_eigenvalues(int(lam.size), seed) if solver is None else solver
+        null_arr = np.stack(_shuffled_spectra(counts, positions, int(lam.size), replicates, solve, seed))
+        threshold, reps = _shuffle_threshold(null_arr), null_arr.shape[0]
     elif method == "mp":
         if parts is None or floor is None:
             msg = "null_rank(method='mp') needs the parts and their noise floor"
             raise ValueError(msg)
-        threshold = mp_edge(parts, floor)
-        null_arr = np.zeros((0, 0))
-        reps = 0
+        threshold, null_arr, reps = mp_edge(parts, floor), np.zeros((0, 0)), 0
     else:
         msg = f"unknown null method {method!r}; choose one of {', '.join(NULL_METHODS)}"
         raise ValueError(msg)

@@ -40,7 +40,7 @@ import scipy.sparse as sp
 
 from posstats.geometry.backend import array_namespace
 
-__all__ = ["hellinger", "hellinger_sq", "hellinger_sq_pairs", "sqrt_distributions"]
+__all__ = ["distance_summary", "hellinger", "hellinger_sq", "hellinger_sq_pairs", "sqrt_distributions"]
 
 # Bound on the elements of one temporary (pairs x V) array in the pairwise refinement,
 # so that refining many pairs never needs more than ~8 MiB per temporary.
@@ -394,3 +394,10 @@ def hellinger(
     d = hellinger_sq(counts, block=block, refine_below=refine_below, xp=xp)
     xp = array_namespace(d)
     return xp.sqrt(d, out=d)
+
+
+def distance_summary(squared: np.ndarray, /) -> dict[str, float]:
+    """min / mean / max of the off-diagonal Hellinger distances ``sqrt(squared)`` of an
+    (n, n) matrix of squared distances; ``{}`` for n < 2."""
+    off = np.sqrt(squared[~np.eye(squared.shape[0], dtype=bool)])
+    return {"min": float(off.min()), "mean": float(off.mean()), "max": float(off.max())} if off.size else {}

@@ -11,7 +11,8 @@ squared singular values of ``S_c`` and the encoding is
 
 Two methods compute it:
 
-- ``dense``: ``D`` by :func:`posstats.geometry.hellinger.hellinger_sq`, ``B`` by double centring,
+- ``dense``: ``D`` by :func:`posstats.geometry.hellinger.hellinger_sq` (or the caller's, passed as
+  ``squared_distances`` so that it is computed once), ``B`` by double centring,
   then a symmetric eigensolver (``scipy.linalg.eigh``; ``cupy.linalg.eigh`` on the GPU).
   O(n^2) memory, O(n^3) time; gives the whole spectrum.
 - ``iterative``: ARPACK Lanczos (``scipy.sparse.linalg.eigsh``) for the top-k eigenpairs
@@ -232,6 +233,7 @@ def classical_mds(
     dense_limit: int = 2048,
     block: int = 8,
     diagonal: Any = None,
+    squared_distances: Any = None,
     xp: types.ModuleType | None = None,
 ) -> MDSResult:
     """Classical MDS of the squared Hellinger distances between the rows of ``counts``.
@@ -253,6 +255,8 @@ def classical_mds(
         diagonal: ``dense`` and ``lanczos`` only: (n,) ``b``; decompose the bias-corrected
             ``B - H diag(b) H`` (the MDS of ``D - b_i - b_j`` off the diagonal) instead of
             ``B``; it can have negative eigenvalues.
+        squared_distances: ``dense`` only: (n, n) float64 ``D = hellinger_sq(counts)`` when the
+            caller has it already (it is copied, never modified); default: computed here.
         xp: ``lanczos`` only: run the products with this namespace (``cupy`` puts a scipy
             sparse input on the GPU); default: where ``counts`` lives.
 
@@ -287,8 +291,11 @@ def classical_mds(
     if diagonal is not None and method == "iterative":
         msg = "diagonal= (the bias-corrected B) needs method='dense' or 'lanczos'"
         raise ValueError(msg)
+    if squared_distances is not None and method != "dense":
+        msg = f"squared_distances= (a precomputed D) needs method='dense'; got {method!r}"
+        raise ValueError(msg)
     if method == "dense":
-        return _dense_mds(counts, k=k, tol=tol, diagonal=diagonal)
+        return _dense_mds(counts, k=k, tol=tol, diagonal=diagonal, squared_distances=squared_distances)
     if k is None:
         msg = f"the {method} method needs k (the number of leading eigenpairs)"
         raise ValueError(msg)
@@ -307,9 +314,21 @@ def _fix_signs(u: Any, xp: types.ModuleType) -> Any:
     return u * signs[None, :]
 
 
-def _dense_mds(counts: Any, *, k: int | None, tol: float, diagonal: Any = None) -> MDSResult:
+def _squared_distances(counts: Any, given: Any, xp: types.ModuleType) -> Any:
+    """A writable (n, n) float64 ``D`` of ``counts``' rows: a copy of ``given``, else
+    :func:`hellinger_sq`."""
+    if given is None:
+        return hellinger_sq(counts, xp=None if sp.issparse(counts) else xp)
+    n = int(counts.shape[0])
+    if tuple(given.shape) != (n, n):
+        msg = f"squared_distances must be (n, n) = ({n}, {n}); got shape {tuple(given.shape)}"
+        raise ValueError(msg)
+    return xp.asarray(given, dtype=xp.float64).copy()
+
+
+def _dense_mds(counts: Any, *, k: int | None, tol: float, diagonal: Any = None, squared_distances: Any = None) -> MDSResult:
     xp = np if sp.issparse(counts) else array_namespace(counts)
-    b = hellinger_sq(counts, xp=None if sp.issparse(counts) else xp)
+    b = _squared_distances(counts, squared_distances, xp)
     n = int(b.shape[0])
     if n == 0:
         msg = "counts has no rows"
@@ -364,7 +383,6 @@ class _CentredSqrt:
         self.sparse = sp.issparse(counts)
         s = sqrt_distributions(counts)
         self.xp = np if self.sparse else array_namespace(s)
-        xp = self.xp
         self.shape = tuple(int(x) for x in s.shape)
         if self.sparse:
             csr = s.tocsr()
@@ -661,7 +679,6 @@ class _SplitSqrt:
 
     def apply(self, x: Any) -> Any:
         """``S_c x`` for x of shape (V, b)."""
-        xp = self.xp
         if self.rest is None:
             return self.dense @ x
         out = self.rest @ x

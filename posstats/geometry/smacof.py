@@ -244,16 +244,6 @@ def pair_weights(
 # --------------------------------------------------------------------------- validation
 
 
-def _locate_bad(xp, tile, a: int, c: int, name: str) -> None:
-    bad = ~xp.isfinite(tile)
-    what = "has a non-finite entry"
-    if not bool(xp.any(bad)):
-        bad, what = tile < 0, "must be >= 0; it has a negative entry"
-    r, col = (int(v[0]) for v in xp.nonzero(bad))
-    msg = f"{name} {what} at ({a + r}, {c + col}): {float(tile[r, col])}"
-    raise InputError(msg)
-
-
 def _check_square(xp, m, name: str, *, block: int, symmetric_tol: float = 1e-12) -> None:
     """Finite, >= 0 and symmetric n x n, in O(n^2) reads with no (n, n) temporary.
 

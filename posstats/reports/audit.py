@@ -47,7 +47,13 @@ from typing import Any
 
 import numpy as np
 
+from posstats.counting.io import load_counts
 from posstats.errors import InputError
+from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
+from posstats.geometry.encodings import sinusoidal
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.stress import stress_report
+from posstats.runs.run_folder import load_run, sparse_rows
 
 __all__ = [
     "AuditResult",
@@ -252,8 +258,6 @@ def projected_stress(table: np.ndarray, wq: np.ndarray, wk: np.ndarray, distance
         ``{"stress", "scaled_stress", "heads": [{"stress", "scaled_stress"}, ...] | None,
         "head_mean_stress", "head_mean_scaled_stress"}``.
     """
-    from posstats.geometry.stress import stress_report
-
     if wq.shape != wk.shape or wq.shape[1] != table.shape[1]:
         msg = f"query {wq.shape} / key {wk.shape} weights do not fit a table of width {table.shape[1]}"
         raise InputError(msg)
@@ -322,9 +326,6 @@ class AuditResult:
 
 
 def _scores(matrix: np.ndarray, distances: np.ndarray, positions: np.ndarray, *, seed: int, exact_limit: int) -> dict[str, Any]:
-    from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
-    from posstats.geometry.stress import stress_report
-
     s = stress_report(matrix, distances)
     sep = min_separation(matrix)
     mono = monotonicity_of_encoding(matrix, positions=positions, exact_limit=exact_limit, seed=seed)
@@ -389,9 +390,6 @@ def audit_checkpoint(
         InputError: unreadable / pickled checkpoint, no position table, no counts, fewer
             than two corpus positions within the table.
     """
-    from posstats.geometry.hellinger import hellinger_sq
-    from posstats.counting.io import load_counts
-
     ckpt = Checkpoint(checkpoint)
     name = find_position_key(ckpt, key=key)
     table = ckpt.get(name).astype(np.float64)
@@ -401,8 +399,6 @@ def audit_checkpoint(
     cdir = Path(counts)
     run = None
     if cdir.is_dir() and (cdir / "report.json").is_file() and (cdir / "mds.safetensors").is_file():
-        from posstats.reports.export import load_run
-
         run = load_run(cdir)
         counts_obj = load_counts(run.counts_path())
         positions = run.positions
@@ -424,8 +420,6 @@ def audit_checkpoint(
     if positions.size < 2:
         msg = f"{checkpoint}: fewer than two corpus positions fall within the table's {n_rows} rows (offset {offset})"
         raise InputError(msg)
-    from posstats.reports.export import sparse_rows
-
     distances = np.sqrt(np.asarray(hellinger_sq(sparse_rows(counts_obj.rows(positions))), dtype=np.float64))
     rows = table[positions + offset]
     _check_finite(rows, f"{checkpoint}: position table {name!r}", first_row=positions + offset)
@@ -433,8 +427,6 @@ def audit_checkpoint(
 
     references = []
     if run is not None:
-        from posstats.geometry.encodings import sinusoidal
-
         keep = np.isin(run.positions, positions)
         mds_rows = run.encoding[keep]
         k = min(width, mds_rows.shape[1])

@@ -51,33 +51,34 @@ Every file is written atomically, and none that exists is replaced unless ``forc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save_file
 
 from posstats import __version__
+from posstats.counting.io import atomic_path
 from posstats.errors import InputError, PosstatsError
-from posstats.runs.publish import published_dir
+from posstats.geometry.encodings import mds_smacof
+from posstats.geometry.stress import stress_report
+from posstats.reports.plots import lowrank_figure, png_bytes, spectrum_figure
+from posstats.runs.run_folder import RunData, load_run, run_distances, with_distances
 
 __all__ = [
     "EXPORT_SCHEMA",
     "FACTOR_KEYS",
     "LAYOUT_KEYS",
     "ExportResult",
-    "RunData",
     "default_ranks",
     "export_encoding",
-    "load_run",
+    "export_run",
     "lowrank_tradeoff",
     "orthonormal_basis",
-    "run_distances",
-    "sparse_rows",
 ]
 
 EXPORT_SCHEMA = "posstats.export/1"
@@ -92,144 +93,7 @@ BASES = ("pad", "random")
 # Above this many used positions, stress is computed on an even sample of positions
 # (all pairs of 4096 positions: two 128 MiB float64 matrices).
 STRESS_POSITION_LIMIT = 4096
-
-
-@dataclass(frozen=True)
-class RunData:
-    """What a run folder holds, loaded.
-
-    Attributes:
-        directory: the run folder, as given.
-        report: ``report.json``.
-        positions: (m,) int64 used positions (``mds.safetensors`` ``positions``).
-        eigenvalues: (k,) float64 MDS eigenvalues, descending.
-        encoding: (m, k) float64 MDS coordinates of the used positions.
-        mds_metadata: the string metadata of ``mds.safetensors``.
-        files: the folder the files were read from: the run folder's current published
-            version (:func:`posstats.runs.publish.published_dir`); None means ``directory``.
-    """
-
-    directory: Path
-    report: dict[str, Any]
-    positions: np.ndarray
-    eigenvalues: np.ndarray
-    encoding: np.ndarray
-    mds_metadata: dict[str, str] = field(default_factory=dict)
-    files: Path | None = None
-
-    @property
-    def folder(self) -> Path:
-        """Where the run's files are (``files``, else ``directory``)."""
-        return self.files if self.files is not None else self.directory
-
-    @property
-    def run_id(self) -> str:
-        """``report.json``'s ``run_id``, else the first 16 hex digits of its sha256."""
-        rid = self.report.get("run_id")
-        if rid:
-            return str(rid)
-        return hashlib.sha256((self.folder / "report.json").read_bytes()).hexdigest()[:16]
-
-    def counts_path(self) -> Path:
-        """The counts of this run: those in the run folder, else ``report.json`` ``inputs.counts``."""
-        from posstats.counting.io import counts_file
-
-        recorded = (self.report.get("inputs") or {}).get("counts")
-        # The folder itself first: while a run is being staged, inputs.counts already names
-        # the final folder, which may still hold an older run's counts.
-        candidates = [self.folder] + ([Path(recorded)] if recorded else [])
-        for c in candidates:
-            try:
-                return counts_file(c)
-            except InputError:
-                continue
-        where = f" (report.json inputs.counts = {recorded!r})" if recorded else ""
-        msg = f"{self.directory}: cannot find the run's counts{where}; the distances need them"
-        raise InputError(msg)
-
-
-def load_run(run_dir: str | os.PathLike, /) -> RunData:
-    """Load ``report.json`` and ``mds.safetensors`` of a run folder.
-
-    Raises:
-        InputError: no such folder, or one without a readable report / MDS file.
-    """
-    from safetensors import safe_open
-
-    d = Path(run_dir)
-    if not d.is_dir():
-        msg = f"{d}: no such run folder"
-        raise InputError(msg)
-    files = published_dir(d)
-    report_path, mds_path = files / "report.json", files / "mds.safetensors"
-    for p in (report_path, mds_path):
-        if not p.is_file():
-            msg = f"{d}: no {p.name} in this folder (run 'posstats run' or 'posstats analyze' first)"
-            raise InputError(msg)
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as exc:
-        msg = f"{report_path}: not readable JSON ({exc})"
-        raise InputError(msg) from exc
-    try:
-        with safe_open(str(mds_path), framework="numpy") as f:
-            meta = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in ("positions", "eigenvalues", "encoding")}
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
-        msg = f"{mds_path}: not a readable MDS file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        raise InputError(msg) from exc
-    positions = tensors["positions"].astype(np.int64).reshape(-1)
-    encoding = tensors["encoding"].astype(np.float64)
-    if encoding.ndim != 2 or encoding.shape[0] != positions.shape[0]:
-        msg = f"{mds_path}: encoding shape {encoding.shape} does not match {positions.shape[0]} positions"
-        raise InputError(msg)
-    return RunData(d, report, positions, tensors["eigenvalues"].astype(np.float64).reshape(-1), encoding, meta, files)
-
-
-def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Hellinger distances d_H between the run's used positions, recomputed from its counts.
-
-    Args:
-        run: from :func:`load_run`.
-        max_positions: above this many used positions, an even subsample of them.
-
-    Returns:
-        ``(idx, D)``: indices into ``run.positions`` (all of them, or the subsample) and the
-        (len(idx), len(idx)) float64 d_H between those positions.
-
-    Raises:
-        InputError: the counts are missing or are not the ones the run analysed.
-    """
-    from posstats.geometry.hellinger import hellinger_sq
-    from posstats.reports.plots import even_subsample
-    from posstats.counting.io import load_counts
-
-    counts = load_counts(run.counts_path())
-    expected = run.mds_metadata.get("fingerprint") or (run.report.get("corpus") or {}).get("fingerprint")
-    if expected and counts.fingerprint and counts.fingerprint != expected:
-        msg = (
-            f"{run.counts_path()}: counts fingerprint {counts.fingerprint[:16]} is not the analysed corpus' "
-            f"{expected[:16]} (the counts changed after the analysis; re-run 'posstats analyze')"
-        )
-        raise InputError(msg)
-    if run.positions.size and int(run.positions.max()) >= counts.positions:
-        msg = f"{run.counts_path()}: has {counts.positions} positions but the run used position {int(run.positions.max())}"
-        raise InputError(msg)
-    m = run.positions.shape[0]
-    idx = np.arange(m) if max_positions is None else even_subsample(m, max_positions)
-    d2 = hellinger_sq(sparse_rows(counts.rows(run.positions[idx])))
-    return idx, np.sqrt(np.asarray(d2, dtype=np.float64))
-
-
-def sparse_rows(rows: Any, /) -> Any:
-    """``rows`` as a scipy CSR array when dense and under 10 % filled (token counts of a
-    position usually are), which makes the Gram product of :func:`hellinger_sq` cost
-    O(nnz) instead of O(n V); otherwise ``rows`` unchanged."""
-    import scipy.sparse as sp
-
-    if sp.issparse(rows) or rows.size == 0 or np.count_nonzero(rows) > 0.1 * rows.size:
-        return rows
-    return sp.csr_array(rows)
+SMACOF_POSITION_LIMIT = 16_384
 
 
 def default_ranks(k: int, /, *, width: int | None = None, extra: Sequence[int] = ()) -> list[int]:
@@ -272,8 +136,6 @@ def lowrank_tradeoff(
         One dict per rank: ``rank``, ``stress``, ``scaled_stress``, ``parameters``
         (``r(n + d)``), ``free_parameters`` (``n d``), ``saving`` (``1 - r(n+d)/(n d)``).
     """
-    from posstats.geometry.stress import stress_report
-
     enc = np.asarray(encoding, dtype=np.float64)
     m, k = enc.shape
     n = m if n is None else int(n)
@@ -352,73 +214,9 @@ def _guess_format(out: Path, fmt: str | None) -> str:
     raise InputError(msg)
 
 
-def _check_contiguous(run: RunData) -> int:
-    pos = run.positions
-    m = pos.shape[0]
-    if m and np.array_equal(pos, np.arange(m)):
-        return m
-    gap = int(np.flatnonzero(pos != np.arange(m))[0]) if m else 0
-    mo = (run.report.get("config") or {}).get("min_occupancy", 1)
-    msg = (
-        f"{run.directory}: the MDS encoding covers positions {int(pos[0]) if m else '-'}..{int(pos[-1]) if m else '-'} "
-        f"with gaps (position {gap} is unoccupied or below --min-occupancy {mo}); a model needs a row for "
-        f"every position 0..n-1: re-run the analysis with --positions {gap} or a lower --min-occupancy"
-    )
-    raise InputError(msg)
-
-
-def _fmt(x: float) -> str:
-    return format(float(x), ".6g")
-
-
-SMACOF_POSITION_LIMIT = 16_384
-
-
-def export_encoding(
-    run_dir: str | os.PathLike,
-    out: str | os.PathLike,
-    /,
-    *,
-    dim: int,
-    rank: int | None = None,
-    layout: str = "plain",
-    format: str | None = None,  # noqa: A002 - mirrors the --format flag
-    factors: bool = False,
-    basis: str = "pad",
-    seed: int = 0,
-    dtype: str = "float32",
-    card: bool = True,
-    force: bool = False,
-    method: str = "classical",
-    smacof_max_iter: int = 300,
-    smacof_tol: float = 1e-6,
-) -> ExportResult:
-    """Export a run's MDS encoding as an (n, dim) position table (see the module docstring).
-
-    Args:
-        run_dir: a folder written by ``posstats run`` / ``posstats analyze``.
-        out: the file to write (``.safetensors``, ``.npy`` or ``.pt``).
-        dim: model width d.
-        rank: low-rank r <= dim (default: min(dim, coordinates in the run)).
-        layout: ``bert`` | ``gpt2`` | ``plain`` (the key name).
-        format: ``safetensors`` | ``npy`` | ``pt`` (default: from the suffix).
-        factors: also write ``A`` (n x r) and ``W`` (d x r); needs ``rank``.
-        basis: ``pad`` | ``random`` (the orthonormal ``W``); seed: for ``random``.
-        dtype: ``float32`` (default) or ``float64``.
-        card: write ``README.md`` and two figures next to ``out``.
-        force: replace existing files.
-        method: ``classical`` (the run's classical-MDS coordinates) or ``smacof`` (those
-            refined at rank r by stress majorisation, :func:`posstats.geometry.encodings.mds_smacof`:
-            lower stress at the same width; needs every used position's distances, so
-            n <= 16,384).
-        smacof_max_iter, smacof_tol: the SMACOF stopping rule.
-
-    Raises:
-        InputError / PosstatsError: a missing or non-contiguous run, rank > dim or above the
-        coordinates available, an existing file without ``force``, an unknown option.
-    """
-    out = Path(out)
-    fmt = _guess_format(out, format)
+def _check_options(*, layout: str, basis: str, dtype: str, dim: int, rank: int | None, factors: bool, method: str) -> None:
+    """Refuse an unknown layout / basis / dtype / method, a non-positive width or rank,
+    a rank above the width, and factors without a rank."""
     if layout not in LAYOUT_KEYS:
         msg = f"unknown layout {layout!r}; use one of {', '.join(LAYOUT_KEYS)}"
         raise PosstatsError(msg)
@@ -443,64 +241,97 @@ def export_encoding(
         msg = f"unknown method {method!r}; use classical or smacof"
         raise PosstatsError(msg)
 
-    run = load_run(run_dir)
-    n = _check_contiguous(run)
+
+def _check_contiguous(run: RunData) -> None:
+    """Refuse used positions other than exactly 0..n-1, naming the first gap."""
+    pos = run.positions
+    m = pos.shape[0]
+    if m and np.array_equal(pos, np.arange(m)):
+        return
+    gap = int(np.flatnonzero(pos != np.arange(m))[0]) if m else 0
+    mo = (run.report.get("config") or {}).get("min_occupancy", 1)
+    msg = (
+        f"{run.directory}: the MDS encoding covers positions {int(pos[0]) if m else '-'}..{int(pos[-1]) if m else '-'} "
+        f"with gaps (position {gap} is unoccupied or below --min-occupancy {mo}); a model needs a row for "
+        f"every position 0..n-1: re-run the analysis with --positions {gap} or a lower --min-occupancy"
+    )
+    raise InputError(msg)
+
+
+def _export_rank(run: RunData, *, dim: int, rank: int | None) -> int:
+    """r: ``rank``, else min(dim, k) with k the MDS coordinates stored (rank <= k checked)."""
     k = run.encoding.shape[1]
     if rank is not None and rank > k:
         msg = f"--rank {rank} exceeds the {k} MDS coordinates stored in {run.directory}/mds.safetensors (re-analyse with larger --dims)"
         raise PosstatsError(msg)
-    r = int(rank) if rank is not None else min(int(dim), k)
+    return int(rank) if rank is not None else min(int(dim), k)
 
-    key = LAYOUT_KEYS[layout]
+
+@dataclass(frozen=True)
+class _Files:
+    """The files an export writes: ``tensors`` (the table, then the .npy factor files) and
+    ``card`` (README.md, the spectrum and the trade-off figure; empty without a card)."""
+
+    tensors: list[Path]
+    card: list[Path]
+
+
+def _output_files(out: Path, fmt: str, *, factors: bool, card: bool, force: bool) -> _Files:
+    """The files to write next to ``out``; refuses existing ones (without ``force``) and folders."""
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
-    targets = [out]
+    tensors = [out]
     if factors and fmt == "npy":
-        targets += [out.with_name(f"{stem}.A.npy"), out.with_name(f"{stem}.W.npy")]
+        tensors += [out.with_name(f"{stem}.A.npy"), out.with_name(f"{stem}.W.npy")]
     card_files = [out.with_name("README.md"), out.with_name(f"{stem}.spectrum.png"), out.with_name(f"{stem}.lowrank.png")] if card else []
-    existing = [p for p in targets + card_files if p.exists()]
+    existing = [p for p in tensors + card_files if p.exists()]
     if existing and not force:
         msg = f"{existing[0]}: exists; pass --force to overwrite"
         raise PosstatsError(msg)
-    for p in targets + card_files:
+    for p in tensors + card_files:
         if p.is_dir():
             msg = f"{p}: is a folder"
             raise PosstatsError(msg)
+    return _Files(tensors, card_files)
 
-    a = np.ascontiguousarray(run.encoding[:, :r])
-    fit: dict[str, str] = {"method": method}
-    if method == "smacof":
-        from posstats.geometry.encodings import mds_smacof
 
-        if n > SMACOF_POSITION_LIMIT:
-            msg = f"--method smacof needs all {n} x {n} distances; it is limited to n <= {SMACOF_POSITION_LIMIT}"
-            raise PosstatsError(msg)
-        _, full = run_distances(run)
-        a, details = mds_smacof(run, full, r, max_iter=smacof_max_iter, tol=smacof_tol)
-        fit.update({f"smacof_{k}": _fmt(v) if isinstance(v, float) else str(v) for k, v in details.items() if k not in ("method", "rank")})
-    w = orthonormal_basis(int(dim), r, basis=basis, seed=seed)
-    np_dtype = np.dtype(dtype)
-    table = np.ascontiguousarray((a @ w.T).astype(np_dtype))
+def _fmt(x: float) -> str:
+    return format(float(x), ".6g")
 
-    idx, dist = run_distances(run, max_positions=STRESS_POSITION_LIMIT)
-    from posstats.geometry.stress import stress_report
 
-    s = stress_report(table[idx].astype(np.float64), dist)
-    spectrum = run.report.get("spectrum") or {}
-    explained = spectrum.get("explained_variance") or []
+def _smacof_coordinates(run: RunData, rank: int, *, max_iter: int, tol: float) -> tuple[np.ndarray, dict[str, str], RunData]:
+    """``A`` (n, rank): the classical coordinates refined by SMACOF against all n x n d_H
+    (:func:`posstats.geometry.encodings.mds_smacof`), the fit's metadata entries, and the
+    run holding those distances (computed here at most once)."""
+    n = run.positions.shape[0]
+    if n > SMACOF_POSITION_LIMIT:
+        msg = f"--method smacof needs all {n} x {n} distances; it is limited to n <= {SMACOF_POSITION_LIMIT}"
+        raise PosstatsError(msg)
+    run = with_distances(run)
+    a, details = mds_smacof(run, run.distances, rank, max_iter=max_iter, tol=tol)
+    fit = {f"smacof_{k}": _fmt(v) if isinstance(v, float) else str(v) for k, v in details.items() if k not in ("method", "rank")}
+    return a, fit, run
+
+
+def _export_metadata(
+    run: RunData, stress: Any, *, layout: str, dim: int, rank: int, basis: str, seed: int, dtype: str, stress_positions: int
+) -> dict[str, str]:
+    """The string metadata of the export (module docstring), ``method`` entries excluded."""
+    n = run.positions.shape[0]
+    explained = (run.report.get("spectrum") or {}).get("explained_variance") or []
     corpus = run.report.get("corpus") or {}
-    metadata = {
+    return {
         "schema": EXPORT_SCHEMA,
         "layout": layout,
-        "key": key,
+        "key": LAYOUT_KEYS[layout],
         "n": str(n),
         "d": str(int(dim)),
-        "rank": str(r),
+        "rank": str(rank),
         "basis": basis if basis == "pad" else f"random:seed={seed}",
         "dtype": dtype,
-        "stress": _fmt(s.stress),
-        "scaled_stress": _fmt(s.scaled_stress),
-        "stress_positions": str(len(idx)),
-        "explained_variance": _fmt(explained[r - 1]) if len(explained) >= r else "",
+        "stress": _fmt(stress.stress),
+        "scaled_stress": _fmt(stress.scaled_stress),
+        "stress_positions": str(stress_positions),
+        "explained_variance": _fmt(explained[rank - 1]) if len(explained) >= rank else "",
         "corpus_fingerprint": str(corpus.get("fingerprint", "")),
         "tokenizer": str(corpus.get("tokenizer", "")),
         "tokenizer_hash": str(corpus.get("tokenizer_hash", "")),
@@ -508,34 +339,124 @@ def export_encoding(
         "tool_version": __version__,
         "run_id": run.run_id,
         "positions": f"0..{n - 1}",
-        **fit,
     }
 
+
+def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files, *, dim: int, rank: int) -> tuple[list[dict[str, Any]], list[Path]]:
+    """The low-rank trade-off rows (on the stress sample ``idx``, d_H ``dist``) and the
+    card's two figures, written: (rows, [spectrum png, trade-off png])."""
+    n, k = run.encoding.shape
+    tradeoff = lowrank_tradeoff(run.encoding[idx], dist, width=dim, ranks=default_ranks(k, width=dim, extra=(rank,)), n=n)
+    spectrum = run.report.get("spectrum") or {}
+    fig = spectrum_figure(run.eigenvalues, _explained(run), rank=spectrum.get("rank"))
+    written = [_save_named(fig, files.card[1]), _save_named(lowrank_figure(tradeoff, n=n, width=dim), files.card[2])]
+    return tradeoff, written
+
+
+def export_run(
+    run: RunData,
+    out: str | os.PathLike,
+    /,
+    *,
+    dim: int,
+    rank: int | None = None,
+    layout: str = "plain",
+    format: str | None = None,  # noqa: A002 - mirrors the --format flag
+    factors: bool = False,
+    basis: str = "pad",
+    seed: int = 0,
+    dtype: str = "float32",
+    card: bool = True,
+    force: bool = False,
+    method: str = "classical",
+    smacof_max_iter: int = 300,
+    smacof_tol: float = 1e-6,
+) -> ExportResult:
+    """Export a run's MDS encoding as an (n, dim) position table (see the module docstring).
+
+    ``run`` is a run just analysed (:func:`posstats.runs.run_folder.run_from_analysis`,
+    distances held: nothing is recomputed) or read back (:func:`load_run`: the d_H are
+    computed from its counts, once). Options as in :func:`export_encoding`.
+    """
+    out = Path(out)
+    fmt = _guess_format(out, format)
+    _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
+    _check_contiguous(run)
+    r = _export_rank(run, dim=dim, rank=rank)
+    files = _output_files(out, fmt, factors=factors, card=card, force=force)
+    a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
+    if method == "smacof":
+        a, fit, run = _smacof_coordinates(run, r, max_iter=smacof_max_iter, tol=smacof_tol)
+    w = orthonormal_basis(int(dim), r, basis=basis, seed=seed)
+    np_dtype = np.dtype(dtype)
+    table = np.ascontiguousarray((a @ w.T).astype(np_dtype))
+    idx, dist = run_distances(run, max_positions=STRESS_POSITION_LIMIT)
+    s = stress_report(table[idx].astype(np.float64), dist)
+    metadata = {**_export_metadata(run, s, layout=layout, dim=dim, rank=r, basis=basis, seed=seed, dtype=dtype,
+                                   stress_positions=len(idx)), "method": method, **fit}
+    key = metadata["key"]
     tensors = {key: table}
     if factors:
         tensors[FACTOR_KEYS[0]] = np.ascontiguousarray(a.astype(np_dtype))
         tensors[FACTOR_KEYS[1]] = np.ascontiguousarray(w.astype(np_dtype))
-
-    tradeoff: list[dict[str, Any]] = []
-    written: list[Path] = []
+    tradeoff, written = _card_figures(run, idx, dist, files, dim=int(dim), rank=r) if card else ([], [])
+    written += _write_tensors(fmt, out, tensors, metadata, key=key, factor_paths=files.tensors[1:])
     if card:
-        from posstats.reports.plots import lowrank_figure, spectrum_figure
-
-        tradeoff = lowrank_tradeoff(run.encoding[idx], dist, width=int(dim), ranks=default_ranks(k, width=int(dim), extra=(r,)), n=n)
-        fig = spectrum_figure(run.eigenvalues, _explained(run), rank=spectrum.get("rank"))
-        written.append(_save_named(fig, card_files[1]))
-        written.append(_save_named(lowrank_figure(tradeoff, n=n, width=int(dim)), card_files[2]))
-
-    written += _write_tensors(fmt, out, tensors, metadata, key=key, factor_paths=targets[1:])
-    if card:
-        from posstats.counting.io import atomic_path
-
         text = model_card(metadata, tradeoff, file_name=out.name, fmt=fmt, report=run.report,
-                          figures=(card_files[1].name, card_files[2].name), factors=factors)
-        with atomic_path(card_files[0]) as tmp:
+                          figures=(files.card[1].name, files.card[2].name), factors=factors)
+        with atomic_path(files.card[0]) as tmp:
             tmp.write_text(text)
-        written.append(card_files[0])
+        written.append(files.card[0])
     return ExportResult(out, tuple(written), key, table, (a, w) if factors else None, metadata, tradeoff)
+
+
+def export_encoding(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    /,
+    *,
+    dim: int,
+    rank: int | None = None,
+    layout: str = "plain",
+    format: str | None = None,  # noqa: A002 - mirrors the --format flag
+    factors: bool = False,
+    basis: str = "pad",
+    seed: int = 0,
+    dtype: str = "float32",
+    card: bool = True,
+    force: bool = False,
+    method: str = "classical",
+    smacof_max_iter: int = 300,
+    smacof_tol: float = 1e-6,
+) -> ExportResult:
+    """Export the MDS encoding of a run folder as an (n, dim) position table (see the
+    module docstring): :func:`export_run` of :func:`load_run`.
+
+    Args:
+        run_dir: a folder written by ``posstats run`` / ``posstats analyze``.
+        out: the file to write (``.safetensors``, ``.npy`` or ``.pt``).
+        dim: model width d.
+        rank: low-rank r <= dim (default: min(dim, coordinates in the run)).
+        layout: ``bert`` | ``gpt2`` | ``plain`` (the key name).
+        format: ``safetensors`` | ``npy`` | ``pt`` (default: from the suffix).
+        factors: also write ``A`` (n x r) and ``W`` (d x r); needs ``rank``.
+        basis: ``pad`` | ``random`` (the orthonormal ``W``); seed: for ``random``.
+        dtype: ``float32`` (default) or ``float64``.
+        card: write ``README.md`` and two figures next to ``out``.
+        force: replace existing files.
+        method: ``classical`` (the run's classical-MDS coordinates) or ``smacof`` (those
+            refined at rank r by stress majorisation, :func:`posstats.geometry.encodings.mds_smacof`:
+            lower stress at the same width; needs every used position's distances, so
+            n <= 16,384).
+        smacof_max_iter, smacof_tol: the SMACOF stopping rule.
+
+    Raises:
+        InputError / PosstatsError: a missing or non-contiguous run, rank > dim or above the
+        coordinates available, an existing file without ``force``, an unknown option.
+    """
+    return export_run(load_run(run_dir), out, dim=dim, rank=rank, layout=layout, format=format, factors=factors,
+                      basis=basis, seed=seed, dtype=dtype, card=card, force=force, method=method,
+                      smacof_max_iter=smacof_max_iter, smacof_tol=smacof_tol)
 
 
 def _explained(run: RunData) -> np.ndarray:
@@ -548,10 +469,8 @@ def _explained(run: RunData) -> np.ndarray:
     return np.cumsum(lam) / total if total > 0 else np.zeros_like(lam)
 
 
-def _save_named(plot, path: Path) -> Path:
-    from posstats.reports.plots import png_bytes
-    from posstats.counting.io import atomic_path
-
+def _save_named(plot: Any, path: Path) -> Path:
+    """Write ``plot`` as a PNG to ``path`` atomically."""
     data = png_bytes(plot)
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
@@ -559,11 +478,9 @@ def _save_named(plot, path: Path) -> Path:
 
 
 def _write_tensors(fmt: str, out: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str], *, key: str, factor_paths: list[Path]) -> list[Path]:
-    from posstats.counting.io import atomic_path
-
+    """Write the table (and factors) in ``fmt``: safetensors with ``metadata``, .npy files,
+    or a ``torch.save`` dict of tensors; return the paths written."""
     if fmt == "safetensors":
-        from safetensors.numpy import save_file
-
         with atomic_path(out) as tmp:
             save_file(tensors, str(tmp), metadata=metadata)
         return [out]
@@ -588,28 +505,22 @@ def _yaml_value(v: Any) -> str:
     return json.dumps(v)
 
 
-def model_card(
-    metadata: dict[str, str],
-    tradeoff: Sequence[dict[str, Any]],
-    /,
-    *,
-    file_name: str,
-    fmt: str,
-    report: dict[str, Any],
-    figures: tuple[str, str] | None = None,
-    factors: bool = False,
-) -> str:
-    """The ``README.md`` model card of an export: YAML front matter + Markdown."""
-    n, d, r = int(metadata["n"]), int(metadata["d"]), int(metadata["rank"])
-    key = metadata["key"]
+def _front_matter(metadata: dict[str, str], *, file_name: str, fmt: str) -> list[str]:
+    """The card's YAML front matter: library, tags, file, format and the metadata."""
     front = ["---", "library_name: posstats", "tags:", "  - positional-encoding", "  - mds", "  - hellinger",
              f"file: {_yaml_value(file_name)}", f"format: {_yaml_value(fmt)}", "posstats:"]
     front += [f"  {k}: {_yaml_value(v)}" for k, v in metadata.items()]
     front.append("---")
+    return front
+
+
+def _key_numbers(metadata: dict[str, str], report: dict[str, Any], *, file_name: str) -> list[str]:
+    """The card's title, introduction and key-numbers table."""
+    n, d, r = int(metadata["n"]), int(metadata["d"]), int(metadata["rank"])
     corpus = report.get("corpus") or {}
     spectrum = report.get("spectrum") or {}
     cf = spectrum.get("components_for") or {}
-    lines = [
+    return [
         "",
         f"# Information-optimal positional encoding ({n} positions, width {d}, rank {r})",
         "",
@@ -624,7 +535,7 @@ def model_card(
         "|---|---|",
         f"| positions n | {n} (rows 0..{n - 1}) |",
         f"| width d / rank r | {d} / {r} |",
-        f"| tensor | `{key}` ({metadata['dtype']}, {n} x {d}) |",
+        f"| tensor | `{metadata['key']}` ({metadata['dtype']}, {n} x {d}) |",
         f"| stress / scaled stress against d_H | {metadata['stress']} / {metadata['scaled_stress']} |",
         f"| explained MDS variance at rank r | {metadata['explained_variance'] or '-'} |",
         f"| MDS rank; components for 90 / 95 / 99 % | {spectrum.get('rank', '-')}; "
@@ -635,34 +546,45 @@ def model_card(
         f"| parameters | {r * (n + d):,} as A W^T vs {n * d:,} as a free table |",
         "",
     ]
-    excluded = corpus.get("exclude_ids") or []
-    if excluded:
-        lines += [
-            f"Row i is corpus position i with token ids {', '.join(map(str, excluded[:10]))}"
-            f"{' ...' if len(excluded) > 10 else ''} removed before positions were counted. A model that puts a "
-            "special token first (BERT's [CLS] at row 0) sees its first text token at row 1: count with "
-            "`--exclude-tokens ''` for a table indexed by the model's own positions.",
-            "",
-        ]
-    if tradeoff:
-        lines += [
-            "## Rank / stress / parameters",
-            "",
-            "| rank r | stress | scaled stress | parameters r(n+d) | saving vs n*d |",
-            "|---:|---:|---:|---:|---:|",
-        ]
-        for row in tradeoff:
-            lines.append(f"| {row['rank']} | {row['stress']:.4g} | {row['scaled_stress']:.4g} | {row['parameters']:,} | {row['saving']:.1%} |")
-        lines.append("")
-    if figures:
-        lines += ["## Figures", "", f"![MDS eigenspectrum]({figures[0]})", "",
-                  f"![rank / stress / parameter trade-off]({figures[1]})", ""]
+
+
+def _excluded_note(report: dict[str, Any]) -> list[str]:
+    """Which token ids the counts left out, and what that means for row 0 (if any were)."""
+    excluded = (report.get("corpus") or {}).get("exclude_ids") or []
+    if not excluded:
+        return []
+    return [
+        f"Row i is corpus position i with token ids {', '.join(map(str, excluded[:10]))}"
+        f"{' ...' if len(excluded) > 10 else ''} removed before positions were counted. A model that puts a "
+        "special token first (BERT's [CLS] at row 0) sees its first text token at row 1: count with "
+        "`--exclude-tokens ''` for a table indexed by the model's own positions.",
+        "",
+    ]
+
+
+def _tradeoff_table(tradeoff: Sequence[dict[str, Any]]) -> list[str]:
+    """The rank / stress / parameters table (nothing without rows)."""
+    if not tradeoff:
+        return []
+    lines = [
+        "## Rank / stress / parameters",
+        "",
+        "| rank r | stress | scaled stress | parameters r(n+d) | saving vs n*d |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {row['rank']} | {row['stress']:.4g} | {row['scaled_stress']:.4g} | {row['parameters']:,} | {row['saving']:.1%} |"
+              for row in tradeoff]
+    return [*lines, ""]
+
+
+def _usage(*, file_name: str, key: str, fmt: str, factors: bool) -> list[str]:
+    """How to load the table, with posstats and without it, and what stress means."""
     load = {
         "safetensors": f'from safetensors.torch import load_file\ntable = load_file("{file_name}")["{key}"]',
         "npy": f'import numpy as np\ntable = np.load("{file_name}", allow_pickle=False)',
         "pt": f'import torch\ntable = torch.load("{file_name}", weights_only=True)["{key}"]',
     }[fmt]
-    lines += [
+    return [
         "## Usage",
         "",
         "```python",
@@ -680,4 +602,24 @@ def model_card(
         "distance between table rows); scaled stress is the stress at the optimal scale.",
         "",
     ]
-    return "\n".join(front + lines)
+
+
+def model_card(
+    metadata: dict[str, str],
+    tradeoff: Sequence[dict[str, Any]],
+    /,
+    *,
+    file_name: str,
+    fmt: str,
+    report: dict[str, Any],
+    figures: tuple[str, str] | None = None,
+    factors: bool = False,
+) -> str:
+    """The ``README.md`` model card of an export: YAML front matter + Markdown."""
+    lines = _front_matter(metadata, file_name=file_name, fmt=fmt) + _key_numbers(metadata, report, file_name=file_name)
+    lines += _excluded_note(report) + _tradeoff_table(tradeoff)
+    if figures:
+        lines += ["## Figures", "", f"![MDS eigenspectrum]({figures[0]})", "",
+                  f"![rank / stress / parameter trade-off]({figures[1]})", ""]
+    lines += _usage(file_name=file_name, key=metadata["key"], fmt=fmt, factors=factors)
+    return "\n".join(lines)

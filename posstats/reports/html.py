@@ -1,7 +1,7 @@
 """A self-contained HTML report of a run, its PNG figures and a Markdown summary.
 
-:func:`write_html_report` reads a run folder (``report.json``, ``mds.safetensors`` and the
-counts, from the folder itself or ``report.json`` ``inputs.counts``) and writes into it:
+:func:`render_html_report` renders a run (:class:`posstats.runs.run_folder.RunData`: just
+analysed, or read back from its folder by :func:`write_html_report`) and writes:
 
 - ``figures/<name>.png``: the figures of :mod:`posstats.reports.plots` (occupancy, d_H heatmap,
   eigenspectrum, MDS encoding in 2-D and 3-D, stress against width, low-rank trade-off,
@@ -11,9 +11,10 @@ counts, from the folder itself or ``report.json`` ``inputs.counts``) and writes 
 - ``summary.md``: key numbers, the encoding table and the rank / stress / parameter
   table, with links to ``figures/*.png``, for a pull request or a model card.
 
-Distances are recomputed from the counts (float64, :func:`posstats.geometry.hellinger.hellinger_sq`)
-on all used positions up to ``max_positions`` (default 2048) and on an even sample of
-that many above; the heatmap shows at most ``max_heatmap`` x ``max_heatmap`` of them.
+The plug-in d_H (float64) are those the analysis computed when the run holds them, else
+recomputed from the counts (:func:`posstats.runs.run_folder.run_distances`), on all used
+positions up to ``max_positions`` (default 2048) and on an even sample of that many
+above; the heatmap shows at most ``max_heatmap`` x ``max_heatmap`` of them.
 
 Uncertainty, drawn when the report has it: ``spectrum.eigenvalues_ci95`` (or
 ``bootstrap.eigenvalues_ci95``), a list of ``[low, high]`` per eigenvalue; a noise floor
@@ -36,8 +37,22 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
+from posstats.counting.io import atomic_path
+from posstats.reports.export import default_ranks, lowrank_tradeoff
+from posstats.reports.plots import (
+    distance_heatmap_figure,
+    encoding_scatter3d_figure,
+    encoding_scatter_figure,
+    lowrank_figure,
+    monotonicity_figure,
+    occupancy_figure,
+    png_bytes,
+    spectrum_figure,
+    stress_by_dim_figure,
+)
+from posstats.runs.run_folder import RunData, load_run, run_distances
 
-__all__ = ["write_html_report"]
+__all__ = ["FIGURES_DIR", "HTML_FILE", "SUMMARY_FILE", "render_html_report", "write_html_report"]
 
 FIGURES_DIR = "figures"
 HTML_FILE = "report.html"
@@ -182,6 +197,148 @@ def _uncertainty_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _model_width(run: RunData, width: int | None) -> int:
+    """d of the low-rank trade-off: ``width``, else the largest analysed width."""
+    dims = (run.report.get("config") or {}).get("dims") or [run.encoding.shape[1]]
+    return int(width) if width is not None else int(max(dims))
+
+
+def _tradeoff(run: RunData, idx: np.ndarray, dist: np.ndarray, *, width: int) -> list[dict[str, Any]]:
+    """The low-rank trade-off on the distance sample: the default ranks plus the rank and
+    the components for 90 / 95 / 99 / 99.9 % of the report."""
+    spectrum = run.report.get("spectrum", {})
+    cf = spectrum.get("components_for") or {}
+    extra = [cf.get(x) for x in ("0.9", "0.95", "0.99", "0.999")] + [spectrum.get("rank")]
+    ranks = default_ranks(run.encoding.shape[1], width=width, extra=extra)
+    return lowrank_tradeoff(run.encoding[idx], dist, width=width, ranks=ranks, n=run.encoding.shape[0])
+
+
+def _explained(run: RunData) -> np.ndarray:
+    """(k,) cumulative explained variance: the report's, else from the eigenvalues."""
+    explained = run.report.get("spectrum", {}).get("explained_variance") or []
+    if len(explained) < len(run.eigenvalues):
+        lam = run.eigenvalues
+        explained = np.cumsum(lam) / max(float(lam[lam > 0].sum()), 1e-300)
+    return np.asarray(explained[: len(run.eigenvalues)])
+
+
+def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[str, Any]], *, width: int, max_heatmap: int) -> list[Any]:
+    """The report's figures (:mod:`posstats.reports.plots`), in page order."""
+    report = run.report
+    positions_info = report.get("positions", {})
+    m, k = run.encoding.shape
+    plots = [occupancy_figure(positions_info.get("occupancy", []), min_occupancy=int(positions_info.get("min_occupancy", 1)))]
+    plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m))
+    plots.append(spectrum_figure(run.eigenvalues, _explained(run), rank=report.get("spectrum", {}).get("rank"),
+                                 eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
+                                 noise_floor=_noise_floor(report)))
+    plots.append(encoding_scatter_figure(run.encoding, run.positions))
+    if k >= 3:
+        plots.append(encoding_scatter3d_figure(run.encoding, run.positions))
+    entries = report.get("encodings", [])
+    if entries:
+        plots.append(stress_by_dim_figure(entries))
+    plots.append(lowrank_figure(trade, n=m, width=width, stress_positions=len(idx)))
+    if entries:
+        plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))
+    return plots
+
+
+def _write_figures(plots: Sequence[Any], folder: Path) -> dict[str, bytes]:
+    """Write every figure as ``folder/<name>.png`` (atomically); return the PNG bytes by name."""
+    images: dict[str, bytes] = {}
+    for p in plots:
+        data = png_bytes(p)
+        images[p.name] = data
+        with atomic_path(folder / f"{p.name}.png") as tmp:
+            tmp.write_bytes(data)
+        p.figure.clear()
+    return images
+
+
+def _html_page(
+    run: RunData, plots: Sequence[Any], images: dict[str, bytes], trade_rows: list[list[str]], *,
+    title: str, stress_positions: int, width: int, seconds: float,
+) -> str:
+    """The self-contained page: key numbers, tables, figures as base64 ``data:`` URIs."""
+    report = run.report
+    m = run.encoding.shape[0]
+    entries = report.get("encodings", [])
+    unc = _uncertainty_rows(report)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_esc(title)}</h1>",
+        f'<p class="meta">posstats {_esc(report.get("tool", {}).get("version", __version__))}, analysed '
+        f'{_esc(report.get("created", "-"))}, run id {_esc(run.run_id)}. Quantities are defined in THEORY.md; '
+        "d_H is the Hellinger distance (no 1/2 factor, in [0, sqrt 2]).</p>",
+        "<nav>" + "".join(f'<a href="#{p.name}">{_esc(p.title)}</a>' for p in plots) + "</nav>",
+        "<h2>Key numbers</h2>",
+        _html_table(("quantity", "value"), _key_numbers(report), cls="kv"),
+    ]
+    if entries:
+        parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
+    parts += [
+        f"<h2>Low-rank MDS encodings (n = {m}, d = {width})</h2>",
+        "<p>P = A W<sup>T</sup> with A (n x r) and W (d x r) orthonormal has r(n + d) parameters instead of n d and "
+        "the distances, so the stress, of the first r MDS coordinates"
+        + (f" (stress over all pairs of an even sample of {stress_positions} of the {m} positions)" if stress_positions < m else "")
+        + ".</p>",
+        _html_table(_TRADE_HEADER, trade_rows),
+    ]
+    if unc:
+        parts += ["<h2>Uncertainty</h2>", _html_table(("entry", "value"), unc)]
+    parts.append("<h2>Figures</h2>")
+    for p in plots:
+        b64 = base64.b64encode(images[p.name]).decode("ascii")
+        parts.append(
+            f'<figure id="{p.name}"><img src="data:image/png;base64,{b64}" alt="{_esc(p.title)}">'
+            f"<figcaption><b>{_esc(p.title)}.</b> {_esc(p.caption)}</figcaption></figure>"
+        )
+    parts.append(f'<p class="meta">Written in {seconds:.1f} s. PNG files: {FIGURES_DIR}/.</p></body></html>')
+    return "\n".join(parts) + "\n"
+
+
+def render_html_report(
+    run: RunData,
+    /,
+    *,
+    width: int | None = None,
+    max_positions: int = 2048,
+    max_heatmap: int = 512,
+    name: str | None = None,
+    out: str | os.PathLike | None = None,
+) -> Path:
+    """Write ``report.html``, ``figures/*.png`` and ``summary.md`` of a run.
+
+    ``run`` is a run just analysed (:func:`posstats.runs.run_folder.run_from_analysis`:
+    its distances are held, nothing is recomputed) or read back
+    (:func:`posstats.runs.run_folder.load_run`: the d_H are computed from its counts).
+    Options and errors as in :func:`write_html_report`; ``out`` defaults to ``run.folder``.
+    """
+    t0 = time.perf_counter()
+    idx, dist = run_distances(run, max_positions=max_positions)
+    d_model = _model_width(run, width)
+    trade = _tradeoff(run, idx, dist, width=d_model)
+    plots = _figures(run, idx, dist, trade, width=d_model, max_heatmap=max_heatmap)
+    target = Path(out) if out is not None else run.folder
+    images = _write_figures(plots, target / FIGURES_DIR)
+    title = f"posstats report: {name or run.directory.resolve().name}"
+    m = run.encoding.shape[0]
+    trade_rows = _tradeoff_rows(trade, run.report, n=m, width=d_model)
+    page = _html_page(run, plots, images, trade_rows, title=title, stress_positions=len(idx), width=d_model,
+                      seconds=time.perf_counter() - t0)
+    md = _summary_markdown(run.report, trade_rows, plots, title=title, run_id=run.run_id, n=m, width=d_model)
+    with atomic_path(target / SUMMARY_FILE) as tmp:
+        tmp.write_text(md)
+    page_path = target / HTML_FILE
+    with atomic_path(page_path) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    return page_path
+
+
 def write_html_report(
     run_dir: str | os.PathLike,
     /,
@@ -192,7 +349,8 @@ def write_html_report(
     name: str | None = None,
     out: str | os.PathLike | None = None,
 ) -> Path:
-    """Write ``report.html``, ``figures/*.png`` and ``summary.md`` for a run folder.
+    """Write ``report.html``, ``figures/*.png`` and ``summary.md`` for a run folder:
+    :func:`render_html_report` of :func:`posstats.runs.run_folder.load_run`.
 
     Args:
         run_dir: a folder written by ``posstats run`` or ``posstats analyze``.
@@ -211,106 +369,8 @@ def write_html_report(
     Raises:
         InputError: the folder, its report, MDS file or counts are missing or unreadable.
     """
-    from posstats.reports.export import default_ranks, load_run, lowrank_tradeoff, run_distances
-    from posstats.reports.plots import (
-        distance_heatmap_figure,
-        encoding_scatter3d_figure,
-        encoding_scatter_figure,
-        lowrank_figure,
-        monotonicity_figure,
-        occupancy_figure,
-        png_bytes,
-        spectrum_figure,
-        stress_by_dim_figure,
-    )
-    from posstats.counting.io import atomic_path
-
-    t0 = time.perf_counter()
-    run = load_run(run_dir)
-    report = run.report
-    spectrum = report.get("spectrum", {})
-    positions_info = report.get("positions", {})
-    idx, dist = run_distances(run, max_positions=max_positions)
-    m, k = run.encoding.shape
-    dims = (report.get("config") or {}).get("dims") or [k]
-    d_model = int(width) if width is not None else int(max(dims))
-    cf = spectrum.get("components_for") or {}
-    ranks = default_ranks(k, width=d_model, extra=[cf.get(x) for x in ("0.9", "0.95", "0.99", "0.999")] + [spectrum.get("rank")])
-    trade = lowrank_tradeoff(run.encoding[idx], dist, width=d_model, ranks=ranks, n=m)
-
-    plots = [occupancy_figure(positions_info.get("occupancy", []), min_occupancy=int(positions_info.get("min_occupancy", 1)))]
-    plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m))
-    explained = spectrum.get("explained_variance") or []
-    if len(explained) < len(run.eigenvalues):
-        lam = run.eigenvalues
-        explained = np.cumsum(lam) / max(float(lam[lam > 0].sum()), 1e-300)
-    plots.append(spectrum_figure(run.eigenvalues, explained[: len(run.eigenvalues)], rank=spectrum.get("rank"),
-                                 eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
-                                 noise_floor=_noise_floor(report)))
-    plots.append(encoding_scatter_figure(run.encoding, run.positions))
-    if k >= 3:
-        plots.append(encoding_scatter3d_figure(run.encoding, run.positions))
-    entries = report.get("encodings", [])
-    if entries:
-        plots.append(stress_by_dim_figure(entries))
-    plots.append(lowrank_figure(trade, n=m, width=d_model, stress_positions=len(idx)))
-    if entries:
-        plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))
-
-    target = Path(out) if out is not None else run.folder
-    figdir = target / FIGURES_DIR
-    images: dict[str, bytes] = {}
-    for p in plots:
-        data = png_bytes(p)
-        images[p.name] = data
-        with atomic_path(figdir / f"{p.name}.png") as tmp:
-            tmp.write_bytes(data)
-        p.figure.clear()
-
-    title = f"posstats report: {name or run.directory.resolve().name}"
-    trade_rows = _tradeoff_rows(trade, report, n=m, width=d_model)
-    unc = _uncertainty_rows(report)
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{_esc(title)}</h1>",
-        f'<p class="meta">posstats {_esc(report.get("tool", {}).get("version", __version__))}, analysed '
-        f'{_esc(report.get("created", "-"))}, run id {_esc(run.run_id)}. Quantities are defined in THEORY.md; '
-        "d_H is the Hellinger distance (no 1/2 factor, in [0, sqrt 2]).</p>",
-        "<nav>" + "".join(f'<a href="#{p.name}">{_esc(p.title)}</a>' for p in plots) + "</nav>",
-        "<h2>Key numbers</h2>",
-        _html_table(("quantity", "value"), _key_numbers(report), cls="kv"),
-    ]
-    if entries:
-        parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
-    parts += [
-        f"<h2>Low-rank MDS encodings (n = {m}, d = {d_model})</h2>",
-        "<p>P = A W<sup>T</sup> with A (n x r) and W (d x r) orthonormal has r(n + d) parameters instead of n d and "
-        "the distances, so the stress, of the first r MDS coordinates"
-        + (f" (stress over all pairs of an even sample of {len(idx)} of the {m} positions)" if len(idx) < m else "")
-        + ".</p>",
-        _html_table(_TRADE_HEADER, trade_rows),
-    ]
-    if unc:
-        parts += ["<h2>Uncertainty</h2>", _html_table(("entry", "value"), unc)]
-    parts.append("<h2>Figures</h2>")
-    for p in plots:
-        b64 = base64.b64encode(images[p.name]).decode("ascii")
-        parts.append(
-            f'<figure id="{p.name}"><img src="data:image/png;base64,{b64}" alt="{_esc(p.title)}">'
-            f"<figcaption><b>{_esc(p.title)}.</b> {_esc(p.caption)}</figcaption></figure>"
-        )
-    parts.append(f'<p class="meta">Written in {time.perf_counter() - t0:.1f} s. PNG files: {FIGURES_DIR}/.</p></body></html>')
-
-    md = _summary_markdown(report, trade_rows, plots, title=title, run_id=run.run_id, n=m, width=d_model)
-    with atomic_path(target / SUMMARY_FILE) as tmp:
-        tmp.write_text(md)
-    html = target / HTML_FILE
-    with atomic_path(html) as tmp:
-        tmp.write_text("\n".join(parts) + "\n", encoding="utf-8")
-    return html
+    return render_html_report(load_run(run_dir), width=width, max_positions=max_positions, max_heatmap=max_heatmap,
+                              name=name, out=out)
 
 
 def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots: Sequence[Any], *, title: str, run_id: str, n: int, width: int) -> str:

@@ -28,23 +28,30 @@ unfinished versions of processes that died on this host (each unfinished version
 an ``.owner.json`` with the pid, host and process start time until it is published).
 One writer per folder at a time: two commands publishing into the same ``OUT`` at once
 each publish a complete set, and the last one wins.
+
+Single files are published the same way, by :func:`atomic_path`: the one
+temp-file-then-rename helper of the package (the counts files, JSON records, markers and
+store pointers), with the umask rule of :func:`apply_umask` and an optional fsync;
+:func:`file_sha256` is the checksum markers record for the files they name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from posstats.errors import PosstatsError
-from posstats.processes import pid_alive, process_start_ticks
+from posstats.processes import process_gone, process_start_ticks
 
-__all__ = ["METADATA_DIR", "apply_umask", "published_dir", "staged_output"]
+__all__ = ["METADATA_DIR", "apply_umask", "atomic_path", "file_sha256", "published_dir", "staged_output"]
 
 METADATA_DIR = ".posstats"
 CURRENT = "current"
@@ -74,6 +81,49 @@ def apply_umask(path: str | os.PathLike, /) -> None:
     a team's shared outputs from its group."""
     base = 0o777 if os.path.isdir(path) else 0o666
     os.chmod(path, base & ~_umask())
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, /, *, fsync: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success move it onto ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left untouched. The file
+    gets the mode a plain ``open`` would give it (0666 less the umask), not mkstemp's 0600.
+    ``fsync=True`` flushes the written file to disk before the rename, so that a crash
+    (of the machine, not only of the process) never leaves ``path`` naming a file with
+    holes: for markers and pointers whose presence means "complete".
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        if fsync:
+            _fsync_file(tmp_path)
+        apply_umask(tmp_path)  # after the writer: some (safetensors) recreate the file
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_file(path: Path) -> None:
+    """Flush a closed file's data to disk (fsync through a new descriptor)."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def file_sha256(path: str | os.PathLike, /) -> str:
+    """SHA-256 (64 hex digits) of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
 
 
 def published_dir(folder: str | os.PathLike, /) -> Path:
@@ -281,12 +331,7 @@ def _owner_dead(version: Path) -> bool:
     if owner.get("hostname") != socket.gethostname():
         return False
     pid = int(owner.get("pid", -1))
-    if pid == os.getpid():
-        return False
-    if not pid_alive(pid):
-        return True
-    recorded, current = owner.get("start_ticks"), process_start_ticks(pid)
-    return recorded is not None and current is not None and int(recorded) != current
+    return pid != os.getpid() and process_gone(pid, owner.get("start_ticks")) is not None
 
 
 def _versions(meta: Path) -> list[Path]:

@@ -40,7 +40,8 @@ Rules:
 Lock rule (:class:`StoreLock`): the lock is the JSON file/object ``lock`` holding the
 holder's run id, pid, hostname, start time, a random token and a *heartbeat* time that the
 holder refreshes every ``heartbeat_s`` seconds (default: a tenth of ``stale_after_s``,
-at most 30 s). A lock is **stale** when
+at most 30 s). A lock is **stale** (:func:`posstats.service.locks.pipeline_lock_is_stale`)
+when
 
 1. its heartbeat is older than ``stale_after_s`` (default 600 s = 10 minutes), whatever
    host holds it, or
@@ -62,13 +63,13 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -76,11 +77,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posstats.runs.publish import apply_umask
-from posstats.processes import pid_alive, process_start_ticks
+import fsspec
+
 from posstats.errors import PosstatsError, os_error_kind
 from posstats.errors import describe_os_error as _describe_os_error
 from posstats.ids import is_valid_id, validate_run_id  # validate_run_id: re-exported
+from posstats.processes import process_start_ticks
+from posstats.runs.publish import atomic_path, file_sha256
+from posstats.service.locks import describe_lock_holder, pipeline_lock_is_stale
 
 __all__ = [
     "DEFAULT_STALE_AFTER_S",
@@ -90,7 +94,6 @@ __all__ = [
     "StoreLock",
     "describe_os_error",
     "is_url",
-    "lock_is_stale",
     "sorted_runs",
     "utc_now",
     "validate_run_id",
@@ -138,71 +141,6 @@ def describe_os_error(exc: BaseException, /) -> str | None:
     return _describe_os_error(exc, advice=_STORE_ADVICE)
 
 
-_pid_alive = pid_alive
-_proc_start_ticks = process_start_ticks
-
-
-def lock_is_stale(
-    info: Mapping[str, Any] | None,
-    /,
-    *,
-    now: float,
-    hostname: str,
-    stale_after: float,
-    pid_alive: Callable[[int], bool] = _pid_alive,
-    start_ticks: Callable[[int], int | None] = _proc_start_ticks,
-) -> tuple[bool, str]:
-    """Apply the lock rule (module docstring) to a lock record; return (stale, why).
-
-    Args:
-        info: the parsed lock, or None when it could not be parsed.
-        now: the current time (seconds since the epoch).
-        hostname: this host's name.
-        stale_after: seconds without a heartbeat after which any lock is stale.
-        pid_alive, start_ticks: process probes (injectable for tests).
-    """
-    if not isinstance(info, Mapping) or "heartbeat_ts" not in info or "pid" not in info:
-        return True, "the lock file is damaged (not a lock record)"
-    try:
-        age = now - float(info["heartbeat_ts"])
-        pid = int(info["pid"])
-    except (TypeError, ValueError):
-        return True, "the lock file is damaged (bad heartbeat or pid)"
-    if age > stale_after:
-        return True, f"its heartbeat is {age:.0f} s old (more than {stale_after:.0f} s)"
-    if info.get("hostname") == hostname:
-        if not pid_alive(pid):
-            return True, f"its process {pid} on this host ({hostname}) is gone"
-        recorded, current = info.get("start_ticks"), start_ticks(pid)
-        if recorded is not None and current is not None and int(recorded) != int(current):
-            return True, f"its pid {pid} now belongs to another process"
-    return False, f"heartbeat {max(age, 0):.0f} s ago"
-
-
-def _describe_holder(info: Mapping[str, Any] | None) -> str:
-    if not isinstance(info, Mapping):
-        return "another run"
-    return (
-        f"run {info.get('run_id', '?')} ({info.get('command', '?')}, pid {info.get('pid', '?')} on "
-        f"{info.get('hostname', '?')}, started {info.get('started', '?')})"
-    )
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # ----------------------------------------------------------------------------- store
 
 
@@ -223,8 +161,6 @@ class Store:
             self.root = os.path.abspath(os.path.expanduser(path))
         else:
             try:
-                import fsspec
-
                 self.fs, root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
             except ImportError as exc:
                 msg = f"{self.url}: this kind of store needs an fsspec backend that is not installed ({exc})"
@@ -300,17 +236,8 @@ class Store:
     def write_bytes(self, rel: str, data: bytes, /) -> None:
         """Write ``rel`` whole: temp file + fsync + ``os.replace`` locally, one PUT remotely."""
         if self.local:
-            target = Path(self.path(rel))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            os.close(fd)
-            try:
-                _fsync_write(Path(tmp), data)
-                apply_umask(tmp)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with atomic_path(self.path(rel), fsync=True) as tmp:
+                tmp.write_bytes(data)
         else:
             self.fs.pipe_file(self.path(rel), data)
             self._invalidate()
@@ -386,19 +313,8 @@ class Store:
     def put_file(self, local: str | os.PathLike, rel: str, /) -> None:
         """Copy a local file into the store whole (temp + rename locally, one upload remotely)."""
         if self.local:
-            target = Path(self.path(rel))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            os.close(fd)
-            try:
+            with atomic_path(self.path(rel), fsync=True) as tmp:
                 shutil.copyfile(local, tmp)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
-                apply_umask(tmp)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
         else:
             self.fs.put_file(str(local), self.path(rel))
             self._invalidate()
@@ -456,7 +372,7 @@ class Store:
         paths = sorted(p for p in local_dir.rglob("*") if p.is_file() and p.name != MARKER)
         for p in paths:
             name = p.relative_to(local_dir).as_posix()
-            files[name] = {"bytes": p.stat().st_size, "sha256": _sha256_file(p)}
+            files[name] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         for p in paths:
             name = p.relative_to(local_dir).as_posix()
             target = f"{rel}/{name}"
@@ -598,7 +514,7 @@ class StoreLock:
             "command": command,
             "pid": os.getpid(),
             "hostname": self.hostname,
-            "start_ticks": _proc_start_ticks(os.getpid()),
+            "start_ticks": process_start_ticks(os.getpid()),
             "started": utc_now(),
             "started_ts": now,
             "heartbeat": utc_now(),
@@ -617,8 +533,6 @@ class StoreLock:
         if not self.store.local:
             yield
             return
-        import fcntl
-
         os.makedirs(self.store.root, exist_ok=True)
         fd = os.open(self.store.path(GUARD), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -631,11 +545,11 @@ class StoreLock:
         return (json.dumps(self.info, sort_keys=True) + "\n").encode()
 
     def _stale(self, info: dict[str, Any] | None) -> tuple[bool, str]:
-        return lock_is_stale(info, now=time.time(), hostname=self.hostname, stale_after=self.stale_after)
+        return pipeline_lock_is_stale(info, now=time.time(), hostname=self.hostname, stale_after=self.stale_after)
 
     def _busy(self, holder: dict[str, Any] | None, why: str) -> PosstatsError:
         return PosstatsError(
-            f"run store {self.store.display()} is in use by {_describe_holder(holder)}, {why}; a lock is stale "
+            f"run store {self.store.display()} is in use by {describe_lock_holder(holder)}, {why}; a lock is stale "
             f"only when its heartbeat is older than {self.stale_after:.0f} s or its process is gone on the same "
             f"host: wait for that run to finish, or use another store"
         )
@@ -649,14 +563,14 @@ class StoreLock:
                     stale, why = self._stale(holder)
                     if not stale:
                         raise self._busy(holder, why)
-                    self.log(f"taking over the stale lock of {_describe_holder(holder)}: {why}")
+                    self.log(f"taking over the stale lock of {describe_lock_holder(holder)}: {why}")
                 self.store.write_bytes(LOCK, self._payload())
             elif not self.store.create_exclusive(LOCK, self._payload()):
                 holder, _ = self.store.read_lock()
                 stale, why = self._stale(holder)
                 if not stale:
                     raise self._busy(holder, why)
-                self.log(f"taking over the stale lock of {_describe_holder(holder)}: {why}")
+                self.log(f"taking over the stale lock of {describe_lock_holder(holder)}: {why}")
                 self.store.remove(LOCK)
                 if not self.store.create_exclusive(LOCK, self._payload()):
                     holder, _ = self.store.read_lock()
@@ -679,7 +593,7 @@ class StoreLock:
         with self._guard():
             holder, _ = self.store.read_lock()
             if not holder or holder.get("token") != self.token:
-                self.lost = f"the lock now belongs to {_describe_holder(holder)}"
+                self.lost = f"the lock now belongs to {describe_lock_holder(holder)}"
                 return
             now = time.time()
             self.info["heartbeat"], self.info["heartbeat_ts"] = utc_now(), now
@@ -690,7 +604,7 @@ class StoreLock:
         if not self.lost:
             holder, _ = self.store.read_lock()
             if not holder or holder.get("token") != self.token:
-                self.lost = f"the lock now belongs to {_describe_holder(holder)}"
+                self.lost = f"the lock now belongs to {describe_lock_holder(holder)}"
         if self.lost:
             msg = (
                 f"run {self.info['run_id']} lost the lock of store {self.store.display()}: {self.lost} (this run "

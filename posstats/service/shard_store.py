@@ -36,14 +36,10 @@ Rules that make runs exact and resumable:
   manifest's ``result``) passes :func:`posstats.ids.validate_id` first: nothing a user
   types (``--run-id ../../x``) or a store file says can reach outside ``STORE``.
 
-Integrity of partials (:func:`load_partial`, used by :func:`sum_partials` for every item
-that is a marked partial): the marker records the totals of the partial and ``sha256``,
-the SHA-256 of its counts file, taken when :meth:`RunStore.write_partial` writes it. A
-partial read for a reduction must have that checksum (markers of older stores have none:
-then only the totals are checked) and a matrix whose sum equals both the marker's and the
-file's ``tokens``. Otherwise it is corrupt: :class:`CorruptPartialError`, one line naming
-the partial and the two totals. The Ray counting job (``jobs/count.py``) does not stop
-there: it logs the corrupt partial, deletes it (marker first) and counts that shard
+Integrity of partials: :meth:`RunStore.write_partial` records in each marker the totals
+and ``sha256`` of the partial's counts file; every reduction checks a marked partial
+against them (:func:`posstats.counting.reduce.load_partial`). The Ray counting job
+(``jobs/count.py``) deletes a corrupt partial (marker first) and counts that shard
 again, exactly like a shard that never got its marker, then reduces again (once; a
 partial still corrupt after its recount fails the run). A corrupt partial of a shard
 that left the corpus (a refresh subtracting it) is deleted and the total is summed from
@@ -55,17 +51,23 @@ for its whole duration and writes its pid, hostname, start time and run id into 
 The kernel drops the flock when the process ends, even by SIGKILL, so a lock left by a
 dead run never blocks the next one. A second run while the first lives refuses with a
 one-line message naming the holder. Where the file system has no ``flock``, the pid rule
-is used instead: the lock is stale when its hostname is this host and its pid is gone
-(or now belongs to a process started after the lock); a lock from another host is never
-presumed stale.
+decides (:func:`posstats.service.locks.run_store_lock_is_stale`): the lock is stale when
+its hostname is this host and its pid is gone (or now belongs to a process started after
+the lock); a lock from another host is never presumed stale.
+
+Runs, manifests and refreshes: :func:`store_config` is what a store is bound to,
+:func:`derive_run_id` names a run after its inputs, :func:`refresh_source` reads
+back what a store counts (for ``posstats refresh``), :meth:`RunStore.reduce_items` says
+which saved counts (with signs) sum to a run's total, :meth:`RunStore.new_manifest` is the
+manifest a successful run publishes and :func:`manifest_changes` what changed per input.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -75,30 +77,31 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import scipy.sparse as sp
-
-from posstats.processes import pid_alive, process_start_ticks
-from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.tokenizer import check_tokenizer
+from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import counts_file, read_json_file, save_counts, write_json_atomic
+from posstats.counting.reduce import PARTIAL_MARKER, compact_counts
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_id
-from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
+from posstats.processes import process_start_ticks
+from posstats.runs.publish import file_sha256
+from posstats.service.locks import LockInfo, describe_lock_holder, run_store_lock_is_stale
 
 __all__ = [
+    "MANIFEST_SCHEMA",
     "STORE_SCHEMA",
-    "CorruptPartialError",
-    "LockInfo",
     "RunStore",
-    "compact_counts",
     "config_key",
-    "file_sha256",
-    "load_partial",
-    "lock_is_stale",
-    "sum_partials",
+    "derive_run_id",
+    "manifest_changes",
+    "refresh_source",
+    "store_config",
 ]
 
 STORE_SCHEMA = "posstats.store/1"
-MARKER = "done.json"
+MANIFEST_SCHEMA = "posstats.manifest/1"
+MARKER = PARTIAL_MARKER
 STARTED = "started.json"
 
 
@@ -108,15 +111,27 @@ def config_key(config: dict[str, Any], /) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def file_sha256(path: str | os.PathLike, /) -> str:
-    """SHA-256 (64 hex digits) of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-    return digest.hexdigest()
+def store_config(source: CorpusSource, spec: CountSpec, metadata: dict[str, str], /) -> dict[str, Any]:
+    """What a store's partials depend on (bound in ``store.json``): spec and reader options.
+
+    Input paths are not part of it (shard ids cover them); the tokenizer enters by hash.
+    """
+    return {
+        "spec": spec.to_metadata(),
+        "format": source.format,
+        "column": source.column,
+        "text_column": source.text_column,
+        "tokenizer_hash": metadata.get("tokenizer_hash") if source.column is None else None,
+        "metadata": dict(sorted(metadata.items())),
+    }
+
+
+def derive_run_id(files: Sequence[str], config: dict[str, Any], /, *, command: str = "count") -> str:
+    """``run-`` (``refresh-`` for a refresh) + 16 hex digits of sha256(absolute input paths
+    + counting configuration): the same inputs and configuration name the same run."""
+    text = json.dumps([sorted(os.path.abspath(f) for f in files), config], sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"{'run' if command == 'count' else 'refresh'}-{digest}"
 
 
 def _now() -> str:
@@ -124,47 +139,10 @@ def _now() -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        msg = f"{path}: unreadable run-store file ({exc})"
-        raise PosstatsError(msg) from exc
+    return read_json_file(path, what="run-store file")
 
 
 # ----------------------------------------------------------------------------- lock
-
-LockInfo = dict  # {"pid", "hostname", "started", "start_ticks", "run_id", "command"}
-
-
-_pid_alive = pid_alive
-_proc_start_ticks = process_start_ticks
-
-
-def lock_is_stale(info: LockInfo, /, *, hostname: str | None = None) -> bool:
-    """The pid rule: a lock is stale when it was taken on this host by a process that is
-    gone (or whose pid now belongs to a process started later). A lock from another host
-    is never presumed stale; an empty or unreadable lock is stale."""
-    if not info or "pid" not in info:
-        return True
-    if info.get("hostname") != (hostname or socket.gethostname()):
-        return False
-    pid = int(info["pid"])
-    if not _pid_alive(pid):
-        return True
-    recorded, current = info.get("start_ticks"), _proc_start_ticks(pid)
-    return recorded is not None and current is not None and int(recorded) != current
-
-
-def _describe_lock(info: LockInfo) -> str:
-    if not info:
-        return "another run"
-    return (
-        f"run {info.get('run_id', '?')!s} ({info.get('command', '?')}, pid {info.get('pid', '?')} on "
-        f"{info.get('hostname', '?')}, started {info.get('started', '?')})"
-    )
 
 
 class _Lock:
@@ -173,18 +151,16 @@ class _Lock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        import fcntl
-
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             held = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
             holder = self._read()
-            if held or not lock_is_stale(holder):
+            if held or not run_store_lock_is_stale(holder):
                 os.close(fd)
                 msg = (
-                    f"run store {self.path.parent} is in use by {_describe_lock(holder)}; "
+                    f"run store {self.path.parent} is in use by {describe_lock_holder(holder or None)}; "
                     f"wait for it to finish, or use another --store"
                 )
                 if not held:
@@ -270,7 +246,7 @@ class RunStore:
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "started": _now(),
-            "start_ticks": _proc_start_ticks(os.getpid()),
+            "start_ticks": process_start_ticks(os.getpid()),
             "run_id": run_id,
             "command": command,
         }
@@ -300,10 +276,10 @@ class RunStore:
     def write_partial(self, shard: Any, counts: PositionalCounts, /, **info: Any) -> dict[str, Any]:
         """Persist a shard's partial counts, then its completion marker; return the marker.
 
-        ``shard`` is a :class:`posstats.corpus.shards.Shard`. The counts are stored sparse when
-        that is smaller (see :func:`compact_counts`), dense ones as int32 when they fit.
-        The marker records the totals and the SHA-256 of the counts file (``sha256``),
-        checked by :func:`load_partial` when the partial is reduced.
+        ``shard`` is a :class:`posstats.corpus.shards.Shard`. The counts are stored sparse
+        when that is smaller (:func:`posstats.counting.reduce.compact_counts`), dense ones as
+        int32 when they fit. The marker records the totals and the SHA-256 of the counts file (``sha256``),
+        checked by :func:`posstats.counting.reduce.load_partial` when the partial is reduced.
         """
         directory = self.partial_dir(shard.shard_id)
         path = save_counts(compact_counts(counts), directory, narrow=True)
@@ -386,6 +362,62 @@ class RunStore:
         except InputError:
             return None
 
+    def is_up_to_date(self, previous: dict[str, Any] | None, planned: Sequence[str], /, *, todo: int,
+                      final_dense: bool) -> bool:
+        """Whether the result ``previous`` names is already the total of ``planned``: no
+        shard left to count (``todo == 0``), the same shard ids, none skipped as bad, the
+        storage kind a run would choose now, and its counts file present."""
+        return (
+            previous is not None
+            and previous.get("storage") == ("dense" if final_dense else "sparse")
+            and not todo
+            and previous.get("shard_ids") == list(planned)
+            and not previous.get("bad_shards")
+            and self.result_file(previous) is not None
+        )
+
+    def reduce_items(self, good: Sequence[str], /, *, added: Sequence[str], removed: Sequence[str],
+                     old_result: Path | None) -> tuple[list[tuple[str, int]], str]:
+        """The saved counts, with signs, whose sum is the new total; and the mode.
+
+        ``"incremental"``: ``old total + added - removed`` (THEORY section 1: counts are
+        additive), when an old result is given and every removed shard still has its
+        partial. Otherwise ``"full"``: the sum of the partials of ``good`` (every shard of
+        the corpus but the bad ones). ``added`` must exclude bad shards too.
+        """
+        if old_result is not None and all(self.is_done(sid) for sid in removed):
+            items = [(str(old_result.parent), 1)]
+            items += [(str(self.partial_dir(sid)), 1) for sid in added]
+            items += [(str(self.partial_dir(sid)), -1) for sid in removed]
+            return items, "incremental"
+        return [(str(self.partial_dir(sid)), 1) for sid in good], "full"
+
+    def new_manifest(self, reduced: dict[str, Any], /, *, run_id: str, command: str, finished: str,
+                     config: dict[str, Any], inputs: Sequence[str], files: Sequence[str], out: str | None,
+                     shards: Sequence[Any], bad: list[dict[str, Any]], result_dir: Path,
+                     dense_budget: int) -> dict[str, Any]:
+        """The manifest of a successful run (see the layout): ``reduced`` is the final
+        reduce summary (:func:`posstats.counting.reduce.reduce_partials`), ``shards`` the
+        :class:`~posstats.corpus.shards.Shard` s summed into it."""
+        ordered = sorted(shards, key=lambda s: s.shard_id)
+        return {
+            "schema": MANIFEST_SCHEMA,
+            "run_id": run_id,
+            "command": command,
+            "finished": finished,
+            "config_key": config_key(config),
+            "inputs": list(inputs),
+            "files": [os.path.abspath(f) for f in files],
+            "out": out,
+            "shard_ids": [s.shard_id for s in ordered],
+            "shards": [s.to_dict() for s in ordered],
+            "bad_shards": bad,
+            "result": os.path.relpath(result_dir, self.root),
+            **{k: reduced[k] for k in ("counts_file", "sequences", "windows", "tokens", "fingerprint",
+                                       "positions_occupied", "storage")},
+            "dense_budget": dense_budget,
+        }
+
     def publish(self, manifest: dict[str, Any], /) -> None:
         """Write the manifest (the store's completion marker), then drop results it no longer names."""
         write_json_atomic(self.manifest_path, manifest)
@@ -408,186 +440,59 @@ class RunStore:
                 tmp.unlink(missing_ok=True)
 
 
-# ----------------------------------------------------------------------------- counts
+def manifest_changes(previous: dict[str, Any] | None, shards: Sequence[Any], added: Sequence[str],
+                     removed: Sequence[str], /) -> list[dict[str, Any]]:
+    """Per input path: ``new`` / ``changed`` / ``gone``, with the numbers of shards added and
+    removed, between the manifest ``previous`` and the planned ``shards``."""
+    old = {s["shard_id"]: s for s in (previous or {}).get("shards", [])}
+    old_paths = {os.path.abspath(s["path"]) for s in old.values()}
+    new_paths = {os.path.abspath(s.path) for s in shards}
+    by_id = {s.shard_id: s for s in shards}
+    per: dict[str, list[int]] = {}
+    for sid in added:
+        per.setdefault(os.path.abspath(by_id[sid].path), [0, 0])[0] += 1
+    for sid in removed:
+        path = os.path.abspath(old[sid]["path"]) if sid in old else "(unknown input)"
+        per.setdefault(path, [0, 0])[1] += 1
+    out = []
+    for path, (n_add, n_rm) in sorted(per.items()):
+        status = "changed" if path in old_paths and path in new_paths else ("new" if path in new_paths else "gone")
+        out.append({"path": path, "status": status, "shards_added": n_add, "shards_removed": n_rm})
+    return out
 
 
-def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
-    n, V = matrix.shape
-    flat = matrix.reshape(-1)
-    nz = np.flatnonzero(flat)
-    rows = nz // V
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return sp.csr_array((flat[nz], (nz - rows * V), indptr), shape=(n, V), dtype=np.int64)
+def refresh_source(store: str, /, *, inputs: Sequence[str] | None = None,
+                   tokenizer: str | None = None) -> tuple[CorpusSource, CountSpec, dict[str, str]]:
+    """What the run store ``store`` counts, to refresh it: (source, spec, metadata).
 
-
-def compact_counts(counts: PositionalCounts, /) -> PositionalCounts:
-    """The same counts in the storage that suits them: sparse when fewer than ``n V / 8``
-    cells are non-zero (Parquet COO, 16 bytes per non-zero: at most a quarter of the dense
-    ``8 n V`` bytes), else dense. Exact either way.
-
-    Writing a dense safetensors file runs at memory speed while a COO table costs about
-    0.1 us per non-zero, so sparse storage is chosen only where it saves a lot of space.
-    """
-    n, V = counts.spec.positions, counts.spec.vocab_size
-    if counts.is_sparse:
-        matrix = counts.matrix.copy()
-        matrix.eliminate_zeros()
-        if matrix.nnz * 8 < n * V:
-            return dataclasses.replace(counts, matrix=matrix)
-        return counts.to_dense()
-    nnz = int(np.count_nonzero(counts.matrix))
-    if nnz * 8 < n * V:
-        return PositionalCounts(counts.spec, _dense_to_csr(counts.matrix), counts.sequences, counts.windows,
-                                counts.tokens, counts.fingerprint, dict(counts.metadata))
-    return counts
-
-
-class CorruptPartialError(PosstatsError):
-    """A marked partial whose counts file does not match its marker (see the module
-    docstring). ``path`` is the partial's folder as given, ``detail`` the message without
-    the advice to delete it."""
-
-    path: str = ""
-    detail: str = ""
-
-
-def _matrix_total(counts: PositionalCounts) -> int:
-    if counts.is_sparse:
-        return int(counts.matrix.data.sum(dtype=np.int64))
-    return int(np.asarray(counts.matrix).sum(dtype=np.int64))
-
-
-def load_partial(path: str | os.PathLike, /) -> PositionalCounts:
-    """Load saved counts; when ``path`` is a marked partial (its folder holds ``done.json``
-    naming this counts file), check it against the marker first.
-
-    The checks: the SHA-256 of the counts file equals the marker's ``sha256`` (skipped for
-    markers written before checksums existed), and the sum of the matrix equals both the
-    marker's and the file's ``tokens`` (``tokens = C.sum()``). Costs one extra read of the
-    file (about 0.1 s for 51 MB); other counts (reduce intermediates, results) load as
-    :func:`posstats.counting.io.load_counts` does.
+    The source reads ``inputs`` (patterns, made absolute) or else the inputs of the last
+    finished count, with the store's reader options; a store that counts text needs its
+    tokenizer: ``tokenizer`` or the one remembered in ``store.json``, checked against the
+    hash the store records (:func:`posstats.corpus.tokenizer.check_tokenizer`).
 
     Raises:
-        CorruptPartialError: ``"<folder>: corrupt partial: its counts sum to A tokens, its
-            marker records B (...); delete <folder> and rerun to count that shard again"``.
-        InputError: an unreadable counts file (as :func:`~posstats.counting.io.load_counts`).
+        PosstatsError: no finished count in ``store``; a text store and no tokenizer; a
+            tokenizer other than the store's.
     """
-    folder = Path(path) if os.path.isdir(path) else Path(path).parent
-    file = counts_file(path)
-    marker = _read_json(folder / MARKER)
-    if not marker or marker.get("counts_file") != file.name:
-        return load_counts(file)
-    recorded = marker.get("sha256")
-    actual = file_sha256(file) if recorded else None
-    part = load_counts(file)
-    total = _matrix_total(part)
-    expected = marker.get("tokens")
-    problems = []
-    if recorded and actual != recorded:
-        problems.append(f"sha256 {actual[:16]}... of {file.name}, the marker records {str(recorded)[:16]}...")
-    if part.tokens != expected:
-        problems.append(f"its file says {part.tokens:,} tokens")
-    if problems or total != expected:
-        exp = f"{expected:,}" if isinstance(expected, int) else repr(expected)
-        detail = (
-            f"{folder}: corrupt partial: its counts sum to {total:,} tokens, its marker records {exp} "
-            f"({'; '.join(problems) or 'the file was changed after it was written'})"
-        )
-        exc = CorruptPartialError(f"{detail}; delete {folder} and rerun to count that shard again")
-        exc.path, exc.detail = str(folder), detail
-        raise exc
-    return part
-
-
-def sum_partials(
-    items: Sequence[tuple[str | os.PathLike, int]],
-    spec: CountSpec,
-    /,
-    *,
-    dense: bool,
-    metadata: dict[str, str] | None = None,
-    corrupt: list[CorruptPartialError] | None = None,
-) -> PositionalCounts:
-    """Exact signed sum of saved counts: ``sum(sign * counts(path))``.
-
-    Args:
-        items: (counts folder or file, +1 or -1) pairs; -1 subtracts (a shard that left
-            the corpus). Loaded one at a time, marked partials checked against their
-            markers (:func:`load_partial`).
-        spec: every item must have been counted under it.
-        dense: accumulate in a dense int64 ``n x V`` array (else sorted sparse keys).
-        metadata: metadata of the result (items' metadata is not merged).
-        corrupt: None raises at the first corrupt partial; a list collects every corrupt
-            partial's error instead (and leaves it out of the sum, which is then not the
-            requested total: the caller must look at the list).
-
-    Returns:
-        PositionalCounts whose totals are the signed sums and whose fingerprint is the XOR
-        of the items' (XOR is its own inverse, so subtracting removes a fingerprint).
-
-    Raises:
-        CorruptPartialError: a partial does not match its marker (``corrupt`` is None).
-    """
-    n, V = spec.positions, spec.vocab_size
-    total = np.zeros(n * V, dtype=np.int64) if dense else None
-    keys: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    sequences = windows = tokens = 0
-    fingerprint = ""
-    for path, sign in items:
-        if sign not in (1, -1):
-            msg = f"sign must be +1 or -1, got {sign!r}"
-            raise ValueError(msg)
-        try:
-            part = load_partial(path)
-        except CorruptPartialError as exc:
-            if corrupt is None:
-                raise
-            corrupt.append(exc)
-            continue
-        if part.spec != spec:
-            msg = f"{path}: counted under {part.spec}, not {spec}"
-            raise InputError(msg)
-        sequences += sign * part.sequences
-        windows += sign * part.windows
-        tokens += sign * part.tokens
-        fingerprint = combine_fingerprints(fingerprint, part.fingerprint)
-        if part.is_sparse:
-            coo = part.matrix.tocoo()
-            k = coo.row.astype(np.int64) * V + coo.col.astype(np.int64)
-            v = coo.data.astype(np.int64) * sign
-        elif dense:
-            flat = np.asarray(part.matrix, dtype=np.int64).reshape(-1)
-            if sign > 0:
-                np.add(total, flat, out=total)
-            else:
-                np.subtract(total, flat, out=total)
-            continue
-        else:
-            flat = np.asarray(part.matrix, dtype=np.int64).reshape(-1)
-            k = np.flatnonzero(flat)
-            v = flat[k] * sign
-        if dense:
-            np.add.at(total, k, v)
-        else:
-            keys.append(k)
-            vals.append(v)
-    if dense:
-        matrix: np.ndarray | sp.csr_array = total.reshape(n, V)
-    else:
-        k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
-        v = np.concatenate(vals) if vals else np.zeros(0, np.int64)
-        order = np.argsort(k, kind="stable")
-        k, v = k[order], v[order]
-        first = np.ones(len(k), dtype=bool)
-        first[1:] = k[1:] != k[:-1]
-        starts = np.flatnonzero(first)
-        k = k[starts]
-        v = np.add.reduceat(v, starts) if len(v) else v
-        keep = v != 0
-        k, v = k[keep], v[keep]
-        rows, cols = np.divmod(k, V)
-        matrix = sp.csr_array((v, (rows, cols)), shape=(n, V), dtype=np.int64)
-    return PositionalCounts(spec, matrix, sequences, windows, tokens, fingerprint, dict(metadata or {}))
-
+    rs = RunStore(os.path.abspath(store))
+    stored, manifest = rs.config(), rs.manifest()
+    if stored is None or manifest is None:
+        msg = f"{store}: not a run store with a finished count (run 'posstats count --ray --store {store}' first)"
+        raise PosstatsError(msg)
+    cfg = stored["config"]
+    metadata = dict(cfg.get("metadata", {}))
+    tok_path = tokenizer or stored.get("tokenizer_path")
+    if cfg.get("column") is None and not tok_path:
+        msg = f"{store}: counts text; pass --tokenizer (the tokenizer.json it was counted with)"
+        raise PosstatsError(msg)
+    if tok_path:
+        recorded = {"tokenizer_hash": cfg.get("tokenizer_hash"), "tokenizer": metadata.get("tokenizer")}
+        check_tokenizer(recorded, tok_path, counts=f"run store {store}")
+    source = CorpusSource(
+        inputs=tuple(os.path.abspath(p) for p in (inputs or manifest["inputs"])),
+        format=cfg.get("format"),
+        column=cfg.get("column"),
+        text_column=cfg.get("text_column"),
+        tokenizer=tok_path if cfg.get("column") is None else None,
+    )
+    return source, CountSpec.from_metadata(cfg["spec"]), metadata

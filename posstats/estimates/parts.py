@@ -1,0 +1,194 @@
+"""The corpus in parts, for the noise floor and the shard bootstrap of an analysis.
+
+The split-half noise floor (:func:`posstats.estimates.noise.noise_floor`) needs 2 or 4
+counts whose sum is the corpus, the bootstrap (:mod:`posstats.estimates.bootstrap`)
+per-shard partial counts. :func:`corpus_parts` finds them, in this order:
+
+1. explicit part count folders (``parts_dirs``, noise floor only);
+2. a Ray run store of the counts (``store``, or the one the counting ``config.json``
+   records): parts by shard-id rank parity, the shards' partials as resampling units;
+3. else the corpus named in the counting ``config.json``, re-read with the tokenizer the
+   counts were made with (checked by hash) and split by document parity into
+   ``noise_parts`` parts, or :data:`BOOTSTRAP_DOCUMENT_PARTS` for the bootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
+from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import counts_file, load_counts
+from posstats.counting.reduce import load_partial
+from posstats.errors import PosstatsError
+from posstats.estimates.noise import count_parts, parts_from_store
+from posstats.service.shard_store import RunStore
+
+__all__ = [
+    "BOOTSTRAP_DOCUMENT_PARTS",
+    "corpus_config",
+    "corpus_parts",
+    "describe_counts",
+    "find_tokenizer",
+    "reread_parts",
+    "store_partials",
+]
+
+BOOTSTRAP_DOCUMENT_PARTS = 16  # resampling units when the corpus is re-read (no run store)
+
+Place = str | os.PathLike | None
+
+
+def corpus_config(*places: Place) -> dict[str, Any] | None:
+    """The counting ``config.json`` of the first place (a folder, or a file next to it) that has one."""
+    for place in places:
+        if place is None:
+            continue
+        path = Path(place)
+        path = path / "config.json" if path.is_dir() else path.parent / "config.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def find_tokenizer(cfg: dict[str, Any], /, *, override: str | None = None) -> str | None:
+    """The tokenizer.json to re-read a text corpus with: ``override``, the recorded path, or a
+    file of the recorded name (and hash) in the working directory, next to the inputs or in
+    data/tokenizers; None for a pre-tokenised corpus (``column``).
+
+    Raises:
+        PosstatsError: a tokenizer is recorded but found nowhere.
+    """
+    if cfg.get("column") is not None:
+        return None
+    if override:
+        return override
+    recorded = cfg.get("tokenizer")
+    if not recorded:
+        return None
+    if Path(recorded).is_file():
+        return recorded
+    name = Path(recorded).name
+    dirs = [Path.cwd(), Path.cwd() / "data" / "tokenizers", *(Path(i).parent for i in cfg.get("inputs", []))]
+    for d in dirs:
+        cand = d / name
+        if cand.is_file() and (not cfg.get("tokenizer_hash") or tokenizer_hash(str(cand)) == cfg["tokenizer_hash"]):
+            return str(cand)
+    msg = f"cannot find the tokenizer {name!r} the corpus was counted with; give --tokenizer PATH"
+    raise PosstatsError(msg)
+
+
+def describe_counts(path: Place = None, /) -> str:
+    """The counts in words for messages: their file when known."""
+    if path is None:
+        return "the counts"
+    try:
+        name = counts_file(path).name
+    except Exception:  # noqa: BLE001 - only for a message
+        return f"the counts {path}"
+    return f"the counts {Path(path) / name if Path(path).is_dir() else path}"
+
+
+def _source_of(cfg: dict[str, Any], tokenizer: str | None) -> CorpusSource:
+    """The corpus a counting ``config.json`` describes, read with ``tokenizer``."""
+    return CorpusSource(
+        inputs=tuple(cfg["inputs"]),
+        format=cfg.get("format"),
+        column=cfg.get("column"),
+        text_column=cfg.get("text_column"),
+        tokenizer=tokenizer,
+    )
+
+
+def reread_parts(
+    counts: PositionalCounts, cfg: dict[str, Any] | None, /, *, parts: int, tokenizer: str | None = None, counts_path: Place = None
+) -> list[PositionalCounts]:
+    """Count the corpus of a counting ``config.json`` again as ``parts`` document-parity
+    parts, with the tokenizer the counts were made with (checked by hash).
+
+    Raises:
+        PosstatsError: no config naming the corpus, another counting spec, or a corpus that
+            changed since it was counted (fingerprints differ).
+    """
+    if not cfg or "inputs" not in cfg:
+        msg = ("the noise floor / bootstrap needs the corpus in parts: give --store (Ray run store) or --parts, "
+               "or analyse counts whose folder has the config.json written by 'posstats count'")
+        raise PosstatsError(msg)
+    tok_path = find_tokenizer(cfg, override=tokenizer)
+    if tok_path:
+        check_tokenizer(counts.metadata, tok_path, counts=describe_counts(counts_path))
+    spec = CountSpec.from_metadata({k: str(v) for k, v in cfg.items() if k in counts.spec.to_metadata()})
+    if spec != counts.spec:
+        msg = f"config.json describes {spec}, but the counts were made with {counts.spec}"
+        raise PosstatsError(msg)
+    out = count_parts(_source_of(cfg, tok_path), spec, parts=parts, dense=not counts.is_sparse)
+    if counts.fingerprint and out[0].fingerprint != counts.fingerprint:
+        msg = "the corpus changed since it was counted (fingerprints differ); count it again first"
+        raise PosstatsError(msg)
+    return list(out)
+
+
+def store_partials(store: str | os.PathLike, /) -> list[PositionalCounts]:
+    """Every shard's partial counts of a Ray run store, in shard-id order."""
+    rs = RunStore(store)
+    manifest = rs.manifest() or {}
+    return [load_partial(rs.partial_dir(sid)) for sid in sorted(manifest.get("shard_ids", []))]
+
+
+def _recorded_store(cfg: dict[str, Any] | None) -> str | None:
+    """The run store a counting ``config.json`` records (``posstats count --ray``), if it exists."""
+    ray = (cfg or {}).get("ray")
+    if isinstance(ray, dict) and ray.get("store") and Path(ray["store"]).is_dir():
+        return ray["store"]
+    return None
+
+
+def corpus_parts(
+    counts: PositionalCounts,
+    /,
+    *,
+    noise_floor: bool = False,
+    noise_parts: int = 4,
+    bootstrap: int = 0,
+    tokenizer: str | None = None,
+    store: str | os.PathLike | None = None,
+    parts_dirs: Sequence[str | os.PathLike] | None = None,
+    places: Sequence[Place] = (),
+) -> tuple[tuple[PositionalCounts, ...] | list[PositionalCounts] | None, list[PositionalCounts] | None]:
+    """(noise parts, bootstrap partials) of the corpus of ``counts`` (module docstring).
+
+    Args:
+        counts: the analysed counts.
+        noise_floor: find ``noise_parts`` (2 or 4) parts for the noise floor.
+        bootstrap: replicates of the shard bootstrap (> 0: find the partials).
+        tokenizer: tokenizer.json for re-reading a text corpus (default: the recorded one).
+        store: a Ray run store of the counts.
+        parts_dirs: 2 or 4 count folders whose sum is the corpus (noise floor only).
+        places: folders (or files) whose counting ``config.json`` names the corpus, the
+            first found wins; the last given one is the counts, for messages.
+
+    Returns:
+        ``(parts or None, partials or None)``.
+    """
+    cfg = corpus_config(*places)
+    where = next((p for p in reversed(places) if p is not None), None)
+    store = store if store is not None else _recorded_store(cfg)
+    parts = partials = None
+    if noise_floor:
+        if parts_dirs:
+            parts = tuple(load_counts(d) for d in parts_dirs)
+            if len(parts) not in (2, 4):
+                raise PosstatsError(f"--parts needs 2 or 4 count folders, got {len(parts)}")
+        elif store:
+            parts = parts_from_store(store, parts=noise_parts)
+        else:
+            parts = reread_parts(counts, cfg, parts=noise_parts, tokenizer=tokenizer, counts_path=where)
+    if bootstrap > 0:
+        partials = (store_partials(store) if store
+                    else reread_parts(counts, cfg, parts=BOOTSTRAP_DOCUMENT_PARTS, tokenizer=tokenizer, counts_path=where))
+    return parts, partials

@@ -1,0 +1,282 @@
+"""A run folder and the run it holds: what the HTML report and the export render from.
+
+``posstats run`` / ``posstats analyze`` / the pipeline's geometry stage write a run folder
+(:func:`posstats.runs.analysis_folder.write_analysis`):
+
+- ``mds.safetensors``: tensors ``positions`` (m,) int64 used positions, ``eigenvalues``
+  (k,) float64 descending, ``encoding`` (m, k) float64 ``P_MDS`` (optionally
+  ``residuals`` (k,)); string metadata ``schema`` (``posstats.mds/1``), ``method``,
+  ``fingerprint`` (:func:`write_mds`);
+- ``report.json`` (the schema in README.md), ``report.md``, ``analysis-config.json``.
+
+:class:`RunData` is such a run in memory: either read back from a folder
+(:func:`load_run`), or built from the analysis that has just been computed
+(:func:`run_from_analysis`), in which case it also holds the counts and the plug-in
+distances, so that rendering a report or an export computes nothing twice.
+:func:`run_distances` gives the d_H of (a sample of) the used positions: sliced from the
+held matrix, else computed from the counts (those held, else the run's counts file,
+checked against the analysed corpus' fingerprint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from posstats.analysis import Analysis
+from posstats.counting.buckets import bucket_counts, parse_buckets
+from posstats.counting.counts import PositionalCounts
+from posstats.counting.io import atomic_path, counts_file, load_counts
+from posstats.errors import InputError
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import MDSResult
+from posstats.reports.plots import even_subsample
+from posstats.runs.publish import published_dir
+
+__all__ = [
+    "MDS_FILE",
+    "MDS_SCHEMA",
+    "REPORT_FILE",
+    "RunData",
+    "load_run",
+    "run_distances",
+    "run_from_analysis",
+    "sparse_rows",
+    "with_distances",
+    "write_mds",
+]
+
+MDS_FILE = "mds.safetensors"
+MDS_SCHEMA = "posstats.mds/1"
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A run: its report and MDS coordinates, and what is held in memory besides.
+
+    Attributes:
+        directory: the run folder, as given.
+        report: ``report.json``.
+        positions: (m,) int64 used positions (``mds.safetensors`` ``positions``).
+        eigenvalues: (k,) float64 MDS eigenvalues, descending.
+        encoding: (m, k) float64 MDS coordinates of the used positions.
+        mds_metadata: the string metadata of ``mds.safetensors``.
+        files: the folder the files were read from: the run folder's current published
+            version (:func:`posstats.runs.publish.published_dir`); None means ``directory``.
+        distances: (m, m) float64 plug-in d_H between the used positions when held in
+            memory (a run just analysed, or :func:`with_distances`), else None.
+        counts: the analysed counts when held in memory, else None (read from the
+            run's counts file when needed).
+    """
+
+    directory: Path
+    report: dict[str, Any]
+    positions: np.ndarray
+    eigenvalues: np.ndarray
+    encoding: np.ndarray
+    mds_metadata: dict[str, str] = field(default_factory=dict)
+    files: Path | None = None
+    distances: np.ndarray | None = None
+    counts: PositionalCounts | None = None
+
+    @property
+    def folder(self) -> Path:
+        """Where the run's files are (``files``, else ``directory``)."""
+        return self.files if self.files is not None else self.directory
+
+    @property
+    def run_id(self) -> str:
+        """``report.json``'s ``run_id``, else the first 16 hex digits of its sha256."""
+        rid = self.report.get("run_id")
+        if rid:
+            return str(rid)
+        return hashlib.sha256((self.folder / REPORT_FILE).read_bytes()).hexdigest()[:16]
+
+    def counts_path(self) -> Path:
+        """The counts of this run: those in the run folder, else ``report.json`` ``inputs.counts``."""
+        recorded = (self.report.get("inputs") or {}).get("counts")
+        # The folder itself first: while a run is being staged, inputs.counts already names
+        # the final folder, which may still hold an older run's counts.
+        candidates = [self.folder] + ([Path(recorded)] if recorded else [])
+        for c in candidates:
+            try:
+                return counts_file(c)
+            except InputError:
+                continue
+        where = f" (report.json inputs.counts = {recorded!r})" if recorded else ""
+        msg = f"{self.directory}: cannot find the run's counts{where}; the distances need them"
+        raise InputError(msg)
+
+
+def _mds_metadata(mds: MDSResult, fingerprint: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The string metadata of ``mds.safetensors``."""
+    return {"schema": MDS_SCHEMA, "method": mds.method, **(extra or {}), "fingerprint": fingerprint}
+
+
+def write_mds(
+    path: str | os.PathLike,
+    positions: np.ndarray,
+    mds: MDSResult,
+    /,
+    *,
+    fingerprint: str,
+    residuals: bool = False,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """Write ``mds.safetensors`` atomically: ``positions`` (m,) as int64, the MDS
+    ``eigenvalues`` (k,) and ``encoding`` (m, k), and with ``residuals`` the solver's
+    residuals (k,); metadata ``schema``, ``method``, ``fingerprint`` plus ``metadata``."""
+    tensors = {
+        "positions": np.asarray(positions).astype("int64"),
+        "eigenvalues": np.ascontiguousarray(mds.eigenvalues),
+        "encoding": np.ascontiguousarray(mds.encoding),
+    }
+    if residuals:
+        tensors["residuals"] = np.ascontiguousarray(mds.residuals)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=_mds_metadata(mds, fingerprint, metadata))
+    return Path(path)
+
+
+def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: str | os.PathLike) -> RunData:
+    """The run an analysis makes, in memory: its ``report`` (as written to ``folder``), MDS
+    coordinates, counts and plug-in distances (None above the exact limit)."""
+    return RunData(
+        directory=Path(folder),
+        report=report,
+        positions=np.asarray(analysis.positions).astype(np.int64),
+        eigenvalues=np.asarray(analysis.mds.eigenvalues, dtype=np.float64),
+        encoding=np.asarray(analysis.mds.encoding, dtype=np.float64),
+        mds_metadata=_mds_metadata(analysis.mds, analysis.counts.fingerprint),
+        files=Path(folder),
+        distances=analysis.plugin_distances,
+        counts=analysis.counts,
+    )
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        msg = f"{path}: not readable JSON ({exc})"
+        raise InputError(msg) from exc
+
+
+def _read_mds(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """(metadata, {positions, eigenvalues, encoding}) of an ``mds.safetensors``."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in ("positions", "eigenvalues", "encoding")}
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
+        msg = f"{path}: not a readable MDS file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        raise InputError(msg) from exc
+    return meta, tensors
+
+
+def load_run(run_dir: str | os.PathLike, /) -> RunData:
+    """Load ``report.json`` and ``mds.safetensors`` of a run folder.
+
+    Raises:
+        InputError: no such folder, or one without a readable report / MDS file.
+    """
+    d = Path(run_dir)
+    if not d.is_dir():
+        msg = f"{d}: no such run folder"
+        raise InputError(msg)
+    files = published_dir(d)
+    report_path, mds_path = files / REPORT_FILE, files / MDS_FILE
+    for p in (report_path, mds_path):
+        if not p.is_file():
+            msg = f"{d}: no {p.name} in this folder (run 'posstats run' or 'posstats analyze' first)"
+            raise InputError(msg)
+    report = _read_report(report_path)
+    meta, tensors = _read_mds(mds_path)
+    positions = tensors["positions"].astype(np.int64).reshape(-1)
+    encoding = tensors["encoding"].astype(np.float64)
+    if encoding.ndim != 2 or encoding.shape[0] != positions.shape[0]:
+        msg = f"{mds_path}: encoding shape {encoding.shape} does not match {positions.shape[0]} positions"
+        raise InputError(msg)
+    return RunData(d, report, positions, tensors["eigenvalues"].astype(np.float64).reshape(-1), encoding, meta, files)
+
+
+def _run_counts(run: RunData) -> PositionalCounts:
+    """The run's counts: those held, else its counts file, checked to be the analysed corpus."""
+    if run.counts is not None:
+        return run.counts
+    path = run.counts_path()
+    counts = load_counts(path)
+    expected = run.mds_metadata.get("fingerprint") or (run.report.get("corpus") or {}).get("fingerprint")
+    if expected and counts.fingerprint and counts.fingerprint != expected:
+        msg = (
+            f"{path}: counts fingerprint {counts.fingerprint[:16]} is not the analysed corpus' "
+            f"{expected[:16]} (the counts changed after the analysis; re-run 'posstats analyze')"
+        )
+        raise InputError(msg)
+    if run.positions.size and int(run.positions.max()) >= counts.positions:
+        msg = f"{path}: has {counts.positions} positions but the run used position {int(run.positions.max())}"
+        raise InputError(msg)
+    return counts
+
+
+def _geometry_rows(counts: PositionalCounts, report: dict[str, Any], positions: np.ndarray) -> Any:
+    """The counts rows of used ``positions`` as the analysis saw them: with buckets
+    (``config.buckets``), the pooled counts of the buckets whose midpoints they are."""
+    buckets = parse_buckets((report.get("config") or {}).get("buckets"), counts.positions)
+    if buckets is None:
+        return counts.rows(positions)
+    return bucket_counts(counts, buckets).rows(buckets.bucket_of(positions))
+
+
+def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Plug-in Hellinger distances d_H between the run's used positions.
+
+    Sliced from ``run.distances`` when held, else ``sqrt(hellinger_sq(rows))`` of the
+    counts' rows (:func:`posstats.geometry.hellinger.hellinger_sq`).
+
+    Args:
+        run: from :func:`load_run` or :func:`run_from_analysis`.
+        max_positions: above this many used positions, an even subsample of them.
+
+    Returns:
+        ``(idx, D)``: indices into ``run.positions`` (all of them, or the subsample) and the
+        (len(idx), len(idx)) float64 d_H between those positions.
+
+    Raises:
+        InputError: the counts are missing or are not the ones the run analysed.
+    """
+    m = run.positions.shape[0]
+    idx = np.arange(m) if max_positions is None else even_subsample(m, max_positions)
+    if run.distances is not None:
+        return idx, run.distances if idx.size == m else run.distances[np.ix_(idx, idx)]
+    counts = _run_counts(run)
+    d2 = hellinger_sq(sparse_rows(_geometry_rows(counts, run.report, run.positions[idx])))
+    return idx, np.sqrt(np.asarray(d2, dtype=np.float64))
+
+
+def with_distances(run: RunData, /) -> RunData:
+    """``run`` holding the (m, m) d_H of all its used positions, computed once here (when
+    not held already) for every consumer after it."""
+    if run.distances is not None:
+        return run
+    return dataclasses.replace(run, distances=run_distances(run)[1])
+
+
+def sparse_rows(rows: Any, /) -> Any:
+    """``rows`` as a scipy CSR array when dense and under 10 % filled (token counts of a
+    position usually are), which makes the Gram product of :func:`hellinger_sq` cost
+    O(nnz) instead of O(n V); otherwise ``rows`` unchanged."""
+    if sp.issparse(rows) or rows.size == 0 or np.count_nonzero(rows) > 0.1 * rows.size:
+        return rows
+    return sp.csr_array(rows)
