@@ -50,6 +50,7 @@ after it starts).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import datetime as _dt
@@ -69,21 +70,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
+import posstats
 from jobs.connect import connect_ray
+from jobs.count import JobOptions, count_job, refresh_job, store_config
 from posstats.analysis import analyze
 from posstats.corpus.inputs import count_inputs
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts, write_json_atomic
+from posstats.errors import InputError, PosstatsError
 from posstats.flags import add_pipeline_args, config_from_args
 from posstats.guard import run_guarded
-from posstats.errors import InputError, PosstatsError
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
 from posstats.reports.html import render_html_report
 from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
-from posstats.service.shard_store import RunStore
+from posstats.service.shard_store import RunStore, config_key
 
 __all__ = [
     "build_parser",
@@ -248,8 +253,6 @@ def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_mat
     """Download the objects a remote path or glob names into the work folder (only those
     that changed); return [(local path, URL)]."""
     try:
-        import fsspec
-
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options))
     except ImportError as exc:
         msg = f"{url}: reading this URL needs an fsspec backend that is not installed ({exc})"
@@ -305,8 +308,6 @@ def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_mat
 
 
 def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
-    from jobs.count import JobOptions, count_job, refresh_job, store_config
-    from posstats.service.shard_store import RunStore, config_key
 
     cfg = run.cfg
     i = cfg.values["input"]
@@ -770,7 +771,6 @@ def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str =
     Returns:
         {"job_id", "run_id", "entrypoint", "runtime_env"}.
     """
-    import posstats
 
     validate_run_id(run_id)
     if code not in ("ship", "installed"):
@@ -833,7 +833,6 @@ def job_logs(address: str, job_id: str, /, *, token: str | None = None, follow: 
              write: Callable[[str], None] | None = None) -> str:
     """Write the job's logs (all of them; with ``follow``, as they come until the job ends);
     return the job's final (or current) status."""
-    import asyncio
 
     write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     client = _client(address, token=token)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tqdm.auto import tqdm
+
 __all__ = ["progress"]
 
 
@@ -14,7 +16,6 @@ def progress(
 
     ``unit_scale`` abbreviates large counts (1.2M tok); turn it off for small whole units.
     """
-    from tqdm.auto import tqdm
 
     disable = None if enabled is None else not enabled
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, disable=disable, leave=False, dynamic_ncols=True)

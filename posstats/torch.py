@@ -29,9 +29,11 @@ import numpy as np
 try:
     import torch
     from torch import nn
-except ImportError as exc:  # pragma: no cover - exercised only without torch
+except ImportError as exc:  # torch is an optional extra
     msg = "posstats.torch needs PyTorch (pip install torch)"
     raise ImportError(msg) from exc
+
+from safetensors import safe_open
 
 from posstats.errors import InputError
 from posstats.reports.export import FACTOR_KEYS, LAYOUT_KEYS
@@ -55,8 +57,6 @@ def read_export(path: str | os.PathLike, /) -> tuple[dict[str, torch.Tensor], di
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
-            from safetensors import safe_open
-
             with safe_open(str(path), framework="pt") as f:
                 return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
         if suffix == ".npy":

@@ -17,10 +17,12 @@ import pytest
 import scipy.sparse as sp
 from mounts import mounted
 
+import posstats.analysis
+import posstats.memory
 from posstats.cli import main
-from posstats.guard import run_guarded
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.io import load_counts, save_counts
+from posstats.guard import run_guarded
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = str(REPO / "data/tokenizers/bert-base-uncased.tokenizer.json")
@@ -172,7 +174,8 @@ def test_memory_error_past_the_estimate_is_one_line(ids_file, tmp_path, capsys, 
     # without the estimate, numpy's own MemoryError: still one line with the flags to change.
     # 2 x 10**16 float64 is more than any address space, so it fails at once whatever the
     # kernel's overcommit policy (nothing is ever touched).
-    monkeypatch.setattr("posstats.memory.require_memory", lambda *a, **k: None)
+    for module in (posstats.memory, posstats.analysis):  # and where it was imported by name
+        monkeypatch.setattr(module, "require_memory", lambda *a, **k: None)
     out = tmp_path / "out"
     line = one_line_error(capsys, main(run_args(ids_file, out)[:-6] + ["--dims", str(10**16), "--out", str(out)]))
     assert line.startswith("posstats: error: out of memory (Unable to allocate"), line

@@ -42,6 +42,8 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.stats import spearmanr
 
 from posstats.errors import PosstatsError
 
@@ -346,7 +348,6 @@ def fit_residual(measured: Any, depth: int, /) -> float:
     Returns:
         the fitted a.
     """
-    from scipy.optimize import minimize_scalar
 
     m = np.asarray(measured, dtype=np.float64)
     if m.ndim != 1 or m.size < 2:
@@ -420,7 +421,6 @@ def compare_with_theory(measured: Any, depth: int, /, *, residual: float | None 
         every a in (0, 1) the theory profile decreases over j = 1..L-1 and spikes at L, so
         only the rank of the last position moves.
     """
-    from scipy.stats import spearmanr
 
     m = np.asarray(measured, dtype=np.float64)
     fitted = fit_residual(m, depth)

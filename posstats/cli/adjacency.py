@@ -20,8 +20,8 @@ from posstats.baselines.adjacency import (
 from posstats.baselines.random_transformer import RandomTransformer, TransformerConfig, set_torch_threads
 from posstats.corpus.readers import read_token_batches, resolve_inputs
 from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, vocab_size
-from posstats.counting.io import write_json_atomic
 from posstats.counting.counts import first_id_outside
+from posstats.counting.io import write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding
 from posstats.memory import require_memory, transformer_bytes

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import spearmanr
 
+from posstats.baselines.influence import (
+    compare_with_theory,
+    influence_density,
+    influence_profile,
+    influence_weighted_distinctiveness,
+    mean_distance_to_others,
+    plot_influence,
+)
+from posstats.counting.io import load_counts, write_json_atomic
 from posstats.errors import InputError, PosstatsError
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.memory import require_memory, transformer_bytes
+from posstats.runs.publish import staged_output
 
 HELP = "influence of each input position on the last one at initialisation (Cesaro baseline)"
 DESCRIPTION = """\
@@ -98,7 +112,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.baselines.influence import compare_with_theory, influence_profile, influence_weighted_distinctiveness
 
     distinct, corpus_note = None, None
     if args.counts and args.distinctiveness:
@@ -141,9 +154,6 @@ def run(args: argparse.Namespace) -> int:
 
     _print_summary(result, doc)
     if args.out:
-        from posstats.baselines.influence import plot_influence
-        from posstats.runs.publish import staged_output
-        from posstats.counting.io import write_json_atomic
 
         with staged_output(args.out, last=("influence.json",)) as stage:
             fig = plot_influence(result, measured=measured or None)
@@ -154,7 +164,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile_section(result: Any, max_points: int) -> dict[str, Any]:
-    from posstats.baselines.influence import influence_density
 
     d = result.to_dict(max_points=max_points)
     positions = np.asarray(d["positions"])
@@ -192,7 +201,6 @@ def _measure(args: argparse.Namespace, length: int, compare: Any) -> tuple[dict[
         raise PosstatsError(str(exc)) from None
     except ValueError as exc:
         raise PosstatsError(f"bad model config: {exc}") from None
-    from posstats.memory import require_memory, transformer_bytes
 
     need, what, hint = transformer_bytes(layers=cfg.layers, dim=cfg.dim, vocab_size=cfg.vocab_size,
                                          mlp_ratio=cfg.mlp_ratio, tokens=length, itemsize=8)
@@ -216,16 +224,12 @@ def _measure(args: argparse.Namespace, length: int, compare: Any) -> tuple[dict[
             "theory_at_fitted_residual": compare(prof, args.depth).to_dict(),
             "profile": prof.tolist(),
         }
-    from scipy.stats import spearmanr
 
     section["spearman_rope_vs_no_rope"] = float(spearmanr(profiles["no RoPE"], profiles["RoPE"]).statistic)
     return profiles, section
 
 
 def _distinctiveness_from_counts(path: str) -> tuple[np.ndarray, str]:
-    from posstats.geometry.hellinger import hellinger_sq
-    from posstats.baselines.influence import mean_distance_to_others
-    from posstats.counting.io import load_counts
 
     counts = load_counts(path)
     occupied = counts.occupied_positions()
@@ -240,7 +244,6 @@ def _distinctiveness_from_counts(path: str) -> tuple[np.ndarray, str]:
 
 
 def _read_numbers(path: str) -> np.ndarray:
-    import json
 
     p = Path(path)
     if not p.is_file():

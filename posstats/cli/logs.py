@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs.pipeline import job_logs
+from posstats.cli.status import storage_options
+from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
+from posstats.service.pipeline_store import Store, validate_run_id
 
 HELP = "logs of a submitted pipeline job (JOB_ID [--follow]), or of a scheduled run (--store --run-id)"
 DESCRIPTION = """\
@@ -22,7 +26,6 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.cli.submit import add_address_args
 
     p = sub.add_parser("logs", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job id printed by 'posstats submit'")
@@ -37,8 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.store:
-        from posstats.cli.status import storage_options
-        from posstats.service.pipeline_store import Store, validate_run_id
 
         if args.job_id:
             raise PosstatsError("give either JOB_ID or --store, not both")
@@ -53,10 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.job_id:
         raise PosstatsError("give a JOB_ID (printed by 'posstats submit') or --store PATH_OR_URL --run-id ID")
-    from posstats.cli.submit import resolve_address
 
     address, token = resolve_address(args)
-    from jobs.pipeline import job_logs  # imports ray lazily
 
     status = job_logs(address, args.job_id, token=token, follow=args.follow)
     if args.follow:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from jobs.count import refresh_to
+from posstats.flags import add_ray_args
+from posstats.ids import validate_run_id
+
 HELP = "recount only new or changed shards of a run store, subtract vanished ones (Ray)"
 DESCRIPTION = """\
 Update the counts of a run store made by 'posstats count --ray' after its inputs changed.
@@ -20,7 +24,6 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.flags import add_ray_args
 
     p = sub.add_parser("refresh", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", action="append", metavar="PATH_OR_GLOB",
@@ -41,11 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.ids import validate_run_id
 
     if args.run_id is not None:
         validate_run_id(args.run_id)  # it names files in the store: refuse '../x' before anything runs
-    from jobs.count import refresh_to  # imports ray lazily
 
     refresh_to(args)
     return 0

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 
 from posstats.errors import PosstatsError
+from posstats.flags import add_pipeline_args, config_from_args
+from posstats.service.pipeline_store import Store, validate_run_id
+from posstats.service.schedule import parse_schedule, run_schedule, tick_run_id
 
 HELP = "run the pipeline on a schedule (cron expression or interval), one run at a time, a log per run"
 DESCRIPTION = """\
@@ -38,7 +41,6 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.flags import add_pipeline_args
 
     p = sub.add_parser("schedule", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     when = p.add_mutually_exclusive_group()
@@ -74,9 +76,6 @@ def _stop(signum: int, _frame) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.flags import config_from_args
-    from posstats.service.schedule import parse_schedule, run_schedule, tick_run_id
-    from posstats.service.pipeline_store import Store, validate_run_id
 
     if args.run_id:
         raise PosstatsError("--run-id does not apply to a schedule (each tick gets sched-<time>; see --run-prefix)")

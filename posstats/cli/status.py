@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import time
 
+from jobs.pipeline import job_status
+from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
+from posstats.service.config import parse_value
+from posstats.service.locks import pipeline_lock_is_stale
+from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs
 
 HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
 DESCRIPTION = """\
@@ -32,7 +38,6 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.cli.submit import add_address_args
 
     p = sub.add_parser("status", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job id printed by 'posstats submit'")
@@ -49,7 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def storage_options(items: list[str]) -> dict:
     """``a.b=VALUE`` pairs into a nested dict (VALUE in TOML syntax, a bare word a string)."""
-    from posstats.service.config import parse_value
 
     out: dict = {}
     for item in items:
@@ -66,10 +70,7 @@ def storage_options(items: list[str]) -> dict:
 
 def store_status(url: str, *, options: dict | None = None, verify: bool = False) -> dict:
     """{store, latest, lock, runs: [...]} of a run store (pure posstats, no Ray)."""
-    import socket
 
-    from posstats.service.locks import pipeline_lock_is_stale
-    from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs
 
     store = Store(url, storage_options=options)
     lock, exists = store.read_lock()
@@ -89,7 +90,6 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
 
 
 def _print_store(doc: dict) -> int:
-    from posstats.service.pipeline_store import STAGES
 
     latest = doc["latest"]
     print(f"store {doc['store']}")
@@ -123,10 +123,8 @@ def run(args: argparse.Namespace) -> int:
         return _print_store(doc)
     if not args.job_id:
         raise PosstatsError("give a JOB_ID (printed by 'posstats submit') or --store PATH_OR_URL")
-    from posstats.cli.submit import resolve_address
 
     address, token = resolve_address(args)
-    from jobs.pipeline import job_status  # imports ray lazily
 
     wait = (args.timeout if args.timeout is not None else float("inf")) if args.wait else None
     st = job_status(address, args.job_id, token=token, wait=wait)

@@ -6,7 +6,10 @@ import argparse
 import json
 import os
 
+from jobs.pipeline import default_run_id, job_status, submit_job
 from posstats.errors import PosstatsError
+from posstats.flags import add_pipeline_args, config_from_args
+from posstats.service.config import dumps_toml, refuse_secrets
 
 HELP = "submit a pipeline run to a Ray cluster as a Ray job; prints the job id"
 DESCRIPTION = """\
@@ -83,7 +86,6 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from posstats.flags import add_pipeline_args
 
     p = sub.add_parser("submit", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_address_args(p)
@@ -100,20 +102,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.flags import config_from_args
-    from posstats.service.config import refuse_secrets
 
     env = _env_pairs(args.env)
     refuse_secrets(env=env)  # first: a credential never goes anywhere, whatever else is wrong
     cfg, run_id = config_from_args(args)
     if args.print_config:
-        from posstats.service.config import dumps_toml
 
         print(dumps_toml(cfg.to_dict()), end="")
         return 0
     refuse_secrets(cfg)
     address, token = resolve_address(args)
-    from jobs.pipeline import default_run_id, job_status, submit_job  # imports ray lazily
 
     run_id = run_id or default_run_id()
     sub = submit_job(address, cfg, run_id=run_id, code=args.code, env=env, token=token,

@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from posstats.corpus.readers import read_token_batches, resolve_inputs
+from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, fingerprint_of
 from posstats.errors import InputError
 from posstats.progress import progress
-from posstats.corpus.readers import read_token_batches, resolve_inputs
-from posstats.corpus.tokenizer import load_tokenizer
 
 __all__ = ["CorpusSource", "count_corpus", "file_fingerprint"]
 

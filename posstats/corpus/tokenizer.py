@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from posstats.errors import InputError, PosstatsError
 from posstats.corpus.tokens import TokenBatch
+from posstats.errors import InputError, PosstatsError
 
 __all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "special_token_ids", "tokenizer_hash", "vocab_size"]
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import PositionalCounts
 from posstats.errors import PosstatsError
 
 __all__ = ["BUCKET_SCHEMES", "Buckets", "bucket_counts", "fixed_buckets", "log_buckets", "parse_buckets"]

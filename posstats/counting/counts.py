@@ -18,8 +18,8 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.lib.stride_tricks import sliding_window_view
 
-from posstats.errors import InputError
 from posstats.corpus.tokens import TokenBatch
+from posstats.errors import InputError
 
 __all__ = [
     "MAX_POSITIONS",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_namespace", "get_cupy", "gpu_available", "to_numpy"]
+__all__ = ["array_namespace", "get_cupy", "get_cupy_sparse", "gpu_available", "to_numpy"]
 
 
 def _is_cupy_array(x: Any) -> bool:
@@ -39,6 +39,14 @@ def get_cupy() -> types.ModuleType:
         msg = "cupy is not installed; install the GPU extra: pip install 'posstats[gpu]'"
         raise ImportError(msg) from exc
     return cupy
+
+
+def get_cupy_sparse() -> types.ModuleType:
+    """Import and return ``cupyx.scipy.sparse`` (CSR matrices on the GPU)."""
+    get_cupy()  # the same message when cupy is missing
+    import cupyx.scipy.sparse
+
+    return cupyx.scipy.sparse
 
 
 @functools.cache

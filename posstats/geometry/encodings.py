@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
 
 from posstats.errors import InputError, PosstatsError
+from posstats.geometry.smacof import pair_weights, smacof
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -391,7 +393,6 @@ def mds_smacof(
         (matrix (n x dim) float64, details: classical_stress, stress, iterations,
         converged, seconds, rank, weights).
     """
-    from posstats.geometry.smacof import pair_weights, smacof
 
     dim = _dim(dim, "mds-smacof")
     r = dim if rank is None else int(rank)
@@ -436,7 +437,6 @@ def _mds_coordinates(mds_result: Any) -> np.ndarray:
 
 
 def _safetensors_keys(path: str) -> list[str]:
-    from safetensors import safe_open
 
     try:
         with safe_open(path, framework="numpy") as f:
@@ -448,7 +448,6 @@ def _safetensors_keys(path: str) -> list[str]:
 
 def _safetensors_tensor(path: str, key: str) -> np.ndarray:
     """One tensor of a safetensors file as a numpy array (bfloat16 widened to float32)."""
-    from safetensors import safe_open
 
     with safe_open(path, framework="numpy") as f:
         dtype = f.get_slice(key).get_dtype()

@@ -60,8 +60,9 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
+from threadpoolctl import threadpool_limits
 
-from posstats.geometry.backend import array_namespace, to_numpy
+from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
 __all__ = ["MDSResult", "Spectrum", "classical_mds", "spectrum_summary"]
@@ -484,13 +485,8 @@ def _single_blas_thread() -> contextlib.AbstractContextManager[Any]:
     costs more in synchronisation than it saves, badly so on a busy or many-core machine
     (measured on a busy 2-core machine: the n = 4096, k = 64 benchmark's Lanczos ran 2-4x
     faster with one thread). The
-    sparse products are single-threaded in scipy anyway. Without threadpoolctl this is a
-    no-op (set OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead).
+    sparse products are single-threaded in scipy anyway.
     """
-    try:
-        from threadpoolctl import threadpool_limits  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        return contextlib.nullcontext()
     return threadpool_limits(limits=1, user_api="blas")
 
 
@@ -662,7 +658,7 @@ class _SplitSqrt:
         if xp_ is np:
             self.dense, self.rest, self.mean, self.heavy = dense, rest, mean, heavy
         else:
-            import cupyx.scipy.sparse as csp  # noqa: PLC0415 - only with cupy
+            csp = get_cupy_sparse()
 
             self.dense = xp_.asarray(dense)
             self.rest = csp.csr_matrix(

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from posstats.geometry.backend import array_namespace, to_numpy
 from posstats.errors import InputError
+from posstats.geometry.backend import array_namespace, to_numpy
 
 __all__ = [
     "DENSE_SOLVER_LIMIT",

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np  # noqa: F401 - the doctests use it
 
-from posstats.geometry.backend import array_namespace
 from posstats.errors import InputError
+from posstats.geometry.backend import array_namespace
 
 __all__ = ["StressResult", "pairwise_distances", "stress_report"]
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from posstats.counting.io import atomic_path
+
 __all__ = [
     "Plot",
     "distance_heatmap_figure",
@@ -89,7 +91,6 @@ def png_bytes(plot: Plot, /) -> bytes:
 
 def save_png(plot: Plot, directory: str | os.PathLike, /) -> Path:
     """Write ``<directory>/<plot.name>.png`` atomically; return its path."""
-    from posstats.counting.io import atomic_path
 
     path = Path(directory) / f"{plot.name}.png"
     data = png_bytes(plot)

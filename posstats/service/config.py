@@ -43,7 +43,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posstats.analysis import AnalysisConfig
 from posstats.errors import PosstatsError
+from posstats.geometry.encodings import DEFAULT_ENCODINGS
+from posstats.ids import validate_run_id
+from posstats.service.pipeline_store import is_url
+from posstats.service.schedule import parse_cron, parse_interval, time_zone
 
 __all__ = [
     "SCHEMA",
@@ -130,7 +135,6 @@ def _nonempty(v: Any) -> str | None:
 
 
 def _every(v: Any) -> str | None:
-    from posstats.service.schedule import parse_interval
 
     try:
         parse_interval(v)
@@ -140,7 +144,6 @@ def _every(v: Any) -> str | None:
 
 
 def _cron(v: Any) -> str | None:
-    from posstats.service.schedule import parse_cron
 
     try:
         parse_cron(v)
@@ -150,7 +153,6 @@ def _cron(v: Any) -> str | None:
 
 
 def _timezone(v: Any) -> str | None:
-    from posstats.service.schedule import time_zone
 
     try:
         time_zone(v)
@@ -160,7 +162,6 @@ def _timezone(v: Any) -> str | None:
 
 
 def _default_encodings() -> tuple[str, ...]:
-    from posstats.geometry.encodings import DEFAULT_ENCODINGS
 
     return tuple(DEFAULT_ENCODINGS)
 
@@ -293,7 +294,6 @@ class PipelineConfig:
     def analysis_config(self) -> Any:
         """The :class:`posstats.analysis.AnalysisConfig` of ``[geometry]`` (validates the
         encodings and widths: unknown names, odd widths for sinusoidal/RoPE)."""
-        from posstats.analysis import AnalysisConfig
 
         g = self.values["geometry"]
         return AnalysisConfig(
@@ -312,7 +312,6 @@ class PipelineConfig:
 
     def work_dir(self) -> str:
         """The local work folder (see ``[store] work_dir``)."""
-        from posstats.service.pipeline_store import is_url
 
         s = self.values["store"]
         if s["work_dir"]:
@@ -467,7 +466,6 @@ def _suggest(name: str, options: Sequence[str]) -> str:
 
 
 def _resolve_path(value: str, base: str | None) -> str:
-    from posstats.service.pipeline_store import is_url
 
     if is_url(value) or base is None:
         return value
@@ -566,7 +564,6 @@ def parse_config(data: Mapping[str, Any], /, *, source: str | None = None, base_
         values[table] = section
     run_id = data.get("run_id")
     if run_id is not None:
-        from posstats.service.pipeline_store import validate_run_id
 
         if not isinstance(run_id, str):
             msg = f"{origin}run_id must be a string, got {run_id!r}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import calendar
 import datetime as _dt
 import re
+import time
 import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -334,7 +335,6 @@ def run_schedule(
     Returns:
         :class:`ScheduleStats` (runs, successes, failures, ticks skipped while running).
     """
-    import time
 
     sleep = sleep or time.sleep
     stats = ScheduleStats()

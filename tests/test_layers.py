@@ -1,0 +1,150 @@
+"""The architecture as the imports say it (issue #12): one-way layers, no cycles.
+
+Reads every module of ``posstats`` and ``jobs`` with :mod:`ast`, function-local imports
+included, so a dependency cannot hide inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Imported inside functions on purpose: optional extras (torch, cupy, s3fs), heavy and only
+# for some commands (matplotlib; datasets, whose import alone takes 0.7 s, for HF inputs),
+# or a cluster runtime the library must not need (ray).
+LAZY_ONLY = ("ray", "torch", "cupy", "cupyx", "matplotlib", "datasets", "s3fs")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in sorted([*(REPO / "posstats").rglob("*.py"), *(REPO / "jobs").rglob("*.py")]):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _resolve(target: str) -> str | None:
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _optional_guards(tree: ast.Module) -> set[int]:
+    """Ids of the import statements inside ``try: ... except ImportError`` (or
+    ModuleNotFoundError): guards of optional dependencies, which may stay in functions."""
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+        ):
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return guarded
+
+
+def _imports(path: Path, *, skip_guarded: bool = False) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for each import of ``path``."""
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    guarded = _optional_guards(tree) if skip_guarded else set()
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [(n, id(node) in top) for n in names]
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, path in MODULES.items():
+        for name, _ in _imports(path):
+            target = _resolve(name) if name.split(".")[0] in ("posstats", "jobs") else None
+            if target and target != module and not module.startswith(target + "."):
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_among_posstats_and_jobs():
+    assert _cycles(_graph()) == []
+
+
+def test_imports_point_one_way():
+    graph = _graph()
+    wrong = [(m, t) for m, ts in graph.items() for t in ts
+             if (m.startswith("jobs") and t.startswith("posstats.cli"))
+             or (m.startswith("posstats") and not m.startswith("posstats.cli")
+                 and (t.startswith("jobs") or t.startswith("posstats.cli")))]
+    assert wrong == []
+
+
+def test_the_library_never_imports_ray_at_module_level_or_at_all():
+    ray_users = [m for m, p in MODULES.items()
+                 if m.startswith("posstats") and any(n.split(".")[0] == "ray" for n, _ in _imports(p))]
+    assert ray_users == []
+
+
+def test_cupy_only_through_the_backend():
+    users = [m for m, p in MODULES.items() if m != "posstats.geometry.backend"
+             and any(n.split(".")[0] in ("cupy", "cupyx") for n, _ in _imports(p))]
+    assert users == []
+
+
+def test_at_most_twelve_modules_directly_in_posstats():
+    top = [p.name for p in (REPO / "posstats").glob("*.py")]
+    assert len(top) <= 12, sorted(top)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_are_at_module_level(module):
+    """Except the lazy-only packages, optional-dependency guards and a module importing
+    itself (a Ray task referenced by name, also when the module runs as ``__main__``)."""
+    local = sorted({n for n, at_top in _imports(MODULES[module], skip_guarded=True)
+                    if not at_top and n.split(".")[0] not in LAZY_ONLY and _resolve(n) != module})
+    assert local == [], f"{module}: function-local imports {local}"
