@@ -137,6 +137,160 @@ def resample_counts(stacked: sp.csr_array, weights: np.ndarray, n: int, v: int) 
     return out
 
 
+def _checked_encodings(encodings: Mapping[str, Any] | None, m: int) -> dict[str, Any]:
+    """``encodings`` as a dict, each an int d or an (m, d) matrix (``ValueError`` otherwise)."""
+    encodings = dict(encodings or {})
+    for name, enc in encodings.items():
+        if not isinstance(enc, (int, np.integer)) and np.shape(enc)[0] != m:
+            msg = f"encoding {name!r} has {np.shape(enc)[0]} rows, not {m}"
+            raise ValueError(msg)
+    return encodings
+
+
+@dataclass(frozen=True)
+class _ReplicateOptions:
+    """What every replicate computes (the keywords of :func:`shard_bootstrap`)."""
+
+    k: int
+    rank_rtol: float
+    null_threshold: float | None
+    distance_limit: int
+    seed: int
+    encodings: dict[str, Any]
+
+    @property
+    def max_dim(self) -> int:
+        """The widest replicate MDS encoding asked for (an int d in ``encodings``), else 0."""
+        return max([int(e) for e in self.encodings.values() if isinstance(e, (int, np.integer))], default=0)
+
+
+@dataclass(frozen=True)
+class _Replicate:
+    """The statistics of one replicate (None / empty where not computed).
+
+    Attributes:
+        dropped: positions with zero occupancy in the replicate.
+        eigenvalues: (kk,) top MDS eigenvalues, descending (None with < 3 positions left).
+        rank: ``#{lambda > rank_rtol * lambda_1}`` (0 when ``lambda_1 <= 0``).
+        above_null: ``#{lambda > null_threshold}`` (None without a threshold).
+        mean_distance: mean off-diagonal ``d_H`` (None above ``distance_limit`` positions).
+        stress, scaled_stress: name -> raw / scaled stress of that encoding.
+    """
+
+    dropped: int
+    eigenvalues: np.ndarray | None = None
+    rank: int = 0
+    above_null: int | None = None
+    mean_distance: float | None = None
+    stress: dict[str, float] = field(default_factory=dict)
+    scaled_stress: dict[str, float] = field(default_factory=dict)
+
+
+def _spectrum_counts(lam: np.ndarray, opts: _ReplicateOptions) -> tuple[int, int | None]:
+    """``(rank, above_null)`` of eigenvalues ``lam`` (descending): the numerical rank
+    ``#{lambda > rank_rtol * lambda_1}`` (0 when ``lambda_1 <= 0``) and
+    ``#{lambda > null_threshold}`` (None without a threshold).
+
+    >>> _spectrum_counts(np.array([4.0, 1.0, 0.0]), _ReplicateOptions(2, 0.1, 0.5, 10, 0, {}))
+    (2, 2)
+    """
+    rank = int(np.count_nonzero(lam > opts.rank_rtol * lam[0])) if lam[0] > 0 else 0
+    above = None if opts.null_threshold is None else int(np.count_nonzero(lam > opts.null_threshold))
+    return rank, above
+
+
+def _distance_stats(counts: sp.csr_array, encoding: np.ndarray, keep: np.ndarray,
+                    opts: _ReplicateOptions) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Mean off-diagonal ``d_H`` of the (m', V) replicate counts, and each encoding's raw
+    and scaled stress against those distances: an int d is the replicate's own MDS
+    ``encoding[:, :d]``, a matrix is restricted to the kept rows ``keep`` (m',)."""
+    d = np.sqrt(hellinger_sq(counts))
+    mean_d = float(d[~np.eye(keep.size, dtype=bool)].mean())
+    stress, scaled = {}, {}
+    for name, enc in opts.encodings.items():
+        p = encoding[:, : int(enc)] if isinstance(enc, (int, np.integer)) else np.asarray(enc)[keep]
+        r = stress_report(p, d)
+        stress[name], scaled[name] = r.stress, r.scaled_stress
+    return mean_d, stress, scaled
+
+
+def _replicate(counts: sp.csr_array, opts: _ReplicateOptions) -> _Replicate:
+    """The statistics of one replicate's (m, V) counts of the geometry rows.
+
+    Rows with zero occupancy are dropped; with fewer than 3 left, nothing else is
+    computed. MDS (dense up to 2048 rows, else Lanczos) keeps ``max(k, max_dim)``
+    eigenpairs; distances and stress only up to ``distance_limit`` rows.
+    """
+    m = int(counts.shape[0])
+    keep = np.flatnonzero(np.asarray(counts.sum(axis=1)).ravel() > 0)
+    if keep.size < 3:
+        return _Replicate(dropped=m - keep.size)
+    counts = counts[keep]
+    kk = min(max(opts.k, opts.max_dim), keep.size - 1)
+    method = "dense" if keep.size <= 2048 else "lanczos"
+    mds = classical_mds(counts, k=kk, method=method, seed=opts.seed)
+    lam = mds.eigenvalues
+    rank, above = _spectrum_counts(lam, opts)
+    if keep.size > opts.distance_limit:
+        return _Replicate(m - keep.size, lam, rank, above)
+    mean_d, stress, scaled = _distance_stats(counts, mds.encoding, keep, opts)
+    return _Replicate(m - keep.size, lam, rank, above, mean_d, stress, scaled)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Per-replicate statistics of B replicates (the arrays of :class:`BootstrapResult`),
+    filled row by row by :meth:`record`; NaN (0 for counts) where not computed."""
+
+    eigenvalues: np.ndarray
+    rank: np.ndarray
+    above_null: np.ndarray | None
+    mean_distance: np.ndarray
+    stress: dict[str, np.ndarray]
+    scaled_stress: dict[str, np.ndarray]
+    dropped: np.ndarray
+
+    @classmethod
+    def empty(cls, b: int, k: int, names: Mapping[str, Any], *, with_null: bool) -> _Table:
+        """B rows: eigenvalues (B, k) NaN, rank (B,) 0, above_null (B,) 0 or None,
+        mean_distance (B,) NaN, stress / scaled_stress name -> (B,) NaN, dropped (B,) 0."""
+        return cls(
+            np.full((b, k), np.nan),
+            np.zeros(b, dtype=np.int64),
+            np.zeros(b, dtype=np.int64) if with_null else None,
+            np.full(b, np.nan),
+            {name: np.full(b, np.nan) for name in names},
+            {name: np.full(b, np.nan) for name in names},
+            np.zeros(b, dtype=np.int64),
+        )
+
+    def record(self, b: int, rep: _Replicate) -> None:
+        """Row b from one replicate's statistics (the top k eigenvalues, NaN-padded)."""
+        self.dropped[b] = rep.dropped
+        if rep.eigenvalues is None:
+            return
+        k = int(self.eigenvalues.shape[1])
+        self.eigenvalues[b, : min(k, rep.eigenvalues.size)] = rep.eigenvalues[:k]
+        self.rank[b] = rep.rank
+        if self.above_null is not None:
+            self.above_null[b] = rep.above_null
+        if rep.mean_distance is None:
+            return
+        self.mean_distance[b] = rep.mean_distance
+        for name in self.stress:
+            self.stress[name][b] = rep.stress[name]
+            self.scaled_stress[name][b] = rep.scaled_stress[name]
+
+    def estimates(self) -> dict[str, Any]:
+        """Row 0 as the full-corpus estimates of :attr:`BootstrapResult.estimates`."""
+        return {
+            "eigenvalues": self.eigenvalues[0],
+            "mean_distance": float(self.mean_distance[0]),
+            "stress": {name: float(x[0]) for name, x in self.stress.items()},
+            "scaled_stress": {name: float(x[0]) for name, x in self.scaled_stress.items()},
+        }
+
+
 def shard_bootstrap(
     partials: Sequence[PositionalCounts],
     /,
@@ -174,58 +328,16 @@ def shard_bootstrap(
     full = resample_counts(stacked, np.ones(len(partials), dtype=np.int64), n, v)
     occ_full = np.asarray(full.sum(axis=1)).ravel()
     rows = np.flatnonzero(occ_full > 0) if positions is None else np.asarray(positions, dtype=np.int64)
-    m = rows.size
-    encodings = dict(encodings or {})
-    for name, enc in encodings.items():
-        if not isinstance(enc, (int, np.integer)) and np.shape(enc)[0] != m:
-            msg = f"encoding {name!r} has {np.shape(enc)[0]} rows, not {m}"
-            raise ValueError(msg)
-    rng = np.random.default_rng(seed)
+    encodings = _checked_encodings(encodings, rows.size)
+    opts = _ReplicateOptions(k, rank_rtol, null_threshold, distance_limit, seed, encodings)
     s_count = len(partials)
-    eig = np.full((replicates, k), np.nan)
-    rank = np.zeros(replicates, dtype=np.int64)
-    above = np.zeros(replicates, dtype=np.int64) if null_threshold is not None else None
-    mean_d = np.full(replicates, np.nan)
-    stress = {name: np.full(replicates, np.nan) for name in encodings}
-    scaled = {name: np.full(replicates, np.nan) for name in encodings}
-    dropped = np.zeros(replicates, dtype=np.int64)
-    max_dim = max([int(e) for e in encodings.values() if isinstance(e, (int, np.integer))], default=0)
-    def one(w: np.ndarray, b: int, eig: np.ndarray, rank: np.ndarray, above: Any, mean_d: np.ndarray,
-            stress: dict, scaled: dict, dropped: np.ndarray) -> None:
-        counts = resample_counts(stacked, w, n, v)[rows]
-        keep = np.flatnonzero(np.asarray(counts.sum(axis=1)).ravel() > 0)
-        dropped[b] = m - keep.size
-        if keep.size < 3:
-            return
-        counts = counts[keep]
-        kk = min(max(k, max_dim), keep.size - 1)
-        method = "dense" if keep.size <= 2048 else "lanczos"
-        mds = classical_mds(counts, k=kk, method=method, seed=seed)
-        lam = mds.eigenvalues
-        eig[b, : min(k, lam.size)] = lam[:k]
-        rank[b] = int(np.count_nonzero(lam > rank_rtol * lam[0])) if lam[0] > 0 else 0
-        if above is not None:
-            above[b] = int(np.count_nonzero(lam > null_threshold))
-        if keep.size <= distance_limit:
-            d = np.sqrt(hellinger_sq(counts))
-            mean_d[b] = float(d[~np.eye(keep.size, dtype=bool)].mean())
-            for name, enc in encodings.items():
-                p = mds.encoding[:, : int(enc)] if isinstance(enc, (int, np.integer)) else np.asarray(enc)[keep]
-                r = stress_report(p, d)
-                stress[name][b] = r.stress
-                scaled[name][b] = r.scaled_stress
-
-    f_eig, f_rank, f_mean = np.full((1, k), np.nan), np.zeros(1, dtype=np.int64), np.full(1, np.nan)
-    f_stress = {name: np.full(1, np.nan) for name in encodings}
-    f_scaled = {name: np.full(1, np.nan) for name in encodings}
-    one(np.ones(s_count, dtype=np.int64), 0, f_eig, f_rank, None, f_mean, f_stress, f_scaled, np.zeros(1, dtype=np.int64))
+    full_table = _Table.empty(1, k, encodings, with_null=False)
+    full_table.record(0, _replicate(full[rows], opts))
+    table = _Table.empty(replicates, k, encodings, with_null=null_threshold is not None)
+    rng = np.random.default_rng(seed)
     for b in range(replicates):
         w = rng.multinomial(s_count, np.full(s_count, 1.0 / s_count))
-        one(w, b, eig, rank, above, mean_d, stress, scaled, dropped)
-    estimates = {
-        "eigenvalues": f_eig[0],
-        "mean_distance": float(f_mean[0]),
-        "stress": {name: float(x[0]) for name, x in f_stress.items()},
-        "scaled_stress": {name: float(x[0]) for name, x in f_scaled.items()},
-    }
-    return BootstrapResult(replicates, s_count, eig, rank, above, mean_d, stress, scaled, dropped, estimates)
+        table.record(b, _replicate(resample_counts(stacked, w, n, v)[rows], opts))
+    return BootstrapResult(replicates, s_count, table.eigenvalues, table.rank, table.above_null,
+                           table.mean_distance, table.stress, table.scaled_stress, table.dropped,
+                           full_table.estimates())

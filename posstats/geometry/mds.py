@@ -559,6 +559,134 @@ _SPLIT_DENSE_BYTES = 1 << 31
 _SPLIT_CHUNK_NNZ = 1 << 23  # stored entries handled at a time while splitting
 
 
+def _canonical_counts(counts: Any) -> Any:
+    """Sparse counts (n x V) as CSR in canonical format (sorted, no duplicate entries)."""
+    c = counts if isinstance(counts, (sp.csr_array, sp.csr_matrix)) else sp.csr_array(counts)
+    if not c.has_canonical_format:
+        c = sp.csr_array(c, copy=True)
+        c.sum_duplicates()
+    return c
+
+
+def _check_count_values(c: Any) -> None:
+    """Refuse a non-numeric dtype (``TypeError``) or a negative / non-finite entry
+    (``ValueError``) among the stored entries of the CSR counts ``c``."""
+    if c.dtype.kind not in "buif":
+        msg = f"counts must be a real numeric array; got dtype {c.dtype}"
+        raise TypeError(msg)
+    data = c.data
+    if data.size and (data.min() < 0 or not np.all(np.isfinite(data))):
+        msg = "counts must be finite and non-negative"
+        raise ValueError(msg)
+
+
+def _heavy_columns(per_col: np.ndarray, n: int) -> np.ndarray:
+    """Sorted indices of the columns that go to the dense block: those stored in at least
+    ``_SPLIT_DENSITY * n`` rows, densest first, at most ``_SPLIT_DENSE_BYTES / (8 n)``.
+
+    ``per_col``: (V,) int, stored entries per column. Returns (h,) int64, ascending.
+
+    >>> _heavy_columns(np.array([5, 0, 1, 5]), 10).tolist()
+    [0, 2, 3]
+    """
+    order = np.argsort(per_col, kind="stable")[::-1]
+    cap = max(0, _SPLIT_DENSE_BYTES // (8 * max(n, 1)))
+    return np.sort(order[: min(cap, int(np.count_nonzero(per_col >= _SPLIT_DENSITY * n)))])
+
+
+@dataclass(frozen=True)
+class _SplitParts:
+    """``S = sqrt(C / occ)`` (n x V) split by column, as host arrays.
+
+    Attributes:
+        dense: (n, h) float64, S's heavy columns (in ascending column order).
+        light_data, light_indices, light_indptr: CSR parts of the rest of S, (nnz_l,)
+            float64, (nnz_l,) int32 (int64 when V >= 2^31), (n + 1,) int64; the heavy
+            columns' entries are left out.
+        col_sum: (V,) float64, ``sum_i S_iv``.
+        occupancy: (n,) float64, ``occ_i = sum_v C_iv`` (exact for integer counts).
+    """
+
+    dense: np.ndarray
+    light_data: np.ndarray
+    light_indices: np.ndarray
+    light_indptr: np.ndarray
+    col_sum: np.ndarray
+    occupancy: np.ndarray
+
+
+def _chunk_occupancy(vals: np.ndarray, indptr: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Row sums ``occ_i = sum_v C_iv`` (hi - lo,) float64 of rows lo..hi-1, whose stored
+    values are ``vals`` (from ``indptr[lo]``); exact integer sums for integer counts.
+    Raises ``ValueError`` for an empty row."""
+    a = int(indptr[lo])
+    csum = np.concatenate([[0], np.cumsum(vals, dtype=np.int64 if vals.dtype.kind in "biu" else np.float64)])
+    occ_chunk = (csum[indptr[lo + 1 : hi + 1] - a] - csum[indptr[lo:hi] - a]).astype(np.float64)
+    if np.any(occ_chunk == 0):
+        empty = np.flatnonzero(occ_chunk == 0)[:5] + lo
+        msg = f"row(s) with zero occupancy (first: {empty.tolist()}); remove unoccupied positions before computing distances"
+        raise ValueError(msg)
+    return occ_chunk
+
+
+def _split_rows(c: Any, heavy: np.ndarray, per_col: np.ndarray) -> _SplitParts:
+    """``S_iv = sqrt(C_iv / occ_i)`` of the CSR counts ``c`` (n x V), split into the
+    ``heavy`` columns (dense) and the rest (CSR), in row chunks of about
+    ``_SPLIT_CHUNK_NNZ`` stored entries (S is never held whole)."""
+    n, v = (int(x) for x in c.shape)
+    data, indices, indptr = c.data, c.indices, c.indptr
+    lengths = np.diff(indptr)
+    col_map = np.full(v, -1, dtype=np.int64)
+    col_map[heavy] = np.arange(heavy.size)
+    dense = np.zeros((n, heavy.size), dtype=np.float64)
+    light_per_row = np.zeros(n, dtype=np.int64)
+    nnz_light = int(data.size - per_col[heavy].sum())
+    ldata = np.empty(nnz_light, dtype=np.float64)
+    lind = np.empty(nnz_light, dtype=np.int32 if v < 2**31 else np.int64)
+    col_sum = np.zeros(v, dtype=np.float64)
+    occ = np.zeros(n, dtype=np.float64)
+    pos = 0
+    rows_per_chunk = max(1, int(_SPLIT_CHUNK_NNZ // max(1, data.size // max(n, 1))))
+    for lo in range(0, n, rows_per_chunk):
+        hi = min(n, lo + rows_per_chunk)
+        a, b = int(indptr[lo]), int(indptr[hi])
+        rows = np.repeat(np.arange(lo, hi), lengths[lo:hi])
+        vals = data[a:b]
+        occ_chunk = _chunk_occupancy(vals, indptr, lo, hi)
+        occ[lo:hi] = occ_chunk
+        s = np.sqrt(vals.astype(np.float64) / occ_chunk[rows - lo])
+        cols = indices[a:b]
+        hm = col_map[cols]
+        is_h = hm >= 0
+        dense[rows[is_h], hm[is_h]] = s[is_h]
+        keep = ~is_h
+        cnt = int(np.count_nonzero(keep))
+        ldata[pos : pos + cnt] = s[keep]
+        lind[pos : pos + cnt] = cols[keep]
+        pos += cnt
+        light_per_row[lo:hi] = np.bincount(rows[keep] - lo, minlength=hi - lo)
+        col_sum += np.bincount(cols, weights=s, minlength=v)
+    lptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(light_per_row, out=lptr[1:])
+    return _SplitParts(dense, ldata, lind, lptr, col_sum, occ)
+
+
+def _centred_frobenius_sq(parts: _SplitParts, mean: np.ndarray, heavy: np.ndarray, per_col: np.ndarray) -> float:
+    """``||S_c||_F^2 = sum_iv (S_iv - m_v)^2`` by the two-pass column variance: the stored
+    entries' ``(s - m_v)^2`` plus ``m_v^2`` per implicit zero of a light column
+    (``n - per_col[v]`` of them), with no cancellation against ``|S|_F^2 = n``."""
+    n = int(parts.dense.shape[0])
+    ldata, lind = parts.light_data, parts.light_indices
+    dev_sq = float(np.sum((parts.dense - mean[heavy][None, :]) ** 2)) if heavy.size else 0.0
+    for a in range(0, int(ldata.size), _SPLIT_CHUNK_NNZ):
+        dv = ldata[a : a + _SPLIT_CHUNK_NNZ] - mean[lind[a : a + _SPLIT_CHUNK_NNZ]]
+        dev_sq += float(np.dot(dv, dv))
+    light_cols = np.ones(mean.shape[0], dtype=bool)
+    light_cols[heavy] = False
+    dev_sq += float(np.sum(((n - per_col) * mean**2)[light_cols]))
+    return dev_sq
+
+
 class _SplitSqrt:
     """The implicit ``S_c = S - 1 m^T`` (n x V) as a dense block of S's densest columns plus
     a CSR matrix of the rest, with blocked products ``S_c X`` and ``S_c^T Y``.
@@ -570,104 +698,55 @@ class _SplitSqrt:
 
     def __init__(self, counts: Any, *, xp: types.ModuleType | None = None) -> None:
         if not sp.issparse(counts):
-            s = sqrt_distributions(counts)
-            self.xp = array_namespace(s) if xp is None else xp
-            s = self.xp.asarray(s)
-            self.shape = tuple(int(x) for x in s.shape)
-            self.mean = s.mean(axis=0)
-            self.dense = s - self.mean[None, :]
-            self.heavy = None
-            self.rest = None
-            self._total = float(self.xp.sum(self.dense * self.dense))
-            self.mean = self.xp.zeros_like(self.mean)  # already centred
+            self._init_dense(counts, xp)
             return
         self.xp = np if xp is None else xp
-        c = counts if isinstance(counts, (sp.csr_array, sp.csr_matrix)) else sp.csr_array(counts)
-        if not c.has_canonical_format:
-            c = sp.csr_array(c, copy=True)
-            c.sum_duplicates()
+        c = _canonical_counts(counts)
         n, v = (int(x) for x in c.shape)
         self.shape = (n, v)
-        if c.dtype.kind not in "buif":
-            msg = f"counts must be a real numeric array; got dtype {c.dtype}"
-            raise TypeError(msg)
-        data, indices, indptr = c.data, c.indices, c.indptr
-        lengths = np.diff(indptr)
-        if data.size and (data.min() < 0 or not np.all(np.isfinite(data))):
-            msg = "counts must be finite and non-negative"
-            raise ValueError(msg)
-        per_col = np.bincount(indices, minlength=v)
-        order = np.argsort(per_col, kind="stable")[::-1]
-        cap = max(0, _SPLIT_DENSE_BYTES // (8 * max(n, 1)))
-        heavy = np.sort(order[: min(cap, int(np.count_nonzero(per_col >= _SPLIT_DENSITY * n)))])
-        col_map = np.full(v, -1, dtype=np.int64)
-        col_map[heavy] = np.arange(heavy.size)
-        dense = np.zeros((n, heavy.size), dtype=np.float64)
-        light_per_row = np.zeros(n, dtype=np.int64)
-        nnz_light = int(data.size - per_col[heavy].sum())
-        ldata = np.empty(nnz_light, dtype=np.float64)
-        lind = np.empty(nnz_light, dtype=np.int32 if v < 2**31 else np.int64)
-        col_sum = np.zeros(v, dtype=np.float64)
-        occ = np.zeros(n, dtype=np.float64)
-        pos = 0
-        rows_per_chunk = max(1, int(_SPLIT_CHUNK_NNZ // max(1, data.size // max(n, 1))))
-        for lo in range(0, n, rows_per_chunk):
-            hi = min(n, lo + rows_per_chunk)
-            a, b = int(indptr[lo]), int(indptr[hi])
-            ln = lengths[lo:hi]
-            rows = np.repeat(np.arange(lo, hi), ln)
-            vals = data[a:b]
-            # Exact integer row sums where the counts are integers.
-            csum = np.concatenate([[0], np.cumsum(vals, dtype=np.int64 if vals.dtype.kind in "biu" else np.float64)])
-            occ_chunk = (csum[indptr[lo + 1 : hi + 1] - a] - csum[indptr[lo:hi] - a]).astype(np.float64)
-            occ[lo:hi] = occ_chunk
-            if np.any(occ_chunk == 0):
-                empty = np.flatnonzero(occ_chunk == 0)[:5] + lo
-                msg = f"row(s) with zero occupancy (first: {empty.tolist()}); remove unoccupied positions before computing distances"
-                raise ValueError(msg)
-            s = np.sqrt(vals.astype(np.float64) / occ_chunk[rows - lo])
-            cols = indices[a:b]
-            hm = col_map[cols]
-            is_h = hm >= 0
-            dense[rows[is_h], hm[is_h]] = s[is_h]
-            keep = ~is_h
-            cnt = int(np.count_nonzero(keep))
-            ldata[pos : pos + cnt] = s[keep]
-            lind[pos : pos + cnt] = cols[keep]
-            pos += cnt
-            light_per_row[lo:hi] = np.bincount(rows[keep] - lo, minlength=hi - lo)
-            col_sum += np.bincount(cols, weights=s, minlength=v)
-        lptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(light_per_row, out=lptr[1:])
-        mean = col_sum / n
-        # ||S_c||_F^2 by the two-pass column variance: stored (s - m)^2 plus m_v^2 per
-        # implicit zero (no cancellation against |S|^2 = n).
-        dev_sq = float(np.sum((dense - mean[heavy][None, :]) ** 2)) if heavy.size else 0.0
-        for a in range(0, nnz_light, _SPLIT_CHUNK_NNZ):
-            dv = ldata[a : a + _SPLIT_CHUNK_NNZ] - mean[lind[a : a + _SPLIT_CHUNK_NNZ]]
-            dev_sq += float(np.dot(dv, dv))
-        light_cols = np.ones(v, dtype=bool)
-        light_cols[heavy] = False
-        dev_sq += float(np.sum(((n - per_col) * mean**2)[light_cols]))
-        self._total = dev_sq
-        self.occupancy = occ
-        if nnz_light < 2**31 and lind.dtype == np.int32:
+        _check_count_values(c)
+        per_col = np.bincount(c.indices, minlength=v)
+        heavy = _heavy_columns(per_col, n)
+        parts = _split_rows(c, heavy, per_col)
+        mean = parts.col_sum / n
+        self._total = _centred_frobenius_sq(parts, mean, heavy, per_col)
+        self.occupancy = parts.occupancy
+        self._place(parts, mean, heavy)
+        self.heavy_columns = int(heavy.size)
+        self.light_nnz = int(parts.light_data.size)
+
+    def _init_dense(self, counts: Any, xp: types.ModuleType | None) -> None:
+        """A dense input: ``S_c`` held whole, centred explicitly (no cancellation)."""
+        s = sqrt_distributions(counts)
+        self.xp = array_namespace(s) if xp is None else xp
+        s = self.xp.asarray(s)
+        self.shape = tuple(int(x) for x in s.shape)
+        mean = s.mean(axis=0)
+        self.dense = s - mean[None, :]
+        self.heavy = None
+        self.rest = None
+        self._total = float(self.xp.sum(self.dense * self.dense))
+        self.mean = self.xp.zeros_like(mean)  # already centred
+
+    def _place(self, parts: _SplitParts, mean: np.ndarray, heavy: np.ndarray) -> None:
+        """The dense block, the CSR rest (n x V), the column means and the heavy column
+        indices, on the host (numpy) or the GPU (cupy, with int32 CSR indices)."""
+        n, v = self.shape
+        ldata, lind, lptr = parts.light_data, parts.light_indices, parts.light_indptr
+        if ldata.size < 2**31 and lind.dtype == np.int32:
             lptr = lptr.astype(np.int32)  # scipy would otherwise upcast the indices (a copy)
-        rest = sp.csr_array((ldata, lind, lptr), shape=(n, v))
         xp_ = self.xp
         if xp_ is np:
-            self.dense, self.rest, self.mean, self.heavy = dense, rest, mean, heavy
-        else:
-            csp = get_cupy_sparse()
-
-            self.dense = xp_.asarray(dense)
-            self.rest = csp.csr_matrix(
-                (xp_.asarray(ldata), xp_.asarray(lind.astype(np.int32)), xp_.asarray(lptr.astype(np.int32))), shape=(n, v)
-            )
-            self.mean = xp_.asarray(mean)
-            self.heavy = xp_.asarray(heavy)
-        self.heavy_columns = int(heavy.size)
-        self.light_nnz = nnz_light
+            self.dense, self.mean, self.heavy = parts.dense, mean, heavy
+            self.rest = sp.csr_array((ldata, lind, lptr), shape=(n, v))
+            return
+        csp = get_cupy_sparse()
+        self.dense = xp_.asarray(parts.dense)
+        self.rest = csp.csr_matrix(
+            (xp_.asarray(ldata), xp_.asarray(lind.astype(np.int32)), xp_.asarray(lptr.astype(np.int32))), shape=(n, v)
+        )
+        self.mean = xp_.asarray(mean)
+        self.heavy = xp_.asarray(heavy)
 
     def total_variance(self) -> float:
         """``trace(B) = ||S_c||_F^2``."""

@@ -408,6 +408,15 @@ def _denominator(xp, h, w, block: int) -> float:
     return float(den)
 
 
+def _positive_denominator(xp, h, w, block: int) -> float:
+    """:func:`_denominator`, refused (``InputError``) when it is not > 0: stress is then 0 / 0."""
+    den = _denominator(xp, h, w, block)
+    if den <= 0:
+        msg = "distances (times weights) are all zero off the diagonal; stress is undefined"
+        raise InputError(msg)
+    return den
+
+
 def smacof_stress(distances, config, /, *, weights=None, block: int = 2048, xp=None) -> float:
     """Weighted raw stress ``sum_{i<j} w (e - h)^2 / sum_{i<j} w h^2`` (THEORY eq. 4).
 
@@ -421,10 +430,7 @@ def smacof_stress(distances, config, /, *, weights=None, block: int = 2048, xp=N
         float. Equals the unweighted THEORY stress when ``weights`` is None.
     """
     xp, h, x, w = _prepare(distances, config, weights, xp, block)
-    den = _denominator(xp, h, w, block)
-    if den <= 0:
-        msg = "distances (times weights) are all zero off the diagonal; stress is undefined"
-        raise InputError(msg)
+    den = _positive_denominator(xp, h, w, block)
     num, _ = _pass(xp, h, x, w, block, want_bx=False)
     return float(num) / den
 
@@ -511,7 +517,112 @@ def _cg_vplus(xp, w, deg, diag_w, y, x0, *, tol: float, maxiter: int):
     return z - xp.mean(z, axis=0)
 
 
+def _resolve_solver(solver: str, *, weighted: bool, n: int) -> str:
+    """The ``V^+`` solver that :func:`smacof` runs: ``"guttman"``, ``"dense"`` or ``"cg"``.
+
+    Unweighted: ``"guttman"`` (``V^+ = H / n``), the only choice. Weighted: ``"dense"`` or
+    ``"cg"`` as asked; ``"auto"`` picks ``"dense"`` for ``n <= DENSE_SOLVER_LIMIT``.
+
+    >>> _resolve_solver("auto", weighted=True, n=10)
+    'dense'
+    """
+    if not weighted:
+        if solver not in ("auto", "guttman"):
+            msg = f"solver={solver!r} applies to weighted SMACOF only; use 'auto'"
+            raise ValueError(msg)
+        return "guttman"
+    if solver not in ("auto", "dense", "cg"):
+        msg = f"solver must be 'auto', 'dense' or 'cg'; got {solver!r}"
+        raise ValueError(msg)
+    if solver == "auto":
+        return "dense" if n <= DENSE_SOLVER_LIMIT else "cg"
+    return solver
+
+
+@dataclass(frozen=True)
+class _VPlus:
+    """How one Guttman transform applies ``V^+`` (see :func:`_apply_vplus`).
+
+    Attributes:
+        solver: ``"guttman"``, ``"dense"`` or ``"cg"``.
+        w: (n, n) weights (None for ``"guttman"``).
+        deg, diag_w: (n,) weighted degrees ``sum_{j != i} w_ij`` and ``diag(w)``
+            (``"dense"`` and ``"cg"``; None for ``"guttman"``).
+        inverse: (n, n) ``(V + c 1 1^T / n)^{-1}`` for ``"dense"``, else None.
+        cg_tol, cg_maxiter: the CG solver's relative residual and step cap.
+    """
+
+    solver: str
+    w: Any = None
+    deg: Any = None
+    diag_w: Any = None
+    inverse: Any = None
+    cg_tol: float = 1e-10
+    cg_maxiter: int = 500
+
+
+def _make_vplus(xp, w, solver: str, *, block: int, cg_tol: float, cg_maxiter: int) -> _VPlus:
+    """The parts of ``V = diag(W 1) - W`` that ``solver`` needs, checked once (O(n^2), or
+    O(n^3) for the dense inverse). Raises ``InputError`` for a disconnected weight graph."""
+    if solver == "guttman":
+        return _VPlus(solver)
+    deg, diag_w = _laplacian_parts(xp, w, block)
+    inverse = _dense_vplus(xp, w, deg, diag_w) if solver == "dense" else None
+    return _VPlus(solver, w, deg, diag_w, inverse, cg_tol, cg_maxiter)
+
+
+def _apply_vplus(xp, vplus: _VPlus, bx, x):
+    """The next configuration ``V^+ B(X) X`` (n, d), centred, from ``bx = B(X) X`` (n, d).
+
+    ``"guttman"``: ``bx / n``; ``"dense"``: ``inverse @ bx``; ``"cg"``: CG on ``V z = bx``
+    warm-started at ``x``.
+    """
+    if vplus.solver == "guttman":
+        x = bx / int(x.shape[0])
+    elif vplus.solver == "dense":
+        x = vplus.inverse @ bx
+    else:
+        x = _cg_vplus(xp, vplus.w, vplus.deg, vplus.diag_w, bx, x, tol=vplus.cg_tol, maxiter=vplus.cg_maxiter)
+    x -= xp.mean(x, axis=0)  # the update is centred in exact arithmetic; stop drift
+    return x
+
+
 # --------------------------------------------------------------------------- SMACOF
+
+
+def _has_converged(history: list[float], tol: float) -> bool:
+    """The stopping rule on stresses ``s_0, ..., s_k`` (k >= 1): ``s_k <= 1e-20``, or
+    ``s_{k-1} <= 0``, or relative decrease ``(s_{k-1} - s_k) / s_{k-1} < tol``.
+
+    >>> _has_converged([1.0, 0.9999999], 1e-6)
+    True
+    """
+    prev, s = history[-2], history[-1]
+    return s <= _STRESS_FLOOR or prev <= 0 or (prev - s) / prev < tol
+
+
+def _guttman_iterations(xp, h, x, w, vplus: _VPlus, *, den: float, block: int, max_iter: int, tol: float):
+    """Guttman transforms ``X <- V^+ B(X) X`` from ``x`` (n, d) until the stopping rule.
+
+    ``stress_k = sum_{i != j} w (e - h)^2 / den`` of every iterate, the last included.
+
+    Returns:
+        ``(x, history, k, converged)``: the last iterate (n, d), the stresses
+        ``[s_0, ..., s_k]``, the transforms run k, and whether the rule fired.
+    """
+    history: list[float] = []
+    k = 0
+    while True:
+        # Stress and B(X) X share one pass over the tiles; when this pass ends the run,
+        # its B(X) X is discarded (cheaper than a separate stress pass per iteration).
+        num, bx = _pass(xp, h, x, w, block, want_bx=k < max_iter)
+        history.append(float(num) / den)
+        if k >= 1 and _has_converged(history, tol):
+            return x, history, k, True
+        if k >= max_iter:
+            return x, history, k, False
+        x = _apply_vplus(xp, vplus, bx, x)
+        k += 1
 
 
 def smacof(
@@ -583,53 +694,12 @@ def smacof(
         msg = f"max_iter must be >= 0 and tol >= 0; got max_iter={max_iter!r}, tol={tol!r}"
         raise ValueError(msg)
     xp, h, x, w = _prepare(distances, init, weights, xp, block)
-    n = int(h.shape[0])
-    if w is None:
-        if solver not in ("auto", "guttman"):
-            msg = f"solver={solver!r} applies to weighted SMACOF only; use 'auto'"
-            raise ValueError(msg)
-        solver = "guttman"
-    else:
-        if solver not in ("auto", "dense", "cg"):
-            msg = f"solver must be 'auto', 'dense' or 'cg'; got {solver!r}"
-            raise ValueError(msg)
-        if solver == "auto":
-            solver = "dense" if n <= DENSE_SOLVER_LIMIT else "cg"
-    den = _denominator(xp, h, w, block)
-    if den <= 0:
-        msg = "distances (times weights) are all zero off the diagonal; stress is undefined"
-        raise InputError(msg)
-
-    vplus = None
-    if solver in ("dense", "cg"):
-        deg, diag_w = _laplacian_parts(xp, w, block)
-        if solver == "dense":
-            vplus = _dense_vplus(xp, w, deg, diag_w)
-
-    history: list[float] = []
-    converged = False
-    k = 0
-    while True:
-        # Stress and B(X) X share one pass over the tiles; when this pass ends the run,
-        # its B(X) X is discarded (cheaper than a separate stress pass per iteration).
-        num, bx = _pass(xp, h, x, w, block, want_bx=k < max_iter)
-        s = float(num) / den
-        history.append(s)
-        if k >= 1:
-            prev = history[-2]
-            if s <= _STRESS_FLOOR or prev <= 0 or (prev - s) / prev < tol:
-                converged = True
-                break
-        if k >= max_iter:
-            break
-        if solver == "guttman":
-            x = bx / n
-        elif solver == "dense":
-            x = vplus @ bx
-        else:
-            x = _cg_vplus(xp, w, deg, diag_w, bx, x, tol=cg_tol, maxiter=cg_maxiter)
-        x -= xp.mean(x, axis=0)  # the update is centred in exact arithmetic; stop drift
-        k += 1
+    solver = _resolve_solver(solver, weighted=w is not None, n=int(h.shape[0]))
+    den = _positive_denominator(xp, h, w, block)
+    vplus = _make_vplus(xp, w, solver, block=block, cg_tol=cg_tol, cg_maxiter=cg_maxiter)
+    x, history, k, converged = _guttman_iterations(
+        xp, h, x, w, vplus, den=den, block=block, max_iter=max_iter, tol=tol
+    )
     return SmacofResult(
         encoding=x,
         stress=history[-1],
@@ -736,6 +806,36 @@ def _fetch(xp, fn, i, j, name: str):
     return v
 
 
+@dataclass(frozen=True)
+class _PairSample:
+    """m sampled pairs with their distances: ``i``, ``j`` (m,) int on the device,
+    ``h`` (m,) float64 ``d_H(i, j)``, ``w`` (m,) float64 weights or None (w = 1)."""
+
+    i: Any
+    j: Any
+    h: Any
+    w: Any
+
+
+def _draw_pair_sample(xp, rng: np.random.Generator, n: int, m: int, dist_fn, weights_fn) -> _PairSample:
+    """m uniform pairs (:func:`_sample_pairs`), then ``dist_fn`` and ``weights_fn`` on them."""
+    i, j = _sample_pairs(xp, rng, n, m)
+    h = _fetch(xp, dist_fn, i, j, "dist_fn")
+    w = None if weights_fn is None else _fetch(xp, weights_fn, i, j, "weights_fn")
+    return _PairSample(i, j, h, w)
+
+
+def _sample_terms(xp, x, sample: _PairSample):
+    """Per-pair numerator and denominator terms ``(w (e - h)^2, w h^2)``, each (m,)."""
+    return _pair_terms(xp, x, sample.i, sample.j, sample.h, sample.w)
+
+
+def _monitored_stress(xp, x, sample: _PairSample) -> float:
+    """Sampled stress ``sum_k w_k (e_k - h_k)^2 / sum_k w_k h_k^2`` of x (n, d)."""
+    a, b = _sample_terms(xp, x, sample)
+    return float(xp.sum(a)) / float(xp.sum(b))
+
+
 def sampled_stress(
     dist_fn: Callable[[Any, Any], Any],
     config,
@@ -771,11 +871,91 @@ def sampled_stress(
     if n < 2:
         msg = f"need n >= 2 rows; got {n}"
         raise ValueError(msg)
-    i, j = _sample_pairs(xp, _as_rng(seed), n, int(n_pairs))
-    hv = _fetch(xp, dist_fn, i, j, "dist_fn")
-    wv = None if weights_fn is None else _fetch(xp, weights_fn, i, j, "weights_fn")
-    a, b = _pair_terms(xp, x, i, j, hv, wv)
-    return _ratio_ci(xp, a, b)
+    sample = _draw_pair_sample(xp, _as_rng(seed), n, int(n_pairs), dist_fn, weights_fn)
+    return _ratio_ci(xp, *_sample_terms(xp, x, sample))
+
+
+def _check_stochastic_options(xp, x, *, max_iter: int, tol: float, patience: int, matchings: int,
+                              eval_pairs: int, step_max: float, step_min: float) -> None:
+    """Refuse what :func:`stochastic_smacof` cannot run: x not (n, d) with n >= 2, d >= 1,
+    options out of range (``ValueError``), or a non-finite x (``InputError``)."""
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 1:
+        msg = f"init must have shape (n, d) with n >= 2, d >= 1; got {tuple(x.shape)}"
+        raise ValueError(msg)
+    if max_iter < 0 or not tol >= 0 or patience < 1 or matchings < 1 or eval_pairs < 2:
+        msg = (f"need max_iter >= 0, tol >= 0, patience >= 1, matchings >= 1, eval_pairs >= 2; "
+               f"got {max_iter}, {tol}, {patience}, {matchings}, {eval_pairs}")
+        raise ValueError(msg)
+    if not 0 < step_min <= step_max:
+        msg = f"need 0 < step_min <= step_max; got step_min={step_min}, step_max={step_max}"
+        raise ValueError(msg)
+    if not bool(xp.all(xp.isfinite(x))):
+        msg = "init has non-finite entries"
+        raise InputError(msg)
+
+
+def _matching_step(xp, x, rng: np.random.Generator, eta: float, dist_fn, weights_fn) -> None:
+    """One mini-batch, in place on x (n, d): a random perfect matching (i_k, j_k) of the
+    n points (one host permutation), each pair moved a fraction mu of the way to h:
+
+        r = mu (e - h) / 2 * (x_i - x_j) / e,  x_i -= r,  x_j += r,  mu = min(1, w eta).
+
+    The pairs touch disjoint points, so the vectorised update equals the sequential one.
+    """
+    n = int(x.shape[0])
+    half = n // 2
+    perm = xp.asarray(rng.permutation(n))
+    ii, jj = perm[:half], perm[half:2 * half]
+    hv = _fetch(xp, dist_fn, ii, jj, "dist_fn")
+    mu = eta if weights_fn is None else xp.minimum(
+        _fetch(xp, weights_fn, ii, jj, "weights_fn") * eta, 1.0)
+    diff = x[ii] - x[jj]
+    e = xp.sqrt(xp.sum(diff * diff, axis=1))
+    # Coincident points have no direction; those pairs wait for the next matching.
+    coef = xp.where(e > 0, mu * (e - hv) / (2.0 * xp.where(e > 0, e, 1.0)), 0.0)
+    r = coef[:, None] * diff
+    x[ii] -= r
+    x[jj] += r
+
+
+@dataclass(frozen=True)
+class _SgdRun:
+    """What :func:`_sgd_sweeps` ran: the monitored stresses after 0..sweeps sweeps, the
+    best monitored iterate (n, d) and its sweep, the sweeps run, whether it converged."""
+
+    history: list[float]
+    best_x: Any
+    best_iteration: int
+    sweeps: int
+    converged: bool
+
+
+def _sgd_sweeps(xp, x, rng: np.random.Generator, monitor: _PairSample, dist_fn, weights_fn, *,
+                max_iter: int, tol: float, patience: int, matchings: int, step_max: float,
+                step_min: float) -> _SgdRun:
+    """Sweeps of ``matchings`` mini-batches (:func:`_matching_step`), in place on x (n, d).
+
+    Step size ``eta_t = step_max * decay^t``, ``decay = (step_min / step_max)^(1 / (max_iter - 1))``.
+    After each sweep the stress is measured on ``monitor``; stop when the best has not
+    decreased by a relative ``tol`` for ``patience`` sweeps, or after ``max_iter``.
+    """
+    history = [_monitored_stress(xp, x, monitor)]
+    best, best_x, best_iter, stale = history[0], x.copy(), 0, 0
+    decay = (step_min / step_max) ** (1.0 / max(max_iter - 1, 1))
+    sweeps = 0
+    for t in range(max_iter):
+        eta = step_max * decay**t
+        for _ in range(matchings):
+            _matching_step(xp, x, rng, eta, dist_fn, weights_fn)
+        sweeps = t + 1
+        s = _monitored_stress(xp, x, monitor)
+        history.append(s)
+        stale = 0 if s < best * (1.0 - tol) else stale + 1
+        if s < best:
+            best, best_x, best_iter = s, x.copy(), sweeps
+        if stale >= patience:
+            return _SgdRun(history, best_x, best_iter, sweeps, True)
+    return _SgdRun(history, best_x, best_iter, sweeps, False)
 
 
 def stochastic_smacof(
@@ -844,81 +1024,29 @@ def stochastic_smacof(
     t0 = time.perf_counter()
     xp = array_namespace(init) if xp is None else xp
     x = xp.array(init, dtype=xp.float64, copy=True)
-    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 1:
-        msg = f"init must have shape (n, d) with n >= 2, d >= 1; got {tuple(x.shape)}"
-        raise ValueError(msg)
-    if max_iter < 0 or not tol >= 0 or patience < 1 or matchings < 1 or eval_pairs < 2:
-        msg = (f"need max_iter >= 0, tol >= 0, patience >= 1, matchings >= 1, eval_pairs >= 2; "
-               f"got {max_iter}, {tol}, {patience}, {matchings}, {eval_pairs}")
-        raise ValueError(msg)
-    if not 0 < step_min <= step_max:
-        msg = f"need 0 < step_min <= step_max; got step_min={step_min}, step_max={step_max}"
-        raise ValueError(msg)
-    if not bool(xp.all(xp.isfinite(x))):
-        msg = "init has non-finite entries"
-        raise InputError(msg)
+    _check_stochastic_options(xp, x, max_iter=max_iter, tol=tol, patience=patience, matchings=matchings,
+                              eval_pairs=eval_pairs, step_max=step_max, step_min=step_min)
     n, d = (int(s) for s in x.shape)
     rng = _as_rng(seed)
     x -= xp.mean(x, axis=0)
     init_c = x.copy()
-
-    mi, mj = _sample_pairs(xp, rng, n, eval_pairs)
-    mh = _fetch(xp, dist_fn, mi, mj, "dist_fn")
-    mw = None if weights_fn is None else _fetch(xp, weights_fn, mi, mj, "weights_fn")
-
-    def monitored(cfg) -> float:
-        a, b = _pair_terms(xp, cfg, mi, mj, mh, mw)
-        return float(xp.sum(a)) / float(xp.sum(b))
-
-    history = [monitored(x)]
-    best, best_x, best_iter, stale = history[0], x.copy(), 0, 0
-    decay = (step_min / step_max) ** (1.0 / max(max_iter - 1, 1))
-    half = n // 2
-    converged = False
-    sweeps = 0
-    for t in range(max_iter):
-        eta = step_max * decay**t
-        for _ in range(matchings):
-            perm = xp.asarray(rng.permutation(n))
-            ii, jj = perm[:half], perm[half:2 * half]
-            hv = _fetch(xp, dist_fn, ii, jj, "dist_fn")
-            mu = eta if weights_fn is None else xp.minimum(
-                _fetch(xp, weights_fn, ii, jj, "weights_fn") * eta, 1.0)
-            diff = x[ii] - x[jj]
-            e = xp.sqrt(xp.sum(diff * diff, axis=1))
-            # Coincident points have no direction; those pairs wait for the next matching.
-            coef = xp.where(e > 0, mu * (e - hv) / (2.0 * xp.where(e > 0, e, 1.0)), 0.0)
-            r = coef[:, None] * diff
-            x[ii] -= r
-            x[jj] += r
-        sweeps = t + 1
-        s = monitored(x)
-        history.append(s)
-        if s < best * (1.0 - tol):
-            stale = 0
-        else:
-            stale += 1
-        if s < best:
-            best, best_x, best_iter = s, x.copy(), sweeps
-        if stale >= patience:
-            converged = True
-            break
-
-    fi, fj = _sample_pairs(xp, rng, n, eval_pairs)
-    fh = _fetch(xp, dist_fn, fi, fj, "dist_fn")
-    fw = None if weights_fn is None else _fetch(xp, weights_fn, fi, fj, "weights_fn")
-    s_fin, ci = _ratio_ci(xp, *_pair_terms(xp, best_x, fi, fj, fh, fw))
-    s_init, _ = _ratio_ci(xp, *_pair_terms(xp, init_c, fi, fj, fh, fw))
+    monitor = _draw_pair_sample(xp, rng, n, eval_pairs, dist_fn, weights_fn)
+    run = _sgd_sweeps(xp, x, rng, monitor, dist_fn, weights_fn, max_iter=max_iter, tol=tol, patience=patience,
+                      matchings=matchings, step_max=step_max, step_min=step_min)
+    final = _draw_pair_sample(xp, rng, n, eval_pairs, dist_fn, weights_fn)
+    s_fin, ci = _ratio_ci(xp, *_sample_terms(xp, run.best_x, final))
+    s_init, _ = _ratio_ci(xp, *_sample_terms(xp, init_c, final))
+    best_x = run.best_x
     best_x -= xp.mean(best_x, axis=0)
     return SmacofResult(
         encoding=best_x,
         stress=s_fin,
         initial_stress=s_init,
-        iterations=sweeps,
-        converged=converged,
+        iterations=run.sweeps,
+        converged=run.converged,
         seconds=time.perf_counter() - t0,
-        history=tuple(history),
-        best_iteration=best_iter,
+        history=tuple(run.history),
+        best_iteration=run.best_iteration,
         method="stochastic",
         solver="sgd",
         rank=d,
