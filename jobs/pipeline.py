@@ -74,9 +74,9 @@ import fsspec
 
 import posstats
 from jobs.connect import connect_ray
-from jobs.count import JobOptions, count_job, refresh_job, store_config
+from jobs.count import JobOptions, count_job, refresh_job
 from posstats.analysis import analyze
-from posstats.corpus.inputs import count_inputs
+from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts, write_json_atomic
 from posstats.errors import InputError, PosstatsError
@@ -88,7 +88,7 @@ from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
-from posstats.service.shard_store import RunStore, config_key
+from posstats.service.shard_store import RunStore, config_key, store_config
 
 __all__ = [
     "build_parser",
@@ -220,6 +220,7 @@ class _Run:
 
 
 def _stage_config(run: _Run, staging: Path) -> dict[str, Any]:
+    """The resolved configuration (secrets redacted) as config.json and pipeline.toml."""
     cfg = run.cfg
     resolved = cfg.to_dict()  # secrets redacted
     resolved["run_id"] = run.run_id
@@ -249,9 +250,14 @@ def _mirror_mtime_ns(fs: Any, info: Mapping[str, Any], path: str) -> int:
     return seconds * 1_000_000_000 + sub
 
 
-def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_match: bool = True) -> list[tuple[str, str]]:
-    """Download the objects a remote path or glob names into the work folder (only those
-    that changed); return [(local path, URL)]."""
+def _remote_objects(url: str, *, storage_options: Mapping[str, Any],
+                    must_match: bool) -> tuple[Any, str, str, list[tuple[str, Mapping[str, Any]]]]:
+    """The files a remote path or glob names: (filesystem, path, protocol, [(key, info)]).
+
+    Raises:
+        PosstatsError: no fsspec backend for the URL.
+        InputError: the listing failed; nothing matches (with ``must_match``).
+    """
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options))
     except ImportError as exc:
@@ -275,42 +281,59 @@ def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_mat
     if not objects and must_match:
         msg = f"no input matches {url!r}"
         raise InputError(msg)
+    return fs, path, proto, objects
+
+
+def _fetch_if_changed(fs: Any, key: str, info: Mapping[str, Any], dest: Path) -> bool:
+    """Download object ``key`` to ``dest`` (temp file + rename, its mirror mtime set) unless
+    ``dest`` already has its mirror mtime and size; True when it downloaded."""
+    mtime_ns = _mirror_mtime_ns(fs, info, key)
+    size = info.get("size")
+    try:
+        st = dest.stat()
+        if st.st_mtime_ns == mtime_ns and (size is None or st.st_size == size):
+            return False
+    except FileNotFoundError:
+        pass
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.download-{os.getpid()}"
+    try:
+        fs.get_file(key, str(tmp))
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _drop_stale_mirrors(local_pattern: str, keep: set[str]) -> None:
+    """Delete the mirror files matching ``local_pattern`` that are not in ``keep`` (their
+    objects are gone)."""
+    for stale in _glob.glob(local_pattern):
+        if stale not in keep and os.path.isfile(stale) and fnmatch.fnmatch(stale, local_pattern):
+            os.unlink(stale)
+
+
+def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_match: bool = True) -> list[tuple[str, str]]:
+    """Download the objects a remote path or glob names into the work folder (only those
+    that changed); return [(local path, URL)]."""
+    fs, path, proto, objects = _remote_objects(url, storage_options=storage_options, must_match=must_match)
     out = []
     base = run.work / "inputs" / proto
     for key, info in objects:
         dest = base / key.lstrip("/")
-        mtime_ns = _mirror_mtime_ns(fs, info, key)
-        size = info.get("size")
-        try:
-            st = dest.stat()
-            fresh = st.st_mtime_ns == mtime_ns and (size is None or st.st_size == size)
-        except FileNotFoundError:
-            fresh = False
-        if not fresh:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.parent / f".{dest.name}.download-{os.getpid()}"
-            try:
-                fs.get_file(key, str(tmp))
-                os.utime(tmp, ns=(mtime_ns, mtime_ns))
-                os.replace(tmp, dest)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+        if _fetch_if_changed(fs, key, info, dest):
             run.log(f"mirrored {proto}://{key} ({info.get('size', '?')} bytes)")
         out.append((str(dest), f"{proto}://{key}"))
-    # mirror files of objects that are gone from this pattern are dropped
-    local_pattern = str(base / path.lstrip("/"))
-    keep = {p for p, _ in out}
-    for stale in _glob.glob(local_pattern):
-        if stale not in keep and os.path.isfile(stale) and fnmatch.fnmatch(stale, local_pattern):
-            os.unlink(stale)
+    _drop_stale_mirrors(str(base / path.lstrip("/")), {p for p, _ in out})
     return out
 
 
-def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
-
-    cfg = run.cfg
-    i = cfg.values["input"]
+def _local_inputs(run: _Run) -> tuple[list[str], dict[str, str]]:
+    """``[input] paths`` as local paths, remote ones (``s3://...``) mirrored into the work
+    folder first; returns (local paths, {mirrored local path: its URL})."""
+    i = run.cfg.values["input"]
     urls: dict[str, str] = {}
     inputs: list[str] = []
     for p in i["paths"]:
@@ -320,41 +343,71 @@ def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
                 urls[local] = url
         else:
             inputs.append(p)
+    return inputs, urls
+
+
+def _local_tokenizer(run: _Run) -> str | None:
+    """``[input] tokenizer`` as a local path (a remote one mirrored), or as configured."""
+    i = run.cfg.values["input"]
     tokenizer = i["tokenizer"]
     if tokenizer and is_url(tokenizer):
         ((tokenizer, _),) = _mirror(run, tokenizer, storage_options=i["storage_options"])
-    c = cfg.values["count"]
-    counted = count_inputs(inputs=inputs, format=i["format"], column=i["column"], text_column=i["text_column"],
-                           tokenizer=tokenizer, positions=c["positions"], vocab_size_=c["vocab_size"],
-                           exclude_tokens=c["exclude_tokens"], mode=c["mode"], separator=c["separator"])
-    source, spec, metadata = counted.source, counted.spec, counted.metadata
-    files = source.files()  # InputError when a pattern matches nothing
-    key = config_key(store_config(source, spec, metadata))
-    counts_store = str(run.work / "count-store" / key)
-    c = cfg.values["count"]
-    opts = JobOptions(
+    return tokenizer
+
+
+def _resolve_count_inputs(cfg: PipelineConfig, inputs: list[str], tokenizer: str | None) -> CountInputs:
+    """What to count: ``[input]`` reader options and ``[count]`` spec on local ``inputs``
+    (:func:`posstats.corpus.inputs.count_inputs`)."""
+    i, c = cfg.values["input"], cfg.values["count"]
+    return count_inputs(inputs=inputs, format=i["format"], column=i["column"], text_column=i["text_column"],
+                        tokenizer=tokenizer, positions=c["positions"], vocab_size_=c["vocab_size"],
+                        exclude_tokens=c["exclude_tokens"], mode=c["mode"], separator=c["separator"])
+
+
+def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
+    """The counting job's options from ``[count]`` / ``[ray]`` (MiB / GiB to bytes), its
+    store ``counts_store`` and the shard-delay test hook."""
+    c = run.cfg.values["count"]
+    return JobOptions(
         store=counts_store,
         run_id=run.run_id,
-        workers=cfg.ray.workers,
+        workers=run.cfg.ray.workers,
         skip_bad_shards=c["skip_bad_shards"],
         shard_bytes=int(c["shard_size_mib"] * 2**20),
         dense_budget=int(c["memory_budget_gib"] * 2**30),
         show_progress=False,
         shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
     )
-    run.ray()
-    rs = RunStore(counts_store)
-    if rs.manifest() is not None:
-        summary, _ = refresh_job(counts_store, opts, inputs=files, tokenizer=tokenizer)
-    else:
-        summary = count_job(source, spec, metadata, opts)
-    manifest = rs.manifest() or {}
+
+
+def _count_into_store(counted: CountInputs, files: list[str], tokenizer: str | None,
+                      opts: JobOptions) -> dict[str, Any]:
+    """Bring the counting store ``opts.store`` up to date with ``files``: a refresh (only
+    new or changed shards) when it holds a result already, else a first full count; the
+    counting job's summary."""
+    if RunStore(opts.store).manifest() is not None:
+        summary, _ = refresh_job(opts.store, opts, inputs=files, tokenizer=tokenizer)
+        return summary
+    return count_job(counted.source, counted.spec, counted.metadata, opts)
+
+
+def _listed_files(paths: list[str], urls: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The files counted as ``{"path", "url", "bytes", "mtime_ns"}`` (``url``: the remote
+    object a mirrored file came from, else the path)."""
     listed = []
-    for f in manifest.get("files", files):
+    for f in paths:
         st = os.stat(f)
         listed.append({"path": f, "url": urls.get(f, f), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return listed
+
+
+def _count_summary(run: _Run, summary: Mapping[str, Any], manifest: Mapping[str, Any], *, counts_store: str,
+                   key: str, listed: list[dict[str, Any]], count_config: dict[str, Any]) -> dict[str, Any]:
+    """``count/summary.json`` (schema ``posstats.pipeline-count/1``) from the counting job's
+    ``summary`` and the store's ``manifest``: where the total is, the files listed, shard
+    numbers (``shards_reused = shards - shards_counted``), totals and the count config record."""
     info = summary["ray"]
-    doc = {
+    return {
         "schema": "posstats.pipeline-count/1",
         "run_id": run.run_id,
         "counts_store": counts_store,
@@ -371,31 +424,49 @@ def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
         "changes": info["changes"],
         "bad_shards": info["bad_shards"],
         "reduce": info["reduce"],
-        "sequences": summary["sequences"],
-        "windows": summary["windows"],
-        "tokens_counted": summary["tokens_counted"],
-        "positions_occupied": summary["positions_occupied"],
-        "storage": summary["storage"],
-        "fingerprint": summary["fingerprint"],
-        "count_config": {
-            "inputs": [urls.get(f, f) for f in files],
-            "format": source.format,
-            "column": source.column,
-            "text_column": source.text_column,
-            "tokenizer": i["tokenizer"],
-            **spec.to_metadata(),
-            **metadata,
-        },
+        **{k: summary[k] for k in ("sequences", "windows", "tokens_counted", "positions_occupied", "storage",
+                                   "fingerprint")},
+        "count_config": count_config,
     }
+
+
+def _count_config(counted: CountInputs, files: list[str], urls: Mapping[str, str],
+                  tokenizer: str | None) -> dict[str, Any]:
+    """The count configuration record (:meth:`posstats.corpus.inputs.CountInputs.record`)
+    of the files counted, by URL where mirrored, with the configured ``tokenizer``; without
+    ``command``, which the reduce stage adds to its ``config.json``."""
+    record = dataclasses.replace(counted, tokenizer=tokenizer).record(command="pipeline",
+                                                                      files=[urls.get(f, f) for f in files])
+    del record["command"]
+    return record
+
+
+def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
+    """Count the corpus incrementally into the counting store of its counting configuration
+    (remote inputs mirrored first); write ``summary.json``."""
+    inputs, urls = _local_inputs(run)
+    tokenizer = _local_tokenizer(run)
+    counted = _resolve_count_inputs(run.cfg, inputs, tokenizer)
+    files = counted.source.files()  # InputError when a pattern matches nothing
+    key = config_key(store_config(counted.source, counted.spec, counted.metadata))
+    opts = _count_job_options(run, str(run.work / "count-store" / key))
+    run.ray()
+    summary = _count_into_store(counted, files, tokenizer, opts)
+    manifest = RunStore(opts.store).manifest() or {}
+    doc = _count_summary(run, summary, manifest, counts_store=opts.store, key=key,
+                         listed=_listed_files(manifest.get("files", files), urls),
+                         count_config=_count_config(counted, files, urls, run.cfg.values["input"]["tokenizer"]))
     (staging / "summary.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    run.log(f"count: {info['shards']} shard(s) in {len(listed)} file(s): {info['shards_counted']} counted now, "
-            f"{info['shards'] - info['shards_counted']} reused, {info['shards_removed']} removed ({info['reduce']}); "
-            f"{summary['tokens_counted']:,} tokens")
-    return {"shards": info["shards"], "shards_counted": info["shards_counted"], "input_files": len(listed),
-            "tokens_counted": summary["tokens_counted"], "fingerprint": summary["fingerprint"]}
+    run.log(f"count: {doc['shards']} shard(s) in {len(doc['files'])} file(s): {doc['shards_counted']} counted now, "
+            f"{doc['shards_reused']} reused, {doc['shards_removed']} removed ({doc['reduce']}); "
+            f"{doc['tokens_counted']:,} tokens")
+    return {"shards": doc["shards"], "shards_counted": doc["shards_counted"], "input_files": len(doc["files"]),
+            "tokens_counted": doc["tokens_counted"], "fingerprint": doc["fingerprint"]}
 
 
 def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
+    """Copy the counting store's total into the run as a counts folder, checked against the
+    count summary (:class:`_Recount` when the store moved on since the count stage)."""
     doc = run.stage_json("count", "summary.json")
     manifest = RunStore(doc["counts_store"]).manifest() or {}
     if manifest.get("result") != doc["result"] or manifest.get("fingerprint") != doc["fingerprint"]:
@@ -596,6 +667,41 @@ def _move_latest(run: _Run, marker: Mapping[str, Any]) -> bool:
     return moved
 
 
+def _count_and_reduce(run: _Run) -> None:
+    """The count and reduce stages; when the counting store moved on in between (another
+    run refreshed it), the count stage is cleared and run again, up to three times."""
+    for attempt in range(3):
+        run.stage("count", lambda st: _stage_count(run, st))
+        try:
+            run.stage("reduce", lambda st: _stage_reduce(run, st))
+            return
+        except _Recount:
+            if attempt == 2:
+                raise PosstatsError(f"run {run.run_id}: the counting store keeps changing under this run") from None
+            run.log("reduce: the counting store moved on since this run's count stage (another run refreshed "
+                    "it); counting again")
+            run.store.clear_stage(run.run_id, "count")
+
+
+def _run_info(run: _Run, export: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's ``done.json`` info: result key, count and geometry numbers from their stage
+    markers, the ``export`` stage marker's table facts, each stage's finish time."""
+    store, run_id = run.store, run.run_id
+    count = store.stage_marker(run_id, "count") or {}
+    geometry = store.stage_marker(run_id, "geometry") or {}
+    return {
+        "result_key": run.cfg.result_key(),
+        "fingerprint": count.get("fingerprint"),
+        "tokens_counted": count.get("tokens_counted"),
+        "shards": count.get("shards"),
+        "shards_counted": count.get("shards_counted"),
+        "positions_used": geometry.get("positions_used"),
+        "rank": geometry.get("rank"),
+        "export": {k: export.get(k) for k in ("file", "key", "n", "d", "rank", "stress", "scaled_stress")},
+        "stages": {st: (store.stage_marker(run_id, st) or {}).get("finished") for st in STAGES},
+    }
+
+
 def run_pipeline(cfg: PipelineConfig, /, *, run_id: str | None = None,
                  log: Callable[[str], None] = _log) -> dict[str, Any]:
     """Run (or resume, or confirm) one pipeline run; return the run's completion marker.
@@ -621,6 +727,8 @@ def run_pipeline(cfg: PipelineConfig, /, *, run_id: str | None = None,
 
 
 def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """:func:`run_pipeline` under the store's lock: confirm a complete run, else run the
+    stages not yet complete, write ``done.json`` and move ``latest``."""
     run_id = validate_run_id(run_id or cfg.run_id or default_run_id())
     s = cfg.values["store"]
     store = Store(s["url"], storage_options=s["storage_options"])
@@ -637,35 +745,13 @@ def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str
         _check_config_stage(run)
         try:
             run.stage("config", lambda st: _stage_config(run, st))
-            for attempt in range(3):
-                run.stage("count", lambda st: _stage_count(run, st))
-                try:
-                    run.stage("reduce", lambda st: _stage_reduce(run, st))
-                    break
-                except _Recount:
-                    if attempt == 2:
-                        raise PosstatsError(f"run {run_id}: the counting store keeps changing under this run") from None
-                    log("reduce: the counting store moved on since this run's count stage (another run refreshed "
-                        "it); counting again")
-                    store.clear_stage(run_id, "count")
+            _count_and_reduce(run)
             run.stage("geometry", lambda st: _stage_geometry(run, st))
             run.stage("report", lambda st: _stage_report(run, st))
             export = run.stage("export", lambda st: _stage_export(run, st))
         finally:
             run.close()
-        count = store.stage_marker(run_id, "count") or {}
-        geometry = store.stage_marker(run_id, "geometry") or {}
-        info = {
-            "result_key": cfg.result_key(),
-            "fingerprint": count.get("fingerprint"),
-            "tokens_counted": count.get("tokens_counted"),
-            "shards": count.get("shards"),
-            "shards_counted": count.get("shards_counted"),
-            "positions_used": geometry.get("positions_used"),
-            "rank": geometry.get("rank"),
-            "export": {k: export.get(k) for k in ("file", "key", "n", "d", "rank", "stress", "scaled_stress")},
-            "stages": {st: (store.stage_marker(run_id, st) or {}).get("finished") for st in STAGES},
-        }
+        info = _run_info(run, export)
         lock.check()
         marker = store.finish_run(run_id, info)
         shutil.rmtree(run.staging_root, ignore_errors=True)

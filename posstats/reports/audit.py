@@ -47,13 +47,14 @@ from typing import Any
 
 import numpy as np
 
+from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts
 from posstats.errors import InputError
 from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import sinusoidal
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.stress import stress_report
-from posstats.runs.run_folder import load_run, sparse_rows
+from posstats.runs.run_folder import RunData, load_run, sparse_rows
 
 __all__ = [
     "AuditResult",
@@ -356,6 +357,97 @@ def _heads_from_config(ckpt_path: Path) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Corpus:
+    """The corpus side of an audit: its counts, the positions to audit and, for an analysed
+    run folder, the run (its MDS encoding is a reference)."""
+
+    counts: PositionalCounts
+    positions: np.ndarray
+    run: RunData | None
+    path: str
+
+
+def _load_corpus(counts: str | os.PathLike, /, *, min_occupancy: int | None) -> tuple[_Corpus, list[str]]:
+    """The corpus of a run folder (its used positions) or of a counts folder / file (positions
+    with ``occ >= min_occupancy``, default 1), and the notes that go with it.
+
+    Raises:
+        InputError: ``counts`` does not exist.
+    """
+    cdir = Path(counts)
+    if cdir.is_dir() and (cdir / "report.json").is_file() and (cdir / "mds.safetensors").is_file():
+        run = load_run(cdir)
+        notes = ["--min-occupancy ignored: the run folder's used positions are audited"] if min_occupancy is not None else []
+        return _Corpus(load_counts(run.counts_path()), run.positions, run, str(run.counts_path())), notes
+    if not cdir.exists():
+        msg = f"{cdir}: no such counts or run folder"
+        raise InputError(msg)
+    counts_obj = load_counts(cdir)
+    return _Corpus(counts_obj, counts_obj.occupied_positions(min_occupancy=min_occupancy or 1), None, str(cdir)), []
+
+
+def _positions_in_table(positions: np.ndarray, n_rows: int, offset: int, checkpoint: str | os.PathLike,
+                        ) -> tuple[np.ndarray, list[str]]:
+    """The (m,) corpus positions ``i`` whose table row ``i + offset`` exists, and a note on
+    those left out.
+
+    Raises:
+        InputError: a negative ``offset``; fewer than two positions left.
+    """
+    if offset < 0:
+        msg = f"--offset must be >= 0; got {offset}"
+        raise InputError(msg)
+    inside = positions + offset < n_rows
+    notes = [] if inside.all() else [
+        f"{int((~inside).sum())} corpus position(s) beyond the table's {n_rows} rows (offset {offset}) left out"]
+    positions = positions[inside]
+    if positions.size < 2:
+        msg = f"{checkpoint}: fewer than two corpus positions fall within the table's {n_rows} rows (offset {offset})"
+        raise InputError(msg)
+    return positions, notes
+
+
+def _corpus_distances(counts: PositionalCounts, positions: np.ndarray, /) -> np.ndarray:
+    """(m, m) float64 Hellinger distances d_H = sqrt(hellinger_sq) between the count rows
+    of ``positions``."""
+    return np.sqrt(np.asarray(hellinger_sq(sparse_rows(counts.rows(positions))), dtype=np.float64))
+
+
+def _reference_scores(run: RunData, positions: np.ndarray, distances: np.ndarray, *, width: int, seed: int,
+                      exact_limit: int) -> list[dict[str, Any]]:
+    """Scores of the run's MDS encoding (its first ``width`` coordinates, zero-padded to
+    ``width``) and, for an even ``width``, of the sinusoidal encoding, on ``positions``."""
+    keep = np.isin(run.positions, positions)
+    mds_rows = run.encoding[keep]
+    k = min(width, mds_rows.shape[1])
+    mds_matrix = np.zeros((mds_rows.shape[0], width))
+    mds_matrix[:, :k] = mds_rows[:, :k]
+    references = [{"name": "mds", "dim": width,
+                   **_scores(mds_matrix, distances, positions, seed=seed, exact_limit=exact_limit)}]
+    if width % 2 == 0:
+        sin = sinusoidal(positions, width)
+        references.append({"name": "sinusoidal", "dim": width,
+                           **_scores(sin, distances, positions, seed=seed, exact_limit=exact_limit)})
+    return references
+
+
+def _layer_scores(ckpt: Checkpoint, rows: np.ndarray, distances: np.ndarray, *,
+                  heads: int | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The projected stress (:func:`projected_stress`) of every attention layer found,
+    with ``layer``, ``query`` and ``key`` names, and notes on what could not be done."""
+    found = find_attention_layers(ckpt)
+    notes = [] if found else ["no attention layers found (BERT or GPT-2 naming): no projected stress"]
+    layer_rows = []
+    for lay in found:
+        wq, wk = _qk(ckpt, lay)
+        layer_rows.append({"layer": lay.layer, "query": lay.query, "key": lay.key,
+                           **projected_stress(rows, wq, wk, distances, heads=heads)})
+    if found and heads is None:
+        notes.append("number of heads unknown (no config.json, no --heads): whole layers only")
+    return layer_rows, notes
+
+
 def audit_checkpoint(
     checkpoint: str | os.PathLike,
     counts: str | os.PathLike,
@@ -394,70 +486,25 @@ def audit_checkpoint(
     name = find_position_key(ckpt, key=key)
     table = ckpt.get(name).astype(np.float64)
     n_rows, width = table.shape
-    notes: list[str] = []
-
-    cdir = Path(counts)
-    run = None
-    if cdir.is_dir() and (cdir / "report.json").is_file() and (cdir / "mds.safetensors").is_file():
-        run = load_run(cdir)
-        counts_obj = load_counts(run.counts_path())
-        positions = run.positions
-        if min_occupancy is not None:
-            notes.append("--min-occupancy ignored: the run folder's used positions are audited")
-    else:
-        if not cdir.exists():
-            msg = f"{cdir}: no such counts or run folder"
-            raise InputError(msg)
-        counts_obj = load_counts(cdir)
-        positions = counts_obj.occupied_positions(min_occupancy=min_occupancy or 1)
-    if offset < 0:
-        msg = f"--offset must be >= 0; got {offset}"
-        raise InputError(msg)
-    inside = positions + offset < n_rows
-    if not inside.all():
-        notes.append(f"{int((~inside).sum())} corpus position(s) beyond the table's {n_rows} rows (offset {offset}) left out")
-    positions = positions[inside]
-    if positions.size < 2:
-        msg = f"{checkpoint}: fewer than two corpus positions fall within the table's {n_rows} rows (offset {offset})"
-        raise InputError(msg)
-    distances = np.sqrt(np.asarray(hellinger_sq(sparse_rows(counts_obj.rows(positions))), dtype=np.float64))
+    corpus, notes = _load_corpus(counts, min_occupancy=min_occupancy)
+    positions, left_out = _positions_in_table(corpus.positions, n_rows, offset, checkpoint)
+    distances = _corpus_distances(corpus.counts, positions)
     rows = table[positions + offset]
     _check_finite(rows, f"{checkpoint}: position table {name!r}", first_row=positions + offset)
     result_encoding = _scores(rows, distances, positions, seed=seed, exact_limit=exact_limit)
-
-    references = []
-    if run is not None:
-        keep = np.isin(run.positions, positions)
-        mds_rows = run.encoding[keep]
-        k = min(width, mds_rows.shape[1])
-        mds_matrix = np.zeros((mds_rows.shape[0], width))
-        mds_matrix[:, :k] = mds_rows[:, :k]
-        references.append({"name": "mds", "dim": width, **_scores(mds_matrix, distances, positions, seed=seed, exact_limit=exact_limit)})
-        if width % 2 == 0:
-            sin = sinusoidal(positions, width)
-            references.append({"name": "sinusoidal", "dim": width, **_scores(sin, distances, positions, seed=seed, exact_limit=exact_limit)})
-
+    references = [] if corpus.run is None else _reference_scores(corpus.run, positions, distances, width=width,
+                                                                 seed=seed, exact_limit=exact_limit)
     if heads is None:
         heads = _heads_from_config(ckpt.path)
-    layer_rows = []
-    if layers:
-        found = find_attention_layers(ckpt)
-        if not found:
-            notes.append("no attention layers found (BERT or GPT-2 naming): no projected stress")
-        for lay in found:
-            wq, wk = _qk(ckpt, lay)
-            layer_rows.append({"layer": lay.layer, "query": lay.query, "key": lay.key,
-                               **projected_stress(rows, wq, wk, distances, heads=heads)})
-        if found and heads is None:
-            notes.append("number of heads unknown (no config.json, no --heads): whole layers only")
-    corpus = {
-        "counts": str(run.counts_path() if run is not None else cdir),
-        "fingerprint": counts_obj.fingerprint,
+    layer_rows, layer_notes = _layer_scores(ckpt, rows, distances, heads=heads) if layers else ([], [])
+    corpus_info = {
+        "counts": corpus.path,
+        "fingerprint": corpus.counts.fingerprint,
         "positions_used": int(positions.size),
-        "tokenizer_hash": counts_obj.metadata.get("tokenizer_hash", ""),
+        "tokenizer_hash": corpus.counts.metadata.get("tokenizer_hash", ""),
     }
     return AuditResult(str(checkpoint), name, (int(n_rows), int(width)), positions, result_encoding, references,
-                       layer_rows, heads, corpus, notes, offset)
+                       layer_rows, heads, corpus_info, notes + left_out + layer_notes, offset)
 
 
 def format_audit(result: AuditResult, /) -> str:
