@@ -457,3 +457,20 @@ def test_refresh_drops_a_corrupt_partial_of_a_removed_input(ray_session, tmp_pat
     got, ref = load_counts(out), load_counts(tmp_path / "single")
     np.testing.assert_array_equal(got.to_dense().matrix, ref.to_dense().matrix)
     assert (got.tokens, got.sequences, got.fingerprint) == (ref.tokens, ref.sequences, ref.fingerprint)
+
+
+@pytest.mark.ray
+def test_refresh_refuses_to_build_on_a_corrupt_previous_total(ray_session, tmp_path, capsys):
+    """The reduced total an incremental refresh adds to is checked like a partial."""
+    data = tmp_path / "data"
+    write_ids(data / "a.parquet", 1)
+    store = tmp_path / "store"
+    assert posstats_cli("count", "--ray", *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r1") == 0
+    result = store / json.loads((store / "manifest.json").read_text())["result"]
+    assert json.loads((result / "done.json").read_text())["sha256"]
+    add_to_cell(result, 1000)
+    write_ids(data / "b.parquet", 2)  # a new input: the refresh would add to the old total
+    capsys.readouterr()
+    assert posstats_cli("refresh", "--store", store) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("posstats: error: ") and "corrupt" in err[-1], err

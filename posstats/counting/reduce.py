@@ -28,7 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
-from posstats.counting.io import counts_file, load_counts, read_json_file, save_counts
+from posstats.counting.io import counts_file, load_counts, read_json_file, save_counts, write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import file_sha256
 
@@ -330,4 +330,7 @@ def reduce_partials(
     }
     if final:
         summary["positions_occupied"] = int((total.occupancy() > 0).sum())
+        # marked like a partial, so the next incremental refresh checks the total it builds on
+        marker = {k: summary[k] for k in ("counts_file", "sequences", "windows", "tokens", "fingerprint")}
+        write_json_atomic(Path(out) / PARTIAL_MARKER, {**marker, "sha256": file_sha256(path)})
     return summary
