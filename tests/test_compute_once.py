@@ -30,8 +30,8 @@ ENTRY_POINTS = ("hellinger_sq", "hellinger", "sqrt_distributions")
 # report.json of 'posstats run' on the sample, --positions 64, default analysis options, as
 # written before the distances were handed on (12 significant digits)
 EXPECTED = {
-    "corpus": {"sequences": 3000, "windows": 3000, "tokens_counted": 102833, "vocab_size": 30522,
-               "fingerprint": "d2c02bbf8d422e42d6f2a1ced635e8a8fbc2fcb4797fa3819b85b5dfbab76408"},
+    # (not the fingerprint: it covers the input file's path, which differs between checkouts)
+    "corpus": {"sequences": 3000, "windows": 3000, "tokens_counted": 102833, "vocab_size": 30522},
     "occupancy": [3000, 3000, 2999, 2991, 2980, 2954, 2921, 2890, 2841, 2807, 2766, 2712, 2649, 2582, 2497, 2406, 2341,
                   2280, 2189, 2099, 2026, 1952, 1866, 1794, 1740, 1677, 1621, 1572, 1515, 1467, 1417, 1370, 1330, 1289,
                   1241, 1210, 1175, 1131, 1093, 1071, 1040, 1007, 984, 963, 932, 909, 890, 874, 857, 836, 821, 805, 788,
