@@ -56,6 +56,7 @@ __all__ = [
     "check_column",
     "checked_lines",
     "describe_exception",
+    "guarded_reads",
     "guess_format",
     "jsonl_batches",
     "read_token_batches",
@@ -386,7 +387,7 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _guarded(items: Iterator[Any], path: str, what: str) -> Iterator[Any]:
+def guarded_reads(items: Iterator[Any], path: str, what: str) -> Iterator[Any]:
     """Turn Arrow/OS errors raised while *reading* (not while converting) into InputError."""
     while True:
         try:
@@ -431,7 +432,7 @@ def _read_columnar(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
     except (pa.ArrowException, OSError) as exc:
         msg = f"{path}: not a valid {what} file ({describe_exception(exc)})"
         raise InputError(msg) from exc
-    columns = (batch.column(spec.name) for batch in _guarded(iter(batches), path, what))
+    columns = (batch.column(spec.name) for batch in guarded_reads(iter(batches), path, what))
     yield from arrow_batches(columns, path, spec)
 
 

@@ -62,6 +62,7 @@ from posstats.corpus.readers import (
     check_column,
     checked_lines,
     describe_exception,
+    guarded_reads,
     guess_format,
     jsonl_batches,
     text_batches,
@@ -410,14 +411,7 @@ def _read_row_group(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
         msg = f"{where}: not a valid Parquet file ({describe_exception(exc)})"
         raise InputError(msg) from exc
     row = shard.first_row
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            break
-        except (pa.ArrowException, OSError) as exc:
-            msg = f"{where}: not a valid Parquet file ({describe_exception(exc)})"
-            raise InputError(msg) from exc
+    for batch in guarded_reads(batches, where, "Parquet"):
         yield from arrow_batches([batch.column(spec.name)], path, spec, first_row=row)
         row += batch.num_rows
     if shard.rows >= 0 and row - shard.first_row != shard.rows:
