@@ -462,14 +462,13 @@ def utf8_problem(line: str, /, *, what: str = "line") -> str | None:
     if line.isascii():
         return None
     try:
-        line.encode("utf-8")
+        line.encode("utf-8")  # valid text holds no escaped bytes
     except UnicodeEncodeError:
-        raw = line.encode("utf-8", "surrogateescape")
+        raw = line.encode("utf-8", "surrogateescape")  # the bytes as read
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             return f"{exc.reason} 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the {what}"
-        return "undecodable bytes"  # pragma: no cover - surrogates always come from bad bytes
     return None
 
 
