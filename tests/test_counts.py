@@ -224,3 +224,41 @@ def test_load_rejects_garbage(tmp_path):
         load_counts(tmp_path)
     with pytest.raises(InputError, match="no counts.safetensors or counts.parquet"):
         load_counts(tmp_path / "..")
+
+
+@pytest.mark.parametrize("mode", ["truncate", "chunk", "pack"])
+@settings(max_examples=60, deadline=None)
+@given(seqs=sequences, n=st.integers(1, 9), block=st.integers(1, 4), buffer=st.integers(1, 20),
+       cuts=st.lists(st.integers(0, 12), max_size=3), exclude=st.sets(st.integers(0, 11), max_size=2))
+def test_sorting_kernel_matches_oracle_across_blocks_and_compactions(mode, seqs, n, block, buffer, cuts, exclude):
+    """The sparse kernel with several position blocks and a buffer small enough that every
+    batch compacts and merges into earlier counts gives the oracle's integers."""
+    spec = CountSpec(n, 12, mode, exclude_ids=tuple(exclude - {11}), separator_id=11 if mode == "pack" else None)
+    acc = CountAccumulator(spec, dense=False, block_positions=block, buffer_keys=buffer)
+    bounds = [0, *sorted(cuts), len(seqs)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        acc.add(TokenBatch.from_sequences(seqs[a:b], source="one-file"))
+    got = acc.result()
+    assert got.is_sparse and got.matrix.has_canonical_format
+    assert got.matrix.indices.dtype == np.int32 or got.matrix.indices.dtype == np.int64
+    expected = oracle(seqs, n, 12, mode, tuple(exclude - {11}), spec.separator_id)
+    np.testing.assert_array_equal(got.matrix.toarray(), expected)
+    assert got.tokens == expected.sum()
+
+
+def test_sorting_kernel_keys_fit_uint32_at_long_context():
+    """n V = 131072 x 50257 > 2**32: local keys of each block stay below 2**32, so the
+    last position and the last token id are counted where they belong."""
+    from posstats.counting.sorted_keys import block_positions
+
+    n, V = 131072, 50257
+    assert block_positions(n, V) * V <= 2**32 < n * V
+    spec = CountSpec(n, V, "pack")
+    acc = CountAccumulator(spec, dense=False)
+    stream = np.arange(2 * n + 5, dtype=np.int64) % V
+    stream[n - 1] = V - 1  # last position, last id
+    acc.add(TokenBatch(stream, np.array([0, stream.size]), "f"))
+    m = acc.result().matrix
+    assert m[n - 1, V - 1] == 1 and m[n - 1, (2 * n - 1) % V] == 1
+    assert m[0, 0] == 1 and m[0, n % V] == 1 and m[0, (2 * n) % V] == 1
+    assert int(m.sum()) == stream.size

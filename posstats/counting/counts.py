@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from numpy.lib.stride_tricks import sliding_window_view
 
 from posstats.corpus.tokens import TokenBatch
+from posstats.counting.sorted_keys import DEFAULT_BUFFER_KEYS, SortedKeyCounter
 from posstats.errors import InputError
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
 
 MODES = ("truncate", "chunk", "pack")
 DEFAULT_DENSE_BUDGET = 4 * 2**30  # bytes of int64 counts kept dense (n * V * 8)
-_SPARSE_FLUSH = 1 << 24  # buffered keys before a sparse accumulator compacts
 # Sparse counts files store positions and token ids as int32 (posstats.counting.io), so the
 # largest position n - 1 and the largest id V - 1 must be at most 2**31 - 1. Within these
 # limits the kernel's int64 keys position * V + token stay below n * V <= 2**62.
@@ -324,13 +324,16 @@ def _within_document_positions(offsets: np.ndarray, total: int) -> np.ndarray:
 
 
 def _position_block_keys(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, vocab_size: int, block: int):
-    """Yield flat keys ``position * V + token`` of the windows, one block of positions at a time.
+    """Yield ``(p0, keys)``: the local keys ``(position - p0) * V + token`` of the windows'
+    tokens at positions ``[p0, p0 + block)``, one block of positions at a time, in the dtype
+    of ``values`` (which must hold ``block * V - 1``).
 
-    Window w holds ``values[starts[w] + j]`` at position j < lengths[w]. Grouping the
-    scatter by position block (instead of window by window, which jumps across all n rows
-    of the accumulator for every window) is what makes the dense scatter cache-friendly:
-    measured 2-3x faster than document order at n = 8192, V = 50,257. Windows that cover
-    the whole block are copied as contiguous slices (1.4x faster than a 2-D fancy index).
+    Window w holds ``values[starts[w] + j]`` at position j < lengths[w]. Grouping by
+    position block (instead of window by window, which jumps across all n rows of the
+    accumulator for every window) keeps a dense scatter cache-friendly (measured 2-3x
+    faster than document order at n = 8192, V = 50,257) and gives the sorting accumulator
+    keys that fit uint32. Windows that cover the whole block are copied as contiguous
+    slices (1.4x faster than a 2-D fancy index).
     """
     if lengths.size == 0:
         return
@@ -342,37 +345,58 @@ def _position_block_keys(values: np.ndarray, starts: np.ndarray, lengths: np.nda
         p1 = min(p0 + block, longest)
         live = int(np.searchsorted(neg, -p0, side="left"))  # windows longer than p0
         full = int(np.searchsorted(neg, -p1, side="right"))  # windows reaching p1
-        cols = np.arange(p0, p1, dtype=np.int64)
+        offsets = np.arange(p1 - p0, dtype=values.dtype) * values.dtype.type(vocab_size)
         if full:
             # Row w of the sliding-window view is values[w : w + p1 - p0]: taking rows
             # starts + p0 copies each window's slice whole, with no (full x block) index.
             keys = sliding_window_view(values, p1 - p0)[starts[:full] + p0]
-            keys += cols * vocab_size
-            yield keys.reshape(-1)
+            keys += offsets
+            yield p0, keys.reshape(-1)
         if live > full:
-            idx = starts[full:live, None] + cols
-            mask = cols < lengths[full:live, None]
+            cols = np.arange(p1 - p0, dtype=np.int64)
+            idx = starts[full:live, None] + p0 + cols
+            mask = cols < lengths[full:live, None] - p0
             keys = values[idx[mask]]
-            keys += np.broadcast_to(cols, idx.shape)[mask] * vocab_size
-            yield keys
+            keys += np.broadcast_to(offsets, idx.shape)[mask]
+            yield p0, keys
+
+
+def _run_keys(values: np.ndarray, first: int, vocab_size: int, block: int):
+    """Yield ``(p0, keys)`` as :func:`_position_block_keys` does for one run of tokens
+    ``values`` at the consecutive positions ``first, first + 1, ...``."""
+    pos = first
+    while pos < first + values.size:
+        p0 = pos - pos % block
+        stop = min(p0 + block, first + values.size)
+        local = np.arange(pos - p0, stop - p0, dtype=values.dtype) * values.dtype.type(vocab_size)
+        local += values[pos - first : stop - first]
+        yield p0, local
+        pos = stop
 
 
 class CountAccumulator:
     """Accumulates :class:`TokenBatch` es into exact :class:`PositionalCounts`.
 
-    Dense (an int64 ``n x V`` array) when ``n * V * 8 <= dense_budget`` bytes, else
-    sparse (buffered keys compacted with ``np.unique``). Pack mode keeps the stream state
-    between batches of the same source; a new source restarts the stream at position 0.
-    ``block_positions`` sets how many positions are scattered together (default: about
-    2**22 accumulator cells); it changes speed, never the counts. ``out`` (dense only) is an
-    int64 ``(n, V)`` array to accumulate into, zeroed here: a counting worker reuses one
-    for all its shards instead of page-faulting a fresh ``n x V`` array every time
-    (measured 0.1 s for 51 MB on a VM, a third of the kernel time of a 16M-token shard).
+    Two exact kernels, chosen by ``dense`` (default: :meth:`CountSpec.fits_dense` of
+    ``dense_budget``, which callers set from the expected number of tokens, see
+    :func:`prefer_dense`):
 
-    >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10))
+    * sparse: uint32 keys sorted block by block
+      (:class:`~posstats.counting.sorted_keys.SortedKeyCounter`); memory and time follow
+      the tokens and the non-zeros, never ``n x V``.
+    * dense: an int64 ``n x V`` array and a scatter (``np.add.at``) one block of about
+      2**22 cells at a time, so the touched rows stay in cache. ``out`` is an int64
+      ``(n, V)`` array to accumulate into, zeroed here (a counting worker reuses one).
+
+    Pack mode keeps the stream state between batches of the same source; a new source
+    restarts the stream at position 0. ``block_positions`` sets how many positions are
+    keyed together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the counts.
+    ``buffer_keys`` (sparse only) is how many keys are buffered before a compaction.
+
+    >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10), dense=False)
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
     4
-    >>> acc.result().matrix[:, :6].tolist()
+    >>> acc.result().matrix.toarray()[:, :6].tolist()
     [[0, 1, 0, 0, 0, 1], [0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0]]
     """
 
@@ -384,6 +408,7 @@ class CountAccumulator:
         dense: bool | None = None,
         dense_budget: int = DEFAULT_DENSE_BUDGET,
         block_positions: int | None = None,
+        buffer_keys: int = DEFAULT_BUFFER_KEYS,
         fingerprint: str = "",
         metadata: dict[str, str] | None = None,
         out: np.ndarray | None = None,
@@ -392,23 +417,16 @@ class CountAccumulator:
         n, V = spec.positions, spec.vocab_size
         self.dense = spec.fits_dense(dense_budget) if dense is None else bool(dense)
         if self.dense:
-            if out is None:
-                self._matrix = np.zeros((n, V), dtype=np.int64)
-            else:
-                if out.shape != (n, V) or out.dtype != np.int64 or not out.flags.c_contiguous or not out.flags.writeable:
-                    msg = f"out must be a writeable C-contiguous int64 array of shape {(n, V)}; got {out.dtype} {out.shape}"
-                    raise ValueError(msg)
-                out.fill(0)
-                self._matrix = out
+            self._matrix = _dense_output(out, (n, V))
             self._flat = self._matrix.reshape(-1)
+            # about 2**22 accumulator cells (32 MiB) per block keeps the frequently hit
+            # cells of those rows cache-resident during the scatter
+            self._block = int(block_positions or min(max(2**22 // V, 16), n))
+            self._dtype = np.dtype(np.int64)
         else:
-            self._keys = np.zeros(0, dtype=np.int64)  # sorted unique keys
-            self._vals = np.zeros(0, dtype=np.int64)
-            self._buffer: list[np.ndarray] = []
-            self._buffered = 0
-        # Positions per block: about 2**22 accumulator cells (32 MiB) per block keeps the
-        # frequently hit cells of those rows cache-resident during the scatter.
-        self._block = int(block_positions or min(max(2**22 // V, 16), n))
+            self._sorted = SortedKeyCounter(positions=n, vocab_size=V, buffer_keys=buffer_keys, block=block_positions)
+            self._block = self._sorted.block
+            self._dtype = np.dtype(np.uint32)
         self._excluded = None
         if spec.exclude_ids:
             self._excluded = np.zeros(V, dtype=bool)
@@ -430,13 +448,14 @@ class CountAccumulator:
         values, offsets = _drop_excluded(batch.values, batch.offsets, self._excluded)
         self.sequences += batch.rows
         values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
-        counted = 0
+        values = values.astype(self._dtype, copy=False)  # ids are in [0, V): exact
+        V, counted = self.spec.vocab_size, 0
         if head is not None:
-            self._accumulate(head)
-            counted += head.size
-        for keys in _position_block_keys(values, starts, lengths, self.spec.vocab_size, self._block):
-            self._accumulate(keys)
-            counted += keys.size
+            first, length = head
+            for p0, keys in _run_keys(values[:length], first, V, self._block):
+                counted += self._accumulate(p0, keys)
+        for p0, keys in _position_block_keys(values, starts, lengths, V, self._block):
+            counted += self._accumulate(p0, keys)
         self.tokens += counted
         return counted
 
@@ -445,7 +464,7 @@ class CountAccumulator:
         return self.add(TokenBatch.from_sequences(list(sequences)))
 
     def result(self, *, copy: bool = True) -> PositionalCounts:
-        """The counts so far.
+        """The counts so far (dense int64 array or int64 CSR array, as counted).
 
         With ``copy=False`` a dense result shares the accumulator's buffer (no n x V copy):
         use it only when the accumulator is not used afterwards.
@@ -454,10 +473,7 @@ class CountAccumulator:
         if self.dense:
             matrix = self._matrix.copy() if copy else self._matrix
         else:
-            self._compact()
-            n, V = self.spec.positions, self.spec.vocab_size
-            rows, cols = np.divmod(self._keys, V)
-            matrix = sp.csr_array((self._vals.copy(), (rows, cols)), shape=(n, V), dtype=np.int64)
+            matrix = self._sorted.to_csr()
         return PositionalCounts(
             spec=self.spec,
             matrix=matrix,
@@ -470,8 +486,8 @@ class CountAccumulator:
 
     # -- windows per mode ---------------------------------------------------------------
     # Each returns (values, starts, lengths, head): window w holds values[starts[w] + j] at
-    # position j for j < lengths[w]; ``head`` is an array of ready keys for a window that
-    # does not start at position 0 (the continuation of a pack stream), or None.
+    # position j for j < lengths[w]; ``head`` is None or (first position, length): the
+    # first ``length`` values continue a pack-mode window opened by an earlier batch.
 
     def _windows_truncate(self, values: np.ndarray, offsets: np.ndarray, source: str):
         lengths = np.diff(offsets)
@@ -492,69 +508,62 @@ class CountAccumulator:
         return values, starts, np.minimum(n, lengths[doc_of] - k * n), None
 
     def _windows_pack(self, values: np.ndarray, offsets: np.ndarray, source: str):
-        n, V = self.spec.positions, self.spec.vocab_size
+        n = self.spec.positions
         if source != self._pack_source:
             self.windows += self._pack_windows(self._pack_len)
             self._pack_source, self._pack_len = source, 0
-        sep = self.spec.separator_id
-        rows = len(offsets) - 1
-        if sep is not None and rows:
-            # Stream = doc0 sep doc1 sep doc2 ...: a separator precedes every document but
-            # the first of the stream; empty documents (after exclusion) add nothing.
-            has_sep = (np.diff(offsets) > 0).astype(np.int64)
-            if self._pack_len == 0 and has_sep.any():
-                has_sep[int(np.argmax(has_sep))] = 0
-            total = len(values) + int(has_sep.sum())
-            stream = np.empty(total, dtype=np.int64)
-            doc_starts = offsets[:-1] + np.cumsum(has_sep)  # where each document begins
-            is_sep = np.zeros(total, dtype=bool)
-            is_sep[(doc_starts - 1)[has_sep.astype(bool)]] = True
-            stream[is_sep] = sep
-            stream[~is_sep] = values
-            values = stream
+        if self.spec.separator_id is not None and len(offsets) > 1:
+            values = _with_separators(values, offsets, self.spec.separator_id, stream_empty=self._pack_len == 0)
         total = len(values)
         phase = self._pack_len % n
         self._pack_len += total
-        head = None
-        skip = 0
-        if phase:  # finish the window left open by the previous batch
-            skip = min(n - phase, total)
-            head = np.arange(phase, phase + skip, dtype=np.int64) * V + values[:skip]
+        skip = min(n - phase, total) if phase else 0  # finish the window left open before
         starts = np.arange(skip, total, n, dtype=np.int64)
-        return values, starts, np.minimum(n, total - starts), head
+        return values, starts, np.minimum(n, total - starts), (phase, skip) if skip else None
 
     def _pack_windows(self, stream_len: int) -> int:
         return -(-stream_len // self.spec.positions)
 
     # -- accumulation -----------------------------------------------------------------
 
-    def _accumulate(self, keys: np.ndarray) -> None:
+    def _accumulate(self, p0: int, keys: np.ndarray) -> int:
+        """Count local keys ``(position - p0) * V + token``; return how many."""
         if keys.size == 0:
-            return
+            return 0
         if self.dense:
-            # Exact int64 scatter; keys come one block of positions at a time, so the
-            # touched rows of the accumulator stay in cache (see _position_block_keys).
-            np.add.at(self._flat, keys, 1)
-            return
-        self._buffer.append(keys)
-        self._buffered += keys.size
-        if self._buffered >= _SPARSE_FLUSH:
-            self._compact()
+            # Exact int64 scatter into the rows from p0 on; keys come one block of
+            # positions at a time, so the touched rows stay in cache.
+            np.add.at(self._flat[p0 * self.spec.vocab_size :], keys, 1)
+        else:
+            self._sorted.add(p0 // self._block, keys)
+        return keys.size
 
-    def _compact(self) -> None:
-        if not self._buffer:
-            return
-        new_keys, new_counts = np.unique(np.concatenate(self._buffer), return_counts=True)
-        self._buffer, self._buffered = [], 0
-        keys = np.concatenate([self._keys, new_keys])
-        vals = np.concatenate([self._vals, new_counts.astype(np.int64)])
-        order = np.argsort(keys, kind="stable")
-        keys, vals = keys[order], vals[order]
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = keys[1:] != keys[:-1]
-        starts = np.flatnonzero(first)
-        self._keys = keys[starts]
-        self._vals = np.add.reduceat(vals, starts) if len(vals) else vals
+
+def _dense_output(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
+    """A zeroed int64 array of ``shape``: ``out`` (checked) or a new one."""
+    if out is None:
+        return np.zeros(shape, dtype=np.int64)
+    if out.shape != shape or out.dtype != np.int64 or not out.flags.c_contiguous or not out.flags.writeable:
+        msg = f"out must be a writeable C-contiguous int64 array of shape {shape}; got {out.dtype} {out.shape}"
+        raise ValueError(msg)
+    out.fill(0)
+    return out
+
+
+def _with_separators(values: np.ndarray, offsets: np.ndarray, sep: int, *, stream_empty: bool) -> np.ndarray:
+    """The pack stream ``doc0 sep doc1 sep doc2 ...`` of a batch: a separator precedes every
+    non-empty document but the first of the stream (``stream_empty``: no token yet)."""
+    has_sep = (np.diff(offsets) > 0).astype(np.int64)
+    if stream_empty and has_sep.any():
+        has_sep[int(np.argmax(has_sep))] = 0
+    total = len(values) + int(has_sep.sum())
+    stream = np.empty(total, dtype=values.dtype)
+    doc_starts = offsets[:-1] + np.cumsum(has_sep)  # where each document begins
+    is_sep = np.zeros(total, dtype=bool)
+    is_sep[(doc_starts - 1)[has_sep.astype(bool)]] = True
+    stream[is_sep] = sep
+    stream[~is_sep] = values
+    return stream
 
 
 def count_sequences(

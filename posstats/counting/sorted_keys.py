@@ -1,0 +1,188 @@
+"""Sparse exact counting by sorting keys: cost follows the tokens and the non-zeros, not n x V.
+
+Every counted token becomes a key ``k = p V + v`` (position p, token v). The positions are
+cut into blocks of ``B = min(n, floor(2**32 / V))`` positions, so a key *local* to its
+block, ``(p - b B) V + v``, fits in uint32: half the bytes of int64 keys and a sort about
+twice as fast (numpy sorts uint32 with SIMD). Keys are buffered per block; compacting a
+block sorts its buffered keys in place, run-length encodes them into (unique key, count)
+and merges those into the block's sorted unique keys. Counts are exact int64.
+
+Cost: one sort of every key (``O(N log N)`` with a small constant: about 3.5 ns per key
+on one AVX-512 core) plus one merge per compaction, ``O(nnz)``; memory: the buffered keys
+(4 bytes each, at most ``buffer_keys``) plus 12 bytes per non-zero. Compactions happen
+when the buffer is full, so a corpus of fewer than ``buffer_keys`` tokens sorts each key
+exactly once and merges nothing.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "run_lengths"]
+
+DEFAULT_BUFFER_KEYS = 2**28  # 1 GiB of uint32 keys buffered before a compaction
+BLOCKS = 16  # position blocks of a count (more where 2**32 / V requires)
+
+
+def block_positions(positions: int, vocab_size: int, /) -> int:
+    """Positions per block: at most ``floor(2**32 / V)``, so that the local keys
+    ``(p - p0) V + v`` of a block fit uint32, and about ``n / 16`` (at least one): blocks
+    small enough that compacting one touches little memory and that two threads can
+    compact different blocks at once."""
+    return max(1, min(2**32 // vocab_size, -(-positions // BLOCKS)))
+
+
+def run_lengths(sorted_keys: np.ndarray, /, *, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """(unique keys, counts as ``dtype``) of a sorted 1-D array, by run-length encoding.
+
+    >>> [a.tolist() for a in run_lengths(np.array([2, 2, 5, 7, 7, 7], np.uint32))]
+    [[2, 5, 7], [2, 1, 3]]
+    """
+    if sorted_keys.size == 0:
+        return sorted_keys, np.zeros(0, dtype)
+    first = np.empty(sorted_keys.size, dtype=bool)  # first[i]: a run starts at i
+    first[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    counts = np.empty(starts.size, dtype=dtype)
+    np.subtract(starts[1:], starts[:-1], out=counts[:-1], casting="unsafe")  # each run <= len(sorted_keys)
+    counts[-1] = sorted_keys.size - starts[-1]
+    return sorted_keys[first], counts
+
+
+def merge_sorted(keys: np.ndarray, counts: np.ndarray, new_keys: np.ndarray, new_counts: np.ndarray):
+    """Sum two sorted unique (key, count) sets into one: ``O(len(keys) + len(new_keys))``
+    memory moves plus a binary search per new key.
+
+    >>> k, c = merge_sorted(np.array([1, 4]), np.array([1, 1]), np.array([0, 4, 9]), np.array([2, 3, 5]))
+    >>> k.tolist(), c.tolist()
+    ([0, 1, 4, 9], [2, 1, 4, 5])
+    """
+    if keys.size == 0:
+        return new_keys, new_counts
+    if new_keys.size == 0:
+        return keys, counts
+    at = np.searchsorted(keys, new_keys)
+    found = at < keys.size
+    found[found] = keys[at[found]] == new_keys[found]
+    counts = counts.copy()
+    counts[at[found]] += new_counts[found]
+    fresh = ~found
+    return np.insert(keys, at[fresh], new_keys[fresh]), np.insert(counts, at[fresh], new_counts[fresh])
+
+
+class SortedKeyCounter:
+    """Exact sparse counts of ``(position, token)`` keys, block by block (module docstring).
+
+    Add uint32 *local* keys of block ``b`` (positions ``[b B, (b + 1) B)``) with
+    :meth:`add`; read the result as a CSR array with :meth:`to_csr`. ``block`` lowers B
+    below its largest value (:func:`block_positions`); it never changes the counts.
+    Counts are held as int32 while fewer than ``2**31`` keys were added (no count can
+    exceed that), as int64 from then on. ``threads`` blocks are compacted at once (numpy
+    sorts and compares without holding the GIL).
+
+    >>> c = SortedKeyCounter(positions=3, vocab_size=4)
+    >>> c.add(0, np.array([1, 1, 4 + 2], np.uint32))  # (0, 1) twice, (1, 2) once
+    >>> c.to_csr().toarray().tolist()
+    [[0, 2, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    """
+
+    def __init__(self, *, positions: int, vocab_size: int, buffer_keys: int = DEFAULT_BUFFER_KEYS,
+                 block: int | None = None, threads: int = 2) -> None:
+        self.positions, self.vocab_size = positions, vocab_size
+        largest = block_positions(positions, vocab_size)
+        self.block = largest if block is None else max(1, min(int(block), largest))
+        self.buffer_keys = max(1, int(buffer_keys))
+        self.threads = max(1, int(threads))
+        self.added = 0  # keys ever added
+        self._buffers: dict[int, list[np.ndarray]] = {}
+        self._buffered = 0
+        self._keys: dict[int, np.ndarray] = {}  # block -> sorted unique local keys (uint32)
+        self._counts: dict[int, np.ndarray] = {}  # block -> their counts (count_dtype)
+
+    @property
+    def count_dtype(self) -> np.dtype:
+        """int32 while no count can exceed ``2**31 - 1``, else int64."""
+        return np.dtype(np.int32 if self.added < 2**31 else np.int64)
+
+    @property
+    def nnz(self) -> int:
+        """Non-zeros compacted so far (buffered keys not included)."""
+        return sum(k.size for k in self._keys.values())
+
+    def add(self, block: int, keys: np.ndarray, /) -> None:
+        """Buffer uint32 local keys of ``block``; compacts every block when the buffer is full.
+
+        ``keys`` is kept (not copied): the caller must not modify it afterwards.
+        """
+        if keys.size == 0:
+            return
+        if keys.dtype != np.uint32:
+            msg = f"local keys must be uint32, got {keys.dtype}"
+            raise TypeError(msg)
+        self._buffers.setdefault(block, []).append(keys)
+        self._buffered += keys.size
+        self.added += keys.size
+        if self._buffered >= self.buffer_keys:
+            self.compact()
+
+    def compact(self) -> None:
+        """Sort, run-length encode and merge every block's buffered keys."""
+        dtype = self.count_dtype
+        for block, counts in self._counts.items():
+            self._counts[block] = counts.astype(dtype, copy=False)
+        self._map(self._compact_block, list(self._buffers))
+        self._buffered = 0
+
+    def _map(self, fn, items: list) -> None:
+        """``fn(item)`` for every item, on ``threads`` threads."""
+        if self.threads > 1 and len(items) > 1:
+            with ThreadPoolExecutor(self.threads) as pool:
+                list(pool.map(fn, items))
+        else:
+            for item in items:
+                fn(item)
+
+    def _compact_block(self, block: int) -> None:
+        pieces = self._buffers.pop(block)
+        keys = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        del pieces
+        keys.sort()
+        new_k, new_c = run_lengths(keys, dtype=self.count_dtype)
+        del keys
+        old_k = self._keys.get(block, np.zeros(0, np.uint32))
+        old_c = self._counts.get(block, np.zeros(0, self.count_dtype))
+        self._keys[block], self._counts[block] = merge_sorted(old_k, old_c, new_k, new_c)
+
+    def to_csr(self) -> sp.csr_array:
+        """The counts as an int64 CSR array of shape (n, V), rows and columns sorted.
+
+        Consumes the counter (its blocks are freed as they are copied into the result,
+        which keeps the peak memory near the result's size); it is empty afterwards.
+        """
+        self.compact()
+        n, V = self.positions, self.vocab_size
+        blocks = sorted(self._keys)
+        starts = np.cumsum([0] + [self._keys[b].size for b in blocks])
+        nnz = int(starts[-1])
+        per_row = np.zeros(n, dtype=np.int64)
+        indices = np.empty(nnz, dtype=np.int32 if max(nnz, n + 1) < 2**31 else np.int64)
+        data = np.empty(nnz, dtype=np.int64)
+
+        def fill(i: int) -> None:
+            block = blocks[i]
+            keys, counts = self._keys.pop(block), self._counts.pop(block)
+            lo, hi = starts[i], starts[i + 1]
+            hist = np.bincount(keys // np.uint32(V))
+            per_row[block * self.block : block * self.block + hist.size] = hist
+            np.remainder(keys, np.uint32(V), out=indices[lo:hi], casting="unsafe")  # < V <= 2**31
+            data[lo:hi] = counts
+
+        self._map(fill, list(range(len(blocks))))
+        indptr = np.zeros(n + 1, dtype=indices.dtype)
+        np.cumsum(per_row, out=indptr[1:])
+        self.added = 0
+        return sp.csr_array((data, indices, indptr), shape=(n, V))
