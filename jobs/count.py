@@ -14,11 +14,15 @@ What runs where:
   kernel (:func:`posstats.corpus.shards.count_shard`) and persists each partial plus its
   completion marker to the run store (:class:`posstats.service.shard_store.RunStore`); it returns a
   small summary, never an array;
-* a tree reduce on the same actors sums partials (``fan_in`` at a time, in sorted shard-id
-  order; :func:`posstats.counting.reduce.reduce_partials`) into intermediate files and
-  finally the result in ``STORE/results/``; the driver copies that file into the output
-  folder. Which partials, with which signs (a refresh: ``total - removed + added``), and
-  the manifest it publishes are the store's rules (:mod:`posstats.service.shard_store`).
+* a range reduce on the same actors sums the partials: every partial is first checked
+  against its marker (:func:`posstats.counting.reduce.load_partial`, in parallel), then
+  the positions are cut into ranges and each actor sums one range across all partials at
+  a time (:func:`posstats.counting.ranges.sum_row_range`, reading only those rows), and
+  one actor streams the range files into the result in ``STORE/results/``
+  (:func:`posstats.counting.ranges.assemble_ranges`), holding one range at a time. The
+  driver copies that file into the output folder and never holds counts. Which partials,
+  with which signs (a refresh: ``total - removed + added``), and the manifest it
+  publishes are the store's rules (:mod:`posstats.service.shard_store`).
 
 Failures: actors run with ``max_restarts`` / ``max_task_retries``, so a counting actor
 killed mid-shard is restarted and the shard recounted; a shard whose marker exists is
@@ -51,8 +55,9 @@ from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, count_shard, part
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
-from posstats.counting.io import write_json_atomic
-from posstats.counting.reduce import check_summable, reduce_partials
+from posstats.counting.io import counts_file, write_json_atomic
+from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
+from posstats.counting.reduce import CorruptPartialError, check_summable, load_partial, mark_result
 from posstats.errors import InputError, PosstatsError
 from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
 from posstats.guard import run_guarded
@@ -78,7 +83,8 @@ __all__ = [
 ]
 
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
-MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard (after Ray's own retries)
+MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard or reduce task (after Ray's own retries)
+RANGE_BYTES = 256 * 2**20  # partial bytes read per reduce range (bounds an actor's memory)
 ACTOR_START_TIMEOUT_S = 600
 
 
@@ -94,10 +100,12 @@ class JobOptions:
         workers: counting actors; None = one per CPU of the cluster.
         skip_bad_shards: record unreadable shards and finish without them.
         shard_bytes: JSONL / text files above this many bytes are cut into line ranges.
-        dense_budget: bytes of a dense ``n x V`` int64 array allowed per process (driver
-            and each actor); sparse partials and sums above it. The final counts are dense
-            exactly when the single-process ``posstats count`` would store them dense.
-        fan_in: partials summed per reduce task.
+        dense_budget: bytes of a dense ``n x V`` int64 array allowed per counting actor
+            (used for shards big enough to pay for it; sparse otherwise). The storage of
+            partials and result is chosen by size (:func:`posstats.counting.io.choose_storage`),
+            as in the single-process ``posstats count``.
+        ranges: position ranges of the reduce; None: two per worker, more when the
+            partials exceed ``RANGE_BYTES`` per range.
         show_progress: progress bar on stderr (None: only on a terminal).
         out: output folder recorded in the manifest (``posstats refresh`` writes there).
         shard_delay: test hook: seconds each shard sleeps after counting, before saving.
@@ -111,7 +119,7 @@ class JobOptions:
     skip_bad_shards: bool = False
     shard_bytes: int = DEFAULT_SHARD_BYTES
     dense_budget: int = DEFAULT_DENSE_BUDGET
-    fan_in: int = 16
+    ranges: int | None = None
     show_progress: bool | None = None
     out: str | None = None
     shard_delay: float = 0.0
@@ -202,16 +210,23 @@ class CountWorker:
         return {"status": "counted", "shard_id": s.shard_id, "tokens": counts.tokens, "seconds": seconds,
                 "save_seconds": save_s, **who}
 
-    def reduce(self, items: list[tuple[str, int]], out: str, final: bool, final_dense: bool) -> dict[str, Any]:
-        """Signed sum of saved counts into ``out`` (:func:`posstats.counting.reduce.reduce_partials`),
-        with its time in ``seconds``; ``{"corrupt": [...]}`` when partials do not match
-        their markers (nothing saved)."""
-        t = time.perf_counter()
-        summary = reduce_partials([(p, int(sign)) for p, sign in items], self.spec, out,
-                                  dense_budget=self.dense_budget, final=final, final_dense=final_dense,
-                                  metadata=self.metadata)
-        if "corrupt" not in summary:
-            summary["seconds"] = round(time.perf_counter() - t, 3)
+    def check(self, path: str) -> dict[str, Any] | None:
+        """None when the saved counts at ``path`` match their marker, else the corrupt
+        partial's ``{"path", "error", "detail"}`` (:func:`posstats.counting.reduce.load_partial`)."""
+        try:
+            load_partial(path)
+        except CorruptPartialError as exc:
+            return {"path": exc.path, "error": str(exc), "detail": exc.detail}
+        return None
+
+    def sum_range(self, items: list[tuple[str, int]], start: int, stop: int, out: str) -> dict[str, Any]:
+        """Rows ``[start, stop)`` of the signed sum into the range file ``out``."""
+        return sum_row_range([(p, int(sign)) for p, sign in items], self.spec, start, stop, out)
+
+    def assemble(self, parts: list[dict[str, Any]], items: list[tuple[str, int]], out: str) -> dict[str, Any]:
+        """Stream the range files into the result folder ``out`` and mark it complete."""
+        summary = assemble_ranges(parts, [(p, int(sign)) for p, sign in items], self.spec, out, metadata=self.metadata)
+        mark_result(out, summary)
         return summary
 
 
@@ -394,29 +409,56 @@ class _Engine:
 
     # -- reducing ------------------------------------------------------------------
 
-    def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path, final_dense: bool) -> dict:
-        """Tree reduce: sums of ``fan_in`` items at a time, level by level, on the actors.
-
-        Returns the final sum's summary, or ``{"corrupt": [...]}`` (every corrupt partial
-        found on the first level that found one; see :meth:`CountWorker.reduce`)."""
+    def run_tasks(self, tasks: list[tuple[str, tuple]], *, what: str) -> list[Any]:
+        """Run actor method calls ``(name, args)``, one in flight per actor; return their
+        results in order. A lost actor is replaced and its task run again (at most
+        ``MAX_SHARD_ATTEMPTS`` times per task)."""
         import ray
 
-        fan_in = max(2, int(self.opts.fan_in))
-        level = 0
-        while len(items) > fan_in:
-            groups = [items[i : i + fan_in] for i in range(0, len(items), fan_in)]
-            refs = [
-                self.actors[j % len(self.actors)].reduce.remote(g, str(scratch / f"L{level}-{j:05d}"), False, False)
-                for j, g in enumerate(groups)
-            ]
-            outs = ray.get(refs)
-            corrupt = [c for out in outs for c in out.get("corrupt", ())]
-            if corrupt:
-                return {"corrupt": corrupt}
-            items = [(out["path"], 1) for out in outs]
-            level += 1
-        summary = ray.get(self.actors[0].reduce.remote(items, str(final_dir), True, final_dense))
-        summary["levels"] = level + 1
+        lost = _actor_lost_errors()
+        results: list[Any] = [None] * len(tasks)
+        attempts = [0] * len(tasks)
+        queue, inflight = deque(range(len(tasks))), {}
+        while queue or inflight:
+            busy = {i for i, _ in inflight.values()}
+            for i in range(len(self.actors)):
+                if i not in busy and queue:
+                    k = queue.popleft()
+                    name, args = tasks[k]
+                    inflight[getattr(self.actors[i], name).remote(*args)] = (i, k)
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            i, k = inflight.pop(ready[0])
+            try:
+                results[k] = ray.get(ready[0])
+            except lost as exc:
+                attempts[k] += 1
+                if attempts[k] >= MAX_SHARD_ATTEMPTS:
+                    msg = f"{what}: lost {attempts[k]} actors on one task ({type(exc).__name__}); rerun to resume"
+                    raise PosstatsError(msg) from exc
+                _log(f"an actor was lost during the {what}; starting a new one and running its task again")
+                self._replace(i)
+                queue.appendleft(k)
+        return results
+
+    def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path) -> dict:
+        """Range reduce (module docstring): check every item, sum each position range on
+        an actor, assemble the ranges into ``final_dir``.
+
+        Returns the final summary (with ``ranges``), or ``{"corrupt": [...]}`` (every
+        corrupt partial; nothing summed)."""
+        checks = self.run_tasks([("check", (str(p),)) for p, _ in items], what="partial check")
+        corrupt = [c for c in checks if c]
+        if corrupt:
+            return {"corrupt": corrupt}
+        scratch.mkdir(parents=True, exist_ok=True)
+        item_bytes = sum(counts_file(p).stat().st_size for p, _ in items)
+        parts = self.opts.ranges or max(2 * len(self.actors), -(-item_bytes // RANGE_BYTES))
+        ranges = row_ranges(CountSpec.from_metadata(self.worker_args["spec"]).positions, parts)
+        tasks = [("sum_range", (items, a, b, str(scratch / f"range-{j:05d}.safetensors")))
+                 for j, (a, b) in enumerate(ranges)]
+        summaries = self.run_tasks(tasks, what="range reduce")
+        summary = self.run_tasks([("assemble", (summaries, items, str(final_dir)))], what="reduce")[0]
+        summary["ranges"] = len(ranges)
         return summary
 
 
@@ -457,7 +499,6 @@ class _Run:
     previous: dict[str, Any] | None
     plan: _Plan
     record: dict[str, Any]
-    final_dense: bool
     t_start: float
 
     def write_record(self, **changes: Any) -> None:
@@ -627,8 +668,7 @@ def _reduce(run: _Run, engine: _Engine, counted: _Counted, result_dir: Path) -> 
     for last in (False, True):
         items, mode = store.reduce_items(counted.good(plan.planned), added=counted.good(plan.added),
                                          removed=plan.removed, old_result=old_result if run.incremental else None)
-        reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir,
-                                final_dense=run.final_dense)
+        reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir)
         if "corrupt" not in reduced:
             break
         _recount_corrupt(run, engine, counted, reduced["corrupt"], last=last)
@@ -684,7 +724,7 @@ def _publish(run: _Run, counted: _Counted, reduced: dict[str, Any], mode: str, r
     store.clean_temporary(run.run_id)
     n_counted = len(counted.counted_now())
     run.write_record(status="complete", finished=_stamp(), counted=n_counted, reduce=mode)
-    engine = {**timings, "reduce_levels": reduced["levels"],
+    engine = {**timings, "reduce_ranges": reduced["ranges"],
               "tokens_counted_now": sum(r["tokens"] for r in counted.counted_now())}
     return _summary(run, manifest, counted=n_counted, bad=counted.bad, engine=engine, mode=mode)
 
@@ -758,8 +798,8 @@ def _run(
         plan = _plan(store, source, spec, opts, previous)
         record = _start_record(store, run_id, command, inputs, files, plan)
         run = _Run(store, run_id, command, opts, incremental, list(inputs), files, config, previous, plan, record,
-                   final_dense=spec.fits_dense(opts.dense_budget), t_start=t_start)
-        if store.is_up_to_date(previous, plan.planned, todo=len(plan.todo), final_dense=run.final_dense):
+                   t_start=t_start)
+        if store.is_up_to_date(previous, plan.planned, todo=len(plan.todo)):
             return _up_to_date(run)
         counted, reduced, mode, result_dir, timings = _count_and_reduce(
             run, _worker_args(store, source, spec, metadata, opts))

@@ -177,52 +177,95 @@ def test_long_documents_truncate_exactly():
     np.testing.assert_array_equal(got.matrix, oracle([s.tolist() for s in seqs], 64, 50))
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_storage_round_trip(tmp_path, sparse):
-    c = count_sequences([[1, 2, 3], [3, 3]], positions=3, vocab_size=6, mode="chunk", exclude_ids=[0])
-    c = c.to_sparse() if sparse else c
-    c = PositionalCounts(c.spec, c.matrix, c.sequences, c.windows, c.tokens, "beef", {"tokenizer_hash": "abc"})
-    path = save_counts(c, tmp_path / "run")
-    assert path.name == ("counts.parquet" if sparse else "counts.safetensors")
-    back = load_counts(tmp_path / "run")
-    assert back.equals(c) and back.is_sparse == sparse
-    assert back.fingerprint == "beef" and back.metadata == {"tokenizer_hash": "abc"}
-    assert back.spec == c.spec
-    # switching storage kind leaves exactly one counts file
-    save_counts(c.to_dense() if sparse else c.to_sparse(), tmp_path / "run")
-    assert len(list((tmp_path / "run").glob("counts.*"))) == 1
-    assert not list((tmp_path / "run").glob(".*tmp"))
-
-
-@pytest.mark.parametrize(("big", "stored"), [(2**31 - 1, "I32"), (-(2**31), "I32"), (2**31, "I64"), (-(2**31) - 1, "I64")])
-def test_narrow_storage_is_int32_only_when_every_count_fits(tmp_path, big, stored):
+def _stored_dtypes(path):
     import json
     import struct
 
-    c = count_sequences([[1, 2, 3], [3, 3]], positions=3, vocab_size=6)
+    raw = path.read_bytes()
+    header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
+    return {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+@pytest.mark.parametrize(("n", "seqs", "stored"), [
+    (3, [[1, 2, 3], [3, 3], [4, 5, 1]], "counts.safetensors"),  # 7 of 18 cells: dense is smaller
+    (40, [[1, 2, 3], [3, 3]], "counts.csr.safetensors"),  # 5 of 240 cells: sparse is smaller
+])
+@pytest.mark.parametrize("in_memory_sparse", [False, True])
+def test_storage_is_chosen_by_size_not_by_layout(tmp_path, n, seqs, stored, in_memory_sparse):
+    c = count_sequences(seqs, positions=n, vocab_size=6, mode="chunk", exclude_ids=[0])
+    c = c.to_sparse() if in_memory_sparse else c.to_dense()
+    c = PositionalCounts(c.spec, c.matrix, c.sequences, c.windows, c.tokens, "beef", {"tokenizer_hash": "abc"})
+    path = save_counts(c, tmp_path / "run")
+    assert path.name == stored
+    assert set(_stored_dtypes(path).values()) <= {"I32", "I64"} and "I32" in _stored_dtypes(path).values()
+    back = load_counts(tmp_path / "run")
+    assert back.equals(c) and (back.matrix.dtype == np.int64)
+    assert back.fingerprint == "beef" and back.metadata == {"tokenizer_hash": "abc"}
+    assert back.spec == c.spec
+    # a folder holding another kind of counts file keeps exactly the new one
+    (tmp_path / "run" / "counts.parquet").write_bytes(b"stale")
+    other = "counts.csr.safetensors" if stored == "counts.safetensors" else "counts.safetensors"
+    (tmp_path / "run" / other).write_bytes(b"stale")
+    save_counts(c, tmp_path / "run")
+    assert [p.name for p in (tmp_path / "run").glob("counts.*")] == [stored]
+    assert not list((tmp_path / "run").glob(".*tmp"))
+
+
+@pytest.mark.parametrize("n", [3, 40])
+def test_rows_read_as_slices_of_either_storage(tmp_path, n):
+    from posstats.counting.io import load_header, load_rows
+
+    rng = np.random.default_rng(n)
+    seqs = [list(rng.integers(0, 6, size=rng.integers(0, 2 * n))) for _ in range(9)]
+    c = count_sequences(seqs, positions=n, vocab_size=6, mode="chunk")
+    save_counts(c, tmp_path / "r")
+    dense = c.to_dense().matrix
+    for a, b in [(0, n), (0, 1), (1, n), (n - 1, n), (2, 2)]:
+        rows = load_rows(tmp_path / "r", a, b)
+        assert rows.shape == (b - a, 6) and rows.dtype == np.int64
+        np.testing.assert_array_equal(rows.toarray(), dense[a:b])
+    head = load_header(tmp_path / "r")
+    assert (head.spec, head.tokens, head.windows, head.sequences) == (c.spec, c.tokens, c.windows, c.sequences)
+    with pytest.raises(ValueError, match="outside"):
+        load_rows(tmp_path / "r", 0, n + 1)
+
+
+@pytest.mark.parametrize(("big", "stored"), [(2**31 - 1, "I32"), (-(2**31), "I32"), (2**31, "I64"), (-(2**31) - 1, "I64")])
+@pytest.mark.parametrize("n", [3, 40])
+def test_counts_are_stored_as_int32_only_when_every_count_fits(tmp_path, big, stored, n):
+    c = count_sequences([[1, 2, 3], [3, 3]], positions=n, vocab_size=6).to_dense()
     m = c.matrix.copy()
     m[2, 5] = big
-    def dtype_of(path):
-        raw = path.read_bytes()
-        return json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])["counts"]["dtype"]
-
     c = PositionalCounts(c.spec, m, c.sequences, c.windows, c.tokens, "beef", {})
-    path = save_counts(c, tmp_path / "n", narrow=True)
-    assert dtype_of(path) == stored
-    if big < 0:  # stored as asked, but a counts file with a negative count is refused when loaded
+    path = save_counts(c, tmp_path / "n")
+    assert _stored_dtypes(path).get("counts", _stored_dtypes(path).get("data")) == stored
+    if big < 0:  # stored exactly, but a counts file with a negative count is refused when loaded
         with pytest.raises(InputError, match=r"1 negative count\(s\), first C\[2, 5\]"):
             load_counts(path)
     else:
         back = load_counts(path)
         assert back.matrix.dtype == np.int64 and back.equals(c)
-    assert dtype_of(save_counts(c, tmp_path / "w")) == "I64"  # the default keeps int64
+
+
+def test_legacy_parquet_counts_still_load(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    c = count_sequences([[1, 2, 3], [3, 3]], positions=3, vocab_size=6)
+    coo = c.to_sparse().matrix.tocoo()
+    meta = {"schema": "posstats.counts/1", **c.spec.to_metadata(), "sequences": "2", "windows": "2",
+            "tokens": str(c.tokens), "fingerprint": ""}
+    table = pa.table({"position": coo.row.astype(np.int32), "token": coo.col.astype(np.int32),
+                      "count": coo.data.astype(np.int64)}).replace_schema_metadata(meta)
+    pq.write_table(table, tmp_path / "counts.parquet")
+    assert load_counts(tmp_path).equals(c)
 
 
 def test_load_rejects_garbage(tmp_path):
     (tmp_path / "counts.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(InputError, match="counts.safetensors: not a readable"):
         load_counts(tmp_path)
-    with pytest.raises(InputError, match="no counts.safetensors or counts.parquet"):
+    with pytest.raises(InputError, match="no counts.safetensors or counts.csr.safetensors"):
         load_counts(tmp_path / "..")
 
 

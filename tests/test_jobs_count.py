@@ -27,10 +27,11 @@ import pytest
 
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec
+from posstats.counting.io import save_counts
 from posstats.errors import InputError
 from posstats.service.shard_store import RunStore
 from posstats.corpus.shards import count_shard, plan_shards
-from posstats.counting.io import load_counts
+from posstats.counting.io import counts_file, load_counts
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,14 +99,12 @@ def assert_same_output(ref: Path, got: Path) -> None:
     a, b = load_counts(ref), load_counts(got)
     assert a.equals(b) and a.is_sparse == b.is_sparse
     assert (a.fingerprint, a.metadata, a.spec) == (b.fingerprint, b.metadata, b.spec)
-    if (ref / "counts.safetensors").exists():
-        # metadata key order in a safetensors header is not deterministic, the rest is
-        head_a, data_a = safetensors_parts(ref / "counts.safetensors")
-        head_b, data_b = safetensors_parts(got / "counts.safetensors")
-        assert head_a == head_b and data_a == data_b
-    else:
-        ta, tb = pq.read_table(ref / "counts.parquet"), pq.read_table(got / "counts.parquet")
-        assert ta.equals(tb) and ta.schema.metadata == tb.schema.metadata
+    file_a, file_b = counts_file(ref), counts_file(got)
+    assert file_a.name == file_b.name  # the same storage rule picked the same file
+    # bit-identical: header (tensor layout and metadata) and every byte of the counts
+    head_a, data_a = safetensors_parts(file_a)
+    head_b, data_b = safetensors_parts(file_b)
+    assert head_a == head_b and data_a == data_b
     sa, sb = json.loads((ref / "count.json").read_text()), json.loads((got / "count.json").read_text())
     for key in sa.keys() - {"seconds", "tokens_per_s"}:
         assert sa[key] == sb[key], key
@@ -227,15 +226,15 @@ def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_di
     dense = spec.positions * V * 8 <= budget
     ref = count_corpus(source, spec, dense=dense, show_progress=False)
     opts = JobOptions(store=str(tmp_path / "store"), workers=workers, shuffle_seed=seed, dense_budget=budget,
-                      shard_bytes=30_000, fan_in=3, show_progress=False)
+                      shard_bytes=30_000, ranges=5, show_progress=False)
     summary = count_job(source, spec, {}, opts)
     got = load_counts(summary["counts_path"])
     assert_counts_equal(got, ref)
-    assert got.is_sparse is (not dense)
+    assert Path(summary["counts_path"]).name == save_counts(ref, tmp_path / "direct").name  # storage by size
     expected_shards = 3 if mode == "pack" else 8 + len(plan_shards(CorpusSource(inputs=(str(jsonl),), column="input_ids"), spec, shard_bytes=30_000))
     assert summary["ray"]["shards"] == expected_shards
     if mode != "pack":
-        assert summary["ray"]["reduce_levels"] >= 2  # a real tree: fan-in 3
+        assert summary["ray"]["reduce_ranges"] == 5
 
 
 # ----------------------------------------------------------------------------- failures

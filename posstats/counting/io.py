@@ -1,9 +1,19 @@
-"""Saving and loading positional counts, atomically.
+"""Saving and loading positional counts, atomically, in the storage that suits them.
 
-Dense counts go to ``counts.safetensors`` (tensor ``counts``, int64, shape (n, V));
-sparse counts go to ``counts.parquet`` in long COO form (``position`` int32,
-``token`` int32, ``count`` int64). Both carry the same string-to-string metadata:
-``schema``, the :class:`~posstats.counting.counts.CountSpec` fields, ``sequences``, ``windows``,
+The storage is chosen by size, not by the in-memory layout (:func:`choose_storage`, the
+one place that decides): counts are stored as int32 when every count fits (else int64),
+and as whichever of these two files is smaller:
+
+* ``counts.safetensors``: dense, tensor ``counts`` of shape (n, V): ``w n V`` bytes;
+* ``counts.csr.safetensors``: CSR rows, tensors ``indptr`` (int64, n + 1), ``indices``
+  (int32 token ids, sorted within each row) and ``data`` (the non-zero counts):
+  ``8 (n + 1) + (4 + w) nnz`` bytes. A row range reads as three slices
+  (:func:`load_rows`), without reading the rest of the file.
+
+(``w`` = 4 or 8 bytes per count.) Loaders return exact int64 counts either way. Sparse
+counts written by older versions (``counts.parquet``, long COO form) still load. Every
+file carries the same string-to-string metadata: ``schema``, the
+:class:`~posstats.counting.counts.CountSpec` fields, ``sequences``, ``windows``,
 ``tokens``, ``fingerprint`` and free-form entries prefixed ``meta.``.
 
 Every write goes to a temporary file in the destination folder and is moved into place
@@ -15,7 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +36,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError, PosstatsError
@@ -32,17 +44,26 @@ from posstats.runs.publish import atomic_path, published_dir
 __all__ = [
     "COUNTS_FILES",
     "COUNTS_SCHEMA",
+    "SPARSE_FILE",
+    "Storage",
+    "TensorStream",
+    "choose_storage",
     "counts_file",
     "load_counts",
+    "load_header",
+    "load_rows",
     "read_json_file",
+    "counts_metadata",
     "save_counts",
     "write_json_atomic",
+    "write_safetensors",
 ]
 
 COUNTS_SCHEMA = "posstats.counts/1"
 DENSE_FILE = "counts.safetensors"
-SPARSE_FILE = "counts.parquet"
-COUNTS_FILES = (DENSE_FILE, SPARSE_FILE)
+SPARSE_FILE = "counts.csr.safetensors"
+LEGACY_SPARSE_FILE = "counts.parquet"  # long COO form, written before 0.2; read only
+COUNTS_FILES = (DENSE_FILE, SPARSE_FILE, LEGACY_SPARSE_FILE)
 # Completion markers that name the counts file of their folder: a counts folder's
 # count.json, a run-store partial's done.json.
 MARKERS = ("count.json", "done.json")
@@ -72,7 +93,7 @@ def read_json_file(path: str | os.PathLike, /, *, what: str) -> dict[str, Any] |
         raise PosstatsError(msg) from exc
 
 
-def _metadata(counts: PositionalCounts) -> dict[str, str]:
+def counts_metadata(counts: PositionalCounts) -> dict[str, str]:
     meta = {
         "schema": COUNTS_SCHEMA,
         **counts.spec.to_metadata(),
@@ -103,7 +124,7 @@ def _check_nonnegative(matrix, source: Path) -> None:
     raise InputError(msg)
 
 
-def _from_metadata(meta: dict[str, str], matrix, source: Path) -> PositionalCounts:
+def _from_metadata(meta: dict[str, str], matrix, source: Path, *, check: bool = True) -> PositionalCounts:
     if meta.get("schema") != COUNTS_SCHEMA:
         msg = f"{source}: not a posstats counts file (schema {meta.get('schema')!r}, expected {COUNTS_SCHEMA!r})"
         raise InputError(msg)
@@ -111,7 +132,8 @@ def _from_metadata(meta: dict[str, str], matrix, source: Path) -> PositionalCoun
     if tuple(matrix.shape) != (spec.positions, spec.vocab_size):
         msg = f"{source}: counts shape {tuple(matrix.shape)} does not match its metadata ({spec.positions}, {spec.vocab_size})"
         raise InputError(msg)
-    _check_nonnegative(matrix, source)
+    if check:
+        _check_nonnegative(matrix, source)
     return PositionalCounts(
         spec=spec,
         matrix=matrix,
@@ -123,44 +145,135 @@ def _from_metadata(meta: dict[str, str], matrix, source: Path) -> PositionalCoun
     )
 
 
-def _int32_if_fits(matrix: np.ndarray, /) -> np.ndarray:
-    """``matrix`` as int32 when every entry fits, else as int64 (C-contiguous)."""
-    info = np.iinfo(np.int32)
-    if matrix.size and info.min <= int(matrix.min()) and int(matrix.max()) <= info.max:
-        return matrix.astype(np.int32, order="C")
-    return np.ascontiguousarray(matrix, dtype=np.int64)
+@dataclass(frozen=True)
+class Storage:
+    """How counts are stored: ``kind`` "dense" or "sparse", the count ``dtype`` (int32 or
+    int64) and the file's size in bytes (without its header)."""
+
+    kind: str
+    dtype: np.dtype
+    nbytes: int
 
 
-def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /, *, narrow: bool = False) -> Path:
-    """Write ``counts`` into ``directory`` (created if needed); return the file written.
+def choose_storage(positions: int, vocab_size: int, nnz: int, max_count: int, /) -> Storage:
+    """The one storage rule: int32 counts when ``max_count < 2**31`` (else int64), and
+    sparse CSR (``8 (n + 1) + (4 + w) nnz`` bytes) when it is smaller than dense
+    (``w n V`` bytes), ``w`` being the bytes per count.
 
-    Dense counts -> ``counts.safetensors``; sparse -> ``counts.parquet``. A file of the
-    other kind left from an earlier run is removed after the new one is in place.
-    ``narrow=True`` stores dense counts as int32 when every count fits (a shard of fewer
-    than 2**31 tokens always does): half the bytes to write and read back, which is most
-    of a counting worker's per-shard overhead. :func:`load_counts` returns int64 either way.
+    >>> choose_storage(131072, 50257, 126_000_000, 9_000)
+    Storage(kind='sparse', dtype=dtype('int32'), nbytes=1009048584)
+    >>> choose_storage(64, 100, 6_000, 3).kind
+    'dense'
     """
+    dtype = np.dtype(np.int32 if max_count < 2**31 else np.int64)
+    dense = positions * vocab_size * dtype.itemsize
+    sparse = 8 * (positions + 1) + (4 + dtype.itemsize) * nnz
+    return Storage("sparse", dtype, sparse) if sparse < dense else Storage("dense", dtype, dense)
+
+
+def _storage_of(counts: PositionalCounts) -> Storage:
+    """:func:`choose_storage` for ``counts`` (one pass over the stored values)."""
+    values = counts.matrix.data if counts.is_sparse else np.asarray(counts.matrix)
+    nnz = int(np.count_nonzero(values))
+    # int32 holds [-2**31, 2**31 - 1]: a negative count (only in a signed intermediate
+    # sum) of -m needs as much as a positive one of m - 1
+    extreme = max(int(values.max()), -int(values.min()) - 1) if values.size else 0
+    return choose_storage(counts.spec.positions, counts.spec.vocab_size, nnz, extreme)
+
+
+def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
+    """The non-zeros of a dense ``(n, V)`` matrix as a CSR array (rows in order)."""
+    n, V = matrix.shape
+    flat = matrix.reshape(-1)
+    nz = np.flatnonzero(flat)
+    rows = nz // V
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    return sp.csr_array((flat[nz], (nz - rows * V), indptr), shape=(n, V))
+
+
+def _csr_tensors(matrix, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """``indptr`` (int64), ``indices`` (int32), ``data`` (``dtype``) of counts, zeros dropped."""
+    csr = sp.csr_array(matrix) if sp.issparse(matrix) else _dense_to_csr(np.asarray(matrix))
+    if not csr.has_canonical_format:
+        csr.sum_duplicates()
+    if csr.nnz and int(np.count_nonzero(csr.data)) < csr.nnz:
+        csr = csr.copy()
+        csr.eliminate_zeros()
+    return {
+        "indptr": csr.indptr.astype(np.int64, copy=False),
+        "indices": csr.indices.astype(np.int32, copy=False),
+        "data": csr.data.astype(dtype, copy=False),
+    }
+
+
+_SAFETENSORS_DTYPES = {np.dtype(np.int32): "I32", np.dtype(np.int64): "I64"}
+
+
+@dataclass(frozen=True)
+class TensorStream:
+    """A tensor written piece by piece: ``dtype``, ``shape`` and ``pieces``, a callable
+    returning an iterator of arrays whose bytes, in order, are the tensor's."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    pieces: Callable[[], Iterator[np.ndarray]]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray | TensorStream],
+                      metadata: dict[str, str], /) -> None:
+    """Write a safetensors file, streaming each array (no in-memory copy of the file).
+
+    Layout: an 8-byte little-endian header length, the JSON header (tensor name -> dtype,
+    shape, byte offsets; ``__metadata__``) padded with spaces to 8 bytes, then the raw
+    little-endian arrays back to back. A :class:`TensorStream` is written piece by piece,
+    so a tensor larger than memory can be assembled from parts.
+    """
+    streams = {name: t if isinstance(t, TensorStream) else TensorStream(t.dtype, t.shape, lambda t=t: iter((t,)))
+               for name, t in tensors.items()}
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, t in streams.items():
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[np.dtype(t.dtype)], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name, t in streams.items():
+            written = 0
+            for piece in t.pieces():
+                piece = np.ascontiguousarray(piece, dtype=np.dtype(t.dtype).newbyteorder("<"))
+                f.write(memoryview(piece).cast("B"))
+                written += piece.nbytes
+            if written != t.nbytes:
+                msg = f"{path}: tensor {name} got {written} bytes, its header says {t.nbytes}"
+                raise ValueError(msg)
+
+
+def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /) -> Path:
+    """Write ``counts`` into ``directory`` (created if needed) in the storage
+    :func:`choose_storage` picks; return the file written. Counts files of another kind
+    left from an earlier run are removed after the new one is in place."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    meta = _metadata(counts)
-    if counts.is_sparse:
-        target, stale = directory / SPARSE_FILE, directory / DENSE_FILE
-        coo = counts.matrix.tocoo()
-        table = pa.table(
-            {
-                "position": pa.array(coo.row.astype(np.int32)),
-                "token": pa.array(coo.col.astype(np.int32)),
-                "count": pa.array(coo.data.astype(np.int64)),
-            }
-        ).replace_schema_metadata(meta)
-        with atomic_path(target) as tmp:
-            pq.write_table(table, tmp)
+    storage = _storage_of(counts)
+    if storage.kind == "sparse":
+        target, tensors = directory / SPARSE_FILE, _csr_tensors(counts.matrix, storage.dtype)
     else:
-        target, stale = directory / DENSE_FILE, directory / SPARSE_FILE
-        with atomic_path(target) as tmp:
-            matrix = _int32_if_fits(counts.matrix) if narrow else np.ascontiguousarray(counts.matrix, dtype=np.int64)
-            save_file({"counts": matrix}, str(tmp), metadata=meta)
-    stale.unlink(missing_ok=True)
+        matrix = counts.matrix.toarray() if counts.is_sparse else np.asarray(counts.matrix)
+        target, tensors = directory / DENSE_FILE, {"counts": matrix.astype(storage.dtype, copy=False)}
+    with atomic_path(target) as tmp:
+        write_safetensors(tmp, tensors, counts_metadata(counts))
+    for name in COUNTS_FILES:
+        if name != target.name:
+            (directory / name).unlink(missing_ok=True)
     return target
 
 
@@ -187,7 +300,8 @@ def counts_file(path: str | os.PathLike, /) -> Path:
         if len(present) == 1:
             return present[0]
         if present:
-            msg = f"{path}: holds both {DENSE_FILE} and {SPARSE_FILE} and no count.json names one; delete the stale one or count again"
+            names = " and ".join(p.name for p in present)
+            msg = f"{path}: holds both {names} and no count.json names one; delete the stale one or count again"
             raise InputError(msg)
         msg = f"{path}: no {DENSE_FILE} or {SPARSE_FILE} in this folder (run 'posstats count' first)"
         raise InputError(msg)
@@ -216,21 +330,87 @@ def _named_counts_file(marker: Path) -> str | None:
 
 
 def load_counts(path: str | os.PathLike, /) -> PositionalCounts:
-    """Load counts saved by :func:`save_counts` (a folder or the file itself)."""
+    """Load counts saved by :func:`save_counts` (a folder or the file itself); int64."""
     path = counts_file(path)
-    loader: Callable[[Path], PositionalCounts] = _load_parquet if path.suffix == ".parquet" else _load_safetensors
-    return loader(path)
+    if path.name.endswith(".parquet"):
+        return _load_parquet(path)
+    with _opened(path) as f:
+        meta = dict(f.metadata() or {})
+        if "counts" in f.keys():
+            matrix = f.get_tensor("counts").astype(np.int64, copy=False)
+        else:
+            matrix = _csr_from(path, f.get_tensor("indptr"), f.get_tensor("indices"), f.get_tensor("data"),
+                               _shape(meta))
+    return _from_metadata(meta, matrix, path)
 
 
-def _load_safetensors(path: Path) -> PositionalCounts:
+def load_header(path: str | os.PathLike, /) -> PositionalCounts:
+    """The spec, totals, fingerprint and metadata of saved counts, without their counts:
+    the returned ``matrix`` is an empty (all-zero) CSR array of shape (n, V)."""
+    path = counts_file(path)
+    if path.name.endswith(".parquet"):
+        counts = _load_parquet(path)
+        meta = counts_metadata(counts)
+    else:
+        with _opened(path) as f:
+            meta = dict(f.metadata() or {})
+    return _from_metadata(meta, sp.csr_array(_shape(meta), dtype=np.int64), path, check=False)
+
+
+def load_rows(path: str | os.PathLike, start: int, stop: int, /) -> sp.csr_array:
+    """Rows ``[start, stop)`` of saved counts as an int64 CSR array of shape
+    ``(stop - start, V)``, reading only those rows of a safetensors counts file."""
+    path = counts_file(path)
+    if path.name.endswith(".parquet"):
+        return sp.csr_array(_load_parquet(path).to_sparse().matrix[start:stop])
+    with _opened(path) as f:
+        meta = dict(f.metadata() or {})
+        n, V = _shape(meta)
+        if not 0 <= start <= stop <= n:
+            msg = f"rows [{start}, {stop}) are outside the {n} positions of {path}"
+            raise ValueError(msg)
+        if "counts" in f.keys():
+            rows = sp.csr_array(f.get_slice("counts")[start:stop].astype(np.int64, copy=False))
+        else:
+            bounds = f.get_slice("indptr")[start : stop + 1].astype(np.int64)
+            lo, hi = int(bounds[0]), int(bounds[-1])
+            # (safetensors refuses an empty slice at the end of a tensor)
+            indices = f.get_slice("indices")[lo:hi] if hi > lo else np.zeros(0, np.int32)
+            data = f.get_slice("data")[lo:hi] if hi > lo else np.zeros(0, np.int64)
+            rows = _csr_from(path, bounds - lo, indices, data, (stop - start, V))
+    _check_nonnegative(rows, path)
+    return rows
+
+
+@contextmanager
+def _opened(path: Path):
+    """``safe_open`` of a counts file; unreadable -> InputError naming the file."""
     try:
         with safe_open(str(path), framework="numpy") as f:
-            meta = dict(f.metadata() or {})
-            matrix = f.get_tensor("counts")
+            yield f
+    except InputError:
+        raise
     except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
         msg = f"{path}: not a readable safetensors counts file ({exc})"
         raise InputError(msg) from exc
-    return _from_metadata(meta, matrix.astype(np.int64, copy=False), path)
+
+
+def _shape(meta: dict[str, str]) -> tuple[int, int]:
+    try:
+        return int(meta["positions"]), int(meta["vocab_size"])
+    except (KeyError, ValueError):
+        return (0, 0)
+
+
+def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int]) -> sp.csr_array:
+    """An int64 CSR array from stored tensors, checked (InputError naming ``path``)."""
+    try:
+        matrix = sp.csr_array((data.astype(np.int64, copy=False), indices, indptr), shape=shape)
+        matrix.check_format(full_check=True)
+    except ValueError as exc:
+        msg = f"{path}: damaged sparse counts ({exc}); count again"
+        raise InputError(msg) from exc
+    return matrix
 
 
 def _load_parquet(path: Path) -> PositionalCounts:

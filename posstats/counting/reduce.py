@@ -28,7 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
-from posstats.counting.io import counts_file, load_counts, read_json_file, save_counts, write_json_atomic
+from posstats.counting.io import SPARSE_FILE, counts_file, load_counts, read_json_file, save_counts, write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import file_sha256
 
@@ -36,8 +36,8 @@ __all__ = [
     "PARTIAL_MARKER",
     "CorruptPartialError",
     "check_summable",
-    "compact_counts",
     "load_partial",
+    "mark_result",
     "reduce_partials",
     "sum_partials",
 ]
@@ -54,42 +54,6 @@ def check_summable(spec: CountSpec, /) -> None:
     if spec.positions * spec.vocab_size >= 2**62:
         msg = f"positions x vocabulary = {spec.positions} x {spec.vocab_size} is too large to key"
         raise PosstatsError(msg)
-
-
-# ----------------------------------------------------------------------------- storage
-
-
-def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
-    """The non-zeros of a dense int64 ``(n, V)`` matrix as a CSR array (rows in order)."""
-    n, V = matrix.shape
-    flat = matrix.reshape(-1)
-    nz = np.flatnonzero(flat)
-    rows = nz // V
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return sp.csr_array((flat[nz], (nz - rows * V), indptr), shape=(n, V), dtype=np.int64)
-
-
-def compact_counts(counts: PositionalCounts, /) -> PositionalCounts:
-    """The same counts in the storage that suits them: sparse when fewer than ``n V / 8``
-    cells are non-zero (Parquet COO, 16 bytes per non-zero: at most a quarter of the dense
-    ``8 n V`` bytes), else dense. Exact either way.
-
-    Writing a dense safetensors file runs at memory speed while a COO table costs about
-    0.1 us per non-zero, so sparse storage is chosen only where it saves a lot of space.
-    """
-    n, V = counts.spec.positions, counts.spec.vocab_size
-    if counts.is_sparse:
-        matrix = counts.matrix.copy()
-        matrix.eliminate_zeros()
-        if matrix.nnz * 8 < n * V:
-            return dataclasses.replace(counts, matrix=matrix)
-        return counts.to_dense()
-    nnz = int(np.count_nonzero(counts.matrix))
-    if nnz * 8 < n * V:
-        return PositionalCounts(counts.spec, _dense_to_csr(counts.matrix), counts.sequences, counts.windows,
-                                counts.tokens, counts.fingerprint, dict(counts.metadata))
-    return counts
 
 
 # ----------------------------------------------------------------------------- integrity
@@ -287,6 +251,13 @@ def sum_partials(
     return total.result(metadata)
 
 
+def mark_result(out: str | os.PathLike, summary: dict[str, Any], /) -> None:
+    """Write the final sum's completion marker (``done.json``: its counts file, totals and
+    SHA-256), like a partial's, so the next incremental refresh checks the total it builds on."""
+    marker = {k: summary[k] for k in ("counts_file", "sequences", "windows", "tokens", "fingerprint")}
+    write_json_atomic(Path(out) / PARTIAL_MARKER, {**marker, "sha256": file_sha256(Path(out) / summary["counts_file"])})
+
+
 def reduce_partials(
     items: Sequence[tuple[str | os.PathLike, int]],
     spec: CountSpec,
@@ -295,14 +266,12 @@ def reduce_partials(
     *,
     dense_budget: int,
     final: bool,
-    final_dense: bool,
     metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One step of a tree reduce: :func:`sum_partials` of ``items`` saved into ``out``.
 
-    The sum is accumulated dense when ``spec`` fits ``dense_budget``. An intermediate
-    (``final=False``) is stored compactly (:func:`compact_counts`, int32 where it fits);
-    the final one dense exactly when ``final_dense``, and int64.
+    The sum is accumulated dense when ``spec`` fits ``dense_budget``; it is stored as
+    :func:`posstats.counting.io.choose_storage` decides (by size, int32 where it fits).
 
     Returns:
         ``{"path", "counts_file", "sequences", "windows", "tokens", "fingerprint",
@@ -314,11 +283,7 @@ def reduce_partials(
     total = sum_partials(items, spec, dense=spec.fits_dense(dense_budget), metadata=metadata, corrupt=corrupt)
     if corrupt:
         return {"corrupt": [{"path": exc.path, "error": str(exc), "detail": exc.detail} for exc in corrupt]}
-    if final:
-        total = total.to_dense() if final_dense else total.to_sparse()
-    else:
-        total = compact_counts(total)
-    path = save_counts(total, out, narrow=not final)
+    path = save_counts(total, out)
     summary = {
         "path": str(out),
         "counts_file": path.name,
@@ -326,11 +291,9 @@ def reduce_partials(
         "windows": total.windows,
         "tokens": total.tokens,
         "fingerprint": total.fingerprint,
-        "storage": "sparse" if total.is_sparse else "dense",
+        "storage": "sparse" if path.name == SPARSE_FILE else "dense",
     }
     if final:
         summary["positions_occupied"] = int((total.occupancy() > 0).sum())
-        # marked like a partial, so the next incremental refresh checks the total it builds on
-        marker = {k: summary[k] for k in ("counts_file", "sequences", "windows", "tokens", "fingerprint")}
-        write_json_atomic(Path(out) / PARTIAL_MARKER, {**marker, "sha256": file_sha256(path)})
+        mark_result(out, summary)
     return summary

@@ -13,7 +13,7 @@ from typing import Any
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import count_corpus
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import COUNTS_FILES, save_counts, write_json_atomic
+from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_counts, write_json_atomic
 from posstats.memory import require_count_memory
 from posstats.runs.publish import staged_output
 
@@ -30,7 +30,7 @@ def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, 
         "windows": counts.windows,
         "tokens_counted": counts.tokens,
         "positions_occupied": int((counts.occupancy() > 0).sum()),
-        "storage": "sparse" if counts.is_sparse else "dense",
+        "storage": "sparse" if counts_file == SPARSE_FILE else "dense",
         "counts_file": counts_file,
         "seconds": round(seconds, 3),
         "tokens_per_s": round(counts.tokens / seconds, 1) if seconds > 0 else None,

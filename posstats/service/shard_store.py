@@ -81,7 +81,7 @@ from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.io import counts_file, read_json_file, save_counts, write_json_atomic
-from posstats.counting.reduce import PARTIAL_MARKER, compact_counts
+from posstats.counting.reduce import PARTIAL_MARKER
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_id
 from posstats.processes import process_start_ticks
@@ -276,13 +276,12 @@ class RunStore:
     def write_partial(self, shard: Any, counts: PositionalCounts, /, **info: Any) -> dict[str, Any]:
         """Persist a shard's partial counts, then its completion marker; return the marker.
 
-        ``shard`` is a :class:`posstats.corpus.shards.Shard`. The counts are stored sparse
-        when that is smaller (:func:`posstats.counting.reduce.compact_counts`), dense ones as
-        int32 when they fit. The marker records the totals and the SHA-256 of the counts file (``sha256``),
+        ``shard`` is a :class:`posstats.corpus.shards.Shard`. The counts are stored as
+        :func:`posstats.counting.io.choose_storage` decides (by size). The marker records the totals and the SHA-256 of the counts file (``sha256``),
         checked by :func:`posstats.counting.reduce.load_partial` when the partial is reduced.
         """
         directory = self.partial_dir(shard.shard_id)
-        path = save_counts(compact_counts(counts), directory, narrow=True)
+        path = save_counts(counts, directory)
         marker = {
             "shard": shard.to_dict(),
             "counts_file": path.name,
@@ -362,14 +361,12 @@ class RunStore:
         except InputError:
             return None
 
-    def is_up_to_date(self, previous: dict[str, Any] | None, planned: Sequence[str], /, *, todo: int,
-                      final_dense: bool) -> bool:
+    def is_up_to_date(self, previous: dict[str, Any] | None, planned: Sequence[str], /, *, todo: int) -> bool:
         """Whether the result ``previous`` names is already the total of ``planned``: no
-        shard left to count (``todo == 0``), the same shard ids, none skipped as bad, the
-        storage kind a run would choose now, and its counts file present."""
+        shard left to count (``todo == 0``), the same shard ids, none skipped as bad, and
+        its counts file present."""
         return (
             previous is not None
-            and previous.get("storage") == ("dense" if final_dense else "sparse")
             and not todo
             and previous.get("shard_ids") == list(planned)
             and not previous.get("bad_shards")

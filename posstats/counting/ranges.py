@@ -1,0 +1,180 @@
+"""The range reduce: a signed sum of saved counts computed one range of positions at a time.
+
+``total = sum_i sign_i C_i`` is row-separable: rows ``[a, b)`` of the total are the
+signed sum of rows ``[a, b)`` of the items. So the sum is cut into ranges of positions
+(:func:`row_ranges`), each range is summed independently (:func:`sum_row_range`, reading
+only those rows of every item, see :func:`posstats.counting.io.load_rows`) into a range
+file, and the range files are streamed, in order, into one counts file
+(:func:`assemble_ranges`), which holds one range in memory at a time. Ranges can run in
+parallel on several processes or machines; no process ever holds the whole total.
+
+Integer sums do not depend on the order of the items or on the ranges, so the result is
+bit-identical to an in-process count of the same corpus.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from safetensors import safe_open
+
+from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
+from posstats.counting.io import (
+    DENSE_FILE,
+    SPARSE_FILE,
+    TensorStream,
+    choose_storage,
+    counts_metadata,
+    load_header,
+    load_rows,
+    write_safetensors,
+)
+from posstats.errors import InputError
+from posstats.runs.publish import atomic_path
+
+__all__ = ["assemble_ranges", "row_ranges", "sum_row_range"]
+
+RANGE_SCHEMA = "posstats.count-range/1"
+
+
+def row_ranges(positions: int, parts: int, /) -> list[tuple[int, int]]:
+    """``parts`` (at most ``positions``) contiguous ranges covering ``[0, positions)``,
+    sizes differing by at most one.
+
+    >>> row_ranges(10, 3)
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    parts = max(1, min(int(parts), positions))
+    bounds = [i * positions // parts for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _signed_sum(blocks: list[sp.csr_array]) -> sp.csr_array:
+    """Sum of CSR blocks of one shape, pairwise (``O(nnz log k)`` for k blocks)."""
+    while len(blocks) > 1:
+        blocks = [blocks[i] + blocks[i + 1] if i + 1 < len(blocks) else blocks[i] for i in range(0, len(blocks), 2)]
+    return blocks[0]
+
+
+def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
+                  out: str | os.PathLike, /) -> dict[str, Any]:
+    """Rows ``[start, stop)`` of ``sum(sign * counts(path))``, written to ``out`` (a CSR
+    safetensors file of shape ``(stop - start, V)``, int64); return its summary.
+
+    Returns:
+        ``{"path", "start", "stop", "nnz", "extreme", "occupied"}``: ``extreme`` is the
+        largest ``|count|`` in the range (0 if empty), ``occupied`` how many of its rows
+        are non-zero.
+
+    Raises:
+        InputError: an item counted under another spec, or unreadable.
+    """
+    V = spec.vocab_size
+    blocks = []
+    for path, sign in items:
+        header = load_header(path)
+        if header.spec != spec:
+            msg = f"{path}: counted under {header.spec}, not {spec}"
+            raise InputError(msg)
+        rows = load_rows(path, start, stop)
+        blocks.append(rows if sign > 0 else -rows)
+    total = _signed_sum(blocks) if blocks else sp.csr_array((stop - start, V), dtype=np.int64)
+    total = sp.csr_array(total, dtype=np.int64)
+    total.eliminate_zeros()
+    total.sort_indices()
+    extreme = int(np.abs(total.data).max()) if total.nnz else 0
+    meta = {"schema": RANGE_SCHEMA, "start": str(start), "stop": str(stop), "vocab_size": str(V)}
+    with atomic_path(out) as tmp:
+        write_safetensors(tmp, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(np.int32),
+                                "data": total.data}, meta)
+    occupied = int(np.count_nonzero(np.diff(total.indptr)))
+    return {"path": str(out), "start": start, "stop": stop, "nnz": int(total.nnz), "extreme": extreme,
+            "occupied": occupied}
+
+
+def _read_range(path: str) -> sp.csr_array:
+    """A range file written by :func:`sum_row_range`."""
+    with safe_open(path, framework="numpy") as f:
+        meta = f.metadata() or {}
+        shape = (int(meta["stop"]) - int(meta["start"]), int(meta["vocab_size"]))
+        return sp.csr_array((f.get_tensor("data"), f.get_tensor("indices"), f.get_tensor("indptr")), shape=shape)
+
+
+def _range_pieces(parts: Sequence[dict[str, Any]], what: str, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """The pieces of one tensor of the assembled file, one range file read at a time."""
+    offset = 0
+    if what == "indptr":
+        yield np.zeros(1, np.int64)
+    for part in parts:
+        rows = _read_range(part["path"])
+        if what == "indptr":
+            yield rows.indptr[1:].astype(np.int64) + offset
+            offset += rows.nnz
+        elif what == "counts":
+            yield rows.toarray().astype(dtype)
+        else:
+            yield getattr(rows, what).astype(dtype)
+
+
+def _totals(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec,
+            metadata: dict[str, str] | None) -> PositionalCounts:
+    """Signed totals and XORed fingerprint of the items (their headers only)."""
+    sequences = windows = tokens = 0
+    fingerprint = ""
+    for path, sign in items:
+        h = load_header(path)
+        sequences, windows, tokens = sequences + sign * h.sequences, windows + sign * h.windows, tokens + sign * h.tokens
+        fingerprint = combine_fingerprints(fingerprint, h.fingerprint)
+    empty = sp.csr_array((spec.positions, spec.vocab_size), dtype=np.int64)
+    return PositionalCounts(spec, empty, sequences, windows, tokens, fingerprint, dict(metadata or {}))
+
+
+def assemble_ranges(parts: Sequence[dict[str, Any]], items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec,
+                    out: str | os.PathLike, /, *, metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """Stream the range files ``parts`` (summaries of :func:`sum_row_range` covering
+    ``[0, n)``) into one counts file in ``out``, in the storage
+    :func:`~posstats.counting.io.choose_storage` picks; the totals and fingerprint are the
+    items' signed sums. Holds one range in memory at a time.
+
+    Returns:
+        ``{"path", "counts_file", "sequences", "windows", "tokens", "fingerprint",
+        "storage", "positions_occupied"}``.
+    """
+    parts = sorted(parts, key=lambda p: p["start"])
+    covered = [(p["start"], p["stop"]) for p in parts]
+    expected = list(zip([0] + [b for _, b in covered[:-1]], [b for _, b in covered]))
+    if covered != expected or (covered and covered[-1][1] != spec.positions):
+        msg = f"range files {covered} do not cover the {spec.positions} positions exactly once"
+        raise ValueError(msg)
+    total = _totals(items, spec, metadata)
+    nnz = sum(p["nnz"] for p in parts)
+    storage = choose_storage(spec.positions, spec.vocab_size, nnz, max((p["extreme"] for p in parts), default=0))
+    n, V = spec.positions, spec.vocab_size
+    if storage.kind == "sparse":
+        name = SPARSE_FILE
+        tensors = {
+            "indptr": TensorStream(np.dtype(np.int64), (n + 1,), lambda: _range_pieces(parts, "indptr", np.int64)),
+            "indices": TensorStream(np.dtype(np.int32), (nnz,), lambda: _range_pieces(parts, "indices", np.int32)),
+            "data": TensorStream(storage.dtype, (nnz,), lambda: _range_pieces(parts, "data", storage.dtype)),
+        }
+    else:
+        name = DENSE_FILE
+        tensors = {"counts": TensorStream(storage.dtype, (n, V), lambda: _range_pieces(parts, "counts", storage.dtype))}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with atomic_path(Path(out) / name) as tmp:
+        write_safetensors(tmp, tensors, counts_metadata(total))
+    return {
+        "path": str(out),
+        "counts_file": name,
+        "sequences": total.sequences,
+        "windows": total.windows,
+        "tokens": total.tokens,
+        "fingerprint": total.fingerprint,
+        "storage": storage.kind,
+        "positions_occupied": sum(p["occupied"] for p in parts),
+    }
