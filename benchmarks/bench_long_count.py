@@ -43,9 +43,14 @@ Cases (``--cases``, default ``long,ray,short``):
 ``--repeats`` N: each measurement N times; the best (fastest) is reported with all values.
 
 JSON (top level): ``benchmark``, ``machine`` (platform, cpus, versions, load before/after),
-``params``, one object per selected case, ``errors`` (commands that failed). Every timed
-command reports ``{"seconds": [...], "best_s", "peak_rss_gb": [...], "returncode",
-"stderr_tail"}``; the comparisons add ``speedup``, ``target_speedup``, ``meets_target``.
+``params``, ``corpora`` (their stamps), one object per selected case, ``errors`` (commands
+or cases that failed; a failed case holds ``{"error": ...}``). Every timed command reports
+``{"seconds": [...], "best_s", "peak_rss_gb": [...], "best_peak_rss_gb" (lowest over the
+repeats), "returncode": [...], "stderr_tail", "sampled": {"per_process_peak_gb",
+"processes_per_name", "max_process_gb", "tree_sum_peak_gb"}, "load"}`` (a baseline also
+``wall_with_save_s``, ``nnz``, ``total``); the comparisons add ``speedup``,
+``target_speedup``, ``memory_ratio``, ``meets_target`` and ``identical`` (with ``check``).
+Speed-ups are None when a command failed.
 """
 
 from __future__ import annotations
@@ -430,14 +435,16 @@ def compare_outputs(a_dir: Path, b_dir: Path) -> dict:
 
 
 def versus(baseline: dict, ours: dict, target: float) -> dict:
-    """Speed-up and memory ratio of ``posstats`` against a baseline (best of each)."""
-    speedup = baseline["best_s"] / ours["best_s"] if ours["best_s"] else float("nan")
-    ratio = ours["best_peak_rss_gb"] / baseline["best_peak_rss_gb"] if baseline["best_peak_rss_gb"] else None
+    """Speed-up and memory ratio of ``posstats`` against a baseline (best of each); None
+    where either command failed in any repeat."""
+    ok = not any(baseline["returncode"]) and not any(ours["returncode"]) and ours["best_s"] > 0
+    speedup = baseline["best_s"] / ours["best_s"] if ok else None
+    ratio = ours["best_peak_rss_gb"] / baseline["best_peak_rss_gb"] if ok and baseline["best_peak_rss_gb"] else None
     return {
-        "speedup": round(speedup, 3),
+        "speedup": None if speedup is None else round(speedup, 3),
         "target_speedup": target,
         "memory_ratio": None if ratio is None else round(ratio, 3),
-        "meets_target": {"speedup": bool(speedup >= target),
+        "meets_target": {"speedup": bool(speedup is not None and speedup >= target),
                          "memory_not_above_baseline": None if ratio is None else bool(ratio <= 1.0)},
     }
 
@@ -506,6 +513,9 @@ def case_ray(ctx: dict) -> dict:
         inproc = summarize(trials)
         ok = [i for i, t in enumerate(trials) if t["returncode"] == 0]
         inproc_out = work / f"ray-inprocess-{min(ok, key=lambda i: trials[i]['seconds'])}" if ok else None
+        for r in range(args.repeats):
+            if work / f"ray-inprocess-{r}" != inproc_out:
+                shutil.rmtree(work / f"ray-inprocess-{r}", ignore_errors=True)
         inproc_s = inproc["best_s"] if ok else None
         if not ok:
             ctx["errors"].append({"case": "ray", "what": "posstats count (in-process)",

@@ -740,7 +740,9 @@ def _up_to_date(run: _Run) -> dict[str, Any]:
 def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dict], engine: dict | None,
              mode: str) -> dict[str, Any]:
     """The run summary (``count.json`` fields, ``counts_path`` and ``ray``; see :func:`count_job`)."""
-    seconds = time.perf_counter() - run.t_start
+    # the counting rate excludes start-up (Ray and the actors): counting and reducing only
+    startup = (engine["ray_startup_s"] + engine["actors_start_s"]) if engine else 0.0
+    seconds = time.perf_counter() - run.t_start - startup
     plan = run.plan
     return {
         "files": len(run.files),

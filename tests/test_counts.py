@@ -197,7 +197,7 @@ def test_storage_is_chosen_by_size_not_by_layout(tmp_path, n, seqs, stored, in_m
     c = PositionalCounts(c.spec, c.matrix, c.sequences, c.windows, c.tokens, "beef", {"tokenizer_hash": "abc"})
     path = save_counts(c, tmp_path / "run")
     assert path.name == stored
-    assert set(_stored_dtypes(path).values()) <= {"I32", "I64"} and "I32" in _stored_dtypes(path).values()
+    assert set(_stored_dtypes(path).values()) <= {"U16", "I32", "I64"} and ({"I32", "U16"} & set(_stored_dtypes(path).values()))
     back = load_counts(tmp_path / "run")
     assert back.equals(c) and (back.matrix.dtype == np.int64)
     assert back.fingerprint == "beef" and back.metadata == {"tokenizer_hash": "abc"}
@@ -230,7 +230,7 @@ def test_rows_read_as_slices_of_either_storage(tmp_path, n):
         load_rows(tmp_path / "r", 0, n + 1)
 
 
-@pytest.mark.parametrize(("big", "stored"), [(2**31 - 1, "I32"), (-(2**31), "I32"), (2**31, "I64"), (-(2**31) - 1, "I64")])
+@pytest.mark.parametrize(("big", "stored"), [(2**16 - 1, "U16"), (2**16, "I32"), (-1, "I32"), (2**31 - 1, "I32"), (-(2**31), "I32"), (2**31, "I64"), (-(2**31) - 1, "I64")])
 @pytest.mark.parametrize("n", [3, 40])
 def test_counts_are_stored_as_int32_only_when_every_count_fits(tmp_path, big, stored, n):
     c = count_sequences([[1, 2, 3], [3, 3]], positions=n, vocab_size=6).to_dense()

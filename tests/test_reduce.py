@@ -1,5 +1,5 @@
 """posstats.counting.reduce: exact signed sums of saved counts (any order, dense or sparse
-accumulation, subtraction), and the storage choice of compact_counts."""
+accumulation, subtraction), and the storage saved partials take."""
 
 from __future__ import annotations
 
@@ -12,20 +12,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.counting.counts import PositionalCounts, combine_fingerprints, count_sequences
-from posstats.counting.io import save_counts
-from posstats.counting.reduce import compact_counts, sum_partials
+from posstats.counting.io import load_counts, save_counts
+from posstats.counting.reduce import sum_partials
 from posstats.errors import InputError
 from tests.test_shard_store import SPEC, random_counts
 
 
-def test_compact_counts_picks_the_smaller_storage():
+def test_saved_partials_take_the_smaller_storage(tmp_path):
     dense_data = random_counts(4, docs=400)
-    assert not compact_counts(dense_data).is_sparse  # nearly every cell is non-zero
+    assert save_counts(dense_data, tmp_path / "d").name == "counts.safetensors"  # nearly every cell is non-zero
     few = count_sequences([[1, 2]], positions=50, vocab_size=1000)
-    small = compact_counts(few)
-    assert small.is_sparse and small.equals(few)
+    assert save_counts(few, tmp_path / "s").name == "counts.csr.safetensors"
     with_zeros = PositionalCounts(few.spec, sp.csr_array(few.matrix * 0 + few.matrix), 1, 1, 2)
-    assert compact_counts(with_zeros).matrix.nnz == 2
+    save_counts(with_zeros, tmp_path / "z")
+    assert load_counts(tmp_path / "z").matrix.nnz == 2  # explicit zeros are not stored
 
 
 @settings(max_examples=30, deadline=None)
@@ -42,7 +42,7 @@ def test_sum_partials_is_the_exact_signed_sum(tmp_path_factory, seeds, signs, ki
     fp = ""
     for k, seed in enumerate(seeds):
         c = random_counts(seed, sparse=kinds[k])
-        save_counts(compact_counts(c) if kinds[k] else c, root / str(k))
+        save_counts(c, root / str(k))
         items.append((root / str(k), signs[k]))
         expected += signs[k] * c.to_dense().matrix
         totals += signs[k] * np.array([c.sequences, c.windows, c.tokens])

@@ -494,14 +494,9 @@ def _read_line_range(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
 
 
 def partial_is_dense(spec: CountSpec, shard: Shard, /, *, dense_budget: int = DEFAULT_DENSE_BUDGET) -> bool:
-    """Whether to count ``shard`` into a dense ``n x V`` array (else sparse keys).
-
-    Dense only within ``dense_budget`` bytes (``8 n V``), and only when the shard is big
-    enough to pay for touching all ``n V`` cells: an estimated token count (``size_hint
-    / 4``) of at least ``n V / 8``. Either choice gives exactly the same counts.
-    """
-    cells = spec.positions * spec.vocab_size
-    return spec.fits_dense(dense_budget) and shard.size_hint // 4 >= cells // 8
+    """Whether to count ``shard`` into a dense ``n x V`` array (else by sorting keys):
+    :meth:`CountSpec.prefers_dense` with an estimated token count of ``size_hint / 4``."""
+    return spec.prefers_dense(dense_budget, shard.size_hint // 4)
 
 
 def count_shard(

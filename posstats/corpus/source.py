@@ -11,13 +11,16 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from posstats.corpus.readers import read_token_batches, resolve_inputs
 from posstats.corpus.tokenizer import load_tokenizer
-from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, fingerprint_of
+from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, fingerprint_of
 from posstats.errors import InputError
 from posstats.progress import progress
 
-__all__ = ["CorpusSource", "count_corpus", "file_fingerprint"]
+__all__ = ["CorpusSource", "count_corpus", "estimated_tokens", "file_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -82,30 +85,55 @@ def file_fingerprint(path: str, /) -> str:
     return fingerprint_of(f"{os.path.basename(path)}|{st.st_size}|{st.st_mtime_ns}")
 
 
+def estimated_tokens(path: str, column: str | None, /) -> int:
+    """Tokens ``path`` is expected to give (progress bars, kernel choice): the values of a
+    Parquet token-id ``column`` from the footer (exact unless some lists are empty or
+    null), else the file's bytes / 4 (about right for English text and id lists)."""
+    try:
+        if column is not None and not os.path.isdir(path):
+            meta = pq.ParquetFile(path).metadata
+            leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == column]
+            if leaf:
+                return sum(meta.row_group(g).column(leaf[0]).num_values for g in range(meta.num_row_groups))
+    except (pa.ArrowException, OSError):
+        pass
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(r, n)) for r, _, names in os.walk(path) for n in names) // 4
+    return os.path.getsize(path) // 4 if os.path.exists(path) else 0
+
+
 def count_corpus(
     source: CorpusSource,
     spec: CountSpec,
     /,
     *,
     dense: bool | None = None,
+    dense_budget: int = DEFAULT_DENSE_BUDGET,
     metadata: dict[str, str] | None = None,
     show_progress: bool | None = None,
 ) -> PositionalCounts:
     """Count every file of ``source`` under ``spec`` in this process.
 
-    Returns exact int64 counts whose fingerprint combines each file's
-    (:func:`file_fingerprint`). Raises :class:`InputError` for an empty corpus.
+    ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
+    ``dense_budget`` and the expected tokens (:func:`estimated_tokens`), which also give
+    the progress bar its total (tokens/s and an ETA). Returns exact int64 counts whose
+    fingerprint combines each file's (:func:`file_fingerprint`). Raises
+    :class:`InputError` for an empty corpus.
     """
     files = source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
+    expected = sum(estimated_tokens(path, source.column) for path in files)
+    if dense is None:
+        dense = spec.prefers_dense(dense_budget, expected)
     acc = CountAccumulator(spec, dense=dense, metadata=metadata)
-    with progress(desc="counting", unit="tok", enabled=show_progress) as bar:
+    with progress(total=expected or None, desc="counting", unit="tok", enabled=show_progress) as bar:
         for i, path in enumerate(files):
             bar.set_postfix_str(f"file {i + 1}/{len(files)}", refresh=False)
             for batch in source.read([path], tokenizer):
                 bar.update(acc.add(batch))
             acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path))
-    counts = acc.result()
+        bar.set_postfix_str("sorting counts", refresh=True)
+        counts = acc.result(copy=False)
     if counts.sequences == 0:
         msg = f"empty corpus: no sequences in {', '.join(files)}"
         raise InputError(msg)

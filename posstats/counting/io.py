@@ -1,16 +1,16 @@
 """Saving and loading positional counts, atomically, in the storage that suits them.
 
 The storage is chosen by size, not by the in-memory layout (:func:`choose_storage`, the
-one place that decides): counts are stored as int32 when every count fits (else int64),
-and as whichever of these two files is smaller:
+one place that decides), as whichever of these two files is smaller:
 
 * ``counts.safetensors``: dense, tensor ``counts`` of shape (n, V): ``w n V`` bytes;
 * ``counts.csr.safetensors``: CSR rows, tensors ``indptr`` (int64, n + 1), ``indices``
-  (int32 token ids, sorted within each row) and ``data`` (the non-zero counts):
-  ``8 (n + 1) + (4 + w) nnz`` bytes. A row range reads as three slices
-  (:func:`load_rows`), without reading the rest of the file.
+  (token ids, uint16 when V <= 65,536 else int32, sorted within each row) and ``data``
+  (the non-zero counts): ``8 (n + 1) + (i + w) nnz`` bytes. A row range reads as three
+  slices (:func:`load_rows`), without reading the rest of the file.
 
-(``w`` = 4 or 8 bytes per count.) Loaders return exact int64 counts either way. Sparse
+(``w`` = 2, 4 or 8 bytes per count: uint16, int32 or int64, the narrowest that holds
+every count; ``i`` = 2 or 4 bytes per token id.) Loaders return exact int64 counts either way. Sparse
 counts written by older versions (``counts.parquet``, long COO form) still load. Every
 file carries the same string-to-string metadata: ``schema``, the
 :class:`~posstats.counting.counts.CountSpec` fields, ``sequences``, ``windows``,
@@ -155,19 +155,34 @@ class Storage:
     nbytes: int
 
 
-def choose_storage(positions: int, vocab_size: int, nnz: int, max_count: int, /) -> Storage:
-    """The one storage rule: int32 counts when ``max_count < 2**31`` (else int64), and
-    sparse CSR (``8 (n + 1) + (4 + w) nnz`` bytes) when it is smaller than dense
-    (``w n V`` bytes), ``w`` being the bytes per count.
+def count_dtype(smallest: int, largest: int, /) -> np.dtype:
+    """The narrowest of uint16, int32 and int64 holding every count in ``[smallest, largest]``."""
+    if smallest >= 0 and largest < 2**16:
+        return np.dtype(np.uint16)
+    if -(2**31) <= smallest and largest < 2**31:
+        return np.dtype(np.int32)
+    return np.dtype(np.int64)
 
-    >>> choose_storage(131072, 50257, 126_000_000, 9_000)
-    Storage(kind='sparse', dtype=dtype('int32'), nbytes=1009048584)
-    >>> choose_storage(64, 100, 6_000, 3).kind
+
+def index_dtype(vocab_size: int, /) -> np.dtype:
+    """Token ids of a sparse file: uint16 when ``V <= 2**16``, else int32."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)
+
+
+def choose_storage(positions: int, vocab_size: int, nnz: int, smallest: int, largest: int, /) -> Storage:
+    """The one storage rule: counts as the narrowest of uint16 / int32 / int64 that holds
+    them all (:func:`count_dtype`, ``w`` bytes each), and sparse CSR (``8 (n + 1) +
+    (i + w) nnz`` bytes, ``i`` = 2 or 4 bytes per token id, :func:`index_dtype`) when it
+    is smaller than dense (``w n V`` bytes).
+
+    >>> choose_storage(131072, 50257, 126_000_000, 1, 9_000)
+    Storage(kind='sparse', dtype=dtype('uint16'), nbytes=505048584)
+    >>> choose_storage(64, 100, 6_000, 0, 3).kind
     'dense'
     """
-    dtype = np.dtype(np.int32 if max_count < 2**31 else np.int64)
+    dtype = count_dtype(min(smallest, 0), largest)
     dense = positions * vocab_size * dtype.itemsize
-    sparse = 8 * (positions + 1) + (4 + dtype.itemsize) * nnz
+    sparse = 8 * (positions + 1) + (index_dtype(vocab_size).itemsize + dtype.itemsize) * nnz
     return Storage("sparse", dtype, sparse) if sparse < dense else Storage("dense", dtype, dense)
 
 
@@ -175,10 +190,8 @@ def _storage_of(counts: PositionalCounts) -> Storage:
     """:func:`choose_storage` for ``counts`` (one pass over the stored values)."""
     values = counts.matrix.data if counts.is_sparse else np.asarray(counts.matrix)
     nnz = int(np.count_nonzero(values))
-    # int32 holds [-2**31, 2**31 - 1]: a negative count (only in a signed intermediate
-    # sum) of -m needs as much as a positive one of m - 1
-    extreme = max(int(values.max()), -int(values.min()) - 1) if values.size else 0
-    return choose_storage(counts.spec.positions, counts.spec.vocab_size, nnz, extreme)
+    smallest, largest = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    return choose_storage(counts.spec.positions, counts.spec.vocab_size, nnz, smallest, largest)
 
 
 def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
@@ -202,12 +215,12 @@ def _csr_tensors(matrix, dtype: np.dtype) -> dict[str, np.ndarray]:
         csr.eliminate_zeros()
     return {
         "indptr": csr.indptr.astype(np.int64, copy=False),
-        "indices": csr.indices.astype(np.int32, copy=False),
+        "indices": csr.indices.astype(index_dtype(csr.shape[1]), copy=False),
         "data": csr.data.astype(dtype, copy=False),
     }
 
 
-_SAFETENSORS_DTYPES = {np.dtype(np.int32): "I32", np.dtype(np.int64): "I64"}
+_SAFETENSORS_DTYPES = {np.dtype(np.uint16): "U16", np.dtype(np.int32): "I32", np.dtype(np.int64): "I64"}
 
 
 @dataclass(frozen=True)
@@ -405,7 +418,8 @@ def _shape(meta: dict[str, str]) -> tuple[int, int]:
 def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int]) -> sp.csr_array:
     """An int64 CSR array from stored tensors, checked (InputError naming ``path``)."""
     try:
-        matrix = sp.csr_array((data.astype(np.int64, copy=False), indices, indptr), shape=shape)
+        matrix = sp.csr_array((data.astype(np.int64, copy=False), indices.astype(np.int32, copy=False), indptr),
+                              shape=shape)
         matrix.check_format(full_check=True)
     except ValueError as exc:
         msg = f"{path}: damaged sparse counts ({exc}); count again"

@@ -30,6 +30,7 @@ from posstats.counting.io import (
     TensorStream,
     choose_storage,
     counts_metadata,
+    index_dtype,
     load_header,
     load_rows,
     write_safetensors,
@@ -67,9 +68,9 @@ def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpe
     safetensors file of shape ``(stop - start, V)``, int64); return its summary.
 
     Returns:
-        ``{"path", "start", "stop", "nnz", "extreme", "occupied"}``: ``extreme`` is the
-        largest ``|count|`` in the range (0 if empty), ``occupied`` how many of its rows
-        are non-zero.
+        ``{"path", "start", "stop", "nnz", "smallest", "largest", "occupied"}``: the
+        smallest and largest non-zero count of the range (0 if empty), and how many of its
+        rows are non-zero.
 
     Raises:
         InputError: an item counted under another spec, or unreadable.
@@ -87,14 +88,14 @@ def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpe
     total = sp.csr_array(total, dtype=np.int64)
     total.eliminate_zeros()
     total.sort_indices()
-    extreme = int(np.abs(total.data).max()) if total.nnz else 0
+    smallest, largest = (int(total.data.min()), int(total.data.max())) if total.nnz else (0, 0)
     meta = {"schema": RANGE_SCHEMA, "start": str(start), "stop": str(stop), "vocab_size": str(V)}
     with atomic_path(out) as tmp:
         write_safetensors(tmp, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(np.int32),
                                 "data": total.data}, meta)
     occupied = int(np.count_nonzero(np.diff(total.indptr)))
-    return {"path": str(out), "start": start, "stop": stop, "nnz": int(total.nnz), "extreme": extreme,
-            "occupied": occupied}
+    return {"path": str(out), "start": start, "stop": stop, "nnz": int(total.nnz), "smallest": smallest,
+            "largest": largest, "occupied": occupied}
 
 
 def _read_range(path: str) -> sp.csr_array:
@@ -153,13 +154,15 @@ def assemble_ranges(parts: Sequence[dict[str, Any]], items: Sequence[tuple[str |
         raise ValueError(msg)
     total = _totals(items, spec, metadata)
     nnz = sum(p["nnz"] for p in parts)
-    storage = choose_storage(spec.positions, spec.vocab_size, nnz, max((p["extreme"] for p in parts), default=0))
+    smallest = min((p["smallest"] for p in parts), default=0)
+    largest = max((p["largest"] for p in parts), default=0)
+    storage = choose_storage(spec.positions, spec.vocab_size, nnz, smallest, largest)
     n, V = spec.positions, spec.vocab_size
     if storage.kind == "sparse":
         name = SPARSE_FILE
         tensors = {
             "indptr": TensorStream(np.dtype(np.int64), (n + 1,), lambda: _range_pieces(parts, "indptr", np.int64)),
-            "indices": TensorStream(np.dtype(np.int32), (nnz,), lambda: _range_pieces(parts, "indices", np.int32)),
+            "indices": TensorStream(index_dtype(V), (nnz,), lambda: _range_pieces(parts, "indices", index_dtype(V))),
             "data": TensorStream(storage.dtype, (nnz,), lambda: _range_pieces(parts, "data", storage.dtype)),
         }
     else:

@@ -40,13 +40,14 @@ def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, 
 
 def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float) -> tuple[PositionalCounts, dict[str, Any]]:
     """Count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
-    return the counts and their ``count.json`` record. Dense while ``8 n V`` bytes fit
-    ``budget_bytes`` (:meth:`~posstats.counting.counts.CountSpec.fits_dense`)."""
+    return the counts and their ``count.json`` record. The kernel is dense only where
+    ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
+    (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size."""
     files = inputs.source.files()
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files))
     require_count_memory(inputs.spec, budget_bytes=budget_bytes)
     t = time.perf_counter()
-    counts = count_corpus(inputs.source, inputs.spec, dense=inputs.spec.fits_dense(budget_bytes), metadata=inputs.metadata)
+    counts = count_corpus(inputs.source, inputs.spec, dense_budget=int(budget_bytes), metadata=inputs.metadata)
     seconds = time.perf_counter() - t
     path = save_counts(counts, stage)
     return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
@@ -62,10 +63,19 @@ def publish_counts(out: str | os.PathLike, count: Callable[[Path], dict[str, Any
     return summary
 
 
+def _rate(summary: dict[str, Any]) -> str:
+    """`` [12.3 s counting, 16.4 M tokens/s]``: the counting phase alone (reading and
+    counting, not start-up or saving), when the summary has it."""
+    seconds, rate = summary.get("seconds"), summary.get("tokens_per_s")
+    if not seconds or not rate:
+        return ""
+    return f" [{seconds:.1f} s counting, {rate / 1e6:.1f} M tokens/s]"
+
+
 def count_line(summary: dict[str, Any], /, *, positions: int, out: str | os.PathLike) -> str:
     """The one line ``posstats count`` prints."""
     return (
         f"counted {summary['tokens_counted']:,} tokens from {summary['sequences']:,} sequences in "
         f"{summary['files']} file(s): {summary['positions_occupied']:,}/{positions:,} positions occupied "
-        f"({summary['storage']}) -> {out}"
+        f"({summary['storage']}) -> {out}{_rate(summary)}"
     )
