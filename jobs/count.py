@@ -244,6 +244,21 @@ def _actor_lost_errors() -> tuple[type, ...]:
     return (RayActorError, ActorUnavailableError)
 
 
+def _get(ref: Any, *, what: str) -> Any:
+    """``ray.get(ref)``; a worker killed by Ray's memory monitor becomes one line that
+    says what to change, not a traceback."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.OutOfMemoryError as exc:
+        msg = (
+            f"{what}: a Ray worker was killed for running out of memory ({str(exc).splitlines()[0][:160]}); "
+            "use fewer --workers per machine, a smaller --memory-budget, or smaller shards (--shard-size)"
+        )
+        raise PosstatsError(msg) from None
+
+
 @dataclass
 class _Tally:
     """What the actors have reported so far: results by shard id, bad shards, actor losses
@@ -387,7 +402,7 @@ class _Engine:
         import ray
 
         try:
-            res = ray.get(ref)
+            res = _get(ref, what=f"counting {shard.label()}")
         except lost as exc:
             attempts = tally.attempts.get(shard.shard_id, 0) + 1
             tally.attempts[shard.shard_id] = attempts
@@ -429,7 +444,7 @@ class _Engine:
             ready, _ = ray.wait(list(inflight), num_returns=1)
             i, k = inflight.pop(ready[0])
             try:
-                results[k] = ray.get(ready[0])
+                results[k] = _get(ready[0], what=what)
             except lost as exc:
                 attempts[k] += 1
                 if attempts[k] >= MAX_SHARD_ATTEMPTS:

@@ -30,7 +30,7 @@ from posstats.ids import is_valid_id, validate_id, validate_run_id
 from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
 from posstats.service.shard_store import RunStore
 from posstats.corpus.shards import Shard
-from posstats.counting.io import load_counts, save_counts, write_json_atomic
+from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
 from posstats.runs.publish import file_sha256
 from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 
@@ -281,7 +281,7 @@ def test_analyze_refuses_another_tokenizer_than_the_counts(gpt2_counts, tmp_path
         assert rc == 2
         assert err == (f"posstats: error: {BERT}: tokenizer hash {tokenizer_hash(BERT)} (bert-base-uncased.tokenizer.json) "
                        f"differs from hash {tokenizer_hash(GPT2)} (tok.json) recorded with the counts "
-                       f"{counts / 'counts.safetensors'}; give the tokenizer.json the counts were made with\n")
+                       f"{counts / counts_file(counts).name}; give the tokenizer.json the counts were made with\n")
         assert not (tmp_path / "a").exists()
     # the right tokenizer: the noise floor is computed
     assert posstats_cli("analyze", "--counts", counts, "--tokenizer", GPT2, "--noise-floor", "--dims", 2,

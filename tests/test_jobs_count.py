@@ -28,7 +28,7 @@ import pytest
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import save_counts
-from posstats.errors import InputError
+from posstats.errors import InputError, PosstatsError
 from posstats.service.shard_store import RunStore
 from posstats.corpus.shards import count_shard, plan_shards
 from posstats.counting.io import counts_file, load_counts
@@ -447,3 +447,22 @@ def test_refresh_recounts_only_what_changed(ray_session, tmp_path, fortune_ids, 
 def test_refresh_needs_a_finished_store(ray_session, tmp_path, capsys):
     assert posstats_cli("refresh", "--store", tmp_path / "nothing") == 2
     assert "not a run store with a finished count" in capsys.readouterr().err
+
+
+def test_a_worker_killed_for_memory_is_one_line_that_says_what_to_change(monkeypatch):
+    """Ray's memory monitor kills a worker: the job raises a PosstatsError naming the
+    flags to change (the CLI prints it as one line), never the raw OutOfMemoryError."""
+    import ray
+    from ray.exceptions import OutOfMemoryError
+
+    from jobs.count import _get
+
+    def killed(ref):
+        raise OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node ...")
+
+    monkeypatch.setattr(ray, "get", killed)
+    with pytest.raises(PosstatsError) as err:
+        _get(object(), what="range reduce")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("range reduce: a Ray worker was killed for running out of memory")
+    assert "--workers" in message and "--memory-budget" in message and "--shard-size" in message

@@ -69,7 +69,7 @@ def test_a_kill_at_any_rename_of_the_publish_leaves_one_complete_set(tmp_path):
     old = _state(out)
     probe = tmp_path / "probe"
     shutil.copytree(out, probe, symlinks=True)
-    sparse = ("--memory-budget", "1e-9")  # a new counts file name: links are renamed after the switch
+    sparse = ("--positions", "400")  # sparse counts, a new file name: links are renamed after the switch
     r = _cli(_count_argv(b, probe, *sparse), strace=["-e", f"trace={RENAMES}", "-o", str(tmp_path / "trace")])
     assert r.returncode == 0, r.stderr
     new = _state(probe)
@@ -93,15 +93,15 @@ def test_a_kill_at_any_rename_of_the_publish_leaves_one_complete_set(tmp_path):
 
 
 def test_counting_dense_then_sparse_leaves_only_the_new_counts(tmp_path, capsys):
-    corpus_a, corpus_b = _corpus(tmp_path / "a.parquet", seed=3), _corpus(tmp_path / "b.parquet", seed=4, docs=15)
+    corpus_a, corpus_b = _corpus(tmp_path / "a.parquet", seed=3, docs=400), _corpus(tmp_path / "b.parquet", seed=4, docs=15)
     out = tmp_path / "out"
     assert main(_count_argv(corpus_a, out)) == 0
     assert (out / "counts.safetensors").is_file()
-    assert main(_count_argv(corpus_b, out, "--memory-budget", "1e-9")) == 0
-    assert (out / "counts.parquet").is_file()
+    assert main(_count_argv(corpus_b, out, "--positions", "400")) == 0  # 20,000 cells: sparse is smaller
+    assert (out / "counts.csr.safetensors").is_file()
     assert not (out / "counts.safetensors").exists()
     assert sorted(p.name for p in published_dir(out).iterdir() if not p.name.startswith(".")) == \
-        ["config.json", "count.json", "counts.parquet"]
+        ["config.json", "count.json", "counts.csr.safetensors"]
     tokens, _ = _state(out)
     assert main(["analyze", "--counts", str(out), "--out", str(tmp_path / "an"), "--dims", "2"]) == 0
     report = json.loads((tmp_path / "an" / "report.json").read_text())
@@ -114,32 +114,33 @@ def test_ray_count_dense_then_sparse_leaves_only_the_new_counts(tmp_path, ray_se
     corpus_a, corpus_b = _corpus(tmp_path / "a.parquet", seed=5), _corpus(tmp_path / "b.parquet", seed=6, docs=9)
     out = tmp_path / "out"
     assert main(_count_argv(corpus_a, out, "--ray", "--workers", "1")) == 0
-    assert main(_count_argv(corpus_b, out, "--ray", "--workers", "1", "--memory-budget", "1e-9")) == 0
+    # another spec needs another run store (a store is bound to one counting configuration)
+    store = tmp_path / "store400"
+    assert main(_count_argv(corpus_b, out, "--ray", "--workers", "1", "--positions", "400", "--store", str(store))) == 0
     names = sorted(p.name for p in published_dir(out).iterdir() if not p.name.startswith("."))
-    assert names == ["config.json", "count.json", "counts.parquet"]
-    assert not (out / "counts.safetensors").exists() and (out / "store").is_dir()
-    assert load_counts(out).tokens == load_counts(out / "store" / json.loads(
-        (out / "store" / "manifest.json").read_text())["result"]).tokens
+    assert names == ["config.json", "count.json", "counts.csr.safetensors"]
+    assert not (out / "counts.safetensors").exists()
+    assert load_counts(out).tokens == load_counts(store / json.loads((store / "manifest.json").read_text())["result"]).tokens
     capsys.readouterr()
 
 
 def test_a_folder_with_both_kinds_reads_what_its_marker_names(tmp_path):
     """A folder from before versioned publishing, holding a stale file of the other kind."""
-    corpus_a, corpus_b = _corpus(tmp_path / "a.parquet", seed=7), _corpus(tmp_path / "b.parquet", seed=8, docs=11)
+    corpus_a, corpus_b = _corpus(tmp_path / "a.parquet", seed=7, docs=400), _corpus(tmp_path / "b.parquet", seed=8, docs=11)
     assert main(_count_argv(corpus_a, tmp_path / "dense")) == 0
-    assert main(_count_argv(corpus_b, tmp_path / "sparse", "--memory-budget", "1e-9")) == 0
+    assert main(_count_argv(corpus_b, tmp_path / "sparse", "--positions", "400")) == 0
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     shutil.copy(tmp_path / "dense" / "counts.safetensors", legacy)
-    for name in ("counts.parquet", "count.json"):
+    for name in ("counts.csr.safetensors", "count.json"):
         shutil.copy(tmp_path / "sparse" / name, legacy)
     assert load_counts(legacy).tokens == load_counts(tmp_path / "sparse").tokens
     (legacy / "count.json").unlink()
-    with pytest.raises(Exception, match="holds both counts.safetensors and counts.parquet"):
+    with pytest.raises(Exception, match="holds both counts.safetensors and counts.csr.safetensors"):
         counts_file(legacy)
     # the next count into it migrates the folder and drops the stale kind
     assert main(_count_argv(corpus_a, legacy)) == 0
-    assert not (legacy / "counts.parquet").exists()
+    assert not (legacy / "counts.csr.safetensors").exists()
     assert _state(legacy)[0] == load_counts(tmp_path / "dense").tokens
 
 
@@ -166,11 +167,12 @@ def test_output_files_follow_the_umask(tmp_path, umask):
     for name, mode in modes.items():
         want = expected_dir if (version / name).is_dir() or name == version.name else expected_file
         assert mode == want, (name, oct(mode), oct(want))
-    assert {"counts.safetensors", "mds.safetensors", "report.html", "count.json"} <= set(modes)
+    assert {"mds.safetensors", "report.html", "count.json"} <= set(modes)
+    assert {"counts.safetensors", "counts.csr.safetensors"} & set(modes)
 
 
 def test_report_and_analyze_republish_without_dropping_the_counts(tmp_path, capsys):
-    corpus = _corpus(tmp_path / "a.parquet", seed=11)
+    corpus = _corpus(tmp_path / "a.parquet", seed=11, docs=400)
     out = tmp_path / "out"
     assert main(_count_argv(corpus, out)) == 0
     assert main(["analyze", "--counts", str(out), "--out", str(out), "--dims", "2"]) == 0
