@@ -461,10 +461,12 @@ class _Engine:
 
         Returns the final summary (with ``ranges``), or ``{"corrupt": [...]}`` (every
         corrupt partial; nothing summed)."""
+        t = time.perf_counter()
         checks = self.run_tasks([("check", (str(p),)) for p, _ in items], what="partial check")
         corrupt = [c for c in checks if c]
         if corrupt:
             return {"corrupt": corrupt}
+        check_s, t = time.perf_counter() - t, time.perf_counter()
         scratch.mkdir(parents=True, exist_ok=True)
         item_bytes = sum(counts_file(p).stat().st_size for p, _ in items)
         parts = self.opts.ranges or max(2 * len(self.actors), -(-item_bytes // RANGE_BYTES))
@@ -472,8 +474,9 @@ class _Engine:
         tasks = [("sum_range", (items, a, b, str(scratch / f"range-{j:05d}.safetensors")))
                  for j, (a, b) in enumerate(ranges)]
         summaries = self.run_tasks(tasks, what="range reduce")
+        ranges_s, t = time.perf_counter() - t, time.perf_counter()
         summary = self.run_tasks([("assemble", (summaries, items, str(final_dir)))], what="reduce")[0]
-        summary["ranges"] = len(ranges)
+        summary.update(ranges=len(ranges), check_s=check_s, ranges_s=ranges_s, assemble_s=time.perf_counter() - t)
         return summary
 
 
@@ -740,6 +743,7 @@ def _publish(run: _Run, counted: _Counted, reduced: dict[str, Any], mode: str, r
     n_counted = len(counted.counted_now())
     run.write_record(status="complete", finished=_stamp(), counted=n_counted, reduce=mode)
     engine = {**timings, "reduce_ranges": reduced["ranges"],
+              **{f"reduce_{k}": reduced[k] for k in ("check_s", "ranges_s", "assemble_s")},
               "tokens_counted_now": sum(r["tokens"] for r in counted.counted_now())}
     return _summary(run, manifest, counted=n_counted, bad=counted.bad, engine=engine, mode=mode)
 

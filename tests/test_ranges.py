@@ -54,3 +54,31 @@ def test_row_ranges_cover_without_gaps():
             r = row_ranges(n, k)
             assert r[0][0] == 0 and r[-1][1] == n and all(a < b for a, b in r)
             assert all(r[i][1] == r[i + 1][0] for i in range(len(r) - 1))
+
+
+@pytest.mark.parametrize("largest", [1, 2**16, 2**40, 2**60])
+@pytest.mark.parametrize("signs", [(1, 1, 1), (1, -1, 1), (1,)])
+def test_signed_sum_of_blocks_is_exact(largest, signs):
+    """Pairwise sums of blocks with signs give the exact integers, large counts included."""
+    import scipy.sparse as sp
+
+    from posstats.counting.ranges import _signed_sum
+
+    rng = np.random.default_rng(largest % 1000)
+    dense = [rng.integers(0, 3, size=(7, 11)) * (rng.random((7, 11)) < 0.4) for _ in signs]
+    dense[0][3, 4] = largest
+    blocks = [sp.csr_array(d.astype(np.int64)) for d in dense]
+    got = _signed_sum(blocks, list(signs))
+    expected = sum(s * d.astype(np.int64) for s, d in zip(signs, dense))
+    np.testing.assert_array_equal(got.toarray(), expected)
+    got.sum_duplicates()
+    assert got.has_sorted_indices
+
+
+def test_range_reduce_without_removals_is_exact(tmp_path):
+    items = _partials(tmp_path, 40, 50, k=5, seed=3)
+    spec = CountSpec(40, 50, "chunk")
+    expected = sum_partials(items, spec, dense=False)
+    parts = [sum_row_range(items, spec, a, b, tmp_path / f"range-{a}") for a, b in row_ranges(40, 3)]
+    assemble_ranges(parts, items, spec, tmp_path / "total")
+    assert load_counts(tmp_path / "total").equals(expected)

@@ -29,6 +29,7 @@ from posstats.counting.io import (
     SPARSE_FILE,
     TensorStream,
     choose_storage,
+    count_dtype,
     counts_metadata,
     index_dtype,
     load_header,
@@ -55,8 +56,11 @@ def row_ranges(positions: int, parts: int, /) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _signed_sum(blocks: list[sp.csr_array]) -> sp.csr_array:
-    """Sum of CSR blocks of one shape, pairwise (``O(nnz log k)`` for k blocks)."""
+def _signed_sum(blocks: list[sp.csr_array], signs: list[int]) -> sp.csr_array:
+    """Exact ``sum sign_k B_k`` of int64 CSR blocks of one shape, added pairwise (scipy's
+    linear merge of sorted rows; ``O(nnz log k)`` for k blocks). Measured on the 200 M-token
+    benchmark, faster than one packed 64-bit sort of all entries, which moves more memory."""
+    blocks = [b if sign > 0 else -b for b, sign in zip(blocks, signs)]
     while len(blocks) > 1:
         blocks = [blocks[i] + blocks[i + 1] if i + 1 < len(blocks) else blocks[i] for i in range(0, len(blocks), 2)]
     return blocks[0]
@@ -77,22 +81,23 @@ def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpe
     """
     V = spec.vocab_size
     blocks = []
-    for path, sign in items:
+    for path, _ in items:
         header = load_header(path)
         if header.spec != spec:
             msg = f"{path}: counted under {header.spec}, not {spec}"
             raise InputError(msg)
-        rows = load_rows(path, start, stop)
-        blocks.append(rows if sign > 0 else -rows)
-    total = _signed_sum(blocks) if blocks else sp.csr_array((stop - start, V), dtype=np.int64)
-    total = sp.csr_array(total, dtype=np.int64)
+        blocks.append(load_rows(path, start, stop))
+    if blocks:
+        total = sp.csr_array(_signed_sum(blocks, [sign for _, sign in items]), dtype=np.int64)
+    else:
+        total = sp.csr_array((stop - start, V), dtype=np.int64)
     total.eliminate_zeros()
     total.sort_indices()
     smallest, largest = (int(total.data.min()), int(total.data.max())) if total.nnz else (0, 0)
     meta = {"schema": RANGE_SCHEMA, "start": str(start), "stop": str(stop), "vocab_size": str(V)}
-    with atomic_path(out) as tmp:
-        write_safetensors(tmp, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(np.int32),
-                                "data": total.data}, meta)
+    with atomic_path(out) as tmp:  # narrow types: the assembly reads every range file once
+        write_safetensors(tmp, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(index_dtype(V)),
+                                "data": total.data.astype(count_dtype(smallest, largest))}, meta)
     occupied = int(np.count_nonzero(np.diff(total.indptr)))
     return {"path": str(out), "start": start, "stop": stop, "nnz": int(total.nnz), "smallest": smallest,
             "largest": largest, "occupied": occupied}
@@ -103,7 +108,8 @@ def _read_range(path: str) -> sp.csr_array:
     with safe_open(path, framework="numpy") as f:
         meta = f.metadata() or {}
         shape = (int(meta["stop"]) - int(meta["start"]), int(meta["vocab_size"]))
-        return sp.csr_array((f.get_tensor("data"), f.get_tensor("indices"), f.get_tensor("indptr")), shape=shape)
+        return sp.csr_array((f.get_tensor("data"), f.get_tensor("indices").astype(np.int32), f.get_tensor("indptr")),
+                            shape=shape)
 
 
 def _range_pieces(parts: Sequence[dict[str, Any]], what: str, dtype: np.dtype) -> Iterator[np.ndarray]:
