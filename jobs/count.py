@@ -83,6 +83,7 @@ __all__ = [
 ]
 
 SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
+REDUCE_DELAY_ENV = "POSSTATS_TEST_REDUCE_DELAY"  # test hook: seconds each reduce range sleeps first
 MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard or reduce task (after Ray's own retries)
 RANGE_BYTES = 256 * 2**20  # partial bytes read per reduce range (bounds an actor's memory)
 ACTOR_START_TIMEOUT_S = 600
@@ -109,6 +110,7 @@ class JobOptions:
         show_progress: progress bar on stderr (None: only on a terminal).
         out: output folder recorded in the manifest (``posstats refresh`` writes there).
         shard_delay: test hook: seconds each shard sleeps after counting, before saving.
+        reduce_delay: test hook: seconds each reduce range sleeps before summing.
         shuffle_seed: test hook: dispatch shards in a seeded random order.
     """
 
@@ -123,6 +125,7 @@ class JobOptions:
     show_progress: bool | None = None
     out: str | None = None
     shard_delay: float = 0.0
+    reduce_delay: float = 0.0
     shuffle_seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -157,6 +160,7 @@ class CountWorker:
         dense_budget: int,
         cwd: str,
         shard_delay: float = 0.0,
+        reduce_delay: float = 0.0,
     ) -> None:
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative input paths mean what they mean to the driver
@@ -166,6 +170,7 @@ class CountWorker:
         self.metadata = dict(metadata)
         self.dense_budget = int(dense_budget)
         self.shard_delay = float(shard_delay)
+        self.reduce_delay = float(reduce_delay)
         use_tokenizer = self.source.column is None and self.source.tokenizer
         self.tokenizer = load_tokenizer(self.source.tokenizer) if use_tokenizer else None
         self._buffer = None  # one n x V int64 array for all dense shards of this actor
@@ -220,7 +225,11 @@ class CountWorker:
         return None
 
     def sum_range(self, items: list[tuple[str, int]], start: int, stop: int, out: str) -> dict[str, Any]:
-        """Rows ``[start, stop)`` of the signed sum into the range file ``out``."""
+        """Rows ``[start, stop)`` of the signed sum into the range file ``out``; a note
+        ``<out>.started.json`` says which process took it (diagnostics)."""
+        write_json_atomic(f"{out}.started.json", {"started": _stamp(), "start": start, "stop": stop, **self.where()})
+        if self.reduce_delay:
+            time.sleep(self.reduce_delay)
         return sum_row_range([(p, int(sign)) for p, sign in items], self.spec, start, stop, out)
 
     def assemble(self, parts: list[dict[str, Any]], items: list[tuple[str, int]], out: str) -> dict[str, Any]:
@@ -554,6 +563,7 @@ def _worker_args(store: RunStore, source: CorpusSource, spec: CountSpec, metadat
         "dense_budget": opts.dense_budget,
         "cwd": os.getcwd(),
         "shard_delay": opts.shard_delay,
+        "reduce_delay": opts.reduce_delay,
     }
 
 
@@ -881,6 +891,7 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None) ->
         dense_budget=int(args.memory_budget * 2**30),
         out=os.path.abspath(args.out) if getattr(args, "out", None) else None,
         shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
+        reduce_delay=float(os.environ.get(REDUCE_DELAY_ENV, "0") or 0),
     )
 
 

@@ -137,7 +137,7 @@ def job_cmd(address: str, *args) -> list[str]:
 
 
 def job_env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "POSSTATS_TEST_SHARD_DELAY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("POSSTATS_TEST_SHARD_DELAY", "POSSTATS_TEST_REDUCE_DELAY")}
     env.update(RAY_USAGE_STATS_ENABLED="0", **extra)
     return env
 
@@ -466,3 +466,63 @@ def test_a_worker_killed_for_memory_is_one_line_that_says_what_to_change(monkeyp
     message = str(err.value)
     assert "\n" not in message and message.startswith("range reduce: a Ray worker was killed for running out of memory")
     assert "--workers" in message and "--memory-budget" in message and "--shard-size" in message
+
+
+def _reducing_now(store: Path):
+    """(range note, pid) of a reduce range being summed (its range file not written yet)."""
+    for note in store.glob("reduce/*/range-*.started.json"):
+        if not Path(str(note).removesuffix(".started.json")).exists():
+            return note, json.loads(note.read_text())["pid"]
+    return None
+
+
+@pytest.mark.ray
+def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_parquet, tmp_path):
+    """A real SIGKILL of the actor summing a position range: Ray restarts it, the range is
+    summed again, and the total is the single-process count; no shard is recounted."""
+    from jobs.count import JobOptions, count_job
+
+    _, source, spec, ref = small_parquet
+    store = tmp_path / "store"
+    opts = JobOptions(store=str(store), workers=2, reduce_delay=1.5, ranges=4, show_progress=False)
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["summary"] = count_job(source, spec, {}, opts)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    note, pid = wait_for(lambda: _reducing_now(store), timeout=120, what="a range being reduced")
+    os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=180)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    summary = outcome["summary"]
+    assert_counts_equal(load_counts(summary["counts_path"]), ref)
+    assert summary["ray"]["shards_counted"] == 8 and summary["ray"]["reduce_ranges"] == 4
+    assert not (store / "reduce").exists() or not list((store / "reduce").rglob("range-*"))  # scratch cleaned
+
+
+@pytest.mark.ray
+def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address, small_parquet, tmp_path):
+    root, _, _, ref = small_parquet
+    out = tmp_path / "out"
+    args = [*count_flags(str(root / "*.parquet")), "--out", out, "--run-id", "reduce-me", "--workers", 2]
+    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_REDUCE_DELAY="1.5"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _reducing_now(out / "store"), timeout=150, what="a range being reduced")
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        driver.kill()
+    assert len(markers(out / "store")) == 8 and not (out / "count.json").exists()
+
+    rerun = subprocess.run(job_cmd(ray_address, *args), cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    info = json.loads((out / "count.json").read_text())["ray"]
+    assert (info["shards_cached"], info["shards_counted"]) == (8, 0)  # every shard reused, none recounted
+    assert_counts_equal(load_counts(out), ref)
