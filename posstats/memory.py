@@ -159,10 +159,12 @@ def count_bytes(positions: int, vocab_size: int, /, *, dense: bool) -> tuple[int
     return (16 * n + 8, f"the per-position arrays of {n:,} positions (sparse counts)", "lower --positions")
 
 
-def require_count_memory(spec: CountSpec, /, *, budget_bytes: float) -> None:
-    """Refuse a one-process count that cannot fit, by the dense-or-sparse rule
-    (:meth:`CountSpec.fits_dense` of ``budget_bytes``, i.e. ``--memory-budget``)."""
-    need, what, hint = count_bytes(spec.positions, spec.vocab_size, dense=spec.fits_dense(budget_bytes))
+def require_count_memory(spec: CountSpec, /, *, budget_bytes: float, tokens: int | None = None) -> None:
+    """Refuse a one-process count that cannot fit, by the kernel rule
+    (:meth:`CountSpec.prefers_dense` of ``budget_bytes``, i.e. ``--memory-budget``, and the
+    expected ``tokens``; None assumes a corpus big enough for the dense kernel)."""
+    dense = spec.fits_dense(budget_bytes) if tokens is None else spec.prefers_dense(budget_bytes, tokens)
+    need, what, hint = count_bytes(spec.positions, spec.vocab_size, dense=dense)
     require_memory(need, what=what, hint=hint, command="count")
 
 

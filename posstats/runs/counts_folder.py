@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from posstats.corpus.inputs import CountInputs
-from posstats.corpus.source import count_corpus
+from posstats.corpus.source import count_corpus, estimated_tokens
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_counts, write_json_atomic
 from posstats.memory import require_count_memory
@@ -45,9 +45,11 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float) -> tup
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size."""
     files = inputs.source.files()
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files))
-    require_count_memory(inputs.spec, budget_bytes=budget_bytes)
+    tokens = sum(estimated_tokens(path, inputs.source.column) for path in files)
+    dense = inputs.spec.prefers_dense(budget_bytes, tokens)
+    require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
-    counts = count_corpus(inputs.source, inputs.spec, dense_budget=int(budget_bytes), metadata=inputs.metadata)
+    counts = count_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata)
     seconds = time.perf_counter() - t
     path = save_counts(counts, stage)
     return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
