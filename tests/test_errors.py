@@ -136,12 +136,19 @@ def test_positions_that_int32_cannot_store_are_refused(ids_file, tmp_path, capsy
 
 
 def test_count_memory_is_estimated_before_reading(ids_file, tmp_path, capsys, machine_16g):
-    # dense 2**20 x 2**20 int64 (8 TiB) because the budget allows it: refused with the figure
+    # a dense 2**20 x 2**20 int64 array (8 TiB) would fit the budget, but a small corpus is
+    # counted by sorting keys: it needs no n x V memory and succeeds
+    small = tmp_path / "small"
+    assert main(run_args(ids_file, small)[:-2] + [
+        "--positions", str(2**20), "--vocab-size", str(2**20), "--memory-budget", "100000", "--out", str(small)]) == 0
+    assert load_counts(small).is_sparse
+    capsys.readouterr()
+    # 2**31 positions need 32 GiB of per-position arrays: refused with the figure, nothing written
     out = tmp_path / "out"
     line = one_line_error(capsys, main(run_args(ids_file, out)[:-2] + [
-        "--positions", str(2**20), "--vocab-size", str(2**20), "--memory-budget", "100000", "--out", str(out)]))
-    assert line.startswith("posstats: error: count needs about 16 TiB for the dense 1,048,576 x 1,048,576 int64 counts"), line
-    assert "but 16 GiB are available; lower --memory-budget" in line, line
+        "--positions", str(2**31), "--vocab-size", "1000", "--out", str(out)]))
+    assert line.startswith("posstats: error: count needs about 32 GiB for the per-position arrays of 2,147,483,648 positions"), line
+    assert "but 16 GiB are available; lower --positions" in line, line
     assert not out.exists()
 
 
