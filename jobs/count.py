@@ -57,7 +57,7 @@ from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.counting.io import counts_file, write_json_atomic
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
-from posstats.counting.reduce import CorruptPartialError, check_summable, load_partial, mark_result
+from posstats.counting.reduce import CorruptPartialError, check_partial, check_summable, mark_result
 from posstats.errors import InputError, PosstatsError
 from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
 from posstats.guard import run_guarded
@@ -217,9 +217,9 @@ class CountWorker:
 
     def check(self, path: str) -> dict[str, Any] | None:
         """None when the saved counts at ``path`` match their marker, else the corrupt
-        partial's ``{"path", "error", "detail"}`` (:func:`posstats.counting.reduce.load_partial`)."""
+        partial's ``{"path", "error", "detail"}`` (:func:`posstats.counting.reduce.check_partial`)."""
         try:
-            load_partial(path)
+            check_partial(path)
         except CorruptPartialError as exc:
             return {"path": exc.path, "error": str(exc), "detail": exc.detail}
         return None
@@ -230,7 +230,8 @@ class CountWorker:
         write_json_atomic(f"{out}.started.json", {"started": _stamp(), "start": start, "stop": stop, **self.where()})
         if self.reduce_delay:
             time.sleep(self.reduce_delay)
-        return sum_row_range([(p, int(sign)) for p, sign in items], self.spec, start, stop, out)
+        # the engine checked every item (check) before handing out ranges
+        return sum_row_range([(p, int(sign)) for p, sign in items], self.spec, start, stop, out, verified=True)
 
     def assemble(self, parts: list[dict[str, Any]], items: list[tuple[str, int]], out: str) -> dict[str, Any]:
         """Stream the range files into the result folder ``out`` and mark it complete."""

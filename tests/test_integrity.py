@@ -474,3 +474,23 @@ def test_refresh_refuses_to_build_on_a_corrupt_previous_total(ray_session, tmp_p
     assert posstats_cli("refresh", "--store", store) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1 and err[-1].startswith("posstats: error: ") and "corrupt" in err[-1], err
+
+
+@pytest.mark.parametrize("old_marker", [False, True])
+def test_check_partial_trusts_only_a_matching_checksum(tmp_path, old_marker):
+    """check_partial (the Ray reduce's check) passes a partial whose checksum matches
+    without loading it, and refuses an edited one with load_partial's message."""
+    from posstats.counting.reduce import check_partial
+
+    store = RunStore(tmp_path)
+    c = random_counts(5)
+    store.write_partial(shard(1), c)
+    folder = store.partial_dir(shard(1).shard_id)
+    if old_marker:
+        marker = store.marker(shard(1).shard_id)
+        del marker["sha256"]
+        write_json_atomic(folder / "done.json", marker)
+    check_partial(folder)  # intact: passes
+    add_to_cell(folder, 7)
+    with pytest.raises(CorruptPartialError, match=f"its counts sum to {c.tokens + 7:,} tokens, its marker records {c.tokens:,}"):
+        check_partial(folder)

@@ -372,9 +372,11 @@ def load_header(path: str | os.PathLike, /) -> PositionalCounts:
     return _from_metadata(meta, sp.csr_array(_shape(meta), dtype=np.int64), path, check=False)
 
 
-def load_rows(path: str | os.PathLike, start: int, stop: int, /) -> sp.csr_array:
+def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool = True) -> sp.csr_array:
     """Rows ``[start, stop)`` of saved counts as an int64 CSR array of shape
-    ``(stop - start, V)``, reading only those rows of a safetensors counts file."""
+    ``(stop - start, V)``, reading only those rows of a safetensors counts file.
+    ``check=False`` skips the structural and sign checks of the rows (for files already
+    verified against a checksum)."""
     path = counts_file(path)
     if path.name.endswith(".parquet"):
         return sp.csr_array(_load_parquet(path).to_sparse().matrix[start:stop])
@@ -392,8 +394,9 @@ def load_rows(path: str | os.PathLike, start: int, stop: int, /) -> sp.csr_array
             # (safetensors refuses an empty slice at the end of a tensor)
             indices = f.get_slice("indices")[lo:hi] if hi > lo else np.zeros(0, np.int32)
             data = f.get_slice("data")[lo:hi] if hi > lo else np.zeros(0, np.int64)
-            rows = _csr_from(path, bounds - lo, indices, data, (stop - start, V))
-    _check_nonnegative(rows, path)
+            rows = _csr_from(path, bounds - lo, indices, data, (stop - start, V), check=check)
+    if check:
+        _check_nonnegative(rows, path)
     return rows
 
 
@@ -417,12 +420,13 @@ def _shape(meta: dict[str, str]) -> tuple[int, int]:
         return (0, 0)
 
 
-def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int]) -> sp.csr_array:
-    """An int64 CSR array from stored tensors, checked (InputError naming ``path``)."""
+def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int], *, check: bool = True) -> sp.csr_array:
+    """An int64 CSR array from stored tensors, checked unless ``check=False``
+    (InputError naming ``path``)."""
     try:
         matrix = sp.csr_array((data.astype(np.int64, copy=False), indices.astype(np.int32, copy=False), indptr),
                               shape=shape)
-        matrix.check_format(full_check=True)
+        matrix.check_format(full_check=check)
     except ValueError as exc:
         msg = f"{path}: damaged sparse counts ({exc}); count again"
         raise InputError(msg) from exc

@@ -67,9 +67,11 @@ def _signed_sum(blocks: list[sp.csr_array], signs: list[int]) -> sp.csr_array:
 
 
 def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
-                  out: str | os.PathLike, /) -> dict[str, Any]:
+                  out: str | os.PathLike, /, *, verified: bool = False) -> dict[str, Any]:
     """Rows ``[start, stop)`` of ``sum(sign * counts(path))``, written to ``out`` (a CSR
-    safetensors file of shape ``(stop - start, V)``, int64); return its summary.
+    safetensors file of shape ``(stop - start, V)``); return its summary.
+    ``verified=True`` (every item already checked against its checksum,
+    :func:`posstats.counting.reduce.check_partial`) skips re-checking the rows read.
 
     Returns:
         ``{"path", "start", "stop", "nnz", "smallest", "largest", "occupied"}``: the
@@ -86,7 +88,7 @@ def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpe
         if header.spec != spec:
             msg = f"{path}: counted under {header.spec}, not {spec}"
             raise InputError(msg)
-        blocks.append(load_rows(path, start, stop))
+        blocks.append(load_rows(path, start, stop, check=verified))
     if blocks:
         total = sp.csr_array(_signed_sum(blocks, [sign for _, sign in items]), dtype=np.int64)
     else:

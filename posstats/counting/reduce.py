@@ -28,13 +28,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
-from posstats.counting.io import SPARSE_FILE, counts_file, load_counts, read_json_file, save_counts, write_json_atomic
+from posstats.counting.io import SPARSE_FILE, counts_file, load_counts, load_header, read_json_file, save_counts, write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import file_sha256
 
 __all__ = [
     "PARTIAL_MARKER",
     "CorruptPartialError",
+    "check_partial",
     "check_summable",
     "load_partial",
     "mark_result",
@@ -125,6 +126,20 @@ def load_partial(path: str | os.PathLike, /) -> PositionalCounts:
     if problems or total != marker.get("tokens"):
         raise _corrupt(folder, total, marker.get("tokens"), problems)
     return part
+
+
+def check_partial(path: str | os.PathLike, /) -> None:
+    """Check saved counts against their marker without loading the counts when the
+    marker's SHA-256 matches the file (and its header's tokens the marker's): the file is
+    then byte for byte the one its writer checked. Otherwise the full check of
+    :func:`load_partial` runs (and raises its :class:`CorruptPartialError`)."""
+    folder = Path(path) if os.path.isdir(path) else Path(path).parent
+    file = counts_file(path)
+    marker = read_json_file(folder / PARTIAL_MARKER, what="run-store file")
+    if marker and marker.get("counts_file") == file.name and marker.get("sha256") == file_sha256(file) \
+            and load_header(file).tokens == marker.get("tokens"):
+        return
+    load_partial(path)
 
 
 # ----------------------------------------------------------------------------- sums
