@@ -305,3 +305,19 @@ def test_sorting_kernel_keys_fit_uint32_at_long_context():
     assert m[n - 1, V - 1] == 1 and m[n - 1, (2 * n - 1) % V] == 1
     assert m[0, 0] == 1 and m[0, n % V] == 1 and m[0, (2 * n) % V] == 1
     assert int(m.sum()) == stream.size
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("mode", ["truncate", "chunk", "pack"])
+def test_int32_batches_count_like_int64_and_are_not_modified(dense, mode):
+    rng = np.random.default_rng(7)
+    seqs = [rng.integers(0, 30, size=rng.integers(0, 20)) for _ in range(25)]
+    b64 = TokenBatch.from_sequences(seqs, source="f")
+    b32 = TokenBatch(b64.values.astype(np.int32), b64.offsets, "f")
+    before = b32.values.copy()
+    spec = CountSpec(7, 30, mode, exclude_ids=(3,), separator_id=29 if mode == "pack" else None)
+    got = [CountAccumulator(spec, dense=dense) for _ in range(2)]
+    got[0].add(b64)
+    got[1].add(b32)
+    assert got[0].result().equals(got[1].result())
+    np.testing.assert_array_equal(b32.values, before)

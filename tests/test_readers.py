@@ -64,7 +64,7 @@ def collect(batches, *, source=None) -> list[list[int]]:
     for batch in batches:
         assert isinstance(batch, TokenBatch)
         assert batch.rows > 0
-        assert batch.values.dtype == np.int64 and batch.offsets.dtype == np.int64
+        assert batch.values.dtype in (np.int32, np.int64) and batch.offsets.dtype == np.int64
         assert batch.offsets[0] == 0 and batch.offsets[-1] == batch.values.size
         assert np.all(np.diff(batch.offsets) >= 0)
         if source is not None:

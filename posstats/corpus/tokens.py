@@ -18,7 +18,7 @@ class TokenBatch:
     Sequence ``r`` is ``values[offsets[r]:offsets[r + 1]]``.
 
     Attributes:
-        values: int64, shape (total_tokens,).
+        values: int32 or int64, shape (total_tokens,) (readers keep int32 ids as stored).
         offsets: int64, shape (rows + 1,), non-decreasing, ``offsets[0] == 0``,
             ``offsets[-1] == len(values)``.
         source: where the batch came from (a file path), for error messages.

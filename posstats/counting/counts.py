@@ -454,7 +454,9 @@ class CountAccumulator:
         values, offsets = _drop_excluded(batch.values, batch.offsets, self._excluded)
         self.sequences += batch.rows
         values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
-        values = values.astype(self._dtype, copy=False)  # ids are in [0, V): exact
+        # ids are in [0, V) (checked above): an int32 -> uint32 view is exact and copies nothing
+        same_width = values.dtype.itemsize == self._dtype.itemsize and values.dtype.kind in "iu"
+        values = values.view(self._dtype) if same_width else values.astype(self._dtype)
         V, counted = self.spec.vocab_size, 0
         if head is not None:
             first, length = head
