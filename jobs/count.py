@@ -409,7 +409,6 @@ class _Engine:
                  lost: tuple[type, ...]) -> None:
         """Record one finished count; a lost actor is replaced and its shard queued again
         (at most ``MAX_SHARD_ATTEMPTS`` times per shard)."""
-        import ray
 
         try:
             res = _get(ref, what=f"counting {shard.label()}")

@@ -80,13 +80,12 @@ from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts, write_json_atomic
 from posstats.errors import InputError, PosstatsError
-from posstats.flags import add_pipeline_args, config_from_args
 from posstats.guard import run_guarded
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
 from posstats.reports.html import render_html_report
 from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.runs.run_folder import RunData, load_run, with_distances
-from posstats.service.config import PipelineConfig, dumps_toml, refuse_secrets
+from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
 from posstats.service.shard_store import RunStore, config_key, store_config
 

@@ -13,14 +13,10 @@ import argparse
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.readers import FORMATS
 from posstats.counting.counts import MODES
-from posstats.ids import validate_run_id
-from posstats.service.config import PipelineConfig, apply_overrides, load_config
 
 __all__ = [
     "add_input_args",
-    "add_pipeline_args",
     "add_ray_args",
-    "config_from_args",
     "count_inputs_from_args",
     "int_list",
     "str_list",
@@ -113,35 +109,3 @@ def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> Non
     g.add_argument("--shard-size", type=float, default=256.0, metavar="MiB",
                    help="uncompressed JSONL / text files larger than this are cut into line ranges "
                         "(default 256); Parquet is cut by row group, HF datasets by Arrow file")
-
-
-def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = True) -> None:
-    """``--config`` and the override flags (argparse only; shared with jobs.pipeline).
-
-    ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
-    the job server; a submitted job joins the cluster it runs on)."""
-    parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
-    g = parser.add_argument_group("overrides (win over the file)")
-    g.add_argument("--run-id", metavar="ID",
-                   help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "
-                        "run_id, else run-<UTC time>)")
-    g.add_argument("--store", metavar="PATH_OR_URL", help="run store ([store] url)")
-    g.add_argument("--input", action="append", metavar="PATH_OR_GLOB", help="inputs ([input] paths); repeatable")
-    if ray_address:
-        g.add_argument("--address", dest="ray_address", metavar="ADDR", help="Ray cluster to join ([ray] address)")
-    g.add_argument("--workers", type=int, metavar="K", help="counting actors ([ray] workers)")
-    g.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                   help="set any key, VALUE in TOML syntax (e.g. count.positions=1024, geometry.dims=[2,16]); repeatable")
-    g.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-
-
-def config_from_args(args: argparse.Namespace, /) -> tuple[PipelineConfig, str | None]:
-    """(PipelineConfig, run id or None) from ``--config`` and the overrides."""
-
-    cfg = load_config(args.config)
-    cfg = apply_overrides(cfg, sets=args.set, run_id=args.run_id, store=args.store, inputs=args.input,
-                          address=getattr(args, "ray_address", None), workers=args.workers)
-    run_id = cfg.run_id
-    if run_id is not None:
-        validate_run_id(run_id)
-    return cfg, run_id

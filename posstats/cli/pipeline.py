@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from jobs.pipeline import run_from_args
-from posstats.flags import add_pipeline_args
+from posstats.service.config import add_pipeline_args
 
 HELP = "run the pipeline count -> reduce -> geometry -> report -> export into a run store (Ray)"
 DESCRIPTION = """\

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from posstats.errors import PosstatsError
-from posstats.flags import add_pipeline_args, config_from_args
-from posstats.service.config import PipelineConfig
+from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args
 from posstats.service.pipeline_store import Store, validate_run_id
 from posstats.service.schedule import Cron, Interval, parse_schedule, run_schedule, tick_run_id
 

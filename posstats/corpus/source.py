@@ -16,7 +16,14 @@ import pyarrow.parquet as pq
 
 from posstats.corpus.readers import read_token_batches, resolve_inputs
 from posstats.corpus.tokenizer import load_tokenizer
-from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, fingerprint_of
+from posstats.counting.counts import (
+    DEFAULT_DENSE_BUDGET,
+    CountAccumulator,
+    CountSpec,
+    PositionalCounts,
+    combine_fingerprints,
+    fingerprint_of,
+)
 from posstats.errors import InputError
 from posstats.progress import progress
 

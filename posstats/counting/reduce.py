@@ -18,7 +18,6 @@ sum must run it on every marked partial it reads; the store only writes the mark
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
-from posstats.counting.io import SPARSE_FILE, counts_file, load_counts, load_header, read_json_file, save_counts, write_json_atomic
+from posstats.counting.io import (
+    SPARSE_FILE,
+    counts_file,
+    load_counts,
+    load_header,
+    read_json_file,
+    save_counts,
+    write_json_atomic,
+)
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import file_sha256
 
