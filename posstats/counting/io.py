@@ -206,8 +206,22 @@ def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
     return sp.csr_array((flat[nz], (nz - rows * V), indptr), shape=(n, V))
 
 
-def _csr_tensors(matrix, dtype: np.dtype) -> dict[str, np.ndarray]:
-    """``indptr`` (int64), ``indices`` (int32), ``data`` (``dtype``) of counts, zeros dropped."""
+_CHUNK = 1 << 22  # elements converted at a time while writing (small buffers, reused)
+
+
+def _converted(array: np.ndarray, dtype: np.dtype) -> TensorStream:
+    """``array`` as ``dtype``, converted chunk by chunk while it is written (no second
+    full-size array)."""
+    dtype = np.dtype(dtype)
+    if array.dtype == dtype:
+        return TensorStream(dtype, array.shape, lambda: iter((array,)))
+    chunks = lambda: (array[i : i + _CHUNK].astype(dtype) for i in range(0, array.size, _CHUNK))  # noqa: E731
+    return TensorStream(dtype, array.shape, chunks)
+
+
+def _csr_tensors(matrix, dtype: np.dtype) -> dict[str, np.ndarray | TensorStream]:
+    """``indptr`` (int64), ``indices`` (:func:`index_dtype`), ``data`` (``dtype``) of
+    counts, zeros dropped."""
     csr = sp.csr_array(matrix) if sp.issparse(matrix) else _dense_to_csr(np.asarray(matrix))
     if not csr.has_canonical_format:
         csr.sum_duplicates()
@@ -216,8 +230,8 @@ def _csr_tensors(matrix, dtype: np.dtype) -> dict[str, np.ndarray]:
         csr.eliminate_zeros()
     return {
         "indptr": csr.indptr.astype(np.int64, copy=False),
-        "indices": csr.indices.astype(index_dtype(csr.shape[1]), copy=False),
-        "data": csr.data.astype(dtype, copy=False),
+        "indices": _converted(csr.indices, index_dtype(csr.shape[1])),
+        "data": _converted(csr.data, dtype),
     }
 
 
