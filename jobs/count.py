@@ -56,6 +56,7 @@ from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.counting.io import counts_file, write_json_atomic
+from posstats.counting.pack import Placement, stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
 from posstats.counting.reduce import CorruptPartialError, check_partial, check_summable, mark_result
 from posstats.errors import InputError, PosstatsError
@@ -224,18 +225,20 @@ class CountWorker:
             return {"path": exc.path, "error": str(exc), "detail": exc.detail}
         return None
 
-    def sum_range(self, items: list[tuple[str, int]], start: int, stop: int, out: str) -> dict[str, Any]:
+    def sum_range(self, items: list[Placement], start: int, stop: int, out: str) -> dict[str, Any]:
         """Rows ``[start, stop)`` of the signed sum into the range file ``out``; a note
         ``<out>.started.json`` says which process took it (diagnostics)."""
         write_json_atomic(f"{out}.started.json", {"started": _stamp(), "start": start, "stop": stop, **self.where()})
         if self.reduce_delay:
             time.sleep(self.reduce_delay)
         # the engine checked every item (check) before handing out ranges
-        return sum_row_range([(p, int(sign)) for p, sign in items], self.spec, start, stop, out, verified=True)
+        return sum_row_range(items, self.spec, start, stop, out, verified=True)
 
-    def assemble(self, parts: list[dict[str, Any]], items: list[tuple[str, int]], out: str) -> dict[str, Any]:
-        """Stream the range files into the result folder ``out`` and mark it complete."""
-        summary = assemble_ranges(parts, [(p, int(sign)) for p, sign in items], self.spec, out, metadata=self.metadata)
+    def assemble(self, parts: list[dict[str, Any]], items: list[Placement], out: str,
+                 adjust: tuple[int, int]) -> dict[str, Any]:
+        """Stream the range files into the result folder ``out`` and mark it complete;
+        ``adjust``: the (windows, tokens) of pack stitching."""
+        summary = assemble_ranges(parts, items, self.spec, out, metadata=self.metadata, adjust=tuple(adjust))
         mark_result(out, summary)
         return summary
 
@@ -477,14 +480,17 @@ class _Engine:
             return {"corrupt": corrupt}
         check_s, t = time.perf_counter() - t, time.perf_counter()
         scratch.mkdir(parents=True, exist_ok=True)
+        spec = CountSpec.from_metadata(self.worker_args["spec"])
+        placed, windows, tokens = stitch(items, spec)  # pack-stream pieces rotated into place (headers only)
         item_bytes = sum(counts_file(p).stat().st_size for p, _ in items)
         parts = self.opts.ranges or max(2 * len(self.actors), -(-item_bytes // RANGE_BYTES))
-        ranges = row_ranges(CountSpec.from_metadata(self.worker_args["spec"]).positions, parts)
-        tasks = [("sum_range", (items, a, b, str(scratch / f"range-{j:05d}.safetensors")))
+        ranges = row_ranges(spec.positions, parts)
+        tasks = [("sum_range", (placed, a, b, str(scratch / f"range-{j:05d}.safetensors")))
                  for j, (a, b) in enumerate(ranges)]
         summaries = self.run_tasks(tasks, what="range reduce")
         ranges_s, t = time.perf_counter() - t, time.perf_counter()
-        summary = self.run_tasks([("assemble", (summaries, items, str(final_dir)))], what="reduce")[0]
+        summary = self.run_tasks([("assemble", (summaries, placed, str(final_dir), (windows, tokens)))],
+                                 what="reduce")[0]
         summary.update(ranges=len(ranges), check_s=check_s, ranges_s=ranges_s, assemble_s=time.perf_counter() - t)
         return summary
 
@@ -527,6 +533,7 @@ class _Run:
     plan: _Plan
     record: dict[str, Any]
     t_start: float
+    spec: CountSpec
 
     def write_record(self, **changes: Any) -> None:
         """Update the run record (``runs/<run_id>.json``) and write it."""
@@ -635,6 +642,8 @@ def _count_todo(run: _Run, engine: _Engine) -> _Counted:
     with _progress(len(run.plan.shards), run.opts.show_progress) as bar:
         bar.update(len(run.plan.done_ids))
         results, bad = engine.count(run.plan.todo, bar=bar)
+    if bad and run.spec.mode == "pack":
+        bad = bad + _pack_siblings(bad, run.plan.shards)
     run.record["bad_shards"] = bad
     if bad and not run.opts.skip_bad_shards:
         more = f" (and {len(bad) - 1} more bad shard(s), see {run.store.run_path(run.run_id)})" if len(bad) > 1 else ""
@@ -644,6 +653,18 @@ def _count_todo(run: _Run, engine: _Engine) -> _Counted:
         )
         raise InputError(msg)
     return _Counted(results, bad)
+
+
+def _pack_siblings(bad: list[dict], shards: Sequence[Shard]) -> list[dict]:
+    """In pack mode, the other pieces of an input with a bad piece: without it the stream
+    cannot be placed (:mod:`posstats.counting.pack`), so the whole input is left out."""
+    bad_ids = {b["shard_id"] for b in bad}
+    broken = {b["path"]: b["label"] for b in bad}
+    return [
+        {"shard_id": s.shard_id, "path": s.path, "label": s.label(),
+         "error": f"{s.label()}: left out with {broken[s.path]} (pack mode needs every piece of an input)"}
+        for s in shards if s.path in broken and s.shard_id not in bad_ids and not s.is_whole_input
+    ]
 
 
 def _drop_corrupt(store: RunStore, corrupt: list[dict], by_id: dict[str, Shard], removed: list[str], *,
@@ -829,7 +850,7 @@ def _run(
         plan = _plan(store, source, spec, opts, previous)
         record = _start_record(store, run_id, command, inputs, files, plan)
         run = _Run(store, run_id, command, opts, incremental, list(inputs), files, config, previous, plan, record,
-                   t_start=t_start)
+                   t_start=t_start, spec=spec)
         if store.is_up_to_date(previous, plan.planned, todo=len(plan.todo)):
             return _up_to_date(run)
         counted, reduced, mode, result_dir, timings = _count_and_reduce(

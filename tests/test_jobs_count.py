@@ -199,7 +199,7 @@ def test_cli_ray_hf_dataset_equals_single_process(ray_session, hf_dataset, tmp_p
     assert posstats_cli("count", "--ray", *flags, "--out", tmp_path / "ray") == 0
     assert_same_output(tmp_path / "single", tmp_path / "ray")
     info = json.loads((tmp_path / "ray" / "count.json").read_text())["ray"]
-    assert info["shards"] == (4 if mode == "chunk" else 1)  # pack mode never splits an input
+    assert info["shards"] == 4  # one per Arrow file (pack mode: stream pieces, stitched by the reduce)
     # the store remembers the tokenizer: a refresh needs no flags, and nothing changed
     assert posstats_cli("refresh", "--store", tmp_path / "ray" / "store") == 0
     assert "(up to date; 0 counted now)" in capsys.readouterr().out
@@ -231,10 +231,10 @@ def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_di
     got = load_counts(summary["counts_path"])
     assert_counts_equal(got, ref)
     assert Path(summary["counts_path"]).name == save_counts(ref, tmp_path / "direct").name  # storage by size
-    expected_shards = 3 if mode == "pack" else 8 + len(plan_shards(CorpusSource(inputs=(str(jsonl),), column="input_ids"), spec, shard_bytes=30_000))
+    # every mode cuts the inputs the same way (pack: into stream pieces, stitched by the reduce)
+    expected_shards = 8 + len(plan_shards(CorpusSource(inputs=(str(jsonl),), column="input_ids"), spec, shard_bytes=30_000))
     assert summary["ray"]["shards"] == expected_shards
-    if mode != "pack":
-        assert summary["ray"]["reduce_ranges"] == 5
+    assert summary["ray"]["reduce_ranges"] == 5
 
 
 # ----------------------------------------------------------------------------- failures
@@ -526,3 +526,37 @@ def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address,
     info = json.loads((out / "count.json").read_text())["ray"]
     assert (info["shards_cached"], info["shards_counted"]) == (8, 0)  # every shard reused, none recounted
     assert_counts_equal(load_counts(out), ref)
+
+
+@pytest.mark.ray
+def test_pack_mode_row_groups_on_workers_refresh_and_bad_pieces(ray_session, tmp_path, fortune_ids, capsys):
+    """Pack mode cuts each Parquet file into row-group pieces counted on the actors and
+    stitched into place by the reduce: the total equals the single-process count of whole
+    streams, after an incremental refresh too; a bad piece leaves its whole input out."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, lo in (("a", 0), ("b", 600), ("c", 1200)):
+        write_parquet(data / f"{name}.parquet", fortune_ids[lo : lo + 600], row_group_size=150)
+    pack = ["--mode", "pack", "--separator", "102", "--positions", "37"]
+    flags = [*count_flags(str(data / "*.parquet")), *pack]
+    out = tmp_path / "out"
+    assert posstats_cli("count", "--ray", "--workers", 2, *flags, "--out", out) == 0
+    assert json.loads((out / "count.json").read_text())["ray"]["shards"] == 12  # 3 files x 4 row groups
+    assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
+    assert_same_output(tmp_path / "single", out)
+
+    write_parquet(data / "b.parquet", fortune_ids[600:1000], row_group_size=100)  # changed: 4 new pieces
+    assert posstats_cli("refresh", "--store", out / "store") == 0
+    assert json.loads((out / "count.json").read_text())["ray"]["reduce"] == "incremental"
+    assert posstats_cli("count", *flags, "--out", tmp_path / "single2") == 0
+    assert_counts_equal(load_counts(out), load_counts(tmp_path / "single2"))
+    capsys.readouterr()
+
+    corrupt_row_group(data / "c.parquet", 2)
+    skip = tmp_path / "skip"
+    assert posstats_cli("count", "--ray", "--workers", 2, *flags, "--skip-bad-shards", "--out", skip) == 0
+    info = json.loads((skip / "count.json").read_text())["ray"]
+    assert sorted(b["label"].split(" ")[0] for b in info["bad_shards"]) == [str(data / "c.parquet")] * 4
+    without_c = CorpusSource(inputs=(str(data / "a.parquet"), str(data / "b.parquet")), column="input_ids")
+    spec = CountSpec(37, V, "pack", (0, 100, 101, 102, 103), 102)
+    assert_counts_equal(load_counts(skip), count_corpus(without_c, spec, show_progress=False))

@@ -4,10 +4,12 @@ partial counts of any shard order add up to count_corpus, counts and fingerprint
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,9 @@ from hypothesis import strategies as st
 
 from posstats.corpus.source import CorpusSource, count_corpus, file_fingerprint
 from posstats.counting.counts import CountSpec, combine_fingerprints
+from posstats.counting.io import load_counts, save_counts
+from posstats.counting.pack import stitch
+from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
 from posstats.errors import InputError
 from posstats.corpus.readers import read_token_batches
 from posstats.corpus.shards import Shard, count_shard, plan_shards, read_shard
@@ -76,11 +81,29 @@ def spec_for(mode: str) -> CountSpec:
 
 
 def summed(shards, source, spec, *, seed: int | None = None, dense=None):
+    """The shards' counts summed in a shuffled order; pack-stream pieces are saved and
+    stitched into place as the Ray reduce does (posstats.counting.pack)."""
     order = list(shards)
     if seed is not None:
         random.Random(seed).shuffle(order)
     parts = [count_shard(s, source, spec, dense=dense) for s in order]
+    if spec.mode == "pack" and any(not s.is_whole_input for s in order):
+        return stitched(parts, spec)
     return functools.reduce(lambda a, b: a + b, parts)
+
+
+def stitched(parts, spec):
+    """The range reduce of saved parts with pack pieces placed (one range per 7 positions)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        items = []
+        for i, part in enumerate(parts):
+            save_counts(part, Path(tmp) / f"p{i}")
+            items.append((str(Path(tmp) / f"p{i}"), 1))
+        placed, windows, tokens = stitch(items, spec)
+        ranges = [sum_row_range(placed, spec, a, b, Path(tmp) / f"r{a}.safetensors")
+                  for a, b in row_ranges(spec.positions, -(-spec.positions // 7))]
+        assemble_ranges(ranges, placed, spec, Path(tmp) / "total", adjust=(windows, tokens))
+        return load_counts(Path(tmp) / "total")
 
 
 def assert_same(got, ref):
@@ -128,13 +151,19 @@ def test_ids_are_stable_and_change_with_the_file(tmp_path, fortune_ids):
     assert not set(renamed) & set(before[:3])
 
 
-def test_pack_mode_counts_whole_files_only(corpus):
+def test_pack_mode_cuts_inputs_into_pieces_that_carry_their_stream(corpus):
     source = CorpusSource(inputs=(str(corpus / "p*.parquet"), str(corpus / "j*.jsonl")), column="ids")
-    shards = plan_shards(source, spec_for("pack"), shard_bytes=10_000)
-    assert [s.kind for s in shards] == ["file"] * 6
-    row_group = plan_shards(source, spec_for("chunk"), shard_bytes=10_000)[0]
-    with pytest.raises(ValueError, match="pack mode counts whole inputs only"):
-        count_shard(row_group, source, spec_for("pack"))
+    pack = plan_shards(source, spec_for("pack"), shard_bytes=10_000)
+    assert [s.shard_id for s in pack] != [] and {s.kind for s in pack} >= {"row_group"}
+    assert [(s.path, s.kind, s.start, s.stop) for s in pack] == \
+        [(s.path, s.kind, s.start, s.stop) for s in plan_shards(source, spec_for("chunk"), shard_bytes=10_000)]
+    parquet = next(s.path for s in pack if s.kind == "row_group")
+    first, second = (s for s in pack if s.path == parquet and s.index in (0, 1))
+    a, b = count_shard(first, source, spec_for("pack")), count_shard(second, source, spec_for("pack"))
+    assert (a.metadata["pack_index"], b.metadata["pack_index"]) == ("0", "1")
+    assert a.metadata["pack_leading_separator"] == "0" and b.metadata["pack_leading_separator"] == "1"
+    assert a.windows == b.windows == 0  # a stream's windows are the stitching's
+    assert int(b.matrix[0, 102]) >= 1  # the assumed separator before its first document
 
 
 def test_line_ranges_cut_at_lines_and_number_rows_like_the_reader(corpus):
@@ -202,16 +231,17 @@ def test_shards_add_up_to_count_corpus(corpus, mode, kind):
     spec = spec_for(mode)
     ref = count_corpus(source, spec, show_progress=False)
     shards = plan_shards(source, spec, shard_bytes=20_000)
-    assert len(shards) == (len(source.files()) if mode == "pack" else len(shards))
+    assert len(shards) > len(source.files())  # every mode cuts the inputs (pack: into stream pieces)
     assert_same(summed(shards, source, spec, seed=1), ref)
     assert_same(summed(shards, source, spec, seed=2, dense=False), ref)
     # One reused dense buffer (as a counting actor does): each partial saved before the next.
     buf = np.full((spec.positions, spec.vocab_size), -5, dtype=np.int64)
-    total = None
+    parts = []
     for s in shards:
         part = count_shard(s, source, spec, dense=True, out=buf)
         assert part.matrix is buf
-        total = part.to_sparse() if total is None else total + part.to_sparse()
+        parts.append(dataclasses.replace(part, matrix=part.to_sparse().matrix))
+    total = stitched(parts, spec) if mode == "pack" else functools.reduce(lambda a, b: a + b, parts)
     assert_same(total, ref)
 
 
@@ -238,7 +268,9 @@ def test_hf_saved_dataset_shards_per_arrow_file(hf_folder, bert, name, files):
     ref = count_corpus(source, spec, show_progress=False)
     assert_same(summed(shards, source, spec, seed=0), ref)
     pack = CountSpec(40, V, "pack", tuple(special_token_ids(bert)), 102)
-    assert [s.kind for s in plan_shards(source, pack)] == ["file"]
+    pieces = plan_shards(source, pack)
+    assert [s.kind for s in pieces] == ["hf_file"] * files
+    assert_same(summed(pieces, source, pack, seed=3), count_corpus(source, pack, show_progress=False))
 
 
 def test_empty_inputs_still_carry_their_fingerprint(tmp_path, fortune_ids):

@@ -13,15 +13,14 @@ Kinds of shard (``Shard.kind``):
 ``hf_file``     one Arrow file of a Hugging Face ``save_to_disk`` dataset folder
 ``byte_range``  a range of lines of a big uncompressed JSONL / text file,
                 cut at line boundaries (files over ``shard_bytes``)
-``file``        a whole input path: every other input, and *every* input in
-                ``pack`` mode
+``file``        a whole input path: every other input
 ==============  ===============================================================
 
 Pack mode joins the documents of one input into one stream that restarts at each new
-input (``TokenBatch.source``), so a pack-mode shard must be a whole input: a row group
-or byte range would restart the stream in the middle and change the counts.
-:func:`plan_shards` never splits in pack mode and :func:`count_shard` refuses a partial
-shard under a pack spec.
+input (``TokenBatch.source``). A shard of part of an input is counted as a *piece* of that
+stream, from position 0 (:meth:`CountAccumulator.start_piece`), and records what the
+reduce needs to rotate it into place (:mod:`posstats.counting.pack`): so big inputs are
+split in pack mode too, and the stitched total equals the whole-input count.
 
 Every batch a shard yields carries the same ``source`` (the input path, as
 :func:`~posstats.corpus.readers.resolve_inputs` spells it) and the same ``first_row`` (row
@@ -71,6 +70,7 @@ from posstats.corpus.source import CorpusSource, file_fingerprint
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountAccumulator, CountSpec, PositionalCounts
+from posstats.counting.pack import piece_metadata
 from posstats.errors import InputError, PosstatsError
 
 __all__ = [
@@ -136,8 +136,8 @@ class Shard:
 
     @property
     def is_whole_input(self) -> bool:
-        """True when the shard is a whole input (the only kind allowed in pack mode)."""
-        return self.kind == "file"
+        """True when the shard is a whole input (in pack mode: a whole stream, not a piece)."""
+        return self.kind == "file" or self.count == 1
 
     def label(self) -> str:
         """Short human description, e.g. ``"a.parquet row group 3 (4/8)"``."""
@@ -173,8 +173,8 @@ def plan_shards(
 
     Reads only metadata (Parquet footers, HF ``state.json`` and Arrow batch headers) and,
     for JSONL / text files larger than ``shard_bytes``, scans their lines once to place
-    cuts at line boundaries and number the rows of each range. In ``pack`` mode every
-    input is one shard.
+    cuts at line boundaries and number the rows of each range. Pack mode splits the same
+    way (pieces of a stream are stitched by the reduce, :mod:`posstats.counting.pack`).
 
     Raises:
         InputError / PosstatsError: for a pattern matching nothing or contradictory
@@ -187,10 +187,9 @@ def plan_shards(
         raise PosstatsError(msg)
     files = source.files()
     source.read(files)  # validates reader options and that files exist; reads nothing
-    split = spec.mode != "pack"
     shards: list[Shard] = []
     for path in files:
-        shards.extend(plan_file(path, source, split=split, shard_bytes=shard_bytes))
+        shards.extend(plan_file(path, source, shard_bytes=shard_bytes))
     return shards
 
 
@@ -523,14 +522,16 @@ def count_shard(
             and ends with the shard (``[shard ...]``). Also when the input changed (size or
             modification time) since the shard was planned, so that a partial always holds
             the content its id names.
-        ValueError: a partial-input shard under a ``pack`` spec (it would change counts).
+
+    A pack-mode shard of part of an input is counted as a piece of the input's stream; its
+    counts carry :func:`posstats.counting.pack.piece_metadata` for the reduce to place them.
     """
-    if spec.mode == "pack" and not shard.is_whole_input:
-        msg = f"pack mode counts whole inputs only; {shard.label()} is a {shard.kind} shard"
-        raise ValueError(msg)
+    piece = spec.mode == "pack" and not shard.is_whole_input
     if dense is None:
         dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
     acc = CountAccumulator(spec, dense=dense, fingerprint=shard.fingerprint, metadata=metadata, out=out if dense else None)
+    if piece:
+        acc.start_piece(shard.path, first=shard.index == 0)
     try:
         _check_unchanged(shard)
         for batch in read_shard(shard, source, tokenizer=tokenizer):
@@ -539,7 +540,12 @@ def count_shard(
     except InputError as exc:
         msg = f"{exc} [shard: {shard.label()}]"
         raise InputError(msg) from exc
-    return acc.result(copy=False)  # the accumulator ends here: no n x V copy
+    counts = acc.result(copy=False)  # the accumulator ends here: no n x V copy
+    if piece:
+        stream = piece_metadata(os.path.abspath(shard.path), shard.input_fingerprint, shard.index, shard.count,
+                                acc.piece())
+        counts = dataclasses.replace(counts, metadata={**counts.metadata, **stream})
+    return counts
 
 
 def _check_unchanged(shard: Shard) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -445,6 +445,8 @@ class CountAccumulator:
         # pack-mode stream state: source of the open stream, and its length so far
         self._pack_source: str | None = None
         self._pack_len = 0
+        self._pack_documents = False  # a document with a kept token was seen in the stream
+        self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
 
     # -- public -------------------------------------------------------------------
 
@@ -477,7 +479,8 @@ class CountAccumulator:
         With ``copy=False`` a dense result shares the accumulator's buffer (no n x V copy):
         use it only when the accumulator is not used afterwards.
         """
-        windows = self.windows + (self._pack_windows(self._pack_len) if self.spec.mode == "pack" else 0)
+        open_stream = self.spec.mode == "pack" and self._piece is None  # a piece's windows are the stitching's
+        windows = self.windows + (self._pack_windows(self._pack_len) if open_stream else 0)
         if self.dense:
             matrix = self._matrix.copy() if copy else self._matrix
         else:
@@ -518,16 +521,46 @@ class CountAccumulator:
     def _windows_pack(self, values: np.ndarray, offsets: np.ndarray, source: str):
         n = self.spec.positions
         if source != self._pack_source:
+            if self._piece is not None:
+                msg = f"a pack-stream piece reads one source, {self._pack_source!r}; got a batch of {source!r}"
+                raise ValueError(msg)
             self.windows += self._pack_windows(self._pack_len)
-            self._pack_source, self._pack_len = source, 0
+            self._pack_source, self._pack_len, self._pack_documents = source, 0, False
+        self._pack_documents = self._pack_documents or bool((np.diff(offsets) > 0).any())
         if self.spec.separator_id is not None and len(offsets) > 1:
-            values = _with_separators(values, offsets, self.spec.separator_id, stream_empty=self._pack_len == 0)
+            # a continuing piece assumes a document before it: its first document gets a separator
+            stream_empty = self._pack_len == 0 and not self._piece
+            values = _with_separators(values, offsets, self.spec.separator_id, stream_empty=stream_empty)
         total = len(values)
         phase = self._pack_len % n
         self._pack_len += total
         skip = min(n - phase, total) if phase else 0  # finish the window left open before
         starts = np.arange(skip, total, n, dtype=np.int64)
         return values, starts, np.minimum(n, total - starts), (phase, skip) if skip else None
+
+    def start_piece(self, source: str, /, *, first: bool) -> None:
+        """Count the batches that follow, all of ``source``, as one piece of a pack stream
+        cut into pieces counted separately (a Parquet file's row groups on several
+        workers); :mod:`posstats.counting.pack` stitches them. The piece's positions start
+        at 0 (the stitching rotates them by the stream offset); a piece that is not the
+        ``first`` assumes a document before it, so a separator precedes its first document
+        (the stitching removes it when no earlier piece had one); the stream's windows are
+        left to the stitching. Call before any batch."""
+        if self.spec.mode != "pack" or self.sequences:
+            msg = "start_piece needs a pack-mode accumulator that has counted nothing yet"
+            raise ValueError(msg)
+        self._pack_source, self._pack_len, self._pack_documents = source, 0, False
+        self._piece = not first
+
+    def piece(self) -> dict[str, Any]:
+        """What the stitching needs of a piece (:meth:`start_piece`): ``stream`` (tokens of
+        its stream, separators included), ``documents`` (it has a non-empty document) and
+        ``leading_separator`` (its first document got a separator it assumed)."""
+        if self._piece is None:
+            msg = "piece() of an accumulator that is not counting a piece (start_piece)"
+            raise ValueError(msg)
+        lead = bool(self._piece and self._pack_documents and self.spec.separator_id is not None)
+        return {"stream": self._pack_len, "documents": self._pack_documents, "leading_separator": lead}
 
     def _pack_windows(self, stream_len: int) -> int:
         return -(-stream_len // self.spec.positions)

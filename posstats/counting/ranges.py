@@ -36,6 +36,7 @@ from posstats.counting.io import (
     load_rows,
     write_safetensors,
 )
+from posstats.counting.pack import Placement
 from posstats.errors import InputError
 from posstats.runs.publish import atomic_path
 
@@ -66,11 +67,32 @@ def _signed_sum(blocks: list[sp.csr_array], signs: list[int]) -> sp.csr_array:
     return blocks[0]
 
 
-def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
+def _placement(item: Placement | tuple[str | os.PathLike, int]) -> Placement:
+    return item if isinstance(item, Placement) else Placement(str(item[0]), int(item[1]))
+
+
+def _placed_rows(p: Placement, start: int, stop: int, spec: CountSpec, *, check: bool) -> sp.csr_array:
+    """Rows ``[start, stop)`` of the placed counts: rows ``(r - shift) mod n`` of the file
+    (two slices where they wrap), minus its dropped separator (:mod:`posstats.counting.pack`)."""
+    n, length = spec.positions, stop - start
+    lo = (start - p.shift) % n
+    if lo + length <= n:
+        rows = load_rows(p.path, lo, lo + length, check=check)
+    else:
+        rows = sp.csr_array(sp.vstack([load_rows(p.path, lo, n, check=check),
+                                       load_rows(p.path, 0, lo + length - n, check=check)], format="csr"))
+    if p.drop_separator and start <= p.shift < stop:
+        one = sp.csr_array(([1], ([p.shift - start], [spec.separator_id])), shape=rows.shape, dtype=np.int64)
+        rows = rows - one
+    return rows
+
+
+def sum_row_range(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
                   out: str | os.PathLike, /, *, verified: bool = False) -> dict[str, Any]:
     """Rows ``[start, stop)`` of ``sum(sign * counts(path))``, written to ``out`` (a CSR
-    safetensors file of shape ``(stop - start, V)``); return its summary.
-    ``verified=True`` (every item already checked against its checksum,
+    safetensors file of shape ``(stop - start, V)``); return its summary. Items are
+    ``(path, sign)`` pairs or :class:`~posstats.counting.pack.Placement` s (rotated pieces
+    of pack streams). ``verified=True`` (every item already checked against its checksum,
     :func:`posstats.counting.reduce.check_partial`) skips re-checking the rows read.
 
     Returns:
@@ -82,15 +104,16 @@ def sum_row_range(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpe
         InputError: an item counted under another spec, or unreadable.
     """
     V = spec.vocab_size
+    placed = [_placement(item) for item in items]
     blocks = []
-    for path, _ in items:
-        header = load_header(path)
+    for p in placed:
+        header = load_header(p.path)
         if header.spec != spec:
-            msg = f"{path}: counted under {header.spec}, not {spec}"
+            msg = f"{p.path}: counted under {header.spec}, not {spec}"
             raise InputError(msg)
-        blocks.append(load_rows(path, start, stop, check=verified))
+        blocks.append(_placed_rows(p, start, stop, spec, check=not verified))
     if blocks:
-        total = sp.csr_array(_signed_sum(blocks, [sign for _, sign in items]), dtype=np.int64)
+        total = sp.csr_array(_signed_sum(blocks, [p.sign for p in placed]), dtype=np.int64)
     else:
         total = sp.csr_array((stop - start, V), dtype=np.int64)
     total.eliminate_zeros()
@@ -130,12 +153,15 @@ def _range_pieces(parts: Sequence[dict[str, Any]], what: str, dtype: np.dtype) -
             yield getattr(rows, what).astype(dtype)
 
 
-def _totals(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec,
-            metadata: dict[str, str] | None) -> PositionalCounts:
-    """Signed totals and XORed fingerprint of the items (their headers only)."""
-    sequences = windows = tokens = 0
+def _totals(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec,
+            metadata: dict[str, str] | None, adjust: tuple[int, int]) -> PositionalCounts:
+    """Signed totals and XORed fingerprint of the items (their headers only), plus the
+    (windows, tokens) ``adjust`` ments of pack stitching."""
+    sequences = 0
+    windows, tokens = adjust
     fingerprint = ""
-    for path, sign in items:
+    for item in items:
+        path, sign = _placement(item).path, _placement(item).sign
         h = load_header(path)
         sequences, windows, tokens = sequences + sign * h.sequences, windows + sign * h.windows, tokens + sign * h.tokens
         fingerprint = combine_fingerprints(fingerprint, h.fingerprint)
@@ -143,12 +169,14 @@ def _totals(items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec,
     return PositionalCounts(spec, empty, sequences, windows, tokens, fingerprint, dict(metadata or {}))
 
 
-def assemble_ranges(parts: Sequence[dict[str, Any]], items: Sequence[tuple[str | os.PathLike, int]], spec: CountSpec,
-                    out: str | os.PathLike, /, *, metadata: dict[str, str] | None = None) -> dict[str, Any]:
+def assemble_ranges(parts: Sequence[dict[str, Any]], items: Sequence[Placement | tuple[str | os.PathLike, int]],
+                    spec: CountSpec, out: str | os.PathLike, /, *, metadata: dict[str, str] | None = None,
+                    adjust: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     """Stream the range files ``parts`` (summaries of :func:`sum_row_range` covering
     ``[0, n)``) into one counts file in ``out``, in the storage
     :func:`~posstats.counting.io.choose_storage` picks; the totals and fingerprint are the
-    items' signed sums. Holds one range in memory at a time.
+    items' signed sums plus ``adjust`` (windows, tokens: see
+    :func:`posstats.counting.pack.stitch`). Holds one range in memory at a time.
 
     Returns:
         ``{"path", "counts_file", "sequences", "windows", "tokens", "fingerprint",
@@ -160,7 +188,7 @@ def assemble_ranges(parts: Sequence[dict[str, Any]], items: Sequence[tuple[str |
     if covered != expected or (covered and covered[-1][1] != spec.positions):
         msg = f"range files {covered} do not cover the {spec.positions} positions exactly once"
         raise ValueError(msg)
-    total = _totals(items, spec, metadata)
+    total = _totals(items, spec, metadata, adjust)
     nnz = sum(p["nnz"] for p in parts)
     smallest = min((p["smallest"] for p in parts), default=0)
     largest = max((p["largest"] for p in parts), default=0)
