@@ -257,21 +257,6 @@ def _actor_lost_errors() -> tuple[type, ...]:
     return (RayActorError, ActorUnavailableError)
 
 
-def _get(ref: Any, *, what: str) -> Any:
-    """``ray.get(ref)``; a worker killed by Ray's memory monitor becomes one line that
-    says what to change, not a traceback."""
-    import ray
-
-    try:
-        return ray.get(ref)
-    except ray.exceptions.OutOfMemoryError as exc:
-        msg = (
-            f"{what}: a Ray worker was killed for running out of memory ({str(exc).splitlines()[0][:160]}); "
-            "use fewer --workers per machine, a smaller --memory-budget, or smaller shards (--shard-size)"
-        )
-        raise PosstatsError(msg) from None
-
-
 @dataclass
 class _Tally:
     """What the actors have reported so far: results by shard id, bad shards, actor losses
@@ -412,9 +397,10 @@ class _Engine:
                  lost: tuple[type, ...]) -> None:
         """Record one finished count; a lost actor is replaced and its shard queued again
         (at most ``MAX_SHARD_ATTEMPTS`` times per shard)."""
+        import ray
 
         try:
-            res = _get(ref, what=f"counting {shard.label()}")
+            res = ray.get(ref)
         except lost as exc:
             attempts = tally.attempts.get(shard.shard_id, 0) + 1
             tally.attempts[shard.shard_id] = attempts
@@ -456,7 +442,7 @@ class _Engine:
             ready, _ = ray.wait(list(inflight), num_returns=1)
             i, k = inflight.pop(ready[0])
             try:
-                results[k] = _get(ready[0], what=what)
+                results[k] = ray.get(ready[0])
             except lost as exc:
                 attempts[k] += 1
                 if attempts[k] >= MAX_SHARD_ATTEMPTS:

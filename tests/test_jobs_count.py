@@ -449,23 +449,19 @@ def test_refresh_needs_a_finished_store(ray_session, tmp_path, capsys):
     assert "not a run store with a finished count" in capsys.readouterr().err
 
 
-def test_a_worker_killed_for_memory_is_one_line_that_says_what_to_change(monkeypatch):
-    """Ray's memory monitor kills a worker: the job raises a PosstatsError naming the
-    flags to change (the CLI prints it as one line), never the raw OutOfMemoryError."""
-    import ray
-    from ray.exceptions import OutOfMemoryError
-
-    from jobs.count import _get
-
-    def killed(ref):
-        raise OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node ...")
-
-    monkeypatch.setattr(ray, "get", killed)
-    with pytest.raises(PosstatsError) as err:
-        _get(object(), what="range reduce")
-    message = str(err.value)
-    assert "\n" not in message and message.startswith("range reduce: a Ray worker was killed for running out of memory")
-    assert "--workers" in message and "--memory-budget" in message and "--shard-size" in message
+def test_a_worker_killed_for_memory_is_one_line_that_says_what_to_change(tmp_path, small_parquet):
+    """Ray's memory monitor really kills the workers (its threshold set below what the node
+    uses): the command ends with exit 2 and one line naming the flags to change, no traceback."""
+    root, *_ = small_parquet
+    env = {**job_env(), "RAY_memory_usage_threshold": "0.01", "RAY_memory_monitor_refresh_ms": "50"}
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-m", "posstats.cli", "count", "--ray", "--workers", "2",
+                        *map(str, count_flags(str(root / "*.parquet"))), "--out", str(tmp_path / "out")],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("posstats: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "lack of memory" in errors[0] and "--workers" in errors[0] and "--shard-size" in errors[0]
+    assert not (tmp_path / "out" / "count.json").exists()
 
 
 def _reducing_now(store: Path):
