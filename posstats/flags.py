@@ -106,6 +106,9 @@ def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> Non
     g.add_argument("--skip-bad-shards", action="store_true",
                    help="record unreadable shards in the run manifest and finish without them "
                         "(default: fail, keeping the finished partials for a rerun)")
+    g.add_argument("--dashboard", action="store_true",
+                   help="start Ray's dashboard with an embedded Ray and print its URL (about 2 s more start-up "
+                        "on a small machine; a cluster joined with --address has its own)")
     g.add_argument("--shard-size", type=float, default=256.0, metavar="MiB",
                    help="uncompressed JSONL / text files larger than this are cut into line ranges "
                         "(default 256); Parquet is cut by row group, HF datasets by Arrow file")
