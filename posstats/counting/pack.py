@@ -69,6 +69,10 @@ def _stream(header: PositionalCounts) -> tuple[tuple[str, str], int, int, int, b
     m = header.metadata
     if "pack_input" not in m:
         return None
+    missing = [k for k in PIECE_KEYS if k not in m]
+    if missing:
+        msg = f"{m['pack_input']}: a pack-stream piece without {', '.join(missing)} in its counts; count it again"
+        raise InputError(msg)
     return ((m["pack_input"], m["pack_version"]), int(m["pack_index"]), int(m["pack_count"]), int(m["pack_stream"]),
             m["pack_documents"] == "1", m["pack_leading_separator"] == "1")
 

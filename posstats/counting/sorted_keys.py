@@ -1,17 +1,19 @@
 """Sparse exact counting by sorting keys: cost follows the tokens and the non-zeros, not n x V.
 
 Every counted token becomes a key ``k = p V + v`` (position p, token v). The positions are
-cut into blocks of ``B = min(n, floor(2**32 / V))`` positions, so a key *local* to its
-block, ``(p - b B) V + v``, fits in uint32: half the bytes of int64 keys and a sort about
-twice as fast (numpy sorts uint32 with SIMD). Keys are buffered per block; compacting a
-block sorts its buffered keys in place, run-length encodes them into (unique key, count)
-and merges those into the block's sorted unique keys. Counts are exact int64.
+cut into blocks of ``B`` positions (:func:`block_positions`: about n / 16, and at most
+``floor(2**32 / V)``), so a key *local* to its block, ``(p - b B) V + v``, fits in uint32:
+half the bytes of int64 keys and a sort about twice as fast (numpy sorts uint32 with SIMD).
+Keys are buffered per block; compacting a block sorts its buffered keys in place,
+run-length encodes them into (unique key, count) and merges those into the block's sorted
+unique keys. Counts are exact: int32 while fewer than 2**31 keys were added, int64 after;
+the result (:meth:`SortedKeyCounter.to_csr`) is int64.
 
 Cost: one sort of every key (``O(N log N)`` with a small constant: about 3.5 ns per key
 on one AVX-512 core) plus one merge per compaction, ``O(nnz)``; memory: the buffered keys
-(4 bytes each, at most ``buffer_keys``) plus 12 bytes per non-zero. Compactions happen
-when the buffer is full, so a corpus of fewer than ``buffer_keys`` tokens sorts each key
-exactly once and merges nothing.
+(4 bytes each, at most ``buffer_keys``) plus 8 bytes per non-zero (12 past 2**31 keys).
+Compactions happen when the buffer is full, so a corpus of fewer than ``buffer_keys``
+tokens sorts each key exactly once and merges nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "run_lengths"]
+__all__ = ["DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "run_lengths"]
 
 DEFAULT_BUFFER_KEYS = 2**28  # 1 GiB of uint32 keys buffered before a compaction
 BLOCKS = 16  # position blocks of a count (more where 2**32 / V requires)
@@ -107,11 +109,6 @@ class SortedKeyCounter:
     def count_dtype(self) -> np.dtype:
         """int32 while no count can exceed ``2**31 - 1``, else int64."""
         return np.dtype(np.int32 if self.added < 2**31 else np.int64)
-
-    @property
-    def nnz(self) -> int:
-        """Non-zeros compacted so far (buffered keys not included)."""
-        return sum(k.size for k in self._keys.values())
 
     def add(self, block: int, keys: np.ndarray, /) -> None:
         """Buffer uint32 local keys of ``block``; compacts every block when the buffer is full.
