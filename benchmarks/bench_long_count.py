@@ -367,6 +367,7 @@ def summarize(trials: list[dict], *, seconds: list[float] | None = None) -> dict
         "stderr_tail": trials[best]["stderr_tail"],
         "sampled": trials[best]["sampled"],
         "load": load_average(),
+        **({"phases_s": [t.get("phases_s") for t in trials]} if any("phases_s" in t for t in trials) else {}),
     }
 
 
@@ -498,6 +499,13 @@ def case_long(ctx: dict) -> dict:
     return result
 
 
+def ray_phases(out: Path) -> dict:
+    """The Ray run's phase times from its ``count.json`` (start-up, counting, reduce steps)."""
+    info = json.loads((out / "count.json").read_text()).get("ray", {})
+    return {k: info[k] for k in sorted(info) if k.endswith("_s")} | {"shards": info.get("shards"),
+                                                                      "reduce_ranges": info.get("reduce_ranges")}
+
+
 def case_ray(ctx: dict) -> dict:
     """``posstats count --ray --workers 2`` against the in-process ``posstats count``."""
     args, work, env = ctx["args"], ctx["work"], ctx["env"]
@@ -532,8 +540,10 @@ def case_ray(ctx: dict) -> dict:
         ray_trials.append(t)
         if t["returncode"]:
             ctx["errors"].append({"case": "ray", "what": "posstats count --ray", "stderr_tail": t["stderr_tail"]})
-        elif not check and inproc_out is not None:
-            check = compare_outputs(inproc_out, out)
+        else:
+            t["phases_s"] = ray_phases(out)
+            if not check and inproc_out is not None:
+                check = compare_outputs(inproc_out, out)
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(store, ignore_errors=True)
     ray = summarize(ray_trials)
