@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,6 @@ import pytest
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import save_counts
-from posstats.errors import InputError, PosstatsError
 from posstats.service.shard_store import RunStore
 from posstats.corpus.shards import count_shard, plan_shards
 from posstats.counting.io import counts_file, load_counts
@@ -130,6 +128,31 @@ def wait_for(predicate, *, timeout: float, what: str):
 
 def markers(store: Path) -> list[Path]:
     return sorted(store.glob("partials/*/done.json"))
+
+
+def count_job_in_thread(source, spec, opts):
+    """Start ``count_job`` in a thread; return (thread, outcome: its summary or error)."""
+    from jobs.count import count_job
+
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["summary"] = count_job(source, spec, {}, opts)
+        except BaseException as exc:  # noqa: BLE001 - reported by finished()
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def finished(thread, outcome) -> dict:
+    """Wait for a :func:`count_job_in_thread` run; its summary (it must have succeeded)."""
+    thread.join(timeout=180)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    return outcome["summary"]
 
 
 def job_cmd(address: str, *args) -> list[str]:
@@ -254,21 +277,12 @@ def small_parquet(tmp_path, fortune_ids):
 
 @pytest.mark.ray
 def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tmp_path):
-    from jobs.count import JobOptions, count_job
+    from jobs.count import JobOptions
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
     opts = JobOptions(store=str(store), workers=2, shard_delay=1.0, show_progress=False)
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["summary"] = count_job(source, spec, {}, opts)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, outcome = count_job_in_thread(source, spec, opts)
 
     def counting_now():
         for note in store.glob("partials/*/started.json"):
@@ -278,10 +292,7 @@ def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tm
 
     shard_id, pid = wait_for(counting_now, timeout=120, what="a shard being counted")
     os.kill(pid, signal.SIGKILL)
-    thread.join(timeout=180)
-    assert not thread.is_alive()
-    assert "error" not in outcome, outcome.get("error")
-    summary = outcome["summary"]
+    summary = finished(thread, outcome)
     assert_counts_equal(load_counts(summary["counts_path"]), ref)
     marker = RunStore(store).marker(shard_id)
     assert marker["pid"] != pid  # recounted by a live (restarted) actor
@@ -476,27 +487,15 @@ def _reducing_now(store: Path):
 def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_parquet, tmp_path):
     """A real SIGKILL of the actor summing a position range: Ray restarts it, the range is
     summed again, and the total is the single-process count; no shard is recounted."""
-    from jobs.count import JobOptions, count_job
+    from jobs.count import JobOptions
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
     opts = JobOptions(store=str(store), workers=2, reduce_delay=1.5, ranges=4, show_progress=False)
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["summary"] = count_job(source, spec, {}, opts)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, outcome = count_job_in_thread(source, spec, opts)
     note, pid = wait_for(lambda: _reducing_now(store), timeout=120, what="a range being reduced")
     os.kill(pid, signal.SIGKILL)
-    thread.join(timeout=180)
-    assert not thread.is_alive()
-    assert "error" not in outcome, outcome.get("error")
-    summary = outcome["summary"]
+    summary = finished(thread, outcome)
     assert_counts_equal(load_counts(summary["counts_path"]), ref)
     assert summary["ray"]["shards_counted"] == 8 and summary["ray"]["reduce_ranges"] == 4
     assert not (store / "reduce").exists() or not list((store / "reduce").rglob("range-*"))  # scratch cleaned
