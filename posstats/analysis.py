@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.spatial import cKDTree
 
 from posstats import __version__
@@ -21,12 +22,14 @@ from posstats.counting.counts import PositionalCounts
 from posstats.counting.rows import select_rows
 from posstats.errors import InputError, PosstatsError
 from posstats.estimates.bootstrap import shard_bootstrap
-from posstats.estimates.noise import corrected_squared_distances, noise_floor, null_rank
+from posstats.estimates.noise import bias_can_matter, corrected_squared_distances, noise_floor, null_rank
 from posstats.estimates.sampled import SampledGeometry
+from posstats.estimates.thinning import split_noise_floor
+from posstats.estimates.verdict import standout_positions, verdict
 from posstats.geometry.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding, parse_encoding_spec
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import MDSResult, classical_mds
+from posstats.geometry.mds import MDSResult, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
 from posstats.progress import progress
@@ -35,7 +38,8 @@ __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
 
 SCHEMA_VERSION = 1
 DEFAULT_DIMS = (2, 16, 64)
-DISTANCE_MATRICES = ("plugin", "corrected")
+DISTANCE_MATRICES = ("auto", "plugin", "corrected")
+NOISE_FLOOR_CHOICES = ("auto", "on", "off")
 NULL_CHOICES = ("auto", "shuffle", "mp", "none")
 _NULL_SHUFFLE_LIMIT = 4096  # auto: a shuffled-null corpus (3 extra solves) up to this many rows
 
@@ -66,10 +70,14 @@ class AnalysisConfig:
         lanczos_tol: tolerance of the block Lanczos solver (relative to the top eigenvalue).
         buckets: ``none``, ``fixed:W`` or ``log:P`` (:mod:`posstats.counting.buckets`): the geometry
             runs over buckets of pooled counts, represented by their midpoints.
-        distances: ``plugin`` or ``corrected`` (the bias-corrected ``max(D - b_i - b_j, 0)``
-            of :mod:`posstats.estimates.noise`, which needs a noise floor); the matrix the MDS,
-            encodings' stress and corpus diagnostics use.
-        noise_floor: estimate the split-half noise floor (the caller supplies the parts).
+        distances: ``auto``, ``plugin`` or ``corrected`` (the bias-corrected
+            ``max(D - b_i - b_j, 0)`` of :mod:`posstats.estimates.noise`, which needs a noise
+            floor); the one matrix the MDS, every encoding's stress, the corpus diagnostics
+            and the report use. ``auto``: corrected whenever a noise floor is estimated.
+        noise_floor: ``auto``, ``on`` or ``off`` (True / False accepted): estimate the
+            split-half noise floor, from the parts the caller supplies or else from a random
+            split of the counted tokens (:mod:`posstats.estimates.thinning`). ``auto``: on
+            when the plug-in bias can matter (:func:`posstats.estimates.noise.bias_can_matter`).
         noise_parts: 2 (halves) or 4 (quarters: also fits the bias's decay).
         null: ``auto`` | ``shuffle`` | ``mp`` | ``none``: how the noise-aware rank is found
             (auto: shuffle up to 4096 rows, else mp when a noise floor exists).
@@ -92,8 +100,8 @@ class AnalysisConfig:
     stress_max_pairs: int = 20_000_000
     lanczos_tol: float = 1e-8
     buckets: str = "none"
-    distances: str = "plugin"
-    noise_floor: bool = False
+    distances: str = "auto"
+    noise_floor: str = "auto"
     noise_parts: int = 4
     null: str = "auto"
     null_replicates: int = 3
@@ -102,6 +110,8 @@ class AnalysisConfig:
     tokenizer: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.noise_floor, bool):
+            object.__setattr__(self, "noise_floor", "on" if self.noise_floor else "off")
         if not self.dims:
             raise PosstatsError("give at least one dimension (--dims)")
         for d in self.dims:
@@ -136,8 +146,11 @@ class AnalysisConfig:
         if self.distances not in DISTANCE_MATRICES:
             msg = f"unknown distance matrix {self.distances!r}; choose one of {', '.join(DISTANCE_MATRICES)}"
             raise PosstatsError(msg)
-        if self.distances == "corrected" and not self.noise_floor:
-            msg = "bias-corrected distances (--distances corrected) need a noise floor (--noise-floor)"
+        if self.noise_floor not in NOISE_FLOOR_CHOICES:
+            msg = f"unknown noise floor setting {self.noise_floor!r}; choose one of {', '.join(NOISE_FLOOR_CHOICES)}"
+            raise PosstatsError(msg)
+        if self.distances == "corrected" and self.noise_floor == "off":
+            msg = "bias-corrected distances (--distances corrected) need a noise floor (not --noise-floor off)"
             raise PosstatsError(msg)
         if self.noise_parts not in (2, 4):
             msg = f"the noise floor uses 2 or 4 parts, got {self.noise_parts}"
@@ -145,8 +158,8 @@ class AnalysisConfig:
         if self.null not in NULL_CHOICES:
             msg = f"unknown null {self.null!r}; choose one of {', '.join(NULL_CHOICES)}"
             raise PosstatsError(msg)
-        if self.null == "mp" and not self.noise_floor:
-            msg = "the analytic null (--null mp) needs a noise floor (--noise-floor)"
+        if self.null == "mp" and self.noise_floor == "off":
+            msg = "the analytic null (--null mp) needs a noise floor (not --noise-floor off)"
             raise PosstatsError(msg)
         if self.null_replicates < 1 or self.bootstrap < 0:
             msg = f"need --null-replicates >= 1 and --bootstrap >= 0, got {self.null_replicates} and {self.bootstrap}"
@@ -198,7 +211,9 @@ class Analysis:
             ``distances`` (sampled path, bias-corrected distances).
         plugin_distances: (m, m) plug-in d_H of the same rows (the very array
             ``distances`` is unless they are bias-corrected), or None above
-            ``exact_limit``: what the HTML report and the export draw and score against.
+            ``exact_limit``.
+        standout: the positions that stand out from the pooled distribution
+            (:func:`posstats.estimates.verdict.standout_positions`).
     """
 
     counts: PositionalCounts
@@ -212,6 +227,7 @@ class Analysis:
     sections: dict[str, Any] = field(default_factory=dict)
     hellinger_summary: dict[str, Any] | None = None
     plugin_distances: np.ndarray | None = None
+    standout: dict[str, Any] | None = None
 
     def report(self) -> dict[str, Any]:
         """The ``report.json`` document (see README.md for the schema)."""
@@ -229,7 +245,8 @@ class Analysis:
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }
         report.update({k: v for k, v in self.sections.items() if k not in report})
-        return report
+        report["diagnostics"]["h1"]["distances"] = report["geometry"]["distances"] if "geometry" in report else "plugin"
+        return {"verdict": verdict(report, self.standout), **report}
 
 
 _HELLINGER_CONVENTION = "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]"
@@ -340,21 +357,38 @@ def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
     return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, sel.rows(), sel.occupancy())
 
 
-def _noise(parts: Any, g: _Rows, config: AnalysisConfig, timings: dict[str, float]) -> tuple[Any, list | None, dict | None]:
-    """The split-half noise floor of the geometry rows when ``config.noise_floor``:
-    ``(NoiseFloor, the parts bucketed like the rows, its report section)``, else Nones."""
-    if not config.noise_floor:
-        return None, None, None
-    if parts is None:
-        msg = "a noise floor needs the corpus in parts (posstats analyze --store DIR, --parts DIRS, or counts with a config.json to re-read)"
-        raise PosstatsError(msg)
+def _noise(
+    parts: Any, g: _Rows, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None
+) -> tuple[Any, list | None, dict | None]:
+    """The split-half noise floor of the geometry rows, when ``config.noise_floor`` is on
+    or ``auto`` and the plug-in bias can matter (:func:`bias_can_matter`): ``(NoiseFloor,
+    the parts bucketed like the rows or None, the report's noise section)``. Without parts
+    the counted tokens are split at random (:func:`split_noise_floor`)."""
+    rule = None
+    if config.noise_floor == "auto":
+        rule = bias_can_matter(g.occupancy, _column_totals(g.rows))
+    if config.noise_floor == "off" or (rule is not None and not rule["noise_floor"]):
+        return None, None, ({"estimated": False, "rule": rule} if rule else {"estimated": False, "rule": "off"})
     t = time.perf_counter()
-    geo_parts = [bucket_counts(p, g.buckets) for p in parts] if g.buckets is not None else list(parts)
-    noise = noise_floor(geo_parts, positions=g.index)
-    entry = noise.to_dict()
+    if parts is None:
+        noise = split_noise_floor(g.rows, parts=config.noise_parts, seed=config.seed, positions=g.index,
+                                  show_progress=show_progress)
+        geo_parts = None
+    else:
+        geo_parts = [bucket_counts(p, g.buckets) for p in parts] if g.buckets is not None else list(parts)
+        noise = noise_floor(geo_parts, positions=g.index)
+    entry = {"estimated": True, **noise.to_dict(), "rule": rule if rule else "on"}
     entry["positions"] = [int(x) for x in g.positions]
     timings["noise_floor"] = time.perf_counter() - t
     return noise, geo_parts, entry
+
+
+def _column_totals(rows: Any) -> np.ndarray:
+    """(V,) tokens per vocabulary entry of the (m, V) counts (sparse or dense)."""
+    if sp.issparse(rows):
+        c = sp.csr_array(rows)
+        return np.bincount(c.indices, weights=c.data, minlength=c.shape[1])
+    return np.asarray(rows, dtype=np.float64).sum(axis=0)
 
 
 def _geometry_section(config: AnalysisConfig, *, corrected: bool, rows: int, large: bool) -> dict[str, Any]:
@@ -399,7 +433,8 @@ def analyze(
         config: options (:class:`AnalysisConfig`).
         show_progress: progress bar on stderr (None: only on a terminal).
         parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
-            parity, :mod:`posstats.estimates.noise`), for ``config.noise_floor``.
+            parity, :mod:`posstats.estimates.noise`), for the noise floor; None: the counted
+            tokens are split at random (:mod:`posstats.estimates.thinning`).
         partials: per-shard partial counts, for ``config.bootstrap``.
 
     Up to ``config.exact_limit`` geometry rows the (m, m) squared distances
@@ -419,10 +454,9 @@ def analyze(
     g = _geometry_rows(counts, config)
     if g.buckets is not None:
         sections["buckets"] = {**g.buckets.to_dict(), "occupancy": g.geo.occupancy().tolist(), "used": len(g.index)}
-    noise, geo_parts, noise_entry = _noise(parts, g, config, timings)
-    if noise_entry is not None:
-        sections["noise"] = noise_entry
-    bias = noise.bias if (noise is not None and config.distances == "corrected") else None
+    noise, geo_parts, noise_entry = _noise(parts, g, config, timings, show_progress)
+    sections["noise"] = noise_entry
+    bias = noise.bias if (noise is not None and config.distances in ("auto", "corrected")) else None
     large = len(g.index) > config.exact_limit
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
     run = _sampled_geometry if large else _exact_geometry
@@ -432,8 +466,11 @@ def analyze(
         sections["null"] = null
     if config.bootstrap > 0:
         sections["bootstrap"] = _bootstrap_section(partials, g.buckets, g.index, g.positions, geometry.mds, null, config, timings)
+    t = time.perf_counter()
+    standout = standout_positions(g.rows, g.positions, components_above_null=(null or {}).get("components_above_null"))
+    timings["standout"] = time.perf_counter() - t
     return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
-                    timings, sections, geometry.hellinger_summary, geometry.plugin_distances)
+                    timings, sections, geometry.hellinger_summary, geometry.plugin_distances, standout)
 
 
 # ----------------------------------------------------------------------------- exact path
@@ -610,11 +647,12 @@ def _sampled_geometry(
     """The geometry above ``exact_limit``: no m x m matrix (see :func:`analyze`)."""
     m = len(g.positions)
     t = time.perf_counter()
-    mds = classical_mds(g.rows, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol, seed=config.seed, diagonal=bias)
+    op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
+    mds = classical_mds(op, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol, seed=config.seed, diagonal=bias)
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed)
+    sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
     encodings = _sampled_encodings(g, mds, config)
     stresses = sampled.stress(
         [e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth, max_pairs=config.stress_max_pairs

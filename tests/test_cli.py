@@ -55,6 +55,7 @@ def test_run_on_fortunes_with_bert_matches_oracles(tmp_path, capsys):
     rc = main([
         "run", "--input", "data/fortunes-sample.jsonl", "--text-column", "text", "--tokenizer", BERT,
         "--positions", str(n), "--dims", "2,8,64", "--encodings", "mds,sinusoidal,rope,alibi,random:0.02", "--out", str(out),
+        "--noise-floor", "off",  # the plug-in oracles below; the default subtracts a noise floor
     ])
     assert rc == 0
     printed = capsys.readouterr().out

@@ -27,7 +27,7 @@ MODULES = ("posstats.analysis", "posstats.geometry.mds", "posstats.runs.run_fold
            "posstats.estimates.bootstrap", "posstats.estimates.noise", "posstats.estimates.sampled")
 ENTRY_POINTS = ("hellinger_sq", "hellinger", "sqrt_distributions")
 
-# report.json of 'posstats run' on the sample, --positions 64, default analysis options, as
+# report.json of 'posstats run' on the sample, --positions 64, default analysis options with the noise floor off, as
 # written before the distances were handed on (12 significant digits)
 EXPECTED = {
     # (not the fingerprint: it covers the input file's path, which differs between checkouts)
@@ -155,7 +155,7 @@ def sample_args(data_dir) -> list[str]:
 
 def test_run_forms_the_matrix_once_and_reports_the_numbers_it_did(tmp_path, data_dir, spy, capsys):
     out = tmp_path / "run"
-    assert main(["run", *sample_args(data_dir), "--out", str(out)]) == 0
+    assert main(["run", *sample_args(data_dir), "--noise-floor", "off", "--out", str(out)]) == 0
     assert (out / "report.html").is_file() and (out / "summary.md").is_file()
     assert_each_once(spy, corpus_rows(out))
     assert len(spy.calls) == 1 + 3  # the corpus and the three shuffled null corpora

@@ -22,6 +22,7 @@ from posstats.reports.export import (
     orthonormal_basis,
 )
 from posstats.runs.run_folder import load_run, run_distances
+from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.counting.io import save_counts
 from posstats.geometry.stress import stress_report
@@ -209,7 +210,11 @@ def test_lowrank_tradeoff_matches_brute_force(run_dir):
     n = run.encoding.shape[0]
     iu = np.triu_indices(n, 1)
     h = dist[iu]
-    np.testing.assert_allclose(np.sqrt(hellinger_sq(np.asarray(synthetic_counts().matrix)))[iu], h, rtol=1e-12, atol=1e-15)
+    # the report's one distance matrix: bias-corrected with its noise floor (the default here)
+    assert run.report["geometry"]["distances"] == "bias_corrected"
+    bias = np.array(run.report["noise"]["bias_per_position"])
+    expected = np.sqrt(corrected_squared_distances(hellinger_sq(np.asarray(synthetic_counts().matrix)), bias))
+    np.testing.assert_allclose(expected[iu], h, rtol=1e-12, atol=1e-15)
     for row in rows:
         e = _pdist(run.encoding[:, : row["rank"]])[iu]
         np.testing.assert_allclose(row["stress"], ((e - h) ** 2).sum() / (h**2).sum(), rtol=1e-9)

@@ -294,7 +294,7 @@ def test_analyze_refuses_a_recorded_tokenizer_file_that_changed(tmp_path, capsys
     monkeypatch.chdir(tmp_path)  # config.json records the name tok.json: found here, in the working directory
     shutil.copyfile(BERT, tok)  # ... but it holds another tokenizer now
     capsys.readouterr()
-    rc = posstats_cli("analyze", "--counts", counts, "--noise-floor", "--dims", 2, "--encodings", "mds",
+    rc = posstats_cli("analyze", "--counts", counts, "--noise-floor", "--reread", "--dims", 2, "--encodings", "mds",
                       "--out", tmp_path / "a")
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"posstats: error: tok.json: tokenizer hash {tokenizer_hash(BERT)}")

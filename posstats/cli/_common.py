@@ -37,17 +37,20 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                     help="sampled stress: draw pairs until every scaled-stress 95%% interval is within +-H (default 1e-3)")
     lc.add_argument("--buckets", default="none", metavar="none|fixed:W|log:P",
                     help="pool positions into buckets: fixed:W (W positions each) or log:P (P per doubling)")
-    lc.add_argument("--noise-floor", action="store_true",
-                    help="split the corpus into document-parity parts (or the run store's shards) and report the "
-                         "per-position split-half d_H and sampling bias")
+    lc.add_argument("--noise-floor", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                    help="split-half noise floor: per-position split-half d_H and sampling bias, from a random split "
+                         "of the counted tokens (or --store / --parts / --reread). auto (default): on when the "
+                         "plug-in bias can matter, i.e. the median position has fewer than 500 tokens per effective "
+                         "vocabulary entry; a bare --noise-floor means on")
     lc.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
                     help="parts for the noise floor: 4 also fits how the bias decays with occupancy (default 4)")
-    lc.add_argument("--distances", choices=("plugin", "corrected"), default="plugin",
-                    help="distance matrix for MDS, stress and diagnostics: plug-in, or bias-corrected "
-                         "max(d^2 - b_i - b_j, 0) (needs --noise-floor)")
+    lc.add_argument("--distances", choices=("auto", "plugin", "corrected"), default="auto",
+                    help="the one distance matrix of MDS, stress, diagnostics and the report: plug-in, or "
+                         "bias-corrected max(d^2 - b_i - b_j, 0) (needs the noise floor); auto (default): corrected "
+                         "whenever the noise floor is estimated")
     lc.add_argument("--null", choices=("auto", "shuffle", "mp", "none"), default="auto",
                     help="noise-aware rank: eigenvalues above a shuffled-position null corpus, or an analytic "
-                         "Marchenko-Pastur edge (needs --noise-floor); auto: shuffle up to 4096 rows, else mp")
+                         "Marchenko-Pastur edge (needs the noise floor); auto: shuffle up to 4096 rows, else mp")
     lc.add_argument("--null-replicates", type=int, default=3, metavar="R", help="shuffled null corpora (default 3)")
     lc.add_argument("--bootstrap", type=int, default=0, metavar="B",
                     help="shard-bootstrap replicates for intervals on eigenvalues, rank and stress (default 0: off)")
@@ -71,5 +74,5 @@ def analysis_config(args: argparse.Namespace):
         null=args.null,
         null_replicates=args.null_replicates,
         bootstrap=args.bootstrap,
-        tokenizer=getattr(args, "tokenizer", None) if (args.noise_floor or args.bootstrap) else None,
+        tokenizer=getattr(args, "tokenizer", None) if (getattr(args, "reread", False) or args.bootstrap) else None,
     )

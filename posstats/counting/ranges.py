@@ -40,7 +40,7 @@ from posstats.counting.pack import Placement
 from posstats.errors import InputError
 from posstats.runs.publish import atomic_path
 
-__all__ = ["assemble_ranges", "row_ranges", "sum_row_range"]
+__all__ = ["assemble_ranges", "placed_sum", "row_ranges", "sum_row_range"]
 
 RANGE_SCHEMA = "posstats.count-range/1"
 
@@ -87,6 +87,31 @@ def _placed_rows(p: Placement, start: int, stop: int, spec: CountSpec, *, check:
     return rows
 
 
+def placed_sum(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
+               /, *, check: bool = True) -> sp.csr_array:
+    """Rows ``[start, stop)`` of ``sum(sign * counts(path))`` as an int64 CSR of shape
+    ``(stop - start, V)``, canonical, no stored zeros (items as for :func:`sum_row_range`).
+
+    Raises:
+        InputError: an item counted under another spec, or unreadable.
+    """
+    placed = [_placement(item) for item in items]
+    blocks = []
+    for p in placed:
+        header = load_header(p.path)
+        if header.spec != spec:
+            msg = f"{p.path}: counted under {header.spec}, not {spec}"
+            raise InputError(msg)
+        blocks.append(_placed_rows(p, start, stop, spec, check=check))
+    if blocks:
+        total = sp.csr_array(_signed_sum(blocks, [p.sign for p in placed]), dtype=np.int64)
+    else:
+        total = sp.csr_array((stop - start, spec.vocab_size), dtype=np.int64)
+    total.eliminate_zeros()
+    total.sort_indices()
+    return total
+
+
 def sum_row_range(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
                   out: str | os.PathLike, /, *, verified: bool = False) -> dict[str, Any]:
     """Rows ``[start, stop)`` of ``sum(sign * counts(path))``, written to ``out`` (a CSR
@@ -104,20 +129,7 @@ def sum_row_range(items: Sequence[Placement | tuple[str | os.PathLike, int]], sp
         InputError: an item counted under another spec, or unreadable.
     """
     V = spec.vocab_size
-    placed = [_placement(item) for item in items]
-    blocks = []
-    for p in placed:
-        header = load_header(p.path)
-        if header.spec != spec:
-            msg = f"{p.path}: counted under {header.spec}, not {spec}"
-            raise InputError(msg)
-        blocks.append(_placed_rows(p, start, stop, spec, check=not verified))
-    if blocks:
-        total = sp.csr_array(_signed_sum(blocks, [p.sign for p in placed]), dtype=np.int64)
-    else:
-        total = sp.csr_array((stop - start, V), dtype=np.int64)
-    total.eliminate_zeros()
-    total.sort_indices()
+    total = placed_sum(items, spec, start, stop, check=not verified)
     smallest, largest = (int(total.data.min()), int(total.data.max())) if total.nnz else (0, 0)
     meta = {"schema": RANGE_SCHEMA, "start": str(start), "stop": str(stop), "vocab_size": str(V)}
     with atomic_path(out) as tmp:  # narrow types: the assembly reads every range file once

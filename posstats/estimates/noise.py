@@ -90,24 +90,31 @@ from posstats.corpus.source import file_fingerprint
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints
-from posstats.counting.reduce import sum_partials
+from posstats.counting.pack import stitch
+from posstats.counting.ranges import placed_sum
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
 from posstats.geometry.mds import classical_mds
 from posstats.service.shard_store import RunStore
 
 __all__ = [
+    "BIAS_RULE_D_H2",
     "NULL_METHODS",
     "NoiseFloor",
     "NullRank",
+    "bias_can_matter",
     "corrected_squared_distances",
     "count_parts",
+    "fitted_bias",
     "mp_edge",
+    "mp_edge_value",
     "noise_floor",
     "null_counts",
     "null_rank",
     "parts_from_store",
     "poisson_rows",
+    "split_half",
+    "usable_rows",
 ]
 
 NULL_METHODS = ("shuffle", "mp")
@@ -186,8 +193,11 @@ def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budge
 
     The shards of the current result (its manifest) are sorted by shard id and shard of
     rank r goes to part ``r mod parts`` (shard-id parity for 2 parts); each part is the
-    exact sum of its partials (:func:`posstats.counting.reduce.sum_partials`). With fewer shards
-    than parts, two parts are made (halves) if there are at least two shards.
+    exact sum of its partials, pack-mode pieces placed where they sit in the stream
+    (:func:`posstats.counting.pack.stitch`, :func:`posstats.counting.ranges.placed_sum`),
+    so the parts sum to the store's result. With fewer shards than parts, two parts are
+    made (halves) if there are at least two shards. Sequence and window totals of the
+    parts are not kept (0).
 
     Raises:
         PosstatsError: no finished count in the store, or fewer than two shards.
@@ -204,12 +214,14 @@ def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budge
         raise PosstatsError(msg)
     k = int(parts) if len(ids) >= int(parts) else 2
     spec = CountSpec.from_metadata(record["config"]["spec"])
-    dense = spec.fits_dense(dense_budget)
+    # pack-mode shards are pieces of one stream, placed (rotated) by stitching them all
+    placements, _, _ = stitch([(str(rs.partial_dir(sid)), 1) for sid in ids], spec)
     out = []
     for p in range(k):
-        items = [(str(rs.partial_dir(sid)), 1) for sid in ids[p::k]]
-        part = sum_partials(items, spec, dense=dense, metadata={"part": f"{p}/{k}", "store": str(store)})
-        out.append(dataclasses.replace(part, fingerprint=manifest.get("fingerprint", "")))
+        matrix = placed_sum(placements[p::k], spec, 0, spec.positions)
+        dense = np.asarray(matrix.toarray()) if spec.fits_dense(dense_budget) else matrix
+        meta = {"part": f"{p}/{k}", "store": str(store)}
+        out.append(PositionalCounts(spec, dense, 0, 0, int(matrix.sum()), manifest.get("fingerprint", ""), meta))
     return tuple(out)
 
 
@@ -220,6 +232,14 @@ def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budge
 def _rows_csr(counts: PositionalCounts, rows: np.ndarray) -> sp.csr_array:
     m = counts.matrix[rows] if counts.is_sparse else sp.csr_array(np.asarray(counts.matrix)[rows])
     return sp.csr_array(m, dtype=np.int64)
+
+
+def _union(mats: list[sp.csr_array], which: tuple[int, ...]) -> sp.csr_array:
+    """The sum of the parts ``mats[k]`` for k in ``which``."""
+    out = mats[which[0]]
+    for k in which[1:]:
+        out = out + mats[k]
+    return out
 
 
 def _paired_d2(a: sp.csr_array, b: sp.csr_array) -> np.ndarray:
@@ -277,6 +297,11 @@ class NoiseFloor:
         method: ``"quarters"`` or ``"halves-first-order"``.
         parts: number of parts used.
         fallback: positions whose bias came from the delta method (an empty part there).
+        source: where the parts came from: ``"token split"`` (every count split at random,
+            :mod:`posstats.estimates.thinning`), ``"store shards"``, ``"documents"`` or
+            ``"parts"`` (given).
+        column_noise: (V,) ``c_v`` of the analytic null (:func:`mp_edge`), when computed
+            with the floor (token split); else None (computed from the parts on demand).
     """
 
     positions: np.ndarray
@@ -288,6 +313,8 @@ class NoiseFloor:
     method: str
     parts: int
     fallback: int
+    source: str = "parts"
+    column_noise: np.ndarray | None = None
 
     @property
     def split_half_distance(self) -> np.ndarray:
@@ -305,6 +332,7 @@ class NoiseFloor:
 
         out: dict[str, Any] = {
             "method": self.method,
+            "source": self.source,
             "parts": int(self.parts),
             "fallback_positions": int(self.fallback),
             "split_half_d_h": stats(self.split_half_distance),
@@ -337,8 +365,12 @@ def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) 
     for m in mats[1:]:
         total = total + m
     occ = sizes.sum(axis=0)
-    split = _halves(mats, sizes) if len(parts) == 2 else _quarters(mats, sizes)
-    bias, fallback = _bias(split, occ, np.diff(total.indptr).astype(np.float64))
+
+    def d2_of(a: tuple[int, ...], b: tuple[int, ...]) -> np.ndarray:
+        return _paired_d2(_union(mats, a), _union(mats, b))
+
+    split = split_half(d2_of, sizes)
+    bias, fallback = fitted_bias(split, occ, np.diff(total.indptr).astype(np.float64))
     return NoiseFloor(
         positions=rows,
         occupancy=occ.astype(np.int64),
@@ -350,6 +382,47 @@ def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) 
         parts=len(parts),
         fallback=fallback,
     )
+
+
+# The auto noise floor is on when the plug-in bias of a median position pair exceeds this.
+BIAS_RULE_D_H2 = 1e-3
+
+
+def bias_can_matter(occupancy: Any, column_totals: Any, /, *, threshold: float = BIAS_RULE_D_H2) -> dict[str, Any]:
+    """Whether a noise floor can matter: the rule of ``noise_floor = "auto"``.
+
+    The plug-in ``d_H^2`` between two positions with ``N`` tokens each is inflated by about
+    ``2 beta(N)``; the delta method gives ``beta(N) = (K_eff - 1) / (4 N)``, a lower bound
+    (the bias falls more slowly than ``1 / N`` where most tokens are rare, see the module
+    docstring). The floor is on when this lower bound for the median position,
+    ``(K_eff - 1) / (2 N_median)``, exceeds ``threshold``, i.e. when the median position has
+    fewer than ``(K_eff - 1) / (2 threshold)`` tokens (500 per effective vocabulary entry
+    at the default 1e-3). ``K_eff = exp(H(p))`` is the effective vocabulary (perplexity)
+    of the pooled token distribution ``p``.
+
+    Args:
+        occupancy: (m,) tokens per position of the geometry rows.
+        column_totals: (V,) tokens per vocabulary entry, pooled over those rows.
+
+    Returns:
+        JSON-ready ``{"noise_floor": bool, "median_occupancy", "effective_vocabulary",
+        "expected_bias_d_h2", "threshold", "formula"}``.
+    """
+    occ = np.asarray(occupancy, dtype=np.float64)
+    totals = np.asarray(column_totals, dtype=np.float64)
+    p = totals[totals > 0] / max(totals.sum(), 1.0)
+    k_eff = float(np.exp(-np.sum(p * np.log(p)))) if p.size else 1.0
+    occupied = occ[occ > 0]
+    median = float(np.median(occupied)) if occupied.size else 0.0
+    expected = (k_eff - 1.0) / (2.0 * median) if median > 0 else math.inf
+    return {
+        "noise_floor": bool(expected > threshold),
+        "median_occupancy": median,
+        "effective_vocabulary": k_eff,
+        "expected_bias_d_h2": expected,
+        "threshold": float(threshold),
+        "formula": "on when (K_eff - 1) / (2 N_median) > threshold; K_eff = exp(entropy of the pooled tokens)",
+    }
 
 
 def _common_spec(parts: Sequence[PositionalCounts]) -> CountSpec:
@@ -364,7 +437,7 @@ def _common_spec(parts: Sequence[PositionalCounts]) -> CountSpec:
     return spec
 
 
-class _SplitHalf(NamedTuple):
+class SplitHalf(NamedTuple):
     """Split-half statistics of m positions and the fitted decay of ``beta(N) = c N^-gamma``."""
 
     h: np.ndarray  # (m,) d_H^2 between the two halves (NaN where a half is empty)
@@ -380,33 +453,44 @@ _QUARTER_PAIRS = ((0, 1), (2, 3), (0, 2), (1, 3), (0, 3), (1, 2))
 _HALF_PAIRINGS = (((0, 2), (1, 3)), ((0, 1), (2, 3)))
 
 
-def _halves(mats: list[sp.csr_array], sizes: np.ndarray) -> _SplitHalf:
+# d2_of(a, b): (m,) d_H^2 between the union of parts ``a`` and the union of parts ``b``
+# (tuples of part indices), NaN where either union is empty at a position.
+PairedDistance = Callable[[tuple[int, ...], tuple[int, ...]], np.ndarray]
+
+
+def _halves(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
     """Two parts (sizes (2, m)): ``h`` between them, first-order ``gamma = 1``."""
     na, nb = sizes
-    return _SplitHalf(_paired_d2(mats[0], mats[1]), None, np.ones(na.size), na, nb, "halves-first-order")
+    return SplitHalf(d2_of((0,), (1,)), None, np.ones(na.size), na, nb, "halves-first-order")
 
 
-def _quarters(mats: list[sp.csr_array], sizes: np.ndarray) -> _SplitHalf:
+def _quarters(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
     """Four parts (sizes (4, m)): ``h`` averaged over both pairings into halves, ``q`` over
     the six quarter pairs, and ``gamma`` solving ``q / h`` per position (1 where undefined)."""
     hs, nas, nbs = [], [], []
     for (a0, a1), (b0, b1) in _HALF_PAIRINGS:
-        hs.append(_paired_d2(mats[a0] + mats[a1], mats[b0] + mats[b1]))
+        hs.append(d2_of((a0, a1), (b0, b1)))
         nas.append(sizes[a0] + sizes[a1])
         nbs.append(sizes[b0] + sizes[b1])
     with np.errstate(invalid="ignore"), _quiet_nan_mean():
         h = np.nanmean(hs, axis=0)
         na, nb = np.mean(nas, axis=0), np.mean(nbs, axis=0)
-        q = np.nanmean([_paired_d2(mats[a], mats[b]) for a, b in _QUARTER_PAIRS], axis=0)
+        q = np.nanmean([d2_of((a,), (b,)) for a, b in _QUARTER_PAIRS], axis=0)
     qsizes = np.stack([np.stack([sizes[a], sizes[b]]) for a, b in _QUARTER_PAIRS])  # (6, 2, m)
     ok = np.isfinite(h) & np.isfinite(q) & (q > 0) & np.all(sizes > 0, axis=0)
     gamma = np.ones(h.size)
     if ok.any():
         gamma[ok] = _solve_gamma(qsizes[:, :, ok], np.stack([na, nb])[:, ok], q[ok] / h[ok])
-    return _SplitHalf(h, q, gamma, na, nb, "quarters")
+    return SplitHalf(h, q, gamma, na, nb, "quarters")
 
 
-def _bias(split: _SplitHalf, occ: np.ndarray, distinct: np.ndarray) -> tuple[np.ndarray, int]:
+def split_half(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
+    """Split-half statistics of 2 or 4 parts with ``sizes`` (K, m) tokens per part and
+    position; ``d2_of`` gives the paired distances between unions of parts."""
+    return _halves(d2_of, sizes) if sizes.shape[0] == 2 else _quarters(d2_of, sizes)
+
+
+def fitted_bias(split: SplitHalf, occ: np.ndarray, distinct: np.ndarray) -> tuple[np.ndarray, int]:
     """``b_i = c_i occ_i^-gamma_i`` with ``c_i = h_i / (N_A^-gamma_i + N_B^-gamma_i)``, and how
     many occupied positions fell back to the delta method ``(K_i - 1) / (4 occ_i)``
     (``K_i = distinct`` tokens) because that was not finite; NaN where ``occ_i = 0``."""
@@ -628,16 +712,18 @@ class NullRank:
 def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /) -> float:
     """Analytic Marchenko-Pastur-type edge of the noise eigenvalues of ``B`` (module docstring).
 
-    Uses the first two parts' union halves (parts 0+2 vs 1+3 with four parts) for the
-    per-entry differences and :attr:`NoiseFloor.bias` for their scale.
+    Uses :attr:`NoiseFloor.column_noise` when the floor carries it (a floor from a token
+    split, :mod:`posstats.estimates.thinning`); else the first two parts' union halves
+    (parts 0+2 vs 1+3 with four parts) for the per-entry differences and
+    :attr:`NoiseFloor.bias` for their scale.
     """
+    ok = usable_rows(floor.split_half, floor.bias)
+    m = floor.positions.size
+    if floor.column_noise is not None:
+        return mp_edge_value(floor.bias[ok], floor.column_noise, m)
     rows = floor.positions
     mats = [_rows_csr(p, rows) for p in parts]
-    if len(mats) == 4:
-        a, b = mats[0] + mats[2], mats[1] + mats[3]
-    else:
-        a, b = mats
-    ok = np.isfinite(floor.split_half) & (floor.split_half > 0) & np.isfinite(floor.bias)
+    a, b = (_union(mats, (0, 2)), _union(mats, (1, 3))) if len(mats) == 4 else mats
     idx = np.flatnonzero(ok)
     if idx.size == 0:
         return math.nan
@@ -647,9 +733,24 @@ def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /) -> float:
     scale = floor.bias[idx] / floor.split_half[idx]
     diff.data = diff.data**2 * np.repeat(scale, np.diff(diff.indptr))
     col = np.asarray(diff.sum(axis=0)).ravel()
-    m = rows.size
-    row_max = float(np.max(floor.bias[idx])) * (1.0 - 1.0 / max(m, 1))
-    return (math.sqrt(row_max) + math.sqrt(float(col.max()))) ** 2
+    return mp_edge_value(floor.bias[idx], col, m)
+
+
+def usable_rows(split_half: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """(m,) bool: positions whose split-half distance is positive and bias finite (the
+    rows that enter the column noise of :func:`mp_edge`)."""
+    return np.isfinite(split_half) & (split_half > 0) & np.isfinite(bias)
+
+
+def mp_edge_value(bias: np.ndarray, column_noise: np.ndarray, m: int, /) -> float:
+    """``(sqrt(max_i b_i (1 - 1/m)) + sqrt(max_v c_v))^2`` for the row noise ``bias`` of
+    the usable rows (:func:`usable_rows`) of m positions and the (V,) column noise
+    ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``; NaN when no row is usable."""
+    b = np.asarray(bias, dtype=np.float64)
+    if not b.size or not np.size(column_noise):
+        return math.nan
+    row_max = float(b.max()) * (1.0 - 1.0 / max(int(m), 1))
+    return (math.sqrt(row_max) + math.sqrt(max(float(np.max(column_noise)), 0.0))) ** 2
 
 
 def _mds_top_eigenvalues(k: int, seed: int) -> Callable[[PositionalCounts], np.ndarray]:
@@ -716,7 +817,8 @@ def null_rank(
         eigenvalues: the data's (top-k) eigenvalues of the plug-in ``B``.
         method: ``"shuffle"`` (needs ``counts``; ``solver`` maps null counts to their top
             eigenvalues, by default :func:`posstats.geometry.mds.classical_mds` with the same k) or
-            ``"mp"`` (needs ``parts`` and their ``floor``).
+            ``"mp"`` (needs the ``floor``, and its ``parts`` unless the floor carries
+            :attr:`NoiseFloor.column_noise`).
         positions: rows of ``counts`` in the geometry.
         replicates: null corpora for ``shuffle``; the threshold is the largest of their top
             eigenvalues plus twice the standard deviation of those top eigenvalues (the top
@@ -736,8 +838,8 @@ def null_rank(
         null_arr = np.stack(_shuffled_spectra(counts, positions, int(lam.size), replicates, solve, seed))
         threshold, reps = _shuffle_threshold(null_arr), null_arr.shape[0]
     elif method == "mp":
-        if parts is None or floor is None:
-            msg = "null_rank(method='mp') needs the parts and their noise floor"
+        if floor is None or (parts is None and floor.column_noise is None):
+            msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"
             raise ValueError(msg)
         threshold, null_arr, reps = mp_edge(parts, floor), np.zeros((0, 0)), 0
     else:

@@ -1,15 +1,20 @@
 """The corpus in parts, for the noise floor and the shard bootstrap of an analysis.
 
-The split-half noise floor (:func:`posstats.estimates.noise.noise_floor`) needs 2 or 4
-counts whose sum is the corpus, the bootstrap (:mod:`posstats.estimates.bootstrap`)
-per-shard partial counts. :func:`corpus_parts` finds them, in this order:
+By default the split-half noise floor needs no parts at all: it splits the counted
+tokens at random (:mod:`posstats.estimates.thinning`). :func:`corpus_parts` finds parts
+when the user asks for another split, and the bootstrap's resampling units:
 
-1. explicit part count folders (``parts_dirs``, noise floor only);
-2. a Ray run store of the counts (``store``, or the one the counting ``config.json``
-   records): parts by shard-id rank parity, the shards' partials as resampling units;
-3. else the corpus named in the counting ``config.json``, re-read with the tokenizer the
-   counts were made with (checked by hash) and split by document parity into
-   ``noise_parts`` parts, or :data:`BOOTSTRAP_DOCUMENT_PARTS` for the bootstrap.
+- noise floor: explicit part count folders (``parts_dirs``); else the Ray run store given
+  (``store``): parts by shard-id rank parity; else, with ``reread``, the corpus named in
+  the counting ``config.json``, re-read with the tokenizer the counts were made with
+  (checked by hash) and split by document parity into ``noise_parts`` parts; else none
+  (the token split).
+- bootstrap (:mod:`posstats.estimates.bootstrap`): the shards' partials of ``store`` or of
+  the store the counting ``config.json`` records; else the corpus re-read as
+  :data:`BOOTSTRAP_DOCUMENT_PARTS` document-parity parts.
+
+A store's pack-mode shards are pieces of one stream: their partials are placed where they
+sit in it (:func:`posstats.counting.pack.stitch`), so they sum to the store's result.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 from posstats.counting.counts import CountSpec, PositionalCounts
-from posstats.counting.io import counts_file, load_counts
+from posstats.counting.io import counts_file, load_counts, load_header
+from posstats.counting.pack import stitch
+from posstats.counting.ranges import placed_sum
 from posstats.counting.reduce import load_partial
 from posstats.errors import PosstatsError
 from posstats.estimates.noise import count_parts, parts_from_store
@@ -134,10 +141,22 @@ def reread_parts(
 
 
 def store_partials(store: str | os.PathLike, /) -> list[PositionalCounts]:
-    """Every shard's partial counts of a Ray run store, in shard-id order."""
+    """Every shard's partial counts of a Ray run store, in shard-id order, each placed
+    where its shard sits in the corpus (pack-mode pieces rotated into the stream)."""
     rs = RunStore(store)
     manifest = rs.manifest() or {}
-    return [load_partial(rs.partial_dir(sid)) for sid in sorted(manifest.get("shard_ids", []))]
+    items = [(str(rs.partial_dir(sid)), 1) for sid in sorted(manifest.get("shard_ids", []))]
+    if not items:
+        return []
+    spec = load_partial(items[0][0]).spec
+    placements, _, _ = stitch(items, spec)
+    out = []
+    for (path, _), placement in zip(items, placements):
+        header = load_header(path)
+        matrix = placed_sum([placement], spec, 0, spec.positions)
+        out.append(PositionalCounts(spec, matrix, header.sequences, header.windows, int(matrix.sum()),
+                                    header.fingerprint, dict(header.metadata)))
+    return out
 
 
 def _recorded_store(cfg: dict[str, Any] | None) -> str | None:
@@ -158,17 +177,20 @@ def corpus_parts(
     tokenizer: str | None = None,
     store: str | os.PathLike | None = None,
     parts_dirs: Sequence[str | os.PathLike] | None = None,
+    reread: bool = False,
     places: Sequence[Place] = (),
 ) -> tuple[tuple[PositionalCounts, ...] | list[PositionalCounts] | None, list[PositionalCounts] | None]:
     """(noise parts, bootstrap partials) of the corpus of ``counts`` (module docstring).
 
     Args:
         counts: the analysed counts.
-        noise_floor: find ``noise_parts`` (2 or 4) parts for the noise floor.
+        noise_floor: find ``noise_parts`` (2 or 4) parts for the noise floor, if asked
+            for by ``parts_dirs``, ``store`` or ``reread`` (else None: the token split).
         bootstrap: replicates of the shard bootstrap (> 0: find the partials).
         tokenizer: tokenizer.json for re-reading a text corpus (default: the recorded one).
         store: a Ray run store of the counts.
         parts_dirs: 2 or 4 count folders whose sum is the corpus (noise floor only).
+        reread: noise floor: re-read the corpus and split it by document parity.
         places: folders (or files) whose counting ``config.json`` names the corpus, the
             first found wins; the last given one is the counts, for messages.
 
@@ -177,7 +199,6 @@ def corpus_parts(
     """
     cfg = corpus_config(*places)
     where = next((p for p in reversed(places) if p is not None), None)
-    store = store if store is not None else _recorded_store(cfg)
     parts = partials = None
     if noise_floor:
         if parts_dirs:
@@ -186,8 +207,9 @@ def corpus_parts(
                 raise PosstatsError(f"--parts needs 2 or 4 count folders, got {len(parts)}")
         elif store:
             parts = parts_from_store(store, parts=noise_parts)
-        else:
+        elif reread:
             parts = reread_parts(counts, cfg, parts=noise_parts, tokenizer=tokenizer, counts_path=where)
+    store = store if store is not None else _recorded_store(cfg)
     if bootstrap > 0:
         partials = (store_partials(store) if store
                     else reread_parts(counts, cfg, parts=BOOTSTRAP_DOCUMENT_PARTS, tokenizer=tokenizer, counts_path=where))

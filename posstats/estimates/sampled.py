@@ -205,6 +205,18 @@ def _sqrt_rows(counts: Any) -> sp.csr_array:
     return sp.csr_array((data, c.indices, c.indptr), shape=c.shape)
 
 
+class _CSRDots:
+    """Row dot products ``<s_i, s_j>`` of a CSR matrix (the interface of
+    :func:`posstats.geometry.mds.sqrt_operator`'s ``row_dots``)."""
+
+    def __init__(self, s: sp.csr_array) -> None:
+        self.s = s
+        self.shape = s.shape
+
+    def row_dots(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+        return np.asarray(self.s[i].multiply(self.s[j]).sum(axis=1), dtype=np.float64).ravel()
+
+
 class SampledGeometry:
     """Corpus Hellinger distances of arbitrary pairs, without an n x n matrix.
 
@@ -216,13 +228,18 @@ class SampledGeometry:
         refine_below: pairs with Gram ``d_H^2`` below this are recomputed by the difference
             form (exact to a few eps).
         seed: seeds the pair sample.
+        sqrt: the square-root rows already built for the MDS
+            (:func:`posstats.geometry.mds.sqrt_operator` of the same counts), shared instead
+            of building them again.
 
-    The square-root distributions are built once (CSR with the counts' pattern, float64).
+    The square-root distributions are built once (CSR with the counts' pattern, float64),
+    or shared with the MDS (``sqrt``).
     """
 
-    def __init__(self, counts: Any, /, *, bias: Any = None, refine_below: float = 1e-6, seed: int = 0) -> None:
+    def __init__(self, counts: Any, /, *, bias: Any = None, refine_below: float = 1e-6, seed: int = 0,
+                 sqrt: Any = None) -> None:
         self.counts = sp.csr_array(counts) if not sp.issparse(counts) else counts
-        self.s = _sqrt_rows(self.counts)
+        self.s = _CSRDots(_sqrt_rows(self.counts)) if sqrt is None else sqrt
         self.n = int(self.s.shape[0])
         self.bias = None if bias is None else np.nan_to_num(np.asarray(bias, dtype=np.float64), nan=0.0)
         if self.bias is not None and self.bias.shape != (self.n,):
@@ -246,9 +263,7 @@ class SampledGeometry:
         out = np.empty(i.size, dtype=np.float64)
         for a in range(0, i.size, _PAIR_CHUNK):
             ii, jj = i[a : a + _PAIR_CHUNK], j[a : a + _PAIR_CHUNK]
-            prod = self.s[ii].multiply(self.s[jj])
-            dots = np.asarray(prod.sum(axis=1)).ravel()
-            d2 = np.maximum(2.0 - 2.0 * dots, 0.0)
+            d2 = np.maximum(2.0 - 2.0 * self.s.row_dots(ii, jj), 0.0)
             d2[ii == jj] = 0.0
             small = np.flatnonzero((d2 < self.refine_below) & (ii != jj))
             if small.size:

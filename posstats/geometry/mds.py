@@ -300,6 +300,9 @@ def classical_mds(
     if k is None:
         msg = f"the {method} method needs k (the number of leading eigenpairs)"
         raise ValueError(msg)
+    if isinstance(counts, _SplitSqrt) and method != "lanczos":
+        msg = f"a prebuilt sqrt_operator needs method='lanczos'; got {method!r}"
+        raise ValueError(msg)
     if method == "lanczos":
         return _lanczos_mds(counts, k=int(k), tol=tol, seed=seed, block=int(block), diagonal=diagonal, xp=xp)
     return _iterative_mds(counts, k=int(k), tol=tol, seed=seed)
@@ -454,6 +457,20 @@ def _forget_pool() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _row_block_views(m: sp.csr_array, threads: int) -> list[tuple[int, int, sp.csr_array]]:
+    """``(a, b, m[a:b])`` for ``threads`` row blocks of about equal nnz, the blocks sharing
+    ``m``'s data and indices (no copy; only their row pointers are new)."""
+    parts = max(1, min(int(threads), m.nnz // _THREADED_NNZ, m.shape[0]))
+    cuts = np.searchsorted(m.indptr, np.linspace(0, m.nnz, parts + 1)[1:-1])
+    edges = [0, *sorted({int(c) for c in cuts} - {0, m.shape[0]}), m.shape[0]]
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        lo, hi = int(m.indptr[a]), int(m.indptr[b])
+        ptr = (m.indptr[a : b + 1] - lo).astype(m.indptr.dtype, copy=False)
+        out.append((a, b, sp.csr_array((m.data[lo:hi], m.indices[lo:hi], ptr), shape=(b - a, m.shape[1]), copy=False)))
+    return out
 
 
 class _RowBlocks:
@@ -739,6 +756,7 @@ class _SplitSqrt:
         if xp_ is np:
             self.dense, self.mean, self.heavy = parts.dense, mean, heavy
             self.rest = sp.csr_array((ldata, lind, lptr), shape=(n, v))
+            self._blocks = _row_block_views(self.rest, product_threads())
             return
         csp = get_cupy_sparse()
         self.dense = xp_.asarray(parts.dense)
@@ -752,11 +770,39 @@ class _SplitSqrt:
         """``trace(B) = ||S_c||_F^2``."""
         return self._total
 
+    def row_dots(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+        """(p,) ``<s_i, s_j>`` of the uncentred square-root rows (host, sparse input only)."""
+        if self.rest is None or self.xp is not np:
+            msg = "row_dots needs a sparse input on the host"
+            raise TypeError(msg)
+        out = np.asarray(self.rest[i].multiply(self.rest[j]).sum(axis=1), dtype=np.float64).ravel()
+        if self.heavy.size:
+            out += np.einsum("ij,ij->i", self.dense[i], self.dense[j])
+        return out
+
+    def _rest_times(self, x: Any) -> Any:
+        """``rest @ x``: row blocks on threads on the host (scipy releases the GIL)."""
+        blocks = getattr(self, "_blocks", None)
+        if not blocks or len(blocks) == 1:
+            return self.rest @ x
+        return np.concatenate(list(_pool().map(lambda blk: blk[2] @ x, blocks)))
+
+    def _rest_t_times(self, y: Any) -> Any:
+        """``rest^T @ y``: per row block ``rest[a:b]^T y[a:b]`` on threads, summed."""
+        blocks = getattr(self, "_blocks", None)
+        if not blocks or len(blocks) == 1:
+            return self.xp.asarray(self.rest.T @ y)
+        partial = list(_pool().map(lambda blk: blk[2].T @ y[blk[0] : blk[1]], blocks))
+        out = partial[0]
+        for part in partial[1:]:
+            out += part
+        return out
+
     def apply(self, x: Any) -> Any:
         """``S_c x`` for x of shape (V, b)."""
         if self.rest is None:
             return self.dense @ x
-        out = self.rest @ x
+        out = self._rest_times(x)
         if self.heavy.size:
             out += self.dense @ x[self.heavy]
         out -= (self.mean @ x)[None, :]
@@ -764,10 +810,9 @@ class _SplitSqrt:
 
     def apply_t(self, y: Any) -> Any:
         """``S_c^T y`` for y of shape (n, b)."""
-        xp = self.xp
         if self.rest is None:
             return self.dense.T @ y
-        out = xp.asarray(self.rest.T @ y)
+        out = self._rest_t_times(y)
         if self.heavy.size:
             out[self.heavy] += self.dense.T @ y
         out -= self.mean[:, None] * y.sum(axis=0)[None, :]
@@ -842,8 +887,16 @@ def _block_lanczos(
         prev, b_prev, q = q, r_host, q_next
 
 
+def sqrt_operator(counts: Any, /, *, xp: types.ModuleType | None = None) -> _SplitSqrt:
+    """The implicit centred square-root operator ``S_c`` of (n, V) occupied counts, built
+    once to be shared: :func:`classical_mds` (``method="lanczos"``) accepts it in place of
+    the counts, and :class:`posstats.estimates.sampled.SampledGeometry` computes pair
+    distances from it (:meth:`_SplitSqrt.row_dots`), so the square roots are held once."""
+    return _SplitSqrt(counts, xp=xp)
+
+
 def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None) -> MDSResult:
-    op = _SplitSqrt(counts, xp=xp)
+    op = counts if isinstance(counts, _SplitSqrt) else _SplitSqrt(counts, xp=xp)
     xp = op.xp
     n, v = op.shape
     n_side = diagonal is not None or n <= v

@@ -11,10 +11,15 @@ analysed, or read back from its folder by :func:`write_html_report`) and writes:
 - ``summary.md``: key numbers, the encoding table and the rank / stress / parameter
   table, with links to ``figures/*.png``, for a pull request or a model card.
 
-The plug-in d_H (float64) are those the analysis computed when the run holds them, else
-recomputed from the counts (:func:`posstats.runs.run_folder.run_distances`), on all used
-positions up to ``max_positions`` (default 2048) and on an even sample of that many
-above; the heatmap shows at most ``max_heatmap`` x ``max_heatmap`` of them.
+The page opens with the verdict (:func:`posstats.reports.summary.verdict_items`): how many
+components stand above sampling noise, which positions stand out, which encodings fit
+best beyond their intervals, and which distances were used. Every table and figure uses
+one distance matrix, the one named in ``geometry.distances`` (plug-in or bias-corrected):
+those the analysis computed when the run holds them, else recomputed from the counts
+(:func:`posstats.runs.run_folder.run_distances`), on all used positions up to
+``max_positions`` (default 2048) and on an even sample of that many above (the page says
+so: an m x m matrix of every position would not fit); the heatmap shows at most
+``max_heatmap`` x ``max_heatmap`` of them.
 
 Uncertainty, drawn when the report has it: ``spectrum.eigenvalues_ci95`` (or
 ``bootstrap.eigenvalues_ci95``), a list of ``[low, high]`` per eigenvalue; a noise floor
@@ -50,6 +55,7 @@ from posstats.reports.plots import (
     spectrum_figure,
     stress_by_dim_figure,
 )
+from posstats.reports.summary import verdict_items
 from posstats.runs.run_folder import RunData, load_run, run_distances
 
 __all__ = ["FIGURES_DIR", "HTML_FILE", "SUMMARY_FILE", "render_html_report", "write_html_report"]
@@ -106,6 +112,11 @@ def _noise_floor(report: dict[str, Any]) -> float | None:
     return float(nf) if isinstance(nf, (int, float)) else None
 
 
+def _distances_name(report: dict[str, Any]) -> str:
+    """``bias-corrected`` or ``plug-in``: the report's one distance matrix."""
+    return "bias-corrected" if (report.get("geometry") or {}).get("distances") == "bias_corrected" else "plug-in"
+
+
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, cls: str = "") -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_esc(v)}</td>" for v in r) + "</tr>" for r in rows)
@@ -129,8 +140,13 @@ def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("fingerprint / tokenizer", f"{str(c.get('fingerprint', ''))[:16]} / {c.get('tokenizer', '-')} {str(c.get('tokenizer_hash', ''))[:12]}"),
         ("positions", f"{_num(p.get('occupied'))} of {_num(p.get('requested'))} occupied, {_num(p.get('used'))} used "
                       f"(min occupancy {p.get('min_occupancy', 1)})"),
-        ("d_H min / mean / max", f"{_num(h.get('min'))} / {_num(h.get('mean'))} / {_num(h.get('max'))}"),
-        ("MDS rank", f"{s.get('rank', '-')} at rtol {s.get('rank_rtol', '-')} ({s.get('method', '-')})"),
+        ("distances", _distances_name(report)),
+        ("d_H min / mean / max", f"{_num(h.get('min'))} / {_num(h.get('mean'))} / {_num(h.get('max'))}"
+         + (f" (plug-in); corrected {_num(h.get('corrected_min'))} / {_num(h.get('corrected_mean'))} / "
+            f"{_num(h.get('corrected_max'))}" if "corrected_mean" in h else "")),
+        ("MDS components above sampling noise", _num(s.get("components_above_null"))),
+        ("MDS numerical rank", f"{s.get('rank', '-')} at rtol {s.get('rank_rtol', '-')} ({s.get('method', '-')}; "
+                               "counts every component, noise included)"),
         ("components for 90 / 95 / 99 / 99.9 %", " / ".join(_num(cf.get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))),
     ]
     h1, a3 = _corpus_h1(report), _corpus_a3(report)
@@ -275,6 +291,11 @@ def _html_page(
         f'{_esc(report.get("created", "-"))}, run id {_esc(run.run_id)}. Quantities are defined in THEORY.md; '
         "d_H is the Hellinger distance (no 1/2 factor, in [0, sqrt 2]).</p>",
         "<nav>" + "".join(f'<a href="#{p.name}">{_esc(p.title)}</a>' for p in plots) + "</nav>",
+    ]
+    verdict = verdict_items(report)
+    if verdict:
+        parts += ["<h2>Verdict</h2>", _html_table(("question", "answer"), verdict, cls="kv")]
+    parts += [
         "<h2>Key numbers</h2>",
         _html_table(("quantity", "value"), _key_numbers(report), cls="kv"),
     ]
@@ -284,8 +305,9 @@ def _html_page(
         f"<h2>Low-rank MDS encodings (n = {m}, d = {width})</h2>",
         "<p>P = A W<sup>T</sup> with A (n x r) and W (d x r) orthonormal has r(n + d) parameters instead of n d and "
         "the distances, so the stress, of the first r MDS coordinates"
-        + (f" (stress over all pairs of an even sample of {stress_positions} of the {m} positions)" if stress_positions < m else "")
-        + ".</p>",
+        + (f" (stress over all pairs of an even sample of {stress_positions} of the {m} positions: the {m} x {m} "
+           f"distance matrix of every position would take {8 * m * m / 1e9:.3g} GB)" if stress_positions < m else "")
+        + f", against the {_distances_name(report)} distances of the whole report.</p>",
         _html_table(_TRADE_HEADER, trade_rows),
     ]
     if unc:
@@ -375,6 +397,7 @@ def write_html_report(
 
 def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots: Sequence[Any], *, title: str, run_id: str, n: int, width: int) -> str:
     lines = [f"## {title}", "", f"posstats {report.get('tool', {}).get('version', __version__)}, run id `{run_id}`.", ""]
+    lines += [f"- **{label}**: {text}" for label, text in verdict_items(report)] + [""]
     lines += _md_table(("quantity", "value"), _key_numbers(report)) + [""]
     if report.get("encodings"):
         lines += _md_table(_ENC_HEADER, _encoding_rows(report)) + [""]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_summary"]
+__all__ = ["format_markdown", "format_summary", "verdict_items", "verdict_lines"]
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
@@ -15,23 +15,80 @@ def _fmt(x: Any, spec: str = ".4g") -> str:
     return str(x)
 
 
+def _noise_clause(report: dict[str, Any]) -> str:
+    """How the distances were made, in words."""
+    noise = report.get("noise") or {}
+    if (report.get("geometry") or {}).get("distances") == "bias_corrected":
+        shd = (noise.get("split_half_d_h") or {}).get("median")
+        return (f"bias-corrected (noise floor from the {noise.get('source', 'parts')}, "
+                f"median split-half d_H {_fmt(shd, '.3g')})")
+    if noise.get("estimated"):
+        return "plug-in: they include sampling noise (noise floor estimated, not subtracted)"
+    rule = noise.get("rule")
+    if isinstance(rule, dict):
+        return (f"plug-in; noise floor off by rule (expected plug-in bias "
+                f"{_fmt(rule.get('expected_bias_d_h2'), '.2g')} <= {_fmt(rule.get('threshold'), '.2g')})")
+    return "plug-in: they include sampling noise (noise floor off)"
+
+
+def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
+    """The verdict as ``(label, sentence)`` pairs (report section ``verdict``): components
+    above noise, the positions that stand out, the best-fitting encodings per width, and
+    which distances were used; empty for a report without a verdict."""
+    v = report.get("verdict")
+    if not v:
+        return []
+    above = v.get("components_above_noise")
+    null = report.get("null") or {}
+    if above is None:
+        first = "no null computed: the rank below is not tested against sampling noise"
+    else:
+        first = (f"{above} MDS component(s) stand above sampling noise "
+                 f"(null: {null.get('method')}, threshold {_fmt(null.get('threshold'), '.4g')})")
+    so = v.get("standout_positions") or {}
+    if v.get("positions_distinguishable") is False or (above == 0):
+        second = "positions are not distinguishable from one another beyond sampling noise"
+    elif so.get("count"):
+        second = (f"{so['count']:,} position(s) stand out from the pooled distribution: {so['ranges']}"
+                  + (" ..." if so["count"] > len(so.get("positions", [])) and not so["ranges"].endswith("...") else ""))
+    else:
+        second = "no single position stands out from the pooled distribution"
+    fits = []
+    for b in v.get("best_encodings", []):
+        tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
+        fits.append(f"d={b['dim']}: {b['best']}{tie}")
+    items = [("verdict", first), ("positions", second)]
+    if fits:
+        items.append(("best fit", "; ".join(fits)))
+    items.append(("distances", _noise_clause(report)))
+    return items
+
+
+def verdict_lines(report: dict[str, Any], /) -> list[str]:
+    """:func:`verdict_items` as aligned terminal lines."""
+    return [f"{label:<9} {text}" for label, text in verdict_items(report)]
+
+
 def format_summary(report: dict[str, Any], /) -> str:
-    """A plain-text summary: corpus, positions, spectrum and one row per encoding."""
+    """A plain-text summary: the verdict, corpus, positions, spectrum and one row per encoding."""
     c, p, s = report["corpus"], report["positions"], report["spectrum"]
     d = report.get("diagnostics", {})
-    lines = [
+    plugin = (report.get("geometry") or {}).get("distances", "plugin") != "bias_corrected"
+    caveat = " of plug-in distances, noise included" if plugin else " of bias-corrected distances"
+    lines = [*verdict_lines(report), *([""] if report.get("verdict") else []),
         f"corpus    {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens counted, "
         f"V={c['vocab_size']:,}, mode={c['mode']}",
         f"positions {p['occupied']:,}/{p['requested']:,} occupied, {p['used']:,} used "
         f"(min occupancy {p['min_occupancy']})",
-        f"spectrum  rank {s['rank']} at rtol {s['rank_rtol']:g}; components for 90/95/99/99.9 %: "
+        f"spectrum  numerical rank {s['rank']} at rtol {s['rank_rtol']:g}{caveat}; components for 90/95/99/99.9 %: "
         + "/".join(_fmt(s["components_for"].get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))
         + f"; negative mass {s['negative_mass']:.2g} ({s['method']})",
     ]
     if d:
         h1, a3 = d.get("h1", {}), d.get("a3", {})
         lines.append(
-            f"corpus    min d_H {_fmt(h1.get('min_distance'))} (non-stationary: {h1.get('nonstationary')}); "
+            f"corpus    min d_H {_fmt(h1.get('min_distance'))} (non-stationary: {h1.get('nonstationary')}"
+            f"{', plug-in: noise included' if plugin else ''}); "
             f"Hellinger-monotonicity violations {_fmt(a3.get('rate'))} ({a3.get('method', '-')})"
         )
     header = ("encoding", "dim", "stress", "scaled", "scale", "pearson", "min sep", "mono viol")
@@ -66,6 +123,7 @@ def format_markdown(report: dict[str, Any], /) -> str:
     lines = [
         "# posstats report",
         "",
+        *(f"- **{label}**: {text}" for label, text in verdict_items(report)),
         f"- corpus: {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens, V = {c['vocab_size']:,}, "
         f"mode `{c['mode']}`, fingerprint `{c.get('fingerprint', '')[:16]}`",
         f"- positions: {p['occupied']:,} of {p['requested']:,} occupied, {p['used']:,} used",

@@ -91,20 +91,24 @@ def analyze_to(
     name: str | None = None,
     store: str | os.PathLike | None = None,
     parts_dirs: Sequence[str | os.PathLike] | None = None,
+    reread: bool = False,
 ) -> RunData:
     """Analyse ``counts`` (:func:`posstats.analysis.analyze`) and write the analysis folder,
     HTML report included, into ``stage`` (:func:`write_analysis`); return the run in memory.
 
-    A noise floor or bootstrap takes its parts from ``store`` / ``parts_dirs``, or re-reads
-    the corpus named in the config.json of ``stage`` (``posstats run``) or ``counts_path``
+    The noise floor splits the counted tokens at random, unless its parts are asked for:
+    from ``store`` / ``parts_dirs``, or (``reread``) the corpus named in the config.json of
+    ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity; the bootstrap
+    takes the shards of ``store`` or of the recorded store, else re-reads
     (:func:`posstats.estimates.parts.corpus_parts`). ``report.json`` records
     ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report.
     """
     parts = partials = None
-    if config.noise_floor or config.bootstrap > 0:
-        parts, partials = corpus_parts(counts, noise_floor=config.noise_floor, noise_parts=config.noise_parts,
+    given_parts = config.noise_floor != "off" and bool(store or parts_dirs or reread)
+    if given_parts or config.bootstrap > 0:
+        parts, partials = corpus_parts(counts, noise_floor=given_parts, noise_parts=config.noise_parts,
                                        bootstrap=config.bootstrap, tokenizer=config.tokenizer, store=store,
-                                       parts_dirs=parts_dirs, places=(stage, counts_path))
+                                       parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
     result = analyze(counts, config, parts=parts, partials=partials)
     inputs = {"counts": str(Path(counts_path).resolve()) if counts_path else None}
     return write_analysis(stage, result, inputs=inputs, name=name)

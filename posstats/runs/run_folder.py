@@ -38,6 +38,7 @@ from posstats.counting.buckets import bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import atomic_path, counts_file, load_counts
 from posstats.errors import InputError
+from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult
 from posstats.reports.plots import even_subsample
@@ -151,7 +152,8 @@ def write_mds(
 
 def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: str | os.PathLike) -> RunData:
     """The run an analysis makes, in memory: its ``report`` (as written to ``folder``), MDS
-    coordinates, counts and plug-in distances (None above the exact limit)."""
+    coordinates, counts and distances: the one matrix the analysis used (plug-in or
+    bias-corrected, ``geometry.distances``; None above the exact limit)."""
     return RunData(
         directory=Path(folder),
         report=report,
@@ -160,7 +162,7 @@ def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: 
         encoding=np.asarray(analysis.mds.encoding, dtype=np.float64),
         mds_metadata=_mds_metadata(analysis.mds, analysis.counts.fingerprint),
         files=Path(folder),
-        distances=analysis.plugin_distances,
+        distances=analysis.distances,
         counts=analysis.counts,
     )
 
@@ -240,10 +242,12 @@ def _geometry_rows(counts: PositionalCounts, report: dict[str, Any], positions: 
 
 
 def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Plug-in Hellinger distances d_H between the run's used positions.
+    """Hellinger distances d_H between the run's used positions: the matrix its analysis used
+    (``geometry.distances`` of the report: plug-in, or bias-corrected).
 
     Sliced from ``run.distances`` when held, else ``sqrt(hellinger_sq(rows))`` of the
-    counts' rows (:func:`posstats.geometry.hellinger.hellinger_sq`).
+    counts' rows (:func:`posstats.geometry.hellinger.hellinger_sq`), bias-corrected with the
+    report's per-position bias (``noise.bias_per_position``) when the analysis was.
 
     Args:
         run: from :func:`load_run` or :func:`run_from_analysis`.
@@ -261,8 +265,21 @@ def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple
     if run.distances is not None:
         return idx, run.distances if idx.size == m else run.distances[np.ix_(idx, idx)]
     counts = _run_counts(run)
-    d2 = hellinger_sq(sparse_rows(_geometry_rows(counts, run.report, run.positions[idx])))
-    return idx, np.sqrt(np.asarray(d2, dtype=np.float64))
+    d2 = np.asarray(hellinger_sq(sparse_rows(_geometry_rows(counts, run.report, run.positions[idx]))), dtype=np.float64)
+    if (run.report.get("geometry") or {}).get("distances") == "bias_corrected":
+        d2 = corrected_squared_distances(d2, _report_bias(run.report, run.positions[idx]))
+    return idx, np.sqrt(d2)
+
+
+def _report_bias(report: dict[str, Any], positions: np.ndarray) -> np.ndarray:
+    """(len(positions),) the per-position bias ``b_i`` the report's noise floor recorded."""
+    noise = report.get("noise") or {}
+    table = dict(zip(noise.get("positions") or [], noise.get("bias_per_position") or []))
+    missing = [int(x) for x in positions if int(x) not in table]
+    if missing:
+        msg = f"the report's noise floor has no bias for position(s) {missing[:5]}; analyse the counts again"
+        raise InputError(msg)
+    return np.array([np.nan if table[int(x)] is None else float(table[int(x)]) for x in positions])
 
 
 def with_distances(run: RunData, /) -> RunData:

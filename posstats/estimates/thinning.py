@@ -1,0 +1,193 @@
+"""The noise floor from the counts themselves: every counted token split at random.
+
+At a fixed position every sequence contributes at most one token, so the ``occ[i]``
+tokens of position i are ``occ[i]`` draws, one per sequence. Splitting them at random
+into K parts (a multinomial thinning of every count ``C[i, v]``) gives K independent
+samples of ``mu_i`` of about ``occ[i] / K`` tokens each, exactly as a split of the
+sequences by parity would at that position, and their sum is the corpus' counts exactly.
+The noise floor (:func:`posstats.estimates.noise.noise_floor`, split-half ``h_i``, quarter
+``q_i``, bias ``b_i``) only compares parts position by position, so it needs nothing
+more: no second pass over the corpus, no parts on disk.
+
+The caveat is dependence *between sequences*: in ``chunk`` and ``pack`` mode a document
+longer than n spans several sequences and can put correlated tokens at the same position
+of two of them; a random split treats them as independent and can understate the noise.
+A split by document (``posstats analyze --reread``) or by shard (``--store``) keeps such
+tokens together. With ``truncate`` mode, or documents shorter than n, the two agree.
+
+:func:`split_noise_floor` streams: rows are thinned and reduced block by block (about
+:data:`BLOCK_ENTRIES` stored entries at a time), so its memory is a few copies of one
+block whatever the corpus size, and it accumulates on the way the column noise ``c_v``
+of the analytic null (:func:`posstats.estimates.noise.mp_edge`).
+
+>>> import scipy.sparse as sp
+>>> c = sp.csr_array(np.array([[3, 0, 1], [0, 2, 2]]))
+>>> thin(c.data, 2, np.random.default_rng(0)).sum(axis=0).tolist()
+[3, 1, 2, 2]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from posstats.estimates.noise import NoiseFloor, fitted_bias, split_half, usable_rows
+from posstats.progress import progress
+
+__all__ = ["BLOCK_ENTRIES", "split_noise_floor", "thin"]
+
+BLOCK_ENTRIES = 1 << 22  # stored entries thinned at a time (K x 32 MiB of int64 parts)
+
+
+def thin(values: Any, parts: int, rng: np.random.Generator, /) -> np.ndarray:
+    """Split every count of ``values`` (nnz,) uniformly at random into ``parts`` parts.
+
+    Part k takes ``Binomial(left, 1 / (parts - k))`` of what the earlier parts left (a
+    multinomial with equal probabilities); a count of 1, the common case, goes whole to a
+    uniformly drawn part.
+
+    Returns:
+        (parts, nnz) int64 whose column sums are ``values``.
+    """
+    values = np.asarray(values).astype(np.int64, copy=False)
+    out = np.zeros((int(parts), values.size), dtype=np.int64)
+    single = np.flatnonzero(values == 1)
+    out[rng.integers(0, parts, single.size), single] = 1
+    many = np.flatnonzero(values > 1)
+    left = values[many]
+    for k in range(parts - 1):
+        take = rng.binomial(left, 1.0 / (parts - k))
+        out[k, many] = take
+        left = left - take
+    out[parts - 1, many] = left
+    return out
+
+
+def _row_blocks(indptr: np.ndarray, block: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``[lo, hi)`` of a CSR with about ``block`` stored entries each
+    (a single row larger than ``block`` is its own range)."""
+    m = indptr.size - 1
+    cuts = np.searchsorted(indptr, np.arange(block, int(indptr[-1]), block), side="right") - 1
+    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, m), [m]]))
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+class _Block:
+    """One row block thinned into parts: paired distances between unions of parts."""
+
+    def __init__(self, x: np.ndarray, row_of: np.ndarray, rows: int) -> None:
+        self.x = x  # (K, nnz) thinned counts
+        self.row_of = row_of  # (nnz,) row of every entry, 0..rows-1
+        self.rows = rows
+        self.sizes = np.stack([np.bincount(row_of, weights=xk, minlength=rows) for xk in x])  # (K, rows)
+        self._sqrt: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def sqrt_of(self, which: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(sqrt(C_part / N_part) per entry, N_part per row) of the union of parts ``which``
+        (computed once per union)."""
+        if which not in self._sqrt:
+            counts = self.x[list(which)].sum(axis=0)
+            n = self.sizes[list(which)].sum(axis=0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                self._sqrt[which] = np.sqrt(counts / n[self.row_of]), n
+        return self._sqrt[which]
+
+    def d2(self, a: tuple[int, ...], b: tuple[int, ...]) -> np.ndarray:
+        """(rows,) ``d_H^2`` between the unions ``a`` and ``b`` (difference form); NaN where
+        either is empty."""
+        sa, na = self.sqrt_of(a)
+        sb, nb = self.sqrt_of(b)
+        out = np.bincount(self.row_of, weights=np.nan_to_num((sa - sb) ** 2), minlength=self.rows)
+        out[(na == 0) | (nb == 0)] = np.nan
+        return out
+
+
+def split_noise_floor(
+    rows: Any,
+    /,
+    *,
+    parts: int = 4,
+    seed: int = 0,
+    positions: Any = None,
+    block: int = BLOCK_ENTRIES,
+    show_progress: bool | None = None,
+) -> NoiseFloor:
+    """The noise floor of the (m, V) counts ``rows`` from a random split of their tokens.
+
+    Args:
+        rows: (m, V) non-negative integer counts (scipy sparse or dense), one row per
+            position of the geometry.
+        parts: 2 (halves, first-order bias) or 4 (quarters: also fits the bias's decay).
+        seed: seeds the split (results depend only on ``seed`` and ``rows``).
+        positions: (m,) positions the rows stand for (default ``0..m-1``).
+        block: stored entries thinned at a time.
+        show_progress: a bar over the blocks (None: on a terminal).
+
+    Returns:
+        :class:`~posstats.estimates.noise.NoiseFloor` with ``source = "token split"`` and
+        ``column_noise`` (V,), the analytic null's column noise
+        ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2`` over the usable rows, with
+        halves A = parts 0 + 2 and B = parts 1 + 3 (parts 0 and 1 with two parts).
+    """
+    if int(parts) not in (2, 4):
+        msg = f"the noise floor uses 2 or 4 parts, got {parts}"
+        raise ValueError(msg)
+    c = sp.csr_array(rows)
+    if not c.has_canonical_format:
+        c = c.copy()
+        c.sum_duplicates()
+    m, vocab = (int(x) for x in c.shape)
+    rng = np.random.default_rng(seed)
+    fields = {k: np.full(m, np.nan) for k in ("h", "q", "gamma", "na", "nb", "bias")}
+    occ = np.zeros(m, dtype=np.int64)
+    column_noise = np.zeros(vocab, dtype=np.float64)
+    fallback = 0
+    method = ""
+    halves = ((0, 2), (1, 3)) if parts == 4 else ((0,), (1,))
+    blocks = _row_blocks(c.indptr, int(block))
+    with progress(total=int(c.indptr[-1]), desc="noise floor", unit="entry", enabled=show_progress) as bar:
+        for lo, hi in blocks:
+            a, b = int(c.indptr[lo]), int(c.indptr[hi])
+            lengths = np.diff(c.indptr[lo : hi + 1])
+            blk = _Block(thin(c.data[a:b], parts, rng), np.repeat(np.arange(hi - lo), lengths), hi - lo)
+            split = split_half(blk.d2, blk.sizes)
+            block_occ = blk.sizes.sum(axis=0)
+            bias, fell = fitted_bias(split, block_occ, lengths.astype(np.float64))
+            for name, value in (("h", split.h), ("q", split.q), ("gamma", split.gamma), ("na", split.na),
+                                ("nb", split.nb), ("bias", bias)):
+                if value is not None:
+                    fields[name][lo:hi] = value
+            occ[lo:hi] = block_occ.astype(np.int64)
+            fallback += fell
+            method = split.method
+            column_noise += _column_noise(blk, halves, split.h, bias, c.indices[a:b], vocab)
+            bar.update(b - a)
+    return NoiseFloor(
+        positions=np.arange(m, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64),
+        occupancy=occ,
+        split_half=fields["h"],
+        split_quarter=fields["q"] if parts == 4 else None,
+        gamma=fields["gamma"],
+        bias=fields["bias"],
+        method=method,
+        parts=int(parts),
+        fallback=fallback,
+        source="token split",
+        column_noise=column_noise,
+    )
+
+
+def _column_noise(
+    blk: _Block, halves: tuple[tuple[int, ...], tuple[int, ...]], h: np.ndarray, bias: np.ndarray, cols: np.ndarray, vocab: int
+) -> np.ndarray:
+    """(V,) this block's share of ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``."""
+    ok = usable_rows(h, bias)
+    if not ok.any():
+        return np.zeros(vocab)
+    sa, _ = blk.sqrt_of(halves[0])
+    sb, _ = blk.sqrt_of(halves[1])
+    scale = np.where(ok, bias / np.where(ok, h, 1.0), 0.0)
+    weights = np.nan_to_num((sa - sb) ** 2) * scale[blk.row_of]
+    return np.bincount(cols, weights=weights, minlength=vocab)

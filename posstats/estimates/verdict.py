@@ -1,0 +1,237 @@
+"""The verdict a user needs first: is there positional structure above sampling noise?
+
+Three answers, each computed from what the analysis already has:
+
+- **Components above noise**: the MDS eigenvalues above the null
+  (:func:`posstats.estimates.noise.null_rank`), when a null was computed.
+- **Positions that stand out** (:func:`standout_positions`): position i's plug-in squared
+  distance to the pooled distribution ``p`` of all geometry rows, ``d_i = d_H^2(mu_hat_i, p)``,
+  against what a sample of the same ``N_i`` tokens drawn from ``p`` itself would give
+  (:func:`null_distance_to_pool`: Poisson moments of ``sqrt X``, series for small ``N p_v``,
+  expansions above 50, the variance conditioned on the sample's size). In the sparse regime that
+  expectation is far above 0 (most tokens are unseen): comparing with it, not with 0, is
+  what keeps noise from standing out. A position stands out when
+  ``z_i = (d_i - E d) / sd > 5``. The pool then leaves out the positions that stood out and
+  the test is repeated (at most 4 rounds): a few very different positions (say the first
+  tokens of every document) would otherwise shift the pool and make every other position
+  differ from it. When the null says that no component stands above noise, no position
+  is named.
+- **Best encodings** (:func:`best_encodings`): per width, the encoding with the lowest scaled
+  stress and those whose 95 % interval overlaps its interval (a tie: their difference is
+  not larger than the intervals).
+
+:func:`verdict` assembles the report's ``verdict`` section from these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["STANDOUT_Z", "best_encodings", "null_distance_to_pool", "position_ranges", "standout_positions", "verdict"]
+
+_LISTED = 64  # positions listed in the report (all are counted)
+
+
+def _row_totals(rows: Any) -> tuple[Any, np.ndarray, np.ndarray | None]:
+    """(rows as CSR or float ndarray, (m,) occupancies, (nnz,) row of every stored entry or None)."""
+    if sp.issparse(rows):
+        c = sp.csr_array(rows)
+        row_of = np.repeat(np.arange(c.shape[0]), np.diff(c.indptr))
+        return c, np.bincount(row_of, weights=c.data, minlength=c.shape[0]), row_of
+    c = np.asarray(rows, dtype=np.float64)
+    return c, c.sum(axis=1), None
+
+
+def _pool_sqrt(c: Any, row_of: np.ndarray | None, keep: np.ndarray) -> np.ndarray:
+    """(V,) ``sqrt(p)`` of the distribution pooled over the rows ``keep`` (bool (m,))."""
+    if row_of is not None:
+        w = keep[row_of]
+        totals = np.bincount(c.indices[w], weights=c.data[w], minlength=c.shape[1])
+    else:
+        totals = c[keep].sum(axis=0)
+    return np.sqrt(totals / max(float(totals.sum()), 1.0))
+
+
+def _distance_to(c: Any, occ: np.ndarray, row_of: np.ndarray | None, s_pool: np.ndarray) -> np.ndarray:
+    """(m,) ``2 - 2 sum_v sqrt(C_iv / occ_i) s_pool[v]``, clipped at 0."""
+    if row_of is None:
+        dots = np.sqrt(c / occ[:, None]) @ s_pool
+    else:
+        dots = np.zeros(c.shape[0])
+        step = 1 << 22
+        for a in range(0, c.data.size, step):
+            rr = row_of[a : a + step]
+            w = np.sqrt(c.data[a : a + step] / occ[rr]) * s_pool[c.indices[a : a + step]]
+            dots += np.bincount(rr, weights=w, minlength=c.shape[0])
+    return np.maximum(2.0 - 2.0 * dots, 0.0)
+
+
+def distance_to_pool(rows: Any, /, *, keep: Any = None) -> np.ndarray:
+    """(m,) plug-in ``d_H^2(mu_i, p) = 2 - 2 sum_v sqrt(C_iv / occ_i) sqrt(p_v)`` of every row
+    to the distribution ``p`` pooled over the rows ``keep`` (bool (m,); default all).
+    Rows must be occupied."""
+    c, occ, row_of = _row_totals(rows)
+    keep = np.ones(c.shape[0], dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+    return _distance_to(c, occ, row_of, _pool_sqrt(c, row_of, keep))
+
+
+def position_ranges(positions: Any, /) -> str:
+    """Sorted positions as compact ranges.
+
+    >>> position_ranges([0, 1, 2, 3, 7, 9, 10])
+    '0-3, 7, 9-10'
+    """
+    p = np.unique(np.asarray(positions, dtype=np.int64))
+    if not p.size:
+        return ""
+    breaks = np.flatnonzero(np.diff(p) != 1)
+    starts = np.concatenate([[p[0]], p[breaks + 1]])
+    stops = np.concatenate([p[breaks], [p[-1]]])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in zip(starts.tolist(), stops.tolist()))
+
+
+_POOL_ROUNDS = 4  # the pool leaves out the positions that stood out, until they settle
+_SERIES_LIMIT = 50.0  # Poisson means above this use the asymptotic expansions
+STANDOUT_Z = 5.0
+
+
+def _sqrt_poisson_moments(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(E sqrt X, Var sqrt X, Cov(sqrt X, X))`` for ``X ~ Poisson(lam)``, elementwise: the
+    series below :data:`_SERIES_LIMIT`, else the expansions to second order,
+    ``sqrt(lam) (1 - 1/(8 lam) - 7/(128 lam^2))``, ``1/4 + 3/(32 lam)`` and
+    ``sqrt(lam) / 2 + 1 / (16 sqrt(lam))``.
+
+    >>> m, v, c = _sqrt_poisson_moments(np.array([0.0, 1.0, 400.0]))
+    >>> m.round(4).tolist(), v.round(4).tolist(), c.round(4).tolist()
+    ([0.0, 0.7732, 19.9937], [0.0, 0.4022, 0.2502], [0.0, 0.5995, 10.0031])
+    """
+    from scipy.special import gammaln
+
+    lam = np.asarray(lam, dtype=np.float64)
+    mean, var, cov = np.zeros(lam.shape), np.zeros(lam.shape), np.zeros(lam.shape)
+    big = lam > _SERIES_LIMIT
+    lb = lam[big]
+    mean[big] = np.sqrt(lb) * (1.0 - 1.0 / (8.0 * lb) - 7.0 / (128.0 * lb**2))
+    var[big] = 0.25 + 3.0 / (32.0 * lb)
+    cov[big] = 0.5 * np.sqrt(lb) + 1.0 / (16.0 * np.sqrt(lb))
+    small = np.flatnonzero(~big & (lam > 0))
+    if small.size:
+        ls = lam[small]
+        k = np.arange(int(np.ceil(_SERIES_LIMIT + 12.0 * np.sqrt(_SERIES_LIMIT) + 25.0)), dtype=np.float64)
+        for a in range(0, small.size, 4096):
+            lam_c = ls[a : a + 4096, None]
+            pmf = np.exp(k[None, :] * np.log(lam_c) - lam_c - gammaln(k + 1.0)[None, :])
+            m1 = pmf @ np.sqrt(k)
+            at = small[a : a + 4096]
+            mean[at] = m1
+            var[at] = np.maximum(lam_c[:, 0] - m1**2, 0.0)
+            cov[at] = pmf @ k**1.5 - lam_c[:, 0] * m1
+    return mean, var, cov
+
+
+def null_distance_to_pool(p: Any, occupancy: Any, /, *, grid: int = 48) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of ``d = d_H^2(mu_hat, p)`` for a sample of ``N`` tokens
+    drawn from ``p`` itself, for every ``N`` of ``occupancy`` (m,).
+
+    With Poisson counts ``X_v ~ Poisson(N p_v)`` and ``s_v = sqrt(X_v / N)``:
+    ``E d = 2 - 2 sum_v sqrt(p_v) E s_v``; the variance is that of Poisson counts given
+    their total ``T = N`` (a multinomial sample), to second order
+    ``Var d = Var_P d - Cov_P(d, T)^2 / N`` with ``Var_P d = (4 / N) sum_v p_v Var sqrt X_v``
+    and ``Cov_P(d, T) = -(2 / sqrt N) sum_v sqrt(p_v) Cov(sqrt X_v, X_v)`` (without the
+    conditioning the first-order fluctuation, which a fixed total cancels, would dominate).
+    Computed on ``grid`` log-spaced occupancies and interpolated in ``log N``.
+
+    Returns:
+        ((m,) mean, (m,) standard deviation).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    p = p[p > 0] / p.sum()
+    sqrt_p = np.sqrt(p)
+    occ = np.asarray(occupancy, dtype=np.float64)
+    lo, hi = max(float(occ[occ > 0].min()) if np.any(occ > 0) else 1.0, 1.0), max(float(occ.max()), 1.0)
+    grid_n = np.unique(np.geomspace(lo, hi, grid)) if hi > lo else np.array([lo])
+    means, sds = [], []
+    for n in grid_n:
+        m1, v1, c1 = _sqrt_poisson_moments(n * p)
+        means.append(2.0 - 2.0 * float(sqrt_p @ m1) / np.sqrt(n))
+        var = 4.0 / n * (float(p @ v1) - float(sqrt_p @ c1) ** 2 / n)
+        sds.append(np.sqrt(max(var, 0.0)))
+    logn = np.log(np.maximum(occ, 1.0))
+    return np.interp(logn, np.log(grid_n), means), np.interp(logn, np.log(grid_n), sds)
+
+
+def standout_positions(rows: Any, positions: Any, /, *, components_above_null: int | None = None) -> dict[str, Any]:
+    """The positions whose distribution stands out from the pooled one (module docstring).
+
+    Args:
+        rows: (m, V) counts of the geometry rows (every row occupied).
+        positions: (m,) the positions the rows stand for.
+        components_above_null: from the null; 0 names no position.
+
+    Returns:
+        JSON-ready ``{"count", "positions" (the first 64), "ranges", "z_threshold",
+        "max_z", "rule"}``.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    c, occ, row_of = _row_totals(rows)
+    out = np.zeros(c.shape[0], dtype=bool)
+    for _ in range(_POOL_ROUNDS):
+        s_pool = _pool_sqrt(c, row_of, ~out)
+        mean, sd = null_distance_to_pool(s_pool**2, occ)
+        z = (_distance_to(c, occ, row_of, s_pool) - mean) / np.maximum(sd, 1e-300)
+        new = z > STANDOUT_Z
+        if np.array_equal(new, out) or new.all():
+            break
+        out = new
+    out = z > STANDOUT_Z
+    if components_above_null == 0:
+        out[:] = False
+    picked = positions[out]
+    return {
+        "count": int(picked.size),
+        "positions": picked[:_LISTED].tolist(),
+        "ranges": position_ranges(picked) if picked.size <= 4096 else position_ranges(picked[:4096]) + ", ...",
+        "z_threshold": STANDOUT_Z,
+        "max_z": float(np.max(z)) if z.size else 0.0,
+        "rule": ("z_i = (d_H^2(mu_i, pool) - E_null) / sd_null > 5, the null being N_i tokens drawn from the pool; "
+                 "none when no component is above the null"),
+    }
+
+
+def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
+    """Per width: the encoding with the lowest scaled stress and the ones tied with it (their
+    95 % scaled-stress intervals overlap; exact stress has zero-width intervals)."""
+    out = []
+    for dim in sorted({int(e["dim"]) for e in encodings}):
+        entries = [e for e in encodings if int(e["dim"]) == dim]
+        best = min(entries, key=lambda e: e["scaled_stress"])
+        lo, hi = best.get("scaled_stress_ci95") or [best["scaled_stress"]] * 2
+        tied = [e["name"] for e in entries if e is not best and (e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)[0] <= hi]
+        out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": [lo, hi],
+                    "tied_with": sorted(set(tied) - {best["name"]})})
+    return out
+
+
+def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[str, Any]:
+    """The report's ``verdict`` section from its ``null``, ``noise``, ``geometry`` and
+    ``encodings`` entries and the :func:`standout_positions` result."""
+    null = report.get("null") or {}
+    noise = report.get("noise") or {}
+    above = null.get("components_above_null")
+    corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
+    if above is None:
+        distinguishable = None
+    else:
+        distinguishable = bool(above > 0 and (standout is None or standout["count"] > 0))
+    return {
+        "components_above_noise": above,
+        "null_method": null.get("method"),
+        "noise_floor": bool(noise.get("estimated")),
+        "distances": "bias_corrected" if corrected else "plugin",
+        "positions_distinguishable": distinguishable,
+        "standout_positions": standout,
+        "best_encodings": best_encodings(report.get("encodings") or []),
+    }

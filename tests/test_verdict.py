@@ -1,0 +1,151 @@
+"""The verdict: components above noise, positions that stand out, best encodings
+(posstats.estimates.verdict), and the honest defaults of posstats analyze end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import scipy.sparse as sp
+
+from posstats.cli import main
+from posstats.estimates.verdict import (
+    best_encodings,
+    distance_to_pool,
+    null_distance_to_pool,
+    position_ranges,
+    standout_positions,
+)
+from posstats.testing import synthetic_counts
+
+
+def test_position_ranges():
+    assert position_ranges([]) == ""
+    assert position_ranges([5]) == "5"
+    assert position_ranges([3, 0, 1, 2, 9, 10, 7]) == "0-3, 7, 9-10"
+
+
+def test_distance_to_pool_by_hand():
+    c = np.array([[4, 0], [0, 4], [2, 2]])
+    # pool = (6, 6) / 12: d^2 = 2 - 2 * sqrt(1/2) for the pure rows, 0 for the mixed one
+    np.testing.assert_allclose(distance_to_pool(c), [2 - np.sqrt(2), 2 - np.sqrt(2), 0.0], atol=1e-15)
+    np.testing.assert_allclose(distance_to_pool(sp.csr_array(c)), distance_to_pool(c), atol=1e-15)
+
+
+@pytest.mark.parametrize("tokens", [3, 40, 2000, 100_000])
+def test_null_distance_to_pool_matches_simulation(tokens):
+    """Mean and sd of d_H^2(sample of N tokens from p, p), from few to many tokens per entry."""
+    rng = np.random.default_rng(0)
+    p = 1.0 / (np.arange(400) + 2.7) ** 1.1
+    p /= p.sum()
+    draws = rng.multinomial(tokens, p, size=4000)
+    d2 = distance_to_pool(np.vstack([draws, (p * 1e12).astype(np.int64)]))[:-1]  # pool = p (one huge row)
+    mean, sd = null_distance_to_pool(p, np.full(1, tokens))
+    np.testing.assert_allclose(mean[0], d2.mean(), rtol=0.02)
+    np.testing.assert_allclose(sd[0], d2.std(), rtol=0.1)
+
+
+def test_stationary_positions_do_not_stand_out():
+    """One distribution everywhere, strongly varying occupancy (1 to 20,000 tokens): the
+    plug-in distances to the pool are far from 0 at low occupancy, and nothing stands out."""
+    occ = np.geomspace(20_000, 1, 3000)
+    syn = synthetic_counts(3000, 5000, tokens=occ, rank=0, seed=4)
+    keep = np.flatnonzero(syn.counts.occupancy() > 0)
+    rows = syn.counts.matrix[keep]
+    out = standout_positions(rows, keep)
+    assert out["count"] == 0 and out["max_z"] < 5
+    assert distance_to_pool(rows).max() > 0.5  # plug-in noise, not structure
+
+
+def test_planted_positions_stand_out_and_the_null_gate_names_none():
+    syn = synthetic_counts(500, 3000, tokens=5000, rank=0, seed=2)
+    c = syn.counts.matrix.tolil()
+    for i in range(6):  # the first positions draw from eight tokens only
+        c[i] = 0
+        c[i, np.arange(8) + 100] = 5000 // 8
+    rows = sp.csr_array(c)
+    out = standout_positions(rows, np.arange(500))
+    assert out["count"] == 6 and out["ranges"] == "0-5" and out["positions"] == [0, 1, 2, 3, 4, 5]
+    assert standout_positions(rows, np.arange(500), components_above_null=0)["count"] == 0
+
+
+def test_best_encodings_ties_by_interval_overlap():
+    enc = [
+        {"name": "mds", "dim": 2, "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11]},
+        {"name": "rope", "dim": 2, "scaled_stress": 0.105, "scaled_stress_ci95": [0.10, 0.11]},
+        {"name": "alibi", "dim": 2, "scaled_stress": 0.30, "scaled_stress_ci95": [0.29, 0.31]},
+        {"name": "mds", "dim": 4, "scaled_stress": 0.02},
+        {"name": "rope", "dim": 4, "scaled_stress": 0.03},
+    ]
+    got = best_encodings(enc)
+    assert got[0] == {"dim": 2, "best": "mds", "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11], "tied_with": ["rope"]}
+    assert got[1]["best"] == "mds" and got[1]["tied_with"] == []
+
+
+def _planted_corpus(path, *, documents: int, seed: int) -> None:
+    """Documents of log-normal lengths whose first four tokens come from an 8-token
+    vocabulary; every other token is Zipf over the GPT-2 vocabulary."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / (np.arange(50_257) + 2.7) ** 1.1
+    p /= p.sum()
+    lengths = np.clip(rng.lognormal(4.5, 0.8, documents).astype(int), 8, None)
+    ids = rng.choice(50_257, size=int(lengths.sum()), p=p).astype(np.int32)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for k in range(4):
+        ids[starts + k] = 50_000 + rng.integers(0, 8, documents)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, ids)}), path)
+
+
+def test_planted_structure_is_found_at_131072_positions(tmp_path):
+    """Issue target, on a CI-sized corpus: documents whose first tokens come from a small
+    vocabulary, counted in truncate mode at n = 131,072 and analysed with the defaults:
+    components above the null >= 1 and the verdict names positions 0-3."""
+    _planted_corpus(tmp_path / "planted.parquet", documents=4000, seed=0)
+    counts, out = tmp_path / "counts", tmp_path / "an"
+    assert main(["count", "--input", str(tmp_path / "planted.parquet"), "--column", "input_ids", "--vocab-size", "50257",
+                 "--positions", "131072", "--mode", "truncate", "--out", str(counts)]) == 0
+    assert main(["analyze", "--counts", str(counts), "--dims", "2,16", "--encodings", "mds,sinusoidal",
+                 "--out", str(out)]) == 0
+    r = json.loads((out / "report.json").read_text())
+    v = r["verdict"]
+    assert r["noise"]["estimated"] and r["geometry"]["distances"] == "bias_corrected"
+    assert v["components_above_noise"] >= 1 and v["positions_distinguishable"] is True
+    assert v["standout_positions"]["ranges"].startswith("0-3")
+    assert v["standout_positions"]["positions"][:4] == [0, 1, 2, 3]
+    summary = (out / "summary.md").read_text()
+    assert "stand above sampling noise" in summary and "0-3" in summary
+    html = (out / "report.html").read_text()
+    assert html.index("Verdict") < html.index("Key numbers")
+
+
+def test_stationary_corpus_verdict_is_no_structure(tmp_path):
+    """A packed stream is stationary: with the defaults, no component above the null, H1
+    not flagged, and the summary says so first."""
+    syn = synthetic_counts(600, 4000, tokens=1500, rank=0, seed=8)
+    from posstats.counting.io import save_counts
+
+    save_counts(syn.counts, tmp_path / "counts")
+    out = tmp_path / "an"
+    assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2,16", "--encodings", "mds,sinusoidal,rope",
+                 "--out", str(out)]) == 0
+    r = json.loads((out / "report.json").read_text())
+    assert r["verdict"]["components_above_noise"] == 0 and r["verdict"]["positions_distinguishable"] is False
+    assert r["diagnostics"]["h1"]["nonstationary"] is False and r["diagnostics"]["h1"]["distances"] == "bias_corrected"
+    assert r["noise"]["rule"]["noise_floor"] is True
+    first = (out / "summary.md").read_text().split("\n")[4]
+    assert first.startswith("- **verdict**: 0 MDS component(s) stand above sampling noise")
+
+
+def test_noise_floor_off_by_rule_when_positions_are_well_sampled(tmp_path):
+    """A small effective vocabulary and many tokens per position: the plug-in bias is below
+    the rule's threshold, the floor stays off and the report says why."""
+    syn = synthetic_counts(40, 60, tokens=2_000_000, rank=2, block_tokens=8, head=60, seed=1)
+    from posstats.analysis import AnalysisConfig, analyze
+
+    r = analyze(syn.counts, AnalysisConfig(dims=(2,), encodings=("mds",))).report()
+    assert r["noise"]["estimated"] is False and r["noise"]["rule"]["noise_floor"] is False
+    assert r["noise"]["rule"]["expected_bias_d_h2"] < 1e-3 and r["geometry"]["distances"] == "plugin"
