@@ -59,7 +59,8 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         fits.append(f"d={b['dim']}: {b['best']}{tie}")
     items = [("verdict", first), ("positions", second)]
     if fits:
-        items.append(("best fit", "; ".join(fits)))
+        noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
+        items.append(("best fit", "; ".join(fits) + noise_only))
     items.append(("distances", _noise_clause(report)))
     return items
 
