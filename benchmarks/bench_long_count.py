@@ -109,12 +109,19 @@ def _document_lengths(rng: np.random.Generator, tokens: int, mean: float, sigma:
     return lengths[lengths > 0]
 
 
+PLANTED_VOCAB = 8  # planted documents open with tokens from this many ids (the last ones of V)
+
+
 def generate(root: Path, *, tokens: int, files: int, row_groups: int, vocab: int, seed: int,
-             mean: float = 6.5, sigma: float = 1.0) -> dict:
-    """Write the corpus once; a stamp file records what was generated (reused when equal)."""
+             mean: float = 6.5, sigma: float = 1.0, planted: int = 0) -> dict:
+    """Write the corpus once; a stamp file records what was generated (reused when equal).
+
+    ``planted > 0``: the first ``planted`` tokens of every document come from the last
+    :data:`PLANTED_VOCAB` ids of the vocabulary (a positional structure at positions
+    ``0 .. planted - 1`` in truncate mode)."""
     stamp = root / "corpus.json"
     want = {"tokens": tokens, "files": files, "row_groups": row_groups, "vocab": vocab, "seed": seed,
-            "lengths": f"lognormal({mean}, {sigma})", "zipf": 1.1}
+            "lengths": f"lognormal({mean}, {sigma})", "zipf": 1.1, **({"planted": planted} if planted else {})}
     if stamp.exists() and json.loads(stamp.read_text()).get("params") == want:
         log(f"corpus {root} up to date")
         return json.loads(stamp.read_text())
@@ -130,6 +137,9 @@ def generate(root: Path, *, tokens: int, files: int, row_groups: int, vocab: int
         offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         values = ((rng.zipf(1.1, size=int(offsets[-1])) - 1) % vocab).astype(np.int32)
+        for k in range(planted):
+            starts = offsets[:-1][lengths > k]
+            values[starts + k] = vocab - PLANTED_VOCAB + rng.integers(0, PLANTED_VOCAB, starts.size)
         column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
         rows_per_group = -(-len(lengths) // row_groups)
         pq.write_table(pa.table({"input_ids": column}), root / f"part-{f:04d}.parquet", row_group_size=rows_per_group)

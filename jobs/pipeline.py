@@ -20,8 +20,9 @@ One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.servic
   ``reduce/counts.safetensors`` (or ``.parquet``), ``count.json``, ``config.json`` (a
   counts folder, as ``posstats count`` writes one).
 * **geometry**: Hellinger geometry, classical MDS and encoding stress
-  (:func:`posstats.analysis.analyze`) in a Ray task (retried by Ray if its worker dies),
-  on the counts the reduce stage hands over through Ray's object store:
+  (:func:`posstats.analysis.analyze`, honest defaults: noise floor, bias-corrected
+  distances, verdict) in a Ray task (retried by Ray if its worker dies), which reads the
+  reduce stage's counts itself (the driver and the object store never hold them):
   ``mds.safetensors``, ``report.json``, ``report.md``, ``analysis-config.json``
   (:func:`posstats.runs.analysis_folder.write_analysis`).
 * **report**: ``report.html`` with ``figures/`` and ``summary.md``
@@ -77,8 +78,7 @@ from jobs.connect import connect_ray
 from jobs.count import JobOptions, count_job, refresh_job
 from posstats.analysis import analyze
 from posstats.corpus.inputs import CountInputs, count_inputs
-from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import load_counts, write_json_atomic
+from posstats.counting.io import load_counts, load_header, write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.guard import run_guarded
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
@@ -124,15 +124,16 @@ class _Recount(Exception):
 class _Handoff:
     """What the stages of one driver hand each other in memory; empty after a resume.
 
+    The counts are not handed on in memory: the geometry task reads the reduce stage's
+    file itself, so that the driver (and Ray's object store) never hold them.
+
     Attributes:
-        counts: the reduce stage's counts (verified), for the geometry task.
         rendered: stage -> (folder, marker info) of the report / export the geometry task
             rendered from its analysis, waiting for their stage to publish them.
         run_data: the completed geometry stage's run read back (a resumed run), shared by
             the report and the export.
     """
 
-    counts: PositionalCounts | None = None
     rendered: dict[str, tuple[Path, dict[str, Any]]] = field(default_factory=dict)
     run_data: RunData | None = None
 
@@ -475,7 +476,7 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
         raise _Recount
     target = staging / doc["counts_file"]
     shutil.copyfile(src, target)
-    counts = load_counts(target)
+    counts = load_header(target)  # the totals only: the driver never holds the counts
     got = (counts.sequences, counts.tokens, counts.fingerprint)
     want = (doc["sequences"], doc["tokens_counted"], doc["fingerprint"])
     if got != want:
@@ -487,7 +488,6 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
     summary["run_id"] = run.run_id
     (staging / "count.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (staging / "config.json").write_text(json.dumps({"command": "pipeline", **doc["count_config"]}, indent=2) + "\n")
-    run.handoff.counts = counts
     return {"counts_file": doc["counts_file"], "tokens_counted": counts.tokens, "fingerprint": counts.fingerprint}
 
 
@@ -534,7 +534,7 @@ def _write_export(run_data: RunData, out: Path, *, file: str, options: Mapping[s
             "scaled_stress": m["scaled_stress"]}
 
 
-def geometry_task(counts: PositionalCounts | str, out_dirs: Mapping[str, str], config: Any, options: Mapping[str, Any],
+def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options: Mapping[str, Any],
                   run_id: str, counts_ref: str, delay: float = 0.0) -> dict[str, Any]:
     """The geometry stage's body (runs as a Ray task): analyse ``counts`` (the reduce stage's,
     or its folder) once and, from that analysis in memory, write the geometry folder
@@ -546,7 +546,7 @@ def geometry_task(counts: PositionalCounts | str, out_dirs: Mapping[str, str], c
     write_json_atomic(outs["geometry"] / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
     if delay:
         time.sleep(delay)
-    counts = counts if isinstance(counts, PositionalCounts) else load_counts(counts)
+    counts = load_counts(counts, compact=True)
     analysis = analyze(counts, config)
     run_data = write_analysis(outs["geometry"], analysis, inputs={"counts": counts_ref}, run_id=run_id, html=False)
     info = {"geometry": {"positions_used": int(len(analysis.positions)), "rank": run_data.report["spectrum"].get("rank"),
@@ -566,9 +566,9 @@ def _unwrap_task_error(exc: BaseException) -> BaseException:
 
 
 def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
-    """Run :func:`geometry_task` in a Ray task (retried if its worker dies) on the counts the
-    reduce stage handed over (else its folder); the report and export it rendered wait in
-    the work folder for their stages."""
+    """Run :func:`geometry_task` in a Ray task (retried if its worker dies) on the reduce
+    stage's counts folder (read there, not by the driver); the report and export it
+    rendered wait in the work folder for their stages."""
     ray = run.ray()
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
@@ -577,7 +577,7 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
     later = [s for s in ("report", "export") if run.store.stage_marker(run.run_id, s) is None]
     out_dirs = {"geometry": str(staging), **{s: str(run.staging_root / f"{s}-rendered-{run.attempt}") for s in later}}
     options = {"report": _report_options(run.cfg), "export": _export_options(run.cfg), "export_file": _export_file(run.cfg)}
-    counts = ray.put(run.handoff.counts) if run.handoff.counts is not None else str(run.stage_local("reduce"))
+    counts = str(run.stage_local("reduce"))  # read by the task: the driver never holds the counts
     rc = run.cfg.values["ray"]
     task = ray.remote(task_body).options(num_cpus=rc["geometry_cpus"], max_retries=rc["geometry_retries"],
                                              retry_exceptions=False)
@@ -614,7 +614,7 @@ def _resumed_run(run: _Run) -> RunData:
     its folder, the reduce stage's counts and, for up to STRESS_POSITION_LIMIT positions,
     all their distances (what the report and the export then share)."""
     if run.handoff.run_data is None:
-        counts = run.handoff.counts if run.handoff.counts is not None else load_counts(run.stage_local("reduce"))
+        counts = load_counts(run.stage_local("reduce"))
         run_data = dataclasses.replace(load_run(run.stage_local("geometry")), counts=counts)
         if run_data.positions.size <= STRESS_POSITION_LIMIT:
             run_data = with_distances(run_data)

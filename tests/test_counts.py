@@ -245,6 +245,12 @@ def test_counts_are_stored_as_int32_only_when_every_count_fits(tmp_path, big, st
     else:
         back = load_counts(path)
         assert back.matrix.dtype == np.int64 and back.equals(c)
+        # compact: int32 exactly where the stored type allows it (sparse files), else int64
+        compact = load_counts(path, compact=True)
+        sparse_narrow = path.name == "counts.csr.safetensors" and stored in ("U16", "I32")
+        assert compact.matrix.dtype == (np.int32 if sparse_narrow else np.int64)
+        np.testing.assert_array_equal(compact.to_dense().matrix, c.matrix)
+        np.testing.assert_array_equal(compact.occupancy(), c.occupancy())
 
 
 def test_legacy_parquet_counts_still_load(tmp_path):

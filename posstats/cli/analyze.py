@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = analysis_config(args)
-    counts = load_counts(args.counts)
+    counts = load_counts(args.counts, compact=True)  # int32 where exact: half the memory of int64
     if args.tokenizer:
         # even when no option re-reads the corpus: a tokenizer given with other counts is a mistake
         check_tokenizer(counts.metadata, args.tokenizer, counts=describe_counts(args.counts))

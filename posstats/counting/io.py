@@ -357,8 +357,12 @@ def _named_counts_file(marker: Path) -> str | None:
     return name
 
 
-def load_counts(path: str | os.PathLike, /) -> PositionalCounts:
-    """Load counts saved by :func:`save_counts` (a folder or the file itself); int64."""
+def load_counts(path: str | os.PathLike, /, *, compact: bool = False) -> PositionalCounts:
+    """Load counts saved by :func:`save_counts` (a folder or the file itself); int64.
+
+    ``compact=True`` (sparse files): counts stored as uint16 or int32 are held as int32,
+    exact, in half the memory of int64 data (what the analysis of long contexts loads);
+    int64 files stay int64."""
     path = counts_file(path)
     if path.name.endswith(".parquet"):
         return _load_parquet(path)
@@ -367,8 +371,9 @@ def load_counts(path: str | os.PathLike, /) -> PositionalCounts:
         if "counts" in f.keys():
             matrix = f.get_tensor("counts").astype(np.int64, copy=False)
         else:
-            matrix = _csr_from(path, f.get_tensor("indptr"), f.get_tensor("indices"), f.get_tensor("data"),
-                               _shape(meta))
+            data = f.get_tensor("data")
+            wide = np.int32 if compact and data.dtype.itemsize <= 4 and data.dtype != np.uint32 else np.int64
+            matrix = _csr_from(path, f.get_tensor("indptr"), f.get_tensor("indices"), data, _shape(meta), dtype=wide)
     return _from_metadata(meta, matrix, path)
 
 
@@ -433,11 +438,12 @@ def _shape(meta: dict[str, str]) -> tuple[int, int]:
         return (0, 0)
 
 
-def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int], *, check: bool = True) -> sp.csr_array:
-    """An int64 CSR array from stored tensors, checked unless ``check=False``
+def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int], *, check: bool = True,
+              dtype: Any = np.int64) -> sp.csr_array:
+    """An int64 (or ``dtype``) CSR array from stored tensors, checked unless ``check=False``
     (InputError naming ``path``)."""
     try:
-        matrix = sp.csr_array((data.astype(np.int64, copy=False), indices.astype(np.int32, copy=False), indptr),
+        matrix = sp.csr_array((data.astype(dtype, copy=False), indices.astype(np.int32, copy=False), indptr),
                               shape=shape)
         matrix.check_format(full_check=check)
     except ValueError as exc:

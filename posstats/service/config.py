@@ -11,7 +11,7 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
     [count]      positions, vocab_size, mode, exclude_tokens, separator, memory_budget_gib,
                  shard_size_mib, skip_bad_shards
     [ray]        address, workers, geometry_cpus, geometry_retries
-    [geometry]   dims, encodings, min_occupancy, rank_rtol, mds_method, seed
+    [geometry]   dims, encodings, min_occupancy, rank_rtol, mds_method, seed, noise_floor, distances
     [report]     width, max_positions
     [export]     dim, rank, layout, format, dtype, basis, method, name, card
     [schedule]   every | cron, timezone   (defaults for 'posstats schedule')
@@ -221,6 +221,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                          check=_ge(0, strict=True)),
         "mds_method": Key("str", "auto", "auto, dense or iterative", nullable=False, check=_one_of(MDS_METHODS)),
         "seed": Key("int", 0, "seed of every random choice", nullable=False),
+        "noise_floor": Key("str", "auto", "auto, on or off: the split-half noise floor (auto: when the plug-in bias "
+                           "can matter)", nullable=False, check=_one_of(("auto", "on", "off"))),
+        "distances": Key("str", "auto", "auto, plugin or corrected (auto: bias-corrected with a noise floor)",
+                         nullable=False, check=_one_of(("auto", "plugin", "corrected"))),
     },
     "report": {
         "width": Key("int", None, "model width of the rank / stress table (default: the largest dim)", check=_ge(1)),
@@ -306,6 +310,8 @@ class PipelineConfig:
             rank_rtol=g["rank_rtol"],
             mds_method=g["mds_method"],
             seed=g["seed"],
+            noise_floor=g["noise_floor"],
+            distances=g["distances"],
         )
 
     def export_dim(self) -> int:

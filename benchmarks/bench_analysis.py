@@ -1,0 +1,207 @@
+"""Benchmark: honest analysis at long context, as a user runs it (issue "honest by default").
+
+    python benchmarks/bench_analysis.py [--cases stationary,planted] [--tokens 2.02e8]
+        [--baselines plugin,reread] [--dir /tmp/posstats-bench-long] [--workdir DIR]
+
+Prints one JSON object. Each case generates its corpus (the generator of
+``bench_long_count.py``: log-normal documents, Zipf tokens over V = 50,257; reused when
+its stamp matches), counts it with ``posstats count`` (in-process, n = 131,072) and runs
+``posstats analyze`` with **default options**, measured as a subprocess (wall seconds,
+peak RSS of every process):
+
+- ``stationary``: 200 M tokens in ``pack`` mode (a stationary stream: nothing positional
+  to find). Targets: a noise floor reported, 0 components above the null, H1 not flagged
+  non-stationary, <= 8 GB peak and <= 5 min.
+- ``planted``: the same size in ``truncate`` mode, every document opening with 4 tokens
+  drawn from 8 ids. Targets: >= 1 component above the null, and the verdict names
+  positions 0-3 as the ones that stand out.
+
+Baselines, measured in the same run on the same counts (``--baselines``):
+
+- ``plugin``: ``posstats analyze --noise-floor off --distances plugin`` (what analyze did
+  by default before: no noise estimate, plug-in rank and non-stationarity);
+- ``reread``: ``--noise-floor on --reread`` (the noise floor from the corpus re-read and
+  split by document parity: the earlier honest path, 5.8 min and 19 GB at this size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_long_count import (  # noqa: E402 - the sibling benchmark's corpus and measuring tools
+    VOCAB,
+    child_env,
+    corpus_files,
+    generate,
+    load_average,
+    log,
+    machine,
+    run_measured,
+)
+
+TARGET_S = 300.0
+TARGET_GB = 8.0
+
+
+def count(ctx: dict, root: Path, mode: str, label: str) -> tuple[Path, dict]:
+    """``posstats count`` of the corpus in ``root`` (n = --positions, ``mode``)."""
+    args, work = ctx["args"], ctx["work"]
+    out = work / f"{label}-counts"
+    cmd = [sys.executable, "-m", "posstats.cli", "count"]
+    for f in corpus_files(root):
+        cmd += ["--input", f]
+    cmd += ["--column", "input_ids", "--positions", str(args.positions), "--vocab-size", str(args.vocab),
+            "--mode", mode, "--out", str(out)]
+    t = run_measured(cmd, work, f"{label}-count", sample_s=args.sample_s, env=ctx["env"])
+    return out, _brief(t)
+
+
+def analyze(ctx: dict, counts: Path, label: str, *extra: str) -> tuple[dict, dict | None]:
+    """``posstats analyze`` of ``counts`` (defaults plus ``extra``): measurement and report."""
+    out = ctx["work"] / f"{label}-analysis"
+    cmd = [sys.executable, "-m", "posstats.cli", "analyze", "--counts", str(counts), "--out", str(out), *extra]
+    t = run_measured(cmd, ctx["work"], label, sample_s=ctx["args"].sample_s, env=ctx["env"])
+    report = json.loads((out / "report.json").read_text()) if t["returncode"] == 0 else None
+    if t["returncode"]:
+        ctx["errors"].append({"case": label, "stderr_tail": t["stderr_tail"]})
+    return _brief(t), report
+
+
+def _brief(t: dict) -> dict:
+    """The parts of a measurement worth printing."""
+    return {"seconds": round(t["seconds"], 1), "peak_rss_gb": round(t["peak_rss_gb"], 2), "returncode": t["returncode"],
+            "stderr_tail": t["stderr_tail"] if t["returncode"] else [], "load": load_average()}
+
+
+def _facts(report: dict | None) -> dict:
+    """What a reader checks in a report: verdict, noise floor, H1, timings."""
+    if report is None:
+        return {}
+    v, noise, h1 = report["verdict"], report.get("noise") or {}, report["diagnostics"]["h1"]
+    return {
+        "components_above_noise": v["components_above_noise"],
+        "null": {k: (report.get("null") or {}).get(k) for k in ("method", "threshold")},
+        "positions_distinguishable": v["positions_distinguishable"],
+        "standout": {k: (v.get("standout_positions") or {}).get(k) for k in ("count", "ranges", "max_z")},
+        "noise_floor": bool(noise.get("estimated")),
+        "noise_source": noise.get("source"),
+        "median_bias_d_h2": (noise.get("bias_d_h2") or {}).get("median"),
+        "distances": report["geometry"]["distances"],
+        "h1_nonstationary": h1["nonstationary"],
+        "h1_min_distance": h1["min_distance"],
+        "best_encodings": [(b["dim"], b["best"], b["tied_with"]) for b in v["best_encodings"]],
+        "timings_s": report["timings_s"],
+    }
+
+
+def _baselines(ctx: dict, counts: Path, label: str) -> dict:
+    out = {}
+    for name in ctx["args"].baseline_list:
+        extra = {"plugin": ("--noise-floor", "off", "--distances", "plugin"),
+                 "reread": ("--noise-floor", "on", "--reread")}[name]
+        measured, report = analyze(ctx, counts, f"{label}-{name}", *extra)
+        out[name] = {**measured, "options": " ".join(extra), **_facts(report)}
+    return out
+
+
+def case_stationary(ctx: dict) -> dict:
+    """200 M packed tokens: nothing positional; the defaults must say so, within budget."""
+    counts, counted = count(ctx, ctx["roots"]["stationary"], "pack", "stationary")
+    measured, report = analyze(ctx, counts, "stationary-default")
+    facts = _facts(report)
+    ok = report is not None
+    targets = {
+        "noise_floor_reported": ok and facts["noise_floor"],
+        "zero_components_above_null": ok and facts["components_above_noise"] == 0,
+        "h1_not_flagged": ok and not facts["h1_nonstationary"],
+        "peak_le_8_gb": measured["peak_rss_gb"] <= TARGET_GB,
+        "time_le_5_min": measured["seconds"] <= TARGET_S,
+    }
+    return {"mode": "pack", "count": counted, "default": {**measured, **facts}, "targets": targets,
+            "all_targets_met": all(targets.values()), "baselines": _baselines(ctx, counts, "stationary")}
+
+
+def case_planted(ctx: dict) -> dict:
+    """Truncate mode, documents opening with 4 tokens from 8 ids: found, and named."""
+    counts, counted = count(ctx, ctx["roots"]["planted"], "truncate", "planted")
+    measured, report = analyze(ctx, counts, "planted-default")
+    facts = _facts(report)
+    ok = report is not None
+    targets = {
+        "components_above_null_ge_1": ok and (facts["components_above_noise"] or 0) >= 1,
+        "names_positions_0_to_3": ok and str(facts["standout"]["ranges"]).startswith("0-3"),
+    }
+    return {"mode": "truncate", "planted": "positions 0-3 from 8 ids", "count": counted, "default": {**measured, **facts},
+            "used_positions": report["positions"]["used"] if ok else None, "targets": targets,
+            "all_targets_met": all(targets.values())}
+
+
+CASES = {"stationary": case_stationary, "planted": case_planted}
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted")
+    ap.add_argument("--baselines", default="plugin", help="comma-separated: plugin,reread (or none)")
+    ap.add_argument("--dir", default="/tmp/posstats-bench-long", help="stationary corpus (planted: DIR-planted)")
+    ap.add_argument("--tokens", type=float, default=2.02e8)
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--row-groups", type=int, default=4)
+    ap.add_argument("--positions", type=int, default=131072)
+    ap.add_argument("--vocab", type=int, default=VOCAB)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sample-s", type=float, default=0.5, help="ps sampling interval")
+    ap.add_argument("--workdir", default=None, help="scratch folder (default: a fresh temp dir, removed)")
+    args = ap.parse_args()
+    args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
+    args.baseline_list = [b.strip() for b in args.baselines.split(",") if b.strip() and b.strip() != "none"]
+    if set(args.case_list) - set(CASES) or set(args.baseline_list) - {"plugin", "reread"}:
+        ap.error(f"cases from {sorted(CASES)}, baselines from plugin, reread")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    report: dict = {"benchmark": "analysis", "machine": machine(), "load_before": load_average(),
+                    "params": {k: v for k, v in vars(args).items() if k not in ("case_list", "baseline_list")}}
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="posstats-bench-analysis-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx: dict = {"args": args, "work": work, "env": child_env(), "errors": [], "roots": {}}
+    common = {"tokens": int(args.tokens), "files": args.files, "row_groups": args.row_groups, "vocab": args.vocab,
+              "seed": args.seed}
+    try:
+        report["corpora"] = {}
+        if "stationary" in args.case_list:
+            ctx["roots"]["stationary"] = Path(args.dir)
+            report["corpora"]["stationary"] = generate(Path(args.dir), **common)
+        if "planted" in args.case_list:
+            ctx["roots"]["planted"] = Path(f"{args.dir}-planted")
+            report["corpora"]["planted"] = generate(ctx["roots"]["planted"], planted=4, **common)
+        for name in [c for c in CASES if c in args.case_list]:
+            log(f"case {name}")
+            t = time.perf_counter()
+            try:
+                report[name] = CASES[name](ctx)
+            except Exception as exc:  # noqa: BLE001 - one failing case does not lose the others
+                log(traceback.format_exc())
+                report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            report[name]["case_s"] = round(time.perf_counter() - t, 1)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    report["errors"] = ctx["errors"]
+    report["machine"]["load_after"] = load_average()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
