@@ -15,6 +15,11 @@ peak RSS of every process):
 - ``planted``: the same size in ``truncate`` mode, every document opening with 4 tokens
   drawn from 8 ids. Targets: >= 1 component above the null, and the verdict names
   positions 0-3 as the ones that stand out.
+- ``pipeline``: 1 B tokens (40 files, ``--billion-tokens``) through ``posstats pipeline``
+  (count -> reduce -> geometry -> report -> export) on the embedded Ray with 2 workers,
+  pack mode, default analysis. Targets: <= 20 min end to end to report.html and the
+  exported table, no process above 12 GB; the time of every stage (from its marker) and
+  the peak memory of every process.
 
 Baselines, measured in the same run on the same counts (``--baselines``):
 
@@ -145,12 +150,64 @@ def case_planted(ctx: dict) -> dict:
             "all_targets_met": all(targets.values())}
 
 
-CASES = {"stationary": case_stationary, "planted": case_planted}
+PIPELINE_TOML = """\
+[store]
+url = "{store}"
+work_dir = "{work}"
+
+[input]
+paths = ["{inputs}"]
+column = "input_ids"
+
+[count]
+positions = {positions}
+vocab_size = {vocab}
+mode = "pack"
+
+[ray]
+workers = {workers}
+
+[export]
+dim = 768
+layout = "gpt2"
+"""
+
+
+def case_pipeline(ctx: dict) -> dict:
+    """1 B tokens through the whole pipeline on the embedded Ray (2 workers)."""
+    args, work = ctx["args"], ctx["work"]
+    root = ctx["roots"]["pipeline"]
+    config = work / "pipeline.toml"
+    config.write_text(PIPELINE_TOML.format(store=work / "store", work=work / "pipeline-work", inputs=root / "*.parquet",
+                                           positions=args.positions, vocab=args.vocab, workers=args.workers))
+    cmd = [sys.executable, "-m", "posstats.cli", "pipeline", "--config", str(config), "--run-id", "bench"]
+    t = run_measured(cmd, work, "pipeline", sample_s=args.sample_s, env=ctx["env"])
+    run = work / "store" / "runs" / "bench"
+    stages = {}
+    for stage in ("config", "count", "reduce", "geometry", "report", "export"):
+        marker = run / stage / "done.json"  # the stage's completion marker (seconds: its build time)
+        stages[stage] = json.loads(marker.read_text()).get("seconds") if marker.is_file() else None
+    report = run / "report" / "report.json"
+    facts = _facts(json.loads(report.read_text())) if report.is_file() else {}
+    sampled = t["sampled"]
+    targets = {
+        "completed": t["returncode"] == 0 and (run / "report" / "report.html").is_file()
+        and any((run / "export").glob("positions.*")),
+        "time_le_20_min": t["seconds"] <= 1200,
+        "no_process_above_12_gb": sampled["max_process_gb"] <= 12.0,
+    }
+    if t["returncode"]:
+        ctx["errors"].append({"case": "pipeline", "stderr_tail": t["stderr_tail"]})
+    return {"tokens": int(args.billion_tokens), "workers": args.workers, **_brief(t), "stages_s": stages,
+            "memory": sampled, "report": facts, "targets": targets, "all_targets_met": all(targets.values())}
+
+
+CASES = {"stationary": case_stationary, "planted": case_planted, "pipeline": case_pipeline}
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted")
+    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted,pipeline")
     ap.add_argument("--baselines", default="plugin", help="comma-separated: plugin,reread (or none)")
     ap.add_argument("--dir", default="/tmp/posstats-bench-long", help="stationary corpus (planted: DIR-planted)")
     ap.add_argument("--tokens", type=float, default=2.02e8)
@@ -159,6 +216,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--positions", type=int, default=131072)
     ap.add_argument("--vocab", type=int, default=VOCAB)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--billion-tokens", type=float, default=1e9, help="tokens of the pipeline case")
+    ap.add_argument("--billion-files", type=int, default=40)
+    ap.add_argument("--workers", type=int, default=2, help="Ray workers of the pipeline case")
     ap.add_argument("--sample-s", type=float, default=0.5, help="ps sampling interval")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a fresh temp dir, removed)")
     args = ap.parse_args()
@@ -186,6 +246,10 @@ def main() -> None:
         if "planted" in args.case_list:
             ctx["roots"]["planted"] = Path(f"{args.dir}-planted")
             report["corpora"]["planted"] = generate(ctx["roots"]["planted"], planted=4, **common)
+        if "pipeline" in args.case_list:
+            ctx["roots"]["pipeline"] = Path(f"{args.dir}-billion")
+            report["corpora"]["pipeline"] = generate(ctx["roots"]["pipeline"], **{
+                **common, "tokens": int(args.billion_tokens), "files": args.billion_files})
         for name in [c for c in CASES if c in args.case_list]:
             log(f"case {name}")
             t = time.perf_counter()

@@ -31,3 +31,18 @@ def test_bench_mds_small():
         assert row["nnz"] > 0
         assert row["accurate_1e-8"], row
         assert row["speedup"] > 0
+
+
+def test_bench_analysis_small(tmp_path):
+    """bench_analysis.py end to end at a tiny size: both cases, the plug-in baseline, JSON."""
+    r = run_bench("bench_analysis.py", "--tokens", "300000", "--files", "2", "--positions", "256", "--dir",
+                  str(tmp_path / "corpus"), "--baselines", "plugin")
+    assert r["benchmark"] == "analysis" and r["errors"] == []
+    st = r["stationary"]
+    assert st["default"]["returncode"] == 0 and st["default"]["noise_floor"] is True
+    assert st["default"]["components_above_noise"] == 0 and st["default"]["h1_nonstationary"] is False
+    assert st["baselines"]["plugin"]["noise_floor"] is False and st["baselines"]["plugin"]["distances"] == "plugin"
+    assert set(st["targets"]) == {"noise_floor_reported", "zero_components_above_null", "h1_not_flagged",
+                                  "peak_le_8_gb", "time_le_5_min"}
+    pl = r["planted"]
+    assert pl["default"]["components_above_noise"] >= 1 and pl["targets"]["names_positions_0_to_3"] is True
