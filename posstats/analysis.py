@@ -387,7 +387,10 @@ def _column_totals(rows: Any) -> np.ndarray:
     """(V,) tokens per vocabulary entry of the (m, V) counts (sparse or dense)."""
     if sp.issparse(rows):
         c = sp.csr_array(rows)
-        return np.bincount(c.indices, weights=c.data, minlength=c.shape[1])
+        totals = np.zeros(c.shape[1])
+        for a in range(0, c.nnz, 1 << 22):  # no float copy of all the counts at once
+            totals += np.bincount(c.indices[a : a + (1 << 22)], weights=c.data[a : a + (1 << 22)], minlength=c.shape[1])
+        return totals
     return np.asarray(rows, dtype=np.float64).sum(axis=0)
 
 

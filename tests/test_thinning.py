@@ -11,7 +11,8 @@ import scipy.sparse as sp
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.estimates.noise import count_parts, mp_edge, noise_floor
-from posstats.estimates.thinning import _row_blocks, split_noise_floor, thin
+from posstats.counting.rows import row_blocks
+from posstats.estimates.thinning import split_noise_floor, thin
 from posstats.testing import synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def test_thin_is_an_exact_partition_with_equal_shares():
 
 def test_row_blocks_cover_every_row_once():
     indptr = np.array([0, 5, 5, 30, 31, 40, 100])
-    blocks = _row_blocks(indptr, 10)
+    blocks = row_blocks(indptr, 10)
     assert blocks[0][0] == 0 and blocks[-1][1] == 6
     assert all(a < b for a, b in blocks)
     assert all(b1 == a2 for (_, b1), (a2, _) in zip(blocks, blocks[1:]))
@@ -44,7 +45,7 @@ def _parts_by_same_split(c: sp.csr_array, parts: int, seed: int, block: int) -> 
     """The parts split_noise_floor draws, materialised: same blocks, same random stream."""
     rng = np.random.default_rng(seed)
     pieces = [[] for _ in range(parts)]
-    for lo, hi in _row_blocks(c.indptr, block):
+    for lo, hi in row_blocks(c.indptr, block):
         a, b = int(c.indptr[lo]), int(c.indptr[hi])
         x = thin(c.data[a:b], parts, rng)
         for k in range(parts):

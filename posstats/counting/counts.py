@@ -197,8 +197,16 @@ class PositionalCounts:
         return sp.issparse(self.matrix)
 
     def occupancy(self) -> np.ndarray:
-        """``occ[i] = sum_v C[i, v]``, int64, shape (n,)."""
-        return np.asarray(self.matrix.sum(axis=1), dtype=np.int64).ravel()
+        """``occ[i] = sum_v C[i, v]``, int64, shape (n,) (summed in int64 without an int64
+        copy of narrower sparse counts)."""
+        m = self.matrix
+        if not (sp.issparse(m) and m.format == "csr"):
+            return np.asarray(m.sum(axis=1), dtype=np.int64).ravel()
+        out = np.zeros(m.shape[0], dtype=np.int64)
+        filled = np.flatnonzero(np.diff(m.indptr))
+        if filled.size:  # the rows between two filled ones are empty, so each sum is one row's
+            out[filled] = np.add.reduceat(m.data, m.indptr[filled], dtype=np.int64)
+        return out
 
     def occupied_positions(self, *, min_occupancy: int = 1) -> np.ndarray:
         """0-based positions with ``occ[i] >= max(min_occupancy, 1)``, int64, ascending."""

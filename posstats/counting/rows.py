@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from posstats.counting.buckets import Buckets, bucket_counts
 from posstats.counting.counts import PositionalCounts
 
-__all__ = ["RowSelection", "select_rows"]
+__all__ = ["RowSelection", "row_blocks", "select_rows"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,17 @@ def select_rows(counts: PositionalCounts, /, *, min_occupancy: int = 1, buckets:
     index = geo.occupied_positions(min_occupancy=min_occupancy)
     positions = buckets.midpoints[index] if buckets is not None else index
     return RowSelection(geo, buckets, index, positions)
+
+
+def row_blocks(indptr: np.ndarray, block: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``[lo, hi)`` of a CSR (row pointers ``indptr``) with about
+    ``block`` stored entries each (a single row larger than ``block`` is its own range):
+    how long-context code streams over counts without an nnz-sized temporary.
+
+    >>> row_blocks(np.array([0, 5, 5, 30, 31]), 10)
+    [(0, 2), (2, 3), (3, 4)]
+    """
+    m = indptr.size - 1
+    cuts = np.searchsorted(indptr, np.arange(block, int(indptr[-1]), block), side="right") - 1
+    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, m), [m]]))
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from posstats.counting.rows import row_blocks
 from posstats.estimates.noise import NoiseFloor, fitted_bias, split_half, usable_rows
 from posstats.progress import progress
 
@@ -63,15 +64,6 @@ def thin(values: Any, parts: int, rng: np.random.Generator, /) -> np.ndarray:
         left = left - take
     out[parts - 1, many] = left
     return out
-
-
-def _row_blocks(indptr: np.ndarray, block: int) -> list[tuple[int, int]]:
-    """Consecutive row ranges ``[lo, hi)`` of a CSR with about ``block`` stored entries each
-    (a single row larger than ``block`` is its own range)."""
-    m = indptr.size - 1
-    cuts = np.searchsorted(indptr, np.arange(block, int(indptr[-1]), block), side="right") - 1
-    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, m), [m]]))
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 class _Block:
@@ -146,7 +138,7 @@ def split_noise_floor(
     fallback = 0
     method = ""
     halves = ((0, 2), (1, 3)) if parts == 4 else ((0,), (1,))
-    blocks = _row_blocks(c.indptr, int(block))
+    blocks = row_blocks(c.indptr, int(block))
     with progress(total=int(c.indptr[-1]), desc="noise floor", unit="entry", enabled=show_progress) as bar:
         for lo, hi in blocks:
             a, b = int(c.indptr[lo]), int(c.indptr[hi])

@@ -30,42 +30,54 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from posstats.counting.rows import row_blocks
+
 __all__ = ["STANDOUT_Z", "best_encodings", "null_distance_to_pool", "position_ranges", "standout_positions", "verdict"]
 
 _LISTED = 64  # positions listed in the report (all are counted)
 
 
-def _row_totals(rows: Any) -> tuple[Any, np.ndarray, np.ndarray | None]:
-    """(rows as CSR or float ndarray, (m,) occupancies, (nnz,) row of every stored entry or None)."""
+_BLOCK = 1 << 22  # stored entries handled at a time: no temporary of the matrix' size
+
+
+def _row_totals(rows: Any) -> tuple[Any, np.ndarray]:
+    """(rows as canonical CSR or a float ndarray, (m,) occupancies)."""
     if sp.issparse(rows):
         c = sp.csr_array(rows)
-        row_of = np.repeat(np.arange(c.shape[0]), np.diff(c.indptr))
-        return c, np.bincount(row_of, weights=c.data, minlength=c.shape[0]), row_of
+        occ = np.zeros(c.shape[0])
+        for lo, hi in row_blocks(c.indptr, _BLOCK):
+            a, b = int(c.indptr[lo]), int(c.indptr[hi])
+            occ[lo:hi] = np.add.reduceat(c.data[a:b].astype(np.float64), c.indptr[lo:hi] - a) if b > a else 0.0
+        occ[np.diff(c.indptr) == 0] = 0.0  # reduceat repeats the next value for an empty row
+        return c, occ
     c = np.asarray(rows, dtype=np.float64)
-    return c, c.sum(axis=1), None
+    return c, c.sum(axis=1)
 
 
-def _pool_sqrt(c: Any, row_of: np.ndarray | None, keep: np.ndarray) -> np.ndarray:
+def _pool_sqrt(c: Any, keep: np.ndarray) -> np.ndarray:
     """(V,) ``sqrt(p)`` of the distribution pooled over the rows ``keep`` (bool (m,))."""
-    if row_of is not None:
-        w = keep[row_of]
-        totals = np.bincount(c.indices[w], weights=c.data[w], minlength=c.shape[1])
+    if sp.issparse(c):
+        totals = np.zeros(c.shape[1])
+        for lo, hi in row_blocks(c.indptr, _BLOCK):
+            a, b = int(c.indptr[lo]), int(c.indptr[hi])
+            w = np.repeat(keep[lo:hi], np.diff(c.indptr[lo : hi + 1]))
+            totals += np.bincount(c.indices[a:b][w], weights=c.data[a:b][w], minlength=c.shape[1])
     else:
         totals = c[keep].sum(axis=0)
     return np.sqrt(totals / max(float(totals.sum()), 1.0))
 
 
-def _distance_to(c: Any, occ: np.ndarray, row_of: np.ndarray | None, s_pool: np.ndarray) -> np.ndarray:
+def _distance_to(c: Any, occ: np.ndarray, s_pool: np.ndarray) -> np.ndarray:
     """(m,) ``2 - 2 sum_v sqrt(C_iv / occ_i) s_pool[v]``, clipped at 0."""
-    if row_of is None:
+    if not sp.issparse(c):
         dots = np.sqrt(c / occ[:, None]) @ s_pool
     else:
         dots = np.zeros(c.shape[0])
-        step = 1 << 22
-        for a in range(0, c.data.size, step):
-            rr = row_of[a : a + step]
-            w = np.sqrt(c.data[a : a + step] / occ[rr]) * s_pool[c.indices[a : a + step]]
-            dots += np.bincount(rr, weights=w, minlength=c.shape[0])
+        for lo, hi in row_blocks(c.indptr, _BLOCK):
+            a, b = int(c.indptr[lo]), int(c.indptr[hi])
+            lengths = np.diff(c.indptr[lo : hi + 1])
+            w = np.sqrt(c.data[a:b] / np.repeat(occ[lo:hi], lengths)) * s_pool[c.indices[a:b]]
+            dots[lo:hi] = np.bincount(np.repeat(np.arange(hi - lo), lengths), weights=w, minlength=hi - lo)
     return np.maximum(2.0 - 2.0 * dots, 0.0)
 
 
@@ -73,9 +85,9 @@ def distance_to_pool(rows: Any, /, *, keep: Any = None) -> np.ndarray:
     """(m,) plug-in ``d_H^2(mu_i, p) = 2 - 2 sum_v sqrt(C_iv / occ_i) sqrt(p_v)`` of every row
     to the distribution ``p`` pooled over the rows ``keep`` (bool (m,); default all).
     Rows must be occupied."""
-    c, occ, row_of = _row_totals(rows)
+    c, occ = _row_totals(rows)
     keep = np.ones(c.shape[0], dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-    return _distance_to(c, occ, row_of, _pool_sqrt(c, row_of, keep))
+    return _distance_to(c, occ, _pool_sqrt(c, keep))
 
 
 def position_ranges(positions: Any, /) -> str:
@@ -176,12 +188,12 @@ def standout_positions(rows: Any, positions: Any, /, *, components_above_null: i
         "max_z", "rule"}``.
     """
     positions = np.asarray(positions, dtype=np.int64)
-    c, occ, row_of = _row_totals(rows)
+    c, occ = _row_totals(rows)
     out = np.zeros(c.shape[0], dtype=bool)
     for _ in range(_POOL_ROUNDS):
-        s_pool = _pool_sqrt(c, row_of, ~out)
+        s_pool = _pool_sqrt(c, ~out)
         mean, sd = null_distance_to_pool(s_pool**2, occ)
-        z = (_distance_to(c, occ, row_of, s_pool) - mean) / np.maximum(sd, 1e-300)
+        z = (_distance_to(c, occ, s_pool) - mean) / np.maximum(sd, 1e-300)
         new = z > STANDOUT_Z
         if np.array_equal(new, out) or new.all():
             break
@@ -222,10 +234,7 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
     noise = report.get("noise") or {}
     above = null.get("components_above_null")
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
-    if above is None:
-        distinguishable = None
-    else:
-        distinguishable = bool(above > 0 and (standout is None or standout["count"] > 0))
+    distinguishable = None if above is None else bool(above > 0)
     return {
         "components_above_noise": above,
         "null_method": null.get("method"),
