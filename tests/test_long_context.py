@@ -24,7 +24,7 @@ from posstats.estimates.noise import corrected_squared_distances, noise_floor
 from posstats.geometry.backend import array_namespace, to_numpy
 from posstats.geometry.encodings import make_encoding
 from posstats.geometry.hellinger import hellinger, hellinger_sq
-from posstats.geometry.mds import _SplitSqrt, classical_mds
+from posstats.geometry.mds import _SplitSqrt, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
 from posstats.service.shard_store import RunStore
 from posstats.testing import split_counts, synthetic_counts
@@ -59,7 +59,7 @@ def test_lanczos_matches_dense_eigh(xp, shape):
 
 def test_lanczos_splits_dense_columns_and_keeps_sparse_input_sparse(xp):
     syn = synthetic_counts(300, 20_000, tokens=3000, rank=2, block_tokens=16, seed=4)
-    op = _SplitSqrt(syn.counts.matrix, xp=xp)
+    op = _SplitSqrt(syn.counts.matrix, xp=xp, split=True)
     assert 0 < op.heavy_columns < 10_000 and 0 < op.light_nnz < syn.counts.matrix.nnz
     s = np.sqrt(syn.counts.to_dense().matrix / syn.counts.occupancy()[:, None])
     sc = s - s.mean(axis=0)
@@ -70,6 +70,25 @@ def test_lanczos_splits_dense_columns_and_keeps_sparse_input_sparse(xp):
     np.testing.assert_allclose(to_numpy(sx), sc @ x, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(to_numpy(sty), sc.T @ y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(op.total_variance(), np.sum(sc * sc), rtol=1e-12)
+
+
+def test_unsplit_operator_shares_the_counts_indices_and_gives_the_same_products(planted):
+    """sqrt_operator(split=False): one sparse part in the counts' own pattern (its index
+    arrays shared, not copied), the same products, row dots and eigenvalues as the split."""
+    c = sp.csr_array(planted.counts.matrix, dtype=np.int32)
+    c.indptr = c.indptr.astype(np.int32)
+    split, whole = sqrt_operator(c, split=True), sqrt_operator(c)
+    assert sqrt_operator(c, split=False).heavy_columns == 0  # the host's default
+    assert whole.heavy_columns == 0 and whole.light_nnz == c.nnz and split.heavy_columns > 0
+    assert np.shares_memory(whole.rest.indices, c.indices)
+    x = np.random.default_rng(0).normal(size=(c.shape[1], 3))
+    y = np.random.default_rng(1).normal(size=(c.shape[0], 3))
+    np.testing.assert_allclose(whole.apply(x), split.apply(x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(whole.apply_t(y), split.apply_t(y), rtol=1e-12, atol=1e-12)
+    i, j = np.arange(0, 100), np.arange(100, 200)
+    np.testing.assert_allclose(whole.row_dots(i, j), split.row_dots(i, j), rtol=1e-13)
+    a = classical_mds(whole, k=8, method="lanczos", tol=1e-10).eigenvalues
+    np.testing.assert_allclose(a, classical_mds(split, k=8, method="lanczos", tol=1e-10).eigenvalues, rtol=1e-9)
 
 
 def test_lanczos_bias_corrected_operator_matches_dense(xp, planted):
