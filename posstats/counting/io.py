@@ -442,9 +442,12 @@ def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int], *, chec
               dtype: Any = np.int64) -> sp.csr_array:
     """An int64 (or ``dtype``) CSR array from stored tensors, checked unless ``check=False``
     (InputError naming ``path``)."""
+    # int32 row pointers too (while nnz < 2**31): with int64 ones scipy widens the indices
+    # to int64, a copy twice their stored size that every consumer then holds
+    index = np.int32 if (int(indptr[-1]) if len(indptr) else 0) < 2**31 else np.int64
     try:
-        matrix = sp.csr_array((data.astype(dtype, copy=False), indices.astype(np.int32, copy=False), indptr),
-                              shape=shape)
+        matrix = sp.csr_array((data.astype(dtype, copy=False), indices.astype(index, copy=False),
+                               indptr.astype(index, copy=False)), shape=shape)
         matrix.check_format(full_check=check)
     except ValueError as exc:
         msg = f"{path}: damaged sparse counts ({exc}); count again"
