@@ -209,9 +209,6 @@ class Analysis:
         sections: further report sections (geometry, noise, null, bootstrap, buckets).
         hellinger_summary: the ``hellinger`` report entry when it is not computed from
             ``distances`` (sampled path, bias-corrected distances).
-        plugin_distances: (m, m) plug-in d_H of the same rows (the very array
-            ``distances`` is unless they are bias-corrected), or None above
-            ``exact_limit``.
         standout: the positions that stand out from the pooled distribution
             (:func:`posstats.estimates.verdict.standout_positions`).
     """
@@ -226,7 +223,6 @@ class Analysis:
     timings: dict[str, float] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)
     hellinger_summary: dict[str, Any] | None = None
-    plugin_distances: np.ndarray | None = None
     standout: dict[str, Any] | None = None
 
     def report(self) -> dict[str, Any]:
@@ -417,7 +413,6 @@ class _Geometry:
     encodings: list[dict[str, Any]]
     hellinger_summary: dict[str, Any] | None
     distances: np.ndarray | None = None
-    plugin_distances: np.ndarray | None = None
 
 
 def analyze(
@@ -442,7 +437,8 @@ def analyze(
 
     Up to ``config.exact_limit`` geometry rows the (m, m) squared distances
     ``D = hellinger_sq(rows)`` are computed once and shared by the MDS, the stress, the
-    diagnostics and (as :attr:`Analysis.plugin_distances`) the report and the export.
+    diagnostics and (as :attr:`Analysis.distances`, the one matrix, plug-in or
+    bias-corrected) the report and the export.
     Above it no m x m matrix is formed (module :mod:`posstats.estimates.sampled`):
     block-Lanczos MDS, sampled stress with 95 % intervals, sampled corpus diagnostics; the
     report says ``stress_method: sampled``.
@@ -473,7 +469,7 @@ def analyze(
     standout = standout_positions(g.rows, g.positions, components_above_null=(null or {}).get("components_above_null"))
     timings["standout"] = time.perf_counter() - t
     return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
-                    timings, sections, geometry.hellinger_summary, geometry.plugin_distances, standout)
+                    timings, sections, geometry.hellinger_summary, standout)
 
 
 # ----------------------------------------------------------------------------- exact path
@@ -555,8 +551,9 @@ def _exact_geometry(
     t = time.perf_counter()
     mds = _exact_mds(g.rows, d2, bias, config)
     timings["mds"] = time.perf_counter() - t
-    plugin = np.sqrt(d2, out=d2)  # after the MDS, which read D
-    distances = corrected if corrected is not None else plugin
+    # after the MDS, which read D; with a correction the plug-in matrix is not kept
+    distances = corrected if corrected is not None else np.sqrt(d2, out=d2)
+    del d2
 
     t = time.perf_counter()
     diagnostics = _corpus_diagnostics_entry(distances, g.positions, config)
@@ -565,7 +562,7 @@ def _exact_geometry(
     t = time.perf_counter()
     results = _exact_encodings(distances, mds, g, config, show_progress)
     timings["encodings"] = time.perf_counter() - t
-    return _Geometry(mds, diagnostics, results, summary, distances, plugin)
+    return _Geometry(mds, diagnostics, results, summary, distances)
 
 
 # ----------------------------------------------------------------------------- sampled path

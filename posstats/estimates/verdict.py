@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.special import gammaln
 
 from posstats.counting.rows import row_blocks
 
@@ -120,8 +121,6 @@ def _sqrt_poisson_moments(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     >>> m.round(4).tolist(), v.round(4).tolist(), c.round(4).tolist()
     ([0.0, 0.7732, 19.9937], [0.0, 0.4022, 0.2502], [0.0, 0.5995, 10.0031])
     """
-    from scipy.special import gammaln
-
     lam = np.asarray(lam, dtype=np.float64)
     mean, var, cov = np.zeros(lam.shape), np.zeros(lam.shape), np.zeros(lam.shape)
     big = lam > _SERIES_LIMIT

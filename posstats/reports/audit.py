@@ -50,11 +50,12 @@ import numpy as np
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts
 from posstats.errors import InputError
+from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import sinusoidal
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.stress import stress_report
-from posstats.runs.run_folder import RunData, load_run, sparse_rows
+from posstats.runs.run_folder import RunData, load_run, report_bias, sparse_rows
 
 __all__ = [
     "AuditResult",
@@ -384,7 +385,9 @@ def _load_corpus(counts: str | os.PathLike, /, *, min_occupancy: int | None) -> 
         msg = f"{cdir}: no such counts or run folder"
         raise InputError(msg)
     counts_obj = load_counts(cdir)
-    return _Corpus(counts_obj, counts_obj.occupied_positions(min_occupancy=min_occupancy or 1), None, str(cdir)), []
+    notes = ["plug-in distances, sampling noise included: a counts folder has no noise floor "
+             "(audit the analysed run folder for its bias-corrected distances)"]
+    return _Corpus(counts_obj, counts_obj.occupied_positions(min_occupancy=min_occupancy or 1), None, str(cdir)), notes
 
 
 def _positions_in_table(positions: np.ndarray, n_rows: int, offset: int, checkpoint: str | os.PathLike,
@@ -408,10 +411,14 @@ def _positions_in_table(positions: np.ndarray, n_rows: int, offset: int, checkpo
     return positions, notes
 
 
-def _corpus_distances(counts: PositionalCounts, positions: np.ndarray, /) -> np.ndarray:
+def _corpus_distances(counts: PositionalCounts, positions: np.ndarray, run: RunData | None, /) -> np.ndarray:
     """(m, m) float64 Hellinger distances d_H = sqrt(hellinger_sq) between the count rows
-    of ``positions``."""
-    return np.sqrt(np.asarray(hellinger_sq(sparse_rows(counts.rows(positions))), dtype=np.float64))
+    of ``positions``: bias-corrected with the run's noise floor when the run's report used
+    bias-corrected distances (the report's one matrix), else plug-in."""
+    d2 = np.asarray(hellinger_sq(sparse_rows(counts.rows(positions))), dtype=np.float64)
+    if run is not None and (run.report.get("geometry") or {}).get("distances") == "bias_corrected":
+        d2 = corrected_squared_distances(d2, report_bias(run.report, positions))
+    return np.sqrt(d2)
 
 
 def _reference_scores(run: RunData, positions: np.ndarray, distances: np.ndarray, *, width: int, seed: int,
@@ -488,7 +495,7 @@ def audit_checkpoint(
     n_rows, width = table.shape
     corpus, notes = _load_corpus(counts, min_occupancy=min_occupancy)
     positions, left_out = _positions_in_table(corpus.positions, n_rows, offset, checkpoint)
-    distances = _corpus_distances(corpus.counts, positions)
+    distances = _corpus_distances(corpus.counts, positions, corpus.run)
     rows = table[positions + offset]
     _check_finite(rows, f"{checkpoint}: position table {name!r}", first_row=positions + offset)
     result_encoding = _scores(rows, distances, positions, seed=seed, exact_limit=exact_limit)

@@ -153,7 +153,9 @@ def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
     if h1 or a3:
         pair = h1.get("pair")
         at = f" at positions {pair[0]}, {pair[1]}" if pair else ""
-        rows.append(("corpus min d_H (H1)", f"{_num(h1.get('min_distance'))}{at} (non-stationary: {h1.get('nonstationary', '-')})"))
+        plugin = _distances_name(report) == "plug-in"
+        rows.append(("corpus min d_H (H1)", f"{_num(h1.get('min_distance'))}{at} (non-stationary: {h1.get('nonstationary', '-')}"
+                     + ("; plug-in distances, sampling noise included" if plugin else "; bias-corrected") + ")"))
         rows.append(("corpus monotonicity violations (A3)", f"{_num(a3.get('rate'), '.4f')} ({a3.get('method', '-')})"))
     return rows
 

@@ -50,6 +50,7 @@ __all__ = [
     "REPORT_FILE",
     "RunData",
     "load_run",
+    "report_bias",
     "run_distances",
     "run_from_analysis",
     "sparse_rows",
@@ -267,12 +268,15 @@ def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple
     counts = _run_counts(run)
     d2 = np.asarray(hellinger_sq(sparse_rows(_geometry_rows(counts, run.report, run.positions[idx]))), dtype=np.float64)
     if (run.report.get("geometry") or {}).get("distances") == "bias_corrected":
-        d2 = corrected_squared_distances(d2, _report_bias(run.report, run.positions[idx]))
+        d2 = corrected_squared_distances(d2, report_bias(run.report, run.positions[idx]))
     return idx, np.sqrt(d2)
 
 
-def _report_bias(report: dict[str, Any], positions: np.ndarray) -> np.ndarray:
-    """(len(positions),) the per-position bias ``b_i`` the report's noise floor recorded."""
+def report_bias(report: dict[str, Any], positions: np.ndarray) -> np.ndarray:
+    """(len(positions),) the per-position bias ``b_i`` the report's noise floor recorded.
+
+    Raises:
+        InputError: a position the noise floor did not describe."""
     noise = report.get("noise") or {}
     table = dict(zip(noise.get("positions") or [], noise.get("bias_per_position") or []))
     missing = [int(x) for x in positions if int(x) not in table]
