@@ -74,6 +74,7 @@ figure{margin:1.2rem 0;padding:.6rem;border:1px solid #e5e5e5;border-radius:6px;
 figure img{max-width:100%;height:auto;display:block;margin:0 auto}
 figcaption{font-size:.9rem;color:#333;margin-top:.4rem} figcaption b{color:#000}
 .kv td:first-child{font-weight:600}
+.verdict td,.verdict th{text-align:left} .verdict{font-size:.95rem}
 """
 
 
@@ -296,7 +297,7 @@ def _html_page(
     ]
     verdict = verdict_items(report)
     if verdict:
-        parts += ["<h2>Verdict</h2>", _html_table(("question", "answer"), verdict, cls="kv")]
+        parts += ["<h2>Verdict</h2>", _html_table(("question", "answer"), verdict, cls="kv verdict")]
     parts += [
         "<h2>Key numbers</h2>",
         _html_table(("quantity", "value"), _key_numbers(report), cls="kv"),
