@@ -36,8 +36,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,8 +46,8 @@ from bench_long_count import (  # noqa: E402 - the sibling benchmark's corpus an
     corpus_files,
     generate,
     load_average,
-    log,
     machine,
+    run_cases,
     run_measured,
 )
 
@@ -250,15 +248,7 @@ def main() -> None:
             ctx["roots"]["pipeline"] = Path(f"{args.dir}-billion")
             report["corpora"]["pipeline"] = generate(ctx["roots"]["pipeline"], **{
                 **common, "tokens": int(args.billion_tokens), "files": args.billion_files})
-        for name in [c for c in CASES if c in args.case_list]:
-            log(f"case {name}")
-            t = time.perf_counter()
-            try:
-                report[name] = CASES[name](ctx)
-            except Exception as exc:  # noqa: BLE001 - one failing case does not lose the others
-                log(traceback.format_exc())
-                report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            report[name]["case_s"] = round(time.perf_counter() - t, 1)
+        run_cases(CASES, args.case_list, ctx, report)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

@@ -604,6 +604,21 @@ CASES = {"long": case_long, "ray": case_ray, "short": case_short, "billion": cas
 # --------------------------------------------------------------------------- main
 
 
+def run_cases(cases: dict, selected: list[str], ctx: dict, report: dict) -> None:
+    """Run the ``selected`` cases in ``cases``' order into ``report`` (each with its
+    ``case_s``); a failing case is reported (and listed in ``ctx["errors"]``), not fatal."""
+    for name in [c for c in cases if c in selected]:
+        log(f"case {name}")
+        t = time.perf_counter()
+        try:
+            report[name] = cases[name](ctx)
+        except Exception as exc:  # noqa: BLE001 - one failing case does not lose the others
+            log(traceback.format_exc())
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            ctx["errors"].append({"case": name, "what": "benchmark", "error": report[name]["error"]})
+        report[name]["case_s"] = round(time.perf_counter() - t, 1)
+
+
 def machine() -> dict:
     """Platform, CPUs and library versions."""
     versions = {}
@@ -672,16 +687,7 @@ def main() -> None:
     ctx: dict = {"args": args, "work": work, "env": child_env(), "errors": []}
     try:
         report["corpora"] = prepare_corpora(args, ctx)
-        for name in [c for c in CASES if c in args.case_list]:  # long before ray
-            log(f"case {name}")
-            t = time.perf_counter()
-            try:
-                report[name] = CASES[name](ctx)
-            except Exception as exc:  # noqa: BLE001 - one failing case does not lose the others
-                log(traceback.format_exc())
-                report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                ctx["errors"].append({"case": name, "what": "benchmark", "error": report[name]["error"]})
-            report[name]["case_s"] = round(time.perf_counter() - t, 1)
+        run_cases(CASES, args.case_list, ctx, report)  # long before ray
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

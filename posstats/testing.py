@@ -8,7 +8,8 @@ against it:
   known eigenvalues (a :class:`SyntheticCorpus`).
 - :func:`split_counts`: every counted token split independently into parts, i.e.
   independent samples of each position when the tokens are independent (as in a
-  generated corpus). Real corpora are split by document or shard instead
+  generated corpus). The analysis splits counted tokens the same way, streamed
+  (:mod:`posstats.estimates.thinning`), or by document or shard on request
   (:func:`posstats.estimates.noise.count_parts`, :func:`posstats.estimates.noise.parts_from_store`).
 
 >>> syn = synthetic_counts(50, 400, tokens=500, rank=2, block_tokens=8, seed=1)
