@@ -118,8 +118,8 @@ def step_encode(args: argparse.Namespace) -> dict:
 
 
 def step_sampled(args: argparse.Namespace) -> dict:
-    from posstats.geometry.encodings import make_encoding
     from posstats.estimates.sampled import SampledGeometry
+    from posstats.geometry.encodings import make_encoding
 
     counts, _ = _load(args)
     mds = np.load(Path(args.cache) / f"mds-n{args.n}.npy")
@@ -238,9 +238,9 @@ def step_real(args: argparse.Namespace) -> dict:
     truncate and pack mode (GPT-2 tokens, 128 positions, document quarters)."""
     from posstats.corpus.source import CorpusSource
     from posstats.counting.counts import CountSpec
+    from posstats.estimates.noise import corrected_squared_distances, count_parts, noise_floor, null_rank
     from posstats.geometry.hellinger import hellinger_sq
     from posstats.geometry.mds import classical_mds
-    from posstats.estimates.noise import corrected_squared_distances, count_parts, noise_floor, null_rank
 
     repo = Path(__file__).resolve().parents[1]
     tokenizer = str(repo / "data" / "tokenizers" / "gpt2.tokenizer.json")

@@ -27,7 +27,14 @@ from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import split_noise_floor
 from posstats.estimates.verdict import standout_positions, verdict
 from posstats.geometry.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
-from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding, parse_encoding_spec
+from posstats.geometry.encodings import (
+    DEFAULT_ENCODINGS,
+    encoding_dims,
+    encoding_sweeps,
+    expand_encoding_specs,
+    make_encoding,
+    parse_encoding_spec,
+)
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
@@ -108,10 +115,14 @@ class AnalysisConfig:
     bootstrap: int = 0
     corpus_triples: int = 200_000
     tokenizer: str | None = None
+    sweeps: tuple[dict[str, Any], ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.noise_floor, bool):
             object.__setattr__(self, "noise_floor", "on" if self.noise_floor else "off")
+        # ``key=a|b|c`` sweeps: remembered for the report's figure, then expanded
+        object.__setattr__(self, "sweeps", tuple(encoding_sweeps(self.encodings)))
+        object.__setattr__(self, "encodings", expand_encoding_specs(self.encodings))
         if not self.dims:
             raise PosstatsError("give at least one dimension (--dims)")
         for d in self.dims:
@@ -126,10 +137,8 @@ class AnalysisConfig:
         # for sinusoidal/RoPE or unreadable tables fail before any counting work.
         probe = _ProbeMDS(np.eye(2, max(self.dims)))
         probe_distances = np.array([[0.0, 1.0], [1.0, 0.0]])
-        for spec in self.encodings:
-            parse_encoding_spec(spec)
-            for d in self.dims:
-                make_encoding(spec, np.arange(2), int(d), mds=probe, distances=probe_distances, occupancy=np.ones(2))
+        for d, spec in encoding_jobs(self):
+            make_encoding(spec, np.arange(2), d, mds=probe, distances=probe_distances, occupancy=np.ones(2))
         if self.min_occupancy < 1:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
@@ -188,7 +197,16 @@ class AnalysisConfig:
             "bootstrap": self.bootstrap,
             "corpus_triples": self.corpus_triples,
             "tokenizer": self.tokenizer,
+            "sweeps": list(self.sweeps),
         }
+
+
+def encoding_jobs(config: AnalysisConfig) -> list[tuple[int, str]]:
+    """Every (width, encoding spec) scored, widths ascending: each spec at every width of
+    ``config.dims``, except ``hf:`` specs, scored at their model's head dimension only."""
+    widths = {spec: encoding_dims(spec, config.dims) for spec in config.encodings}
+    every = sorted({d for ds in widths.values() for d in ds})
+    return [(d, spec) for d in every for spec in config.encodings if d in widths[spec]]
 
 
 @dataclass(frozen=True)
@@ -324,6 +342,7 @@ class _Rows:
         positions: (m,) their positions (bucket midpoints with buckets).
         rows: (m, V) counts of those rows (dense or scipy CSR).
         occupancy: (m,) their occupancies.
+        context: the counted sequence length n (RoPE variants that depend on it are built for it).
     """
 
     geo: PositionalCounts
@@ -332,6 +351,7 @@ class _Rows:
     positions: np.ndarray
     rows: Any
     occupancy: np.ndarray
+    context: int
 
 
 def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
@@ -350,7 +370,7 @@ def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
     need, what, hint = analysis_bytes(m, sel.counts.vocab_size, dims=config.dims, encodings=len(config.encodings),
                                       exact=m <= config.exact_limit, dense_counts=not sel.counts.is_sparse)
     require_memory(need, what=what, hint=hint, command="analyze")
-    return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, sel.rows(), sel.occupancy())
+    return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, sel.rows(), sel.occupancy(), counts.positions)
 
 
 def _noise(
@@ -464,7 +484,7 @@ def analyze(
     if null is not None:
         sections["null"] = null
     if config.bootstrap > 0:
-        sections["bootstrap"] = _bootstrap_section(partials, g.buckets, g.index, g.positions, geometry.mds, null, config, timings)
+        sections["bootstrap"] = _bootstrap_section(partials, g, geometry.mds, null, config, timings)
     t = time.perf_counter()
     standout = standout_positions(g.rows, g.positions, components_above_null=(null or {}).get("components_above_null"))
     timings["standout"] = time.perf_counter() - t
@@ -523,10 +543,10 @@ def _exact_encodings(
     """One report entry per (width, encoding): exact stress over all m (m - 1) / 2 pairs."""
     m = len(g.positions)
     results = []
-    jobs = [(d, spec) for d in config.dims for spec in config.encodings]
+    jobs = encoding_jobs(config)
     with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
         for dim, spec in jobs:
-            entry = _evaluate(spec, g.positions, dim, distances, mds, config, g.occupancy)
+            entry = _evaluate(spec, g.positions, dim, distances, mds, config, g.occupancy, g.context)
             entry.update(
                 stress_method="exact",
                 stress_ci95=[entry["stress"], entry["stress"]],
@@ -573,12 +593,11 @@ def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list
     needs the n x n distances)."""
     m = len(g.positions)
     encodings = []
-    for dim in config.dims:
-        for spec in config.encodings:
-            if parse_encoding_spec(spec).name == "mds-smacof":
-                msg = f"{spec}: SMACOF needs the n x n distances; not available above the exact limit ({m} > {config.exact_limit} rows)"
-                raise PosstatsError(msg)
-            encodings.append((dim, make_encoding(spec, g.positions, dim, mds=mds, occupancy=g.occupancy)))
+    for dim, spec in encoding_jobs(config):
+        if parse_encoding_spec(spec).name == "mds-smacof":
+            msg = f"{spec}: SMACOF needs the n x n distances; not available above the exact limit ({m} > {config.exact_limit} rows)"
+            raise PosstatsError(msg)
+        encodings.append((dim, make_encoding(spec, g.positions, dim, mds=mds, occupancy=g.occupancy, context=g.context)))
     return encodings
 
 
@@ -637,7 +656,7 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
         "pearson_ci95": list(st.pearson_ci95),
         "stress_pairs": st.pairs,
         "min_separation_method": sep_method,
-        **({"fit": dict(enc.details)} if enc.details else {}),
+        **_details_entry(enc),
     }
 
 
@@ -753,9 +772,7 @@ def _null_section(
 
 def _bootstrap_section(
     partials: Any,
-    buckets: Any,
-    index: np.ndarray,
-    positions: np.ndarray,
+    g: _Rows,
     mds: MDSResult,
     null: dict[str, Any] | None,
     config: AnalysisConfig,
@@ -766,18 +783,18 @@ def _bootstrap_section(
         msg = "a shard bootstrap (--bootstrap) needs per-shard partial counts (posstats analyze --store DIR, or counts with a config.json to re-read)"
         raise PosstatsError(msg)
     t = time.perf_counter()
-    geo_partials = [bucket_counts(p, buckets) for p in partials] if buckets is not None else list(partials)
+    index, positions, context = g.index, g.positions, g.context
+    geo_partials = [bucket_counts(p, g.buckets) for p in partials] if g.buckets is not None else list(partials)
     encodings: dict[str, Any] = {}
-    for dim in config.dims:
-        for spec in config.encodings:
-            parsed = parse_encoding_spec(spec)
-            if parsed.name == "mds-smacof":
-                continue
-            if parsed.name in ("mds", "mds-lowrank"):
-                rank = int(dict(parsed.params).get("rank") or dim) if parsed.name == "mds-lowrank" else dim
-                encodings[f"{parsed.canonical}@{dim}"] = min(rank, len(index) - 1)
-            else:
-                encodings[f"{parsed.canonical}@{dim}"] = make_encoding(spec, positions, dim, mds=mds).matrix
+    for dim, spec in encoding_jobs(config):
+        parsed = parse_encoding_spec(spec)
+        if parsed.name == "mds-smacof":
+            continue
+        if parsed.name in ("mds", "mds-lowrank"):
+            rank = int(dict(parsed.params).get("rank") or dim) if parsed.name == "mds-lowrank" else dim
+            encodings[f"{parsed.canonical}@{dim}"] = min(rank, len(index) - 1)
+        else:
+            encodings[f"{parsed.canonical}@{dim}"] = make_encoding(spec, positions, dim, mds=mds, context=context).matrix
     threshold = None
     if null is not None and null.get("threshold") is not None and null.get("eigenvalue_scale") == "plugin":
         threshold = float(null["threshold"])
@@ -796,6 +813,14 @@ def _bootstrap_section(
     return res.to_dict()
 
 
+def _details_entry(enc: Any) -> dict[str, Any]:
+    """How an encoding was built, under its report key: ``fit`` (SMACOF) or ``rope`` (a RoPE
+    variant's type, head_dim, attention factor, sequence length, wavelength range)."""
+    if not enc.details:
+        return {}
+    return {("rope" if enc.name.startswith(("rope", "hf:")) else "fit"): dict(enc.details)}
+
+
 def _evaluate(
     spec: str,
     positions: np.ndarray,
@@ -804,9 +829,10 @@ def _evaluate(
     mds: MDSResult,
     config: AnalysisConfig,
     occupancy: np.ndarray,
+    context: int,
 ) -> dict[str, Any]:
     """Stress and diagnostics of one encoding at one width, as a report entry."""
-    enc = make_encoding(spec, positions, dim, mds=mds, distances=distances, occupancy=occupancy)
+    enc = make_encoding(spec, positions, dim, mds=mds, distances=distances, occupancy=occupancy, context=context)
     s = stress_report(enc.matrix, distances)
     sep = min_separation(enc.matrix)
     mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
@@ -822,5 +848,5 @@ def _evaluate(
         "monotonicity_violation_rate": mono.rate,
         "monotonicity_method": mono.method,
         "monotonicity_ci95": [mono.ci_low, mono.ci_high],
-        **({"fit": dict(enc.details)} if enc.details else {}),
+        **_details_entry(enc),
     }

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from posstats.analysis import DEFAULT_DIMS, AnalysisConfig
-from posstats.flags import int_list, str_list
-from posstats.geometry.encodings import DEFAULT_ENCODINGS
+from posstats.flags import int_list
+from posstats.geometry.encodings import DEFAULT_ENCODINGS, split_encoding_list
 
 __all__ = ["add_analysis_args", "analysis_config"]
 
@@ -18,9 +18,13 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dims", type=int_list, default=DEFAULT_DIMS, metavar="D,D",
                    help=f"encoding widths to evaluate (default {','.join(map(str, DEFAULT_DIMS))}); "
                         "widths above the MDS rank get zero columns")
-    g.add_argument("--encodings", type=str_list, default=DEFAULT_ENCODINGS, metavar="NAME,NAME",
-                   help=f"encodings to score (default {','.join(DEFAULT_ENCODINGS)}); also mds-lowrank:R, "
-                        "rope:layout=half, alibi:HEADS, random:SIGMA, learned:FILE[:key=NAME]")
+    g.add_argument("--encodings", type=split_encoding_list, default=DEFAULT_ENCODINGS, metavar="SPEC,SPEC",
+                   help=f"encodings to score (default {','.join(DEFAULT_ENCODINGS)}); also mds-lowrank:R, mds-smacof, "
+                        "rope:layout=half, alibi:HEADS, random:SIGMA, learned:FILE[:key=NAME]; RoPE scaling: "
+                        "rope:type=linear|dynamic|yarn|longrope|llama3,factor=F,original=L[,theta=B,...] "
+                        "(docs/rope-scaling.md); a model's own RoPE at its head_dim: hf:PATH/config.json; "
+                        "a sweep scores every value and plots stress against it: "
+                        "'rope:type=yarn,original=4096,factor=8|16|32'")
     g.add_argument("--min-occupancy", type=int, default=1, metavar="K",
                    help="leave out positions with fewer than K counted tokens (default 1)")
     g.add_argument("--rank-rtol", type=float, default=1e-10, metavar="TOL",

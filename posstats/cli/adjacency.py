@@ -23,7 +23,13 @@ from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, vocab_s
 from posstats.counting.counts import first_id_outside
 from posstats.counting.io import write_json_atomic
 from posstats.errors import InputError, PosstatsError
-from posstats.geometry.encodings import DEFAULT_ENCODINGS, make_encoding
+from posstats.geometry.encodings import (
+    DEFAULT_ENCODINGS,
+    encoding_dims,
+    expand_encoding_specs,
+    make_encoding,
+    split_encoding_list,
+)
 from posstats.memory import require_memory, transformer_bytes
 from posstats.runs.publish import staged_output
 
@@ -136,7 +142,7 @@ def _encoding_specs(args: argparse.Namespace) -> list[str]:
     """The encoding specs to score (``default`` expanded), once the arguments are checked."""
     if args.input and args.random_tokens:
         raise PosstatsError("give either --input or --random-tokens, not both")
-    specs = [s.strip() for s in (args.encodings or "").split(",") if s.strip()]
+    specs = list(expand_encoding_specs(split_encoding_list(args.encodings or "")))
     if "default" in specs:
         specs = [x for s in specs for x in (_default_encodings() if s == "default" else [s])]
     if not (args.input or args.random_tokens) and not specs:
@@ -299,7 +305,7 @@ def _encoding(spec: str, n: int, dim: int) -> tuple[np.ndarray | None, str, str]
     if dim < 1:
         msg = f"--encoding-dim must be >= 1; got {dim}"
         raise PosstatsError(msg)
-    enc = make_encoding(spec, np.arange(n), dim)
+    enc = make_encoding(spec, np.arange(n), encoding_dims(spec, (dim,))[0])  # hf: its own head_dim
     return np.asarray(enc.matrix, dtype=np.float64), str(enc.name), ""
 
 

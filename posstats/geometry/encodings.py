@@ -28,9 +28,11 @@ canonical spec (defaults left out, the first parameter bare), e.g. ``rope-half``
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,7 @@ import numpy as np
 from safetensors import safe_open
 
 from posstats.errors import InputError, PosstatsError
+from posstats.geometry.rope_scaling import ROPE_TYPES, hf_rope, rope_inv_freq
 from posstats.geometry.smacof import pair_weights, smacof
 
 __all__ = [
@@ -49,6 +52,9 @@ __all__ = [
     "EncodingSpec",
     "alibi",
     "alibi_slopes",
+    "encoding_dims",
+    "encoding_sweeps",
+    "expand_encoding_specs",
     "learned",
     "make_encoding",
     "matrix_power",
@@ -59,7 +65,10 @@ __all__ = [
     "random_encoding",
     "rope",
     "rope_rotation",
+    "rope_spec_parameters",
+    "rope_table",
     "sinusoidal",
+    "split_encoding_list",
 ]
 
 DEFAULT_ENCODINGS = ("mds", "sinusoidal", "rope", "alibi", "random", "random:0.02")
@@ -166,6 +175,62 @@ def _pair_columns(dim: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
     raise InputError(msg)
 
 
+def rope_table(
+    positions: Any,
+    /,
+    inv_freq: Any,
+    dim: int,
+    *,
+    attention_factor: float = 1.0,
+    layout: str = "interleaved",
+    vector: str = "ones",
+    seed: int = 0,
+) -> np.ndarray:
+    """A RoPE variant as a position table ``P[i] = A R(i) u``, float64 (len(positions) x dim).
+
+    The rotation ``R(i)`` turns pair k (k < len(inv_freq)) by the angle ``i inv_freq[k]``; A is
+    the attention factor (transformers multiplies cos and sin by it); u is the evaluation vector.
+    Pairs are the columns (2k, 2k + 1) for ``layout="interleaved"`` and (k, k + r/2) for
+    ``layout="half"`` (transformers' ``rotate_half``), r = 2 len(inv_freq) the rotary width; the
+    ``dim - r`` columns a partial rotary factor leaves unrotated are constant in position, so
+    they are zero here (no distance).
+
+    ``vector="ones"`` (the default): ``(a, b) = (0, 1)`` in every pair, so
+    ``P[i, pair k] = A (-sin, cos)(i inv_freq[k])`` and
+    ``|p_i - p_j|^2 = 2 A^2 sum_k (1 - cos((i - j) inv_freq[k]))``: every frequency weighs the
+    same and the vector is the same for every variant, so stress differences between RoPE
+    variants come from their frequencies (and A) alone; with the plain frequencies it gives
+    sinusoidal's distances exactly. ``vector="random"``: a seeded random unit vector of ``dim``
+    entries, whose pair entries are the same for both layouts.
+    """
+    dim = _dim(dim, "rope", even=True)
+    freqs = np.asarray(inv_freq, dtype=np.float64)
+    pairs = freqs.shape[0]
+    if freqs.ndim != 1 or not 1 <= pairs <= dim // 2:
+        msg = f"rope: {freqs.shape} frequencies do not fit dimension {dim} (need 1 .. {dim // 2})"
+        raise InputError(msg)
+    first, second = _pair_columns(2 * pairs, layout)
+    if vector == "ones":
+        a = np.zeros(pairs)
+        b = np.ones(pairs)
+    elif vector == "random":
+        g = np.random.default_rng(seed).standard_normal(dim)
+        g /= np.linalg.norm(g)
+        a, b = g[0::2][:pairs], g[1::2][:pairs]
+    else:
+        msg = f"rope vector must be 'ones' or 'random', got {vector!r}"
+        raise InputError(msg)
+    pos = _positions(positions)
+    angles = np.multiply.outer(pos.astype(np.float64), freqs)
+    cos, sin = np.cos(angles), np.sin(angles)
+    out = np.zeros((pos.shape[0], dim), dtype=np.float64)
+    out[:, first] = a * cos - b * sin
+    out[:, second] = a * sin + b * cos
+    if attention_factor != 1.0:
+        out *= _positive(attention_factor, "rope attention factor")
+    return out
+
+
 def rope(
     positions: Any,
     /,
@@ -189,28 +254,11 @@ def rope(
     to the sign of the sine columns, so its distances equal sinusoidal's exactly.
     ``vector="random"``: a seeded random unit vector; its pair entries are the same for
     both layouts, so the two layouts give the same distances for the same seed.
+    Scaled variants (YaRN, NTK, ...): :func:`rope_table` with :func:`rope_inv_freq` frequencies.
     """
     dim = _dim(dim, "rope", even=True)
     base = _positive(base, "rope base")
-    first, second = _pair_columns(dim, layout)
-    half = dim // 2
-    if vector == "ones":
-        a = np.zeros(half)
-        b = np.ones(half)
-    elif vector == "random":
-        g = np.random.default_rng(seed).standard_normal(dim)
-        g /= np.linalg.norm(g)
-        a, b = g[0::2], g[1::2]
-    else:
-        msg = f"rope vector must be 'ones' or 'random', got {vector!r}"
-        raise InputError(msg)
-    pos = _positions(positions)
-    angles = np.multiply.outer(pos.astype(np.float64), _frequencies(dim, base))
-    cos, sin = np.cos(angles), np.sin(angles)
-    out = np.empty((pos.shape[0], dim), dtype=np.float64)
-    out[:, first] = a * cos - b * sin
-    out[:, second] = a * sin + b * cos
-    return out
+    return rope_table(positions, _frequencies(dim, base), dim, layout=layout, vector=vector, seed=seed)
 
 
 def rope_rotation(dim: int, *, base: float = 10000.0, layout: str = "interleaved") -> np.ndarray:
@@ -538,6 +586,100 @@ def learned(positions: Any, /, dim: int, *, path: str | os.PathLike[str], key: s
     return _pad(np.asarray(table[pos], dtype=np.float64), dim)
 
 
+# spec key -> Hugging Face rope_parameters key, for the scaling parameters of ``rope:type=...``
+_HF_ROPE_KEYS = {
+    "factor": "factor",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+    "mscale": "mscale",
+    "mscale_all_dim": "mscale_all_dim",
+    "attention_factor": "attention_factor",
+    "truncate": "truncate",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "short_factor": "short_factor",
+    "long_factor": "long_factor",
+    "partial": "partial_rotary_factor",
+}
+
+
+def rope_spec_parameters(params: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The Hugging Face ``rope_parameters`` and ``max_position_embeddings`` of a ``rope`` spec.
+
+    ``original`` is the context length the model was trained at: transformers'
+    ``original_max_position_embeddings`` for yarn / longrope / llama3 (whose
+    ``max_position_embeddings`` is then ``original * factor``), and its
+    ``max_position_embeddings`` for dynamic NTK. Dynamic, yarn, longrope and llama3 need it.
+    """
+    kind = params["type"]
+    hf: dict[str, Any] = {"rope_type": kind, "rope_theta": params["base"]}
+    for key, hf_key in _HF_ROPE_KEYS.items():
+        if params.get(key) is not None:
+            value = params[key]
+            hf[hf_key] = list(value) if isinstance(value, tuple) else value
+    original = params.get("original")
+    if kind in ("dynamic", "yarn", "longrope", "llama3") and original is None:
+        msg = f"rope:type={kind} needs original=L, the context length the model was trained at (e.g. original=4096)"
+        raise InputError(msg)
+    if kind in ("default", "linear", "dynamic"):
+        return hf, original
+    hf["original_max_position_embeddings"] = original
+    factor = params.get("factor")
+    return hf, (int(round(original * factor)) if factor else None)
+
+
+def _rope_details(kind: str, head_dim: int, inv_freq: np.ndarray, attention: float, seq_len: int) -> dict[str, Any]:
+    return {
+        "rope_type": kind,
+        "head_dim": int(head_dim),
+        "rotary_dim": int(2 * inv_freq.shape[0]),
+        "attention_factor": float(attention),
+        "seq_len": int(seq_len),
+        "wavelengths": [float(2 * math.pi / inv_freq.max()), float(2 * math.pi / inv_freq.min())],
+    }
+
+
+def _rope_variant(spec: EncodingSpec, pos: np.ndarray, dim: int, context: int | None) -> tuple[np.ndarray, dict[str, Any]]:
+    """``rope:type=...``: a RoPE variant's table at width ``dim`` (the head dimension)."""
+    p = spec.params
+    dim = _dim(dim, "rope", even=True)
+    if p["type"] == "default" and p["partial"] is None and p["seq_len"] is None:
+        return rope(pos, dim, base=p["base"], layout=p["layout"], vector=p["vector"], seed=p["seed"]), {}
+    seq_len = int(p["seq_len"] or context or (int(pos.max()) + 1 if pos.size else 1))
+    try:
+        hf, mpe = rope_spec_parameters(p)
+        inv_freq, attention = rope_inv_freq(dim, hf, max_position_embeddings=mpe, seq_len=seq_len)
+    except InputError as exc:
+        msg = f"encoding {spec.canonical!r}: {exc}"
+        raise InputError(msg) from None
+    matrix = rope_table(pos, inv_freq, dim, attention_factor=attention, layout=p["layout"], vector=p["vector"], seed=p["seed"])
+    return matrix, _rope_details(p["type"], dim, inv_freq, attention, seq_len)
+
+
+def _hf_rope_encoding(spec: EncodingSpec, pos: np.ndarray, dim: int, context: int | None) -> tuple[np.ndarray, dict[str, Any]]:
+    """``hf:PATH``: the RoPE of a model config, at the model's own head dimension."""
+    p = spec.params
+    model = hf_rope(p["path"])
+    if dim != model.head_dim:
+        msg = f"encoding {spec.canonical!r}: the model's head_dim is {model.head_dim}; it is scored at that width, not {dim}"
+        raise InputError(msg)
+    seq_len = int(p["seq_len"] or context or (int(pos.max()) + 1 if pos.size else 1))
+    inv_freq, attention = model.inv_freq(seq_len)
+    matrix = rope_table(pos, inv_freq, dim, attention_factor=attention, layout=p["layout"], vector=p["vector"], seed=p["seed"])
+    details = _rope_details(str(model.rope_parameters["rope_type"]), dim, inv_freq, attention, seq_len)
+    details.update(config=model.path, model_type=model.model_type, max_position_embeddings=model.max_position_embeddings)
+    return matrix, details
+
+
+def encoding_dims(spec: str | EncodingSpec, dims: Any) -> tuple[int, ...]:
+    """The widths an encoding is scored at: ``dims``, except ``hf:`` specs, which are scored
+    at their model's head dimension only (whatever ``dims`` says)."""
+    parsed = spec if isinstance(spec, EncodingSpec) else parse_encoding_spec(spec)
+    if parsed.name == "hf":
+        return (hf_rope(parsed.params["path"]).head_dim,)
+    return tuple(int(d) for d in dims)
+
+
 def _matrix_power_from_file(positions: Any, dim: int, path: str) -> np.ndarray:
     if not path.lower().endswith(".safetensors") or not os.path.isfile(path):
         msg = f"{path}: matrix-power needs an existing .safetensors file with tensors 'M' and 'x'"
@@ -592,6 +734,19 @@ def _float(text: str) -> float:
     return value
 
 
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0"):
+        msg = "expected true or false"
+        raise ValueError(msg)
+    return lowered in ("true", "1")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    """``1.0;1.5;2`` -> (1.0, 1.5, 2.0): a list value (LongRoPE's per-pair factors)."""
+    return tuple(_float(x) for x in text.split(";") if x.strip())
+
+
 def _str(text: str) -> str:
     if not text:
         msg = "expected a non-empty value"
@@ -613,7 +768,29 @@ _CATALOG: dict[str, tuple[_Param, ...]] = {
     "sinusoidal": (_Param("base", _float, 10000.0),),
     "rope": (
         _Param("base", _float, 10000.0),
+        _Param("type", _choice(*ROPE_TYPES), "default"),
+        _Param("factor", _float, None),
+        _Param("original", _int, None),
+        _Param("beta_fast", _float, None),
+        _Param("beta_slow", _float, None),
+        _Param("mscale", _float, None),
+        _Param("mscale_all_dim", _float, None),
+        _Param("attention_factor", _float, None),
+        _Param("truncate", _bool, None),
+        _Param("low_freq_factor", _float, None),
+        _Param("high_freq_factor", _float, None),
+        _Param("short_factor", _floats, None),
+        _Param("long_factor", _floats, None),
+        _Param("partial", _float, None),
+        _Param("seq_len", _int, None),
         _Param("layout", _choice("interleaved", "half"), "interleaved"),
+        _Param("vector", _choice("ones", "random"), "ones"),
+        _Param("seed", _int, 0),
+    ),
+    "hf": (
+        _Param("path", _str, _REQUIRED),
+        _Param("seq_len", _int, None),
+        _Param("layout", _choice("interleaved", "half"), "half"),
         _Param("vector", _choice("ones", "random"), "ones"),
         _Param("seed", _int, 0),
     ),
@@ -623,15 +800,48 @@ _CATALOG: dict[str, tuple[_Param, ...]] = {
     "matrix-power": (_Param("path", _str, _REQUIRED),),
 }
 _ALIASES: dict[str, tuple[str, dict[str, Any]]] = {"rope-half": ("rope", {"layout": "half"})}
+# Other spellings of parameter keys (the Hugging Face names among them), per encoding name.
+_KEY_ALIASES: dict[str, dict[str, str]] = {
+    "rope": {
+        "theta": "base",
+        "rope_theta": "base",
+        "rope_type": "type",
+        "original_max_position_embeddings": "original",
+        "partial_rotary_factor": "partial",
+    },
+}
 
 ENCODING_NAMES = tuple(_CATALOG) + tuple(_ALIASES)
 
 
 def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float):
         text = repr(value)
         return text[:-2] if text.endswith(".0") else text
+    if isinstance(value, tuple):
+        return ";".join(_format(v) for v in value)
     return str(value)
+
+
+_KEY_START = re.compile(r"\s*[A-Za-z_]\w*\s*=")
+
+
+def _spec_tokens(text: str) -> list[str]:
+    """Split a spec's parameters on ``:``, and on ``,`` where a ``key=`` follows (so
+    ``rope:type=yarn,factor=32`` reads like ``rope:type=yarn:factor=32`` while a path with a
+    comma stays whole)."""
+    tokens: list[str] = []
+    for piece in text.split(":"):
+        parts = piece.split(",")
+        tokens.append(parts[0])
+        for part in parts[1:]:
+            if _KEY_START.match(part):
+                tokens.append(part)
+            else:
+                tokens[-1] += "," + part
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -672,7 +882,7 @@ def parse_encoding_spec(spec: str, /) -> EncodingSpec:
         msg = f"empty encoding spec {spec!r}; valid names: {', '.join(ENCODING_NAMES)}"
         raise PosstatsError(msg)
     text = spec.strip()
-    head, *tokens = text.split(":")
+    head, *tokens = _spec_tokens(text)
     name = head.strip().lower()
     preset: dict[str, Any] = {}
     if name in _ALIASES:
@@ -682,10 +892,12 @@ def parse_encoding_spec(spec: str, /) -> EncodingSpec:
         raise PosstatsError(msg)
     params = _CATALOG[name]
     by_name = {p.name: p for p in params}
+    aliases = _KEY_ALIASES.get(name, {})
     raw: dict[str, str] = {}
     bare: list[str] = []
     for token in tokens:
         key, sep, value = token.partition("=")
+        key = aliases.get(key.strip(), key) if sep else key
         if sep and key.strip() in by_name:
             key = key.strip()
             if key in raw:
@@ -729,6 +941,90 @@ def parse_encoding_spec(spec: str, /) -> EncodingSpec:
     return EncodingSpec(name, values)
 
 
+def split_encoding_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of specs, where a ``key=value`` piece continues the spec
+    before it: ``"mds,rope:type=yarn,factor=32,sinusoidal"`` ->
+    ``("mds", "rope:type=yarn,factor=32", "sinusoidal")``."""
+    specs: list[str] = []
+    for piece in text.split(","):
+        if specs and _KEY_START.match(piece):
+            specs[-1] += "," + piece
+        elif piece.strip():
+            specs.append(piece.strip())
+    return tuple(specs)
+
+
+def _sweep_axes(spec: str) -> tuple[str, list[list[str]]]:
+    """A spec's head and, per parameter token, its alternatives (``factor=8|16`` ->
+    ``["factor=8", "factor=16"]``; a bare ``0.02|1`` -> ``["0.02", "1"]``)."""
+    head, *tokens = _spec_tokens(spec.strip())
+    axes = []
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        options = value.split("|") if sep else token.split("|")
+        if any(not o.strip() for o in options):
+            msg = f"encoding spec {spec!r}: empty value in the sweep {token!r}"
+            raise PosstatsError(msg)
+        axes.append([f"{key}={o}" if sep else o for o in options])
+    return head, axes
+
+
+def expand_encoding_specs(specs: Any) -> tuple[str, ...]:
+    """Specs with sweeps expanded, duplicates dropped, order kept: a parameter written
+    ``key=a|b|c`` gives one spec per value (several swept keys: every combination), e.g.
+    ``rope:type=yarn,original=4096,factor=8|16|32`` -> three ``rope:type=yarn:...`` specs.
+    A spec without a sweep is kept as written; each sweep member is a canonical spec.
+    """
+    out: dict[str, None] = {}
+    for spec in specs:
+        if "|" not in spec:
+            parse_encoding_spec(spec)
+            out.setdefault(spec.strip())
+            continue
+        head, axes = _sweep_axes(spec)
+        for combo in itertools.product(*axes):
+            out.setdefault(parse_encoding_spec(":".join((head, *combo))).canonical)
+    return tuple(out)
+
+
+def encoding_sweeps(specs: Any) -> list[dict[str, Any]]:
+    """The sweeps among ``specs`` (JSON-ready), for the report's stress-against-parameter figure.
+
+    One entry per spec with a ``|``: ``spec`` (as written), ``name``, ``parameter`` (the first
+    swept key, canonical), ``values`` (its value per member), ``members`` (canonical specs, in
+    sweep order), and ``others`` (per member, the other swept keys' values, or {}).
+    """
+    sweeps = []
+    for spec in specs:
+        if "|" not in spec:
+            continue
+        head, axes = _sweep_axes(spec)
+        swept = [i for i, axis in enumerate(axes) if len(axis) > 1]
+        members = [parse_encoding_spec(":".join((head, *combo))) for combo in itertools.product(*axes)]
+        if not swept:
+            continue
+        first = members[0]
+        keys = []
+        for i in swept:  # which canonical parameter each swept token sets
+            key, sep, _ = axes[i][0].partition("=")
+            keys.append(_KEY_ALIASES.get(first.name, {}).get(key.strip(), key.strip()) if sep else _CATALOG[first.name][0].name)
+        sweeps.append(
+            {
+                "spec": spec,
+                "name": first.name,
+                "parameter": keys[0],
+                "values": [_json_value(m.params[keys[0]]) for m in members],
+                "members": [m.canonical for m in members],
+                "others": [{k: _json_value(m.params[k]) for k in keys[1:]} for m in members],
+            }
+        )
+    return sweeps
+
+
+def _json_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 @dataclass(frozen=True)
 class Encoding:
     """An encoding matrix and the canonical spec that built it.
@@ -758,6 +1054,7 @@ def make_encoding(
     mds: Any = None,
     distances: Any = None,
     occupancy: Any = None,
+    context: int | None = None,
 ) -> Encoding:
     """Build the encoding named by ``spec`` at ``positions`` with ``dim`` columns.
 
@@ -769,6 +1066,9 @@ def make_encoding(
             ``mds-lowrank`` / ``mds-smacof``.
         distances: (n, n) Hellinger distances d_H between the positions (``mds-smacof``).
         occupancy: (n,) tokens counted per position (``mds-smacof:weights=occupancy``).
+        context: the sequence length the positions come from (the counts' n); RoPE variants
+            whose frequencies depend on it (dynamic NTK, LongRoPE) are built for a sequence
+            of this length unless the spec gives ``seq_len``. Default: ``max(positions) + 1``.
 
     Raises:
         PosstatsError: unknown name, bad parameter values (odd dim for sinusoidal/rope,
@@ -809,7 +1109,9 @@ def make_encoding(
     elif name == "sinusoidal":
         matrix = sinusoidal(pos, dim, base=p["base"])
     elif name == "rope":
-        matrix = rope(pos, dim, base=p["base"], layout=p["layout"], vector=p["vector"], seed=p["seed"])
+        matrix, details = _rope_variant(parsed, pos, dim, context)
+    elif name == "hf":
+        matrix, details = _hf_rope_encoding(parsed, pos, dim, context)
     elif name == "alibi":
         matrix = alibi(pos, dim, heads=p["heads"])
     elif name == "random":
