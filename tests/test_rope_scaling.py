@@ -220,3 +220,134 @@ def test_hf_config_errors_name_the_file(tmp_path):
         hf_rope(path)
     with pytest.raises(InputError, match="no such file"):
         hf_rope(tmp_path / "missing.json")
+
+
+# ----------------------------------------------------------------------------- catalog, sweeps, analysis
+
+from posstats.analysis import AnalysisConfig, analyze  # noqa: E402
+from posstats.cli import main  # noqa: E402
+from posstats.counting.counts import CountSpec, PositionalCounts  # noqa: E402
+from posstats.geometry.encodings import (  # noqa: E402
+    encoding_sweeps,
+    expand_encoding_specs,
+    make_encoding,
+    parse_encoding_spec,
+    rope_table,
+    split_encoding_list,
+)
+
+
+def test_rope_spec_spellings_and_canonical_form():
+    a = parse_encoding_spec("rope:type=yarn,factor=32,original=4096,theta=10000")
+    b = parse_encoding_spec("rope:type=yarn:factor=32:original_max_position_embeddings=4096")
+    assert a == b and a.canonical == "rope:type=yarn:factor=32:original=4096"
+    assert parse_encoding_spec("rope:500000:rope_type=llama3:factor=8:original=8192:low_freq_factor=1:high_freq_factor=4").canonical == (
+        "rope:500000:type=llama3:factor=8:original=8192:low_freq_factor=1:high_freq_factor=4"
+    )
+    assert parse_encoding_spec("rope:type=longrope:short_factor=1;1.5:long_factor=2;4").params["long_factor"] == (2.0, 4.0)
+    assert split_encoding_list("mds,rope:type=yarn,factor=8|16,original=4096, sinusoidal") == (
+        "mds", "rope:type=yarn,factor=8|16,original=4096", "sinusoidal",
+    )
+
+
+def test_sweeps_expand_every_combination_and_remember_the_parameter():
+    specs = ["mds", "rope:type=yarn,original=4096,factor=8|16|32", "random:0.02|1"]
+    assert expand_encoding_specs(specs) == (
+        "mds", "rope:type=yarn:factor=8:original=4096", "rope:type=yarn:factor=16:original=4096",
+        "rope:type=yarn:factor=32:original=4096", "random:0.02", "random",
+    )
+    sweeps = encoding_sweeps(specs)
+    assert [(s["parameter"], s["values"]) for s in sweeps] == [("factor", [8.0, 16.0, 32.0]), ("sigma", [0.02, 1.0])]
+    grid = encoding_sweeps(["rope:type=linear,factor=2|4,theta=1e4|5e5"])[0]
+    assert grid["parameter"] == "factor" and len(grid["members"]) == 4
+    assert grid["others"] == [{"base": 10000.0}, {"base": 500000.0}, {"base": 10000.0}, {"base": 500000.0}]
+
+
+def test_rope_variant_table_uses_transformers_frequencies_and_attention_factor():
+    pos = np.array([0, 3, 100, 40000])
+    enc = make_encoding("rope:type=yarn,factor=16,original=2048,layout=half", pos, 64, context=131072)
+    params = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 2048}
+    inv, attention = rope_inv_freq(64, params, max_position_embeddings=32768)
+    want_inv, want_attention = oracle(64, params, 32768, None)  # transformers: float32 frequencies
+    np.testing.assert_allclose(inv, want_inv, rtol=F32)
+    assert attention == pytest.approx(want_attention)
+    angles = np.outer(pos, inv)
+    np.testing.assert_allclose(enc.matrix[:, :32], -attention * np.sin(angles), atol=1e-5)
+    np.testing.assert_allclose(enc.matrix[:, 32:], attention * np.cos(angles), atol=1e-5)
+    assert enc.details["attention_factor"] == pytest.approx(attention) and enc.details["seq_len"] == 131072
+    # partial rotary factor: the unrotated columns carry no distance
+    part = make_encoding("rope:type=linear,factor=2,partial=0.5", pos, 16)
+    assert np.all(part.matrix[:, 8:] == 0) and part.details["rotary_dim"] == 8
+    # the plain spec is unchanged by the redesign: rope == rope_table at the default frequencies
+    np.testing.assert_array_equal(make_encoding("rope", pos, 8).matrix, rope_table(pos, 10000.0 ** -(np.arange(0, 8, 2) / 8), 8))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("rope:type=yarn,factor=8", "needs original=L"),
+        ("rope:type=warp,factor=8", "bad type 'warp'"),
+        ("rope:type=linear", "rope_type 'linear' needs 'factor'"),
+        ("rope:type=linear,factor=2,beta_fast=3", "rope_type 'linear' has no parameter 'beta_fast'"),
+        ("rope:theta=-5", "rope base must be a positive number, got -5.0"),
+        ("rope:type=longrope,original=64,short_factor=1;1,long_factor=1;1", "short_factor has 2 entries; a rotary dimension of 8 needs 4"),
+    ],
+)
+def test_bad_rope_specs_are_one_line_errors(spec, message):
+    from posstats.errors import PosstatsError
+
+    with pytest.raises(PosstatsError) as info:
+        make_encoding(spec, np.arange(4), 8)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def _circle_counts(n: int, period_factor: float, total: float = 1e12) -> PositionalCounts:
+    """Two tokens with sqrt mu_i = (cos, sin)(i / f): d_H^2(i, j) = 2 - 2 cos((i - j) / f), the
+    geometry of a one-pair RoPE whose frequency is 1 / f (linear scaling by f at head_dim 2)."""
+    phi = np.arange(n) / period_factor
+    assert phi[-1] < np.pi / 2  # both square roots stay non-negative
+    counts = np.rint(total * np.stack([np.cos(phi) ** 2, np.sin(phi) ** 2], axis=1)).astype(np.int64)
+    return PositionalCounts(CountSpec(positions=n, vocab_size=2), counts, sequences=int(total), windows=int(total), tokens=int(counts.sum()))
+
+
+def test_sweep_finds_the_planted_scaling_factor():
+    counts = _circle_counts(100, 64.0)
+    config = AnalysisConfig(dims=(2,), encodings=("mds", "rope:type=linear,factor=16|32|64|128|256"), noise_floor="off", null="none")
+    report = analyze(counts, config, show_progress=False).report()
+    by_name = {e["name"]: e for e in report["encodings"]}
+    assert by_name["rope:type=linear:factor=64"]["scaled_stress"] < 1e-9
+    assert all(by_name[f"rope:type=linear:factor={f}"]["scaled_stress"] > 1e-4 for f in (16, 32, 128, 256))
+    (sweep,) = report["verdict"]["sweeps"]
+    assert sweep["parameter"] == "factor" and sweep["best"] == [
+        {"dim": 2, "best": 64.0, "others": {}, "scaled_stress": pytest.approx(0, abs=1e-9), "scaled_stress_ci95": [pytest.approx(0, abs=1e-9)] * 2, "tied_with": []}
+    ]
+
+
+@pytest.mark.slow
+def test_hf_config_through_the_cli_with_a_sweep_at_131072_positions(tmp_path):
+    """hf: scored at the model's head_dim whatever --dims says, and a YaRN sweep, at
+    n = 131,072 (sampled stress); the report has the sweep figure and the verdict's sweep line."""
+    transformers.LlamaConfig(
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "rope_theta": 10000.0},
+    ).save_pretrained(tmp_path / "model")
+    from posstats.counting.io import save_counts
+    from posstats.testing import synthetic_counts
+
+    syn = synthetic_counts(131072, 500, tokens=40, rank=2, seed=3)
+    save_counts(syn.counts, tmp_path / "counts")
+    out = tmp_path / "an"
+    assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2,16", "--noise-floor", "off", "--null", "none",
+                 "--stress-halfwidth", "0.01", "--encodings", f"mds,rope:type=yarn,original=4096,factor=8|32,hf:{tmp_path / 'model'}",
+                 "--out", str(out)]) == 0
+    r = json.loads((out / "report.json").read_text())
+    entries = {(e["name"], e["dim"]): e for e in r["encodings"]}
+    hf_entry = entries[(f"hf:{tmp_path / 'model'}", 64)]
+    assert [d for (name, d) in entries if name.startswith("hf:")] == [64]
+    assert hf_entry["stress_method"] == "sampled" and hf_entry["rope"]["rope_type"] == "yarn"
+    assert hf_entry["rope"]["attention_factor"] == pytest.approx(0.1 * np.log(32) + 1)
+    assert {("rope:type=yarn:factor=8:original=4096", 16), ("rope:type=yarn:factor=32:original=4096", 16)} <= set(entries)
+    assert r["config"]["sweeps"][0]["values"] == [8.0, 32.0]
+    assert [b["dim"] for b in r["verdict"]["sweeps"][0]["best"]] == [2, 16]
+    assert (out / "figures" / "sweep_0.png").stat().st_size > 1000
+    assert "sweep" in (out / "summary.md").read_text()

@@ -212,6 +212,11 @@ def standout_positions(rows: Any, positions: Any, /, *, components_above_null: i
     }
 
 
+# Exact scaled stresses that agree to this relative tolerance are equal (the same distances
+# computed in another order, e.g. RoPE variants that differ only in pairs a width leaves out).
+_TIE_RTOL = 1e-9
+
+
 def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
     """Per width: the encoding with the lowest scaled stress and the ones tied with it (their
     95 % scaled-stress intervals overlap; exact stress has zero-width intervals)."""
@@ -220,10 +225,33 @@ def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
         entries = [e for e in encodings if int(e["dim"]) == dim]
         best = min(entries, key=lambda e: e["scaled_stress"])
         lo, hi = best.get("scaled_stress_ci95") or [best["scaled_stress"]] * 2
-        tied = [e["name"] for e in entries if e is not best and (e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)[0] <= hi]
+        reach = hi + _TIE_RTOL * max(abs(hi), 1e-300)  # equal up to rounding counts as tied
+        tied = [e["name"] for e in entries if e is not best and (e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)[0] <= reach]
         out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": [lo, hi],
                     "tied_with": sorted(set(tied) - {best["name"]})})
     return out
+
+
+def best_sweep_values(sweep: dict[str, Any], encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
+    """Per width, the swept value whose member has the lowest scaled stress, and the values
+    tied with it (overlapping 95 % intervals), among the members of one sweep
+    (:func:`posstats.geometry.encodings.encoding_sweeps`)."""
+    value_of = {name: (v, tuple(sorted(o.items()))) for name, v, o in zip(sweep["members"], sweep["values"], sweep["others"], strict=True)}
+    members = [e for e in encodings if e["name"] in value_of]
+    out = []
+    for row in best_encodings(members):
+        value, others = value_of[row["best"]]
+        tied = [value_of[name][0] for name in row["tied_with"]]
+        out.append({"dim": row["dim"], "best": value, "others": dict(others), "scaled_stress": row["scaled_stress"],
+                    "scaled_stress_ci95": row["scaled_stress_ci95"], "tied_with": sorted(tied, key=_value_order)})
+    return out
+
+
+def _value_order(value: Any) -> tuple[int, Any]:
+    """Numbers first, in numeric order, then anything else by its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, str(value))
 
 
 def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[str, Any]:
@@ -242,4 +270,8 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
         "positions_distinguishable": distinguishable,
         "standout_positions": standout,
         "best_encodings": best_encodings(report.get("encodings") or []),
+        "sweeps": [
+            {"spec": sw["spec"], "parameter": sw["parameter"], "best": best_sweep_values(sw, report.get("encodings") or [])}
+            for sw in (report.get("config") or {}).get("sweeps") or []
+        ],
     }

@@ -54,6 +54,7 @@ from posstats.reports.plots import (
     png_bytes,
     spectrum_figure,
     stress_by_dim_figure,
+    sweep_figure,
 )
 from posstats.reports.summary import verdict_items
 from posstats.runs.run_folder import RunData, load_run, run_distances
@@ -257,6 +258,8 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     entries = report.get("encodings", [])
     if entries:
         plots.append(stress_by_dim_figure(entries))
+        for i, sweep in enumerate((report.get("config") or {}).get("sweeps") or []):
+            plots.append(sweep_figure(sweep, entries, index=i))
     plots.append(lowrank_figure(trade, n=m, width=width, stress_positions=len(idx)))
     if entries:
         plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))

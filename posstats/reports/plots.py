@@ -17,6 +17,8 @@ The figures (THEORY.md section in brackets):
 - :func:`encoding_scatter_figure` / :func:`encoding_scatter3d_figure`: the first two /
   three MDS coordinates coloured by position (3).
 - :func:`stress_by_dim_figure`: raw and scaled stress against width for each encoding (4).
+- :func:`sweep_figure`: scaled stress against a swept encoding parameter (a RoPE scaling
+  factor, say), one line per width, the best value starred (4).
 - :func:`lowrank_figure`: the rank / stress / parameter-count trade-off of low-rank MDS
   encodings (3, the paper's Table 2 for this corpus).
 - :func:`monotonicity_figure`: monotonicity violation rates with their 95 % intervals,
@@ -49,6 +51,7 @@ __all__ = [
     "save_png",
     "spectrum_figure",
     "stress_by_dim_figure",
+    "sweep_figure",
 ]
 
 _DPI = 100
@@ -327,6 +330,62 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
         "dominated by an encoding's overall scale, scaled stress is not."
     )
     return Plot("stress_by_dim", "Stress against width", caption, fig)
+
+
+def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *, index: int = 0) -> Plot:
+    """Scaled stress against a swept parameter (``--encodings 'rope:type=yarn,factor=8|16|32'``),
+    one line per width (and per value of any other swept key), with 95 % intervals.
+
+    Args:
+        sweep: one ``config.sweeps[]`` entry of ``report.json`` (``spec``, ``parameter``,
+            ``values``, ``members``, ``others``).
+        entries: ``report.json`` ``encodings[]`` objects.
+        index: the sweep's number (the file stem is ``sweep_<index>``).
+    """
+    by_name = {str(e["name"]): e for e in entries}
+    lines: dict[tuple[int, str], list[tuple[float, dict[str, Any]]]] = {}
+    for name, value, others in zip(sweep["members"], sweep["values"], sweep["others"], strict=True):
+        label = ", ".join(f"{k}={v}" for k, v in others.items())
+        for e in entries:
+            if e["name"] == name:
+                lines.setdefault((int(e["dim"]), label), []).append((float(value), e))
+    fig = _new_figure(7.0, 4.0)
+    ax = fig.add_subplot()
+    xs: list[float] = []
+    for i, ((dim, label), points) in enumerate(sorted(lines.items())):
+        points.sort(key=lambda p: p[0])
+        x = np.array([p[0] for p in points])
+        y = np.array([p[1]["scaled_stress"] for p in points], dtype=np.float64)
+        ci = np.array([p[1].get("scaled_stress_ci95") or [p[1]["scaled_stress"]] * 2 for p in points], dtype=np.float64)
+        color = f"C{i % 10}"
+        flat = float(y.max() - y.min()) <= 1e-9 * max(float(np.abs(y).max()), 1e-300)
+        ax.errorbar(x, y, yerr=[y - ci[:, 0], ci[:, 1] - y], fmt="o-", ms=4, lw=1.2, capsize=3, color=color,
+                    label=f"d={dim}" + (f" ({label})" if label else "") + (": all equal" if flat else ""))
+        if not flat:
+            best = int(np.argmin(y))
+            ax.plot([x[best]], [y[best]], marker="*", ms=13, color=color, markeredgecolor="black", zorder=5)
+        xs.extend(x.tolist())
+    if xs and min(xs) > 0 and max(xs) / min(xs) >= 8:
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if xs:
+        ax.set_xticks(sorted(set(xs)))
+    ax.set_xlabel(sweep["parameter"])
+    ax.set_ylabel("scaled stress")
+    ax.legend(fontsize=8, loc="best")
+    caption = (
+        f"Scaled stress of {sweep['spec']} against {sweep['parameter']}, one line per width, with 95 % intervals: "
+        f"the star marks the {sweep['parameter']} whose encoding best reproduces the corpus geometry at that width "
+        "(none where every value gives the same stress, e.g. a width whose pairs the scaling leaves unchanged); "
+        "values whose intervals overlap the star's cannot be told apart by this corpus."
+    )
+    missing = [m for m in sweep["members"] if m not in by_name]
+    if missing:
+        caption += f" ({len(missing)} member(s) not in this report.)"
+    return Plot(f"sweep_{index}", f"Stress against {sweep['parameter']}", caption, fig)
 
 
 def lowrank_figure(rows: Sequence[dict[str, Any]], /, *, n: int, width: int, stress_positions: int | None = None) -> Plot:

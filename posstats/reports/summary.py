@@ -61,8 +61,18 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     if fits:
         noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
         items.append(("best fit", "; ".join(fits) + noise_only))
+    for sw in v.get("sweeps") or []:
+        rows = []
+        for b in sw["best"]:
+            tie = f" (tied: {', '.join(_fmt_value(t) for t in b['tied_with'])})" if b["tied_with"] else ""
+            rows.append(f"d={b['dim']}: {sw['parameter']}={_fmt_value(b['best'])}{tie}")
+        items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
     items.append(("distances", _noise_clause(report)))
     return items
+
+
+def _fmt_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def verdict_lines(report: dict[str, Any], /) -> list[str]:
