@@ -46,6 +46,10 @@ _EXPORTS: dict[str, str] = {
     # encodings and scores
     "make_encoding": "geometry.encodings",
     "parse_encoding_spec": "geometry.encodings",
+    "expand_encoding_specs": "geometry.encodings",
+    "rope_table": "geometry.encodings",
+    "rope_inv_freq": "geometry.rope_scaling",
+    "hf_rope": "geometry.rope_scaling",
     "DEFAULT_ENCODINGS": "geometry.encodings",
     "stress_report": "geometry.stress",
     "StressResult": "geometry.stress",

@@ -208,6 +208,15 @@ def test_hf_config_written_by_transformers_is_read_as_transformers_reads_it(tmp_
         got, attention = rope.inv_freq(seq_len)
         np.testing.assert_allclose(got, want.double().numpy(), rtol=F32)
         assert attention == pytest.approx(float(want_attention))
+    # through the catalog: hf:FOLDER at its head_dim, for a context of 65,536 positions
+    enc = make_encoding(f"hf:{tmp_path}", np.arange(5), rope.head_dim, context=65536)
+    want, want_attention = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, "cpu", seq_len=65536)
+    assert enc.details["attention_factor"] == pytest.approx(float(want_attention))
+    assert enc.details["rotary_dim"] == 2 * want.shape[0] and enc.details["model_type"] == config.model_type
+    half = rope.head_dim // 2
+    np.testing.assert_allclose(enc.matrix[:, half:], want_attention * np.cos(np.outer(np.arange(5), want.double().numpy())), atol=1e-5)
+    with pytest.raises(InputError, match=f"the model's head_dim is {rope.head_dim}"):
+        make_encoding(f"hf:{tmp_path}", np.arange(5), rope.head_dim * 2)
 
 
 def test_hf_config_errors_name_the_file(tmp_path):
