@@ -1,6 +1,6 @@
 """Benchmark: honest analysis at long context, as a user runs it (issue "honest by default").
 
-    python benchmarks/bench_analysis.py [--cases stationary,planted] [--tokens 2.02e8]
+    python benchmarks/bench_analysis.py [--cases stationary,planted,rope,pipeline] [--tokens 2.02e8]
         [--baselines plugin,reread] [--dir /tmp/posstats-bench-long] [--workdir DIR]
 
 Prints one JSON object. Each case generates its corpus (the generator of
@@ -15,6 +15,10 @@ peak RSS of every process):
 - ``planted``: the same size in ``truncate`` mode, every document opening with 4 tokens
   drawn from 8 ids. Targets: >= 1 component above the null, and the verdict names
   positions 0-3 as the ones that stand out.
+- ``rope``: the planted corpus analysed with RoPE scaling variants at head dims 64 and 128
+  (a YaRN factor sweep 4|8|16|32, PI, dynamic NTK, Llama 3 at factor 32 from a 4k original,
+  and ``hf:`` of a YaRN Llama config written by transformers), sampled stress. Baseline:
+  the same analysis scoring only ``sinusoidal,rope``: the cost of the variants.
 - ``pipeline``: 1 B tokens (40 files, ``--billion-tokens``) through ``posstats pipeline``
   (count -> reduce -> geometry -> report -> export) on the embedded Ray with 2 workers,
   pack mode, default analysis. Targets: <= 20 min end to end to report.html and the
@@ -148,6 +152,41 @@ def case_planted(ctx: dict) -> dict:
             "all_targets_met": all(targets.values())}
 
 
+ROPE_SWEEP = ("sinusoidal,rope,rope:type=linear,original=4096,factor=32,rope:type=dynamic,original=4096,factor=32,"
+              "rope:type=yarn,original=4096,factor=4|8|16|32,"
+              "rope:type=llama3,original=4096,factor=32,low_freq_factor=1,high_freq_factor=4")
+
+
+def case_rope(ctx: dict) -> dict:
+    """RoPE scaling variants at n = 131,072 on the planted corpus (truncate): a YaRN factor
+    sweep, PI, dynamic NTK, Llama 3 and a model config (hf:, YaRN at head_dim 128), all
+    with sampled stress. Baseline: the same analysis scoring only sinusoidal and plain RoPE."""
+    from transformers import LlamaConfig  # the model config is written by transformers itself
+
+    model = ctx["work"] / "yarn-model"
+    LlamaConfig(hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072,
+                rope_parameters={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                 "rope_theta": 500000.0}).save_pretrained(model)
+    counts, counted = count(ctx, ctx["roots"]["rope"], "truncate", "rope")
+    dims = ("--dims", "64,128")
+    measured, report = analyze(ctx, counts, "rope-sweep", *dims, "--encodings", f"{ROPE_SWEEP},hf:{model}")
+    baseline, base_report = analyze(ctx, counts, "rope-baseline", *dims, "--encodings", "sinusoidal,rope")
+    ok = report is not None
+    entries = report["encodings"] if ok else []
+    scores = {f"{e['name'].replace(str(model), 'MODEL')}@{e['dim']}": [round(e["scaled_stress"], 5), [round(x, 5) for x in e["scaled_stress_ci95"]]]
+              for e in entries}
+    targets = {
+        "completed": ok,
+        "every_variant_scored": ok and len(entries) == 2 * 9 + 1,
+        "sampled_stress": ok and all(e["stress_method"] == "sampled" for e in entries),
+        "hf_at_head_dim_128": ok and any(e["name"].startswith("hf:") and e["dim"] == 128 for e in entries),
+    }
+    return {"mode": "truncate", "count": counted, "sweep": {**measured, **_facts(report)},
+            "sweep_verdict": report["verdict"]["sweeps"] if ok else None, "scaled_stress": scores,
+            "baseline": {**baseline, "options": "--encodings sinusoidal,rope", **_facts(base_report)},
+            "targets": targets, "all_targets_met": all(targets.values())}
+
+
 PIPELINE_TOML = """\
 [store]
 url = "{store}"
@@ -200,12 +239,12 @@ def case_pipeline(ctx: dict) -> dict:
             "memory": sampled, "report": facts, "targets": targets, "all_targets_met": all(targets.values())}
 
 
-CASES = {"stationary": case_stationary, "planted": case_planted, "pipeline": case_pipeline}
+CASES = {"stationary": case_stationary, "planted": case_planted, "pipeline": case_pipeline, "rope": case_rope}
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted,pipeline")
+    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted,pipeline,rope")
     ap.add_argument("--baselines", default="plugin", help="comma-separated: plugin,reread (or none)")
     ap.add_argument("--dir", default="/tmp/posstats-bench-long", help="stationary corpus (planted: DIR-planted)")
     ap.add_argument("--tokens", type=float, default=2.02e8)
@@ -244,6 +283,9 @@ def main() -> None:
         if "planted" in args.case_list:
             ctx["roots"]["planted"] = Path(f"{args.dir}-planted")
             report["corpora"]["planted"] = generate(ctx["roots"]["planted"], planted=4, **common)
+        if "rope" in args.case_list:
+            ctx["roots"]["rope"] = Path(f"{args.dir}-planted")
+            report["corpora"]["rope"] = generate(ctx["roots"]["rope"], planted=4, **common)
         if "pipeline" in args.case_list:
             ctx["roots"]["pipeline"] = Path(f"{args.dir}-billion")
             report["corpora"]["pipeline"] = generate(ctx["roots"]["pipeline"], **{

@@ -34,9 +34,9 @@ def test_bench_mds_small():
 
 
 def test_bench_analysis_small(tmp_path):
-    """bench_analysis.py end to end at a tiny size: both cases, the plug-in baseline, JSON."""
+    """bench_analysis.py end to end at a tiny size: three cases, the plug-in baseline, JSON."""
     r = run_bench("bench_analysis.py", "--tokens", "300000", "--files", "2", "--positions", "256", "--dir",
-                  str(tmp_path / "corpus"), "--baselines", "plugin")
+                  str(tmp_path / "corpus"), "--baselines", "plugin", "--cases", "stationary,planted,rope")
     assert r["benchmark"] == "analysis" and r["errors"] == []
     st = r["stationary"]
     assert st["default"]["returncode"] == 0 and st["default"]["noise_floor"] is True
@@ -46,3 +46,7 @@ def test_bench_analysis_small(tmp_path):
                                   "peak_le_8_gb", "time_le_5_min"}
     pl = r["planted"]
     assert pl["default"]["components_above_noise"] >= 1 and pl["targets"]["names_positions_0_to_3"] is True
+    rope = r["rope"]  # at 256 positions the stress is exact, so only that target is not met
+    assert {k for k, v in rope["targets"].items() if not v} == {"sampled_stress"}
+    assert rope["sweep_verdict"][0]["parameter"] == "factor" and "hf:MODEL@128" in rope["scaled_stress"]
+    assert rope["baseline"]["returncode"] == 0
