@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "count",
     "analyze",
     "refresh",
+    "diff",
     "pipeline",
     "submit",
     "status",

@@ -31,8 +31,6 @@ entry of ``bootstrap`` / ``noise_floor`` is listed as a table.
 
 from __future__ import annotations
 
-import base64
-import html
 import os
 import time
 from collections.abc import Sequence
@@ -44,6 +42,7 @@ import numpy as np
 from posstats import __version__
 from posstats.counting.io import atomic_path
 from posstats.reports.export import default_ranks, lowrank_tradeoff
+from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import (
     distance_heatmap_figure,
     encoding_scatter3d_figure,
@@ -51,7 +50,6 @@ from posstats.reports.plots import (
     lowrank_figure,
     monotonicity_figure,
     occupancy_figure,
-    png_bytes,
     spectrum_figure,
     stress_by_dim_figure,
     sweep_figure,
@@ -65,32 +63,9 @@ FIGURES_DIR = "figures"
 HTML_FILE = "report.html"
 SUMMARY_FILE = "summary.md"
 
-_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:0 auto;padding:1.5rem;color:#1d1d1f;line-height:1.45}
-h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
-.meta{color:#555;font-size:.9rem} nav a{margin-right:.8rem;font-size:.9rem}
-table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0} th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}
-th:first-child,td:first-child{text-align:left} th{background:#f5f5f7}
-figure{margin:1.2rem 0;padding:.6rem;border:1px solid #e5e5e5;border-radius:6px;background:#fff}
-figure img{max-width:100%;height:auto;display:block;margin:0 auto}
-figcaption{font-size:.9rem;color:#333;margin-top:.4rem} figcaption b{color:#000}
-.kv td:first-child{font-weight:600}
-.verdict td,.verdict th{text-align:left} .verdict{font-size:.95rem}
-"""
-
-
-def _esc(x: Any) -> str:
-    return html.escape(str(x))
-
-
-def _num(x: Any, spec: str = ".4g") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, (float, np.floating)):
-        return format(float(x), spec)
-    if isinstance(x, (int, np.integer)):
-        return f"{int(x):,}"
-    return str(x)
+_CSS = CSS
+_esc = esc
+_num = num
 
 
 def _lookup(report: dict[str, Any], *paths: str) -> Any:
@@ -119,11 +94,7 @@ def _distances_name(report: dict[str, Any]) -> str:
     return "bias-corrected" if (report.get("geometry") or {}).get("distances") == "bias_corrected" else "plug-in"
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, cls: str = "") -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(v)}</td>" for v in r) + "</tr>" for r in rows)
-    c = f' class="{cls}"' if cls else ""
-    return f"<table{c}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+_html_table = html_table
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -266,16 +237,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     return plots
 
 
-def _write_figures(plots: Sequence[Any], folder: Path) -> dict[str, bytes]:
-    """Write every figure as ``folder/<name>.png`` (atomically); return the PNG bytes by name."""
-    images: dict[str, bytes] = {}
-    for p in plots:
-        data = png_bytes(p)
-        images[p.name] = data
-        with atomic_path(folder / f"{p.name}.png") as tmp:
-            tmp.write_bytes(data)
-        p.figure.clear()
-    return images
+_write_figures = write_figures
 
 
 def _html_page(
@@ -319,12 +281,7 @@ def _html_page(
     if unc:
         parts += ["<h2>Uncertainty</h2>", _html_table(("entry", "value"), unc)]
     parts.append("<h2>Figures</h2>")
-    for p in plots:
-        b64 = base64.b64encode(images[p.name]).decode("ascii")
-        parts.append(
-            f'<figure id="{p.name}"><img src="data:image/png;base64,{b64}" alt="{_esc(p.title)}">'
-            f"<figcaption><b>{_esc(p.title)}.</b> {_esc(p.caption)}</figcaption></figure>"
-        )
+    parts += [figure_html(p, images[p.name]) for p in plots]
     parts.append(f'<p class="meta">Written in {seconds:.1f} s. PNG files: {FIGURES_DIR}/.</p></body></html>')
     return "\n".join(parts) + "\n"
 

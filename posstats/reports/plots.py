@@ -46,6 +46,7 @@ __all__ = [
     "even_subsample",
     "lowrank_figure",
     "monotonicity_figure",
+    "new_figure",
     "occupancy_figure",
     "png_bytes",
     "save_png",
@@ -83,6 +84,9 @@ def _new_figure(width: float = 7.0, height: float = 4.0):
     fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+new_figure = _new_figure  # for the other reports' figures (the diff's)
 
 
 def png_bytes(plot: Plot, /) -> bytes:

@@ -1,0 +1,228 @@
+"""What changed between two corpora (or two refreshes), separated from sampling noise.
+
+:func:`diff` builds the ``diff.json`` document (schema in README.md) from two
+:class:`~posstats.drift.sides.Side` objects:
+
+- ``positions``: the per-position two-sample test of
+  :mod:`posstats.estimates.two_sample` (``d_H(A_i, B_i)``, the distance sampling alone gives,
+  p-values, Holm's decisions at the family-wise level), read block by block from both
+  counts files (never either corpus whole);
+- ``spectrum``: both MDS spectra, ranks and components above the null;
+- ``encodings``: the stress of every encoding scored on both sides, its change, and whether
+  the change exceeds the stress intervals (sampled stress; exact stress has none);
+- ``mds_drift``: how far each position moved in the MDS encoding a model team may have
+  exported, after the best rotation (:mod:`posstats.geometry.procrustes`).
+
+A side that is a run folder brings its report and MDS encoding; one that is only counts is
+analysed first (:func:`posstats.analysis.analyze` with the given configuration).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from posstats import __version__
+from posstats.counting.io import load_counts, load_rows
+from posstats.drift.sides import Side, check_comparable
+from posstats.estimates.two_sample import PositionTest, compare_positions
+from posstats.estimates.verdict import position_ranges
+from posstats.geometry.procrustes import procrustes_drift
+
+__all__ = ["DIFF_SCHEMA_VERSION", "DiffResult", "SideGeometry", "diff", "headline", "side_geometry"]
+
+DIFF_SCHEMA_VERSION = 1
+_SPECTRUM_SHOWN = 64  # eigenvalues listed per side
+_TOP = 20  # positions listed by size of change / drift
+
+
+@dataclass(frozen=True)
+class SideGeometry:
+    """What the global comparison needs from one side: its report, the positions its MDS
+    used, their MDS coordinates and the eigenvalues."""
+
+    report: dict[str, Any]
+    positions: np.ndarray
+    encoding: np.ndarray
+    eigenvalues: np.ndarray
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """:func:`diff`'s result: the JSON document and the per-position test behind it."""
+
+    document: dict[str, Any]
+    test: PositionTest
+    geometry: tuple[SideGeometry, SideGeometry]
+
+
+def side_geometry(side: Side, config: Any = None, *, show_progress: bool | None = None) -> SideGeometry:
+    """The side's report and MDS: read from a run, or from an analysis of its counts
+    (``config``: :class:`posstats.analysis.AnalysisConfig`; default options when None)."""
+    if side.run is not None:
+        r = side.run
+        return SideGeometry(r.report, r.positions, r.encoding, r.eigenvalues)
+    from posstats.analysis import analyze
+
+    analysis = analyze(load_counts(side.counts_path, compact=True), config, show_progress=show_progress)
+    return SideGeometry(analysis.report(), np.asarray(analysis.positions), analysis.mds.encoding, analysis.mds.eigenvalues)
+
+
+def _rounded(values: np.ndarray, digits: int = 7) -> list[float | None]:
+    """JSON list: NaN -> null, others to ``digits`` significant digits."""
+    return [None if not math.isfinite(v) else float(f"{v:.{digits}g}") for v in np.asarray(values, dtype=np.float64).tolist()]
+
+
+def _positions_entry(t: PositionTest) -> dict[str, Any]:
+    tested = t.tested
+    changed = np.flatnonzero(t.changed)
+    order = np.argsort(np.where(tested, t.p_value, np.inf), kind="stable")[: min(_TOP, int(tested.sum()))]
+    return {
+        "n": int(t.d_h.shape[0]),
+        "tested": int(tested.sum()),
+        "level": t.level,
+        "method": "permutation null of tokens (hypergeometric), gamma tail, Holm family-wise",
+        "count_changed": int(changed.size),
+        "changed": changed.tolist(),
+        "changed_ranges": position_ranges(changed),
+        "empty_in_a": t.empty_in_a.tolist(),
+        "empty_in_b": t.empty_in_b.tolist(),
+        "most_significant": [{"position": int(i), "d_h": float(t.d_h[i]), "expected_d_h": float(t.expected_d_h[i]),
+                              "p_value": float(t.p_value[i]), "changed": bool(t.changed[i])} for i in order],
+        "occupancy_a": t.occupancy_a.astype(np.int64).tolist(),
+        "occupancy_b": t.occupancy_b.astype(np.int64).tolist(),
+        "d_h": _rounded(t.d_h),
+        "expected_d_h": _rounded(t.expected_d_h),
+        "threshold_d_h": _rounded(np.where(tested, t.threshold_d_h(), np.nan)),
+        "low_d_h": _rounded(np.where(tested, t.quantile_d_h(0.975), np.nan)),
+        "p_value": _rounded(t.p_value, 4),
+    }
+
+
+def _spectrum_of(g: SideGeometry) -> dict[str, Any]:
+    s = g.report.get("spectrum") or {}
+    return {
+        "eigenvalues": _rounded(g.eigenvalues[:_SPECTRUM_SHOWN]),
+        "rank": s.get("rank"),
+        "components_for": s.get("components_for"),
+        "components_above_null": s.get("components_above_null"),
+        "distances": (g.report.get("geometry") or {}).get("distances", "plugin"),
+        "positions_used": int(g.positions.size),
+    }
+
+
+def _interval(e: dict[str, Any], report: dict[str, Any]) -> tuple[list[float] | None, str | None]:
+    """The scaled-stress 95 % interval of a report entry and its kind: the sampled-stress
+    interval, else the shard bootstrap's (``--bootstrap``), else none (exact stress)."""
+    ci = e.get("scaled_stress_ci95")
+    if ci and ci[1] > ci[0]:
+        return [float(ci[0]), float(ci[1])], "sampled 95 %"
+    boot = ((report.get("bootstrap") or {}).get("scaled_stress_ci95") or {}).get(f"{e['name']}@{int(e['dim'])}")
+    if boot and None not in boot:
+        return [float(boot[0]), float(boot[1])], "shard bootstrap 95 %"
+    return None, None
+
+
+def _encodings_entry(a: SideGeometry, b: SideGeometry) -> list[dict[str, Any]]:
+    """Every (encoding, width) scored on both sides: stress on each, the change, and whether
+    the change exceeds the intervals (they do not overlap); None without intervals."""
+    on_b = {(e["name"], int(e["dim"])): e for e in b.report.get("encodings") or []}
+    out = []
+    for ea in a.report.get("encodings") or []:
+        eb = on_b.get((ea["name"], int(ea["dim"])))
+        if eb is None:
+            continue
+        (ia, kind_a), (ib, kind_b) = _interval(ea, a.report), _interval(eb, b.report)
+        exceeds = None if ia is None or ib is None else bool(ia[1] < ib[0] or ib[1] < ia[0])
+        out.append({
+            "name": ea["name"], "dim": int(ea["dim"]),
+            "a": {"stress": ea["stress"], "scaled_stress": ea["scaled_stress"], "scaled_stress_ci95": ia},
+            "b": {"stress": eb["stress"], "scaled_stress": eb["scaled_stress"], "scaled_stress_ci95": ib},
+            "scaled_stress_change": eb["scaled_stress"] - ea["scaled_stress"],
+            "stress_change": eb["stress"] - ea["stress"],
+            "exceeds_interval": exceeds,
+            "interval": kind_a if exceeds is not None else "none (exact stress over all pairs: analyse with --bootstrap B for intervals)",
+        })
+    return out
+
+
+def _drift_entry(a: SideGeometry, b: SideGeometry, dim: int) -> dict[str, Any]:
+    common, ia, ib = np.intersect1d(a.positions, b.positions, return_indices=True)
+    k = min(dim, a.encoding.shape[1], b.encoding.shape[1])
+    if common.size < 2 or k < 1:
+        return {"dim": k, "positions": common.tolist(), "drift": [], "note": "fewer than two positions on both sides"}
+    x, y = a.encoding[ia, :k], b.encoding[ib, :k]
+    al = procrustes_drift(x, y)
+    rms = float(np.sqrt(np.mean(np.sum((x - x.mean(axis=0)) ** 2, axis=1))))
+    top = np.argsort(-al.drift, kind="stable")[:_TOP]
+    return {
+        "dim": int(k),
+        "positions": common.tolist(),
+        "drift": _rounded(al.drift),
+        "residual": al.residual,
+        "rms_norm_a": rms,
+        "median": float(np.median(al.drift)),
+        "max": float(al.drift.max()),
+        "largest": [{"position": int(common[i]), "drift": float(al.drift[i])} for i in top],
+    }
+
+
+def diff(
+    a: Side,
+    b: Side,
+    /,
+    *,
+    level: float = 0.05,
+    config: Any = None,
+    drift_dim: int = 16,
+    rows_per_block: int = 4096,
+    show_progress: bool | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> DiffResult:
+    """Compare ``a`` (before) with ``b`` (after); see the module docstring.
+
+    Args:
+        level: family-wise error level of the per-position decisions.
+        config: analysis options for a side given as counts (its report and MDS).
+        drift_dim: MDS coordinates aligned for ``mds_drift``.
+        rows_per_block: positions read from each counts file at a time.
+        progress: called with the positions tested so far.
+
+    Raises:
+        InputError: the sides were counted differently.
+    """
+    check_comparable(a, b)
+    n = a.header.positions
+    test = compare_positions(lambda lo, hi: load_rows(a.counts_path, lo, hi), lambda lo, hi: load_rows(b.counts_path, lo, hi),
+                             n=n, level=level, rows_per_block=rows_per_block, progress=progress)
+    ga = side_geometry(a, config, show_progress=show_progress)
+    gb = side_geometry(b, config, show_progress=show_progress)
+    doc = {
+        "schema_version": DIFF_SCHEMA_VERSION,
+        "tool": {"name": "posstats", "version": __version__},
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "a": a.describe(),
+        "b": b.describe(),
+        "positions": _positions_entry(test),
+        "spectrum": {"a": _spectrum_of(ga), "b": _spectrum_of(gb)},
+        "encodings": _encodings_entry(ga, gb),
+        "mds_drift": _drift_entry(ga, gb, drift_dim),
+    }
+    doc["summary"] = headline(doc)
+    return DiffResult(doc, test, (ga, gb))
+
+
+def headline(doc: dict[str, Any], /) -> str:
+    """The first line of every summary: how many positions changed."""
+    p = doc["positions"]
+    text = (f"{p['count_changed']:,} position(s) changed (of {p['tested']:,} tested, family-wise level "
+            f"{100 * p['level']:g} %)")
+    if p["count_changed"]:
+        text += f": {p['changed_ranges'][:200]}" + (" ..." if len(p["changed_ranges"]) > 200 else "")
+    empty = [f"{len(p[k]):,} empty in {k[-1].upper()} only" for k in ("empty_in_a", "empty_in_b") if p[k]]
+    return text + (f"; {', '.join(empty)}" if empty else "")

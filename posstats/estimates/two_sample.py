@@ -1,0 +1,276 @@
+"""Did position i's token distribution change between two corpora? A two-sample test per position.
+
+For one position, corpus A has counts ``a_v`` (``N_a`` tokens) and corpus B ``b_v`` (``N_b``).
+The statistic is the plug-in squared Hellinger distance
+
+    D = d_H^2(a / N_a, b / N_b) = sum_v (sqrt(a_v / N_a) - sqrt(b_v / N_b))^2     in [0, 2].
+
+**Null model: tokens exchangeable between the corpora.** If position i has one distribution
+in both corpora, each of the ``N = N_a + N_b`` tokens counted there was equally likely to be
+one of A's: given the pooled counts ``c_v = a_v + b_v``, A's counts are a random draw of
+``N_a`` of the ``N`` tokens (a permutation test; multivariate hypergeometric ``a``). This is
+the noise model of the noise floor (:mod:`posstats.estimates.thinning`: a random split of the
+counted tokens), and like it, it treats tokens as independent draws; tokens of one document
+are not, so long documents that fill many positions make the test liberal (see
+docs/drift.md). It needs no second pass over either corpus.
+
+**Null distribution of D.** ``a_v`` is hypergeometric (``N``, ``c_v``, ``N_a``). Per token,
+``T_v = (sqrt(a_v / N_a) - sqrt((c_v - a_v) / N_b))^2``:
+
+- ``c_v <= 64``: its mean and variance by enumerating the ``c_v + 1`` outcomes;
+- larger ``c_v``: the delta method, ``E T_v = (1/N_a + 1/N_b) / 4 * (N - c_v) / (N - 1)``
+  (a square of a near-normal difference whose mean is 0) and ``Var T_v = 2 (E T_v)^2``.
+
+The mean of D, ``sum_v E T_v``, is exact up to that expansion; its variance is taken as
+``sum_v Var T_v``, leaving out the (negative) covariances of a hypergeometric draw, which makes
+the variance larger and the test conservative. The p-value is the upper tail of the gamma
+distribution with that mean and variance (Satterthwaite's approximation of a weighted sum of
+chi-squares). Coverage is checked by simulation in tests/test_drift.py.
+
+**Decision.** Position i *changed* when Holm's step-down procedure rejects at the family-wise
+level ``level`` (default 5 %) over all positions tested (occupied in both corpora): the
+probability that any unchanged position is reported is at most ``level``. A position occupied
+in one corpus only is reported apart, as empty on the other side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import gammaincc, gammaln
+
+__all__ = ["EXACT_LIMIT", "PositionTest", "compare_positions", "holm", "null_moments"]
+
+EXACT_LIMIT = 64  # pooled counts up to this are enumerated exactly
+_BLOCK = 1 << 21  # stored entries per block
+
+
+@dataclass(frozen=True)
+class PositionTest:
+    """Per-position two-sample results, all of shape (n,) (NaN where not tested).
+
+    Attributes:
+        occupancy_a, occupancy_b: tokens counted at each position in A and in B.
+        d_h: plug-in ``d_H(A_i, B_i)``.
+        expected_d_h: ``sqrt(E D)``: the distance sampling alone gives, under the null.
+        sd_d2: standard deviation of ``D = d_H^2`` under the null.
+        p_value: upper-tail p-value of the observed D.
+        changed: bool, Holm's rejections at ``level``.
+        level: the family-wise level.
+    """
+
+    occupancy_a: np.ndarray
+    occupancy_b: np.ndarray
+    d_h: np.ndarray
+    expected_d_h: np.ndarray
+    sd_d2: np.ndarray
+    p_value: np.ndarray
+    changed: np.ndarray
+    level: float
+
+    @property
+    def tested(self) -> np.ndarray:
+        """(n,) bool: positions occupied in both corpora."""
+        return (self.occupancy_a > 0) & (self.occupancy_b > 0)
+
+    @property
+    def empty_in_a(self) -> np.ndarray:
+        """Positions with tokens in B but none in A."""
+        return np.flatnonzero((self.occupancy_a == 0) & (self.occupancy_b > 0))
+
+    @property
+    def empty_in_b(self) -> np.ndarray:
+        """Positions with tokens in A but none in B."""
+        return np.flatnonzero((self.occupancy_b == 0) & (self.occupancy_a > 0))
+
+    def quantile_d_h(self, upper_tail: float) -> np.ndarray:
+        """(n,) the d_H exceeded with probability ``upper_tail`` under the null (gamma law)."""
+        return np.sqrt(_gamma_quantile_upper(self.expected_d_h**2, self.sd_d2, upper_tail))
+
+    def threshold_d_h(self) -> np.ndarray:
+        """(n,) the d_H above which a position would be flagged on its own at the Bonferroni
+        level ``level / tested`` (Holm's first step): the top of the noise band in the figure."""
+        m = max(int(self.tested.sum()), 1)
+        mean, sd = self.expected_d_h**2, self.sd_d2
+        return np.sqrt(_gamma_quantile_upper(mean, sd, self.level / m))
+
+
+def _log_hypergeom_pmf(k: np.ndarray, total: np.ndarray, c: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """log P(k) for a hypergeometric draw of ``draws`` from ``total`` holding ``c`` marked."""
+
+    def log_choose(n: Any, r: Any) -> Any:
+        return gammaln(n + 1) - gammaln(r + 1) - gammaln(n - r + 1)
+
+    with np.errstate(invalid="ignore"):
+        out = log_choose(c, k) + log_choose(total - c, draws - k) - log_choose(total, draws)
+    valid = (k >= 0) & (k <= c) & (draws - k >= 0) & (draws - k <= total - c)
+    return np.where(valid, out, -np.inf)
+
+
+def null_moments(c: np.ndarray, n_a: np.ndarray, n_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of ``T = (sqrt(a / N_a) - sqrt((c - a) / N_b))^2`` for hypergeometric
+    ``a`` (``c`` of ``N = N_a + N_b`` tokens, ``N_a`` drawn), elementwise (module docstring).
+
+    >>> m, v = null_moments(np.array([1]), np.array([1]), np.array([1]))
+    >>> float(m[0]), float(v[0])  # a = 0 or 1, each with probability 1/2: T = 1 either way
+    (1.0, 0.0)
+    """
+    c = np.asarray(c, dtype=np.float64)
+    n_a = np.asarray(n_a, dtype=np.float64)
+    n_b = np.asarray(n_b, dtype=np.float64)
+    total = n_a + n_b
+    mean = np.empty_like(c)
+    var = np.empty_like(c)
+    large = c > EXACT_LIMIT
+    if large.any():
+        e = (1.0 / n_a[large] + 1.0 / n_b[large]) / 4.0 * (total[large] - c[large]) / np.maximum(total[large] - 1.0, 1.0)
+        mean[large], var[large] = e, 2.0 * e * e
+    for value in np.unique(c[~large]).astype(np.int64):
+        sel = np.flatnonzero((c == value) & ~large)
+        k = np.arange(value + 1, dtype=np.float64)
+        logp = _log_hypergeom_pmf(k[None, :], total[sel, None], float(value), n_a[sel, None])
+        p = np.exp(logp)
+        t = (np.sqrt(k[None, :] / n_a[sel, None]) - np.sqrt((value - k[None, :]) / n_b[sel, None])) ** 2
+        m1 = (p * t).sum(axis=1)
+        mean[sel] = m1
+        var[sel] = np.maximum((p * t * t).sum(axis=1) - m1 * m1, 0.0)
+    return mean, var
+
+
+def _gamma_sf(x: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Upper tail at x of the gamma law with this mean and standard deviation (sd 0: a point)."""
+    out = np.where(x > mean, 0.0, 1.0)
+    ok = (sd > 0) & (mean > 0)
+    shape = np.where(ok, (mean / np.where(ok, sd, 1.0)) ** 2, 1.0)
+    scale = np.where(ok, sd * sd / np.where(ok, mean, 1.0), 1.0)
+    out[ok] = gammaincc(shape[ok], x[ok] / scale[ok])
+    return out
+
+
+def _gamma_quantile_upper(mean: np.ndarray, sd: np.ndarray, tail: float) -> np.ndarray:
+    """x with upper tail ``tail`` under the moment-matched gamma law (mean where sd is 0)."""
+    from scipy.special import gammainccinv
+
+    out = np.array(mean, dtype=np.float64, copy=True)
+    ok = (sd > 0) & (mean > 0) & np.isfinite(mean)
+    shape = (mean[ok] / sd[ok]) ** 2
+    out[ok] = gammainccinv(shape, tail) * sd[ok] ** 2 / mean[ok]
+    return out
+
+
+def holm(p_values: np.ndarray, level: float) -> np.ndarray:
+    """Holm's step-down rejections (bool) at family-wise level ``level``; NaN p-values are
+    not tested.
+
+    >>> holm(np.array([0.001, 0.03, 0.04, np.nan]), 0.05).tolist()
+    [True, False, False, False]
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    tested = np.flatnonzero(~np.isnan(p))
+    m = tested.size
+    reject = np.zeros(p.shape, dtype=bool)
+    if not m:
+        return reject
+    order = tested[np.argsort(p[tested], kind="stable")]
+    thresholds = level / (m - np.arange(m))
+    passed = p[order] <= thresholds
+    stop = m if passed.all() else int(np.argmin(passed))
+    reject[order[:stop]] = True
+    return reject
+
+
+def _csr(rows: Any) -> sp.csr_array:
+    return sp.csr_array(rows) if sp.issparse(rows) else sp.csr_array(np.asarray(rows))
+
+
+def _block_statistics(a: sp.csr_array, b: sp.csr_array) -> tuple[np.ndarray, ...]:
+    """(occ_a, occ_b, D, E D, Var D) of the rows of two count blocks of equal shape, NaN
+    where a row is empty on either side. ``D = 2 - 2 sum_v sqrt(a_v b_v / (N_a N_b))``
+    needs only the cells stored on both sides; the null moments need the pooled ``c_v``."""
+    occ_a = np.asarray(a.sum(axis=1), dtype=np.float64).reshape(-1)
+    occ_b = np.asarray(b.sum(axis=1), dtype=np.float64).reshape(-1)
+    tested = (occ_a > 0) & (occ_b > 0)
+    both = sp.csr_array(a.multiply(b))
+    both.sum_duplicates()
+    overlap = np.asarray(sp.csr_array((np.sqrt(both.data.astype(np.float64)), both.indices, both.indptr), shape=both.shape)
+                         .sum(axis=1)).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d2 = np.clip(2.0 - 2.0 * overlap / np.sqrt(occ_a * occ_b), 0.0, 2.0)
+    pooled = sp.csr_array(a + b)
+    pooled.sum_duplicates()
+    rows = np.repeat(np.arange(pooled.shape[0]), np.diff(pooled.indptr))
+    keep = tested[rows]
+    mean, var = null_moments(pooled.data[keep], occ_a[rows[keep]], occ_b[rows[keep]])
+    e = np.bincount(rows[keep], weights=mean, minlength=pooled.shape[0])
+    v = np.bincount(rows[keep], weights=var, minlength=pooled.shape[0])
+    d2[~tested] = e[~tested] = v[~tested] = np.nan
+    return occ_a, occ_b, d2, e, v
+
+
+def _blocks(read_a: Callable[[int, int], Any], read_b: Callable[[int, int], Any], n: int, rows_per_block: int) -> Iterator[tuple[Any, Any]]:
+    for lo in range(0, n, rows_per_block):
+        hi = min(n, lo + rows_per_block)
+        yield read_a(lo, hi), read_b(lo, hi)
+
+
+def compare_positions(
+    a: Any,
+    b: Any,
+    /,
+    *,
+    level: float = 0.05,
+    n: int | None = None,
+    rows_per_block: int = 4096,
+    progress: Callable[[int], None] | None = None,
+) -> PositionTest:
+    """The two-sample test at every position (module docstring).
+
+    Args:
+        a, b: (n, V) counts of the two corpora (dense or scipy sparse), or callables
+            ``(start, stop) -> rows`` reading a row range (then ``n`` is required), so that
+            long contexts are tested block by block without loading either corpus whole.
+        level: family-wise error level of the ``changed`` decisions (Holm).
+        n: number of positions, when ``a`` and ``b`` are readers.
+        rows_per_block: positions handled at a time.
+        progress: called with the number of positions done after each block.
+
+    Returns:
+        :class:`PositionTest`.
+    """
+    if not 0 < level < 1:
+        msg = f"the level must be in (0, 1), got {level}"
+        raise ValueError(msg)
+    if callable(a):
+        if n is None:
+            raise ValueError("give n with row readers")
+        read_a, read_b = a, b
+    else:
+        ca, cb = _csr(a), _csr(b)
+        if ca.shape != cb.shape:
+            msg = f"the two count matrices differ in shape: {ca.shape} and {cb.shape}"
+            raise ValueError(msg)
+        n = ca.shape[0]
+
+        def read_a(lo: int, hi: int) -> Any:
+            return ca[lo:hi]
+
+        def read_b(lo: int, hi: int) -> Any:
+            return cb[lo:hi]
+
+    parts = []
+    done = 0
+    for block_a, block_b in _blocks(read_a, read_b, n, rows_per_block):
+        parts.append(_block_statistics(_csr(block_a), _csr(block_b)))
+        done += parts[-1][0].shape[0]
+        if progress is not None:
+            progress(done)
+    occ_a, occ_b, d2, e, v = (np.concatenate(column) for column in zip(*parts, strict=True)) if parts else (np.zeros(0),) * 5
+    sd = np.sqrt(v)
+    p = np.full(n, np.nan)
+    tested = ~np.isnan(d2)
+    p[tested] = _gamma_sf(d2[tested], e[tested], sd[tested])
+    return PositionTest(occ_a, occ_b, np.sqrt(d2), np.sqrt(e), sd, p, holm(p, level), float(level))
