@@ -150,6 +150,7 @@ class _Run:
         self._ray_started = False
         self._ray_ready = False
         self.handoff = _Handoff()
+        self.previous: str | None = None  # the run latest named when this driver started: the diff's A
 
     # -- Ray ---------------------------------------------------------------------------
 
@@ -498,10 +499,47 @@ def _fresh_folder(path: Path) -> Path:
     return path
 
 
-def _report_options(cfg: PipelineConfig) -> dict[str, Any]:
-    """Keywords of :func:`posstats.reports.html.render_html_report` from ``[report]``."""
+def _report_options(cfg: PipelineConfig, previous: str | None = None) -> dict[str, Any]:
+    """Keywords of :func:`posstats.reports.html.render_html_report` from ``[report]``; with a
+    previous run, a link to the diff stage's page."""
     r = cfg.values["report"]
-    return {"width": r["width"], "max_positions": r["max_positions"]}
+    links = [(f"What changed since run {previous} (diff)", "../diff/diff.html")] if previous else []
+    return {"width": r["width"], "max_positions": r["max_positions"], "links": links}
+
+
+def _previous_run(store: Store, run_id: str) -> str | None:
+    """The run ``latest`` names, when it is another complete run: what this run is compared with."""
+    latest = (store.latest() or {}).get("run_id")
+    if latest and latest != run_id and store.run_marker(latest) is not None:
+        return str(latest)
+    return None
+
+
+def _stage_diff(run: _Run, staging: Path) -> dict[str, Any]:
+    """The diff against the previous ``latest`` run (:mod:`posstats.drift`): which positions
+    changed beyond sampling noise, spectra, stress and MDS drift, into ``diff/``. The counts
+    are read a block of positions at a time; nothing when there is no previous run, a page
+    saying why when it was counted differently."""
+    from posstats.drift import check_comparable, diff, load_side, store_run_side, write_diff, write_skipped
+
+    previous = run.previous
+    if previous is None:
+        return {"against": None, "note": "no earlier complete run to compare with"}
+    before = store_run_side(run.store, previous, run.cache / "previous")
+    now = load_side(run.stage_local("geometry"), label=f"run {run.run_id}", counts=run.stage_local("reduce"))
+    try:
+        check_comparable(before, now)
+    except InputError as exc:
+        write_skipped(staging, a=before.label, b=now.label, reason=str(exc))
+        run.log(f"diff: not compared with run {previous}: {exc}")
+        return {"against": previous, "skipped": str(exc)}
+    d = run.cfg.values["diff"]
+    result = diff(before, now, level=d["level"], drift_dim=d["drift_dim"])
+    write_diff(staging, result.document)
+    p = result.document["positions"]
+    run.log(f"diff: {result.document['summary']}")
+    return {"against": previous, "changed": p["count_changed"], "tested": p["tested"], "level": p["level"],
+            "summary": result.document["summary"]}
 
 
 def _export_options(cfg: PipelineConfig) -> dict[str, Any]:
@@ -576,7 +614,8 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
 
     later = [s for s in ("report", "export") if run.store.stage_marker(run.run_id, s) is None]
     out_dirs = {"geometry": str(staging), **{s: str(run.staging_root / f"{s}-rendered-{run.attempt}") for s in later}}
-    options = {"report": _report_options(run.cfg), "export": _export_options(run.cfg), "export_file": _export_file(run.cfg)}
+    options = {"report": _report_options(run.cfg, run.previous), "export": _export_options(run.cfg),
+               "export_file": _export_file(run.cfg)}
     counts = str(run.stage_local("reduce"))  # read by the task: the driver never holds the counts
     rc = run.cfg.values["ray"]
     task = ray.remote(task_body).options(num_cpus=rc["geometry_cpus"], max_retries=rc["geometry_retries"],
@@ -628,7 +667,7 @@ def _stage_report(run: _Run, staging: Path) -> dict[str, Any]:
     if info is not None:
         return info
     return _write_report(_resumed_run(run), run.stage_local("geometry"), staging, name=run.run_id,
-                         options=_report_options(run.cfg))
+                         options=_report_options(run.cfg, run.previous))
 
 
 def _stage_export(run: _Run, staging: Path) -> dict[str, Any]:
@@ -734,6 +773,7 @@ def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str
     with store.lock(run_id=run_id, command="pipeline", stale_after=s["lock_stale_after_s"], heartbeat=s["heartbeat_s"],
                     log=log) as lock:
         run = _Run(cfg, store, lock, run_id, log)
+        run.previous = _previous_run(store, run_id)
         log(f"run {run_id}: store {store.display()}, work folder {run.work}")
         done = store.run_marker(run_id)
         if done is not None:
@@ -746,6 +786,7 @@ def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str
             run.stage("config", lambda st: _stage_config(run, st))
             _count_and_reduce(run)
             run.stage("geometry", lambda st: _stage_geometry(run, st))
+            run.stage("diff", lambda st: _stage_diff(run, st))
             run.stage("report", lambda st: _stage_report(run, st))
             export = run.stage("export", lambda st: _stage_export(run, st))
         finally:

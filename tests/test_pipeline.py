@@ -154,7 +154,9 @@ def test_end_to_end_layout_counts_geometry_export(setup, capsys):
     # status and logs of the store
     rc, out, _ = run_cli(capsys, "status", "--store", tmp_path / "store", "--verify")
     assert rc == 0 and "latest: first" in out and "lock: free" in out
-    assert "first: complete" in out and "[config count reduce geometry report export]" in out
+    assert "first: complete" in out and "[config count reduce geometry diff report export]" in out
+    assert "no earlier run to compare with" in out and not (root / "runs/first/diff/diff.json").exists()
+    assert "../diff/diff.html" not in (root / "runs/first/report/report.html").read_text()
 
 
 def test_rerun_is_idempotent_and_refreshes_are_incremental(setup, capsys):
@@ -181,6 +183,21 @@ def test_rerun_is_idempotent_and_refreshes_are_incremental(setup, capsys):
     summary = json.loads((root / "runs/r3/count/summary.json").read_text())
     assert summary["shards_counted"] == 2 and summary["shards_removed"] == 4 and summary["reduce"] == "incremental"
     assert_counts_equal(load_counts(root / "runs/r3/reduce"), reference(corpus))
+    # every refresh wrote its diff against the previous latest; the report links it; status shows it
+    for run, before_run in (("r2", "r1"), ("r3", "r2")):
+        d = json.loads((root / f"runs/{run}/diff/diff.json").read_text())
+        assert d["a"]["label"] == f"run {before_run}" and d["b"]["label"] == f"run {run}"
+        assert len(d["positions"]["d_h"]) == N and d["positions"]["tested"] >= 1
+        assert (root / f"runs/{run}/diff/diff.html").is_file()
+        assert '<a href="../diff/diff.html">' in (root / f"runs/{run}/report/report.html").read_text()
+        marker = Store(str(root)).stage_marker(run, "diff")
+        assert marker["against"] == before_run and marker["changed"] == d["positions"]["count_changed"]
+    rc, out, _ = run_cli(capsys, "status", "--store", root)
+    assert rc == 0 and f"changes: {marker['changed']:,} positions changed since run r2" in out
+    # posstats diff --store: by default the run before latest against latest
+    rc, out, err = run_cli(capsys, "diff", "--store", root, "--out", tmp_path / "d23")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "d23" / "diff.json").read_text())["positions"]["d_h"] == d["positions"]["d_h"]
     # earlier runs keep their own results
     assert snapshot(root)["runs/r1/reduce/counts.safetensors"] == before["runs/r1/reduce/counts.safetensors"]
     assert Store(str(root)).latest()["run_id"] == "r3"

@@ -83,10 +83,22 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
     runs = []
     for rid in store.run_ids():
         st = store.run_status(rid)
+        marker = store.stage_marker(rid, "diff") if st["stages"].get("diff") else None
+        if marker is not None:
+            st["diff"] = {k: marker.get(k) for k in ("against", "changed", "tested", "level", "skipped", "summary")}
         if verify:
             st["problems"] = [p for s in STAGES if st["stages"][s] for p in store.verify_stage(rid, s)]
         runs.append(st)
     return {"store": store.display(), "latest": store.latest(), "lock": lock_view, "runs": sorted_runs(runs)}
+
+
+def _diff_line(d: dict) -> str:
+    """``N positions changed since run X`` from a run's diff stage marker."""
+    if d.get("against") is None:
+        return "no earlier run to compare with"
+    if d.get("skipped"):
+        return f"not compared with run {d['against']} (counted differently)"
+    return f"{d['changed']:,} positions changed since run {d['against']} (of {d['tested']:,} tested)"
 
 
 def _print_store(doc: dict) -> int:
@@ -94,6 +106,9 @@ def _print_store(doc: dict) -> int:
     latest = doc["latest"]
     print(f"store {doc['store']}")
     print(f"latest: {latest['run_id']} (finished {latest['finished']})" if latest else "latest: (none)")
+    last = next((r for r in doc["runs"] if latest and r["run_id"] == latest["run_id"]), None)
+    if last is not None and last.get("diff"):
+        print(f"changes: {_diff_line(last['diff'])}")
     lock = doc["lock"]
     if lock:
         state = "STALE" if lock["stale"] else "held"
@@ -105,7 +120,7 @@ def _print_store(doc: dict) -> int:
     for r in doc["runs"]:
         stages = " ".join(s if r["stages"][s] else f"-{s}" for s in STAGES)
         state = f"complete {r['finished']}" if r["complete"] else "INCOMPLETE"
-        print(f"  {r['run_id']}: {state}  [{stages}]")
+        print(f"  {r['run_id']}: {state}  [{stages}]" + (f"  {_diff_line(r['diff'])}" if r.get("diff") else ""))
         for p in r.get("problems", []):
             bad += 1
             print(f"    ! {p}")

@@ -137,7 +137,7 @@ def _encodings_entry(a: SideGeometry, b: SideGeometry) -> list[dict[str, Any]]:
         eb = on_b.get((ea["name"], int(ea["dim"])))
         if eb is None:
             continue
-        (ia, kind_a), (ib, kind_b) = _interval(ea, a.report), _interval(eb, b.report)
+        (ia, kind_a), (ib, _) = _interval(ea, a.report), _interval(eb, b.report)
         exceeds = None if ia is None or ib is None else bool(ia[1] < ib[0] or ib[1] < ia[0])
         out.append({
             "name": ea["name"], "dim": int(ea["dim"]),

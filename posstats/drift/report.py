@@ -15,7 +15,8 @@ from posstats.counting.io import atomic_path, write_json_atomic
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import Plot, new_figure
 
-__all__ = ["DIFF_HTML", "DIFF_JSON", "change_figure", "drift_figure", "format_diff_summary", "spectra_figure", "write_diff"]
+__all__ = ["DIFF_HTML", "DIFF_JSON", "change_figure", "drift_figure", "format_diff_summary", "spectra_figure", "write_diff",
+           "write_skipped"]
 
 DIFF_JSON = "diff.json"
 DIFF_HTML = "diff.html"
@@ -169,3 +170,17 @@ def write_diff(out: str | os.PathLike, doc: dict[str, Any], /) -> dict[str, Path
         tmp.write_text(_page(doc, plots, images, time.perf_counter() - t), encoding="utf-8")
     json_path = write_json_atomic(target / DIFF_JSON, doc)
     return {"json": json_path, "html": html_path, "figures": target / FIGURES_DIR}
+
+
+def write_skipped(out: str | os.PathLike, /, *, a: str, b: str, reason: str) -> Path:
+    """A ``diff.html`` saying why ``a`` and ``b`` were not compared (the pipeline's diff stage
+    against a previous run counted differently)."""
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>posstats diff</title>"
+            f"<style>{CSS}</style></head><body><h1>posstats diff</h1><p>{esc(b)} was not compared with {esc(a)}: "
+            f"{esc(reason)}</p></body></html>\n")
+    path = target / DIFF_HTML
+    with atomic_path(path) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    return path

@@ -20,7 +20,7 @@ from posstats.errors import InputError
 from posstats.runs.publish import published_dir
 from posstats.runs.run_folder import MDS_FILE, REPORT_FILE, RunData, load_run
 
-__all__ = ["Side", "check_comparable", "load_side", "store_sides"]
+__all__ = ["Side", "check_comparable", "load_side", "store_run_side", "store_sides"]
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,19 @@ def check_comparable(a: Side, b: Side, /) -> None:
             raise InputError(msg)
 
 
-def _store_run(store: Any, run_id: str, cache: Path) -> Side:
-    """A store run as a side: its geometry stage (run folder) and reduce stage (counts),
-    copied to ``cache`` when the store is remote."""
+def store_run_side(store: Any, run_id: str, cache: str | os.PathLike | None = None) -> Side:
+    """A run of a pipeline store (:class:`posstats.service.pipeline_store.Store`) as a side: its
+    geometry stage (a run folder) and reduce stage (its counts), read in place in a local
+    store, copied to ``cache`` (default: a temporary folder) from a remote one."""
     if store.stage_marker(run_id, "geometry") is None or store.stage_marker(run_id, "reduce") is None:
         msg = f"{store.display()}: run {run_id} has no completed geometry stage to compare"
         raise InputError(msg)
     if store.local:  # read in place: the counts are not copied
         geometry, reduce = (Path(store.path(store.stage_rel(run_id, s))) for s in ("geometry", "reduce"))
     else:
-        geometry = Path(store.get_dir(store.stage_rel(run_id, "geometry"), cache / run_id / "geometry"))
-        reduce = Path(store.get_dir(store.stage_rel(run_id, "reduce"), cache / run_id / "reduce"))
+        root = Path(cache) if cache is not None else Path(tempfile.mkdtemp(prefix="posstats-diff-"))
+        geometry = Path(store.get_dir(store.stage_rel(run_id, "geometry"), root / run_id / "geometry"))
+        reduce = Path(store.get_dir(store.stage_rel(run_id, "reduce"), root / run_id / "reduce"))
     return load_side(geometry, label=f"run {run_id}", counts=reduce)
 
 
@@ -150,5 +152,4 @@ def store_sides(url: str, runs: list[str] | None = None, /, *, storage_options: 
             msg = f"{store.display()}: needs two complete runs to compare (latest: {latest or 'none'}); give --runs ID,ID"
             raise InputError(msg)
         pair = [done[done.index(latest) - 1], latest]
-    root = Path(cache) if cache is not None else Path(tempfile.mkdtemp(prefix="posstats-diff-")) if not store.local else Path()
-    return _store_run(store, pair[0], root), _store_run(store, pair[1], root)
+    return store_run_side(store, pair[0], cache), store_run_side(store, pair[1], cache)

@@ -242,7 +242,7 @@ _write_figures = write_figures
 
 def _html_page(
     run: RunData, plots: Sequence[Any], images: dict[str, bytes], trade_rows: list[list[str]], *,
-    title: str, stress_positions: int, width: int, seconds: float,
+    title: str, stress_positions: int, width: int, seconds: float, links: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The self-contained page: key numbers, tables, figures as base64 ``data:`` URIs."""
     report = run.report
@@ -263,6 +263,8 @@ def _html_page(
     verdict = verdict_items(report)
     if verdict:
         parts += ["<h2>Verdict</h2>", _html_table(("question", "answer"), verdict, cls="kv verdict")]
+    if links:
+        parts.append("<p>" + " &middot; ".join(f'<a href="{_esc(href)}">{_esc(text)}</a>' for text, href in links) + "</p>")
     parts += [
         "<h2>Key numbers</h2>",
         _html_table(("quantity", "value"), _key_numbers(report), cls="kv"),
@@ -295,8 +297,12 @@ def render_html_report(
     max_heatmap: int = 512,
     name: str | None = None,
     out: str | os.PathLike | None = None,
+    links: Sequence[tuple[str, str]] = (),
 ) -> Path:
     """Write ``report.html``, ``figures/*.png`` and ``summary.md`` of a run.
+
+    ``links``: (text, href) pairs listed under the verdict (the pipeline links the diff
+    against the previous run).
 
     ``run`` is a run just analysed (:func:`posstats.runs.run_folder.run_from_analysis`:
     its distances are held, nothing is recomputed) or read back
@@ -314,7 +320,7 @@ def render_html_report(
     m = run.encoding.shape[0]
     trade_rows = _tradeoff_rows(trade, run.report, n=m, width=d_model)
     page = _html_page(run, plots, images, trade_rows, title=title, stress_positions=len(idx), width=d_model,
-                      seconds=time.perf_counter() - t0)
+                      seconds=time.perf_counter() - t0, links=links)
     md = _summary_markdown(run.report, trade_rows, plots, title=title, run_id=run.run_id, n=m, width=d_model)
     with atomic_path(target / SUMMARY_FILE) as tmp:
         tmp.write_text(md)

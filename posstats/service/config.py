@@ -12,6 +12,7 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
                  shard_size_mib, skip_bad_shards
     [ray]        address, workers, geometry_cpus, geometry_retries
     [geometry]   dims, encodings, min_occupancy, rank_rtol, mds_method, seed, noise_floor, distances
+    [diff]       level, drift_dim   (the diff against the previous latest run, every run)
     [report]     width, max_positions
     [export]     dim, rank, layout, format, dtype, basis, method, name, card
     [schedule]   every | cron, timezone   (defaults for 'posstats schedule')
@@ -225,6 +226,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                            "can matter)", nullable=False, check=_one_of(("auto", "on", "off"))),
         "distances": Key("str", "auto", "auto, plugin or corrected (auto: bias-corrected with a noise floor)",
                          nullable=False, check=_one_of(("auto", "plugin", "corrected"))),
+    },
+    "diff": {
+        "level": Key("float", 0.05, "family-wise level of the per-position change decisions against the previous "
+                     "latest run", nullable=False, check=lambda v: None if 0 < v < 1 else "must be in (0, 1)"),
+        "drift_dim": Key("int", 16, "MDS coordinates aligned for the encoding drift", nullable=False, check=_ge(1)),
     },
     "report": {
         "width": Key("int", None, "model width of the rank / stress table (default: the largest dim)", check=_ge(1)),

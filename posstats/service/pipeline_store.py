@@ -99,7 +99,7 @@ __all__ = [
     "validate_run_id",
 ]
 
-STAGES = ("config", "count", "reduce", "geometry", "report", "export")
+STAGES = ("config", "count", "reduce", "geometry", "diff", "report", "export")
 MARKER = "done.json"
 LATEST = "latest"
 LOCK = "lock"
