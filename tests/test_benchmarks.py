@@ -50,3 +50,13 @@ def test_bench_analysis_small(tmp_path):
     assert {k for k, v in rope["targets"].items() if not v} == {"sampled_stress"}
     assert rope["sweep_verdict"][0]["parameter"] == "factor" and "hf:MODEL@128" in rope["scaled_stress"]
     assert rope["baseline"]["returncode"] == 0
+
+
+def test_bench_drift_small(tmp_path):
+    """bench_drift.py end to end at a tiny size: nothing changed between two samples, exactly
+    positions 4 and 5 between 4 and 6 planted opening tokens."""
+    r = run_bench("bench_drift.py", "--tokens", "300000", "--files", "2", "--positions", "256", "--dir",
+                  str(tmp_path / "corpus"))
+    assert r["benchmark"] == "drift" and r["errors"] == []
+    assert r["targets"]["a_b_nothing_changed"] and r["targets"]["a_c_exactly_4_5"]
+    assert r["diff_a_c"]["changed"] == [4, 5] and r["diff_a_b"]["returncode"] == 0
