@@ -35,9 +35,10 @@ from posstats.runs.publish import staged_output
 
 HELP = "adjacency score of encodings and of a random causal transformer's hidden states"
 DESCRIPTION = """\
-Does position information appear without a positional encoding (THEORY.md section 9,
-papers/004)? For vectors X (n x d) the self-cosine-similarity matrix is
-Cs[i, j] = cos(X_i, X_j); the row score of row k is the fraction of pairs 0 <= i < j < k
+Does position information appear without a positional encoding (THEORY.md section 9;
+Zuo, Guerzhoy & Guerzhoy, "Positional Information Can Emerge Through Causal Attention
+Making Nearby Token Embeddings Similar Even Without Positional Encodings")? For vectors
+X (n x d) the self-cosine-similarity matrix is Cs[i, j] = cos(X_i, X_j); the row score of row k is the fraction of pairs 0 <= i < j < k
 with Cs[k, i] < Cs[k, j] (strict: ties are not adjacent), and the adjacency probability
 score is the mean over rows k >= 2. About 0.5 = no positional signal, near 1 = nearby
 positions are the most similar.
@@ -56,7 +57,7 @@ Scored here:
 Writes OUT/adjacency.json (written last), OUT/adjacency-layers.png (heatmaps of the
 first window, one panel per layer) and OUT/adjacency-encodings.png.
 
-papers/004 reports ~0.5 for token embeddings, > 0.8 from the first causal layer at
+That paper reports ~0.5 for token embeddings, > 0.8 from the first causal layer at
 init std 0.02, the pattern fading at std 0.2, and none with bidirectional attention.
 
 examples:

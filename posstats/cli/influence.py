@@ -29,7 +29,7 @@ from posstats.runs.publish import staged_output
 HELP = "influence of each input position on the last one at initialisation (Cesaro baseline)"
 DESCRIPTION = """\
 What the architecture alone does to positions, before any encoding or training
-(THEORY.md section 8, papers/003). With causal attention uniform at initialisation a layer
+(THEORY.md section 8; Chowdhury, "Lost in the Middle at Birth", arXiv:2603.10123). With causal attention uniform at initialisation a layer
 mixes by the Cesaro matrix M[i, j] = 1/i (j <= i, 1-based), a residual layer by
 N = (1 - a) I + a M, and the influence of input position j on the last position L after
 H layers is w[j] = (N^H)[L, j] (it sums to 1; uniform would be 1/L each). It is computed
@@ -53,7 +53,7 @@ the corpus' positional structure that sits in the dead zone.
 
 with --measure (needs torch): the input-output Jacobian norm ||d h_L / d x_j||_F of small
 randomly initialised causal transformers (pre-LN, residual on), without and with RoPE,
-averaged over seeds, and its Spearman correlation with w (papers/003 reports 0.99).
+averaged over seeds, and its Spearman correlation with w (that paper reports 0.99).
 
 OUT/influence.png (log scale) and OUT/influence.json (written last) with --out.
 

@@ -296,8 +296,32 @@ def encoding_scatter3d_figure(encoding: np.ndarray, positions: np.ndarray, /) ->
     return Plot("mds_3d", "MDS encoding, first three dimensions", caption, fig)
 
 
+def _coinciding(by_name: dict[str, list[dict[str, Any]]], field: str) -> dict[str, str]:
+    """Encodings whose ``field`` (stress or scaled stress) equals an earlier one's at every
+    width (relative 1e-9): name -> the earlier name (e.g. rope -> sinusoidal)."""
+    def key(rows: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+        return sorted((int(r["dim"]), float(r.get(field) or 0.0), 0.0) for r in rows)
+
+    same: dict[str, str] = {}
+    names = list(by_name)
+    for i, name in enumerate(names):
+        mine = key(by_name[name])
+        for earlier in names[:i]:
+            if earlier in same:
+                continue
+            theirs = key(by_name[earlier])
+            if len(mine) == len(theirs) and all(
+                a[0] == b[0] and np.isclose(a[1], b[1], rtol=1e-9, atol=0) and np.isclose(a[2], b[2], rtol=1e-9, atol=0)
+                for a, b in zip(mine, theirs, strict=True)
+            ):
+                same[name] = earlier
+                break
+    return same
+
+
 def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
-    """Raw and scaled stress against width, one line per encoding.
+    """Raw and scaled stress against width, one line per encoding; an encoding whose curves
+    coincide with an earlier one's is drawn dashed with open markers and labelled so.
 
     Args:
         entries: ``report.json`` ``encodings[]`` objects (``name``, ``dim``, ``stress``,
@@ -307,22 +331,29 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     for e in entries:
         by_name.setdefault(str(e["name"]), []).append(e)
     fig = _new_figure(9.0, 3.8)
+    notes = []
     axes = fig.subplots(1, 2)
     for j, (key, label) in enumerate((("stress", "raw stress"), ("scaled_stress", "scaled stress"))):
         ax = axes[j]
         positive = False
+        same = _coinciding(by_name, key)
+        notes += [f"{a} = {b} ({label})" for a, b in same.items()]
         for i, (name, rows) in enumerate(by_name.items()):
             rows = sorted(rows, key=lambda r: r["dim"])
             d = np.array([r["dim"] for r in rows], dtype=np.float64)
             v = np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=np.float64)
             positive |= bool(np.any(v > 0))
-            ax.plot(d, v, "o-", ms=4, lw=1.2, color=f"C{i % 10}", label=name)
+            twin = same.get(name)
+            style = {"ls": "--", "mfc": "none", "ms": 7, "lw": 1.4} if twin else {"ls": "-", "ms": 4, "lw": 1.2}
+            ax.plot(d, v, marker="o", color=f"C{i % 10}", label=f"{name} (= {twin})" if twin else name, **style)
             ci = [r.get(f"{key}_ci95") for r in rows]
             if all(c is not None for c in ci):
                 c = np.asarray(ci, dtype=np.float64)
                 ax.fill_between(d, c[:, 0], c[:, 1], color=f"C{i % 10}", alpha=0.2)
-        if positive:
+        if positive and key == "stress":  # raw stress spans decades; scaled stress lies in [0, 1]
             ax.set_yscale("symlog", linthresh=1e-3)
+        elif key == "scaled_stress":
+            ax.set_ylim(bottom=0.0)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("width d")
         ax.set_ylabel(label)
@@ -330,9 +361,12 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     axes[1].legend(fontsize=7, loc="best")
     caption = (
         "Stress of each encoding against the corpus geometry at each width (left raw, right at the optimal "
-        "scale): look for how far each encoding sits above MDS, which is the lower bound; raw stress is "
-        "dominated by an encoding's overall scale, scaled stress is not."
+        "scale): lower is a more faithful geometry. Classical MDS minimises strain (inner products), not "
+        "stress, so it is not a lower bound here: mds-smacof, stress majorisation started from it, usually "
+        "scores lower. Raw stress is dominated by an encoding's overall scale, scaled stress is not."
     )
+    if notes:
+        caption += " Coinciding curves (dashed, open markers, drawn over the first): " + "; ".join(notes) + "."
     return Plot("stress_by_dim", "Stress against width", caption, fig)
 
 

@@ -123,7 +123,8 @@ def format_summary(report: dict[str, Any], /) -> str:
     ]
     for r in rows:
         table.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    note = "stress = sum (e-h)^2 / sum h^2; scaled = min over a of stress(aP); ~ = sampled estimate"
+    sampled = any(e["monotonicity_method"] != "exact" for e in report["encodings"])
+    note = "stress = sum (e-h)^2 / sum h^2; scaled = min over a of stress(aP)" + ("; ~ = sampled estimate" if sampled else "")
     return "\n".join([*lines, "", *table, "", note])
 
 
