@@ -8,8 +8,10 @@ This module imports torch; nothing else in ``posstats`` imports this module, so
     h = pos(token_embeddings)                                         # x + P[:seq]
 
 Additive absolute positions: ``forward(x)`` with ``x`` of shape ``(..., seq, d)`` returns
-``x + P[position_ids]`` (``position_ids`` default ``0..seq-1``). The table is either a full
-``(n, d)`` parameter ``weight`` or, in the low-rank form, ``P = A W^T`` with ``A`` (n x r)
+``x + P[position_ids]`` (``position_ids`` default ``0..seq-1``; no host sync in ``forward``,
+so it compiles without graph breaks). The table is either a full ``(n, d)`` parameter
+``weight`` (the state dict is an ``nn.Embedding``'s: ``load_state_dict`` works both ways,
+and :meth:`MDSPositionalEmbedding.to_embedding` / ``from_embedding`` convert) or, in the low-rank form, ``P = A W^T`` with ``A`` (n x r)
 and ``W`` (d x r) parameters (``r(n + d)`` numbers instead of ``n d``). ``freeze=True``
 (default) sets ``requires_grad=False`` on them, so an optimiser leaves them alone.
 
@@ -130,7 +132,8 @@ class MDSPositionalEmbedding(nn.Module):
             if w.ndim != 2:
                 msg = f"weight must be 2-D (positions, width); got shape {tuple(w.shape)}"
                 raise ValueError(msg)
-            self.weight_full = nn.Parameter(w.detach().clone(), requires_grad=not freeze)
+            # registered as "weight": the state dict is an nn.Embedding's ({"weight": (n, d)})
+            self.weight = nn.Parameter(w.detach().clone(), requires_grad=not freeze)
             self.A = self.W = None
             self.num_positions, self.embedding_dim = (int(x) for x in w.shape)
             self.rank: int | None = None
@@ -139,40 +142,62 @@ class MDSPositionalEmbedding(nn.Module):
             if a.ndim != 2 or w.ndim != 2 or a.shape[1] != w.shape[1]:
                 msg = f"factors must be A (n, r) and W (d, r); got {tuple(a.shape)} and {tuple(w.shape)}"
                 raise ValueError(msg)
-            self.weight_full = None
             self.A = nn.Parameter(a.detach().clone(), requires_grad=not freeze)
             self.W = nn.Parameter(w.detach().clone(), requires_grad=not freeze)
             self.num_positions, self.embedding_dim = int(a.shape[0]), int(w.shape[0])
             self.rank = int(a.shape[1])
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The (n, d) table (``A @ W.T`` in the low-rank form)."""
-        if self.weight_full is not None:
-            return self.weight_full
-        return self.A @ self.W.T
+    def __getattr__(self, name: str) -> Any:
+        # the low-rank form has no "weight" parameter: its table is A @ W.T, computed on use
+        if name == "weight" and "A" in self._parameters and "weight" not in self._parameters:
+            return self.A @ self.W.T
+        return super().__getattr__(name)
 
     def embed(self, position_ids: torch.Tensor, /) -> torch.Tensor:
-        """Rows of the table for integer ``position_ids`` (any shape) -> (*shape, d)."""
+        """Rows of the table for integer ``position_ids`` (any shape) -> (*shape, d).
+
+        Ids on the CPU are range-checked (an ``IndexError`` naming the range); ids on an
+        accelerator are not, so that no value is copied back to the host (a sync, and a graph
+        break under ``torch.compile``): out-of-range ids fail in the indexing kernel instead."""
         position_ids = torch.as_tensor(position_ids)
-        if position_ids.numel() and (int(position_ids.min()) < 0 or int(position_ids.max()) >= self.num_positions):
-            msg = f"position ids must be in [0, {self.num_positions}); got {int(position_ids.min())}..{int(position_ids.max())}"
-            raise IndexError(msg)
-        if self.weight_full is not None:
-            return self.weight_full[position_ids]
+        if position_ids.device.type == "cpu" and position_ids.numel() and not torch.compiler.is_compiling():
+            low, high = int(position_ids.min()), int(position_ids.max())
+            if low < 0 or high >= self.num_positions:
+                msg = f"position ids must be in [0, {self.num_positions}); got {low}..{high}"
+                raise IndexError(msg)
+        if self.rank is None:
+            return self.weight[position_ids]
         return self.A[position_ids] @ self.W.T
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """``x + P[position_ids]`` for ``x`` of shape (..., seq, d); ids default 0..seq-1."""
+        """``x + P[position_ids]`` for ``x`` of shape (..., seq, d); ids default 0..seq-1
+        (checked against the table's length from the shape alone: no host sync)."""
         if x.shape[-1] != self.embedding_dim:
             msg = f"last dimension of x must be {self.embedding_dim}; got {tuple(x.shape)}"
             raise ValueError(msg)
         if position_ids is None:
+            if x.shape[-2] > self.num_positions:
+                msg = f"a sequence of {x.shape[-2]} positions is longer than the table's {self.num_positions}"
+                raise IndexError(msg)
             position_ids = torch.arange(x.shape[-2], device=x.device)
         return x + self.embed(position_ids).to(dtype=x.dtype, device=x.device)
 
+    def to_embedding(self) -> nn.Embedding:
+        """The table as an ``nn.Embedding`` (n, d), with the same ``requires_grad``."""
+        table = self.weight.detach().clone()
+        emb = nn.Embedding(self.num_positions, self.embedding_dim, _weight=table, _freeze=not self._trainable())
+        return emb
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, /, *, freeze: bool = True) -> MDSPositionalEmbedding:
+        """A full-table module from an ``nn.Embedding`` (its state dict loads either way)."""
+        return cls(embedding.weight.detach(), freeze=freeze)
+
+    def _trainable(self) -> bool:
+        return any(p.requires_grad for p in self.parameters())
+
     def extra_repr(self) -> str:
-        frozen = not any(p.requires_grad for p in self.parameters())
+        frozen = not self._trainable()
         low = f", rank={self.rank}" if self.rank is not None else ""
         return f"num_positions={self.num_positions}, embedding_dim={self.embedding_dim}{low}, frozen={frozen}"
 

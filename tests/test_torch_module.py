@@ -109,3 +109,31 @@ def test_import_posstats_never_imports_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_state_dict_is_an_embeddings_and_forward_has_no_graph_break():
+    import torch
+
+    from posstats.torch import MDSPositionalEmbedding
+
+    table = torch.randn(12, 6)
+    module = MDSPositionalEmbedding(table)
+    emb = torch.nn.Embedding(12, 6)
+    emb.load_state_dict(module.state_dict(), strict=True)  # {"weight": (n, d)} both ways
+    torch.testing.assert_close(emb.weight, table)
+    again = MDSPositionalEmbedding(torch.zeros(12, 6))
+    again.load_state_dict(emb.state_dict(), strict=True)
+    torch.testing.assert_close(again.weight, table)
+    torch.testing.assert_close(module.to_embedding().weight, table)
+    assert not module.to_embedding().weight.requires_grad
+    torch.testing.assert_close(MDSPositionalEmbedding.from_embedding(emb).weight, table)
+    # fullgraph=True fails on any graph break (a host sync such as int(tensor) is one)
+    x = torch.randn(2, 5, 6)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), x + table[:5])
+    ids = torch.tensor([[0, 3, 11, 2, 2]])
+    torch.testing.assert_close(compiled(x[:1], ids), x[:1] + table[ids])
+    with pytest.raises(IndexError, match=r"position ids must be in \[0, 12\); got 0..12"):
+        module(x[:1], torch.tensor([[0, 1, 2, 3, 12]]))
+    with pytest.raises(IndexError, match="longer than the table's 12"):
+        module(torch.randn(1, 13, 6))
