@@ -9,6 +9,14 @@ from tqdm.auto import tqdm
 __all__ = ["progress"]
 
 
+_QUIET = [False]
+
+
+def set_quiet(quiet: bool, /) -> None:
+    """Turn progress bars off (``posstats ... -q``) unless a caller enables one explicitly."""
+    _QUIET[0] = bool(quiet)
+
+
 def progress(
     *, total: int | None = None, desc: str = "", unit: str = "it", enabled: bool | None = None, unit_scale: bool = True
 ) -> Any:
@@ -17,5 +25,7 @@ def progress(
     ``unit_scale`` abbreviates large counts (1.2M tok); turn it off for small whole units.
     """
 
+    if enabled is None and _QUIET[0]:
+        enabled = False
     disable = None if enabled is None else not enabled
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, disable=disable, leave=False, dynamic_ncols=True)

@@ -215,3 +215,20 @@ def test_run_on_the_shared_shakespeare_corpus_with_gpt2(shared_dir, tmp_path):
     ids = [t for e in tok.encode_batch(lines, add_special_tokens=False) for t in e.ids if t != 50256]
     assert report["corpus"]["tokens_counted"] == len(ids)
     assert report["corpus"]["sequences"] == len(lines)
+
+
+def test_json_quiet_and_verbose_output(tmp_path, capsys):
+    """--json prints report.json on stdout (nothing else), -q prints nothing, -v adds the
+    seconds of every step on stderr."""
+    counts = tmp_path / "counts"
+    assert main(["count", "--input", "data/fortunes-sample.jsonl", "--text-column", "text", "--tokenizer", GPT2,
+                 "--positions", "16", "--out", str(counts)]) == 0
+    capsys.readouterr()
+    assert main(["analyze", "--counts", str(counts), "--out", str(tmp_path / "a"), "--dims", "2", "--json", "-v"]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report == json.loads((tmp_path / "a" / "report.json").read_text())
+    assert out.err.strip().splitlines()[-1].startswith("seconds: ") and "mds" in out.err
+    assert main(["analyze", "--counts", str(counts), "--out", str(tmp_path / "b"), "--dims", "2", "-q"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and (tmp_path / "b" / "report.json").is_file()

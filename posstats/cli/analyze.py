@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posstats.cli._common import add_analysis_args, analysis_config
+from posstats.cli._common import add_analysis_args, analysis_config, print_report, quiet_from_args
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.io import load_counts
 from posstats.estimates.parts import describe_counts
-from posstats.reports.summary import format_summary
 from posstats.runs.analysis_folder import analyze_to
 from posstats.runs.publish import staged_output
 
@@ -63,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    quiet_from_args(args)
     config = analysis_config(args)
     counts = load_counts(args.counts, compact=True)  # int32 where exact: half the memory of int64
     if args.tokenizer:
@@ -72,6 +72,5 @@ def run(args: argparse.Namespace) -> int:
         run_data = analyze_to(counts, config, stage, counts_path=args.counts, name=Path(args.out).name,
                               store=args.store, parts_dirs=[d for d in (args.parts or "").split(",") if d] or None,
                               reread=args.reread)
-    print(format_summary(run_data.report))
-    print(f"\nreport: {args.out}/report.html (summary.md, report.json)")
+    print_report(run_data.report, args, out=args.out)
     return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from posstats.cli._common import add_analysis_args, analysis_config
+from posstats.cli._common import add_analysis_args, analysis_config, quiet_from_args
 from posstats.errors import InputError
 from posstats.flags import str_list
 from posstats.progress import progress
@@ -55,14 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-dim", type=int, default=16, metavar="K",
                    help="MDS coordinates aligned for the encoding drift (default 16)")
     p.add_argument("--fail-on-change", action="store_true", help="exit 3 when any position changed")
-    p.add_argument("--json", action="store_true", help="print diff.json on stdout instead of the summary")
-    add_analysis_args(p)
+    add_analysis_args(p)  # for count folders; its --json prints diff.json here, -q / -v as for analyze
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
 
+    quiet_from_args(args)
     if not 0 < args.level < 1:
         raise InputError(f"--level must be in (0, 1), got {args.level}")
     if args.drift_dim < 1:
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(result.document, sys.stdout)
         sys.stdout.write("\n")
-    else:
+    elif not args.quiet:
         print(format_diff_summary(result.document))
         print(f"\ndiff: {paths['html']} ({paths['json'].name})")
     return 3 if args.fail_on_change and result.document["positions"]["count_changed"] else 0

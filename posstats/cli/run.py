@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posstats.cli._common import add_analysis_args, analysis_config
+from posstats.cli._common import add_analysis_args, analysis_config, print_report, quiet_from_args
 from posstats.counting.io import COUNTS_FILES, write_json_atomic
 from posstats.flags import add_input_args, count_inputs_from_args
-from posstats.reports.summary import format_summary
 from posstats.runs.analysis_folder import analyze_to
 from posstats.runs.counts_folder import COUNT_MARKER, count_to
 from posstats.runs.publish import staged_output
@@ -35,12 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    quiet_from_args(args)
     config = analysis_config(args)  # validate analysis options before counting
     inputs = count_inputs_from_args(args)
     with staged_output(args.out, last=(COUNT_MARKER, "report.json"), replaces=COUNTS_FILES) as stage:
         counts, summary = count_to(inputs, stage, budget_bytes=args.memory_budget * 2**30)
         write_json_atomic(stage / COUNT_MARKER, summary)
         run_data = analyze_to(counts, config, stage, counts_path=args.out, name=Path(args.out).name)
-    print(format_summary(run_data.report))
-    print(f"\nreport: {args.out}/report.html (summary.md, report.json)")
+    print_report(run_data.report, args, out=args.out)
     return 0
