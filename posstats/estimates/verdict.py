@@ -130,16 +130,20 @@ def _sqrt_poisson_moments(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     cov[big] = 0.5 * np.sqrt(lb) + 1.0 / (16.0 * np.sqrt(lb))
     small = np.flatnonzero(~big & (lam > 0))
     if small.size:
-        ls = lam[small]
-        k = np.arange(int(np.ceil(_SERIES_LIMIT + 12.0 * np.sqrt(_SERIES_LIMIT) + 25.0)), dtype=np.float64)
-        for a in range(0, small.size, 4096):
-            lam_c = ls[a : a + 4096, None]
+        # pooled counts are integers, so few distinct means: the series once per distinct
+        # value, in ascending chunks, each summed to k = lam + 12 sqrt(lam) + 25 of its largest
+        values, inverse = np.unique(lam[small], return_inverse=True)
+        m_u, v_u, c_u = np.empty(values.size), np.empty(values.size), np.empty(values.size)
+        for a in range(0, values.size, 4096):
+            lam_c = values[a : a + 4096, None]
+            top = float(lam_c[-1, 0])
+            k = np.arange(int(np.ceil(top + 12.0 * np.sqrt(top) + 25.0)), dtype=np.float64)
             pmf = np.exp(k[None, :] * np.log(lam_c) - lam_c - gammaln(k + 1.0)[None, :])
             m1 = pmf @ np.sqrt(k)
-            at = small[a : a + 4096]
-            mean[at] = m1
-            var[at] = np.maximum(lam_c[:, 0] - m1**2, 0.0)
-            cov[at] = pmf @ k**1.5 - lam_c[:, 0] * m1
+            m_u[a : a + 4096] = m1
+            v_u[a : a + 4096] = np.maximum(lam_c[:, 0] - m1**2, 0.0)
+            c_u[a : a + 4096] = pmf @ k**1.5 - lam_c[:, 0] * m1
+        mean[small], var[small], cov[small] = m_u[inverse], v_u[inverse], c_u[inverse]
     return mean, var, cov
 
 
