@@ -51,6 +51,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
                    help="a Hugging Face tokenizer.json (padding and truncation are switched off)")
     g.add_argument("--hf-streaming", action="store_true", help="stream HF datasets instead of caching them")
+    g.add_argument("--split", metavar="NAME",
+                   help="the split of a Hugging Face DatasetDict folder (required when it has several)")
     c = parser.add_argument_group("counting")
     c.add_argument("--positions", type=int, default=512, metavar="N",
                    help="number of positions n (window length); default 512")
@@ -77,6 +79,7 @@ def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
         text_column=args.text_column,
         tokenizer=args.tokenizer,
         hf_streaming=args.hf_streaming,
+        split=getattr(args, "split", None),
         positions=args.positions,
         vocab_size_=args.vocab_size,
         exclude_tokens=args.exclude_tokens,

@@ -477,7 +477,10 @@ def test_hf_dataset_dict_splits(tmp_path, gpt2):
 
     folder = tmp_path / "dd"
     datasets.DatasetDict({"train": _dataset(SEQS[:4]), "test": _dataset(SEQS[4:])}).save_to_disk(str(folder))
-    assert collect(read_token_batches([folder], column="ids")) == SEQS[:4]
+    with pytest.raises(InputError) as info:  # two splits and none chosen: never a silent pick
+        list(read_token_batches([folder], column="ids"))
+    assert message(info) == f"{folder}: holds the splits train, test; choose one with --split (hf_split=)"
+    assert collect(read_token_batches([folder], column="ids", hf_split="train")) == SEQS[:4]
     assert collect(read_token_batches([folder], column="ids", hf_split="test")) == SEQS[4:]
     with pytest.raises(InputError) as info:
         list(read_token_batches([folder], column="ids", hf_split="validation"))
@@ -628,3 +631,21 @@ def test_validate_ids_on_either_backend(xp):
     validate_ids(batch, 13)
     with pytest.raises(InputError, match=r"^g\.parquet: row 7: token id 12 is out of range \[0, 12\)$"):
         validate_ids(batch, 12)
+
+
+def test_split_flag_counts_the_chosen_split(tmp_path, capsys):
+    """posstats count --split: the chosen split of a DatasetDict folder; without it, a one-line
+    error naming the splits (exit 2)."""
+    import datasets
+
+    from posstats.cli import main
+    from posstats.counting.io import load_counts
+
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": _dataset(SEQS[:4]), "test": _dataset(SEQS[4:])}).save_to_disk(str(folder))
+    common = ["count", "--input", str(folder), "--column", "ids", "--vocab-size", "50257", "--positions", "8"]
+    assert main([*common, "--out", str(tmp_path / "none")]) == 2
+    assert "holds the splits train, test; choose one with --split" in capsys.readouterr().err
+    assert main([*common, "--split", "test", "--out", str(tmp_path / "test")]) == 0
+    counted = load_counts(tmp_path / "test")
+    assert counted.sequences == len(SEQS) - 4

@@ -59,6 +59,7 @@ def count_inputs(
     text_column: str | None = None,
     tokenizer: str | None = None,
     hf_streaming: bool = False,
+    split: str | None = None,
     positions: int = 512,
     vocab_size_: int | None = None,
     exclude_tokens: Sequence[int] | None = None,
@@ -98,6 +99,7 @@ def count_inputs(
         text_column=text_column,
         tokenizer=tokenizer if column is None else None,
         hf_streaming=hf_streaming,
+        hf_split=split,
     )
     spec = CountSpec(positions, vocab, mode, tuple(exclude or ()), separator)
     return CountInputs(source, spec, metadata, tokenizer)

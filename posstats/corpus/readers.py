@@ -191,7 +191,7 @@ def read_token_batches(
         hf_streaming: ``"hf"`` only: stream with ``datasets`` instead of building an Arrow
             cache first.
         hf_split: ``"hf"`` only: the split of a ``DatasetDict``; by default its only
-            split, else ``"train"``.
+            split (a dataset with several is an error that lists them: never a silent pick).
 
     Either ``column`` or ``tokenizer`` (with ``text_column`` where the format has
     columns) gives the ids. Files with no rows yield nothing. Token ids are not
@@ -783,9 +783,12 @@ def _pick_split(ds: Any, path: str, split: str | None) -> Any:
         return ds
     splits = list(ds.keys())
     if split is None:
-        split = splits[0] if len(splits) == 1 else "train"
+        if len(splits) != 1:
+            msg = f"{path}: holds the splits {', '.join(splits)}; choose one with --split (hf_split=)"
+            raise InputError(msg)
+        split = splits[0]
     if split not in splits:
-        msg = f"{path}: no split {split!r} (available: {', '.join(splits)}); choose one with hf_split="
+        msg = f"{path}: no split {split!r} (available: {', '.join(splits)}); choose one with --split (hf_split=)"
         raise InputError(msg)
     return ds[split]
 

@@ -202,7 +202,7 @@ def plan_file(path: str, source: CorpusSource, /, *, split: bool = True, shard_b
         if fmt == "parquet":
             pieces = _parquet_pieces(path, source)
         elif fmt == "hf" and os.path.isdir(path):
-            pieces = _hf_pieces(path)
+            pieces = _hf_pieces(path, source.hf_split)
         elif fmt in ("jsonl", "text") and not path.lower().endswith(_COMPRESSED):
             if os.path.getsize(path) > shard_bytes:
                 pieces = _line_pieces(path, shard_bytes)
@@ -281,9 +281,9 @@ def _parquet_pieces(path: str, source: CorpusSource) -> list[dict[str, Any]] | N
     return pieces
 
 
-def _hf_saved_dir(path: str) -> str | None:
-    """The folder holding ``state.json`` of a ``save_to_disk`` dataset (picking the split
-    of a DatasetDict as the reader does: its only split, else ``train``), or None."""
+def _hf_saved_dir(path: str, split: str | None = None) -> str | None:
+    """The folder holding ``state.json`` of a ``save_to_disk`` dataset (the split of a
+    DatasetDict as the reader picks it: ``split``, else its only one), or None."""
     if os.path.isfile(os.path.join(path, "state.json")):
         return path
     dd = os.path.join(path, "dataset_dict.json")
@@ -294,13 +294,16 @@ def _hf_saved_dir(path: str) -> str | None:
             splits = list(json.load(f).get("splits", []))
     except (OSError, ValueError, AttributeError):
         return None
-    split = splits[0] if len(splits) == 1 else "train"
+    if split is None:
+        if len(splits) != 1:
+            return None  # the reader says which splits there are
+        split = splits[0]
     sub = os.path.join(path, split)
     return sub if split in splits and os.path.isfile(os.path.join(sub, "state.json")) else None
 
 
-def _hf_pieces(path: str) -> list[dict[str, Any]] | None:
-    folder = _hf_saved_dir(path)
+def _hf_pieces(path: str, split: str | None = None) -> list[dict[str, Any]] | None:
+    folder = _hf_saved_dir(path, split)
     if folder is None:
         return None  # a folder of raw data files: read whole through `datasets`
     try:
@@ -367,7 +370,7 @@ def _reader_spec(source: CorpusSource, tokenizer: Any) -> ReaderSpec:
             tok = load_tokenizer(tok)
     return ReaderSpec(column=source.column, text_column=source.text_column, tokenizer=tok,
                       batch_size=source.batch_size, add_special_tokens=False, hf_streaming=source.hf_streaming,
-                      hf_split=None)
+                      hf_split=source.hf_split)
 
 
 def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:

@@ -39,6 +39,9 @@ class CorpusSource:
         format: an input format, or None to guess from each file's suffix.
         column: a list<int> token-id column; or ``text_column`` + ``tokenizer`` for text.
         tokenizer: path of a ``tokenizer.json`` (needed for text).
+        hf_streaming: stream Hugging Face datasets instead of caching them.
+        batch_size: rows per batch.
+        hf_split: the split of a Hugging Face ``DatasetDict`` (``--split``).
     """
 
     inputs: tuple[str, ...]
@@ -48,6 +51,7 @@ class CorpusSource:
     tokenizer: str | None = None
     hf_streaming: bool = False
     batch_size: int = 4096
+    hf_split: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain values (``inputs`` as a list)."""
@@ -72,6 +76,7 @@ class CorpusSource:
             tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
             batch_size=self.batch_size,
             hf_streaming=self.hf_streaming,
+            hf_split=self.hf_split,
         )
 
 
