@@ -239,3 +239,11 @@ def test_real_minilm_checkpoint_against_fortunes(tmp_path, data_dir, capsys):
     assert ref["mds"]["scaled_stress"] < e["scaled_stress"]
     for lr in res["layers"]:
         assert 0.0 <= lr["scaled_stress"] <= 1.0 and np.isfinite(lr["stress"])
+    # the counts excluded [CLS] (the tokenizer's special tokens): auto offset 1, said in the notes
+    assert res["positions"]["row_offset"] == 1 and any(n.startswith("offset 1 (auto)") and "[CLS]" in n for n in res["notes"])
+    # the model folder is read as well (config.json + model.safetensors); an explicit offset wins
+    assert main(["audit", str(ckpt.parent), "--counts", str(run), "--offset", "0", "--no-layers",
+                 "--out", str(tmp_path / "zero.json")]) == 0
+    zero = json.loads((tmp_path / "zero.json").read_text())
+    assert zero["positions"]["row_offset"] == 0 and zero["key"] == res["key"]
+    assert not any("(auto)" in n for n in zero["notes"])

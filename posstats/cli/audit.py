@@ -23,24 +23,39 @@ head and averaged over heads (heads from config.json next to the checkpoint, or 
 
 example:
   posstats audit model/model.safetensors --counts runs/demo --out runs/demo/audit.json
+  posstats audit path/to/model-folder --counts runs/demo    # config.json + model.safetensors
 """
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a .safetensors checkpoint or an .npy (n, d) table")
+    p.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="a .safetensors checkpoint, an .npy (n, d) table, or a model folder (config.json + model.safetensors)")
     p.add_argument("--counts", required=True, metavar="RUN_DIR", help="run folder ('posstats run'/'analyze') or counts folder ('posstats count')")
     p.add_argument("--key", metavar="NAME", help="tensor name of the position table (default: auto-detected)")
     p.add_argument("--heads", type=int, metavar="H", help="attention heads per layer (default: config.json next to the checkpoint)")
     p.add_argument("--min-occupancy", type=int, metavar="K", help="for a counts folder: leave out positions with fewer tokens (default 1)")
-    p.add_argument("--offset", type=int, default=0, metavar="K",
-                   help="compare corpus position i with table row i + K (default 0; 1 for BERT with [CLS] excluded "
-                        "from the counts, since the model puts [CLS] at row 0)")
+    p.add_argument("--offset", type=_offset, default="auto", metavar="K|auto",
+                   help="compare corpus position i with table row i + K; auto (default): from the model and the "
+                        "counts' exclusions (1 for BERT against counts without [CLS], which the model puts at row 0; "
+                        "pad_token_id + 1 more for RoBERTa), said in the output")
     p.add_argument("--no-layers", action="store_true", help="skip the layer-wise projected stress")
     p.add_argument("--seed", type=int, default=0, help="seed of sampled monotonicity (default 0)")
     p.add_argument("--out", metavar="FILE.json", help="also write the audit as JSON")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     p.set_defaults(func=run)
+
+
+def _offset(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

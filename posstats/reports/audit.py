@@ -41,6 +41,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,14 +345,60 @@ def _scores(matrix: np.ndarray, distances: np.ndarray, positions: np.ndarray, *,
     }
 
 
-def _heads_from_config(ckpt_path: Path) -> int | None:
+def _model_config(ckpt_path: Path) -> dict[str, Any]:
+    """The ``config.json`` beside a checkpoint ({} when absent or unreadable)."""
     cfg = ckpt_path.parent / "config.json"
-    if not cfg.is_file():
-        return None
     try:
-        data = json.loads(cfg.read_text())
+        data = json.loads(cfg.read_text()) if cfg.is_file() else {}
     except (OSError, ValueError):
-        return None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def resolve_checkpoint(path: str | os.PathLike, /) -> Path:
+    """A checkpoint file, or the weights of a model folder (``model.safetensors``, else its
+    one ``*.safetensors`` file).
+
+    Raises:
+        InputError: a folder without safetensors weights, or with several and no model.safetensors.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return p
+    if (p / "model.safetensors").is_file():
+        return p / "model.safetensors"
+    found = sorted(p.glob("*.safetensors"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        msg = f"{p}: a model folder without safetensors weights (pickled .bin files are not read)"
+    else:
+        msg = f"{p}: several safetensors files ({', '.join(f.name for f in found[:4])}) and no model.safetensors; name one"
+    raise InputError(msg)
+
+
+# model types whose position ids start after the padding index (fairseq convention)
+_PADDING_OFFSET_MODELS = ("roberta", "xlm-roberta", "camembert", "longformer", "bart", "mbart")
+
+
+def auto_offset(key: str, excluded: Sequence[int], config: dict[str, Any], /) -> tuple[int, str]:
+    """Which table row corpus position 0 is, and why: a BERT-style model puts [CLS] at row 0,
+    so counts without the special tokens start at row 1; RoBERTa-style models number
+    positions from ``pad_token_id + 1``; GPT-2 puts the first token at row 0."""
+    model_type = str(config.get("model_type", ""))
+    skipped = 1 if excluded else 0
+    why = (f"the counts excluded the special tokens ({', '.join(map(str, list(excluded)[:6]))}{' ...' if len(excluded) > 6 else ''}) "
+           "that the model puts first" if excluded else "the counts kept the special tokens at their positions")
+    if model_type in _PADDING_OFFSET_MODELS and isinstance(config.get("pad_token_id"), int):
+        first = int(config["pad_token_id"]) + 1
+        return first + skipped, f"{model_type} numbers positions from pad_token_id + 1 = {first}, and {why}"
+    if key.endswith("embeddings.position_embeddings.weight") or model_type in ("bert", "distilbert", "electra"):
+        return skipped, f"a BERT-style model puts [CLS] at row 0, and {why}"
+    return 0, "the first token is at row 0 (GPT-2 style)"
+
+
+def _heads_from_config(ckpt_path: Path) -> int | None:
+    data = _model_config(ckpt_path)
     for name in ("num_attention_heads", "n_head", "num_heads"):
         if isinstance(data.get(name), int) and data[name] > 0:
             return int(data[name])
@@ -463,7 +510,7 @@ def audit_checkpoint(
     key: str | None = None,
     heads: int | None = None,
     min_occupancy: int | None = None,
-    offset: int = 0,
+    offset: int | str = "auto",
     layers: bool = True,
     seed: int = 0,
     exact_limit: int = 4096,
@@ -471,7 +518,8 @@ def audit_checkpoint(
     """Audit the learned position table of ``checkpoint`` against the corpus of ``counts``.
 
     Args:
-        checkpoint: ``.safetensors`` checkpoint, or ``.npy`` (n, d) table.
+        checkpoint: ``.safetensors`` checkpoint, ``.npy`` (n, d) table, or a model folder
+            (its ``model.safetensors`` and ``config.json``).
         counts: a run folder (``posstats run`` / ``analyze``: its used positions and counts)
             or a counts folder / file (``posstats count``: positions with
             ``occ >= min_occupancy``).
@@ -479,9 +527,10 @@ def audit_checkpoint(
         heads: heads per attention layer (default: from ``config.json`` beside the
             checkpoint; None there: whole layers only).
         min_occupancy: for a counts folder (default 1); a run folder's own threshold wins.
-        offset: corpus position i is compared with table row ``i + offset`` (default 0:
-            the first rows). Use 1 for a BERT checkpoint audited against counts without
-            [CLS]: the model puts [CLS] at row 0 and the first text token at row 1.
+        offset: corpus position i is compared with table row ``i + offset``; ``"auto"``
+            (default) decides from the model and the counts' exclusions (:func:`auto_offset`:
+            1 for a BERT checkpoint against counts without [CLS], which the model puts at
+            row 0) and the result's notes say which and why.
         layers: compute the layer-wise projected stress.
         seed, exact_limit: monotonicity sampling (see posstats.geometry.diagnostics).
 
@@ -489,11 +538,17 @@ def audit_checkpoint(
         InputError: unreadable / pickled checkpoint, no position table, no counts, fewer
             than two corpus positions within the table.
     """
-    ckpt = Checkpoint(checkpoint)
+    ckpt = Checkpoint(resolve_checkpoint(checkpoint))
     name = find_position_key(ckpt, key=key)
     table = ckpt.get(name).astype(np.float64)
     n_rows, width = table.shape
     corpus, notes = _load_corpus(counts, min_occupancy=min_occupancy)
+    if offset == "auto":
+        offset, why = auto_offset(name, corpus.counts.spec.exclude_ids, _model_config(ckpt.path))
+        notes = [*notes, f"offset {offset} (auto): corpus position i is table row i + {offset}: {why}"]
+    elif isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        msg = f"offset must be 'auto' or an integer >= 0; got {offset!r}"
+        raise InputError(msg)
     positions, left_out = _positions_in_table(corpus.positions, n_rows, offset, checkpoint)
     distances = _corpus_distances(corpus.counts, positions, corpus.run)
     rows = table[positions + offset]
