@@ -51,6 +51,7 @@ __all__ = [
     "counts_file",
     "load_counts",
     "load_header",
+    "load_indptr",
     "load_rows",
     "read_json_file",
     "counts_metadata",
@@ -388,6 +389,16 @@ def load_header(path: str | os.PathLike, /) -> PositionalCounts:
         with _opened(path) as f:
             meta = dict(f.metadata() or {})
     return _from_metadata(meta, sp.csr_array(_shape(meta), dtype=np.int64), path, check=False)
+
+
+def load_indptr(path: str | os.PathLike, /) -> np.ndarray | None:
+    """The (n + 1,) row pointers of a sparse counts file (how many stored counts each row
+    range holds, without reading them), or None for a dense or Parquet file."""
+    path = counts_file(path)
+    if path.name.endswith(".parquet"):
+        return None
+    with _opened(path) as f:
+        return f.get_tensor("indptr").astype(np.int64) if "indptr" in f.keys() else None
 
 
 def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool = True) -> sp.csr_array:

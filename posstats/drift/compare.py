@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
-from posstats.counting.io import load_counts, load_rows
+from posstats.counting.io import load_counts, load_indptr, load_rows
 from posstats.drift.sides import Side, check_comparable
-from posstats.estimates.two_sample import PositionTest, compare_positions
+from posstats.estimates.two_sample import BLOCK_ENTRIES, PositionTest, block_bounds, compare_positions
 from posstats.estimates.verdict import position_ranges
 from posstats.geometry.procrustes import procrustes_drift
 
@@ -181,6 +181,7 @@ def diff(
     config: Any = None,
     drift_dim: int = 16,
     rows_per_block: int = 4096,
+    block_entries: int = BLOCK_ENTRIES,
     show_progress: bool | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DiffResult:
@@ -190,7 +191,8 @@ def diff(
         level: family-wise error level of the per-position decisions.
         config: analysis options for a side given as counts (its report and MDS).
         drift_dim: MDS coordinates aligned for ``mds_drift``.
-        rows_per_block: positions read from each counts file at a time.
+        rows_per_block, block_entries: a block of positions read from both counts files at a
+            time holds at most this many rows and about this many stored counts.
         progress: called with the positions tested so far.
 
     Raises:
@@ -198,8 +200,10 @@ def diff(
     """
     check_comparable(a, b)
     n = a.header.positions
+    bounds = block_bounds(load_indptr(a.counts_path), load_indptr(b.counts_path), n, entries=block_entries,
+                          max_rows=rows_per_block)
     test = compare_positions(lambda lo, hi: load_rows(a.counts_path, lo, hi), lambda lo, hi: load_rows(b.counts_path, lo, hi),
-                             n=n, level=level, rows_per_block=rows_per_block, progress=progress)
+                             n=n, level=level, bounds=bounds, progress=progress)
     ga = side_geometry(a, config, show_progress=show_progress)
     gb = side_geometry(b, config, show_progress=show_progress)
     doc = {

@@ -40,7 +40,7 @@ in one corpus only is reported apart, as empty on the other side.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +48,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaincc, gammaln
 
-__all__ = ["EXACT_LIMIT", "PositionTest", "compare_positions", "holm", "null_moments"]
+__all__ = ["BLOCK_ENTRIES", "EXACT_LIMIT", "PositionTest", "block_bounds", "compare_positions", "holm", "null_moments"]
 
 EXACT_LIMIT = 64  # pooled counts up to this are enumerated exactly
-_BLOCK = 1 << 21  # stored entries per block
+_ENUMERATED = 1 << 22  # outcomes enumerated at a time (cells x (c + 1)): bounds the temporaries
+BLOCK_ENTRIES = 1 << 22  # stored counts (both corpora) read and tested at a time
 
 
 @dataclass(frozen=True)
@@ -137,17 +138,21 @@ def null_moments(c: np.ndarray, n_a: np.ndarray, n_b: np.ndarray) -> tuple[np.nd
     if large.any():
         e = (1.0 / n_a[large] + 1.0 / n_b[large]) / 4.0 * (total[large] - c[large]) / np.maximum(total[large] - 1.0, 1.0)
         mean[large], var[large], third[large] = e, 2.0 * e * e, 8.0 * e**3  # e times a chi-square with 1 df
+    order = np.argsort(c, kind="stable")
+    sorted_c = c[order]
     for value in np.unique(c[~large]).astype(np.int64):
-        sel = np.flatnonzero((c == value) & ~large)
-        k = np.arange(value + 1, dtype=np.float64)
-        logp = _log_hypergeom_pmf(k[None, :], total[sel, None], float(value), n_a[sel, None])
-        p = np.exp(logp)
-        t = (np.sqrt(k[None, :] / n_a[sel, None]) - np.sqrt((value - k[None, :]) / n_b[sel, None])) ** 2
-        m1 = (p * t).sum(axis=1)
-        dev = t - m1[:, None]
-        mean[sel] = m1
-        var[sel] = (p * dev * dev).sum(axis=1)
-        third[sel] = (p * dev**3).sum(axis=1)
+        lo, hi = np.searchsorted(sorted_c, [value, value + 0.5])
+        step = max(1, _ENUMERATED // (int(value) + 1))  # bounds the (cells, c + 1) temporaries
+        for start in range(int(lo), int(hi), step):
+            sel = order[start : min(int(hi), start + step)]
+            k = np.arange(value + 1, dtype=np.float64)
+            p = np.exp(_log_hypergeom_pmf(k[None, :], total[sel, None], float(value), n_a[sel, None]))
+            t = (np.sqrt(k[None, :] / n_a[sel, None]) - np.sqrt((value - k[None, :]) / n_b[sel, None])) ** 2
+            m1 = (p * t).sum(axis=1)
+            dev = t - m1[:, None]
+            mean[sel] = m1
+            var[sel] = (p * dev * dev).sum(axis=1)
+            third[sel] = (p * dev**3).sum(axis=1)
     return mean, var, third
 
 
@@ -228,15 +233,28 @@ def _block_statistics(a: sp.csr_array, b: sp.csr_array) -> tuple[np.ndarray, ...
     rows = np.repeat(np.arange(pooled.shape[0]), np.diff(pooled.indptr))
     keep = tested[rows]
     moments = null_moments(pooled.data[keep], occ_a[rows[keep]], occ_b[rows[keep]])
-    e, v, k3 = (np.bincount(rows[keep], weights=w, minlength=pooled.shape[0]) for w in moments)
+    # (float even when no row of the block is tested: bincount of nothing is int64)
+    e, v, k3 = (np.bincount(rows[keep], weights=w, minlength=pooled.shape[0]).astype(np.float64) for w in moments)
     d2[~tested] = e[~tested] = v[~tested] = k3[~tested] = np.nan
     return occ_a, occ_b, d2, e, v, k3
 
 
-def _blocks(read_a: Callable[[int, int], Any], read_b: Callable[[int, int], Any], n: int, rows_per_block: int) -> Iterator[tuple[Any, Any]]:
-    for lo in range(0, n, rows_per_block):
-        hi = min(n, lo + rows_per_block)
-        yield read_a(lo, hi), read_b(lo, hi)
+def block_bounds(indptr_a: np.ndarray | None, indptr_b: np.ndarray | None, n: int, /, *,
+                 entries: int = BLOCK_ENTRIES, max_rows: int = 4096) -> list[int]:
+    """Row boundaries ``[0, ..., n]`` of blocks holding about ``entries`` stored counts of
+    both corpora together (from their CSR row pointers; None: dense, ``max_rows`` rows), and
+    at most ``max_rows`` rows: long contexts put most tokens in the first positions, so
+    blocks of equal rows would not bound memory."""
+    if indptr_a is None or indptr_b is None:
+        return list(range(0, n, max_rows)) + [n]
+    load = np.asarray(indptr_a, dtype=np.int64) + np.asarray(indptr_b, dtype=np.int64)
+    bounds, lo = [0], 0
+    while lo < n:
+        hi = int(np.searchsorted(load, load[lo] + entries, side="right")) - 1
+        hi = min(max(hi, lo + 1), lo + max_rows, n)
+        bounds.append(hi)
+        lo = hi
+    return bounds
 
 
 def compare_positions(
@@ -247,6 +265,7 @@ def compare_positions(
     level: float = 0.05,
     n: int | None = None,
     rows_per_block: int = 4096,
+    bounds: list[int] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> PositionTest:
     """The two-sample test at every position (module docstring).
@@ -257,7 +276,8 @@ def compare_positions(
             long contexts are tested block by block without loading either corpus whole.
         level: family-wise error level of the ``changed`` decisions (Holm).
         n: number of positions, when ``a`` and ``b`` are readers.
-        rows_per_block: positions handled at a time.
+        rows_per_block: positions handled at a time, unless ``bounds`` gives the blocks
+            (:func:`block_bounds`: by stored counts, which bounds the memory).
         progress: called with the number of positions done after each block.
 
     Returns:
@@ -285,8 +305,9 @@ def compare_positions(
 
     parts = []
     done = 0
-    for block_a, block_b in _blocks(read_a, read_b, n, rows_per_block):
-        parts.append(_block_statistics(_csr(block_a), _csr(block_b)))
+    edges = bounds if bounds is not None else [*range(0, n, rows_per_block), n]
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        parts.append(_block_statistics(_csr(read_a(lo, hi)), _csr(read_b(lo, hi))))
         done += parts[-1][0].shape[0]
         if progress is not None:
             progress(done)
