@@ -101,6 +101,7 @@ def _positions_entry(t: PositionTest) -> dict[str, Any]:
         "threshold_d_h": _rounded(np.where(tested, t.threshold_d_h(), np.nan)),
         "low_d_h": _rounded(np.where(tested, t.quantile_d_h(0.975), np.nan)),
         "p_value": _rounded(t.p_value, 4),
+        "checked_by_simulation": [{"position": int(i), **c} for i, c in sorted(t.checked.items())],
     }
 
 
