@@ -44,7 +44,7 @@ def write_analysis(
     analysis: Analysis,
     /,
     *,
-    inputs: dict[str, Any],
+    inputs: dict[str, Any] | None = None,
     run_id: str | None = None,
     html: bool = True,
     name: str | None = None,
@@ -56,7 +56,7 @@ def write_analysis(
     Args:
         stage: the folder to write into.
         analysis: from :func:`posstats.analysis.analyze`.
-        inputs: ``report.json``'s ``inputs`` entry (e.g. ``{"counts": PATH}``).
+        inputs: ``report.json``'s ``inputs`` entry (e.g. ``{"counts": PATH}``; default empty).
         run_id: ``report.json``'s ``run_id`` (the pipeline's run), if any.
         html: also write ``report.html``, ``figures/`` and ``summary.md``.
         name, width, max_positions: of the HTML report
@@ -69,7 +69,8 @@ def write_analysis(
     report = analysis.report()
     if run_id is not None:
         report["run_id"] = run_id
-    report["inputs"] = inputs
+    report["inputs"] = dict(inputs or {})
+    stage.mkdir(parents=True, exist_ok=True)
     write_json_atomic(stage / CONFIG_FILE, analysis.config.to_dict())
     write_mds(stage / MDS_FILE, analysis.positions, analysis.mds, fingerprint=analysis.counts.fingerprint)
     with atomic_path(stage / MARKDOWN_FILE) as tmp:
