@@ -141,3 +141,28 @@ def test_encode_texts_empty_and_generator(gpt2):
 def test_encode_texts_rejects_non_strings(gpt2):
     with pytest.raises(InputError, match=r"^corpus\.jsonl: row 12: expected a text string, got None$"):
         encode_texts(gpt2, ["a", "b", None], source="corpus.jsonl", first_row=10)
+
+
+def test_tokenizer_from_a_model_folder_a_cached_name_or_a_file_url(tmp_path, monkeypatch):
+    import shutil
+
+    from posstats.corpus.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_hash
+    from posstats.errors import InputError
+
+    src = Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "gpt2.tokenizer.json"
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shutil.copy(src, folder / "tokenizer.json")
+    snap = tmp_path / "hf" / "hub" / "models--openai-community--gpt2" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    shutil.copy(src, snap / "tokenizer.json")
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    for name in (str(folder), "openai-community/gpt2", f"file://{src}"):
+        assert load_tokenizer(name).get_vocab_size() == 50257, name
+        assert tokenizer_hash(name) == tokenizer_hash(src)
+    assert resolve_tokenizer("openai-community/gpt2") == str(snap / "tokenizer.json")
+    with pytest.raises(InputError, match="no such tokenizer.json, model folder, or model in the local Hugging Face cache"):
+        load_tokenizer("nobody/nothing")

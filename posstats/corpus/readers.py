@@ -106,6 +106,13 @@ def resolve_inputs(patterns: Iterable[str | os.PathLike[str]], /) -> list[str]:
     found: set[str] = set()
     for pattern in patterns:
         pattern = os.path.expanduser(os.fspath(pattern))
+        if pattern.startswith("file://"):  # a local file URL is its path
+            pattern = pattern[len("file://") :]
+        elif "://" in pattern:
+            scheme = pattern.split("://", 1)[0]
+            msg = (f"{pattern}: {scheme}:// inputs are read by the pipeline (posstats pipeline mirrors object stores); "
+                   "for count / run, copy the files locally first")
+            raise InputError(msg)
         if _GLOB_CHARS.search(pattern):
             matches = glob.glob(pattern, recursive=True)
         else:

@@ -19,20 +19,64 @@ from tokenizers import Tokenizer
 from posstats.corpus.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError
 
-__all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "special_token_ids", "tokenizer_hash", "vocab_size"]
+__all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "resolve_tokenizer", "special_token_ids", "tokenizer_hash",
+           "vocab_size"]
 
 _HASH_CHARS = 16
 
 
+def _hub_cache() -> str:
+    """The local Hugging Face hub cache: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ~/.cache."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def resolve_tokenizer(name: str | os.PathLike[str], /) -> str:
+    """The ``tokenizer.json`` file that ``name`` names: the file itself (``file://`` allowed),
+    a model folder holding one, or a model name (``org/model``) found in the local Hugging
+    Face cache (offline: nothing is downloaded). Anything else is returned as given, so that
+    :func:`load_tokenizer` reports it."""
+    text = os.fspath(name)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    if os.path.isdir(text):
+        inside = os.path.join(text, "tokenizer.json")
+        return inside if os.path.isfile(inside) else text
+    if os.path.exists(text) or not text or text.startswith((".", "/", "~")) or text.endswith(".json"):
+        return text
+    repo = os.path.join(_hub_cache(), "models--" + text.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    ref = os.path.join(repo, "refs", "main")
+    candidates = []
+    if os.path.isfile(ref):
+        with open(ref, encoding="utf-8") as fh:
+            candidates.append(os.path.join(snapshots, fh.read().strip(), "tokenizer.json"))
+    if os.path.isdir(snapshots):
+        found = [os.path.join(snapshots, s, "tokenizer.json") for s in os.listdir(snapshots)]
+        candidates += sorted((f for f in found if os.path.isfile(f)), key=os.path.getmtime, reverse=True)
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    return text
+
+
 def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
-    """Load a ``tokenizer.json`` with padding and truncation switched off.
+    """Load a ``tokenizer.json`` (a file, a model folder, or a model name in the local Hugging
+    Face cache: :func:`resolve_tokenizer`) with padding and truncation switched off.
 
     Raises:
         InputError: ``"<path>: not a tokenizer.json (<reason>)"`` when the file is missing,
             unreadable, or not a tokenizer.
     """
-    path = os.fspath(path)
+    given = os.fspath(path)
+    path = resolve_tokenizer(given)
     if not os.path.isfile(path):
+        if not os.path.exists(path) and not given.startswith((".", "/", "~", "file://")) and not given.endswith(".json"):
+            msg = (f"{given}: no such tokenizer.json, model folder, or model in the local Hugging Face cache "
+                   f"({_hub_cache()}); nothing is downloaded")
+            raise InputError(msg)
         reason = "is a directory" if os.path.isdir(path) else "no such file"
         msg = f"{path}: not a tokenizer.json ({reason})"
         raise InputError(msg)
@@ -53,7 +97,7 @@ def tokenizer_hash(path: str | os.PathLike[str], /) -> str:
     merged. It hashes the file, not the loaded object, so two byte-different files that
     tokenise identically get different hashes (conservative, never the reverse).
     """
-    path = os.fspath(path)
+    path = resolve_tokenizer(path)
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
