@@ -177,7 +177,7 @@ def test_bad_checkpoints(run_dir, weights, tmp_path):
     with pytest.raises(InputError, match="pickled checkpoints"):
         audit_checkpoint(tmp_path / "model.bin", run_dir)
     (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 20)
-    with pytest.raises(InputError, match="not a safetensors file"):
+    with pytest.raises(InputError, match="not a readable safetensors file"):
         audit_checkpoint(tmp_path / "junk.safetensors", run_dir)
     with pytest.raises(InputError, match="no such checkpoint"):
         audit_checkpoint(tmp_path / "missing.safetensors", run_dir)

@@ -422,3 +422,31 @@ def test_make_encoding_checks_mds_rows():
 def test_bad_positions_raise(bad):
     with pytest.raises(ValueError, match="positions"):
         sinusoidal(bad, 4)
+
+
+@pytest.mark.parametrize("kind", ["float8_e4m3fn", "float8_e5m2", "bfloat16"])
+def test_learned_tables_in_bf16_and_fp8_read_like_torch(tmp_path, kind):
+    """One safetensors reader: the learned: encoding (and the audit) widen bf16 and both 8-bit
+    float formats exactly as torch does (no crash, no traceback)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file as save_torch
+
+    from posstats.tensors import SafetensorsFile
+
+    table = torch.randn(12, 6) * 3
+    stored = table.to(getattr(torch, kind))
+    path = tmp_path / "t.safetensors"
+    save_torch({"wpe.weight": stored}, str(path))
+    want = stored.to(torch.float32).numpy()
+    np.testing.assert_array_equal(SafetensorsFile(path).get("wpe.weight"), want)
+    enc = make_encoding(f"learned:{path}", np.arange(12), 6)
+    np.testing.assert_array_equal(enc.matrix, want.astype(np.float64))
+
+
+def test_float8_tables_cover_every_byte_like_torch():
+    torch = pytest.importorskip("torch")
+    from posstats.tensors import float8_table
+
+    raw = torch.arange(256, dtype=torch.uint8)
+    for name, kind in (("F8_E4M3", torch.float8_e4m3fn), ("F8_E5M2", torch.float8_e5m2)):
+        np.testing.assert_array_equal(float8_table(name), raw.view(kind).to(torch.float32).numpy())

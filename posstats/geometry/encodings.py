@@ -29,7 +29,6 @@ canonical spec (defaults left out, the first parameter bare), e.g. ``rope-half``
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
@@ -38,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from safetensors import safe_open
 
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.rope_scaling import ROPE_TYPES, hf_rope, rope_inv_freq
 from posstats.geometry.smacof import pair_weights, smacof
+from posstats.tensors import SafetensorsFile
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -485,32 +484,12 @@ def _mds_coordinates(mds_result: Any) -> np.ndarray:
 
 
 def _safetensors_keys(path: str) -> list[str]:
-
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return list(f.keys())
-    except Exception as exc:  # noqa: BLE001 - any failure here is a bad file
-        msg = f"{path}: not a readable safetensors file ({exc})"
-        raise InputError(msg) from exc
+    return SafetensorsFile(path).keys()
 
 
 def _safetensors_tensor(path: str, key: str) -> np.ndarray:
-    """One tensor of a safetensors file as a numpy array (bfloat16 widened to float32)."""
-
-    with safe_open(path, framework="numpy") as f:
-        dtype = f.get_slice(key).get_dtype()
-        if dtype != "BF16":
-            return f.get_tensor(key)
-    # numpy has no bfloat16: read the raw 16-bit words and widen them (the high half of a
-    # float32 is exactly a bfloat16).
-    with open(path, "rb") as fh:
-        header_len = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(header_len))
-        begin, end = header[key]["data_offsets"]
-        shape = tuple(header[key]["shape"])
-        fh.seek(8 + header_len + begin)
-        words = np.frombuffer(fh.read(end - begin), dtype="<u2")
-    return (words.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    """One tensor of a safetensors file as numpy (bfloat16 and 8-bit floats widened to float32)."""
+    return SafetensorsFile(path).get(key)
 
 
 def _find_learned_key(path: str, keys: list[str]) -> str:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,7 @@ from posstats.geometry.encodings import sinusoidal
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.stress import stress_report
 from posstats.runs.run_folder import RunData, load_run, report_bias, sparse_rows
+from posstats.tensors import SafetensorsFile
 
 __all__ = [
     "AuditResult",
@@ -76,17 +76,13 @@ _POSITION_PATTERNS = (
 )
 _PICKLED = {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"}
 # safetensors dtype names -> numpy dtypes; BF16 is widened to float32 by hand.
-_ST_DTYPES = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-    "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?",
-}
 
 
 class Checkpoint:
     """Read-only access to the tensors of a safetensors file or a single ``.npy`` array.
 
-    Parses the safetensors header (8-byte little-endian length + JSON) itself, so no code
-    from the file runs and bfloat16 tensors (which numpy lacks) can be widened to float32.
+    Safetensors through :class:`posstats.tensors.SafetensorsFile` (the library's one reader:
+    no code from the file runs; bfloat16 and 8-bit floats widened to float32).
     """
 
     def __init__(self, path: str | os.PathLike, /) -> None:
@@ -108,18 +104,9 @@ class Checkpoint:
                 raise InputError(msg) from exc
             self._header = {"position_embeddings": {"shape": list(arr.shape), "dtype": arr.dtype.str}}
             return
-        try:
-            with open(self.path, "rb") as fh:
-                (length,) = struct.unpack("<Q", fh.read(8))
-                if length > 100 * 2**20:
-                    raise ValueError(f"header length {length} is implausible")
-                header = json.loads(fh.read(length))
-        except Exception as exc:  # noqa: BLE001 - struct/json/OS errors
-            msg = f"{self.path}: not a safetensors file ({_first_line(exc)})"
-            raise InputError(msg) from exc
-        self.metadata = dict(header.pop("__metadata__", None) or {})
-        self._header = header
-        self._data_start = 8 + length
+        self._file = SafetensorsFile(self.path)
+        self.metadata = self._file.metadata
+        self._header = {k: {"shape": list(self._file.shape(k))} for k in self._file.keys()}
 
     def keys(self) -> list[str]:
         """Tensor names, in file order."""
@@ -130,26 +117,13 @@ class Checkpoint:
         return tuple(int(x) for x in self._header[name]["shape"])
 
     def get(self, name: str, /) -> np.ndarray:
-        """Tensor ``name`` as a numpy array (bfloat16 widened to float32)."""
+        """Tensor ``name`` as a numpy array (bfloat16 and 8-bit floats widened to float32)."""
         if name not in self._header:
             msg = f"{self.path}: no tensor {name!r}"
             raise InputError(msg)
         if self._npy:
             return np.load(self.path, allow_pickle=False)
-        info = self._header[name]
-        start, end = (int(x) for x in info["data_offsets"])
-        shape = self.shape(name)
-        with open(self.path, "rb") as fh:
-            fh.seek(self._data_start + start)
-            raw = fh.read(end - start)
-        dt = info["dtype"]
-        if dt == "BF16":
-            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            return bits.view(np.float32).reshape(shape)
-        if dt not in _ST_DTYPES:
-            msg = f"{self.path}: tensor {name!r} has unsupported dtype {dt}"
-            raise InputError(msg)
-        return np.frombuffer(raw, dtype=_ST_DTYPES[dt]).reshape(shape).copy()
+        return self._file.get(name)
 
 
 def _first_line(exc: BaseException) -> str:
