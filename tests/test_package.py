@@ -38,3 +38,27 @@ def test_library_never_imports_ray_or_jobs():
                 names = [node.module]
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in banned]
     assert offenders == []
+
+
+def test_module_level_imports_are_declared_dependencies():
+    """Every third-party package imported at module level by the library is a declared
+    dependency; optional ones (datasets, torch, cupy, ray, transformers) are imported inside
+    functions only."""
+    import re
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {re.split(r"[<>=\[ ]", d)[0].lower().replace("-", "_") for d in deps}
+    local = {"posstats", "jobs"}
+    found = {}
+    for path in (repo / "posstats").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            m = re.match(r"(?:import|from) ([A-Za-z_][A-Za-z0-9_]*)", line)  # column 0: module level
+            if m and m.group(1) not in local and m.group(1) not in sys.stdlib_module_names and m.group(1) != "__future__":
+                found.setdefault(m.group(1), path.relative_to(repo).as_posix())
+    undeclared = {mod: where for mod, where in found.items() if mod.lower() not in declared}
+    assert undeclared == {}, undeclared
+    assert "datasets" not in declared and "torch" not in declared  # extras, imported lazily

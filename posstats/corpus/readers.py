@@ -727,8 +727,18 @@ def _ids_from_strings(array: pa.Array, path: str, first_row: int, name: str) -> 
 # Hugging Face datasets (offline: local folders and files only)
 
 
+def _import_datasets() -> Any:
+    """The ``datasets`` package (an optional extra: only Hugging Face inputs need it)."""
+    try:
+        import datasets
+    except ImportError:
+        msg = "reading a Hugging Face dataset needs the datasets package: pip install 'posstats[hf]'"
+        raise InputError(msg) from None
+    return datasets
+
+
 def _read_hf(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
-    import datasets  # heavy; only imported when an HF input is read
+    datasets = _import_datasets()  # heavy; only imported when an HF input is read
 
     if not os.path.exists(path):
         msg = f"{path}: no such file or folder"
@@ -781,7 +791,7 @@ def _hf_columns(ds: Any, path: str, spec: ReaderSpec) -> Iterator[pa.ChunkedArra
 
 
 def _pick_split(ds: Any, path: str, split: str | None) -> Any:
-    import datasets
+    datasets = _import_datasets()
 
     if not isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split is not None:
