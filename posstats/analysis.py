@@ -667,7 +667,14 @@ def _sampled_geometry(
     m = len(g.positions)
     t = time.perf_counter()
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
-    mds = classical_mds(op, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol, seed=config.seed, diagonal=bias)
+    with progress(desc="MDS (Lanczos)", unit="products", enabled=show_progress) as bar:
+
+        def report(products: int, residual: float) -> None:
+            bar.update(products - bar.n)
+            bar.set_postfix_str(f"residual {residual:.1e} (target {config.lanczos_tol:.0e})", refresh=False)
+
+        mds = classical_mds(op, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
+                            seed=config.seed, diagonal=bias, progress=report)
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -236,6 +236,7 @@ def classical_mds(
     diagonal: Any = None,
     squared_distances: Any = None,
     xp: types.ModuleType | None = None,
+    progress: Any = None,
 ) -> MDSResult:
     """Classical MDS of the squared Hellinger distances between the rows of ``counts``.
 
@@ -260,6 +261,8 @@ def classical_mds(
             caller has it already (it is copied, never modified); default: computed here.
         xp: ``lanczos`` only: run the products with this namespace (``cupy`` puts a scipy
             sparse input on the GPU); default: where ``counts`` lives.
+        progress: ``lanczos`` only: called as ``progress(products, residual)`` at each
+            convergence check (operator products so far, largest residual estimate).
 
     ``lanczos`` interprets ``tol`` relative to the largest eigenvalue:
     ``||A x - theta x|| <= tol * theta_1`` for every returned pair (``theta_1`` the largest),
@@ -304,7 +307,8 @@ def classical_mds(
         msg = f"a prebuilt sqrt_operator needs method='lanczos'; got {method!r}"
         raise ValueError(msg)
     if method == "lanczos":
-        return _lanczos_mds(counts, k=int(k), tol=tol, seed=seed, block=int(block), diagonal=diagonal, xp=xp)
+        return _lanczos_mds(counts, k=int(k), tol=tol, seed=seed, block=int(block), diagonal=diagonal, xp=xp,
+                            progress=progress)
     return _iterative_mds(counts, k=int(k), tol=tol, seed=seed)
 
 
@@ -858,7 +862,8 @@ def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int)
 
 
 def _block_lanczos(
-    matmat: Any, dim: int, k: int, *, block: int, tol: float, seed: int, xp: types.ModuleType, max_dim: int
+    matmat: Any, dim: int, k: int, *, block: int, tol: float, seed: int, xp: types.ModuleType, max_dim: int,
+    progress: Any = None,
 ) -> tuple[np.ndarray, Any, np.ndarray, int, bool]:
     """Top-k eigenpairs of a symmetric operator by block Lanczos with full reorthogonalisation.
 
@@ -904,6 +909,8 @@ def _block_lanczos(
             est = np.linalg.norm(r_host @ y[-width:, :], axis=0) / top
             if breakdown:
                 est[:] = 0.0
+            if progress is not None:
+                progress(applied, float(est.max()))
             if np.all(est <= tol) or exhausted or breakdown:
                 x = basis[:, :m] @ xp.asarray(y)
                 return theta, x, est, applied, bool(np.all(est <= tol))
@@ -927,7 +934,8 @@ def sqrt_operator(counts: Any, /, *, xp: types.ModuleType | None = None, split: 
     return _SplitSqrt(counts, xp=xp, split=split)
 
 
-def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None) -> MDSResult:
+def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None,
+                 progress: Any = None) -> MDSResult:
     op = counts if isinstance(counts, _SplitSqrt) else _SplitSqrt(counts, xp=xp)
     xp = op.xp
     n, v = op.shape
@@ -951,7 +959,8 @@ def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diag
         return out
 
     max_dim = min(dim, max(4 * kk + 2 * block, (1 << 27) // max(dim, 1)))
-    theta, x, _, applied, converged = _block_lanczos(matmat, dim, kk, block=block, tol=tol, seed=seed, xp=xp, max_dim=max_dim)
+    theta, x, _, applied, converged = _block_lanczos(matmat, dim, kk, block=block, tol=tol, seed=seed, xp=xp, max_dim=max_dim,
+                                                     progress=progress)
     top = abs(float(theta[0])) or 1.0
     if n_side:
         ax = matmat(x)
