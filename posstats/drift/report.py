@@ -46,7 +46,8 @@ def change_figure(doc: dict[str, Any], /) -> Plot:
     ax.set_xlabel("position")
     ax.set_ylabel("Hellinger distance between A and B")
     ax.legend(fontsize=8, loc="best")
-    caption = ("Each position's distance between the two corpora (blue) against what sampling alone gives at its "
+    caption = ("Look for the circled positions. Each position's distance between the two corpora (blue) against what "
+               "sampling alone gives at its "
                "occupancies (grey line) and the noise band (shaded, up to the family-wise threshold): positions above "
                "the band, circled, "
                f"changed at the family-wise level {100 * p['level']:g} %.")
@@ -70,8 +71,8 @@ def spectra_figure(doc: dict[str, Any], /) -> Plot:
         ax.set_title(f"{side.upper()}: {doc[side]['label']}"[:60] + f" (rank {s.get('rank')})", fontsize=9)
         ax.set_xlabel("component")
     axes[0].set_ylabel("MDS eigenvalue")
-    caption = ("The MDS eigenvalues of A (left) and B (right): a component that appears, vanishes or moves across "
-               "the dashed line (the null, when computed) is a change in the geometry, not only in single positions.")
+    caption = ("The MDS eigenvalues of A (left) and B (right): look for a component that appears, vanishes or moves "
+               "across the dashed line (the null, when computed): a change in the geometry, not only in single positions.")
     return Plot("spectra", "Spectra side by side", caption, fig)
 
 
@@ -86,7 +87,8 @@ def drift_figure(doc: dict[str, Any], /) -> Plot:
         ax.legend(fontsize=8)
     ax.set_xlabel("position")
     ax.set_ylabel(f"drift (first {m['dim']} MDS coordinates)")
-    caption = ("How far each position moved in the MDS encoding between A and B after the best rotation "
+    caption = ("Look for positions far above the dotted line: how far each position moved in the MDS encoding between "
+               "A and B after the best rotation "
                "(orthogonal Procrustes), against the typical size of A's encoding (dotted): what a model team "
                "holding A's exported table would see change. Sampling noise moves positions too.")
     return Plot("mds_drift", "MDS encoding drift", caption, fig)

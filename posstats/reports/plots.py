@@ -361,7 +361,7 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     axes[1].legend(fontsize=7, loc="best")
     caption = (
         "Stress of each encoding against the corpus geometry at each width (left raw, right at the optimal "
-        "scale): lower is a more faithful geometry. Classical MDS minimises strain (inner products), not "
+        "scale): look for the lowest curve, the most faithful geometry. Classical MDS minimises strain (inner products), not "
         "stress, so it is not a lower bound here: mds-smacof, stress majorisation started from it, usually "
         "scores lower. Raw stress is dominated by an encoding's overall scale, scaled stress is not."
     )
@@ -416,7 +416,7 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
     ax.legend(fontsize=8, loc="best")
     caption = (
         f"Scaled stress of {sweep['spec']} against {sweep['parameter']}, one line per width, with 95 % intervals: "
-        f"the star marks the {sweep['parameter']} whose encoding best reproduces the corpus geometry at that width "
+        f"look for the star, which marks the {sweep['parameter']} whose encoding best reproduces the corpus geometry at that width "
         "(none where every value gives the same stress, e.g. a width whose pairs the scaling leaves unchanged); "
         "values whose intervals overlap the star's cannot be told apart by this corpus."
     )
