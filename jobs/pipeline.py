@@ -79,6 +79,7 @@ from jobs.count import JobOptions, count_job, refresh_job
 from posstats.analysis import analyze
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.counting.io import load_counts, load_header, write_json_atomic
+from posstats.drift import check_comparable, diff, load_side, store_run_side, write_diff, write_skipped
 from posstats.errors import InputError, PosstatsError
 from posstats.guard import run_guarded
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
@@ -520,8 +521,6 @@ def _stage_diff(run: _Run, staging: Path) -> dict[str, Any]:
     changed beyond sampling noise, spectra, stress and MDS drift, into ``diff/``. The counts
     are read a block of positions at a time; nothing when there is no previous run, a page
     saying why when it was counted differently."""
-    from posstats.drift import check_comparable, diff, load_side, store_run_side, write_diff, write_skipped
-
     previous = run.previous
     if previous is None:
         return {"against": None, "note": "no earlier complete run to compare with"}

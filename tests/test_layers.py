@@ -37,9 +37,12 @@ def _resolve(target: str) -> str | None:
 
 def _optional_guards(tree: ast.Module) -> set[int]:
     """Ids of the import statements inside ``try: ... except ImportError`` (or
-    ModuleNotFoundError): guards of optional dependencies, which may stay in functions."""
+    ModuleNotFoundError): guards of optional dependencies, which may stay in functions; and
+    inside ``if TYPE_CHECKING:`` (names for type checkers, never imported at run time)."""
     guarded = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
         if isinstance(node, ast.Try) and any(
             isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
         ):

@@ -44,6 +44,11 @@ def _all_plots():
         plots.stress_by_dim_figure(_entries()),
         plots.lowrank_figure(rows, n=50, width=16),
         plots.monotonicity_figure(_entries(), corpus_rate=0.2),
+        plots.sweep_figure({"spec": "rope:type=linear,factor=2|4", "parameter": "factor", "values": [2.0, 4.0],
+                            "members": ["rope:type=linear:factor=2", "rope:type=linear:factor=4"], "others": [{}, {}]},
+                           [{"name": f"rope:type=linear:factor={f}", "dim": d, "scaled_stress": 0.1 * f + 0.01 * d,
+                             "scaled_stress_ci95": [0.1 * f + 0.01 * d - 0.01, 0.1 * f + 0.01 * d + 0.01]}
+                            for f in (2, 4) for d in (2, 16)]),
     ]
 
 

@@ -4,10 +4,14 @@ counting flags, shared with the job entrypoints too, are in :mod:`posstats.flags
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from posstats.analysis import DEFAULT_DIMS, AnalysisConfig
 from posstats.flags import int_list
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, split_encoding_list
+from posstats.progress import set_quiet
+from posstats.reports.summary import format_summary
 
 __all__ = ["add_analysis_args", "analysis_config", "print_report", "quiet_from_args"]
 
@@ -89,19 +93,12 @@ def analysis_config(args: argparse.Namespace):
 def quiet_from_args(args: argparse.Namespace) -> None:
     """Apply ``-q`` (progress bars off) before any work starts."""
     if getattr(args, "quiet", False):
-        from posstats.progress import set_quiet
-
         set_quiet(True)
 
 
 def print_report(report: dict, args: argparse.Namespace, *, out: str) -> None:
     """What ``run`` / ``analyze`` print: the summary (default), report.json (``--json``), or
     nothing (``-q``); with ``-v`` the seconds of every step on stderr."""
-    import json
-    import sys
-
-    from posstats.reports.summary import format_summary
-
     if args.json:
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")

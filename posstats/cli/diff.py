@@ -7,6 +7,8 @@ import json
 import sys
 
 from posstats.cli._common import add_analysis_args, analysis_config, quiet_from_args
+from posstats.cli.status import storage_options
+from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
 from posstats.errors import InputError
 from posstats.flags import str_list
 from posstats.progress import progress
@@ -60,8 +62,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
-
     quiet_from_args(args)
     if not 0 < args.level < 1:
         raise InputError(f"--level must be in (0, 1), got {args.level}")
@@ -70,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
     if args.store:
         if args.sides:
             raise InputError("give either two folders A B or --store, not both")
-        from posstats.cli.status import storage_options
-
         a, b = store_sides(args.store, list(args.runs) if args.runs else None,
                            storage_options=storage_options(args.storage_option) or None)
     else:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
+from posstats.analysis import analyze
 from posstats.counting.io import load_counts, load_indptr, load_rows
 from posstats.drift.sides import Side, check_comparable
 from posstats.estimates.two_sample import BLOCK_ENTRIES, PositionTest, block_bounds, compare_positions
@@ -67,8 +68,6 @@ def side_geometry(side: Side, config: Any = None, *, show_progress: bool | None 
     if side.run is not None:
         r = side.run
         return SideGeometry(r.report, r.positions, r.encoding, r.eigenvalues)
-    from posstats.analysis import analyze
-
     analysis = analyze(load_counts(side.counts_path, compact=True), config, show_progress=show_progress)
     return SideGeometry(analysis.report(), np.asarray(analysis.positions), analysis.mds.encoding, analysis.mds.eigenvalues)
 

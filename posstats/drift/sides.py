@@ -19,6 +19,7 @@ from posstats.counting.io import counts_file, load_header
 from posstats.errors import InputError
 from posstats.runs.publish import published_dir
 from posstats.runs.run_folder import MDS_FILE, REPORT_FILE, RunData, load_run
+from posstats.service.pipeline_store import Store, sorted_runs
 
 __all__ = ["Side", "check_comparable", "load_side", "store_run_side", "store_sides"]
 
@@ -132,8 +133,6 @@ def store_sides(url: str, runs: list[str] | None = None, /, *, storage_options: 
     Raises:
         InputError: unknown run ids, fewer than two complete runs.
     """
-    from posstats.service.pipeline_store import Store, sorted_runs
-
     store = Store(url, storage_options=storage_options)
     if runs:
         if len(runs) != 2:

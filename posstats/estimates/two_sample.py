@@ -57,7 +57,8 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import gammaincc, gammaln
+from scipy.special import gammaincc, gammainccinv, gammaln
+from scipy.stats import beta
 
 __all__ = ["BLOCK_ENTRIES", "EXACT_LIMIT", "PositionTest", "block_bounds", "compare_positions", "holm", "null_moments"]
 
@@ -195,8 +196,6 @@ def _tail(x: np.ndarray, mean: np.ndarray, sd: np.ndarray, third: np.ndarray) ->
 
 def _quantile(mean: np.ndarray, sd: np.ndarray, third: np.ndarray, tail: float) -> np.ndarray:
     """x with ``P(D >= x) = tail`` under the same law (the mean where sd is 0)."""
-    from scipy.special import gammainccinv
-
     out = np.array(mean, dtype=np.float64, copy=True)
     shape, scale, loc = _pearson3(mean, sd, third)
     ok = (sd > 0) & np.isfinite(shape) & (scale > 0)
@@ -246,8 +245,6 @@ def _check_rejections(p: np.ndarray, d2: np.ndarray, pooled: np.ndarray, read_a:
     moments cannot see. A p-value is replaced by the simulation's 99.9 % lower confidence
     bound when that bound is larger (the approximation refuted); ``p`` is changed in place,
     and Holm is re-run until no flagged position is left unchecked."""
-    from scipy.stats import beta
-
     def lower_bound(hits: int, done: int) -> float:
         return float(beta.ppf(0.001, hits, done - hits + 1)) if hits else 0.0
 

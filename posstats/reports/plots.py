@@ -361,12 +361,13 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     axes[1].legend(fontsize=7, loc="best")
     caption = (
         "Stress of each encoding against the corpus geometry at each width (left raw, right at the optimal "
-        "scale): look for the lowest curve, the most faithful geometry. Classical MDS minimises strain (inner products), not "
-        "stress, so it is not a lower bound here: mds-smacof, stress majorisation started from it, usually "
-        "scores lower. Raw stress is dominated by an encoding's overall scale, scaled stress is not."
+        "scale): look for the lowest curve, the most faithful geometry; classical MDS minimises strain (inner "
+        "products), not stress, so it is not a lower bound here (mds-smacof, stress majorisation started from it, "
+        "usually scores lower), and raw stress is dominated by an encoding's overall scale while scaled stress is not"
     )
     if notes:
-        caption += " Coinciding curves (dashed, open markers, drawn over the first): " + "; ".join(notes) + "."
+        caption += "; coinciding curves (dashed, open markers, drawn over the first): " + ", ".join(notes)
+    caption += "."
     return Plot("stress_by_dim", "Stress against width", caption, fig)
 
 
@@ -414,15 +415,14 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
     ax.set_xlabel(sweep["parameter"])
     ax.set_ylabel("scaled stress")
     ax.legend(fontsize=8, loc="best")
+    missing = [m for m in sweep["members"] if m not in by_name]
     caption = (
         f"Scaled stress of {sweep['spec']} against {sweep['parameter']}, one line per width, with 95 % intervals: "
-        f"look for the star, which marks the {sweep['parameter']} whose encoding best reproduces the corpus geometry at that width "
-        "(none where every value gives the same stress, e.g. a width whose pairs the scaling leaves unchanged); "
-        "values whose intervals overlap the star's cannot be told apart by this corpus."
+        f"look for the star, which marks the {sweep['parameter']} whose encoding best reproduces the corpus geometry "
+        "at that width (none where every value gives the same stress, such as a width whose pairs the scaling leaves "
+        "unchanged); values whose intervals overlap the star's cannot be told apart by this corpus"
+        + (f" ({len(missing)} member(s) not in this report)" if missing else "") + "."
     )
-    missing = [m for m in sweep["members"] if m not in by_name]
-    if missing:
-        caption += f" ({len(missing)} member(s) not in this report.)"
     return Plot(f"sweep_{index}", f"Stress against {sweep['parameter']}", caption, fig)
 
 
