@@ -483,15 +483,6 @@ def _mds_coordinates(mds_result: Any) -> np.ndarray:
 # Checkpoint files
 
 
-def _safetensors_keys(path: str) -> list[str]:
-    return SafetensorsFile(path).keys()
-
-
-def _safetensors_tensor(path: str, key: str) -> np.ndarray:
-    """One tensor of a safetensors file as numpy (bfloat16 and 8-bit floats widened to float32)."""
-    return SafetensorsFile(path).get(key)
-
-
 def _find_learned_key(path: str, keys: list[str]) -> str:
     for candidate in LEARNED_KEYS:
         if candidate in keys:
@@ -524,14 +515,15 @@ def _load_table(path: str, key: str | None) -> tuple[np.ndarray, str]:
             raise InputError(msg) from exc
         return table, path
     if lower.endswith(".safetensors"):
-        keys = _safetensors_keys(path)
+        file = SafetensorsFile(path)  # one header parse for the keys and the tensor
+        keys = file.keys()
         if key is None:
             key = _find_learned_key(path, keys)
         elif key not in keys:
             shown = ", ".join(sorted(keys)[:8]) + (", ..." if len(keys) > 8 else "")
             msg = f"{path}: no tensor named {key!r}; keys: {shown}"
             raise InputError(msg)
-        return _safetensors_tensor(path, key), f"{path} [{key}]"
+        return file.get(key), f"{path} [{key}]"
     msg = f"{path}: unsupported file type (expected .safetensors or .npy)"
     raise InputError(msg)
 
@@ -618,13 +610,19 @@ def _rope_details(kind: str, head_dim: int, inv_freq: np.ndarray, attention: flo
     }
 
 
+def _seq_len(params: Mapping[str, Any], pos: np.ndarray, context: int | None) -> int:
+    """The sequence length a RoPE variant is built for: the spec's ``seq_len``, else the
+    counted context, else the last position + 1."""
+    return int(params["seq_len"] or context or (int(pos.max()) + 1 if pos.size else 1))
+
+
 def _rope_variant(spec: EncodingSpec, pos: np.ndarray, dim: int, context: int | None) -> tuple[np.ndarray, dict[str, Any]]:
     """``rope:type=...``: a RoPE variant's table at width ``dim`` (the head dimension)."""
     p = spec.params
     dim = _dim(dim, "rope", even=True)
     if p["type"] == "default" and p["partial"] is None and p["seq_len"] is None:
         return rope(pos, dim, base=p["base"], layout=p["layout"], vector=p["vector"], seed=p["seed"]), {}
-    seq_len = int(p["seq_len"] or context or (int(pos.max()) + 1 if pos.size else 1))
+    seq_len = _seq_len(p, pos, context)
     try:
         hf, mpe = rope_spec_parameters(p)
         inv_freq, attention = rope_inv_freq(dim, hf, max_position_embeddings=mpe, seq_len=seq_len)
@@ -642,7 +640,7 @@ def _hf_rope_encoding(spec: EncodingSpec, pos: np.ndarray, dim: int, context: in
     if dim != model.head_dim:
         msg = f"encoding {spec.canonical!r}: the model's head_dim is {model.head_dim}; it is scored at that width, not {dim}"
         raise InputError(msg)
-    seq_len = int(p["seq_len"] or context or (int(pos.max()) + 1 if pos.size else 1))
+    seq_len = _seq_len(p, pos, context)
     inv_freq, attention = model.inv_freq(seq_len)
     matrix = rope_table(pos, inv_freq, dim, attention_factor=attention, layout=p["layout"], vector=p["vector"], seed=p["seed"])
     details = _rope_details(str(model.rope_parameters["rope_type"]), dim, inv_freq, attention, seq_len)
@@ -663,13 +661,12 @@ def _matrix_power_from_file(positions: Any, dim: int, path: str) -> np.ndarray:
     if not path.lower().endswith(".safetensors") or not os.path.isfile(path):
         msg = f"{path}: matrix-power needs an existing .safetensors file with tensors 'M' and 'x'"
         raise InputError(msg)
-    keys = _safetensors_keys(path)
-    missing = [k for k in ("M", "x") if k not in keys]
+    file = SafetensorsFile(path)
+    missing = [k for k in ("M", "x") if k not in file.keys()]
     if missing:
         msg = f"{path}: matrix-power needs tensors 'M' and 'x'; missing {', '.join(missing)}"
         raise InputError(msg)
-    m = _safetensors_tensor(path, "M")
-    x = _safetensors_tensor(path, "x")
+    m, x = file.get("M"), file.get("x")
     if m.ndim != 2 or m.shape[0] > dim:
         msg = f"{path}: matrix-power M has shape {tuple(m.shape)}; it must be square with side <= dimension {dim}"
         raise InputError(msg)

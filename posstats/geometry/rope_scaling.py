@@ -30,7 +30,6 @@ as the oracle).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from posstats.counting.io import read_json_file
 from posstats.errors import InputError
 
 __all__ = ["ROPE_TYPES", "HFRope", "hf_rope", "rope_inv_freq", "standard_rope_parameters"]
@@ -316,15 +316,10 @@ def hf_rope(path: str | os.PathLike[str]) -> HFRope:
     """
     path = os.fspath(path)
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    try:
-        with open(file, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except FileNotFoundError:
+    config = read_json_file(file, what="JSON config")
+    if config is None:
         msg = f"{file}: no such file (hf: needs a model's config.json or its folder)"
-        raise InputError(msg) from None
-    except (OSError, ValueError) as exc:
-        msg = f"{file}: not a readable JSON config ({exc})"
-        raise InputError(msg) from None
+        raise InputError(msg)
     if not isinstance(config, dict):
         msg = f"{file}: expected a JSON object, got {type(config).__name__}"
         raise InputError(msg)
