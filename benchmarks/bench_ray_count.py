@@ -131,8 +131,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import ray
-
-    from jobs.count import JobOptions, count_job
+    from posstats.jobs.count import JobOptions, count_job
 
     root = Path(args.dir)
     t = time.perf_counter()

@@ -1,8 +1,8 @@
 """Ray job: exact, resumable, incremental positional counting of a sharded corpus.
 
-    python -m jobs.count --input 'shards/*.parquet' --column input_ids --vocab-size 50257 \\
+    python -m posstats.jobs.count --input 'shards/*.parquet' --column input_ids --vocab-size 50257 \\
         --positions 1024 --out runs/counts [--address 127.0.0.1:6379] [--workers 8]
-    ray job submit --address http://127.0.0.1:8265 -- python -m jobs.count ...   (see docs/ray.md)
+    ray job submit --address http://127.0.0.1:8265 -- python -m posstats.jobs.count ...   (see docs/ray.md)
     posstats count --ray ...        posstats refresh --store runs/counts/store
 
 What runs where:
@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from jobs.connect import connect_ray
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, count_shard, partial_is_dense, plan_shards
 from posstats.corpus.source import CorpusSource
@@ -72,6 +71,8 @@ from posstats.service.shard_store import (
     refresh_source,
     store_config,
 )
+
+from .connect import connect_ray
 
 __all__ = [
     "CountWorker",
@@ -922,7 +923,7 @@ def count_to(args: argparse.Namespace, stage: Path, /) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, /) -> int:
-    """``posstats count --ray`` / ``python -m jobs.count``: count into ``--out``, print one line."""
+    """``posstats count --ray`` / ``python -m posstats.jobs.count``: count into ``--out``, print one line."""
     summary = publish_counts(args.out, lambda stage: count_to(args, stage))
     print(count_line(summary, positions=args.positions, out=args.out))
     return 0
@@ -976,9 +977,9 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``python -m jobs.count``: the input/counting flags of ``posstats count`` plus the Ray flags."""
+    """``python -m posstats.jobs.count``: the input/counting flags of ``posstats count`` plus the Ray flags."""
     p = argparse.ArgumentParser(
-        prog="python -m jobs.count",
+        prog="python -m posstats.jobs.count",
         description="Count positional tokens of a corpus as a Ray job (the same as 'posstats count --ray').",
     )
     add_input_args(p)
@@ -988,7 +989,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m jobs.count`` / ``ray job submit -- python -m jobs.count``."""
+    """Entry point of ``python -m posstats.jobs.count`` / ``ray job submit -- python -m posstats.jobs.count``."""
     args = build_parser().parse_args(argv)
     args.ray = True
     return run_guarded(run, args)

@@ -1,6 +1,6 @@
 """Ray job: top-k MDS of saved counts by block Lanczos, on a GPU when there is one.
 
-    python -m jobs.eigensolve --counts runs/counts --k 64 --out runs/mds [--address ADDR]
+    python -m posstats.jobs.eigensolve --counts runs/counts --k 64 --out runs/mds [--address ADDR]
         [--tol 1e-8] [--block 8] [--device auto|cpu|gpu] [--min-occupancy K] [--buckets log:8]
 
 One :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1`` when
@@ -19,14 +19,15 @@ import argparse
 import json
 import sys
 
-from jobs.hellinger import add_common_args, run_job
 from posstats.errors import PosstatsError
+
+from .hellinger import add_common_args, run_job
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.eigensolve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m posstats.jobs.eigensolve", description=__doc__.split("\n\n")[0])
     add_common_args(p)
     p.add_argument("--k", type=int, default=64, help="leading eigenpairs (default 64)")
     p.add_argument("--tol", type=float, default=1e-8, help="residual tolerance relative to the top eigenvalue (default 1e-8)")

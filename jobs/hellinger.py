@@ -1,8 +1,8 @@
 """Ray job: the squared Hellinger distance matrix of saved counts, on a GPU when there is one.
 
-    python -m jobs.hellinger --counts runs/counts --out runs/hellinger [--address ADDR]
+    python -m posstats.jobs.hellinger --counts runs/counts --out runs/hellinger [--address ADDR]
         [--min-occupancy K] [--block B] [--device auto|cpu|gpu]
-    ray job submit --address http://127.0.0.1:8265 -- python -m jobs.hellinger ...
+    ray job submit --address http://127.0.0.1:8265 -- python -m posstats.jobs.hellinger ...
 
 What runs where: the driver joins ``--address`` (or ``$RAY_ADDRESS``, else starts a local
 Ray), looks at ``ray.cluster_resources()`` and starts one :class:`GeometryWorker` actor with
@@ -34,7 +34,6 @@ import numpy as np
 import scipy.sparse as sp
 from safetensors.numpy import save_file
 
-from jobs.connect import connect_ray
 from posstats.counting.buckets import parse_buckets
 from posstats.counting.io import counts_file, load_counts, write_json_atomic
 from posstats.counting.rows import select_rows
@@ -45,6 +44,8 @@ from posstats.geometry.mds import classical_mds
 from posstats.memory import gpu_fits
 from posstats.runs.publish import atomic_path
 from posstats.runs.run_folder import MDS_FILE, write_mds
+
+from .connect import connect_ray
 
 __all__ = ["GeometryWorker", "build_parser", "connect", "main", "start_worker"]
 
@@ -160,7 +161,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.hellinger", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m posstats.jobs.hellinger", description=__doc__.split("\n\n")[0])
     add_common_args(p)
     p.add_argument("--block", type=int, default=4096, metavar="B", help="rows per Gram block (default 4096)")
     return p

@@ -1,6 +1,6 @@
 """Ray job: the whole refresh pipeline, count -> reduce -> geometry -> report -> export.
 
-    python -m jobs.pipeline --config deploy/pipeline.example.toml [--run-id ID] [--set TABLE.KEY=VALUE ...]
+    python -m posstats.jobs.pipeline --config deploy/pipeline.example.toml [--run-id ID] [--set TABLE.KEY=VALUE ...]
     posstats pipeline --config FILE ...            (the same, in this process)
     posstats submit --address http://HEAD:8265 --config FILE    (the same, as a Ray job)
 
@@ -8,7 +8,7 @@ One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.servic
 
 * **config**: the resolved configuration, first. A run id rerun with a configuration
   that would change its results is refused.
-* **count**: the corpus is counted incrementally by the counting job (:mod:`jobs.count`)
+* **count**: the corpus is counted incrementally by the counting job (:mod:`posstats.jobs.count`)
   in a counting store of per-shard partials kept in the work folder, keyed by the counting
   configuration: only shards that are new or changed since the last run are counted, and
   shards of files that disappeared are subtracted. Remote inputs (``s3://...``) are
@@ -44,7 +44,7 @@ This module also holds the client side of Ray's Job Submission SDK used by
 :func:`job_logs`), so that ``posstats.cli`` never imports Ray itself.
 
 Test hooks (environment): ``POSSTATS_TEST_SHARD_DELAY`` (seconds each shard sleeps, see
-:mod:`jobs.count`) and ``POSSTATS_TEST_GEOMETRY_DELAY`` (seconds the geometry task sleeps
+:mod:`posstats.jobs.count`) and ``POSSTATS_TEST_GEOMETRY_DELAY`` (seconds the geometry task sleeps
 after it starts).
 """
 
@@ -74,8 +74,6 @@ from typing import Any
 import fsspec
 
 import posstats
-from jobs.connect import connect_ray
-from jobs.count import JobOptions, count_job, refresh_job
 from posstats.analysis import analyze
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.counting.io import load_counts, load_header, write_json_atomic
@@ -89,6 +87,9 @@ from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
 from posstats.service.shard_store import RunStore, config_key, store_config
+
+from .connect import connect_ray
+from .count import JobOptions, count_job, refresh_job
 
 __all__ = [
     "build_parser",
@@ -609,7 +610,7 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
     ray = run.ray()
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
-    from jobs.pipeline import geometry_task as task_body  # by reference, also when run as __main__
+    from .pipeline import geometry_task as task_body  # by reference, also when run as __main__
 
     later = [s for s in ("report", "export") if run.store.stage_marker(run.run_id, s) is None]
     out_dirs = {"geometry": str(staging), **{s: str(run.staging_root / f"{s}-rendered-{run.attempt}") for s in later}}
@@ -804,8 +805,8 @@ def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``python -m jobs.pipeline``: the flags of ``posstats pipeline``."""
-    p = argparse.ArgumentParser(prog="python -m jobs.pipeline",
+    """``python -m posstats.jobs.pipeline``: the flags of ``posstats pipeline``."""
+    p = argparse.ArgumentParser(prog="python -m posstats.jobs.pipeline",
                                 description="Run the posstats refresh pipeline (count -> reduce -> geometry -> report "
                                             "-> export) as one Ray job, configured by a TOML file.")
     add_pipeline_args(p)
@@ -833,7 +834,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m jobs.pipeline`` (what a RayJob or ``posstats submit`` runs)."""
+    """Entry point of ``python -m posstats.jobs.pipeline`` (what a RayJob or ``posstats submit`` runs)."""
     args = build_parser().parse_args(argv)
     # a Ray job stopped (or a pod deleted) gets SIGTERM: unwind, so the lock is released
     with contextlib.suppress(ValueError):
@@ -880,16 +881,31 @@ def _call(address: str, fn: Callable[[], Any]) -> Any:
         raise PosstatsError(_client_error(address, exc)) from None
 
 
+def _staged_package(into: Path, /) -> Path:
+    """The ``posstats`` package as it imports here, with its jobs at ``posstats/jobs`` (an
+    installed wheel has them there already; a source checkout keeps them in ``jobs/`` and
+    maps them in with ``package-dir``): one folder Ray can ship as a ``py_modules`` entry."""
+    package = Path(posstats.__file__).parent
+    jobs = Path(__file__).parent
+    staged = into / "posstats"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(package, staged, ignore=ignore)
+    if not (staged / "jobs").exists():
+        shutil.copytree(jobs, staged / "jobs", ignore=ignore)
+    return staged
+
+
 def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str = "ship",
                env: Mapping[str, str] | None = None, token: str | None = None, submission_id: str | None = None,
                entrypoint_num_cpus: float | None = None) -> dict[str, Any]:
     """Submit one pipeline run to a Ray cluster with the Job Submission SDK.
 
     The resolved configuration travels as ``pipeline.toml`` in the job's ``working_dir`` (a
-    temporary folder), the entrypoint is ``python -m jobs.pipeline --config pipeline.toml
-    --run-id RUN_ID``. With ``code="ship"`` the local ``posstats`` and ``jobs`` packages go
-    along as ``py_modules`` (the cluster then needs only posstats' dependencies); with
-    ``code="installed"`` the cluster's own installation is used (the deploy/ image).
+    temporary folder), the entrypoint is ``python -m posstats.jobs.pipeline --config pipeline.toml
+    --run-id RUN_ID``. With ``code="ship"`` the local ``posstats`` package goes along, its
+    jobs included, as one ``py_modules`` entry (:func:`_staged_package`; the cluster then
+    needs only posstats' dependencies); with ``code="installed"`` the cluster's own
+    installation is used (the deploy/ image).
     Credentials are refused (:func:`posstats.service.config.refuse_secrets`): in ``env``
     and in the configuration's ``storage_options``; the job uses the cluster's own.
 
@@ -914,9 +930,9 @@ def submit_job(address: str, cfg: PipelineConfig, /, *, run_id: str, code: str =
             "env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **dict(env or {})},
         }
         if code == "ship":
-            runtime_env["py_modules"] = [str(Path(posstats.__file__).parent), str(Path(__file__).parent)]
+            runtime_env["py_modules"] = [str(_staged_package(Path(workdir) / "modules"))]
             runtime_env["excludes"] = ["__pycache__", "*.pyc"]
-        entrypoint = f"python -m jobs.pipeline --config pipeline.toml --run-id {run_id}"
+        entrypoint = f"python -m posstats.jobs.pipeline --config pipeline.toml --run-id {run_id}"
         job_id = _call(address, lambda: client.submit_job(
             entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
             entrypoint_num_cpus=entrypoint_num_cpus,

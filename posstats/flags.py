@@ -1,4 +1,4 @@
-"""Command-line flags shared by the ``posstats`` commands and the ``python -m jobs.*``
+"""Command-line flags shared by the ``posstats`` commands and the ``python -m posstats.jobs.*``
 entrypoints, and their conversion into the library's keyword options.
 
 argparse only: defining the flags here (not in :mod:`posstats.cli`) lets the job

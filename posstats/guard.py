@@ -1,7 +1,7 @@
 """Running a command so that every failure a user must act on is one line.
 
 :func:`run_guarded` is the wrapper of every entrypoint (``posstats COMMAND`` and the
-``python -m jobs.*`` job entrypoints): user errors (:class:`~posstats.errors.PosstatsError`)
+``python -m posstats.jobs.*`` job entrypoints): user errors (:class:`~posstats.errors.PosstatsError`)
 and failures of the environment (a full disk, a read-only or forbidden output, a file
 where a folder is needed, running out of memory, Ray's ``OutOfMemoryError``) print
 ``posstats: error: <one line>`` and return exit status 2. Anything else is a bug and keeps
@@ -31,7 +31,7 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
     errors of torch) and Ray's ``OutOfMemoryError`` (recognised by class name, so the
     library never imports ray). Anything else is a bug and keeps its traceback.
 
-    Shared by ``posstats`` and the ``python -m jobs.*`` entrypoints.
+    Shared by ``posstats`` and the ``python -m posstats.jobs.*`` entrypoints.
     """
     try:
         return int(func(args) or 0)

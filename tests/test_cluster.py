@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts
 from posstats.service.pipeline_store import Store
-from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "cluster" / "local_cluster.sh"
@@ -164,7 +164,7 @@ def test_count_job_submitted_to_the_two_node_cluster(local_cluster, tmp_path):
         table = pa.table({"ids": pa.array(seqs[f * 1500 : (f + 1) * 1500], type=pa.list_(pa.int32()))})
         pq.write_table(table, tmp_path / f"f{f}.parquet", row_group_size=300)
     out = tmp_path / "out"
-    entrypoint = [sys.executable, "-m", "jobs.count", "--input", f"{tmp_path}/*.parquet", "--column", "ids",
+    entrypoint = [sys.executable, "-m", "posstats.jobs.count", "--input", f"{tmp_path}/*.parquet", "--column", "ids",
                   "--vocab-size", "30522", "--positions", "64", "--mode", "chunk", "--out", str(out), "--workers", "2"]
     ray_cli = shutil.which("ray") or "ray"
     submitted = subprocess.run(

@@ -7,10 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints, count_sequences
-from posstats.errors import InputError
-from posstats.counting.io import load_counts, save_counts
 from posstats.corpus.tokens import TokenBatch
+from posstats.counting.counts import (
+    CountAccumulator,
+    CountSpec,
+    PositionalCounts,
+    combine_fingerprints,
+    count_sequences,
+)
+from posstats.counting.io import load_counts, save_counts
+from posstats.errors import InputError
 
 
 def oracle(seqs, n, V, mode="truncate", exclude=(), sep=None):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from posstats.service.config import config_secrets, load_config, parse_config, secret_env_reason
-from posstats.service.schedule import parse_cron
 from posstats.service.pipeline_store import validate_run_id
+from posstats.service.schedule import parse_cron
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (it comes with ray[default])")
 
@@ -79,7 +79,7 @@ def test_rayjob_manifest():
     assert images[0] in (DEPLOY / "Dockerfile").read_text()
 
     argv = shlex.split(spec["entrypoint"])
-    assert argv[:3] == ["python", "-m", "jobs.pipeline"]
+    assert argv[:3] == ["python", "-m", "posstats.jobs.pipeline"]
     config_path = argv[argv.index("--config") + 1]
     run_id = argv[argv.index("--run-id") + 1]
     assert validate_run_id(run_id) and rayjob["metadata"]["name"].endswith(run_id)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
+from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
     ENCODING_NAMES,
@@ -29,7 +30,6 @@ from posstats.geometry.encodings import (
     rope_rotation,
     sinusoidal,
 )
-from posstats.errors import InputError, PosstatsError
 
 
 def dists(p):

@@ -12,7 +12,11 @@ from safetensors import safe_open
 
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import save_counts
 from posstats.errors import InputError, PosstatsError
+from posstats.estimates.noise import corrected_squared_distances
+from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.stress import stress_report
 from posstats.reports.export import (
     FACTOR_KEYS,
     LAYOUT_KEYS,
@@ -22,10 +26,6 @@ from posstats.reports.export import (
     orthonormal_basis,
 )
 from posstats.runs.run_folder import load_run, run_distances
-from posstats.estimates.noise import corrected_squared_distances
-from posstats.geometry.hellinger import hellinger_sq
-from posstats.counting.io import save_counts
-from posstats.geometry.stress import stress_report
 
 
 def synthetic_counts(n: int = 24, vocab: int = 40, *, seed: int = 0, empty: tuple[int, ...] = ()) -> PositionalCounts:

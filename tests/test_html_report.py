@@ -14,9 +14,9 @@ import pytest
 
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import save_counts
 from posstats.errors import InputError
 from posstats.reports.html import write_html_report
-from posstats.counting.io import save_counts
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.errors import PosstatsError
 from posstats.baselines.influence import (
     cesaro_influence,
     cesaro_influence_exact,
@@ -25,6 +24,7 @@ from posstats.baselines.influence import (
     mean_distance_to_others,
     plot_influence,
 )
+from posstats.errors import PosstatsError
 
 
 def exact_recurrence(length: int, depth: int, a: Fraction) -> list[Fraction]:

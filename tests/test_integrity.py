@@ -24,15 +24,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from posstats.corpus.shards import Shard
+from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
+from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
+from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
 from posstats.errors import PosstatsError
 from posstats.ids import is_valid_id, validate_id, validate_run_id
-from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
-from posstats.service.shard_store import RunStore
-from posstats.corpus.shards import Shard
-from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
 from posstats.runs.publish import file_sha256
-from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
+from posstats.service.shard_store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZERS = REPO / "data" / "tokenizers"
@@ -187,7 +187,7 @@ def test_result_names_stay_valid_and_inside_results(tmp_path):
 
 
 def test_job_options_refuse_bad_run_ids(tmp_path):
-    from jobs.count import JobOptions
+    from posstats.jobs.count import JobOptions
 
     with pytest.raises(PosstatsError, match="^invalid run id '../x': "):
         JobOptions(store=str(tmp_path), run_id="../x")
@@ -385,7 +385,7 @@ def test_unmarked_counts_load_without_checks(tmp_path):
 
 
 def test_drop_corrupt_deletes_and_recounts_once(tmp_path, capsys):
-    from jobs.count import _drop_corrupt
+    from posstats.jobs.count import _drop_corrupt
 
     store = RunStore(tmp_path)
     for i in (1, 2, 3):

@@ -24,13 +24,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus.source import CorpusSource, count_corpus
-from posstats.counting.counts import CountSpec
-from posstats.counting.io import save_counts
-from posstats.service.shard_store import RunStore
 from posstats.corpus.shards import count_shard, plan_shards
-from posstats.counting.io import counts_file, load_counts
+from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
+from posstats.counting.counts import CountSpec
+from posstats.counting.io import counts_file, load_counts, save_counts
+from posstats.service.shard_store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"
@@ -132,7 +131,7 @@ def markers(store: Path) -> list[Path]:
 
 def count_job_in_thread(source, spec, opts):
     """Start ``count_job`` in a thread; return (thread, outcome: its summary or error)."""
-    from jobs.count import count_job
+    from posstats.jobs.count import count_job
 
     outcome: dict = {}
 
@@ -156,7 +155,7 @@ def finished(thread, outcome) -> dict:
 
 
 def job_cmd(address: str, *args) -> list[str]:
-    return [sys.executable, "-m", "jobs.count", "--address", address, *map(str, args)]
+    return [sys.executable, "-m", "posstats.jobs.count", "--address", address, *map(str, args)]
 
 
 def job_env(**extra) -> dict[str, str]:
@@ -237,7 +236,7 @@ def test_cli_ray_hf_dataset_equals_single_process(ray_session, hf_dataset, tmp_p
 def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_dir, tmp_path, workers, seed, mode, budget):
     """Parquet row groups and JSONL line ranges together; a tiny budget forces sparse
     partials, sums and result (as it does single-process)."""
-    from jobs.count import JobOptions, count_job
+    from posstats.jobs.count import JobOptions, count_job
 
     jsonl = tmp_path / "extra.jsonl"
     table = pq.read_table(parquet_dir / "part-3.parquet")
@@ -277,7 +276,7 @@ def small_parquet(tmp_path, fortune_ids):
 
 @pytest.mark.ray
 def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tmp_path):
-    from jobs.count import JobOptions
+    from posstats.jobs.count import JobOptions
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
@@ -487,7 +486,7 @@ def _reducing_now(store: Path):
 def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_parquet, tmp_path):
     """A real SIGKILL of the actor summing a position range: Ray restarts it, the range is
     summed again, and the total is the single-process count; no shard is recounted."""
-    from jobs.count import JobOptions
+    from posstats.jobs.count import JobOptions
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from posstats.counting.io import save_counts
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
-from posstats.counting.io import save_counts
 from posstats.testing import synthetic_counts
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -26,7 +26,7 @@ def counts_dir(tmp_path_factory):
 
 
 def test_hellinger_job_matches_the_library(ray_session, counts_dir, tmp_path):
-    from jobs.hellinger import main
+    from posstats.jobs.hellinger import main
 
     path, counts = counts_dir
     out = tmp_path / "h"
@@ -42,7 +42,7 @@ def test_hellinger_job_matches_the_library(ray_session, counts_dir, tmp_path):
 
 
 def test_eigensolve_job_matches_dense_eigh(ray_session, counts_dir, tmp_path):
-    from jobs.eigensolve import main
+    from posstats.jobs.eigensolve import main
 
     path, counts = counts_dir
     out = tmp_path / "e"
@@ -56,7 +56,7 @@ def test_eigensolve_job_matches_dense_eigh(ray_session, counts_dir, tmp_path):
 
 
 def test_jobs_report_bad_input(ray_session, tmp_path, capsys):
-    from jobs.eigensolve import main
+    from posstats.jobs.eigensolve import main
 
     assert main(["--counts", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--k", "4"]) != 0
     assert main(["--counts", str(tmp_path), "--out", str(tmp_path / "o"), "--k", "0"]) == 2
@@ -65,7 +65,7 @@ def test_jobs_report_bad_input(ray_session, tmp_path, capsys):
 @pytest.mark.gpu
 @pytest.mark.usefixtures("cupy")  # skips with the reason when cupy or a CUDA device is missing
 def test_gpu_actor_equals_cpu(ray_session, counts_dir, tmp_path):
-    from jobs.hellinger import main
+    from posstats.jobs.hellinger import main
 
     path, counts = counts_dir
     if ray_session.cluster_resources().get("GPU", 0) < 1:

@@ -61,12 +61,28 @@ def _imports(path: Path, *, skip_guarded: bool = False) -> list[tuple[str, bool]
             continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            module = _absolute(path, node.module or "", node.level)
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
         else:
             continue
-        found += [(n, id(node) in top) for n in names]
+        found += [(_repo_name(n), id(node) in top) for n in names]
     return found
+
+
+def _absolute(path: Path, module: str, level: int) -> str:
+    """The absolute name of ``from <level dots><module> import`` in ``path``."""
+    if level == 0:
+        return module
+    package = path.relative_to(REPO).parent.parts
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def _repo_name(name: str) -> str:
+    """The repository's name for an imported module: the Ray entrypoints live in ``jobs/``
+    and install as ``posstats.jobs`` (pyproject's package-dir)."""
+    return "jobs" + name[len("posstats.jobs"):] if name == "posstats.jobs" or name.startswith("posstats.jobs.") else name
 
 
 def _graph() -> dict[str, set[str]]:

@@ -36,6 +36,7 @@ def test_library_never_imports_ray_or_jobs():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
+            names = [n.removeprefix("posstats.") if n.startswith("posstats.jobs") else n for n in names]
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in banned]
     assert offenders == []
 
@@ -62,3 +63,21 @@ def test_module_level_imports_are_declared_dependencies():
     undeclared = {mod: where for mod, where in found.items() if mod.lower() not in declared}
     assert undeclared == {}, undeclared
     assert "datasets" not in declared and "torch" not in declared  # extras, imported lazily
+
+
+def test_the_wheel_ships_the_jobs_under_posstats_and_no_top_level_jobs(tmp_path):
+    """``jobs/`` installs as ``posstats.jobs`` (pyproject's package-dir): a generic top-level
+    ``jobs`` package would clash in users' environments. Every library subpackage ships."""
+    import zipfile
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("posstats-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"posstats"}
+    assert {"posstats/jobs/__init__.py", "posstats/jobs/count.py", "posstats/jobs/pipeline.py",
+            "posstats/py.typed"} <= set(names)
+    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "posstats").rglob("__init__.py")}
+    assert {f"{p}/__init__.py" for p in packages} <= set(names)  # a new subpackage is not forgotten

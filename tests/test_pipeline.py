@@ -23,8 +23,8 @@ from posstats.analysis import analyze
 from posstats.cli import main as cli
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec
-from posstats.service.config import load_config
 from posstats.counting.io import load_counts
+from posstats.service.config import load_config
 from posstats.service.pipeline_store import STAGES, Store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,8 +22,8 @@ import pytest
 from mounts import mounted
 
 from posstats.cli import main
-from posstats.runs.publish import METADATA_DIR, published_dir, staged_output
 from posstats.counting.io import counts_file, load_counts
+from posstats.runs.publish import METADATA_DIR, published_dir, staged_output
 
 REPO = Path(__file__).resolve().parents[1]
 RENAMES = "rename,renameat,renameat2"

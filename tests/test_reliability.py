@@ -106,7 +106,7 @@ def assert_results_equal(got: dict, ref: dict) -> None:
 
 
 def driver_cmd(config: Path, run_id: str, address: str) -> list[str]:
-    return [sys.executable, "-m", "jobs.pipeline", "--config", str(config), "--run-id", run_id, "--address", address]
+    return [sys.executable, "-m", "posstats.jobs.pipeline", "--config", str(config), "--run-id", run_id, "--address", address]
 
 
 def driver_env(**extra: str) -> dict[str, str]:

@@ -16,8 +16,8 @@ import pytest
 
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec
-from posstats.errors import PosstatsError
 from posstats.counting.io import load_counts
+from posstats.errors import PosstatsError
 from posstats.service.pipeline_store import STAGES, Store
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (pip install s3fs)")

@@ -10,8 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.errors import PosstatsError
-from posstats.service.schedule import Cron, Interval, parse_cron, parse_interval, parse_schedule, run_schedule, tick_run_id
 from posstats.service.pipeline_store import validate_run_id
+from posstats.service.schedule import (
+    Cron,
+    Interval,
+    parse_cron,
+    parse_interval,
+    parse_schedule,
+    run_schedule,
+    tick_run_id,
+)
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 1, 1, 5, 59, 30, tzinfo=UTC)  # a Monday

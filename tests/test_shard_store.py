@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from posstats.corpus.shards import Shard
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
+from posstats.counting.io import load_counts, save_counts
 from posstats.errors import PosstatsError
 from posstats.processes import process_start_ticks
 from posstats.service.locks import run_store_lock_is_stale as lock_is_stale
 from posstats.service.shard_store import RunStore, config_key
-from posstats.corpus.shards import Shard
-from posstats.counting.io import load_counts, save_counts
 
 SPEC = CountSpec(6, 20)
 

@@ -19,15 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posstats.corpus.readers import read_token_batches
+from posstats.corpus.shards import Shard, count_shard, plan_shards, read_shard
 from posstats.corpus.source import CorpusSource, count_corpus, file_fingerprint
+from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids
 from posstats.counting.counts import CountSpec, combine_fingerprints
 from posstats.counting.io import load_counts, save_counts
 from posstats.counting.pack import stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
 from posstats.errors import InputError
-from posstats.corpus.readers import read_token_batches
-from posstats.corpus.shards import Shard, count_shard, plan_shards, read_shard
-from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"

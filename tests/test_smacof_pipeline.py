@@ -10,8 +10,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from posstats.cli import main
-from posstats.geometry.encodings import make_encoding, parse_encoding_spec
 from posstats.errors import PosstatsError
+from posstats.geometry.encodings import make_encoding, parse_encoding_spec
 from posstats.geometry.stress import stress_report
 
 REPO = Path(__file__).resolve().parents[1]

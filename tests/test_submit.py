@@ -182,8 +182,8 @@ def test_submit_status_logs_against_a_real_head(ray_head, corpus_config):
     info = json.loads(sub.stdout)
     job_id = info["job_id"]
     assert info["run_id"] == "sub-1"
-    assert info["entrypoint"] == "python -m jobs.pipeline --config pipeline.toml --run-id sub-1"
-    assert {Path(p).name for p in info["runtime_env"]["py_modules"]} == {"posstats", "jobs"}
+    assert info["entrypoint"] == "python -m posstats.jobs.pipeline --config pipeline.toml --run-id sub-1"
+    assert [Path(p).name for p in info["runtime_env"]["py_modules"]] == ["posstats"]  # its jobs inside
 
     st = posstats("status", job_id, "--address", url, "--token-file", token_file, "--wait", "--timeout", 180)
     assert st.returncode == 0, st.stdout + st.stderr

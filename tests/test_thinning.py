@@ -10,8 +10,8 @@ import scipy.sparse as sp
 
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
-from posstats.estimates.noise import count_parts, mp_edge, noise_floor
 from posstats.counting.rows import row_blocks
+from posstats.estimates.noise import count_parts, mp_edge, noise_floor
 from posstats.estimates.thinning import split_noise_floor, thin
 from posstats.testing import synthetic_counts
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posstats.errors import InputError
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
 from posstats.corpus.tokens import TokenBatch
+from posstats.errors import InputError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"

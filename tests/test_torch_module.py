@@ -10,10 +10,10 @@ import pytest
 
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import save_counts
 from posstats.errors import InputError
 from posstats.reports.export import export_encoding
 from posstats.runs.run_folder import load_run
-from posstats.counting.io import save_counts
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'posstats[torch]')")
 from posstats.torch import MDSPositionalEmbedding  # noqa: E402

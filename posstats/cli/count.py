@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from jobs import count as ray_count
 from posstats.errors import PosstatsError
 from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
+from posstats.jobs import count as ray_count
 from posstats.runs.counts_folder import count_line, count_to, publish_counts
 
 HELP = "count positional token occurrences C[i, v] of a corpus"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.pipeline import job_logs
 from posstats.cli.status import storage_options
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
+from posstats.jobs.pipeline import job_logs
 from posstats.service.pipeline_store import Store, validate_run_id
 
 HELP = "logs of a submitted pipeline job (JOB_ID [--follow]), or of a scheduled run (--store --run-id)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from jobs.pipeline import run_from_args
+from posstats.jobs.pipeline import run_from_args
 from posstats.service.config import add_pipeline_args
 
 HELP = "run the pipeline count -> reduce -> geometry -> report -> export into a run store (Ray)"
@@ -17,7 +17,7 @@ completion marker, then STORE/runs/RUN_ID/done.json and the STORE/latest pointer
 Counting is incremental (only new or changed shards are counted); rerunning a run id
 resumes it where it stopped and does nothing once it is complete; a second run on the
 same store is refused while the first holds the store's lock. This is the same job as
-'python -m jobs.pipeline' (what 'posstats submit' sends to a cluster).
+'python -m posstats.jobs.pipeline' (what 'posstats submit' sends to a cluster).
 
 examples:
   posstats pipeline --config deploy/pipeline.example.toml

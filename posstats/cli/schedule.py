@@ -21,7 +21,7 @@ DESCRIPTION = """\
 A foreground loop for a single machine: at every tick of --every INTERVAL (first tick at
 once; 30s, 15m, 6h, 1d, 1h30m) or --cron "MIN HOUR DOM MON DOW" (@hourly, @daily...; read
 in UTC, or in --timezone's wall-clock time, daylight-saving changes included) it runs the
-pipeline ('python -m jobs.pipeline', same config and overrides) as run
+pipeline ('python -m posstats.jobs.pipeline', same config and overrides) as run
 'sched-<tick time, UTC>', writing its output to STORE/logs/RUN_ID.log, and waits for it.
 Runs never overlap: the next tick is looked for only after a run ended (ticks that came
 meanwhile are skipped and reported), and a run that finds the store locked by another
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, _ = config_from_args(args)  # a bad config fails here, before the first tick
     schedule = _schedule_from(args, cfg)
     store = Store(cfg.store.url, storage_options=cfg.store.storage_options)
-    runner = _Runner(store, cfg.work_dir(), [sys.executable, "-m", "jobs.pipeline", *_passthrough(args)],
+    runner = _Runner(store, cfg.work_dir(), [sys.executable, "-m", "posstats.jobs.pipeline", *_passthrough(args)],
                      args.run_prefix)
     old = signal.signal(signal.SIGTERM, _stop)
     try:

@@ -7,9 +7,9 @@ import json
 import socket
 import time
 
-from jobs.pipeline import job_status
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
+from posstats.jobs.pipeline import job_status
 from posstats.service.config import parse_value
 from posstats.service.locks import pipeline_lock_is_stale
 from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs

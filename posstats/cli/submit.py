@@ -6,13 +6,13 @@ import argparse
 import json
 import os
 
-from jobs.pipeline import default_run_id, job_status, submit_job
 from posstats.errors import PosstatsError
+from posstats.jobs.pipeline import default_run_id, job_status, submit_job
 from posstats.service.config import add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
 
 HELP = "submit a pipeline run to a Ray cluster as a Ray job; prints the job id"
 DESCRIPTION = """\
-Validate the pipeline configuration here, then submit 'python -m jobs.pipeline --config
+Validate the pipeline configuration here, then submit 'python -m posstats.jobs.pipeline --config
 pipeline.toml --run-id RUN_ID' to the Ray cluster at --address (its dashboard / job server
 URL) with Ray's Job Submission SDK. The resolved configuration (relative paths made
 absolute: inputs, tokenizer and store must be reachable from the cluster at those paths, or

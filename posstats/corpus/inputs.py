@@ -1,6 +1,6 @@
 """What to count: a corpus source and a counting spec, resolved from plain options.
 
-One function for every entrypoint (``posstats count|run``, ``python -m jobs.count``, the
+One function for every entrypoint (``posstats count|run``, ``python -m posstats.jobs.count``, the
 pipeline's count stage): keyword arguments in, a :class:`CountInputs` out. It also owns
 the count configuration record (``config.json`` of a counts folder).
 """
