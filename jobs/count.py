@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from posstats.corpus.inputs import CountInputs
+from posstats.corpus.remote import absolute
 from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, count_shard, partial_is_dense, plan_shards
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
@@ -59,7 +60,7 @@ from posstats.counting.pack import Placement, stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
 from posstats.counting.reduce import CorruptPartialError, check_partial, check_summable, mark_result
 from posstats.errors import InputError, PosstatsError
-from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
+from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, storage_options
 from posstats.guard import run_guarded
 from posstats.ids import validate_run_id
 from posstats.progress import progress
@@ -861,19 +862,20 @@ def count_job(source: CorpusSource, spec: CountSpec, metadata: dict[str, str], o
         PosstatsError: bad options, a locked store, a store of another configuration.
         InputError: a bad shard (unless ``skip_bad_shards``), an empty corpus.
     """
-    inputs = [os.path.abspath(p) for p in source.inputs]
+    inputs = [absolute(p) for p in source.inputs]
     return _run(source, spec, metadata, opts, command="count", inputs=inputs, incremental=False)
 
 
 def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = None,
-                tokenizer: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                tokenizer: str | None = None,
+                storage_options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Bring a run store up to date with its inputs (or new ``inputs`` patterns).
 
     Counts only shards that are new or changed, subtracts those that disappeared from the
     stored total (``total - removed + added``), and returns (summary, store config). The
     result equals a full recount of the inputs.
     """
-    source, spec, metadata = refresh_source(store, inputs=inputs, tokenizer=tokenizer)
+    source, spec, metadata = refresh_source(store, inputs=inputs, tokenizer=tokenizer, storage_options=storage_options)
     summary = _run(source, spec, metadata, opts, command="refresh", inputs=list(source.inputs), incremental=True)
     return summary, {"source": source, "spec": spec, "metadata": metadata}
 
@@ -967,7 +969,8 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
         manifest = RunStore(os.path.abspath(args.store)).manifest() or {}
         args.memory_budget = manifest.get("dense_budget", 4 * 2**30) / 2**30
     opts = options_from_args(args, default_store=None)
-    summary, ctx = refresh_job(args.store, opts, inputs=args.input, tokenizer=args.tokenizer)
+    summary, ctx = refresh_job(args.store, opts, inputs=args.input, tokenizer=args.tokenizer,
+                               storage_options=storage_options(getattr(args, "storage_option", None) or []))
     _print_refresh(args.store, summary)
     out = args.out or (RunStore(os.path.abspath(args.store)).manifest() or {}).get("out")
     if out and (summary["ray"]["reduce"] != "up to date" or not os.path.exists(os.path.join(out, "count.json"))):

@@ -57,7 +57,6 @@ import dataclasses
 import datetime as _dt
 import fnmatch
 import glob as _glob
-import hashlib
 import json
 import os
 import shutil
@@ -71,11 +70,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fsspec
-
 import posstats
 from posstats.analysis import analyze
 from posstats.corpus.inputs import CountInputs, count_inputs
+from posstats.corpus.remote import is_url, list_objects, object_version_ns
 from posstats.counting.io import load_counts, load_header, write_json_atomic
 from posstats.drift import check_comparable, diff, load_side, store_run_side, write_diff, write_skipped
 from posstats.errors import InputError, PosstatsError
@@ -85,7 +83,7 @@ from posstats.reports.html import render_html_report
 from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
-from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, utc_now, validate_run_id
+from posstats.service.pipeline_store import STAGES, Store, describe_os_error, utc_now, validate_run_id
 from posstats.service.shard_store import RunStore, config_key, store_config
 
 from .connect import connect_ray
@@ -233,64 +231,10 @@ def _stage_config(run: _Run, staging: Path) -> dict[str, Any]:
     return {"result_key": cfg.result_key(), "source": cfg.source, "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _mirror_mtime_ns(fs: Any, info: Mapping[str, Any], path: str) -> int:
-    """A modification time for the local mirror of a remote object: its last-modified
-    second, plus sub-second digits from its content identity (ETag / fsspec ``ukey``), so the
-    mirror's shard ids change exactly when the object does."""
-    stamp = info.get("LastModified") or info.get("mtime") or info.get("last_modified") or info.get("created")
-    seconds = 0
-    if isinstance(stamp, _dt.datetime):
-        seconds = int(stamp.timestamp())
-    elif isinstance(stamp, (int, float)):
-        seconds = int(stamp)
-    identity = info.get("ETag") or info.get("etag")
-    if not identity:
-        try:
-            identity = fs.ukey(path)
-        except Exception:  # noqa: BLE001 - any backend-specific failure: fall back to the size
-            identity = str(info.get("size"))
-    sub = int(hashlib.sha256(str(identity).encode()).hexdigest()[:8], 16) % 1_000_000_000
-    return seconds * 1_000_000_000 + sub
-
-
-def _remote_objects(url: str, *, storage_options: Mapping[str, Any],
-                    must_match: bool) -> tuple[Any, str, str, list[tuple[str, Mapping[str, Any]]]]:
-    """The files a remote path or glob names: (filesystem, path, protocol, [(key, info)]).
-
-    Raises:
-        PosstatsError: no fsspec backend for the URL.
-        InputError: the listing failed; nothing matches (with ``must_match``).
-    """
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options))
-    except ImportError as exc:
-        msg = f"{url}: reading this URL needs an fsspec backend that is not installed ({exc})"
-        raise PosstatsError(msg) from exc
-    with contextlib.suppress(Exception):
-        fs.invalidate_cache()
-    proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    try:
-        if _glob.has_magic(path):
-            found = fs.glob(path, detail=True)
-            objects = sorted((p, i) for p, i in found.items() if i.get("type") == "file")
-        else:
-            info = fs.info(path)
-            objects = [(path, info)] if info.get("type") == "file" else []
-    except FileNotFoundError:
-        objects = []
-    except Exception as exc:  # noqa: BLE001 - network / permission errors of any backend
-        msg = f"{url}: cannot list the input ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        raise InputError(msg) from exc
-    if not objects and must_match:
-        msg = f"no input matches {url!r}"
-        raise InputError(msg)
-    return fs, path, proto, objects
-
-
 def _fetch_if_changed(fs: Any, key: str, info: Mapping[str, Any], dest: Path) -> bool:
     """Download object ``key`` to ``dest`` (temp file + rename, its mirror mtime set) unless
     ``dest`` already has its mirror mtime and size; True when it downloaded."""
-    mtime_ns = _mirror_mtime_ns(fs, info, key)
+    mtime_ns = object_version_ns(fs, info, key)
     size = info.get("size")
     try:
         st = dest.stat()
@@ -321,7 +265,13 @@ def _drop_stale_mirrors(local_pattern: str, keep: set[str]) -> None:
 def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_match: bool = True) -> list[tuple[str, str]]:
     """Download the objects a remote path or glob names into the work folder (only those
     that changed); return [(local path, URL)]."""
-    fs, path, proto, objects = _remote_objects(url, storage_options=storage_options, must_match=must_match)
+    fs, found = list_objects(url, storage_options, must_match=must_match)
+    objects = [(key, info) for key, info in found if info.get("type") == "file"]  # a folder URL is not mirrored
+    if found and not objects and must_match:
+        msg = f"{url}: is a folder; name its files (a glob such as {url.rstrip('/')}/*.parquet)"
+        raise InputError(msg)
+    proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    path = fs._strip_protocol(url)
     out = []
     base = run.work / "inputs" / proto
     for key, info in objects:

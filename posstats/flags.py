@@ -13,12 +13,15 @@ import argparse
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.readers import FORMATS
 from posstats.counting.counts import MODES
+from posstats.errors import PosstatsError
+from posstats.service.config import parse_value
 
 __all__ = [
     "add_input_args",
     "add_ray_args",
     "count_inputs_from_args",
     "int_list",
+    "storage_options",
     "str_list",
 ]
 
@@ -37,11 +40,38 @@ def str_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def storage_options(items: list[str], /) -> dict:
+    """``--storage-option a.b=VALUE`` pairs into a nested dict of fsspec options (VALUE in
+    TOML syntax, a bare word a string): ``["client_kwargs.endpoint_url=http://h:9000",
+    "anon=true"]`` -> ``{"client_kwargs": {"endpoint_url": "http://h:9000"}, "anon": True}``.
+
+    Raises:
+        PosstatsError: an item without ``=`` or with an empty key.
+    """
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PosstatsError(f"--storage-option expects KEY=VALUE, got {item!r}")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = parse_value(value)
+    return out
+
+
 def add_input_args(parser: argparse.ArgumentParser) -> None:
     """The corpus-selection and counting flags of ``count`` / ``run``."""
     g = parser.add_argument_group("input corpus")
     g.add_argument("--input", action="append", required=True, metavar="PATH_OR_GLOB",
-                   help="input file, folder (HF dataset) or glob; repeatable")
+                   help="input file, folder (HF dataset) or glob; repeatable. Local, file://, or any fsspec URL "
+                        "(s3://bucket/shards/*.parquet, gs://..., hf://datasets/ORG/NAME/data/*.parquet), "
+                        "streamed (docs/inputs.md)")
+    g.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec option of URL inputs (VALUE in TOML syntax; dotted keys nest), e.g. "
+                        "client_kwargs.endpoint_url=http://127.0.0.1:9000; repeatable. fsspec's own "
+                        "FSSPEC_<PROTOCOL>_<OPTION> variables and the cloud credential chains apply too")
     g.add_argument("--format", choices=FORMATS, default=None,
                    help="input format (default: guessed from each file's suffix: .parquet/.arrow, "
                         ".jsonl/.json, .txt/.md (one text per line), .csv/.tsv, folder = HF dataset)")
@@ -80,6 +110,7 @@ def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
         tokenizer=args.tokenizer,
         hf_streaming=args.hf_streaming,
         split=getattr(args, "split", None),
+        storage_options=storage_options(getattr(args, "storage_option", None) or []),
         positions=args.positions,
         vocab_size_=args.vocab_size,
         exclude_tokens=args.exclude_tokens,

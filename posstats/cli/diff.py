@@ -7,10 +7,9 @@ import json
 import sys
 
 from posstats.cli._common import add_analysis_args, analysis_config, quiet_from_args
-from posstats.cli.status import storage_options
 from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
 from posstats.errors import InputError
-from posstats.flags import str_list
+from posstats.flags import storage_options, str_list
 from posstats.progress import progress
 
 HELP = "compare two corpora or two refreshes: which positions changed beyond sampling noise"

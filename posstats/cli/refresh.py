@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("refresh", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", action="append", metavar="PATH_OR_GLOB",
                    help="input files / folders / globs (repeatable); default: the store's inputs")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec option of URL inputs (as for 'posstats count'; the store never keeps them); repeatable")
     p.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
                    help="the tokenizer.json the store counts text with (default: the path it remembers)")
     p.add_argument("--out", metavar="DIR", help="write config.json, counts.*, count.json here (default: the store's OUT)")

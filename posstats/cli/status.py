@@ -9,8 +9,8 @@ import time
 
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
+from posstats.flags import storage_options
 from posstats.jobs.pipeline import job_status
-from posstats.service.config import parse_value
 from posstats.service.locks import pipeline_lock_is_stale
 from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs
 
@@ -50,22 +50,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", action="store_true", help="with --store: check every completed stage's files")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
-
-
-def storage_options(items: list[str]) -> dict:
-    """``a.b=VALUE`` pairs into a nested dict (VALUE in TOML syntax, a bare word a string)."""
-
-    out: dict = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PosstatsError(f"--storage-option expects KEY=VALUE, got {item!r}")
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = parse_value(value)
-    return out
 
 
 def store_status(url: str, *, options: dict | None = None, verify: bool = False) -> dict:

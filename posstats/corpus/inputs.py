@@ -7,6 +7,7 @@ the count configuration record (``config.json`` of a counts folder).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -60,6 +61,7 @@ def count_inputs(
     tokenizer: str | None = None,
     hf_streaming: bool = False,
     split: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     positions: int = 512,
     vocab_size_: int | None = None,
     exclude_tokens: Sequence[int] | None = None,
@@ -70,7 +72,8 @@ def count_inputs(
 
     ``vocab_size_`` defaults to the tokenizer's vocabulary and ``exclude_tokens`` to its
     special tokens (none without a tokenizer). Token ids come from ``column``; raw text
-    (``text_column``, or text files) is tokenised with ``tokenizer``.
+    (``text_column``, or text files) is tokenised with ``tokenizer``. ``inputs`` may be
+    fsspec URLs, read with ``storage_options`` (:mod:`posstats.corpus.remote`).
 
     Raises:
         PosstatsError: both or neither of a token-id column and a tokenizer, no vocabulary
@@ -100,6 +103,7 @@ def count_inputs(
         tokenizer=tokenizer if column is None else None,
         hf_streaming=hf_streaming,
         hf_split=split,
+        storage_options=dict(storage_options or {}),
     )
     spec = CountSpec(positions, vocab, mode, tuple(exclude or ()), separator)
     return CountInputs(source, spec, metadata, tokenizer)

@@ -25,17 +25,17 @@ line at a time (the format forces it); their ids are type-checked per batch at C
 from __future__ import annotations
 
 import bz2
+import contextlib
 import csv
 import dataclasses
 import glob
 import gzip
-import io
 import itertools
 import json
 import lzma
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from posstats.corpus.remote import hub_dataset, is_url, list_objects, local_path, open_url, url_filesystem, url_info
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import first_id_outside
@@ -89,14 +90,19 @@ _INT_STRING = re.compile(r"-?[0-9]+")  # what Arrow's string -> int64 cast accep
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def resolve_inputs(patterns: Iterable[str | os.PathLike[str]], /) -> list[str]:
+def resolve_inputs(patterns: Iterable[str | os.PathLike[str]], /, *,
+                   storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """Expand glob patterns (``**`` recursive, ``~`` expanded) into a sorted list of unique paths.
 
     A literal path must exist; files and directories (Hugging Face dataset folders) are
-    both kept.
+    both kept. ``file://`` URLs are local paths; other URLs (``s3://``, ``gs://``, ``hf://``,
+    ...) are listed through fsspec (:mod:`posstats.corpus.remote`, with ``storage_options``)
+    and kept as URLs, globs on them expanded to files.
 
     Raises:
-        InputError: ``"no input matches 'x/*.parquet'"`` for a pattern matching nothing.
+        InputError: ``"no input matches 'x/*.parquet'"`` for a pattern matching nothing, or
+            a listing that failed (network, permissions).
+        PosstatsError: a URL scheme without an installed fsspec backend.
 
     >>> resolve_inputs(["data/*.jsonl"])  # doctest: +SKIP
     ['data/fortunes-sample.jsonl']
@@ -105,14 +111,14 @@ def resolve_inputs(patterns: Iterable[str | os.PathLike[str]], /) -> list[str]:
         patterns = [patterns]
     found: set[str] = set()
     for pattern in patterns:
-        pattern = os.path.expanduser(os.fspath(pattern))
-        if pattern.startswith("file://"):  # a local file URL is its path
-            pattern = pattern[len("file://") :]
-        elif "://" in pattern:
-            scheme = pattern.split("://", 1)[0]
-            msg = (f"{pattern}: {scheme}:// inputs are read by the pipeline (posstats pipeline mirrors object stores); "
-                   "for count / run, copy the files locally first")
-            raise InputError(msg)
+        pattern = os.path.expanduser(local_path(os.fspath(pattern)))
+        if hub_dataset(pattern):  # a hub dataset: `datasets` resolves it (offline: its cache)
+            found.add(pattern)
+            continue
+        if is_url(pattern):
+            fs, objects = list_objects(pattern, storage_options)
+            found.update(fs.unstrip_protocol(path) for path, _ in objects)  # one spelling per object
+            continue
         if _GLOB_CHARS.search(pattern):
             matches = glob.glob(pattern, recursive=True)
         else:
@@ -131,7 +137,8 @@ def guess_format(path: str | os.PathLike[str], /) -> str:
     tells the two apart by their magic bytes); ``.jsonl .ndjson .json`` -> ``"jsonl"``
     (JSON Lines, not one JSON array); ``.txt .text .md`` -> ``"text"``; ``.csv .tsv`` ->
     ``"csv"``; a directory -> ``"hf"``. A trailing ``.gz .bz2 .xz`` is looked through
-    (``corpus.jsonl.gz`` is ``"jsonl"``).
+    (``corpus.jsonl.gz`` is ``"jsonl"``). A URL without a known suffix is a dataset folder
+    or repository (``hf://datasets/ORG/NAME``, ``s3://bucket/saved_dataset``): ``"hf"``.
 
     Raises:
         InputError: for an unknown suffix.
@@ -139,6 +146,12 @@ def guess_format(path: str | os.PathLike[str], /) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
         return "hf"
+    if is_url(path):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        base, suffix = os.path.splitext(name)
+        if suffix.lower() in _OPENERS:
+            suffix = os.path.splitext(base)[1]
+        return _SUFFIX_FORMATS.get(suffix.lower(), "hf")
     base, suffix = os.path.splitext(path)
     if suffix.lower() in _OPENERS:
         suffix = os.path.splitext(base)[1]
@@ -162,6 +175,7 @@ class ReaderSpec:
     add_special_tokens: bool
     hf_streaming: bool
     hf_split: str | None
+    storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str | None:
@@ -180,11 +194,13 @@ def read_token_batches(
     add_special_tokens: bool = False,
     hf_streaming: bool = False,
     hf_split: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Iterator[TokenBatch]:
     """Iterate over the token-id sequences of ``paths`` (in order) in batches of at most ``batch_size`` rows.
 
     Args:
-        paths: files (or, for ``"hf"``, folders), e.g. from :func:`resolve_inputs`.
+        paths: files (or, for ``"hf"``, folders), e.g. from :func:`resolve_inputs`; local
+            paths or fsspec URLs (streamed, see :mod:`posstats.corpus.remote`).
         format: one of :data:`FORMATS` for every path; ``None`` guesses per path
             (:func:`guess_format`).
         column: name of a token-id column (see the module docstring for each format).
@@ -199,6 +215,8 @@ def read_token_batches(
             cache first.
         hf_split: ``"hf"`` only: the split of a ``DatasetDict``; by default its only
             split (a dataset with several is an error that lists them: never a silent pick).
+        storage_options: options of the fsspec filesystem of URL inputs (endpoint,
+            credentials...).
 
     Either ``column`` or ``tokenizer`` (with ``text_column`` where the format has
     columns) gives the ids. Files with no rows yield nothing. Token ids are not
@@ -217,7 +235,8 @@ def read_token_batches(
         tokenizer = None
     elif isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer)
-    spec = ReaderSpec(column, text_column, tokenizer, batch_size, add_special_tokens, hf_streaming, hf_split)
+    spec = ReaderSpec(column, text_column, tokenizer, batch_size, add_special_tokens, hf_streaming, hf_split,
+                      dict(storage_options or {}))
     return _read_all(_plan_reads([os.fspath(p) for p in paths], format, spec), spec)
 
 
@@ -254,7 +273,7 @@ def _plan_reads(paths: list[str], format: str | None, spec: ReaderSpec) -> list[
             raise PosstatsError(msg)
     for path, fmt in jobs:
         if fmt != "hf":
-            _check_file(path)
+            _check_file(path, spec.storage_options)
     return jobs
 
 
@@ -282,7 +301,12 @@ def validate_ids(batch: TokenBatch, vocab_size: int, /) -> None:
 # Arrow arrays -> TokenBatch (shared by the parquet, arrow, csv and hf readers)
 
 
-def _check_file(path: str) -> None:
+def _check_file(path: str, storage_options: Mapping[str, Any]) -> None:
+    if is_url(path):
+        if url_info(path, storage_options).get("type") == "directory":
+            msg = f"{path}: is a folder (use format='hf' for a Hugging Face dataset folder)"
+            raise InputError(msg)
+        return
     if os.path.isdir(path):
         msg = f"{path}: is a directory (use format='hf' for a Hugging Face dataset folder)"
         raise InputError(msg)
@@ -414,24 +438,36 @@ def guarded_reads(items: Iterator[Any], path: str, what: str) -> Iterator[Any]:
 
 
 def _read_columnar(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
+    if is_url(path):  # streamed: the footer, then one row group (or batch) at a time
+        with open_url(path, spec.storage_options) as f:
+            head = f.read(8)
+            f.seek(0)
+            yield from _columnar_batches(path, head, f, spec)
+        return
     with open(path, "rb") as f:
         head = f.read(8)
+    yield from _columnar_batches(path, head, None, spec)
+
+
+def _columnar_batches(path: str, head: bytes, opened: Any, spec: ReaderSpec) -> Iterator[TokenBatch]:
+    """Batches of a Parquet / Arrow IPC file (kind told by ``head``, its first bytes), read
+    from ``opened`` (a seekable binary file) or, when None, from the local ``path``."""
+    what = "Parquet"
     try:
         if head[:4] == b"PAR1":
-            what = "Parquet"
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(path if opened is None else opened)
             schema = parquet.schema_arrow
             check_column(path, schema, spec)
             batches = parquet.iter_batches(batch_size=spec.batch_size, columns=[spec.name])
         elif head[:6] == b"ARROW1":
             what = "Arrow IPC"
-            reader = pa.ipc.open_file(pa.memory_map(path))
+            reader = pa.ipc.open_file(pa.memory_map(path) if opened is None else opened)
             schema = reader.schema
             check_column(path, schema, spec)
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         elif head[:4] == b"\xff\xff\xff\xff":
             what = "Arrow IPC"
-            reader = pa.ipc.open_stream(pa.memory_map(path))
+            reader = pa.ipc.open_stream(pa.memory_map(path) if opened is None else opened)
             schema = reader.schema
             check_column(path, schema, spec)
             batches = iter(reader)
@@ -449,13 +485,16 @@ def _read_columnar(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
 # Line-oriented files: JSON Lines and plain text
 
 
-def _open_text(path: str) -> io.TextIOBase:
-    """``path`` as text, UTF-8, bad bytes kept as lone surrogates (see :func:`checked_lines`).
+def _open_text(path: str, storage_options: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
+    """``path`` as text, UTF-8, bad bytes kept as lone surrogates (see :func:`checked_lines`);
+    ``.gz .bz2 .xz`` decompressed; URLs streamed (:func:`posstats.corpus.remote.open_url`).
 
     Strict decoding would fail on the whole decoded chunk (8 KiB and more), before the
     lines in front of the bad byte are even seen, so its line number would be wrong; the
     lines are split exactly as before (universal newlines), and each one is checked.
     """
+    if is_url(path):
+        return open_url(path, storage_options, text=True, compression="infer")
     opener = _OPENERS.get(os.path.splitext(path)[1].lower())
     if opener is None:
         return open(path, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 - closed by the caller's with
@@ -492,9 +531,9 @@ def checked_lines(lines: Iterable[tuple[int, str]], path: str) -> Iterator[tuple
         yield lineno, line
 
 
-def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
+def _numbered_lines(path: str, spec: ReaderSpec) -> Iterator[tuple[int, str]]:
     """(1-based line number, line) pairs; decoding errors become one-line InputErrors."""
-    with _open_text(path) as f:
+    with _open_text(path, spec.storage_options) as f:
         lineno = 0
         try:
             for lineno, line in checked_lines(enumerate(f, 1), path):  # noqa: B007 - lineno is used after the loop
@@ -505,7 +544,7 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def _read_text(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
-    return text_batches(_numbered_lines(path), path, spec)
+    return text_batches(_numbered_lines(path, spec), path, spec)
 
 
 def text_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, *, first_row: int = 0) -> Iterator[TokenBatch]:
@@ -530,7 +569,7 @@ def text_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, 
 
 
 def _read_jsonl(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
-    return jsonl_batches(_numbered_lines(path), path, spec)
+    return jsonl_batches(_numbered_lines(path, spec), path, spec)
 
 
 def jsonl_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, *, first_row: int = 0) -> Iterator[TokenBatch]:
@@ -609,29 +648,45 @@ def _short(value: Any) -> str:
 # CSV / TSV
 
 
+def _csv_source(path: str, spec: ReaderSpec) -> contextlib.AbstractContextManager[Any]:
+    """What Arrow's CSV reader opens: the local path (Arrow decompresses by suffix), or a URL
+    streamed and decompressed by fsspec."""
+    if is_url(path):
+        return open_url(path, spec.storage_options, compression="infer")
+    return contextlib.nullcontext(path)
+
+
 def _read_csv(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
-    if os.path.getsize(path) == 0:
+    size = url_info(path, spec.storage_options).get("size") if is_url(path) else os.path.getsize(path)
+    if size == 0:
         return
     base = path[: -len(os.path.splitext(path)[1])] if os.path.splitext(path)[1].lower() in _OPENERS else path
     delimiter = "\t" if base.lower().endswith(".tsv") else ","
     parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
     convert = pcsv.ConvertOptions(include_columns=[spec.name], column_types={spec.name: pa.string()})
-    try:
-        reader = pcsv.open_csv(path, parse_options=parse, convert_options=convert)
-    except (pa.ArrowException, OSError) as exc:
-        if "include_columns" in str(exc):
-            try:
-                names = pcsv.open_csv(path, parse_options=parse).schema.names
-            except UnicodeDecodeError as bad:  # a column name that is not UTF-8
-                raise _csv_error(path, bad, spec.name, delimiter) from exc
-            except (pa.ArrowException, OSError):
-                names = []
-            msg = f"{path}: no column {spec.name!r} (available: {', '.join(names) or 'none'})"
-            raise InputError(msg) from exc
-        if "Empty CSV file" in str(exc):
-            return
-        raise _csv_error(path, exc, spec.name, delimiter) from exc
-    columns = (batch.column(spec.name) for batch in _csv_guarded(iter(reader), path, spec.name, delimiter))
+    with _csv_source(path, spec) as source:
+        try:
+            reader = pcsv.open_csv(source, parse_options=parse, convert_options=convert)
+        except (pa.ArrowException, OSError) as exc:
+            if "include_columns" in str(exc):
+                try:
+                    with _csv_source(path, spec) as again:
+                        names = pcsv.open_csv(again, parse_options=parse).schema.names
+                except UnicodeDecodeError as bad:  # a column name that is not UTF-8
+                    raise _csv_error(path, bad, spec, delimiter) from exc
+                except (pa.ArrowException, OSError):
+                    names = []
+                msg = f"{path}: no column {spec.name!r} (available: {', '.join(names) or 'none'})"
+                raise InputError(msg) from exc
+            if "Empty CSV file" in str(exc):
+                return
+            raise _csv_error(path, exc, spec, delimiter) from exc
+        yield from _csv_rows(reader, path, spec, delimiter)
+
+
+def _csv_rows(reader: Any, path: str, spec: ReaderSpec, delimiter: str) -> Iterator[TokenBatch]:
+    """Token batches of an open Arrow CSV reader: ids parsed from strings, or texts tokenised."""
+    columns = (batch.column(spec.name) for batch in _csv_guarded(iter(reader), path, spec, delimiter))
     if spec.column is None:
         yield from arrow_batches(columns, path, spec)
         return
@@ -643,7 +698,7 @@ def _read_csv(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
             row += len(part)
 
 
-def _csv_guarded(batches: Iterator[Any], path: str, name: str, delimiter: str) -> Iterator[Any]:
+def _csv_guarded(batches: Iterator[Any], path: str, spec: ReaderSpec, delimiter: str) -> Iterator[Any]:
     """Turn Arrow/OS errors raised while reading CSV batches into one-line InputErrors."""
     while True:
         try:
@@ -651,26 +706,26 @@ def _csv_guarded(batches: Iterator[Any], path: str, name: str, delimiter: str) -
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
-            raise _csv_error(path, exc, name, delimiter) from exc
+            raise _csv_error(path, exc, spec, delimiter) from exc
         yield batch
 
 
-def _csv_error(path: str, exc: BaseException, name: str, delimiter: str) -> InputError:
+def _csv_error(path: str, exc: BaseException, spec: ReaderSpec, delimiter: str) -> InputError:
     """The InputError for a CSV file Arrow cannot read; for bad UTF-8, where it is."""
     text = str(exc).lower()
     if "utf8" in text or "utf-8" in text:
-        where = _csv_utf8_location(path, name, delimiter)
+        where = _csv_utf8_location(path, spec.name, delimiter, spec.storage_options)
         if where is not None:
             return InputError(f"{path}: {where}")
     return InputError(f"{path}: not a valid CSV file ({describe_exception(exc)})")
 
 
-def _csv_utf8_location(path: str, name: str, delimiter: str) -> str | None:
+def _csv_utf8_location(path: str, name: str, delimiter: str, storage_options: Mapping[str, Any]) -> str | None:
     """``"line L: row R: column 'x' is not UTF-8 text (...)"`` for the first bad cell of
     column ``name`` (or a bad header), re-reading the file with Python's csv module (the
     error path only: Arrow says neither the row nor the line)."""
     try:
-        with _open_text(path) as f:
+        with _open_text(path, storage_options) as f:
             reader = csv.reader(f, delimiter=delimiter, strict=False)
             start, row, col = 1, -1, None
             for record in reader:
@@ -740,26 +795,31 @@ def _import_datasets() -> Any:
 def _read_hf(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
     datasets = _import_datasets()  # heavy; only imported when an HF input is read
 
-    if not os.path.exists(path):
-        msg = f"{path}: no such file or folder"
-        raise InputError(msg)
-    saved = os.path.isdir(path) and any(
-        os.path.isfile(os.path.join(path, marker)) for marker in ("state.json", "dataset_dict.json")
-    )
-    builder = None if os.path.isdir(path) else _HF_BUILDERS[guess_format(path)]
+    if is_url(path):
+        saved, builder = _hf_url_kind(path, spec)
+    else:
+        if not os.path.exists(path):
+            msg = f"{path}: no such file or folder"
+            raise InputError(msg)
+        saved = os.path.isdir(path) and any(
+            os.path.isfile(os.path.join(path, marker)) for marker in ("state.json", "dataset_dict.json")
+        )
+        builder = None if os.path.isdir(path) else _HF_BUILDERS[guess_format(path)]
     if spec.name is None:
         if builder != "text":
             msg = f"{path}: tokenizer= needs text_column= naming the text column"
             raise PosstatsError(msg)
         spec = dataclasses.replace(spec, text_column="text")  # the text builder's only column
+    remote = {"storage_options": dict(spec.storage_options)} if is_url(path) and spec.storage_options else {}
     try:
         if saved:
-            ds = datasets.load_from_disk(path)
+            ds = datasets.load_from_disk(path, **remote)
         elif builder is None:
-            ds = datasets.load_dataset(path, streaming=spec.hf_streaming)
+            revision = path.rstrip("/").partition("@")[2] or None
+            ds = datasets.load_dataset(hub_dataset(path) or path, revision=revision, streaming=spec.hf_streaming)
         else:
             kwargs = {"delimiter": "\t"} if builder == "csv" and ".tsv" in path.lower() else {}
-            ds = datasets.load_dataset(builder, data_files=[path], streaming=spec.hf_streaming, **kwargs)
+            ds = datasets.load_dataset(builder, data_files=[path], streaming=spec.hf_streaming, **remote, **kwargs)
     except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
         msg = f"{path}: cannot load as a Hugging Face dataset ({describe_exception(exc)})"
         raise InputError(msg) from exc
@@ -771,6 +831,26 @@ def _read_hf(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
         msg = f"{path}: no column {spec.name!r} (available: {', '.join(names) or 'none'})"
         raise InputError(msg)
     yield from arrow_batches(_hf_columns(ds, path, spec), path, spec)
+
+
+def _hf_url_kind(path: str, spec: ReaderSpec) -> tuple[bool, str | None]:
+    """``(saved, builder)`` of a URL read as a Hugging Face dataset: a ``save_to_disk``
+    folder, a hub repository (``hf://datasets/ORG/NAME``, builder None), or a data file
+    (its builder)."""
+    if hub_dataset(path):
+        return False, None
+    fs, root = url_filesystem(path, spec.storage_options)
+    info = url_info(path, spec.storage_options)
+    if info.get("type") != "directory":
+        fmt = guess_format(path)
+        if fmt == "hf":
+            msg = f"{path}: cannot tell the format of this file; choose one of {', '.join(FORMATS)}"
+            raise InputError(msg)
+        return False, _HF_BUILDERS[fmt]
+    if any(fs.exists(f"{root.rstrip('/')}/{marker}") for marker in ("state.json", "dataset_dict.json")):
+        return True, None
+    msg = f"{path}: a folder URL must be a dataset saved with save_to_disk (state.json or dataset_dict.json)"
+    raise InputError(msg)
 
 
 def _hf_columns(ds: Any, path: str, spec: ReaderSpec) -> Iterator[pa.ChunkedArray]:

@@ -41,6 +41,7 @@ complete set of shards equals ``count_corpus``'s fingerprint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -66,6 +67,7 @@ from posstats.corpus.readers import (
     jsonl_batches,
     text_batches,
 )
+from posstats.corpus.remote import hub_dataset, is_url, open_url, url_info
 from posstats.corpus.source import CorpusSource, file_fingerprint
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.corpus.tokens import TokenBatch
@@ -196,21 +198,22 @@ def plan_shards(
 def plan_file(path: str, source: CorpusSource, /, *, split: bool = True, shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[Shard]:
     """The shards of one input path (at least one; exactly one when ``split`` is False)."""
     fmt = source.format or guess_format(path)
-    fp = file_fingerprint(path)
+    fp = file_fingerprint(path, source.storage_options)
+    remote = is_url(path)
     pieces: list[dict[str, Any]] | None = None
     if split:
         if fmt == "parquet":
             pieces = _parquet_pieces(path, source)
-        elif fmt == "hf" and os.path.isdir(path):
+        elif fmt == "hf" and not remote and os.path.isdir(path):
             pieces = _hf_pieces(path, source.hf_split)
-        elif fmt in ("jsonl", "text") and not path.lower().endswith(_COMPRESSED):
-            if os.path.getsize(path) > shard_bytes:
+        elif fmt in ("jsonl", "text") and not remote and not path.lower().endswith(_COMPRESSED):
+            if os.path.getsize(path) > shard_bytes:  # a URL's lines are one sequential read: one shard
                 pieces = _line_pieces(path, shard_bytes)
     if not pieces:
-        size = _path_size(path)
+        size = _path_size(path, source)
         pieces = [dict(kind="file", start=0, stop=size, first_row=0, first_line=1 if fmt in ("jsonl", "text") else 0,
                        member="", rows=-1, size_hint=size, extra="")]
-    abspath = os.path.abspath(path)
+    abspath = path if remote else os.path.abspath(path)
     shards = []
     for i, p in enumerate(pieces):
         identity = json.dumps(
@@ -238,38 +241,47 @@ def plan_file(path: str, source: CorpusSource, /, *, split: bool = True, shard_b
     return shards
 
 
-def _path_size(path: str) -> int:
+def _path_size(path: str, source: CorpusSource) -> int:
+    if is_url(path):
+        return 0 if hub_dataset(path) else int(url_info(path, source.storage_options).get("size") or 0)
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(r, n)) for r, _, names in os.walk(path) for n in names)
     return os.path.getsize(path)
 
 
-def _parquet_footer(path: str) -> bytes | None:
-    """The raw Thrift footer of a Parquet file, or None when the file has no valid tail."""
-    size = os.path.getsize(path)
+def _parquet_footer(f: Any, size: int) -> bytes | None:
+    """The raw Thrift footer of a Parquet file (``f``, open, ``size`` bytes), or None when
+    the file has no valid tail."""
     if size < 12:
         return None
-    with open(path, "rb") as f:
-        if f.read(4) != b"PAR1":
-            return None
-        f.seek(size - 8)
-        tail = f.read(8)
-        if tail[4:] != b"PAR1":
-            return None
-        (length,) = struct.unpack("<I", tail[:4])
-        if length + 12 > size:
-            return None
-        f.seek(size - 8 - length)
-        return f.read(length)
+    f.seek(0)
+    if f.read(4) != b"PAR1":
+        return None
+    f.seek(size - 8)
+    tail = f.read(8)
+    if tail[4:] != b"PAR1":
+        return None
+    (length,) = struct.unpack("<I", tail[:4])
+    if length + 12 > size:
+        return None
+    f.seek(size - 8 - length)
+    return f.read(length)
+
+
+def _open_binary(path: str, source: CorpusSource) -> contextlib.AbstractContextManager[Any]:
+    """``path`` opened for binary reading: a local file, or a URL streamed with range requests."""
+    return open_url(path, source.storage_options) if is_url(path) else open(path, "rb")
 
 
 def _parquet_pieces(path: str, source: CorpusSource) -> list[dict[str, Any]] | None:
-    footer = _parquet_footer(path)
-    if footer is None:
-        return None  # Arrow IPC, or a truncated file: one whole-file shard
     try:
-        meta = pq.ParquetFile(path).metadata
-    except (pa.ArrowException, OSError):
+        with _open_binary(path, source) as f:
+            size = f.seek(0, io.SEEK_END)
+            footer = _parquet_footer(f, size)
+            if footer is None:
+                return None  # Arrow IPC, or a truncated file: one whole-file shard
+            meta = pq.ParquetFile(f).metadata
+    except (pa.ArrowException, OSError, InputError):
         return None  # unreadable footer: the whole-file shard reports it when read
     digest = hashlib.sha256(footer).hexdigest()
     pieces, row = [], 0
@@ -370,7 +382,7 @@ def _reader_spec(source: CorpusSource, tokenizer: Any) -> ReaderSpec:
             tok = load_tokenizer(tok)
     return ReaderSpec(column=source.column, text_column=source.text_column, tokenizer=tok,
                       batch_size=source.batch_size, add_special_tokens=False, hf_streaming=source.hf_streaming,
-                      hf_split=source.hf_split)
+                      hf_split=source.hf_split, storage_options=source.storage_options)
 
 
 def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:
@@ -401,10 +413,19 @@ def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) 
 
 
 def _read_row_group(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
+    if is_url(shard.path):
+        with open_url(shard.path, spec.storage_options) as f:
+            yield from _row_group_batches(shard, spec, f)
+    else:
+        yield from _row_group_batches(shard, spec, shard.path)
+
+
+def _row_group_batches(shard: Shard, spec: ReaderSpec, opened: Any) -> Iterator[TokenBatch]:
+    """The batches of the shard's row group, read from ``opened`` (a local path or an open file)."""
     path, group = shard.path, shard.start
     where = f"{path}: row group {group}"
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(opened)
         check_column(path, parquet.schema_arrow, spec)
         # Streamed batch by batch (as the single-process reader does): decoding a whole row
         # group first would leave the kernel working on data far out of cache.
@@ -536,24 +557,24 @@ def count_shard(
     if piece:
         acc.start_piece(shard.path, first=shard.index == 0)
     try:
-        _check_unchanged(shard)
+        _check_unchanged(shard, source)
         for batch in read_shard(shard, source, tokenizer=tokenizer):
             acc.add(batch)
-        _check_unchanged(shard)  # a partial must be the content its id names
+        _check_unchanged(shard, source)  # a partial must be the content its id names
     except InputError as exc:
         msg = f"{exc} [shard: {shard.label()}]"
         raise InputError(msg) from exc
     counts = acc.result(copy=False)  # the accumulator ends here: no n x V copy
     if piece:
-        stream = piece_metadata(os.path.abspath(shard.path), shard.input_fingerprint, shard.index, shard.count,
+        stream = piece_metadata(shard.path if is_url(shard.path) else os.path.abspath(shard.path), shard.input_fingerprint, shard.index, shard.count,
                                 acc.piece())
         counts = dataclasses.replace(counts, metadata={**counts.metadata, **stream})
     return counts
 
 
-def _check_unchanged(shard: Shard) -> None:
+def _check_unchanged(shard: Shard, source: CorpusSource) -> None:
     try:
-        current = file_fingerprint(shard.path)
+        current = file_fingerprint(shard.path, source.storage_options)
     except OSError as exc:
         msg = f"{shard.path}: cannot read ({exc.strerror or exc})"
         raise InputError(msg) from exc

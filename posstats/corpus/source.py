@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from posstats.corpus.readers import read_token_batches, resolve_inputs
+from posstats.corpus.remote import hub_dataset, is_url, object_version_ns, open_url, url_filesystem, url_info
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import (
     DEFAULT_DENSE_BUDGET,
@@ -42,6 +44,8 @@ class CorpusSource:
         hf_streaming: stream Hugging Face datasets instead of caching them.
         batch_size: rows per batch.
         hf_split: the split of a Hugging Face ``DatasetDict`` (``--split``).
+        storage_options: fsspec options for URL inputs (``--storage-option``); never
+            written to a record (they may hold credentials).
     """
 
     inputs: tuple[str, ...]
@@ -52,10 +56,11 @@ class CorpusSource:
     hf_streaming: bool = False
     batch_size: int = 4096
     hf_split: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain values (``inputs`` as a list)."""
-        return {**dataclasses.asdict(self), "inputs": list(self.inputs)}
+        return {**dataclasses.asdict(self), "inputs": list(self.inputs), "storage_options": dict(self.storage_options)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], /) -> CorpusSource:
@@ -64,7 +69,7 @@ class CorpusSource:
 
     def files(self) -> list[str]:
         """The resolved input paths, sorted."""
-        return resolve_inputs(list(self.inputs))
+        return resolve_inputs(list(self.inputs), storage_options=self.storage_options)
 
     def read(self, paths: Sequence[str], tokenizer: Any = None):
         """Iterate the :class:`TokenBatch` es of ``paths``."""
@@ -77,14 +82,23 @@ class CorpusSource:
             batch_size=self.batch_size,
             hf_streaming=self.hf_streaming,
             hf_split=self.hf_split,
+            storage_options=self.storage_options,
         )
 
 
-def file_fingerprint(path: str, /) -> str:
-    """Fingerprint of one input file: sha256 of its name, size and modification time.
+def file_fingerprint(path: str, /, storage_options: Mapping[str, Any] | None = None) -> str:
+    """Fingerprint of one input file: sha256 of its name, size and modification time (of a
+    URL: its size and version, :func:`posstats.corpus.remote.object_version_ns`).
 
     Content changes that keep size and mtime identical are not detected (as with make).
     """
+    if hub_dataset(path):  # no version without the network: pin one with @REVISION
+        return fingerprint_of(f"hub|{path}")
+    if is_url(path):
+        fs, key = url_filesystem(path, storage_options)
+        info = url_info(path, storage_options)
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        return fingerprint_of(f"{name}|{info.get('size')}|{object_version_ns(fs, info, key)}")
     st = os.stat(path)
     if os.path.isdir(path):  # an HF dataset folder: fingerprint its files
         parts = []
@@ -97,10 +111,12 @@ def file_fingerprint(path: str, /) -> str:
     return fingerprint_of(f"{os.path.basename(path)}|{st.st_size}|{st.st_mtime_ns}")
 
 
-def estimated_tokens(path: str, column: str | None, /) -> int:
+def estimated_tokens(path: str, column: str | None, /, storage_options: Mapping[str, Any] | None = None) -> int:
     """Tokens ``path`` is expected to give (progress bars, kernel choice): the values of a
     Parquet token-id ``column`` from the footer (exact unless some lists are empty or
     null), else the file's bytes / 4 (about right for English text and id lists)."""
+    if is_url(path):
+        return _estimated_url_tokens(path, column, storage_options)
     try:
         if column is not None and not os.path.isdir(path):
             meta = pq.ParquetFile(path).metadata
@@ -112,6 +128,21 @@ def estimated_tokens(path: str, column: str | None, /) -> int:
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(r, n)) for r, _, names in os.walk(path) for n in names) // 4
     return os.path.getsize(path) // 4 if os.path.exists(path) else 0
+
+
+def _estimated_url_tokens(path: str, column: str | None, storage_options: Mapping[str, Any] | None) -> int:
+    """:func:`estimated_tokens` of a URL: the Parquet footer (one range request), else size / 4."""
+    try:
+        info = url_info(path, storage_options)
+        if column is not None and info.get("type") == "file" and path.lower().endswith((".parquet", ".pq")):
+            with open_url(path, storage_options) as f:
+                meta = pq.ParquetFile(f).metadata
+            leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == column]
+            if leaf:
+                return sum(meta.row_group(g).column(leaf[0]).num_values for g in range(meta.num_row_groups))
+        return int(info.get("size") or 0) // 4
+    except (pa.ArrowException, OSError, InputError):
+        return 0  # the reader reports what is wrong with the file
 
 
 def count_corpus(
@@ -134,7 +165,7 @@ def count_corpus(
     """
     files = source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
-    expected = sum(estimated_tokens(path, source.column) for path in files)
+    expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
     acc = CountAccumulator(spec, dense=dense, metadata=metadata)
@@ -143,7 +174,7 @@ def count_corpus(
             bar.set_postfix_str(f"file {i + 1}/{len(files)}", refresh=False)
             for batch in source.read([path], tokenizer):
                 bar.update(acc.add(batch))
-            acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path))
+            acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path, source.storage_options))
         bar.set_postfix_str("sorting counts", refresh=True)
         counts = acc.result(copy=False)
     if counts.sequences == 0:

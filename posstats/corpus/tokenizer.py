@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -71,6 +72,10 @@ def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
             unreadable, or not a tokenizer.
     """
     given = os.fspath(path)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", given) and not given.startswith("file://"):
+        msg = (f"{given}: tokenizers are read from local files; copy the tokenizer.json (a few MB) next to the job, "
+               "or name a model in the local Hugging Face cache (posstats pipeline mirrors tokenizer URLs itself)")
+        raise InputError(msg)
     path = resolve_tokenizer(given)
     if not os.path.isfile(path):
         if not os.path.exists(path) and not given.startswith((".", "/", "~", "file://")) and not given.endswith(".json"):

@@ -180,7 +180,7 @@ def count_parts(
         for batch in source.read([path], tokenizer):
             for k, acc in enumerate(accs):
                 acc.add(_take_rows(batch, k, parts))
-        fingerprint = combine_fingerprints(fingerprint, file_fingerprint(path))
+        fingerprint = combine_fingerprints(fingerprint, file_fingerprint(path, source.storage_options))
     out = tuple(dataclasses.replace(acc.result(), fingerprint=fingerprint) for acc in accs)
     if sum(p.sequences for p in out) == 0:
         msg = f"empty corpus: no sequences in {', '.join(files)}"

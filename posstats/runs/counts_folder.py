@@ -45,7 +45,7 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float) -> tup
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size."""
     files = inputs.source.files()
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files))
-    tokens = sum(estimated_tokens(path, inputs.source.column) for path in files)
+    tokens = sum(estimated_tokens(path, inputs.source.column, inputs.source.storage_options) for path in files)
     dense = inputs.spec.prefers_dense(budget_bytes, tokens)
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()

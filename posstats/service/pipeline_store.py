@@ -67,7 +67,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import socket
 import threading
@@ -79,6 +78,7 @@ from typing import Any
 
 import fsspec
 
+from posstats.corpus.remote import is_url  # re-exported: the store and the config tell URLs apart
 from posstats.errors import PosstatsError, os_error_kind
 from posstats.errors import describe_os_error as _describe_os_error
 from posstats.ids import is_valid_id, validate_run_id  # validate_run_id: re-exported
@@ -108,15 +108,9 @@ RUNS = "runs"
 LOGS = "logs"
 DEFAULT_STALE_AFTER_S = 600.0
 STORE_SCHEMA = "posstats.pipeline-store/1"
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def is_url(path: str, /) -> bool:
-    """True for ``scheme://...`` (any scheme but ``file://``, which is a local path)."""
-    return bool(_URL.match(path)) and not path.startswith("file://")
 
 
 def utc_now() -> str:

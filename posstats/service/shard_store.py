@@ -73,10 +73,11 @@ import json
 import os
 import shutil
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posstats.corpus.remote import absolute
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.counts import CountSpec, PositionalCounts
@@ -129,7 +130,7 @@ def store_config(source: CorpusSource, spec: CountSpec, metadata: dict[str, str]
 def derive_run_id(files: Sequence[str], config: dict[str, Any], /, *, command: str = "count") -> str:
     """``run-`` (``refresh-`` for a refresh) + 16 hex digits of sha256(absolute input paths
     + counting configuration): the same inputs and configuration name the same run."""
-    text = json.dumps([sorted(os.path.abspath(f) for f in files), config], sort_keys=True)
+    text = json.dumps([sorted(absolute(f) for f in files), config], sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     return f"{'run' if command == 'count' else 'refresh'}-{digest}"
 
@@ -404,7 +405,7 @@ class RunStore:
             "finished": finished,
             "config_key": config_key(config),
             "inputs": list(inputs),
-            "files": [os.path.abspath(f) for f in files],
+            "files": [absolute(f) for f in files],
             "out": out,
             "shard_ids": [s.shard_id for s in ordered],
             "shards": [s.to_dict() for s in ordered],
@@ -442,14 +443,14 @@ def manifest_changes(previous: dict[str, Any] | None, shards: Sequence[Any], add
     """Per input path: ``new`` / ``changed`` / ``gone``, with the numbers of shards added and
     removed, between the manifest ``previous`` and the planned ``shards``."""
     old = {s["shard_id"]: s for s in (previous or {}).get("shards", [])}
-    old_paths = {os.path.abspath(s["path"]) for s in old.values()}
-    new_paths = {os.path.abspath(s.path) for s in shards}
+    old_paths = {absolute(s["path"]) for s in old.values()}
+    new_paths = {absolute(s.path) for s in shards}
     by_id = {s.shard_id: s for s in shards}
     per: dict[str, list[int]] = {}
     for sid in added:
-        per.setdefault(os.path.abspath(by_id[sid].path), [0, 0])[0] += 1
+        per.setdefault(absolute(by_id[sid].path), [0, 0])[0] += 1
     for sid in removed:
-        path = os.path.abspath(old[sid]["path"]) if sid in old else "(unknown input)"
+        path = absolute(old[sid]["path"]) if sid in old else "(unknown input)"
         per.setdefault(path, [0, 0])[1] += 1
     out = []
     for path, (n_add, n_rm) in sorted(per.items()):
@@ -458,14 +459,15 @@ def manifest_changes(previous: dict[str, Any] | None, shards: Sequence[Any], add
     return out
 
 
-def refresh_source(store: str, /, *, inputs: Sequence[str] | None = None,
-                   tokenizer: str | None = None) -> tuple[CorpusSource, CountSpec, dict[str, str]]:
+def refresh_source(store: str, /, *, inputs: Sequence[str] | None = None, tokenizer: str | None = None,
+                   storage_options: Mapping[str, Any] | None = None) -> tuple[CorpusSource, CountSpec, dict[str, str]]:
     """What the run store ``store`` counts, to refresh it: (source, spec, metadata).
 
     The source reads ``inputs`` (patterns, made absolute) or else the inputs of the last
     finished count, with the store's reader options; a store that counts text needs its
     tokenizer: ``tokenizer`` or the one remembered in ``store.json``, checked against the
-    hash the store records (:func:`posstats.corpus.tokenizer.check_tokenizer`).
+    hash the store records (:func:`posstats.corpus.tokenizer.check_tokenizer`). URL inputs
+    are read with ``storage_options`` (never stored: they may hold credentials).
 
     Raises:
         PosstatsError: no finished count in ``store``; a text store and no tokenizer; a
@@ -486,10 +488,11 @@ def refresh_source(store: str, /, *, inputs: Sequence[str] | None = None,
         recorded = {"tokenizer_hash": cfg.get("tokenizer_hash"), "tokenizer": metadata.get("tokenizer")}
         check_tokenizer(recorded, tok_path, counts=f"run store {store}")
     source = CorpusSource(
-        inputs=tuple(os.path.abspath(p) for p in (inputs or manifest["inputs"])),
+        inputs=tuple(absolute(p) for p in (inputs or manifest["inputs"])),
         format=cfg.get("format"),
         column=cfg.get("column"),
         text_column=cfg.get("text_column"),
         tokenizer=tok_path if cfg.get("column") is None else None,
+        storage_options=dict(storage_options or {}),
     )
     return source, CountSpec.from_metadata(cfg["spec"]), metadata
