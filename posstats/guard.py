@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from posstats.corpus.remote import local_path
 from posstats.errors import PosstatsError, describe_os_error, error_chain, os_error_kind
 from posstats.memory import available_memory, format_bytes, memory_hint
 
@@ -31,10 +32,11 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
     errors of torch) and Ray's ``OutOfMemoryError`` (recognised by class name, so the
     library never imports ray). Anything else is a bug and keeps its traceback.
 
-    Shared by ``posstats`` and the ``python -m posstats.jobs.*`` entrypoints.
+    Shared by ``posstats`` and the ``python -m posstats.jobs.*`` entrypoints. A ``file://``
+    URL is a local path wherever a command takes one (:func:`local_file_urls`).
     """
     try:
-        return int(func(args) or 0)
+        return int(func(local_file_urls(args)) or 0)
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
@@ -47,6 +49,23 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
             raise
         print(f"posstats: error: {text}", file=sys.stderr)
         return 2
+
+
+def local_file_urls(args: argparse.Namespace, /) -> argparse.Namespace:
+    """``args`` with every ``file://`` URL value (alone or in a list) replaced by its local
+    path, in place: ``file:///data/runs/a`` -> ``/data/runs/a``; returns ``args``."""
+    def local(value: Any) -> Any:
+        if isinstance(value, str):
+            return local_path(value)
+        if isinstance(value, list):
+            return [local(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(local(v) for v in value)
+        return value
+
+    for name, value in vars(args).items():
+        setattr(args, name, local(value))
+    return args
 
 
 # Flags whose values are paths a command writes (first: the likeliest place of a failure).
