@@ -22,6 +22,13 @@ from posstats.counting.counts import PositionalCounts
 from posstats.counting.rows import select_rows
 from posstats.errors import InputError, PosstatsError
 from posstats.estimates.bootstrap import shard_bootstrap
+from posstats.estimates.held_out import (
+    HELD_OUT_AUTO_LIMIT,
+    HELD_OUT_CHOICES,
+    held_out_scores,
+    parts_halves,
+    token_halves,
+)
 from posstats.estimates.noise import bias_can_matter, corrected_squared_distances, noise_floor, null_rank
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import split_noise_floor
@@ -93,6 +100,12 @@ class AnalysisConfig:
         corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).
         tokenizer: tokenizer.json for re-reading a text corpus by document parity (noise
             floor / bootstrap without a run store); default: the one recorded when counting.
+        smacof_limit: geometry rows above which ``mds-smacof`` (O(m^2) per iteration, about
+            3 s per width at 1024 rows) is left out of the scored encodings, with a note in
+            the report (``skipped_encodings``).
+        held_out: ``auto`` | ``on`` | ``off``: score every encoding fitted on one half of
+            the corpus against the other (:mod:`posstats.estimates.held_out`); ``auto``: on up to
+            :data:`~posstats.estimates.held_out.HELD_OUT_AUTO_LIMIT` rows.
     """
 
     dims: tuple[int, ...] = DEFAULT_DIMS
@@ -115,6 +128,8 @@ class AnalysisConfig:
     bootstrap: int = 0
     corpus_triples: int = 200_000
     tokenizer: str | None = None
+    smacof_limit: int = 1024
+    held_out: str = "auto"
     sweeps: tuple[dict[str, Any], ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -170,6 +185,12 @@ class AnalysisConfig:
         if self.null == "mp" and self.noise_floor == "off":
             msg = "the analytic null (--null mp) needs a noise floor (not --noise-floor off)"
             raise PosstatsError(msg)
+        if self.held_out not in HELD_OUT_CHOICES:
+            msg = f"unknown held-out setting {self.held_out!r}; choose one of {', '.join(HELD_OUT_CHOICES)}"
+            raise PosstatsError(msg)
+        if self.smacof_limit < 0:
+            msg = f"the SMACOF limit must be >= 0 positions, got {self.smacof_limit}"
+            raise PosstatsError(msg)
         if self.null_replicates < 1 or self.bootstrap < 0:
             msg = f"need --null-replicates >= 1 and --bootstrap >= 0, got {self.null_replicates} and {self.bootstrap}"
             raise PosstatsError(msg)
@@ -197,16 +218,32 @@ class AnalysisConfig:
             "bootstrap": self.bootstrap,
             "corpus_triples": self.corpus_triples,
             "tokenizer": self.tokenizer,
+            "smacof_limit": self.smacof_limit,
+            "held_out": self.held_out,
             "sweeps": list(self.sweeps),
         }
 
 
-def encoding_jobs(config: AnalysisConfig) -> list[tuple[int, str]]:
+def encoding_jobs(config: AnalysisConfig, rows: int | None = None) -> list[tuple[int, str]]:
     """Every (width, encoding spec) scored, widths ascending: each spec at every width of
-    ``config.dims``, except ``hf:`` specs, scored at their model's head dimension only."""
+    ``config.dims``, except ``hf:`` specs, scored at their model's head dimension only.
+    With ``rows`` (the geometry's), ``mds-smacof`` is left out above ``config.smacof_limit``
+    (:func:`skipped_encodings` says so)."""
     widths = {spec: encoding_dims(spec, config.dims) for spec in config.encodings}
     every = sorted({d for ds in widths.values() for d in ds})
-    return [(d, spec) for d in every for spec in config.encodings if d in widths[spec]]
+    jobs = [(d, spec) for d in every for spec in config.encodings if d in widths[spec]]
+    if rows is not None and rows > config.smacof_limit:
+        jobs = [(d, spec) for d, spec in jobs if parse_encoding_spec(spec).name != "mds-smacof"]
+    return jobs
+
+
+def skipped_encodings(config: AnalysisConfig, rows: int, /) -> list[dict[str, str]]:
+    """The report's ``skipped_encodings``: specs :func:`encoding_jobs` leaves out at ``rows``, and why."""
+    if rows <= config.smacof_limit:
+        return []
+    return [{"spec": spec, "reason": f"SMACOF costs O(m^2) per iteration: {rows:,} geometry rows > --smacof-limit "
+                                      f"{config.smacof_limit:,} (raise it to score it)"}
+            for spec in config.encodings if parse_encoding_spec(spec).name == "mds-smacof"]
 
 
 @dataclass(frozen=True)
@@ -485,6 +522,12 @@ def analyze(
         sections["null"] = null
     if config.bootstrap > 0:
         sections["bootstrap"] = _bootstrap_section(partials, g, geometry.mds, null, config, timings)
+    skipped = skipped_encodings(config, len(g.index))
+    if skipped:
+        sections["skipped_encodings"] = skipped
+    held_out = _held_out_section(g, geo_parts, bias, config, timings, show_progress)
+    if held_out is not None:
+        sections["held_out"] = held_out
     t = time.perf_counter()
     standout = standout_positions(g.rows, g.positions, components_above_null=(null or {}).get("components_above_null"))
     timings["standout"] = time.perf_counter() - t
@@ -543,7 +586,7 @@ def _exact_encodings(
     """One report entry per (width, encoding): exact stress over all m (m - 1) / 2 pairs."""
     m = len(g.positions)
     results = []
-    jobs = encoding_jobs(config)
+    jobs = encoding_jobs(config, m)
     with progress(total=len(jobs), desc="encodings", unit="enc", enabled=show_progress) as bar:
         for dim, spec in jobs:
             entry = _evaluate(spec, g.positions, dim, distances, mds, config, g.occupancy, g.context)
@@ -593,7 +636,7 @@ def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list
     needs the n x n distances)."""
     m = len(g.positions)
     encodings = []
-    for dim, spec in encoding_jobs(config):
+    for dim, spec in encoding_jobs(config, m):
         if parse_encoding_spec(spec).name == "mds-smacof":
             msg = f"{spec}: SMACOF needs the n x n distances; not available above the exact limit ({m} > {config.exact_limit} rows)"
             raise PosstatsError(msg)
@@ -793,7 +836,7 @@ def _bootstrap_section(
     index, positions, context = g.index, g.positions, g.context
     geo_partials = [bucket_counts(p, g.buckets) for p in partials] if g.buckets is not None else list(partials)
     encodings: dict[str, Any] = {}
-    for dim, spec in encoding_jobs(config):
+    for dim, spec in encoding_jobs(config, len(index)):
         parsed = parse_encoding_spec(spec)
         if parsed.name == "mds-smacof":
             continue
@@ -818,6 +861,45 @@ def _bootstrap_section(
     )
     timings["bootstrap"] = time.perf_counter() - t
     return res.to_dict()
+
+
+def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config: AnalysisConfig,
+                      timings: dict[str, float], show_progress: bool | None) -> dict[str, Any] | None:
+    """The ``held_out`` section (:mod:`posstats.estimates.held_out`): halves from the
+    parts the noise floor used, else from a random split of the counted tokens; None when
+    ``config.held_out`` leaves it out (``auto`` above its row limit: the section says so)."""
+    m = len(g.index)
+    if config.held_out == "off":
+        return None
+    if config.held_out == "auto" and m > HELD_OUT_AUTO_LIMIT:
+        return {"skipped": f"{m:,} geometry rows > {HELD_OUT_AUTO_LIMIT:,} (--held-out on scores it: a second MDS "
+                           "and stress pass)"}
+    t = time.perf_counter()
+    if geo_parts is not None and len(geo_parts) >= 2:
+        a, b = parts_halves([p.rows(g.index) for p in geo_parts])
+        split = f"the noise floor's {len(geo_parts)} parts, even against odd"
+    else:
+        a, b = token_halves(g.rows, seed=config.seed)
+        split = "tokens at random"
+    jobs = encoding_jobs(config, m)
+    exact = m <= config.exact_limit
+    with progress(total=(len(jobs) + 2 if exact else 3) + (bias is not None), desc="held out", unit="step", enabled=show_progress) as bar:
+
+        def step(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        bias_of = None
+        if bias is not None:
+            def bias_of(rows: Any) -> np.ndarray:
+                return split_noise_floor(rows, parts=config.noise_parts, seed=config.seed, show_progress=False).bias
+
+        section = held_out_scores(a, b, g.positions, jobs, exact=exact, split=split, bias_of=bias_of,
+                                  context=g.context, seed=config.seed, stress_halfwidth=config.stress_halfwidth,
+                                  stress_max_pairs=config.stress_max_pairs, lanczos_tol=config.lanczos_tol,
+                                  progress=step)
+    timings["held_out"] = time.perf_counter() - t
+    return section
 
 
 def _details_entry(enc: Any) -> dict[str, Any]:

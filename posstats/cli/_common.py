@@ -23,7 +23,7 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                    help=f"encoding widths to evaluate (default {','.join(map(str, DEFAULT_DIMS))}); "
                         "widths above the MDS rank get zero columns")
     g.add_argument("--encodings", type=split_encoding_list, default=DEFAULT_ENCODINGS, metavar="SPEC,SPEC",
-                   help=f"encodings to score (default {','.join(DEFAULT_ENCODINGS)}); also mds-lowrank:R, mds-smacof, "
+                   help=f"encodings to score (default {','.join(DEFAULT_ENCODINGS)}); also mds-lowrank:R, "
                         "rope:layout=half, alibi:HEADS, random:SIGMA, learned:FILE[:key=NAME]; RoPE scaling: "
                         "rope:type=linear|dynamic|yarn|longrope|llama3,factor=F,original=L[,theta=B,...] "
                         "(docs/rope-scaling.md); a model's own RoPE at its head_dim: hf:PATH/config.json; "
@@ -64,6 +64,13 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                     help="noise-aware rank: eigenvalues above a shuffled-position null corpus, or an analytic "
                          "Marchenko-Pastur edge (needs the noise floor); auto: shuffle up to 4096 rows, else mp")
     lc.add_argument("--null-replicates", type=int, default=3, metavar="R", help="shuffled null corpora (default 3)")
+    lc.add_argument("--held-out", choices=("auto", "on", "off"), default="auto",
+                    help="score every encoding fitted on one half of the corpus against the other half, so MDS and "
+                         "SMACOF are not graded on their own training counts (halves: the noise floor's parts, else "
+                         "the tokens split at random); auto (default): up to 4096 positions")
+    lc.add_argument("--smacof-limit", type=int, default=1024, metavar="M",
+                    help="score mds-smacof (a default encoding) only up to M positions: it costs O(M^2) per "
+                         "iteration, about 3 s per width at 1024 (default 1024)")
     lc.add_argument("--bootstrap", type=int, default=0, metavar="B",
                     help="shard-bootstrap replicates for intervals on eigenvalues, rank and stress (default 0: off)")
 
@@ -86,6 +93,8 @@ def analysis_config(args: argparse.Namespace):
         null=args.null,
         null_replicates=args.null_replicates,
         bootstrap=args.bootstrap,
+        held_out=args.held_out,
+        smacof_limit=args.smacof_limit,
         tokenizer=getattr(args, "tokenizer", None) if (getattr(args, "reread", False) or args.bootstrap) else None,
     )
 

@@ -18,7 +18,9 @@ Three answers, each computed from what the analysis already has:
   is named.
 - **Best encodings** (:func:`best_encodings`): per width, the encoding with the lowest scaled
   stress and those whose 95 % interval overlaps its interval (a tie: their difference is
-  not larger than the intervals).
+  not larger than the intervals); and the same on held-out counts, when the analysis
+  scored them (:mod:`posstats.estimates.held_out`: fitted encodings graded on the half of
+  the corpus they were not fitted to).
 
 :func:`verdict` assembles the report's ``verdict`` section from these.
 """
@@ -266,6 +268,7 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
     above = null.get("components_above_null")
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
     distinguishable = None if above is None else bool(above > 0)
+    held_out = report.get("held_out") or {}
     return {
         "components_above_noise": above,
         "null_method": null.get("method"),
@@ -278,4 +281,5 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
             {"spec": sw["spec"], "parameter": sw["parameter"], "best": best_sweep_values(sw, report.get("encodings") or [])}
             for sw in (report.get("config") or {}).get("sweeps") or []
         ],
+        "held_out_best": held_out.get("best"),
     }

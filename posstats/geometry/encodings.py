@@ -70,7 +70,8 @@ __all__ = [
     "split_encoding_list",
 ]
 
-DEFAULT_ENCODINGS = ("mds", "sinusoidal", "rope", "alibi", "random", "random:0.02")
+# mds-smacof: scored where affordable (AnalysisConfig.smacof_limit geometry rows)
+DEFAULT_ENCODINGS = ("mds", "mds-smacof", "sinusoidal", "rope", "alibi", "random", "random:0.02")
 
 # Position-embedding tensors of common checkpoints (BERT / RoBERTa, GPT-2, generic), tried
 # in this order, each as the whole key or as its dotted suffix ("bert." + ..., "transformer." + ...).

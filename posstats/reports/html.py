@@ -157,6 +157,29 @@ def _encoding_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _held_out_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per (encoding, width) of the ``held_out`` section: scaled stress on the half it
+    was built from and on the other, and the change."""
+    rows = []
+    for e in (report.get("held_out") or {}).get("encodings") or []:
+        fit, held = e.get("fit_scaled_stress"), e.get("held_out_scaled_stress")
+        change = f"{held - fit:+.3g}" if isinstance(fit, float) and isinstance(held, float) else "-"
+        rows.append([e.get("name"), e.get("dim"), "fitted" if e.get("fitted") else "fixed", _num(fit), _num(held), change])
+    return rows
+
+
+def _held_out_intro(report: dict[str, Any]) -> str:
+    h = report.get("held_out") or {}
+    if h.get("skipped"):
+        return f"Not scored: {h['skipped']}."
+    tokens = h.get("tokens") or [0, 0]
+    return (f"Every encoding built from one half of the corpus ({h.get('split')}; {tokens[0]:,} and {tokens[1]:,} "
+            f"tokens) and scored against each half's {h.get('distances')} distances ({h.get('stress_method')} stress): "
+            "a fitted encoding (MDS, SMACOF) that loses more than the fixed ones from the first column to the second "
+            "had fitted sampling noise.")
+
+
+_HELD_HEADER = ("encoding", "dim", "kind", "scaled stress, fit half", "scaled stress, held-out half", "change")
 _ENC_HEADER = ("encoding", "dim", "stress", "scaled stress", "scale a*", "pearson", "min separation", "monotonicity violations")
 _TRADE_HEADER = ("encoding", "rank r", "stress", "scaled stress", "parameters", "saving vs n*d")
 
@@ -271,6 +294,10 @@ def _html_page(
     ]
     if entries:
         parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
+    if report.get("held_out"):
+        parts += ["<h2>Held out</h2>", f"<p>{_esc(_held_out_intro(report))}</p>"]
+        if _held_out_rows(report):
+            parts.append(_html_table(_HELD_HEADER, _held_out_rows(report)))
     parts += [
         f"<h2>Low-rank MDS encodings (n = {m}, d = {width})</h2>",
         "<p>P = A W<sup>T</sup> with A (n x r) and W (d x r) orthonormal has r(n + d) parameters instead of n d and "
@@ -370,6 +397,10 @@ def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots
     lines += _md_table(("quantity", "value"), _key_numbers(report)) + [""]
     if report.get("encodings"):
         lines += _md_table(_ENC_HEADER, _encoding_rows(report)) + [""]
+    if report.get("held_out"):
+        lines += [f"Held out: {_held_out_intro(report)}", ""]
+        if _held_out_rows(report):
+            lines += _md_table(_HELD_HEADER, _held_out_rows(report)) + [""]
     lines += [f"Low-rank MDS encodings, n = {n}, d = {width} (P = A W^T: r(n + d) parameters):", ""]
     lines += _md_table(_TRADE_HEADER, trade_rows) + [""]
     for p in plots:

@@ -61,6 +61,16 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     if fits:
         noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
         items.append(("best fit", "; ".join(fits) + noise_only))
+    held = report.get("held_out") or {}
+    if v.get("held_out_best"):
+        rows = []
+        for b in v["held_out_best"]:
+            tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
+            gap = _fit_gap(held, b["dim"])
+            rows.append(f"d={b['dim']}: {b['best']}{tie}{gap}")
+        noise_only = " (nothing stands above noise)" if above == 0 else ""
+        items.append(("held out", "; ".join(rows) + f"; fitted on one half of the corpus ({held.get('split')}), "
+                                                     "scored on the other" + noise_only))
     for sw in v.get("sweeps") or []:
         rows = []
         for b in sw["best"]:
@@ -69,6 +79,15 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
     items.append(("distances", _noise_clause(report)))
     return items
+
+
+def _fit_gap(held: dict[str, Any], dim: int) -> str:
+    """``" (MDS scaled stress 0.029 fitted, 0.124 held out)"``: the MDS at ``dim`` on the half
+    it was fitted to and on the other."""
+    for e in held.get("encodings") or []:
+        if e["name"] == "mds" and e["dim"] == dim:
+            return f" (MDS scaled stress {e['fit_scaled_stress']:.3g} fitted, {e['held_out_scaled_stress']:.3g} held out)"
+    return ""
 
 
 def _fmt_value(value: Any) -> str:

@@ -1,0 +1,160 @@
+"""Held-out scores (posstats.estimates.held_out): halves that add up to the corpus, fitted
+encodings that lose their in-sample lead on pure noise and keep it on planted structure,
+mds-smacof in the defaults where affordable, and the report / summary / CLI wiring."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import posstats.analysis as analysis_module
+from posstats.analysis import AnalysisConfig, analyze
+from posstats.cli import main
+from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.io import save_counts
+from posstats.errors import PosstatsError
+from posstats.estimates.held_out import held_out_scores, parts_halves, token_halves
+from posstats.reports.summary import format_summary
+
+
+def _counts(matrix: np.ndarray) -> PositionalCounts:
+    n, v = matrix.shape
+    most = int(matrix.sum(axis=1).max())
+    return PositionalCounts(CountSpec(n, v), matrix.astype(np.int64), sequences=most, windows=most, tokens=int(matrix.sum()))
+
+
+def _noise(n=40, v=300, tokens=400, seed=0) -> np.ndarray:
+    """Every position drawn from one distribution: no positional structure at all."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(v))
+    return np.stack([rng.multinomial(tokens, p) for _ in range(n)])
+
+
+def _planted(n=40, v=300, tokens=20_000, seed=0) -> np.ndarray:
+    """mu_i moves along a line between two distributions: a 1-D geometry, well sampled."""
+    rng = np.random.default_rng(seed)
+    q1, q2 = rng.dirichlet(np.ones(v)), rng.dirichlet(np.ones(v))
+    return np.stack([rng.multinomial(tokens, (1 - t) * q1 + t * q2) for t in np.linspace(0, 1, n)])
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_token_halves_add_up_to_the_rows_and_split_evenly(kind):
+    rows = _noise(n=30, v=50, tokens=2000)
+    given = sp.csr_array(rows) if kind == "sparse" else rows
+    a, b = token_halves(given, seed=3)
+    total = (a + b).toarray() if kind == "sparse" else a + b
+    np.testing.assert_array_equal(total, rows)
+    share = np.asarray(a.sum(axis=1)).ravel() / rows.sum(axis=1)
+    assert np.all(np.abs(share - 0.5) < 0.05)  # 2000 tokens per row: sd of the share ~0.011
+    again, _ = token_halves(given, seed=3)
+    other, _ = token_halves(given, seed=4)
+    dense = (lambda x: x.toarray()) if kind == "sparse" else np.asarray
+    assert np.array_equal(dense(again), dense(a)) and not np.array_equal(dense(other), dense(a))
+
+
+def test_parts_halves_are_even_against_odd_parts():
+    parts = [np.full((2, 3), k) for k in range(4)]
+    a, b = parts_halves(parts)
+    np.testing.assert_array_equal(a, np.full((2, 3), 0 + 2))
+    np.testing.assert_array_equal(b, np.full((2, 3), 1 + 3))
+    with pytest.raises(ValueError, match="at least 2 parts"):
+        parts_halves(parts[:1])
+
+
+def _held(report: dict) -> dict[tuple[str, int], dict]:
+    return {(e["name"], e["dim"]): e for e in report["held_out"]["encodings"]}
+
+
+def test_on_pure_noise_fitted_encodings_lose_their_lead_held_out():
+    report = analyze(_counts(_noise()), AnalysisConfig(dims=(2, 16)), show_progress=False).report()
+    held = _held(report)
+    assert report["held_out"]["split"] == "tokens at random" and report["held_out"]["stress_method"] == "exact"
+    for dim in (2, 16):
+        smacof, mds, sinusoidal = held[("mds-smacof", dim)], held[("mds", dim)], held[("sinusoidal", dim)]
+        smacof_loss = smacof["held_out_scaled_stress"] - smacof["fit_scaled_stress"]
+        assert smacof_loss > 0.1  # it had fitted half A's noise
+        assert mds["held_out_scaled_stress"] > mds["fit_scaled_stress"]
+        assert sinusoidal["held_out_scaled_stress"] - sinusoidal["fit_scaled_stress"] < smacof_loss / 2
+    assert report["verdict"]["components_above_noise"] == 0
+    assert "held out" in format_summary(report) and "(nothing stands above noise)" in format_summary(report)
+
+
+def test_on_planted_structure_the_fit_holds_out_and_mds_wins():
+    report = analyze(_counts(_planted()), AnalysisConfig(dims=(2, 16)), show_progress=False).report()
+    held = _held(report)
+    for dim in (2, 16):
+        for name in ("mds", "mds-smacof"):
+            e = held[(name, dim)]
+            assert e["fitted"] and abs(e["held_out_scaled_stress"] - e["fit_scaled_stress"]) < 0.01
+            assert e["held_out_scaled_stress"] < held[("sinusoidal", dim)]["held_out_scaled_stress"] / 20
+        assert not held[("sinusoidal", dim)]["fitted"]
+    best = {b["dim"]: b["best"] for b in report["verdict"]["held_out_best"]}
+    assert set(best.values()) <= {"mds", "mds-smacof"}
+
+
+def test_halves_come_from_the_noise_floors_parts_when_given():
+    rows = _planted(n=20, tokens=4000)
+    rng = np.random.default_rng(1)
+    quarters = [np.zeros_like(rows) for _ in range(4)]
+    for i, j in zip(*np.nonzero(rows)):
+        for k, c in enumerate(rng.multinomial(rows[i, j], [0.25] * 4)):
+            quarters[k][i, j] = c
+    report = analyze(_counts(rows), AnalysisConfig(dims=(2,), noise_floor="on"), parts=[_counts(q) for q in quarters],
+                     show_progress=False).report()
+    h = report["held_out"]
+    assert h["split"] == "the noise floor's 4 parts, even against odd"
+    assert h["tokens"] == [int(quarters[0].sum() + quarters[2].sum()), int(quarters[1].sum() + quarters[3].sum())]
+
+
+def test_above_the_exact_limit_held_out_stress_is_sampled_with_intervals():
+    config = AnalysisConfig(dims=(2, 8), exact_limit=20, held_out="on", encodings=("mds", "sinusoidal"),
+                            stress_halfwidth=0.02)
+    h = analyze(_counts(_planted(n=40, tokens=4000)), config, show_progress=False).report()["held_out"]
+    assert h["stress_method"] == "sampled" and len(h["encodings"]) == 4
+    for e in h["encodings"]:
+        lo, hi = e["held_out_scaled_stress_ci95"]
+        assert lo < e["held_out_scaled_stress"] < hi and hi - lo < 0.1
+
+
+def test_held_out_auto_off_and_a_position_empty_in_one_half(monkeypatch):
+    counts = _counts(_noise(n=12, tokens=200))
+    assert "held_out" not in analyze(counts, AnalysisConfig(dims=(2,), held_out="off"), show_progress=False).report()
+    monkeypatch.setattr(analysis_module, "HELD_OUT_AUTO_LIMIT", 8)
+    skipped = analyze(counts, AnalysisConfig(dims=(2,)), show_progress=False).report()["held_out"]
+    assert "12 geometry rows > 8" in skipped["skipped"] and "--held-out on" in skipped["skipped"]
+    a = np.array([[3, 0], [0, 4], [2, 2], [1, 1]])
+    b = np.array([[1, 1], [0, 0], [2, 1], [0, 3]])  # position 1 has no token in half B
+    section = held_out_scores(a, b, np.arange(4), [(2, "sinusoidal")], exact=True, split="test")
+    assert section["positions"] == {"used": 3, "left_out": 1}
+    with pytest.raises(PosstatsError, match="held-out setting"):
+        AnalysisConfig(held_out="sometimes")
+
+
+def test_mds_smacof_is_a_default_up_to_its_limit():
+    assert "mds-smacof" in AnalysisConfig().encodings
+    counts = _counts(_planted(n=30, tokens=2000))
+    report = analyze(counts, AnalysisConfig(dims=(2,)), show_progress=False).report()
+    assert "mds-smacof" in {e["name"] for e in report["encodings"]} and "skipped_encodings" not in report
+    report = analyze(counts, AnalysisConfig(dims=(2,), smacof_limit=20), show_progress=False).report()
+    assert "mds-smacof" not in {e["name"] for e in report["encodings"] + report["held_out"]["encodings"]}
+    (skip,) = report["skipped_encodings"]
+    assert skip["spec"] == "mds-smacof" and "30 geometry rows > --smacof-limit 20" in skip["reason"]
+
+
+def test_cli_flags_and_report_files(tmp_path, capsys):
+    save_counts(_counts(_planted(n=24, tokens=3000)), tmp_path / "counts")
+    assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "held out  d=2:" in out and "fitted on one half of the corpus (tokens at random)" in out
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["config"]["held_out"] == "auto" and report["held_out"]["encodings"]
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "<h2>Held out</h2>" in html and "scaled stress, held-out half" in html
+    assert "Held out:" in (tmp_path / "a" / "summary.md").read_text()
+    assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2", "--held-out", "off",
+                 "--smacof-limit", "0", "-q", "--out", str(tmp_path / "b")]) == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert "held_out" not in report and report["skipped_encodings"][0]["spec"] == "mds-smacof"
