@@ -1,6 +1,6 @@
 """Benchmark: honest analysis at long context, as a user runs it (issue "honest by default").
 
-    python benchmarks/bench_analysis.py [--cases stationary,planted,rope,pipeline] [--tokens 2.02e8]
+    python benchmarks/bench_analysis.py [--cases stationary,planted,rope,held_out,pipeline] [--tokens 2.02e8]
         [--baselines plugin,reread] [--dir /tmp/posstats-bench-long] [--workdir DIR]
 
 Prints one JSON object. Each case generates its corpus (the generator of
@@ -19,6 +19,10 @@ peak RSS of every process):
   (a YaRN factor sweep 4|8|16|32, PI, dynamic NTK, Llama 3 at factor 32 from a 4k original,
   and ``hf:`` of a YaRN Llama config written by transformers), sampled stress. Baseline:
   the same analysis scoring only ``sinusoidal,rope``: the cost of the variants.
+- ``held_out``: the planted corpus analysed with ``--held-out on`` (above the exact limit:
+  a Lanczos MDS of one half of the tokens, sampled stress on both halves), default
+  encodings. Baseline: the default analysis (held-out scores are ``auto``: off at this
+  size). Reports the cost and the in-sample against held-out scaled stress of MDS.
 - ``pipeline``: 1 B tokens (40 files, ``--billion-tokens``) through ``posstats pipeline``
   (count -> reduce -> geometry -> report -> export) on the embedded Ray with 2 workers,
   pack mode, default analysis. Targets: <= 20 min end to end to report.html and the
@@ -187,6 +191,30 @@ def case_rope(ctx: dict) -> dict:
             "targets": targets, "all_targets_met": all(targets.values())}
 
 
+def case_held_out(ctx: dict) -> dict:
+    """``--held-out on`` at n = 131,072 on the planted corpus, against the default analysis."""
+    counts, counted = count(ctx, ctx["roots"]["held_out"], "truncate", "held-out")
+    measured, report = analyze(ctx, counts, "held-out-on", "--held-out", "on")
+    baseline, base_report = analyze(ctx, counts, "held-out-default")
+    ok = report is not None and "encodings" in (report.get("held_out") or {})
+    held = report["held_out"] if ok else {}
+    scores = {f"{e['name']}@{e['dim']}": {"fit": round(e["fit_scaled_stress"], 5), "held_out": round(e["held_out_scaled_stress"], 5),
+                                          "held_out_ci95": [round(x, 5) for x in e["held_out_scaled_stress_ci95"]]}
+              for e in held.get("encodings", [])}
+    targets = {
+        "completed": ok,
+        "sampled": ok and held["stress_method"] == "sampled",
+        "every_encoding_scored": ok and len(held["encodings"]) == len([e for e in report["encodings"]]),
+        "smacof_skipped_with_a_note": ok and any(s["spec"] == "mds-smacof" for s in report.get("skipped_encodings", [])),
+        "default_skips_held_out": base_report is not None and "skipped" in (base_report.get("held_out") or {}),
+    }
+    return {"mode": "truncate", "count": counted, "held_out_on": {**measured, **_facts(report)},
+            "split": held.get("split"), "tokens": held.get("tokens"), "positions": held.get("positions"),
+            "held_out_best": report["verdict"]["held_out_best"] if ok else None, "scaled_stress": scores,
+            "baseline": {**baseline, "options": "(defaults: --held-out auto)", **_facts(base_report)},
+            "targets": targets, "all_targets_met": all(targets.values())}
+
+
 PIPELINE_TOML = """\
 [store]
 url = "{store}"
@@ -239,12 +267,13 @@ def case_pipeline(ctx: dict) -> dict:
             "memory": sampled, "report": facts, "targets": targets, "all_targets_met": all(targets.values())}
 
 
-CASES = {"stationary": case_stationary, "planted": case_planted, "pipeline": case_pipeline, "rope": case_rope}
+CASES = {"stationary": case_stationary, "planted": case_planted, "pipeline": case_pipeline, "rope": case_rope,
+         "held_out": case_held_out}
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted,pipeline,rope")
+    ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted,pipeline,rope,held_out")
     ap.add_argument("--baselines", default="plugin", help="comma-separated: plugin,reread (or none)")
     ap.add_argument("--dir", default="/tmp/posstats-bench-long", help="stationary corpus (planted: DIR-planted)")
     ap.add_argument("--tokens", type=float, default=2.02e8)
@@ -283,9 +312,10 @@ def main() -> None:
         if "planted" in args.case_list:
             ctx["roots"]["planted"] = Path(f"{args.dir}-planted")
             report["corpora"]["planted"] = generate(ctx["roots"]["planted"], planted=4, **common)
-        if "rope" in args.case_list:
-            ctx["roots"]["rope"] = Path(f"{args.dir}-planted")
-            report["corpora"]["rope"] = generate(ctx["roots"]["rope"], planted=4, **common)
+        for case in ("rope", "held_out"):
+            if case in args.case_list:
+                ctx["roots"][case] = Path(f"{args.dir}-planted")
+                report["corpora"][case] = generate(ctx["roots"][case], planted=4, **common)
         if "pipeline" in args.case_list:
             ctx["roots"]["pipeline"] = Path(f"{args.dir}-billion")
             report["corpora"]["pipeline"] = generate(ctx["roots"]["pipeline"], **{

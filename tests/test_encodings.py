@@ -363,9 +363,10 @@ def test_property_canonical_round_trips(name, data, seed):
 def test_default_encodings_build():
     pos = np.array([0, 1, 2, 4, 7])
     mds = SimpleNamespace(encoding=np.random.default_rng(0).standard_normal((5, 3)))
+    distances = np.linalg.norm(mds.encoding[:, None] - mds.encoding[None], axis=-1)  # mds-smacof fits them
     names = []
     for spec in DEFAULT_ENCODINGS:
-        enc = make_encoding(spec, pos, 8, mds=mds)
+        enc = make_encoding(spec, pos, 8, mds=mds, distances=distances)
         assert isinstance(enc, Encoding)
         assert enc.matrix.shape == (5, 8)
         assert enc.matrix.dtype == np.float64
