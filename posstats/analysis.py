@@ -723,9 +723,15 @@ def _sampled_geometry(
     t = time.perf_counter()
     sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
     encodings = _sampled_encodings(g, mds, config)
-    stresses = sampled.stress(
-        [e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth, max_pairs=config.stress_max_pairs
-    )
+    with progress(desc="sampled stress", unit="pair", enabled=show_progress) as bar:
+
+        def drawn(pairs: int, aim: int, widest: float) -> None:
+            bar.total = max(aim, pairs)
+            bar.update(pairs - bar.n)
+            bar.set_postfix_str(f"widest half-width {widest:.1e} (target {config.stress_halfwidth:.0e})", refresh=True)
+
+        stresses = sampled.stress([e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth,
+                                  max_pairs=config.stress_max_pairs, progress=drawn)
     timings["sampled_stress"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -308,23 +309,29 @@ class SampledGeometry:
         target_halfwidth: float = 1e-3,
         initial_pairs: int = 200_000,
         max_pairs: int = 20_000_000,
+        progress: Callable[[int, int, float], None] | None = None,
     ) -> list[SampledStress]:
         """Sampled stress of every encoding, drawing pairs until each scaled-stress interval
         has half-width <= ``target_halfwidth`` (or ``max_pairs`` are drawn).
 
         The pair sample is shared by all encodings (and kept for later calls). After the
         initial draw, the number still needed is predicted from the ``1 / sqrt(m)``
-        scaling of the widest interval (+10 %), drawn, and checked again.
+        scaling of the widest interval (+10 %), drawn, and checked again. ``progress`` is
+        called as ``progress(pairs drawn, pairs aimed at, widest half-width)`` after each
+        round (a progress bar's total grows with the aim).
         """
         if self.pairs < initial_pairs:
             self.draw(min(initial_pairs, max_pairs) - self.pairs)
         while True:
             results = [self.stress_of(e) for e in encodings]
             widest = max((r.scaled_halfwidth for r in results if math.isfinite(r.scaled_halfwidth)), default=0.0)
-            if widest <= target_halfwidth or self.pairs >= max_pairs:
+            done = widest <= target_halfwidth or self.pairs >= max_pairs
+            need = self.pairs if done else min(int(math.ceil(self.pairs * (widest / target_halfwidth) ** 2 * 1.1)), max_pairs)
+            if progress is not None:
+                progress(self.pairs, need, widest)
+            if done:
                 return results
-            need = int(math.ceil(self.pairs * (widest / target_halfwidth) ** 2 * 1.1))
-            self.draw(min(need, max_pairs) - self.pairs)
+            self.draw(need - self.pairs)
 
     def monotonicity(self, *, positions: Any = None, samples: int = 200_000, seed: int = 0) -> Monotonicity:
         """Sampled corpus monotonicity (hypothesis A3) with a 95 % Wilson interval."""
