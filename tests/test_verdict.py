@@ -81,8 +81,13 @@ def test_best_encodings_ties_by_interval_overlap():
         {"name": "rope", "dim": 4, "scaled_stress": 0.03},
     ]
     got = best_encodings(enc)
-    assert got[0] == {"dim": 2, "best": "mds", "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11], "tied_with": ["rope"]}
+    assert got[0] == {"dim": 2, "best": "mds", "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11], "tied_with": ["rope"],
+                      "next": {"name": "alibi", "scaled_stress": 0.30, "scaled_stress_ci95": [0.29, 0.31]},
+                      "best_fixed": {"name": "rope", "scaled_stress": 0.105, "scaled_stress_ci95": [0.10, 0.11]}}
     assert got[1]["best"] == "mds" and got[1]["tied_with"] == []
+    assert got[1]["next"] == got[1]["best_fixed"] == {"name": "rope", "scaled_stress": 0.03, "scaled_stress_ci95": [0.03, 0.03]}
+    only_fixed = best_encodings([{"name": "rope", "dim": 2, "scaled_stress": 0.2}])
+    assert only_fixed[0]["next"] is None and only_fixed[0]["best_fixed"] is None  # the best is fixed itself
 
 
 def _planted_corpus(path, *, documents: int, seed: int) -> None:

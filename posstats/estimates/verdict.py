@@ -223,18 +223,35 @@ def standout_positions(rows: Any, positions: Any, /, *, components_above_null: i
 _TIE_RTOL = 1e-9
 
 
+_FITTED = ("mds", "mds-lowrank", "mds-smacof")  # fitted to the counts (held-out scores grade them fairly)
+
+
+def _interval(e: dict[str, Any]) -> list[float]:
+    return list(e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)
+
+
+def _runner(e: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if e is None else {"name": e["name"], "scaled_stress": e["scaled_stress"], "scaled_stress_ci95": _interval(e)}
+
+
 def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
     """Per width: the encoding with the lowest scaled stress and the ones tied with it (their
-    95 % scaled-stress intervals overlap; exact stress has zero-width intervals)."""
+    95 % scaled-stress intervals overlap; exact stress has zero-width intervals); how far
+    ahead it is: the runner-up (``next``, the best encoding not tied with it) and the best
+    fixed encoding (``best_fixed``: not fitted to the counts, unlike MDS and SMACOF), each
+    with its scaled stress and interval, or None."""
     out = []
     for dim in sorted({int(e["dim"]) for e in encodings}):
-        entries = [e for e in encodings if int(e["dim"]) == dim]
-        best = min(entries, key=lambda e: e["scaled_stress"])
-        lo, hi = best.get("scaled_stress_ci95") or [best["scaled_stress"]] * 2
+        entries = sorted((e for e in encodings if int(e["dim"]) == dim), key=lambda e: e["scaled_stress"])
+        best = entries[0]
+        lo, hi = _interval(best)
         reach = hi + _TIE_RTOL * max(abs(hi), 1e-300)  # equal up to rounding counts as tied
-        tied = [e["name"] for e in entries if e is not best and (e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)[0] <= reach]
+        tied = {e["name"] for e in entries[1:] if _interval(e)[0] <= reach} - {best["name"]}
+        after = next((e for e in entries[1:] if e["name"] not in tied and e["name"] != best["name"]), None)
+        fixed = next((e for e in entries if e["name"].split(":")[0] not in _FITTED), None)
         out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": [lo, hi],
-                    "tied_with": sorted(set(tied) - {best["name"]})})
+                    "tied_with": sorted(tied), "next": _runner(after),
+                    "best_fixed": None if fixed is best else _runner(fixed)})
     return out
 
 

@@ -56,11 +56,11 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     fits = []
     for b in v.get("best_encodings", []):
         tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
-        fits.append(f"d={b['dim']}: {b['best']}{tie}")
+        fits.append(f"d={b['dim']}: {b['best']} {_score(b)}{tie}{_margin(b)}")
     items = [("verdict", first), ("positions", second)]
     if fits:
         noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
-        items.append(("best fit", "; ".join(fits) + noise_only))
+        items.append(("best fit", "scaled stress " + "; ".join(fits) + noise_only))
     held = report.get("held_out") or {}
     if v.get("held_out_best"):
         rows = []
@@ -79,6 +79,24 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
     items.append(("distances", _noise_clause(report)))
     return items
+
+
+def _score(entry: dict[str, Any]) -> str:
+    """``0.373`` (exact), or ``0.373 [0.371, 0.375]`` with its 95 % interval (sampled)."""
+    x = entry["scaled_stress"]
+    lo, hi = entry.get("scaled_stress_ci95") or [x, x]
+    return f"{x:.3g}" if hi - lo <= 1e-12 * max(abs(x), 1.0) else f"{x:.3g} [{lo:.3g}, {hi:.3g}]"
+
+
+def _margin(best: dict[str, Any]) -> str:
+    """``"; next mds 0.076; best fixed alibi 0.293"``: how far ahead the best encoding is."""
+    parts = []
+    if best.get("next"):
+        parts.append(f"next {best['next']['name']} {_score(best['next'])}")
+    fixed = best.get("best_fixed")
+    if fixed and (not best.get("next") or fixed["name"] != best["next"]["name"]):
+        parts.append(f"best fixed {fixed['name']} {_score(fixed)}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _fit_gap(held: dict[str, Any], dim: int) -> str:
