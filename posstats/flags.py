@@ -9,18 +9,20 @@ library).
 from __future__ import annotations
 
 import argparse
+import tomllib
+from typing import Any
 
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.readers import FORMATS
 from posstats.counting.counts import MODES
 from posstats.errors import PosstatsError
-from posstats.service.config import parse_value
 
 __all__ = [
     "add_input_args",
     "add_ray_args",
     "count_inputs_from_args",
     "int_list",
+    "parse_value",
     "storage_options",
     "str_list",
 ]
@@ -38,6 +40,14 @@ def int_list(text: str) -> tuple[int, ...]:
 def str_list(text: str) -> tuple[str, ...]:
     """Parse ``"a,b"`` into a tuple of non-empty strings (argparse type)."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parse_value(text: str, /) -> Any:
+    """A TOML value (``128``, ``[2, 16]``, ``"x"``, ``true``); a bare word is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def storage_options(items: list[str], /) -> dict:

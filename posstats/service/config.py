@@ -47,6 +47,7 @@ from typing import Any
 
 from posstats.analysis import AnalysisConfig
 from posstats.errors import PosstatsError
+from posstats.flags import parse_value  # re-exported: --set values parse like --storage-option ones
 from posstats.geometry.encodings import DEFAULT_ENCODINGS
 from posstats.ids import validate_run_id
 from posstats.service.pipeline_store import is_url
@@ -633,14 +634,6 @@ def load_config(path: str | os.PathLike, /) -> PipelineConfig:
 
 
 # ----------------------------------------------------------------------------- overrides
-
-
-def parse_value(text: str, /) -> Any:
-    """A TOML value (``128``, ``[2, 16]``, ``"x"``, ``true``); a bare word is a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def apply_overrides(cfg: PipelineConfig, /, *, sets: Sequence[str] = (), run_id: str | None = None,
