@@ -227,6 +227,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                            "can matter)", nullable=False, check=_one_of(("auto", "on", "off"))),
         "distances": Key("str", "auto", "auto, plugin or corrected (auto: bias-corrected with a noise floor)",
                          nullable=False, check=_one_of(("auto", "plugin", "corrected"))),
+        "held_out": Key("str", "auto", "auto, on or off: encodings fitted on one half of the corpus scored on the other "
+                        "(auto: up to 4096 positions)", nullable=False, check=_one_of(("auto", "on", "off"))),
+        "smacof_limit": Key("int", 1024, "score mds-smacof (a default encoding) up to this many positions",
+                            nullable=False, check=_ge(0)),
     },
     "diff": {
         "level": Key("float", 0.05, "family-wise level of the per-position change decisions against the previous "
@@ -319,6 +323,8 @@ class PipelineConfig:
             seed=g["seed"],
             noise_floor=g["noise_floor"],
             distances=g["distances"],
+            held_out=g["held_out"],
+            smacof_limit=g["smacof_limit"],
         )
 
     def export_dim(self) -> int:
