@@ -735,8 +735,13 @@ def _sampled_geometry(
     timings["sampled_stress"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    diagnostics = _sampled_diagnostics(sampled, g.positions, config)
-    summary = _sampled_hellinger_entry(sampled, corrected=bias is not None)
+    with progress(total=2, desc="corpus diagnostics", unit="step", enabled=show_progress) as bar:
+        bar.set_postfix_str("H1 (adjacent and sampled pairs), A3 (sampled triples)", refresh=True)
+        diagnostics = _sampled_diagnostics(sampled, g.positions, config)
+        bar.update(1)
+        bar.set_postfix_str("Hellinger summary", refresh=True)
+        summary = _sampled_hellinger_entry(sampled, corrected=bias is not None)
+        bar.update(1)
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
     t = time.perf_counter()

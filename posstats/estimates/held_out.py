@@ -56,18 +56,28 @@ def token_halves(rows: Any, /, *, seed: int = 0) -> tuple[Any, Any]:
     """Every counted token of ``rows`` (m, V) sent to half A or B uniformly at random.
 
     Returns:
-        (A, B): int64 arrays of the same kind as ``rows`` (dense, or CSR with the same
-        sparsity pattern, zeros kept) with ``A + B == rows``.
+        (A, B): arrays of the same kind as ``rows`` (dense, or CSR sharing its index arrays,
+        zeros kept) with ``A + B == rows``, in the rows' integer dtype (a half never holds
+        more than the whole).
     """
     rng = np.random.default_rng([int(seed), 0x4E1D])  # its own stream: not the noise floor's split
     if sp.issparse(rows):
         csr = sp.csr_array(rows)
-        a, b = thin(csr.data, 2, rng)
+        a, b = _split(csr.data, rng)
         return (sp.csr_array((a, csr.indices, csr.indptr), shape=csr.shape),
                 sp.csr_array((b, csr.indices, csr.indptr), shape=csr.shape))
     dense = np.asarray(rows)
-    a, b = thin(dense.ravel(), 2, rng)
+    a, b = _split(dense.ravel(), rng)
     return a.reshape(dense.shape), b.reshape(dense.shape)
+
+
+def _split(values: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`thin` into two parts, in ``values``' integer dtype (int32 counts stay int32)."""
+    parts = thin(values, 2, rng)
+    dtype = values.dtype if np.issubdtype(values.dtype, np.integer) else np.int64
+    a = parts[0].astype(dtype)
+    del parts
+    return a, (values - a).astype(dtype, copy=False)
 
 
 def parts_halves(parts: Sequence[Any], /) -> tuple[Any, Any]:
@@ -130,7 +140,8 @@ def held_out_scores(
     positions = np.asarray(positions)
     total = len(positions)
     keep = np.flatnonzero((_row_sums(a) > 0) & (_row_sums(b) > 0))
-    a, b, positions = a[keep], b[keep], positions[keep]
+    if len(keep) < total:  # else no copy
+        a, b, positions = a[keep], b[keep], positions[keep]
     m = len(keep)
     section: dict[str, Any] = {
         "split": split,
@@ -203,6 +214,7 @@ def _sampled_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[
     step("held out: sampled stress on half A")
     fit = SampledGeometry(a, bias=biases[0], seed=seed, sqrt=op_a if op_a is not a else None).stress(
         matrices, target_halfwidth=stress_halfwidth, max_pairs=stress_max_pairs)
+    del op_a  # half A's square roots: not needed for half B
     step("held out: sampled stress on half B")
     held = SampledGeometry(b, bias=biases[1], seed=seed + 1).stress(
         matrices, target_halfwidth=stress_halfwidth, max_pairs=stress_max_pairs)
