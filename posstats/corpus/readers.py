@@ -146,16 +146,12 @@ def guess_format(path: str | os.PathLike[str], /) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
         return "hf"
-    if is_url(path):
-        name = path.rstrip("/").rsplit("/", 1)[-1]
-        base, suffix = os.path.splitext(name)
-        if suffix.lower() in _OPENERS:
-            suffix = os.path.splitext(base)[1]
-        return _SUFFIX_FORMATS.get(suffix.lower(), "hf")
-    base, suffix = os.path.splitext(path)
+    base, suffix = os.path.splitext(path.rstrip("/"))
     if suffix.lower() in _OPENERS:
         suffix = os.path.splitext(base)[1]
     fmt = _SUFFIX_FORMATS.get(suffix.lower())
+    if fmt is None and is_url(path):
+        return "hf"
     if fmt is None:
         msg = f"{path}: cannot tell the format from the suffix {suffix or '(none)'!r}; choose one of {', '.join(FORMATS)}"
         raise InputError(msg)
