@@ -347,7 +347,9 @@ def _position_block_keys(values: np.ndarray, starts: np.ndarray, lengths: np.nda
     accumulator for every window) keeps a dense scatter cache-friendly (measured 2-3x
     faster than document order at n = 8192, V = 50,257) and gives the sorting accumulator
     keys that fit uint32. Windows that cover the whole block are copied as contiguous
-    slices (1.4x faster than a 2-D fancy index).
+    slices (1.4x faster than a 2-D fancy index); the ones that end inside it are gathered
+    as a ragged range, in time and memory proportional to their tokens (a (windows x block)
+    index grid was 2.8 GB per batch of 4096 short documents at n = 131,072).
     """
     if lengths.size == 0:
         return
@@ -367,11 +369,10 @@ def _position_block_keys(values: np.ndarray, starts: np.ndarray, lengths: np.nda
             keys += offsets
             yield p0, keys.reshape(-1)
         if live > full:
-            cols = np.arange(p1 - p0, dtype=np.int64)
-            idx = starts[full:live, None] + p0 + cols
-            mask = cols < lengths[full:live, None] - p0
-            keys = values[idx[mask]]
-            keys += np.broadcast_to(offsets, idx.shape)[mask]
+            part = lengths[full:live] - p0  # tokens of each ending window in this block, < p1 - p0
+            cols = _within_document_positions(np.concatenate([[0], np.cumsum(part)]), int(part.sum()))
+            keys = values[np.repeat(starts[full:live] + p0, part) + cols]
+            keys += offsets[cols]
             yield p0, keys
 
 

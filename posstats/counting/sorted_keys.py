@@ -1,7 +1,7 @@
 """Sparse exact counting by sorting keys: cost follows the tokens and the non-zeros, not n x V.
 
 Every counted token becomes a key ``k = p V + v`` (position p, token v). The positions are
-cut into blocks of ``B`` positions (:func:`block_positions`: about n / 16, and at most
+cut into blocks of ``B`` positions (:func:`block_positions`: about n / 128, and at most
 ``floor(2**32 / V)``), so a key *local* to its block, ``(p - b B) V + v``, fits in uint32:
 half the bytes of int64 keys and a sort about twice as fast (numpy sorts uint32 with SIMD).
 Keys are buffered per block; compacting a block sorts its buffered keys in place,
@@ -26,14 +26,17 @@ import scipy.sparse as sp
 __all__ = ["DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "run_lengths"]
 
 DEFAULT_BUFFER_KEYS = 2**28  # 1 GiB of uint32 keys buffered before a compaction
-BLOCKS = 16  # position blocks of a count (more where 2**32 / V requires)
+BLOCKS = 128  # position blocks of a count (more where 2**32 / V requires)
 
 
 def block_positions(positions: int, vocab_size: int, /) -> int:
     """Positions per block: at most ``floor(2**32 / V)``, so that the local keys
-    ``(p - p0) V + v`` of a block fit uint32, and about ``n / 16`` (at least one): blocks
+    ``(p - p0) V + v`` of a block fit uint32, and about ``n / 128`` (at least one): blocks
     small enough that compacting one touches little memory and that two threads can
-    compact different blocks at once."""
+    compact different blocks at once, also when the tokens crowd the first positions
+    (truncate and chunk modes: documents shorter than n). Measured on 50 M Zipf tokens,
+    V = 50,257: n / 128 against n / 16, truncate at n = 131,072 2.8 s against 4.8-6.0 s,
+    pack 1.8 s against 2.0-2.3 s, n = 4096 0.52 s against 0.72 s; n / 512 is no faster."""
     return max(1, min(2**32 // vocab_size, -(-positions // BLOCKS)))
 
 
