@@ -147,7 +147,7 @@ def held_out_scores(
         "split": split,
         "positions": {"used": int(m), "left_out": int(total - m)},
         "tokens": [int(_row_sums(a).sum()), int(_row_sums(b).sum())],
-        "distances": "plugin" if bias_of is None else "bias_corrected (each half's own noise floor)",
+        "distances": "plugin" if bias_of is None else "bias_corrected",  # each half by its own noise floor
         "stress_method": "exact" if exact else "sampled",
     }
     if m < 3:

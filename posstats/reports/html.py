@@ -173,8 +173,10 @@ def _held_out_intro(report: dict[str, Any]) -> str:
     if h.get("skipped"):
         return f"Not scored: {h['skipped']}."
     tokens = h.get("tokens") or [0, 0]
+    distances = ("bias-corrected distances (each half by its own noise floor)" if h.get("distances") == "bias_corrected"
+                 else "plug-in distances")
     return (f"Every encoding built from one half of the corpus ({h.get('split')}; {tokens[0]:,} and {tokens[1]:,} "
-            f"tokens) and scored against each half's {h.get('distances')} distances ({h.get('stress_method')} stress): "
+            f"tokens) and scored against each half's {distances} ({h.get('stress_method')} stress): "
             "a fitted encoding (MDS, SMACOF) that loses more than the fixed ones from the first column to the second "
             "had fitted sampling noise.")
 
