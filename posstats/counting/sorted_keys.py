@@ -19,7 +19,6 @@ tokens sorts each key exactly once and merges nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,9 +31,10 @@ BLOCKS = 128  # position blocks of a count (more where 2**32 / V requires)
 
 
 def _malloc_trim():
-    """glibc's ``malloc_trim``, or None (another C library)."""
+    """glibc's ``malloc_trim`` from the symbols already loaded (``dlopen(NULL)``: no search,
+    no child process), or None (another C library)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 
