@@ -87,6 +87,22 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+@contextlib.contextmanager
+def _one_line_errors(url: str, verb: str, /) -> Iterator[None]:
+    """Backend errors inside the block as one-line InputErrors naming ``url``:
+    ``"<url>: no such file"`` or ``"<url>: cannot <verb> (<error>)"``."""
+    try:
+        yield
+    except FileNotFoundError:
+        msg = f"{url}: no such file"
+        raise InputError(msg) from None
+    except (InputError, PosstatsError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - network / permission errors of any backend
+        msg = f"{url}: cannot {verb} ({_first_line(exc)})"
+        raise InputError(msg) from exc
+
+
 def list_objects(url: str, storage_options: Mapping[str, Any] | None = None, /, *,
                  must_match: bool = True) -> tuple[Any, list[tuple[str, Mapping[str, Any]]]]:
     """The files a URL or a glob on one names: ``(filesystem, [(path, info), ...])``, sorted.
@@ -127,14 +143,8 @@ def url_info(url: str, storage_options: Mapping[str, Any] | None = None, /) -> M
         InputError: ``"<url>: no such file"``, or the backend's error in one line.
     """
     fs, path = url_filesystem(url, storage_options)
-    try:
+    with _one_line_errors(url, "read"):
         return fs.info(path)
-    except FileNotFoundError:
-        msg = f"{url}: no such file"
-        raise InputError(msg) from None
-    except Exception as exc:  # noqa: BLE001 - network / permission errors of any backend
-        msg = f"{url}: cannot read ({_first_line(exc)})"
-        raise InputError(msg) from exc
 
 
 def object_version_ns(fs: Any, info: Mapping[str, Any], path: str, /) -> int:
@@ -173,14 +183,8 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None, /, *, t
     fs, path = url_filesystem(url, storage_options)
     opened = fsspec.core.OpenFile(fs, path, "rt" if text else "rb", compression=_compression(url, compression),
                                   encoding="utf-8" if text else None, errors="surrogateescape" if text else None)
-    try:
+    with _one_line_errors(url, "open"):
         f = opened.__enter__()
-    except FileNotFoundError:
-        msg = f"{url}: no such file"
-        raise InputError(msg) from None
-    except Exception as exc:  # noqa: BLE001 - network / permission errors of any backend
-        msg = f"{url}: cannot open ({_first_line(exc)})"
-        raise InputError(msg) from exc
     try:
         yield f
     finally:

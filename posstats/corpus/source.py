@@ -154,18 +154,22 @@ def count_corpus(
     dense_budget: int = DEFAULT_DENSE_BUDGET,
     metadata: dict[str, str] | None = None,
     show_progress: bool | None = None,
+    expected_tokens: int | None = None,
 ) -> PositionalCounts:
     """Count every file of ``source`` under ``spec`` in this process.
 
     ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
     ``dense_budget`` and the expected tokens (:func:`estimated_tokens`), which also give
-    the progress bar its total (tokens/s and an ETA). Returns exact int64 counts whose
+    the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
+    has estimated them already: a remote footer is not fetched twice). Returns exact int64 counts whose
     fingerprint combines each file's (:func:`file_fingerprint`). Raises
     :class:`InputError` for an empty corpus.
     """
     files = source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
-    expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
+    expected = expected_tokens
+    if expected is None:
+        expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
     acc = CountAccumulator(spec, dense=dense, metadata=metadata)

@@ -49,7 +49,7 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float) -> tup
     dense = inputs.spec.prefers_dense(budget_bytes, tokens)
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
-    counts = count_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata)
+    counts = count_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens)
     seconds = time.perf_counter() - t
     path = save_counts(counts, stage)
     return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
