@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -333,3 +334,37 @@ def test_int32_batches_count_like_int64_and_are_not_modified(dense, mode):
     got[1].add(b32)
     assert got[0].result().equals(got[1].result())
     np.testing.assert_array_equal(b32.values, before)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dense=st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=5, max_size=5), max_size=12),
+       chunk=st.integers(1, 9), dtype=st.sampled_from([np.int32, np.int64]))
+def test_csr_row_sums_are_exact_int64_for_any_chunk(dense, chunk, dtype):
+    """Row sums in int64 whatever the chunk (one row larger than a chunk, empty rows
+    between filled ones, int32 data whose row sums overflow int32)."""
+    from posstats.counting.counts import csr_row_sums
+
+    matrix = np.array(dense, dtype=dtype).reshape(-1, 5)
+    got = csr_row_sums(sp.csr_array(matrix), chunk=chunk)
+    assert got.dtype == np.int64
+    assert got.tolist() == [sum(int(x) for x in row) for row in matrix]
+
+
+@pytest.mark.parametrize("vocab", [40, 70_000])
+def test_row_and_key_paths_agree_with_the_oracle_for_narrow_and_wide_ids(vocab):
+    """Windows covering a block go through the row sort (uint16 ids below 2**16, uint32
+    above), windows ending inside it through the key sort; both add up to the oracle."""
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, vocab, size=rng.integers(0, 40)) for _ in range(60)]
+    seqs[0][:3] = vocab - 1  # the largest id at the first positions
+    for mode in ("truncate", "chunk", "pack"):
+        spec = CountSpec(16, vocab, mode)
+        acc = CountAccumulator(spec, dense=False, block_positions=4)
+        for a in range(0, len(seqs), 7):
+            acc.add(TokenBatch.from_sequences(seqs[a : a + 7], source="f"))
+        got = acc.result()
+        expected = oracle(seqs, 16, vocab, mode, (), None)
+        assert (got.matrix != sp.csr_array(expected)).nnz == 0, mode
+        compact = CountAccumulator(spec, dense=False, block_positions=4)
+        compact.add(TokenBatch.from_sequences(seqs, source="f"))
+        assert compact.result(compact=True).matrix.dtype == np.int32

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):
         return ray_count.run(args)
     inputs = count_inputs_from_args(args)
-    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=args.memory_budget * 2**30)[1])
+    budget = args.memory_budget * 2**30
+    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, compact=True)[1])
     print(count_line(summary, positions=args.positions, out=args.out))
     return 0

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from posstats.corpus.prefetch import prefetched
 from posstats.corpus.readers import read_token_batches, resolve_inputs
 from posstats.corpus.remote import hub_dataset, is_url, object_version_ns, open_url, url_filesystem, url_info
 from posstats.corpus.tokenizer import load_tokenizer
@@ -155,13 +156,15 @@ def count_corpus(
     metadata: dict[str, str] | None = None,
     show_progress: bool | None = None,
     expected_tokens: int | None = None,
+    compact: bool = False,
 ) -> PositionalCounts:
     """Count every file of ``source`` under ``spec`` in this process.
 
     ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
     ``dense_budget`` and the expected tokens (:func:`estimated_tokens`), which also give
     the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
-    has estimated them already: a remote footer is not fetched twice). Returns exact int64 counts whose
+    has estimated them already: a remote footer is not fetched twice). Returns exact int64
+    counts (``compact``: sparse counts as int32 while they fit, for a caller that saves them) whose
     fingerprint combines each file's (:func:`file_fingerprint`). Raises
     :class:`InputError` for an empty corpus.
     """
@@ -173,14 +176,19 @@ def count_corpus(
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
     acc = CountAccumulator(spec, dense=dense, metadata=metadata)
-    with progress(total=expected or None, desc="counting", unit="tok", enabled=show_progress) as bar:
+    def batches():
         for i, path in enumerate(files):
-            bar.set_postfix_str(f"file {i + 1}/{len(files)}", refresh=False)
             for batch in source.read([path], tokenizer):
-                bar.update(acc.add(batch))
+                yield i, batch
+
+    with progress(total=expected or None, desc="counting", unit="tok", enabled=show_progress) as bar:
+        for i, batch in prefetched(batches()):
+            bar.set_postfix_str(f"file {i + 1}/{len(files)}", refresh=False)
+            bar.update(acc.add(batch))
+        for path in files:
             acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path, source.storage_options))
         bar.set_postfix_str("sorting counts", refresh=True)
-        counts = acc.result(copy=False)
+        counts = acc.result(copy=False, compact=compact)
     if counts.sequences == 0:
         msg = f"empty corpus: no sequences in {', '.join(files)}"
         raise InputError(msg)

@@ -24,7 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "run_lengths"]
+__all__ = [
+    "DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "row_run_lengths", "run_lengths",
+    "sorted_rows", "token_dtype",
+]
 
 DEFAULT_BUFFER_KEYS = 2**28  # 1 GiB of uint32 keys buffered before a compaction
 BLOCKS = 128  # position blocks of a count (more where 2**32 / V requires)
@@ -102,31 +105,84 @@ def merge_sorted(keys: np.ndarray, counts: np.ndarray, new_keys: np.ndarray, new
     return np.insert(keys, at[fresh], new_keys[fresh]), np.insert(counts, at[fresh], new_counts[fresh])
 
 
+def token_dtype(vocab_size: int, /) -> np.dtype:
+    """The narrowest unsigned dtype of token ids below ``vocab_size``: uint16 when
+    ``V <= 2**16`` (numpy sorts it by radix: about 3 ns per id), else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+def sorted_rows(pieces: list[np.ndarray], width: int, dtype: np.dtype, /) -> np.ndarray:
+    """The tokens of ``pieces`` (each ``(k_i, width)``: k_i windows' tokens at the same
+    ``width`` positions) gathered position-major, shape ``(width, sum k_i)``, each row
+    sorted: row j holds every token seen at position j, ascending.
+
+    Sorting short rows of 16-bit ids is a radix sort in cache (``kind="stable"``), about 10x
+    faster per token than sorting the block's uint32 keys in one array on machines where
+    numpy has no SIMD sort (measured 3-4.5 ns against 32-39 ns per token on an AMD EPYC).
+    """
+    rows = np.empty((width, sum(p.shape[0] for p in pieces)), dtype=dtype)
+    at = 0
+    for piece in pieces:
+        rows[:, at : at + piece.shape[0]] = piece.T  # < V: exact in dtype
+        at += piece.shape[0]
+    rows.sort(axis=1, kind="stable" if dtype.itemsize <= 2 else "quicksort")
+    return rows
+
+
+def row_run_lengths(rows: np.ndarray, vocab_size: int, /, *, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique local keys ``j V + v``, counts as ``dtype``) of row-sorted tokens
+    ``rows`` (shape ``(width, K)``, row j = the tokens at local position j).
+
+    >>> keys, counts = row_run_lengths(np.array([[1, 1, 3], [0, 2, 2]], np.uint16), 4)
+    >>> keys.tolist(), counts.tolist()
+    ([1, 3, 4, 6], [2, 1, 1, 2])
+    """
+    width, k = rows.shape
+    if rows.size == 0:
+        return np.zeros(0, np.uint32), np.zeros(0, dtype)
+    flat = rows.reshape(-1)
+    first = np.empty(flat.size, dtype=bool)  # first[i]: a run starts at i
+    np.not_equal(flat[1:], flat[:-1], out=first[1:])
+    first[::k] = True  # every row starts a run
+    starts = np.flatnonzero(first)
+    counts = np.empty(starts.size, dtype=dtype)
+    np.subtract(starts[1:], starts[:-1], out=counts[:-1], casting="unsafe")  # each run <= K
+    counts[-1] = flat.size - starts[-1]
+    keys = (starts // k).astype(np.uint32)
+    keys *= np.uint32(vocab_size)
+    keys += flat[starts]
+    return keys, counts
+
+
 class SortedKeyCounter:
     """Exact sparse counts of ``(position, token)`` keys, block by block (module docstring).
 
     Add uint32 *local* keys of block ``b`` (positions ``[b B, (b + 1) B)``) with
-    :meth:`add`; read the result as a CSR array with :meth:`to_csr`. ``block`` lowers B
-    below its largest value (:func:`block_positions`); it never changes the counts.
+    :meth:`add`, or the tokens of windows that cover the whole block with
+    :meth:`add_rows`; read the result as a CSR array with :meth:`to_csr`. ``block`` sets B
+    (default :func:`block_positions`; at most ``floor(2**32 / V)``); it never changes the counts.
     Counts are held as int32 while fewer than ``2**31`` keys were added (no count can
     exceed that), as int64 from then on. ``threads`` blocks are compacted at once (numpy
     sorts and compares without holding the GIL).
 
-    >>> c = SortedKeyCounter(positions=3, vocab_size=4)
+    >>> c = SortedKeyCounter(positions=3, vocab_size=4, block=3)
     >>> c.add(0, np.array([1, 1, 4 + 2], np.uint32))  # (0, 1) twice, (1, 2) once
+    >>> c.add_rows(0, np.array([[3, 0, 1]], np.uint16))  # (0, 3), (1, 0), (2, 1)
     >>> c.to_csr().toarray().tolist()
-    [[0, 2, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    [[0, 2, 0, 1], [1, 0, 1, 0], [0, 1, 0, 0]]
     """
 
     def __init__(self, *, positions: int, vocab_size: int, buffer_keys: int = DEFAULT_BUFFER_KEYS,
                  block: int | None = None, threads: int = 2) -> None:
         self.positions, self.vocab_size = positions, vocab_size
-        largest = block_positions(positions, vocab_size)
-        self.block = largest if block is None else max(1, min(int(block), largest))
+        default = block_positions(positions, vocab_size)
+        self.block = default if block is None else max(1, min(int(block), positions, 2**32 // vocab_size))
         self.buffer_keys = max(1, int(buffer_keys))
         self.threads = max(1, int(threads))
+        self.token_dtype = token_dtype(vocab_size)
         self.added = 0  # keys ever added
-        self._buffers: dict[int, list[np.ndarray]] = {}
+        self._buffers: dict[int, list[np.ndarray]] = {}  # block -> local keys
+        self._rows: dict[int, list[np.ndarray]] = {}  # block -> (windows, block width) tokens
         self._buffered = 0
         self._keys: dict[int, np.ndarray] = {}  # block -> sorted unique local keys (uint32)
         self._counts: dict[int, np.ndarray] = {}  # block -> their counts (count_dtype)
@@ -135,6 +191,10 @@ class SortedKeyCounter:
     def count_dtype(self) -> np.dtype:
         """int32 while no count can exceed ``2**31 - 1``, else int64."""
         return np.dtype(np.int32 if self.added < 2**31 else np.int64)
+
+    def width(self, block: int, /) -> int:
+        """Positions of ``block``: B, fewer for the last one."""
+        return min(self.block, self.positions - block * self.block)
 
     def add(self, block: int, keys: np.ndarray, /) -> None:
         """Buffer uint32 local keys of ``block``; compacts every block when the buffer is full.
@@ -146,18 +206,32 @@ class SortedKeyCounter:
         if keys.dtype != np.uint32:
             msg = f"local keys must be uint32, got {keys.dtype}"
             raise TypeError(msg)
-        self._buffers.setdefault(block, []).append(keys)
-        self._buffered += keys.size
-        self.added += keys.size
+        self._buffer(self._buffers, block, keys)
+
+    def add_rows(self, block: int, rows: np.ndarray, /) -> None:
+        """Buffer the tokens of windows covering all of ``block``: ``rows[w, j]`` is the
+        token of window w at position ``block * B + j``, shape ``(windows, width(block))``,
+        ids in ``[0, V)`` of an unsigned dtype. Kept, not copied, like :meth:`add`'s keys."""
+        if rows.size == 0:
+            return
+        if rows.ndim != 2 or rows.shape[1] != self.width(block) or rows.dtype.kind != "u":
+            msg = f"rows of block {block} must be unsigned (windows, {self.width(block)}), got {rows.dtype} {rows.shape}"
+            raise ValueError(msg)
+        self._buffer(self._rows, block, rows)
+
+    def _buffer(self, buffers: dict[int, list[np.ndarray]], block: int, array: np.ndarray) -> None:
+        buffers.setdefault(block, []).append(array)
+        self._buffered += array.size
+        self.added += array.size
         if self._buffered >= self.buffer_keys:
             self.compact()
 
     def compact(self) -> None:
-        """Sort, run-length encode and merge every block's buffered keys."""
+        """Sort, run-length encode and merge every block's buffered keys and rows."""
         dtype = self.count_dtype
         for block, counts in self._counts.items():
             self._counts[block] = counts.astype(dtype, copy=False)
-        self._map(self._compact_block, list(self._buffers))
+        self._map(self._compact_block, sorted(set(self._buffers) | set(self._rows)))
         self._buffered = 0
 
     def _map(self, fn, items: list) -> None:
@@ -170,18 +244,28 @@ class SortedKeyCounter:
                 fn(item)
 
     def _compact_block(self, block: int) -> None:
-        pieces = self._buffers.pop(block)
-        keys = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        del pieces
-        keys.sort()
-        new_k, new_c = run_lengths(keys, dtype=self.count_dtype)
-        del keys
-        old_k = self._keys.get(block, np.zeros(0, np.uint32))
-        old_c = self._counts.get(block, np.zeros(0, self.count_dtype))
-        self._keys[block], self._counts[block] = merge_sorted(old_k, old_c, new_k, new_c)
+        dtype = self.count_dtype
+        keys, counts = self._keys.get(block, np.zeros(0, np.uint32)), self._counts.get(block, np.zeros(0, dtype))
+        pieces = self._rows.pop(block, None)
+        if pieces:
+            rows = sorted_rows(pieces, self.width(block), self.token_dtype)
+            del pieces
+            keys, counts = merge_sorted(keys, counts, *row_run_lengths(rows, self.vocab_size, dtype=dtype))
+            del rows
+        pieces = self._buffers.pop(block, None)
+        if pieces:
+            new = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            del pieces
+            new.sort()
+            keys, counts = merge_sorted(keys, counts, *run_lengths(new, dtype=dtype))
+            del new
+        self._keys[block], self._counts[block] = keys, counts
 
-    def to_csr(self) -> sp.csr_array:
-        """The counts as an int64 CSR array of shape (n, V), rows and columns sorted.
+    def to_csr(self, *, compact: bool = False) -> sp.csr_array:
+        """The counts as an int64 CSR array of shape (n, V), rows and columns sorted;
+        ``compact``: int32 counts while every count fits (fewer than ``2**31`` keys were
+        added), as :func:`posstats.counting.io.load_counts` ``(compact=True)`` loads them:
+        half the memory, and no int64 copy to narrow again when saving.
 
         Consumes the counter (its blocks are freed as they are copied into the result,
         which keeps the peak memory near the result's size); it is empty afterwards.
@@ -193,7 +277,7 @@ class SortedKeyCounter:
         nnz = int(starts[-1])
         per_row = np.zeros(n, dtype=np.int64)
         indices = np.empty(nnz, dtype=np.int32 if max(nnz, n + 1) < 2**31 else np.int64)
-        data = np.empty(nnz, dtype=np.int64)
+        data = np.empty(nnz, dtype=self.count_dtype if compact else np.int64)
 
         def fill(i: int) -> None:
             block = blocks[i]

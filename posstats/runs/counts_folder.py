@@ -38,18 +38,22 @@ def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, 
     }
 
 
-def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float) -> tuple[PositionalCounts, dict[str, Any]]:
+def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
+             compact: bool = False) -> tuple[PositionalCounts, dict[str, Any]]:
     """Count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
     return the counts and their ``count.json`` record. The kernel is dense only where
     ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
-    (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size."""
+    (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size.
+    ``compact``: the counts returned may hold int32 (:func:`count_corpus`), for a caller
+    that only needs the file."""
     files = inputs.source.files()
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files))
     tokens = sum(estimated_tokens(path, inputs.source.column, inputs.source.storage_options) for path in files)
     dense = inputs.spec.prefers_dense(budget_bytes, tokens)
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
-    counts = count_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens)
+    counts = count_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens,
+                          compact=compact)
     seconds = time.perf_counter() - t
     path = save_counts(counts, stage)
     return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
