@@ -57,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
         return ray_count.run(args)
     inputs = count_inputs_from_args(args)
     budget = args.memory_budget * 2**30
-    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, compact=True)[1])
+    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False)[1])
     print(count_line(summary, positions=args.positions, out=args.out))
     return 0

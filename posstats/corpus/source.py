@@ -30,7 +30,7 @@ from posstats.counting.counts import (
 from posstats.errors import InputError
 from posstats.progress import progress
 
-__all__ = ["CorpusSource", "count_corpus", "estimated_tokens", "file_fingerprint"]
+__all__ = ["CorpusSource", "accumulate_corpus", "count_corpus", "estimated_tokens", "file_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -156,15 +156,34 @@ def count_corpus(
     metadata: dict[str, str] | None = None,
     show_progress: bool | None = None,
     expected_tokens: int | None = None,
-    compact: bool = False,
 ) -> PositionalCounts:
-    """Count every file of ``source`` under ``spec`` in this process.
+    """Count every file of ``source`` under ``spec`` in this process: exact int64 counts
+    (:func:`accumulate_corpus`, then its :meth:`~CountAccumulator.result`)."""
+    acc = accumulate_corpus(source, spec, dense=dense, dense_budget=dense_budget, metadata=metadata,
+                            show_progress=show_progress, expected_tokens=expected_tokens)
+    return acc.result(copy=False)
+
+
+def accumulate_corpus(
+    source: CorpusSource,
+    spec: CountSpec,
+    /,
+    *,
+    dense: bool | None = None,
+    dense_budget: int = DEFAULT_DENSE_BUDGET,
+    metadata: dict[str, str] | None = None,
+    show_progress: bool | None = None,
+    expected_tokens: int | None = None,
+) -> CountAccumulator:
+    """Count every file of ``source`` under ``spec`` in this process; return the
+    accumulator (its :meth:`~CountAccumulator.result`, or its
+    :meth:`~CountAccumulator.blocks` to write them without one CSR array).
 
     ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
     ``dense_budget`` and the expected tokens (:func:`estimated_tokens`), which also give
     the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
-    has estimated them already: a remote footer is not fetched twice). Returns exact int64
-    counts (``compact``: sparse counts as int32 while they fit, for a caller that saves them) whose
+    has estimated them already: a remote footer is not fetched twice). Batches are read
+    one step ahead on a thread (:func:`~posstats.corpus.prefetch.prefetched`). The
     fingerprint combines each file's (:func:`file_fingerprint`). Raises
     :class:`InputError` for an empty corpus.
     """
@@ -176,6 +195,7 @@ def count_corpus(
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
     acc = CountAccumulator(spec, dense=dense, metadata=metadata)
+
     def batches():
         for i, path in enumerate(files):
             for batch in source.read([path], tokenizer):
@@ -188,8 +208,8 @@ def count_corpus(
         for path in files:
             acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path, source.storage_options))
         bar.set_postfix_str("sorting counts", refresh=True)
-        counts = acc.result(copy=False, compact=compact)
-    if counts.sequences == 0:
+        acc.compact()
+    if acc.sequences == 0:
         msg = f"empty corpus: no sequences in {', '.join(files)}"
         raise InputError(msg)
-    return counts
+    return acc

@@ -19,6 +19,7 @@ import scipy.sparse as sp
 from numpy.lib.stride_tricks import sliding_window_view
 
 from posstats.corpus.tokens import TokenBatch
+from posstats.counting.blocks import CountBlocks
 from posstats.counting.sorted_keys import DEFAULT_BUFFER_KEYS, SortedKeyCounter
 from posstats.errors import InputError
 
@@ -357,59 +358,62 @@ def _within_document_positions(offsets: np.ndarray, total: int) -> np.ndarray:
     return pos
 
 
-def _position_blocks(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *, vocab_size: int, block: int,
-                     positions: int, key_dtype: np.dtype):
-    """Yield ``(p0, rows, keys)`` for the windows' tokens at positions ``[p0, p0 + block)``,
-    one block of positions at a time: ``rows`` (or None) the ``(windows, width)`` tokens of
-    the windows that cover the whole block (``width = min(block, positions - p0)``),
-    ``keys`` (or None) the local keys ``(position - p0) * V + token`` (``key_dtype``, which
-    must hold ``block * V - 1``) of the windows that end inside it.
+def _with_padding(values: np.ndarray, dtype: np.dtype, pad: int, extra: int) -> np.ndarray:
+    """``values`` as ``dtype`` followed by ``extra`` copies of ``pad``: every window's rows
+    (:func:`_position_block_rows`) can then be a slice, also where it runs past the end."""
+    out = np.empty(values.size + extra, dtype=dtype)
+    out[: values.size] = values  # ids in [0, V) (checked): exact in dtype
+    out[values.size :] = pad
+    return out
+
+
+def _position_block_rows(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *, block: int,
+                         positions: int, pad: int):
+    """Yield ``(p0, rows)`` one block of positions ``[p0, p0 + W)`` at a time (``W =
+    min(block, positions - p0)``): ``rows[w, j]`` is the token of window w at position
+    ``p0 + j``, for the windows longer than p0; the positions past a window's end hold
+    ``pad``. ``values`` must be followed by at least ``block`` elements (padding,
+    :func:`_with_padding`).
 
     Window w holds ``values[starts[w] + j]`` at position j < lengths[w]. Grouping by
     position block (instead of window by window, which jumps across all n rows of the
     accumulator for every window) keeps a dense scatter cache-friendly (measured 2-3x
     faster than document order at n = 8192, V = 50,257) and lets the sorting accumulator
-    sort each position's tokens in cache. Covering windows are copied as contiguous slices
-    (1.4x faster than a 2-D fancy index); the ones that end inside the block are gathered
-    as a ragged range, in time and memory proportional to their tokens (a (windows x block)
-    index grid was 2.8 GB per batch of 4096 short documents at n = 131,072).
+    sort each position's tokens in cache. Every window's row is a contiguous slice (a row
+    of the sliding-window view), so gathering copies slices, with no (windows x block)
+    index grid; a window ending inside the block costs its padded tail, at most ``W``.
     """
     if lengths.size == 0:
         return
     order = np.argsort(-lengths, kind="stable")
     starts, lengths = starts[order], lengths[order]
     neg = -lengths  # ascending, for searchsorted
-    longest = int(lengths[0])
-    for p0 in range(0, longest, block):
-        p1 = min(p0 + block, longest)
+    for p0 in range(0, int(lengths[0]), block):
+        width = min(block, positions - p0)
         live = int(np.searchsorted(neg, -p0, side="left"))  # windows longer than p0
-        full = int(np.searchsorted(neg, -p1, side="right"))  # windows reaching p1
-        if p1 < min(p0 + block, positions):  # no window covers the block: all of them end inside
-            full = 0
-        offsets = np.arange(p1 - p0, dtype=key_dtype) * key_dtype.type(vocab_size)
-        # Row w of the sliding-window view is values[w : w + p1 - p0]: taking rows
-        # starts + p0 copies each window's slice whole, with no (full x block) index.
-        rows = sliding_window_view(values, p1 - p0)[starts[:full] + p0] if full else None
-        keys = None
+        full = int(np.searchsorted(neg, -(p0 + width), side="right"))  # windows reaching p0 + width
+        # Row w of the sliding-window view is values[w : w + width]: taking rows
+        # starts + p0 copies each window's slice whole.
+        rows = sliding_window_view(values, width)[starts[:live] + p0]
         if live > full:
-            part = lengths[full:live] - p0  # tokens of each ending window in this block, < p1 - p0
-            cols = _within_document_positions(np.concatenate([[0], np.cumsum(part)]), int(part.sum()))
-            keys = values[np.repeat(starts[full:live] + p0, part) + cols].astype(key_dtype)
-            keys += offsets[cols]
-        yield p0, rows, keys
+            ends = lengths[full:live] - p0  # positions of each ending window in this block, < width
+            rows[full:][np.arange(width) >= ends[:, None]] = pad
+        yield p0, rows
 
 
-def _run_keys(values: np.ndarray, first: int, *, vocab_size: int, block: int, key_dtype: np.dtype):
-    """Yield ``(p0, keys)`` as :func:`_position_blocks` does for the ending windows, for
-    one run of tokens ``values`` at the consecutive positions ``first, first + 1, ...``."""
-    pos = first
-    while pos < first + values.size:
+def _run_rows(values: np.ndarray, first: int, *, block: int, positions: int, pad: int):
+    """Yield ``(p0, rows)`` as :func:`_position_block_rows` does, for one run of tokens
+    ``values`` at the consecutive positions ``first, first + 1, ...`` (a window opened by
+    an earlier batch): one row per block, ``pad`` outside the run."""
+    pos, stop = first, first + values.size
+    while pos < stop:
         p0 = pos - pos % block
-        stop = min(p0 + block, first + values.size)
-        local = np.arange(pos - p0, stop - p0, dtype=key_dtype) * key_dtype.type(vocab_size)
-        local += values[pos - first : stop - first]
-        yield p0, local
-        pos = stop
+        width = min(block, positions - p0)
+        end = min(p0 + width, stop)
+        row = np.full((1, width), pad, dtype=values.dtype)
+        row[0, pos - p0 : end - p0] = values[pos - first : end - first]
+        yield p0, row
+        pos = end
 
 
 class CountAccumulator:
@@ -460,11 +464,12 @@ class CountAccumulator:
             # about 2**22 accumulator cells (32 MiB) per block keeps the frequently hit
             # cells of those rows cache-resident during the scatter
             self._block = int(block_positions or min(max(2**22 // V, 16), n))
-            self._dtype = self._key_dtype = np.dtype(np.int64)
+            self._dtype = np.dtype(np.int64)
         else:
             self._sorted = SortedKeyCounter(positions=n, vocab_size=V, buffer_keys=buffer_keys, block=block_positions)
             self._block = self._sorted.block
-            self._dtype, self._key_dtype = self._sorted.token_dtype, np.dtype(np.uint32)
+            self._dtype = self._sorted.token_dtype
+        self._pad = int(np.iinfo(self._dtype).max)  # no id is that large: marks "no token here"
         self._excluded = None
         if spec.exclude_ids:
             self._excluded = np.zeros(V, dtype=bool)
@@ -488,21 +493,15 @@ class CountAccumulator:
         values, offsets = _drop_excluded(batch.values, batch.offsets, self._excluded)
         self.sequences += batch.rows
         values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
-        # ids are in [0, V) (checked above): the cast to the token dtype is exact (an int32 ->
-        # uint32 view copies nothing)
-        same_width = values.dtype.itemsize == self._dtype.itemsize and values.dtype.kind in "iu"
-        values = values.view(self._dtype) if same_width else values.astype(self._dtype)
-        V, counted = self.spec.vocab_size, 0
-        blocks = {"vocab_size": V, "block": self._block, "key_dtype": self._key_dtype}
+        counted = int(lengths.sum()) + (head[1] if head is not None else 0)
+        blocks = {"block": self._block, "positions": self.spec.positions, "pad": self._pad}
         if head is not None:
             first, length = head
-            for p0, keys in _run_keys(values[:length], first, **blocks):
-                counted += self._accumulate(p0, keys)
-        for p0, rows, keys in _position_blocks(values, starts, lengths, positions=self.spec.positions, **blocks):
-            if rows is not None:
-                counted += self._accumulate_rows(p0, rows)
-            if keys is not None:
-                counted += self._accumulate(p0, keys)
+            for p0, rows in _run_rows(values[:length].astype(self._dtype), first, **blocks):
+                self._accumulate(p0, rows)
+        values = _with_padding(values, self._dtype, self._pad, self._block)
+        for p0, rows in _position_block_rows(values, starts, lengths, **blocks):
+            self._accumulate(p0, rows)
         self.tokens += counted
         return counted
 
@@ -510,28 +509,49 @@ class CountAccumulator:
         """Count Python lists / arrays of token ids (convenience for small inputs)."""
         return self.add(TokenBatch.from_sequences(list(sequences)))
 
-    def result(self, *, copy: bool = True, compact: bool = False) -> PositionalCounts:
-        """The counts so far (dense int64 array or int64 CSR array, as counted).
-
-        With ``copy=False`` a dense result shares the accumulator's buffer (no n x V copy):
-        use it only when the accumulator is not used afterwards. ``compact``: a sparse
-        result holds int32 counts while they fit (:meth:`SortedKeyCounter.to_csr`).
-        """
+    def header(self) -> PositionalCounts:
+        """The totals, fingerprint and metadata of the counts so far, with an empty (all-zero)
+        CSR matrix (like :func:`posstats.counting.io.load_header`)."""
         open_stream = self.spec.mode == "pack" and self._piece is None  # a piece's windows are the stitching's
         windows = self.windows + (self._pack_windows(self._pack_len) if open_stream else 0)
-        if self.dense:
-            matrix = self._matrix.copy() if copy else self._matrix
-        else:
-            matrix = self._sorted.to_csr(compact=compact)
         return PositionalCounts(
             spec=self.spec,
-            matrix=matrix,
+            matrix=sp.csr_array((self.spec.positions, self.spec.vocab_size), dtype=np.int64),
             sequences=self.sequences,
             windows=windows,
             tokens=self.tokens,
             fingerprint=self.fingerprint,
             metadata=dict(self.metadata),
         )
+
+    def result(self, *, copy: bool = True, compact: bool = False) -> PositionalCounts:
+        """The counts so far (dense int64 array or int64 CSR array, as counted).
+
+        With ``copy=False`` a dense result shares the accumulator's buffer (no n x V copy):
+        use it only when the accumulator is not used afterwards. ``compact``: a sparse
+        result holds int32 counts where they fit (:meth:`CountBlocks.to_csr`). A sparse
+        result empties the accumulator's counts.
+        """
+        if self.dense:
+            matrix = self._matrix.copy() if copy else self._matrix
+        else:
+            matrix = self._sorted.to_csr(compact=compact)
+        return dataclasses.replace(self.header(), matrix=matrix)
+
+    def compact(self) -> None:
+        """Sort what a sparse accumulator has buffered (a no-op for a dense one): the work
+        :meth:`result` and :meth:`blocks` would do first, done where a progress bar shows it."""
+        if not self.dense:
+            self._sorted.compact()
+
+    def blocks(self) -> CountBlocks:
+        """The counts of a sparse accumulator as position blocks
+        (:class:`~posstats.counting.blocks.CountBlocks`), to be written without one CSR
+        array (:func:`posstats.counting.io.save_blocks`); empties the accumulator's counts."""
+        if self.dense:
+            msg = "blocks() of a dense accumulator: use result()"
+            raise ValueError(msg)
+        return self._sorted.finish()
 
     # -- windows per mode ---------------------------------------------------------------
     # Each returns (values, starts, lengths, head): window w holds values[starts[w] + j] at
@@ -605,26 +625,16 @@ class CountAccumulator:
 
     # -- accumulation -----------------------------------------------------------------
 
-    def _accumulate_rows(self, p0: int, rows: np.ndarray) -> int:
-        """Count ``rows[w, j]`` = token of window w at position ``p0 + j``; return how many."""
-        if self.dense:
-            keys = rows.astype(self._key_dtype)
-            keys += np.arange(rows.shape[1], dtype=self._key_dtype) * self.spec.vocab_size
-            return self._accumulate(p0, keys.reshape(-1))
-        self._sorted.add_rows(p0 // self._block, rows)
-        return rows.size
-
-    def _accumulate(self, p0: int, keys: np.ndarray) -> int:
-        """Count local keys ``(position - p0) * V + token``; return how many."""
-        if keys.size == 0:
-            return 0
+    def _accumulate(self, p0: int, rows: np.ndarray) -> None:
+        """Count ``rows[w, j]`` = token at position ``p0 + j`` (``self._pad``: none)."""
         if self.dense:
             # Exact int64 scatter into the rows from p0 on; keys come one block of
             # positions at a time, so the touched rows stay in cache.
+            keys = rows + np.arange(rows.shape[1], dtype=np.int64) * self.spec.vocab_size
+            keys = keys[rows != self._pad] if (rows == self._pad).any() else keys.reshape(-1)
             np.add.at(self._flat[p0 * self.spec.vocab_size :], keys, 1)
         else:
-            self._sorted.add(p0 // self._block, keys)
-        return keys.size
+            self._sorted.add_rows(p0 // self._block, rows)
 
 
 def _dense_output(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:

@@ -23,6 +23,7 @@ sees a half-written file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 from safetensors import safe_open
 
+from posstats.counting.blocks import CountBlocks
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import atomic_path, published_dir
@@ -56,6 +58,7 @@ __all__ = [
     "read_json_file",
     "counts_metadata",
     "index_dtype",
+    "save_blocks",
     "save_counts",
     "write_json_atomic",
     "write_safetensors",
@@ -290,19 +293,43 @@ def save_counts(counts: PositionalCounts, directory: str | os.PathLike, /) -> Pa
     """Write ``counts`` into ``directory`` (created if needed) in the storage
     :func:`choose_storage` picks; return the file written. Counts files of another kind
     left from an earlier run are removed after the new one is in place."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     storage = _storage_of(counts)
     if storage.kind == "sparse":
-        target, tensors = directory / SPARSE_FILE, _csr_tensors(counts.matrix, storage.dtype)
-    else:
-        matrix = counts.matrix.toarray() if counts.is_sparse else np.asarray(counts.matrix)
-        target, tensors = directory / DENSE_FILE, {"counts": matrix.astype(storage.dtype, copy=False)}
+        return _write_counts(directory, SPARSE_FILE, _csr_tensors(counts.matrix, storage.dtype), counts)
+    matrix = counts.matrix.toarray() if counts.is_sparse else np.asarray(counts.matrix)
+    return _write_counts(directory, DENSE_FILE, {"counts": matrix.astype(storage.dtype, copy=False)}, counts)
+
+
+def save_blocks(header: PositionalCounts, blocks: CountBlocks, directory: str | os.PathLike, /) -> Path:
+    """:func:`save_counts` of counts held as position blocks (``header``: their totals and
+    metadata, :meth:`~posstats.counting.counts.CountAccumulator.header`). A sparse file is
+    streamed block by block in its stored dtypes, without assembling a CSR array; a dense
+    one (small ``n x V``) goes through :func:`save_counts`. Empties ``blocks``."""
+    n, V = blocks.shape
+    nnz = blocks.nnz
+    storage = choose_storage(n, V, nnz, 0, blocks.largest())
+    if storage.kind != "sparse":
+        return save_counts(dataclasses.replace(header, matrix=blocks.to_csr()), directory)
+    index = index_dtype(V)
+    tensors = {
+        "indptr": blocks.indptr(),
+        "indices": TensorStream(index, (nnz,), lambda: blocks.indices(index)),
+        "data": TensorStream(storage.dtype, (nnz,), lambda: blocks.data(storage.dtype)),
+    }
+    return _write_counts(directory, SPARSE_FILE, tensors, header)
+
+
+def _write_counts(directory: str | os.PathLike, name: str, tensors: dict, counts: PositionalCounts) -> Path:
+    """Write ``tensors`` as ``directory/name`` (atomically) with the metadata of
+    ``counts``, then remove a counts file of the other kind."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / name
     with atomic_path(target) as tmp:
         write_safetensors(tmp, tensors, counts_metadata(counts))
-    for name in COUNTS_FILES:
-        if name != target.name:
-            (directory / name).unlink(missing_ok=True)
+    for other in COUNTS_FILES:
+        if other != target.name:
+            (directory / other).unlink(missing_ok=True)
     return target
 
 

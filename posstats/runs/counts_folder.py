@@ -10,10 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posstats.corpus.inputs import CountInputs
-from posstats.corpus.source import count_corpus, estimated_tokens
+from posstats.corpus.source import accumulate_corpus, estimated_tokens
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_counts, write_json_atomic
+from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_blocks, save_counts, write_json_atomic
 from posstats.memory import require_count_memory
 from posstats.runs.publish import staged_output
 
@@ -22,14 +24,18 @@ __all__ = ["COUNT_MARKER", "count_line", "count_summary", "count_to", "publish_c
 COUNT_MARKER = "count.json"
 
 
-def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, seconds: float) -> dict[str, Any]:
-    """The ``count.json`` record of counts written as ``counts_file``."""
+def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, seconds: float,
+                  occupied: int | None = None) -> dict[str, Any]:
+    """The ``count.json`` record of counts written as ``counts_file`` (``occupied``: the
+    positions with a count, when ``counts`` is a header without its counts)."""
+    if occupied is None:
+        occupied = int((counts.occupancy() > 0).sum())
     return {
         "files": files,
         "sequences": counts.sequences,
         "windows": counts.windows,
         "tokens_counted": counts.tokens,
-        "positions_occupied": int((counts.occupancy() > 0).sum()),
+        "positions_occupied": occupied,
         "storage": "sparse" if counts_file == SPARSE_FILE else "dense",
         "counts_file": counts_file,
         "seconds": round(seconds, 3),
@@ -39,24 +45,30 @@ def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, 
 
 
 def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
-             compact: bool = False) -> tuple[PositionalCounts, dict[str, Any]]:
+             keep: bool = True) -> tuple[PositionalCounts | None, dict[str, Any]]:
     """Count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
     return the counts and their ``count.json`` record. The kernel is dense only where
     ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size.
-    ``compact``: the counts returned may hold int32 (:func:`count_corpus`), for a caller
-    that only needs the file."""
+    ``keep=False``: sparse counts are written straight from their position blocks
+    (:func:`~posstats.counting.io.save_blocks`: no CSR array is assembled) and None is
+    returned in place of the counts."""
     files = inputs.source.files()
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files))
     tokens = sum(estimated_tokens(path, inputs.source.column, inputs.source.storage_options) for path in files)
     dense = inputs.spec.prefers_dense(budget_bytes, tokens)
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
-    counts = count_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens,
-                          compact=compact)
+    acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens)
     seconds = time.perf_counter() - t
-    path = save_counts(counts, stage)
-    return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
+    if keep or acc.dense:
+        counts = acc.result(copy=False)
+        path = save_counts(counts, stage)
+        return counts if keep else None, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
+    header, blocks = acc.header(), acc.blocks()
+    occupied = int(np.count_nonzero(blocks.row_nnz()))
+    path = save_blocks(header, blocks, stage)
+    return None, count_summary(header, files=len(files), counts_file=path.name, seconds=seconds, occupied=occupied)
 
 
 def publish_counts(out: str | os.PathLike, count: Callable[[Path], dict[str, Any]], /) -> dict[str, Any]:
