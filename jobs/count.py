@@ -11,7 +11,7 @@ What runs where:
   (:func:`posstats.corpus.shards.plan_shards`), holds the run store's lock and schedules shards
   biggest first on a pool of counting actors, one task in flight per actor;
 * each :class:`CountWorker` actor reads its shards itself, counts them with the core
-  kernel (:func:`posstats.corpus.shards.count_shard`) and persists each partial plus its
+  kernel (:func:`posstats.corpus.shards.accumulate_shard`) and persists each partial plus its
   completion marker to the run store (:class:`posstats.service.shard_store.RunStore`); it returns a
   small summary, never an array;
 * a range reduce on the same actors sums the partials: every partial is first checked
@@ -51,7 +51,7 @@ import numpy as np
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.remote import absolute
-from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, count_shard, partial_is_dense, plan_shards
+from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, accumulate_shard, partial_is_dense, plan_shards
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
@@ -206,19 +206,20 @@ class CountWorker:
         self.store.mark_started(s.shard_id, **who)
         t = time.perf_counter()
         try:
-            # The partial shares the buffer: it is saved below, before the next shard.
-            counts = count_shard(s, self.source, self.spec, tokenizer=self.tokenizer,
-                                 dense_budget=self.dense_budget, metadata=self.metadata,
-                                 out=self._dense_buffer(s))
+            # A dense partial shares the buffer: it is saved below, before the next shard.
+            counts = accumulate_shard(s, self.source, self.spec, tokenizer=self.tokenizer,
+                                      dense_budget=self.dense_budget, metadata=self.metadata,
+                                      out=self._dense_buffer(s))
         except PosstatsError as exc:
             return {"status": "bad", "shard_id": s.shard_id, "error": str(exc), **who}
         if self.shard_delay:
             time.sleep(self.shard_delay)
         seconds = time.perf_counter() - t
         t = time.perf_counter()
+        tokens = counts.tokens
         self.store.write_partial(s, counts, seconds=round(seconds, 6), **who)
         save_s = time.perf_counter() - t
-        return {"status": "counted", "shard_id": s.shard_id, "tokens": counts.tokens, "seconds": seconds,
+        return {"status": "counted", "shard_id": s.shard_id, "tokens": tokens, "seconds": seconds,
                 "save_seconds": save_s, **who}
 
     def check(self, path: str) -> dict[str, Any] | None:

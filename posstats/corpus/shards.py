@@ -56,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from posstats.corpus.prefetch import prefetched
 from posstats.corpus.readers import (
     ReaderSpec,
     arrow_batches,
@@ -79,6 +80,7 @@ __all__ = [
     "DEFAULT_SHARD_BYTES",
     "KINDS",
     "Shard",
+    "accumulate_shard",
     "count_shard",
     "partial_is_dense",
     "plan_file",
@@ -534,12 +536,33 @@ def count_shard(
     metadata: dict[str, str] | None = None,
     out: np.ndarray | None = None,
 ) -> PositionalCounts:
-    """Exact partial counts of one shard; their fingerprint is :attr:`Shard.fingerprint`.
+    """Exact partial counts of one shard (:func:`accumulate_shard`, then its result);
+    their fingerprint is :attr:`Shard.fingerprint`. ``out``: a reusable int64 ``(n, V)``
+    buffer for a dense count (ignored when sparse); the result then shares it, so save or
+    copy the result before the next shard."""
+    acc = accumulate_shard(shard, source, spec, tokenizer=tokenizer, dense=dense, dense_budget=dense_budget,
+                           metadata=metadata, out=out)
+    return acc.result(copy=False)  # the accumulator ends here: no n x V copy
+
+
+def accumulate_shard(
+    shard: Shard,
+    source: CorpusSource,
+    spec: CountSpec,
+    /,
+    *,
+    tokenizer: Any = None,
+    dense: bool | None = None,
+    dense_budget: int = DEFAULT_DENSE_BUDGET,
+    metadata: dict[str, str] | None = None,
+    out: np.ndarray | None = None,
+) -> CountAccumulator:
+    """Count one shard; return the accumulator (to save with
+    :func:`posstats.counting.io.save_accumulated`, or its result).
 
     Args:
         dense: force dense or sparse accumulation; None uses :func:`partial_is_dense`.
-        out: a reusable int64 ``(n, V)`` buffer for a dense count (ignored when sparse);
-            the result then shares it, so save or copy the result before the next shard.
+        out: a reusable int64 ``(n, V)`` buffer for a dense count (ignored when sparse).
 
     Raises:
         InputError: bad content; the message names the file and row (or row group / line)
@@ -548,7 +571,7 @@ def count_shard(
             the content its id names.
 
     A pack-mode shard of part of an input is counted as a piece of the input's stream; its
-    counts carry :func:`posstats.counting.pack.piece_metadata` for the reduce to place them.
+    metadata carries :func:`posstats.counting.pack.piece_metadata` for the reduce to place it.
     """
     piece = spec.mode == "pack" and not shard.is_whole_input
     if dense is None:
@@ -558,18 +581,17 @@ def count_shard(
         acc.start_piece(shard.path, first=shard.index == 0)
     try:
         _check_unchanged(shard, source)
-        for batch in read_shard(shard, source, tokenizer=tokenizer):
+        for batch in prefetched(read_shard(shard, source, tokenizer=tokenizer)):
             acc.add(batch)
         _check_unchanged(shard, source)  # a partial must be the content its id names
     except InputError as exc:
         msg = f"{exc} [shard: {shard.label()}]"
         raise InputError(msg) from exc
-    counts = acc.result(copy=False)  # the accumulator ends here: no n x V copy
     if piece:
-        stream = piece_metadata(shard.path if is_url(shard.path) else os.path.abspath(shard.path), shard.input_fingerprint, shard.index, shard.count,
-                                acc.piece())
-        counts = dataclasses.replace(counts, metadata={**counts.metadata, **stream})
-    return counts
+        path = shard.path if is_url(shard.path) else os.path.abspath(shard.path)
+        acc.metadata.update(piece_metadata(path, shard.input_fingerprint, shard.index, shard.count, acc.piece()))
+    acc.compact()
+    return acc
 
 
 def _check_unchanged(shard: Shard, source: CorpusSource) -> None:

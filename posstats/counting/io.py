@@ -38,7 +38,7 @@ import scipy.sparse as sp
 from safetensors import safe_open
 
 from posstats.counting.blocks import CountBlocks
-from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import atomic_path, published_dir
 
@@ -58,6 +58,7 @@ __all__ = [
     "read_json_file",
     "counts_metadata",
     "index_dtype",
+    "save_accumulated",
     "save_blocks",
     "save_counts",
     "write_json_atomic",
@@ -317,6 +318,20 @@ def save_blocks(header: PositionalCounts, blocks: CountBlocks, directory: str | 
         "data": TensorStream(storage.dtype, (nnz,), lambda: blocks.data(storage.dtype)),
     }
     return _write_counts(directory, SPARSE_FILE, tensors, header)
+
+
+def save_accumulated(acc: CountAccumulator, directory: str | os.PathLike,
+                     /) -> tuple[Path, PositionalCounts, np.ndarray]:
+    """Write what ``acc`` counted (:func:`save_counts`; sparse counts straight from their
+    blocks, :func:`save_blocks`); return the file, the counts' header (totals, fingerprint,
+    metadata; its matrix is empty for sparse counts) and the occupancy ``occ[i] = sum_v
+    C[i, v]`` (int64, shape (n,)). Ends the accumulator."""
+    if acc.dense:
+        counts = acc.result(copy=False)
+        return save_counts(counts, directory), counts, counts.occupancy()
+    header, blocks = acc.header(), acc.blocks()
+    occupancy = blocks.row_sums()
+    return save_blocks(header, blocks, directory), header, occupancy
 
 
 def _write_counts(directory: str | os.PathLike, name: str, tensors: dict, counts: PositionalCounts) -> Path:

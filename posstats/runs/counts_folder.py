@@ -15,7 +15,7 @@ import numpy as np
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import accumulate_corpus, estimated_tokens
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_blocks, save_counts, write_json_atomic
+from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_accumulated, save_counts, write_json_atomic
 from posstats.memory import require_count_memory
 from posstats.runs.publish import staged_output
 
@@ -61,14 +61,13 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
     t = time.perf_counter()
     acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens)
     seconds = time.perf_counter() - t
-    if keep or acc.dense:
+    if keep:
         counts = acc.result(copy=False)
         path = save_counts(counts, stage)
-        return counts if keep else None, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
-    header, blocks = acc.header(), acc.blocks()
-    occupied = int(np.count_nonzero(blocks.row_nnz()))
-    path = save_blocks(header, blocks, stage)
-    return None, count_summary(header, files=len(files), counts_file=path.name, seconds=seconds, occupied=occupied)
+        return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
+    path, header, occupancy = save_accumulated(acc, stage)
+    return None, count_summary(header, files=len(files), counts_file=path.name, seconds=seconds,
+                               occupied=int(np.count_nonzero(occupancy)))
 
 
 def publish_counts(out: str | os.PathLike, count: Callable[[Path], dict[str, Any]], /) -> dict[str, Any]:

@@ -80,8 +80,8 @@ from typing import Any
 from posstats.corpus.remote import absolute
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import check_tokenizer
-from posstats.counting.counts import CountSpec, PositionalCounts
-from posstats.counting.io import counts_file, read_json_file, save_counts, write_json_atomic
+from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
+from posstats.counting.io import counts_file, read_json_file, save_accumulated, save_counts, write_json_atomic
 from posstats.counting.reduce import PARTIAL_MARKER
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_id
@@ -274,15 +274,21 @@ class RunStore:
         """Note who started counting a shard (diagnostics; never read for correctness)."""
         write_json_atomic(self.partial_dir(shard_id) / STARTED, {"started": _now(), **info})
 
-    def write_partial(self, shard: Any, counts: PositionalCounts, /, **info: Any) -> dict[str, Any]:
+    def write_partial(self, shard: Any, counts: PositionalCounts | CountAccumulator, /, **info: Any) -> dict[str, Any]:
         """Persist a shard's partial counts, then its completion marker; return the marker.
 
-        ``shard`` is a :class:`posstats.corpus.shards.Shard`. The counts are stored as
-        :func:`posstats.counting.io.choose_storage` decides (by size). The marker records the totals and the SHA-256 of the counts file (``sha256``),
-        checked by :func:`posstats.counting.reduce.load_partial` when the partial is reduced.
+        ``shard`` is a :class:`posstats.corpus.shards.Shard`; ``counts`` its counts or the
+        accumulator that counted them (sparse counts are then written straight from their
+        blocks, :func:`posstats.counting.io.save_accumulated`). The counts are stored as
+        :func:`posstats.counting.io.choose_storage` decides (by size). The marker records
+        the totals and the SHA-256 of the counts file (``sha256``), checked by
+        :func:`posstats.counting.reduce.load_partial` when the partial is reduced.
         """
         directory = self.partial_dir(shard.shard_id)
-        path = save_counts(counts, directory)
+        if isinstance(counts, CountAccumulator):
+            path, counts, _ = save_accumulated(counts, directory)
+        else:
+            path = save_counts(counts, directory)
         marker = {
             "shard": shard.to_dict(),
             "counts_file": path.name,
