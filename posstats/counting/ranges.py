@@ -150,19 +150,22 @@ def _read_range(path: str) -> sp.csr_array:
 
 
 def _range_pieces(parts: Sequence[dict[str, Any]], what: str, dtype: np.dtype) -> Iterator[np.ndarray]:
-    """The pieces of one tensor of the assembled file, one range file read at a time."""
+    """The pieces of one tensor of the assembled file, one range file read at a time
+    (only the tensor needed, converted only where its stored dtype differs)."""
     offset = 0
     if what == "indptr":
         yield np.zeros(1, np.int64)
     for part in parts:
-        rows = _read_range(part["path"])
+        if what == "counts":
+            yield _read_range(part["path"]).toarray().astype(dtype)
+            continue
+        with safe_open(part["path"], framework="numpy") as f:
+            tensor = f.get_tensor(what)
         if what == "indptr":
-            yield rows.indptr[1:].astype(np.int64) + offset
-            offset += rows.nnz
-        elif what == "counts":
-            yield rows.toarray().astype(dtype)
+            yield tensor[1:].astype(np.int64) + offset
+            offset += int(tensor[-1])
         else:
-            yield getattr(rows, what).astype(dtype)
+            yield tensor.astype(dtype, copy=False)
 
 
 def _totals(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec,
