@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Imported inside functions on purpose: optional extras (torch, cupy, s3fs), heavy and only
 # for some commands (matplotlib; datasets, whose import alone takes 0.7 s, for HF inputs),
 # or a cluster runtime the library must not need (ray).
-LAZY_ONLY = ("ray", "torch", "cupy", "cupyx", "matplotlib", "datasets", "s3fs")
+LAZY_ONLY = ("ray", "torch", "cupy", "cupyx", "matplotlib", "datasets", "s3fs", "fsspec")
 
 
 def _modules() -> dict[str, Path]:
