@@ -1,6 +1,6 @@
 """Sparse exact counting by sorting: cost follows the tokens and the non-zeros, not n x V.
 
-The positions are cut into blocks of ``B`` positions (:func:`block_positions`: n / 128
+The positions are cut into blocks of ``B`` positions (:func:`block_positions`: n / 32
 within [16, 256], and at most ``floor(2**32 / V)``, so that a key local to a block,
 ``(p - b B) V + v``, fits uint32). The windows reaching a block give a ``(windows, W)`` array of their
 token ids at its W positions (uint16 when V < 2**16; the dtype's largest value pads the
@@ -34,13 +34,13 @@ __all__ = [
 ]
 
 DEFAULT_BUFFER_KEYS = 2**28  # 1 GiB of uint32 keys buffered before a compaction
-BLOCKS = 128  # position blocks of a count, within the block widths below
+BLOCKS = 32  # position blocks of a count, within the block widths below
 MIN_BLOCK, MAX_BLOCK = 16, 256  # positions per block (fewer where n or 2**32 / V requires)
 SORT_CELLS = 2**22  # tokens gathered and sorted at once (8 MiB of uint16)
 
 
 def block_positions(positions: int, vocab_size: int, /) -> int:
-    """Positions per block: ``n / 128`` kept within ``[16, 256]``, at most n and at most
+    """Positions per block: ``n / 32`` kept within ``[16, 256]``, at most n and at most
     ``floor(2**32 / V)`` (so that the local keys ``(p - p0) V + v`` of a merge fit uint32).
 
     A window ending inside a block is padded to the block's end, so wide blocks waste
@@ -49,10 +49,10 @@ def block_positions(positions: int, vocab_size: int, /) -> int:
     positions (pack). Measured on 202 M Zipf tokens in documents of ~1,100 tokens, V =
     50,257, n = 131,072, counting then compacting: truncate 2.2 s and 1.1 GB with 256
     positions against 8.8 s and 3.5 GB with 1,024; pack 2.3 s against 2.6 s (1.3 GB both);
-    at n = 4096 (20 M tokens) 16 to 128 positions are within noise (0.4-0.5 s).
+    at n = 4096 (20 M tokens, pack) 0.36-0.39 s with 128 positions against 0.40-0.48 s with 32.
 
     >>> block_positions(131072, 50257), block_positions(4096, 50257), block_positions(100, 50257)
-    (256, 32, 16)
+    (256, 128, 16)
     """
     return max(1, min(positions, 2**32 // vocab_size, max(MIN_BLOCK, min(MAX_BLOCK, -(-positions // BLOCKS)))))
 
