@@ -15,7 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 # Imported inside functions on purpose: optional extras (torch, cupy, s3fs), heavy and only
 # for some commands (matplotlib; datasets, whose import alone takes 0.7 s, for HF inputs),
 # or a cluster runtime the library must not need (ray).
-LAZY_ONLY = ("ray", "torch", "cupy", "cupyx", "matplotlib", "datasets", "s3fs", "fsspec")
+# Imported where used (start-up of every command): the optional or heavy packages, and the
+# ones only some inputs need (URLs: fsspec; text: tokenizers; id strings: pyarrow.compute).
+LAZY_ONLY = ("ray", "torch", "cupy", "cupyx", "matplotlib", "datasets", "s3fs", "fsspec", "tokenizers",
+             "pyarrow.compute")
 
 
 def _modules() -> dict[str, Path]:
@@ -165,5 +168,5 @@ def test_imports_are_at_module_level(module):
     """Except the lazy-only packages, optional-dependency guards and a module importing
     itself (a Ray task referenced by name, also when the module runs as ``__main__``)."""
     local = sorted({n for n, at_top in _imports(MODULES[module], skip_guarded=True)
-                    if not at_top and n.split(".")[0] not in LAZY_ONLY and _resolve(n) != module})
+                    if not at_top and n.split(".")[0] not in LAZY_ONLY and n not in LAZY_ONLY and _resolve(n) != module})
     assert local == [], f"{module}: function-local imports {local}"

@@ -12,13 +12,15 @@ import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from posstats.corpus.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "resolve_tokenizer", "special_token_ids", "tokenizer_hash",
            "vocab_size"]
@@ -85,6 +87,8 @@ def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
         reason = "is a directory" if os.path.isdir(path) else "no such file"
         msg = f"{path}: not a tokenizer.json ({reason})"
         raise InputError(msg)
+    from tokenizers import Tokenizer  # only commands that tokenize pay its import (~30 ms)
+
     try:
         tok = Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
