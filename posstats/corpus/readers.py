@@ -369,7 +369,7 @@ def _ids_from_list_array(array: pa.Array, path: str, first_row: int, name: str) 
         values = array.values.slice(array.offset * size, n * size)
     else:
         # .values ignores the slice; .offsets honours it, so cut values to the slice's range.
-        raw = array.offsets.to_numpy()
+        raw = numpy_view(array.offsets)
         offsets = raw.astype(np.int64) - int(raw[0])
         values = array.values.slice(int(raw[0]), int(raw[-1] - raw[0]))
     if values.null_count:
@@ -377,7 +377,7 @@ def _ids_from_list_array(array: pa.Array, path: str, first_row: int, name: str) 
         row = first_row + int(np.searchsorted(offsets, index, side="right")) - 1
         msg = f"{path}: row {row}: column {name!r} holds a null token id"
         raise InputError(msg)
-    ids = values.to_numpy(zero_copy_only=False)
+    ids = numpy_view(values)
     if ids.dtype == np.uint64 and ids.size and ids.max() > _INT64_MAX:
         index = int(np.argmax(ids > _INT64_MAX))
         row = first_row + int(np.searchsorted(offsets, index, side="right")) - 1
@@ -385,6 +385,25 @@ def _ids_from_list_array(array: pa.Array, path: str, first_row: int, name: str) 
         raise InputError(msg)
     # int32 ids stay int32 (no copy: half the memory of int64, and most corpora store them so)
     return TokenBatch(ids if ids.dtype == np.int32 else ids.astype(np.int64, copy=False), offsets, path, first_row)
+
+
+_NUMPY_INTEGERS = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+                   pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64}
+
+
+def numpy_view(array: pa.Array, /) -> np.ndarray:
+    """The values of an Arrow array as numpy: a zero-copy read-only view of an integer
+    array without nulls, else ``to_numpy``. (pyarrow's ``to_numpy`` imports pandas, when
+    it is installed, at its first call: 0.16 s of every ``posstats count``.)
+
+    >>> numpy_view(pa.array([1, 2, 3], pa.int32()).slice(1)).tolist()
+    [2, 3]
+    """
+    dtype = _NUMPY_INTEGERS.get(array.type)
+    if dtype is None or array.null_count:
+        return array.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(dtype)
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _encode_arrow_texts(array: pa.Array, path: str, first_row: int, spec: ReaderSpec) -> TokenBatch:
