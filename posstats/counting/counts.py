@@ -1,9 +1,10 @@
 """Positional token counts ``C[i, v]`` (THEORY section 1).
 
-The counting kernel turns a :class:`~posstats.corpus.tokens.TokenBatch` into flat keys
-``key = position * V + token`` with a few whole-array passes (no Python loop per token or
-per document) and accumulates them exactly in int64, densely when ``n * V`` fits the
-memory budget and sparsely otherwise. Counts are additive: the counts of a corpus are the
+The counting kernel turns a :class:`~posstats.corpus.tokens.TokenBatch` into the windows'
+tokens one block of positions at a time, with a few whole-array passes (no Python loop per
+token or per document), and accumulates them exactly: densely (an int64 scatter of the keys
+``position * V + token``) when ``n * V`` fits the memory budget, else by sorting each
+position's tokens. Counts are additive: the counts of a corpus are the
 sum of the counts of any partition of it, and :meth:`PositionalCounts.__add__` is exact.
 """
 
@@ -429,17 +430,18 @@ class CountAccumulator:
     ``dense_budget``, which callers set from the expected number of tokens, see
     :func:`prefer_dense`):
 
-    * sparse: uint32 keys sorted block by block
+    * sparse: each position's tokens sorted, one block of positions at a time
       (:class:`~posstats.counting.sorted_keys.SortedKeyCounter`); memory and time follow
-      the tokens and the non-zeros, never ``n x V``.
+      the tokens and the non-zeros, never ``n x V``. :meth:`blocks` hands the counts over
+      as position blocks, to be written without one CSR array.
     * dense: an int64 ``n x V`` array and a scatter (``np.add.at``) one block of about
       2**22 cells at a time, so the touched rows stay in cache. ``out`` is an int64
       ``(n, V)`` array to accumulate into, zeroed here (a counting worker reuses one).
 
     Pack mode keeps the stream state between batches of the same source; a new source
     restarts the stream at position 0. ``block_positions`` sets how many positions are
-    keyed together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the counts.
-    ``buffer_keys`` (sparse only) is how many keys are buffered before a compaction.
+    counted together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the
+    counts. ``buffer_keys`` (sparse only) is how many tokens are buffered before a compaction.
 
     >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10), dense=False)
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))

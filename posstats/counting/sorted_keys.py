@@ -33,7 +33,7 @@ __all__ = [
     "sorted_rows", "token_dtype",
 ]
 
-DEFAULT_BUFFER_KEYS = 2**28  # 1 GiB of uint32 keys buffered before a compaction
+DEFAULT_BUFFER_KEYS = 2**28  # tokens (padding included) buffered before a compaction: 512 MiB as uint16
 BLOCKS = 32  # position blocks of a count, within the block widths below
 MIN_BLOCK, MAX_BLOCK = 16, 256  # positions per block (fewer where n or 2**32 / V requires)
 SORT_CELLS = 2**22  # tokens gathered and sorted at once (8 MiB of uint16)
