@@ -137,7 +137,7 @@ def test_positions_that_int32_cannot_store_are_refused(ids_file, tmp_path, capsy
 
 def test_count_memory_is_estimated_before_reading(ids_file, tmp_path, capsys, machine_16g):
     # a dense 2**20 x 2**20 int64 array (8 TiB) would fit the budget, but a small corpus is
-    # counted by sorting keys: it needs no n x V memory and succeeds
+    # counted by sorting each position's tokens: it needs no n x V memory and succeeds
     small = tmp_path / "small"
     assert main(run_args(ids_file, small)[:-2] + [
         "--positions", str(2**20), "--vocab-size", str(2**20), "--memory-budget", "100000", "--out", str(small)]) == 0

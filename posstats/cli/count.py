@@ -12,8 +12,10 @@ from posstats.runs.counts_folder import count_line, count_to, publish_counts
 HELP = "count positional token occurrences C[i, v] of a corpus"
 DESCRIPTION = """\
 Count how often each token occurs at each position (THEORY.md section 1) and write the
-exact int64 counts to OUT/counts.safetensors (dense) or OUT/counts.parquet (sparse COO),
-with OUT/count.json (a summary, written last) and OUT/config.json (the resolved options).
+exact counts to OUT/counts.csr.safetensors (sparse CSR) or OUT/counts.safetensors (dense),
+whichever is smaller, in the narrowest integer type that holds them (loaders return exact
+int64), with OUT/count.json (a summary, written last: tokens, positions occupied, the
+counting rate) and OUT/config.json (the resolved options).
 
 examples:
   posstats count --input data/fortunes-sample.jsonl --text-column text \\

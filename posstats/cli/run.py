@@ -15,8 +15,8 @@ from posstats.runs.publish import staged_output
 HELP = "count a corpus and analyse it in one go (count + analyze)"
 DESCRIPTION = """\
 Count positional tokens of a corpus and analyse them in this process (the Ray version
-is 'posstats count --ray'). Writes into OUT: config.json, counts.safetensors (or
-counts.parquet), count.json, mds.safetensors, report.html with figures/*.png,
+is 'posstats count --ray'). Writes into OUT: config.json, counts.csr.safetensors (or
+counts.safetensors, whichever is smaller), count.json, mds.safetensors, report.html with figures/*.png,
 summary.md, report.md and report.json (last), and prints a summary table. If anything fails, OUT keeps its previous contents.
 
 example (the bundled sample):

@@ -519,7 +519,7 @@ def _read_line_range(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
 
 
 def partial_is_dense(spec: CountSpec, shard: Shard, /, *, dense_budget: int = DEFAULT_DENSE_BUDGET) -> bool:
-    """Whether to count ``shard`` into a dense ``n x V`` array (else by sorting keys):
+    """Whether to count ``shard`` into a dense ``n x V`` array (else by sorting each position's tokens):
     :meth:`CountSpec.prefers_dense` with an estimated token count of ``size_hint / 4``."""
     return spec.prefers_dense(dense_budget, shard.size_hint // 4)
 

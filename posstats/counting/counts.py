@@ -116,7 +116,8 @@ class CountSpec:
     def prefers_dense(self, budget_bytes: float, tokens: int, /) -> bool:
         """The one kernel rule: count into a dense ``n x V`` array only when it fits
         ``budget_bytes`` and ``tokens`` (expected) are at least ``n V / 8``, enough to pay
-        for touching every cell; sort keys otherwise. Either kernel gives the same counts."""
+        for touching every cell; sort each position's tokens otherwise. Either kernel gives
+        the same counts."""
         return self.fits_dense(budget_bytes) and tokens >= self.positions * self.vocab_size // 8
 
     def to_metadata(self) -> dict[str, str]:
