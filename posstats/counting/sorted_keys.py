@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.counting.blocks import BlockCounts, CountBlocks, narrow_count_dtype, release_freed_memory
+from posstats.counting.blocks import BlockCounts, CountBlocks, narrow_count_dtype
 
 __all__ = [
-    "DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "release_freed_memory", "row_counts",
-    "sorted_rows", "token_dtype",
+    "DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "row_counts", "sorted_rows",
+    "token_dtype",
 ]
 
 DEFAULT_BUFFER_KEYS = 2**28  # tokens (padding included) buffered before a compaction: 512 MiB as uint16
