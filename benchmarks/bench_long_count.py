@@ -46,7 +46,8 @@ JSON (top level): ``benchmark``, ``machine`` (platform, cpus, versions, load bef
 ``params``, ``corpora`` (their stamps), one object per selected case, ``errors`` (commands
 or cases that failed; a failed case holds ``{"error": ...}``). Every timed command reports
 ``{"seconds": [...], "best_s", "peak_rss_gb": [...], "best_peak_rss_gb" (lowest over the
-repeats), "returncode": [...], "stderr_tail", "sampled": {"per_process_peak_gb",
+repeats), "cpu_s": [...], "cores_busy" (CPU seconds per wall second of the fastest trial),
+"returncode": [...], "stderr_tail", "sampled": {"per_process_peak_gb",
 "processes_per_name", "max_process_gb", "tree_sum_peak_gb"}, "load"}`` (a baseline also
 ``wall_with_save_s``, ``nnz``, ``total``); the comparisons add ``speedup``,
 ``target_speedup``, ``memory_ratio``, ``meets_target`` and ``identical`` (with ``check``).
@@ -323,16 +324,19 @@ class TreeSampler(threading.Thread):
 
 _RUSAGE_WRAPPER = (
     "import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]);"
-    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); sys.exit(rc)"
+    "u = resource.getrusage(resource.RUSAGE_CHILDREN);"
+    "open(sys.argv[1], 'w').write(f'{u.ru_maxrss} {u.ru_utime} {u.ru_stime}'); sys.exit(rc)"
 )
 
 
 def run_measured(cmd: list[str], workdir: Path, label: str, *, sample_s: float, env: dict | None = None) -> dict:
-    """Run ``cmd`` once as a subprocess: wall seconds, peak RSS (one process, GB), exit code,
-    stdout, last stderr lines, and the sampled per-process RSS of its tree."""
+    """Run ``cmd`` once as a subprocess: wall seconds, peak RSS (one process, GB), CPU
+    seconds (user + system of the command and the children it waited for: all its threads;
+    not Ray's actors, which its raylet starts), exit code, stdout, last stderr lines, and
+    the sampled per-process RSS of its tree."""
     rss_file = workdir / f"{label}.maxrss"
     if Path(TIME).exists():
-        full = [TIME, "-f", "%M", "-o", str(rss_file), *cmd]
+        full = [TIME, "-f", "%M %U %S", "-o", str(rss_file), *cmd]
     else:  # a fresh Python per measurement, so RUSAGE_CHILDREN is this command's alone
         full = [sys.executable, "-c", _RUSAGE_WRAPPER, str(rss_file), *cmd]
     out_path, err_path = workdir / f"{label}.stdout", workdir / f"{label}.stderr"
@@ -347,9 +351,10 @@ def run_measured(cmd: list[str], workdir: Path, label: str, *, sample_s: float, 
     sampler.stop_event.set()
     sampler.join()
     try:
-        peak_kib = int(rss_file.read_text().strip().splitlines()[-1])
+        fields = rss_file.read_text().strip().splitlines()[-1].split()
+        peak_kib, cpu = int(fields[0]), float(fields[1]) + float(fields[2])
     except (OSError, ValueError, IndexError):
-        peak_kib = 0
+        peak_kib, cpu = 0, None
     stderr_lines = [ln for ln in err_path.read_text(errors="replace").splitlines() if ln.strip()]
     if Path(TIME).exists() and stderr_lines and stderr_lines[-1].startswith("Command exited with non-zero status"):
         stderr_lines = stderr_lines[:-1]
@@ -357,6 +362,7 @@ def run_measured(cmd: list[str], workdir: Path, label: str, *, sample_s: float, 
     return {
         "seconds": wall,
         "peak_rss_gb": peak_kib * 1024 / 1e9,
+        "cpu_s": cpu,
         "returncode": rc,
         "stdout": out_path.read_text(errors="replace"),
         "stderr_tail": stderr_lines[-5:],
@@ -373,6 +379,10 @@ def summarize(trials: list[dict], *, seconds: list[float] | None = None) -> dict
         "best_s": round(secs[best], 3),
         "peak_rss_gb": [round(t["peak_rss_gb"], 3) for t in trials],
         "best_peak_rss_gb": round(min(t["peak_rss_gb"] for t in trials), 3),
+        "cpu_s": [None if t.get("cpu_s") is None else round(t["cpu_s"], 2) for t in trials],
+        # CPU seconds per wall second of the fastest trial: how many cores it kept busy
+        "cores_busy": (round(trials[best]["cpu_s"] / secs[best], 2)
+                       if trials[best].get("cpu_s") is not None and secs[best] > 0 else None),
         "returncode": [t["returncode"] for t in trials],
         "stderr_tail": trials[best]["stderr_tail"],
         "sampled": trials[best]["sampled"],
