@@ -207,19 +207,18 @@ class CountWorker:
         t = time.perf_counter()
         try:
             # A dense partial shares the buffer: it is saved below, before the next shard.
-            counts = accumulate_shard(s, self.source, self.spec, tokenizer=self.tokenizer,
-                                      dense_budget=self.dense_budget, metadata=self.metadata,
-                                      out=self._dense_buffer(s))
+            acc = accumulate_shard(s, self.source, self.spec, tokenizer=self.tokenizer,
+                                   dense_budget=self.dense_budget, metadata=self.metadata,
+                                   out=self._dense_buffer(s))
         except PosstatsError as exc:
             return {"status": "bad", "shard_id": s.shard_id, "error": str(exc), **who}
         if self.shard_delay:
             time.sleep(self.shard_delay)
         seconds = time.perf_counter() - t
         t = time.perf_counter()
-        tokens = counts.tokens
-        self.store.write_partial(s, counts, seconds=round(seconds, 6), **who)
+        marker = self.store.write_partial(s, acc, seconds=round(seconds, 6), **who)
         save_s = time.perf_counter() - t
-        return {"status": "counted", "shard_id": s.shard_id, "tokens": tokens, "seconds": seconds,
+        return {"status": "counted", "shard_id": s.shard_id, "tokens": marker["tokens"], "seconds": seconds,
                 "save_seconds": save_s, **who}
 
     def check(self, path: str) -> dict[str, Any] | None:

@@ -168,8 +168,9 @@ class CountBlocks:
         indices = np.empty(nnz, dtype=index)
         data = np.empty(nnz, dtype=wide)
         at = 0
-        while self.blocks:
-            b = self.blocks.pop(0)
+        self.blocks.reverse()
+        while self.blocks:  # last in the list = next in the matrix: each block freed once copied
+            b = self.blocks.pop()
             indices[at : at + b.tokens.size] = b.tokens
             data[at : at + b.counts.size] = b.counts
             at += b.tokens.size

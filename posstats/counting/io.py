@@ -305,7 +305,8 @@ def save_blocks(header: PositionalCounts, blocks: CountBlocks, directory: str | 
     """:func:`save_counts` of counts held as position blocks (``header``: their totals and
     metadata, :meth:`~posstats.counting.counts.CountAccumulator.header`). A sparse file is
     streamed block by block in its stored dtypes, without assembling a CSR array; a dense
-    one (small ``n x V``) goes through :func:`save_counts`. Empties ``blocks``."""
+    one (small ``n x V``) is assembled (which empties ``blocks``) and goes through
+    :func:`save_counts`."""
     n, V = blocks.shape
     nnz = blocks.nnz
     storage = choose_storage(n, V, nnz, 0, blocks.largest())
