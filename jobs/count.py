@@ -65,6 +65,7 @@ from posstats.guard import run_guarded
 from posstats.ids import validate_run_id
 from posstats.progress import progress
 from posstats.runs.counts_folder import count_line, publish_counts
+from posstats.runs.publish import link_or_copy
 from posstats.service.shard_store import (
     RunStore,
     derive_run_id,
@@ -920,7 +921,7 @@ def count_to(args: argparse.Namespace, stage: Path, /) -> dict[str, Any]:
                   "workers": opts.workers, "skip_bad_shards": opts.skip_bad_shards, "shard_bytes": opts.shard_bytes}
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files, ray=ray_config))
     summary = count_job(inputs.source, inputs.spec, inputs.metadata, opts)
-    shutil.copyfile(summary.pop("counts_path"), stage / summary["counts_file"])
+    link_or_copy(summary.pop("counts_path"), stage / summary["counts_file"])  # the result is never rewritten
     return summary
 
 
@@ -955,7 +956,7 @@ def _publish_refresh(out: str, summary: dict[str, Any], ctx: dict[str, Any]) -> 
 
     def copy_result(stage: Path) -> dict[str, Any]:
         write_json_atomic(stage / "config.json", config)
-        shutil.copyfile(summary["counts_path"], stage / summary["counts_file"])
+        link_or_copy(summary["counts_path"], stage / summary["counts_file"])
         return {k: v for k, v in summary.items() if k != "counts_path"}
 
     publish_counts(out, copy_result)

@@ -81,6 +81,7 @@ from posstats.guard import run_guarded
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
 from posstats.reports.html import render_html_report
 from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
+from posstats.runs.publish import link_or_copy
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, utc_now, validate_run_id
@@ -428,7 +429,7 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
     if not src.is_file():
         raise _Recount
     target = staging / doc["counts_file"]
-    shutil.copyfile(src, target)
+    link_or_copy(src, target)  # a store's results are never rewritten in place
     counts = load_header(target)  # the totals only: the driver never holds the counts
     got = (counts.sequences, counts.tokens, counts.fingerprint)
     want = (doc["sequences"], doc["tokens_counted"], doc["fingerprint"])

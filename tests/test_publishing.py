@@ -23,7 +23,7 @@ from mounts import mounted
 
 from posstats.cli import main
 from posstats.counting.io import counts_file, load_counts
-from posstats.runs.publish import METADATA_DIR, published_dir, staged_output
+from posstats.runs.publish import METADATA_DIR, link_or_copy, published_dir, staged_output
 
 REPO = Path(__file__).resolve().parents[1]
 RENAMES = "rename,renameat,renameat2"
@@ -122,8 +122,26 @@ def test_ray_count_dense_then_sparse_leaves_only_the_new_counts(tmp_path, ray_se
     names = sorted(p.name for p in published_dir(out).iterdir() if not p.name.startswith("."))
     assert names == ["config.json", "count.json", "counts.csr.safetensors"]
     assert not (out / "counts.safetensors").exists()
-    assert load_counts(out).tokens == load_counts(store / json.loads((store / "manifest.json").read_text())["result"]).tokens
+    result = store / json.loads((store / "manifest.json").read_text())["result"]
+    assert load_counts(out).tokens == load_counts(result).tokens
+    # the published file is the store's result file, linked (no copy of the counts)
+    assert os.path.samefile(counts_file(out), counts_file(result))
     capsys.readouterr()
+
+
+def test_link_or_copy_links_and_copies_where_links_fail(tmp_path, monkeypatch):
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"counts")
+    link_or_copy(src, tmp_path / "linked.bin")
+    assert os.path.samefile(src, tmp_path / "linked.bin")
+
+    def no_links(*_):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    link_or_copy(src, tmp_path / "copied.bin")
+    assert (tmp_path / "copied.bin").read_bytes() == b"counts"
+    assert not os.path.samefile(src, tmp_path / "copied.bin")
 
 
 def test_a_folder_with_both_kinds_reads_what_its_marker_names(tmp_path):

@@ -51,7 +51,7 @@ from pathlib import Path
 from posstats.errors import PosstatsError
 from posstats.processes import process_gone, process_start_ticks
 
-__all__ = ["METADATA_DIR", "apply_umask", "atomic_path", "file_sha256", "published_dir", "staged_output"]
+__all__ = ["METADATA_DIR", "apply_umask", "atomic_path", "file_sha256", "link_or_copy", "published_dir", "staged_output"]
 
 METADATA_DIR = ".posstats"
 CURRENT = "current"
@@ -113,6 +113,16 @@ def _fsync_file(path: Path) -> None:
     """Flush a closed file's data to disk (fsync through a new descriptor)."""
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike, /) -> None:
+    """Make ``dst`` a hard link to the complete, never-modified file ``src`` (no bytes
+    copied: a 500 MB counts file of a run store appears in an output folder at once), or a
+    copy where a link cannot be made (another file system, links not supported)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def file_sha256(path: str | os.PathLike, /) -> str:
