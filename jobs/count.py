@@ -8,7 +8,9 @@
 What runs where:
 
 * the driver (this module) resolves the inputs, plans shards from metadata only
-  (:func:`posstats.corpus.shards.plan_shards`), holds the run store's lock and schedules shards
+  (:func:`posstats.corpus.shards.plan_shards`; the target shard size is ``--shard-size``,
+  else the one the store recorded at its first run, else two to four shards per worker,
+  :func:`posstats.corpus.shards.auto_shard_bytes`), holds the run store's lock and schedules shards
   biggest first on a pool of counting actors, one task in flight per actor;
 * each :class:`CountWorker` actor reads its shards itself, counts them with the core
   kernel (:func:`posstats.corpus.shards.accumulate_shard`) and persists each partial plus its
@@ -20,7 +22,7 @@ What runs where:
   a time (:func:`posstats.counting.ranges.sum_row_range`, reading only those rows), and
   one actor streams the range files into the result in ``STORE/results/``
   (:func:`posstats.counting.ranges.assemble_ranges`), holding one range at a time. The
-  driver copies that file into the output folder and never holds counts. Which partials,
+  driver links that file into the output folder and never holds counts. Which partials,
   with which signs (a refresh: ``total - removed + added``), and the manifest it
   publishes are the store's rules (:mod:`posstats.service.shard_store`).
 
@@ -51,7 +53,14 @@ import numpy as np
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.remote import absolute
-from posstats.corpus.shards import DEFAULT_SHARD_BYTES, Shard, accumulate_shard, partial_is_dense, plan_shards
+from posstats.corpus.shards import (
+    Shard,
+    accumulate_shard,
+    auto_shard_bytes,
+    corpus_bytes,
+    partial_is_dense,
+    plan_shards,
+)
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
@@ -105,7 +114,10 @@ class JobOptions:
             embedded local Ray (and shuts it down at the end).
         workers: counting actors; None = one per CPU of the cluster.
         skip_bad_shards: record unreadable shards and finish without them.
-        shard_bytes: JSONL / text files above this many bytes are cut into line ranges.
+        shard_bytes: target shard size in bytes (JSONL / text files above it are cut into
+            line ranges, consecutive Parquet row groups joined up to it); None: the size
+            the store recorded at its first run, else :func:`auto_shard_bytes` of the
+            corpus for ``workers`` (one per local CPU when None).
         dense_budget: bytes of a dense ``n x V`` int64 array allowed per counting actor
             (used for shards big enough to pay for it; sparse otherwise). The storage of
             partials and result is chosen by size (:func:`posstats.counting.io.choose_storage`),
@@ -125,7 +137,7 @@ class JobOptions:
     address: str | None = None
     workers: int | None = None
     skip_bad_shards: bool = False
-    shard_bytes: int = DEFAULT_SHARD_BYTES
+    shard_bytes: int | None = None
     dense_budget: int = DEFAULT_DENSE_BUDGET
     ranges: int | None = None
     show_progress: bool | None = None
@@ -496,7 +508,8 @@ class _Plan:
 
     ``planned``: every shard id, sorted; ``done_ids``: those with a marker (reused);
     ``todo``: the others, in dispatch order; ``added`` / ``removed``: shard ids new to /
-    gone from the previous manifest; ``changes``: the same per input path.
+    gone from the previous manifest; ``changes``: the same per input path;
+    ``shard_bytes``: the target shard size the shards were cut with.
     """
 
     shards: list[Shard]
@@ -507,6 +520,7 @@ class _Plan:
     added: list[str]
     removed: list[str]
     changes: list[dict]
+    shard_bytes: int
 
 
 @dataclass
@@ -570,12 +584,35 @@ def _progress(total: int, enabled: bool | None) -> Any:
     return progress(total=total, desc="counting shards", unit="shard", enabled=enabled, unit_scale=False)
 
 
-def _bind(store: RunStore, config: dict[str, Any], source: CorpusSource) -> None:
-    """Bind the store to ``config``; remember a text corpus' tokenizer path for ``posstats refresh``."""
+def _bind(store: RunStore, config: dict[str, Any], source: CorpusSource, opts: JobOptions) -> int:
+    """Bind the store to ``config``; remember a text corpus' tokenizer path for ``posstats
+    refresh`` and the shard size (:func:`_shard_bytes`, returned) for every later run."""
     bound = store.bind(config)
+    remember = {}
     tokenizer_path = os.path.abspath(source.tokenizer) if source.column is None and source.tokenizer else None
     if tokenizer_path and bound.get("tokenizer_path") != tokenizer_path:
-        write_json_atomic(store.config_path, {**bound, "tokenizer_path": tokenizer_path})
+        remember["tokenizer_path"] = tokenizer_path
+    shard_bytes = _shard_bytes(opts, bound.get("shard_bytes"), source)
+    if bound.get("shard_bytes") != shard_bytes:
+        remember["shard_bytes"] = shard_bytes
+    if remember:
+        write_json_atomic(store.config_path, {**bound, **remember})
+    return shard_bytes
+
+
+def _shard_bytes(opts: JobOptions, recorded: int | None, source: CorpusSource) -> int:
+    """The target shard size: ``opts.shard_bytes``, else the store's recorded one (so that a
+    resumed or refreshed run cuts unchanged inputs into the same shards, whatever its
+    worker count), else :func:`auto_shard_bytes` of the corpus for the workers asked for
+    (one per local CPU when not given)."""
+    if opts.shard_bytes is not None:
+        if recorded is not None and recorded != opts.shard_bytes:
+            _log(f"shard size {opts.shard_bytes / 2**20:g} MiB, not the store's {recorded / 2**20:g} MiB: "
+                 f"inputs cut differently are counted again")
+        return int(opts.shard_bytes)
+    if recorded is not None:
+        return int(recorded)
+    return auto_shard_bytes(corpus_bytes(source), opts.workers or os.cpu_count() or 1)
 
 
 def _previous_manifest(store: RunStore, *, incremental: bool) -> dict[str, Any] | None:
@@ -588,9 +625,9 @@ def _previous_manifest(store: RunStore, *, incremental: bool) -> dict[str, Any] 
 
 
 def _plan(store: RunStore, source: CorpusSource, spec: CountSpec, opts: JobOptions,
-          previous: dict[str, Any] | None) -> _Plan:
+          previous: dict[str, Any] | None, shard_bytes: int) -> _Plan:
     """Plan the shards; split them into reused (marked) and to count; diff with ``previous``."""
-    shards = plan_shards(source, spec, shard_bytes=opts.shard_bytes)
+    shards = plan_shards(source, spec, shard_bytes=shard_bytes)
     by_id = {s.shard_id: s for s in shards}
     planned = sorted(by_id)
     done_ids = {sid for sid in planned if store.is_done(sid)}
@@ -603,7 +640,7 @@ def _plan(store: RunStore, source: CorpusSource, spec: CountSpec, opts: JobOptio
     added = sorted(set(planned) - old_ids)
     removed = sorted(old_ids - set(planned))
     return _Plan(shards, by_id, planned, done_ids, todo, added, removed,
-                 manifest_changes(previous, shards, added, removed))
+                 manifest_changes(previous, shards, added, removed), shard_bytes)
 
 
 def _start_record(store: RunStore, run_id: str, command: str, inputs: Sequence[str], files: Sequence[str],
@@ -724,7 +761,8 @@ def _count_and_reduce(run: _Run, worker_args: dict[str, Any]) -> tuple[_Counted,
     try:
         with _Engine(run.opts, worker_args) as engine:
             _log(
-                f"{run.command} {run.run_id}: {len(run.plan.shards)} shard(s) in {len(run.files)} input(s), "
+                f"{run.command} {run.run_id}: {len(run.plan.shards)} shard(s) in {len(run.files)} input(s) "
+                f"(shard size {run.plan.shard_bytes / 2**20:g} MiB), "
                 f"{len(run.plan.todo)} to count, {engine.workers} worker(s), store {run.store.root}"
             )
             t = time.perf_counter()
@@ -802,6 +840,7 @@ def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dic
             "run_id": run.run_id,
             "store": str(run.store.root),
             "shards": len(plan.shards),
+            "shard_bytes": plan.shard_bytes,
             "shards_counted": counted,
             "shards_cached": len(plan.done_ids),
             "shards_kept": len(plan.shards) - len(plan.added),
@@ -837,9 +876,9 @@ def _run(
     files = source.files()
     run_id = validate_run_id(opts.run_id or derive_run_id(files, config, command=command))
     with store.lock(run_id=run_id, command=command):
-        _bind(store, config, source)
+        shard_bytes = _bind(store, config, source, opts)
         previous = _previous_manifest(store, incremental=incremental)
-        plan = _plan(store, source, spec, opts, previous)
+        plan = _plan(store, source, spec, opts, previous, shard_bytes)
         record = _start_record(store, run_id, command, inputs, files, plan)
         run = _Run(store, run_id, command, opts, incremental, list(inputs), files, config, previous, plan, record,
                    t_start=t_start, spec=spec)
@@ -893,7 +932,7 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None) ->
         raise PosstatsError("give --store DIR")
     if args.workers is not None and args.workers < 1:
         raise PosstatsError(f"--workers must be >= 1, got {args.workers}")
-    if args.shard_size <= 0:
+    if args.shard_size is not None and args.shard_size <= 0:
         raise PosstatsError(f"--shard-size must be > 0 MiB, got {args.shard_size}")
     return JobOptions(
         store=store,
@@ -902,7 +941,7 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None) ->
         workers=args.workers,
         skip_bad_shards=args.skip_bad_shards,
         dashboard=bool(getattr(args, "dashboard", False)),
-        shard_bytes=int(args.shard_size * 2**20),
+        shard_bytes=None if args.shard_size is None else max(1, int(args.shard_size * 2**20)),
         dense_budget=int(args.memory_budget * 2**30),
         out=os.path.abspath(args.out) if getattr(args, "out", None) else None,
         shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),

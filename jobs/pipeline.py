@@ -327,7 +327,7 @@ def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
         run_id=run.run_id,
         workers=run.cfg.ray.workers,
         skip_bad_shards=c["skip_bad_shards"],
-        shard_bytes=int(c["shard_size_mib"] * 2**20),
+        shard_bytes=None if c["shard_size_mib"] is None else max(1, int(c["shard_size_mib"] * 2**20)),
         dense_budget=int(c["memory_budget_gib"] * 2**30),
         show_progress=False,
         shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),

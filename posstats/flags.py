@@ -154,6 +154,8 @@ def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> Non
     g.add_argument("--dashboard", action="store_true",
                    help="start Ray's dashboard with an embedded Ray and print its URL (about 2 s more start-up "
                         "on a small machine; a cluster joined with --address has its own)")
-    g.add_argument("--shard-size", type=float, default=256.0, metavar="MiB",
-                   help="uncompressed JSONL / text files larger than this are cut into line ranges "
-                        "(default 256); Parquet is cut by row group, HF datasets by Arrow file")
+    g.add_argument("--shard-size", type=float, default=None, metavar="MiB",
+                   help="target shard size: uncompressed JSONL / text files larger than this are cut into line "
+                        "ranges, consecutive Parquet row groups (uncompressed) joined up to it; HF datasets are "
+                        "cut by Arrow file (default: the size the run store recorded at its first run, else two "
+                        "to four shards per worker, within 16-256 MiB)")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus.shards import count_shard, plan_shards
+from posstats.corpus.shards import MIN_AUTO_SHARD_BYTES, count_shard, plan_shards
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
@@ -34,6 +34,7 @@ from posstats.service.shard_store import RunStore
 REPO = Path(__file__).resolve().parents[1]
 BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"
 V = 30522
+ROW_GROUP_SHARDS = ("--shard-size", 1e-6)  # 1 byte: one shard per Parquet row group
 SPECIAL = "0,100,101,102,103"
 
 
@@ -190,15 +191,22 @@ def test_cli_ray_parquet_equals_single_process(ray_session, parquet_dir, tmp_pat
     assert out[0].replace("single", "ray") == out[1]
     assert_same_output(tmp_path / "single", tmp_path / "ray")
     info = json.loads((tmp_path / "ray" / "count.json").read_text())["ray"]
-    assert (info["shards"], info["shards_counted"], info["workers"], info["bad_shards"]) == (16, 16, 2, [])
+    # a tiny corpus: the smallest automatic shard size, which joins each file's 4 row groups
+    assert (info["shards"], info["shards_counted"], info["workers"], info["bad_shards"]) == (4, 4, 2, [])
+    assert info["shard_bytes"] == MIN_AUTO_SHARD_BYTES
     # every shard was counted by an actor, none by the driver
     store = tmp_path / "ray" / "store"
     assert {json.loads(m.read_text())["pid"] for m in markers(store)} - {os.getpid()}
     assert os.getpid() not in {json.loads(m.read_text())["pid"] for m in markers(store)}
-    assert len(markers(store)) == 16
+    assert len(markers(store)) == 4
     # the same command again: nothing to count, the same output
     assert posstats_cli("count", "--ray", *flags, "--out", tmp_path / "ray") == 0
     assert_same_output(tmp_path / "single", tmp_path / "ray")
+    # one shard per row group (a shard size below any row group's): 16 shards, the same counts
+    assert posstats_cli("count", "--ray", "--workers", 2, *flags, *ROW_GROUP_SHARDS, "--out", tmp_path / "rg") == 0
+    info = json.loads((tmp_path / "rg" / "count.json").read_text())["ray"]
+    assert (info["shards"], info["shard_bytes"]) == (16, 1)
+    assert_same_output(tmp_path / "single", tmp_path / "rg")
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +288,7 @@ def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tm
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
-    opts = JobOptions(store=str(store), workers=2, shard_delay=1.0, show_progress=False)
+    opts = JobOptions(store=str(store), shard_bytes=1, workers=2, shard_delay=1.0, show_progress=False)
     thread, outcome = count_job_in_thread(source, spec, opts)
 
     def counting_now():
@@ -303,7 +311,7 @@ def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tm
 def test_driver_killed_mid_run_resumes_with_the_same_run_id(ray_address, small_parquet, tmp_path):
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
-    args = [*count_flags(str(root / "*.parquet")), "--out", out, "--run-id", "resume-me", "--workers", 2]
+    args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--run-id", "resume-me", "--workers", 2]
     driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="0.7"),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -346,26 +354,26 @@ def test_bad_row_group_fails_keeps_partials_skips_on_request_and_resumes_after_f
     flags = [*count_flags(str(root / "*.parquet")), "--out", tmp_path / "out", "--workers", 2]
     store = tmp_path / "out" / "store"
 
-    assert posstats_cli("count", "--ray", *flags) == 2
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, *flags) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"posstats: error: {bad}: row group 2: not a valid Parquet file (")
     assert err.endswith("fix the input and rerun to continue, or pass --skip-bad-shards")
-    bad_id = plan_shards(source, spec)[6].shard_id
+    bad_id = plan_shards(source, spec, shard_bytes=1)[6].shard_id
     assert markers(store) and not RunStore(store).is_done(bad_id)
     assert not (tmp_path / "out" / "count.json").exists()
 
-    assert posstats_cli("count", "--ray", "--skip-bad-shards", *flags) == 0
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, "--skip-bad-shards", *flags) == 0
     manifest = json.loads((store / "manifest.json").read_text())
     assert [b["shard_id"] for b in manifest["bad_shards"]] == [bad_id]
     assert f"{bad}: row group 2: not a valid Parquet file" in manifest["bad_shards"][0]["error"]
     expected = functools.reduce(
-        lambda a, b: a + b, [count_shard(s, source, spec) for s in plan_shards(source, spec) if s.shard_id != bad_id]
+        lambda a, b: a + b, [count_shard(s, source, spec) for s in plan_shards(source, spec, shard_bytes=1) if s.shard_id != bad_id]
     )
     assert_counts_equal(load_counts(tmp_path / "out"), expected)
 
     bad.write_bytes(good_bytes)  # fixed: a new mtime, so new shard ids for s1 only
     capsys.readouterr()
-    assert posstats_cli("count", "--ray", *flags) == 0
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, *flags) == 0
     info = json.loads((tmp_path / "out" / "count.json").read_text())["ray"]
     assert (info["shards_cached"], info["shards_counted"], info["bad_shards"]) == (4, 4, [])
     assert_counts_equal(load_counts(tmp_path / "out"), count_corpus(source, spec, show_progress=False))
@@ -376,7 +384,7 @@ def test_token_id_out_of_range_fails_with_shard_and_row(ray_session, tmp_path, f
     seqs = [list(s) for s in fortune_ids[:800]]
     seqs[437][2] = V + 5
     path = write_parquet(tmp_path / "ids.parquet", seqs, row_group_size=200)
-    assert posstats_cli("count", "--ray", *count_flags(str(path)), "--out", tmp_path / "out") == 2
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, *count_flags(str(path)), "--out", tmp_path / "out") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"posstats: error: {path}: row 437: token id outside [0, {V}): {V + 5} [shard: {path} row group 2 (3/4, shard ")
 
@@ -385,7 +393,7 @@ def test_token_id_out_of_range_fails_with_shard_and_row(ray_session, tmp_path, f
 def test_second_run_on_a_locked_store_refuses(ray_address, small_parquet, tmp_path):
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
-    args = [*count_flags(str(root / "*.parquet")), "--out", out, "--workers", 2]
+    args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--workers", 2]
     first = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="1.5"),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -421,7 +429,7 @@ def test_refresh_recounts_only_what_changed(ray_session, tmp_path, fortune_ids, 
     for name, lo in (("a", 0), ("b", 600), ("c", 1200)):
         write_parquet(data / f"{name}.parquet", fortune_ids[lo : lo + 600], row_group_size=200)
     out = tmp_path / "out"
-    assert posstats_cli("count", "--ray", *count_flags(str(data / "*.parquet")), "--out", out) == 0
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, *count_flags(str(data / "*.parquet")), "--out", out) == 0
     old_a = [s.shard_id for s in plan_shards(CorpusSource(inputs=(str(data / "a.parquet"),), column="input_ids"),
                                                CountSpec(48, V, "chunk"))]
     capsys.readouterr()
@@ -490,7 +498,7 @@ def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_par
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
-    opts = JobOptions(store=str(store), workers=2, reduce_delay=1.5, ranges=4, show_progress=False)
+    opts = JobOptions(store=str(store), shard_bytes=1, workers=2, reduce_delay=1.5, ranges=4, show_progress=False)
     thread, outcome = count_job_in_thread(source, spec, opts)
     note, pid = wait_for(lambda: _reducing_now(store), timeout=120, what="a range being reduced")
     os.kill(pid, signal.SIGKILL)
@@ -504,7 +512,7 @@ def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_par
 def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address, small_parquet, tmp_path):
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
-    args = [*count_flags(str(root / "*.parquet")), "--out", out, "--run-id", "reduce-me", "--workers", 2]
+    args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--run-id", "reduce-me", "--workers", 2]
     driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_REDUCE_DELAY="1.5"),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -534,7 +542,7 @@ def test_pack_mode_row_groups_on_workers_refresh_and_bad_pieces(ray_session, tmp
     pack = ["--mode", "pack", "--separator", "102", "--positions", "37"]
     flags = [*count_flags(str(data / "*.parquet")), *pack]
     out = tmp_path / "out"
-    assert posstats_cli("count", "--ray", "--workers", 2, *flags, "--out", out) == 0
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, "--workers", 2, *flags, "--out", out) == 0
     assert json.loads((out / "count.json").read_text())["ray"]["shards"] == 12  # 3 files x 4 row groups
     assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
     assert_same_output(tmp_path / "single", out)
@@ -548,7 +556,7 @@ def test_pack_mode_row_groups_on_workers_refresh_and_bad_pieces(ray_session, tmp
 
     corrupt_row_group(data / "c.parquet", 2)
     skip = tmp_path / "skip"
-    assert posstats_cli("count", "--ray", "--workers", 2, *flags, "--skip-bad-shards", "--out", skip) == 0
+    assert posstats_cli("count", "--ray", *ROW_GROUP_SHARDS, "--workers", 2, *flags, "--skip-bad-shards", "--out", skip) == 0
     info = json.loads((skip / "count.json").read_text())["ray"]
     assert sorted(b["label"].split(" ")[0] for b in info["bad_shards"]) == [str(data / "c.parquet")] * 4
     without_c = CorpusSource(inputs=(str(data / "a.parquet"), str(data / "b.parquet")), column="input_ids")

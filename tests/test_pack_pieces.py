@@ -54,7 +54,7 @@ def test_pieces_stitched_equal_the_whole_stream(tmp_path, seed, n, separator):
     _write(tmp_path / "b.parquet", docs_b, row_group_size=4)
     source = CorpusSource(inputs=(str(tmp_path / "*.parquet"),), column="ids")
     spec = CountSpec(n, V, "pack", exclude_ids=(5,), separator_id=separator)
-    shards = plan_shards(source, spec)
+    shards = plan_shards(source, spec, shard_bytes=1)  # one shard per row group
     assert len(shards) > 2  # the inputs really are cut into pieces
     rng.shuffle(shards)  # any order of pieces
     got = _stitched(tmp_path, source, spec, shards)
@@ -68,7 +68,7 @@ def test_a_missing_piece_is_refused_with_the_input_named(tmp_path):
     _write(tmp_path / "a.parquet", _docs(rng, 20), row_group_size=5)
     source = CorpusSource(inputs=(str(tmp_path / "a.parquet"),), column="ids")
     spec = CountSpec(4, V, "pack", separator_id=V - 1)
-    shards = plan_shards(source, spec)
+    shards = plan_shards(source, spec, shard_bytes=1)
     items = []
     for s in shards[:-1]:
         save_counts(count_shard(s, source, spec), tmp_path / s.shard_id)

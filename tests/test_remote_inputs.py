@@ -98,7 +98,7 @@ def test_ray_shards_split_remote_parquet_by_row_group_and_sum_exactly(corpus):
     local, url, _ = corpus
     source = CorpusSource((f"{url}/a.parquet", f"{url}/c.jsonl.gz"), column="ids")
     spec = CountSpec(N, V, "truncate")  # pack-mode pieces are stitched by the reduce (test_s3, test_pack_pieces)
-    shards = plan_shards(source, spec)
+    shards = plan_shards(source, spec, shard_bytes=1)  # one shard per row group
     assert [s.kind for s in shards] == ["row_group"] * 4 + ["file"]
     total = PositionalCounts.zeros(spec)
     for shard in shards:
@@ -112,7 +112,7 @@ def test_a_changed_object_changes_its_fingerprint_and_stale_shards_fail(corpus):
     _, url, docs = corpus
     before = file_fingerprint(f"{url}/e.csv")
     source = CorpusSource((f"{url}/e.csv",), column="ids")
-    (shard,) = plan_shards(source, CountSpec(N, V))
+    (shard,) = plan_shards(source, CountSpec(N, V), shard_bytes=1)
     fsspec.filesystem("memory").pipe(f"{url[len('memory://'):]}/e.csv", b"ids\n1 2 3\n")
     assert file_fingerprint(f"{url}/e.csv") != before
     with pytest.raises(InputError, match="changed since the shards were planned"):

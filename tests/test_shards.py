@@ -20,7 +20,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.corpus.readers import read_token_batches
-from posstats.corpus.shards import Shard, count_shard, plan_shards, read_shard
+from posstats.corpus.shards import (
+    DEFAULT_SHARD_BYTES,
+    MIN_AUTO_SHARD_BYTES,
+    Shard,
+    auto_shard_bytes,
+    count_shard,
+    plan_shards,
+    read_shard,
+)
 from posstats.corpus.source import CorpusSource, count_corpus, file_fingerprint
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids
 from posstats.counting.counts import CountSpec, combine_fingerprints
@@ -115,10 +123,12 @@ def assert_same(got, ref):
 
 # ----------------------------------------------------------------------------- planning
 
+ONE_ROW_GROUP = 1  # shard_bytes that joins no row groups: one shard per Parquet row group
+
 
 def test_parquet_row_groups_are_shards(corpus):
     source = CorpusSource(inputs=(str(corpus / "p*.parquet"),), column="ids")
-    shards = plan_shards(source, spec_for("truncate"))
+    shards = plan_shards(source, spec_for("truncate"), shard_bytes=ONE_ROW_GROUP)
     assert [s.kind for s in shards] == ["row_group"] * 12
     assert [(s.path, s.start, s.first_row, s.rows) for s in shards[:4]] == [
         (str(corpus / "p0.parquet"), g, 250 * g, 250) for g in range(4)
@@ -133,21 +143,56 @@ def test_parquet_row_groups_are_shards(corpus):
     assert Shard.from_dict(json.loads(json.dumps(shards[5].to_dict()))) == shards[5]
 
 
+def test_row_groups_join_up_to_shard_bytes_and_count_as_one(tmp_path, fortune_ids):
+    path = write_parquet(tmp_path / "a.parquet", fortune_ids[:1000], row_group_size=200)  # 5 row groups
+    sizes = [pq.ParquetFile(path).metadata.row_group(g).total_byte_size for g in range(5)]
+    source = CorpusSource(inputs=(str(path),), column="ids")
+    for mode in ("chunk", "pack"):  # pack: joined pieces are stitched like single row groups
+        spec = spec_for(mode)
+        ref = count_corpus(source, spec, show_progress=False)
+        (whole,) = plan_shards(source, spec, shard_bytes=sum(sizes))
+        assert (whole.kind, whole.start, whole.stop, whole.rows, whole.first_row) == ("row_group", 0, 5, 1000, 0)
+        assert whole.is_whole_input and "row groups 0-4 (1/1" in whole.label()
+        assert_same(count_shard(whole, source, spec), ref)
+        cut = plan_shards(source, spec, shard_bytes=sum(sizes[:3]))
+        assert (cut[0].start, cut[0].stop, cut[0].rows, cut[0].size_hint) == (0, 3, 600, sum(sizes[:3]))
+        assert [(a.stop, a.first_row + a.rows) for a in cut[:-1]] == [(b.start, b.first_row) for b in cut[1:]]
+        assert cut[-1].stop == 5 and len({s.shard_id for s in cut}) == len(cut)
+        assert_same(summed(cut, source, spec, seed=1), ref)
+    # a bad row group inside a joined shard is named, with the shard
+    corrupt_row_group(path, 3)
+    (whole,) = plan_shards(source, spec_for("chunk"), shard_bytes=sum(sizes))
+    with pytest.raises(InputError) as info:
+        count_shard(whole, source, spec_for("chunk"))
+    assert str(info.value).startswith(f"{path}: row group 3: not a valid Parquet file (")
+    assert f"[shard: {path} row groups 0-4 (1/1, shard {whole.shard_id[:12]})]" in str(info.value)
+
+
+def test_auto_shard_bytes_gives_each_worker_two_to_four_shards():
+    mib = 2**20
+    for total, workers in ((800 * mib, 2), (2**30, 16), (3 * 2**30, 7)):
+        target = auto_shard_bytes(total, workers)
+        assert target & (target - 1) == 0  # a power of two: stable while the corpus grows a little
+        assert 2 * workers <= total / target < 4 * workers
+    assert auto_shard_bytes(10 * mib, 2) == MIN_AUTO_SHARD_BYTES  # never tiny shards
+    assert auto_shard_bytes(10**12, 2) == DEFAULT_SHARD_BYTES
+
+
 def test_ids_are_stable_and_change_with_the_file(tmp_path, fortune_ids):
     for f in range(2):
         write_parquet(tmp_path / f"p{f}.parquet", fortune_ids[:600], row_group_size=200)
     source = CorpusSource(inputs=(str(tmp_path / "*.parquet"),), column="ids")
     spec = spec_for("truncate")
-    before = [s.shard_id for s in plan_shards(source, spec)]
-    assert [s.shard_id for s in plan_shards(source, spec)] == before
+    before = [s.shard_id for s in plan_shards(source, spec, shard_bytes=ONE_ROW_GROUP)]
+    assert [s.shard_id for s in plan_shards(source, spec, shard_bytes=ONE_ROW_GROUP)] == before
     st = os.stat(tmp_path / "p1.parquet")
     os.utime(tmp_path / "p1.parquet", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    after = [s.shard_id for s in plan_shards(source, spec)]
+    after = [s.shard_id for s in plan_shards(source, spec, shard_bytes=ONE_ROW_GROUP)]
     assert after[:3] == before[:3]  # p0 untouched
     assert not set(after[3:]) & set(before)  # every shard of p1 has a new id
     # the same bytes and mtime under another name are other shards
     os.rename(tmp_path / "p0.parquet", tmp_path / "q0.parquet")
-    renamed = [s.shard_id for s in plan_shards(source, spec)]
+    renamed = [s.shard_id for s in plan_shards(source, spec, shard_bytes=ONE_ROW_GROUP)]
     assert not set(renamed) & set(before[:3])
 
 
@@ -302,7 +347,7 @@ def test_partials_are_order_and_grouping_free(corpus_partials, order, split):
 def corpus_partials(corpus):
     source = CorpusSource(inputs=(str(corpus / "p*.parquet"),), column="ids")
     spec = spec_for("chunk")
-    parts = [count_shard(s, source, spec) for s in plan_shards(source, spec)]
+    parts = [count_shard(s, source, spec) for s in plan_shards(source, spec, shard_bytes=ONE_ROW_GROUP)]
     return parts, count_corpus(source, spec, show_progress=False)
 
 
@@ -321,7 +366,7 @@ def test_corrupt_row_group_names_file_and_row_group(tmp_path, fortune_ids):
     path = write_parquet(tmp_path / "a.parquet", fortune_ids[:800], row_group_size=200)
     corrupt_row_group(path, 2)
     source = CorpusSource(inputs=(str(path),), column="ids")
-    shards = plan_shards(source, spec_for("chunk"))
+    shards = plan_shards(source, spec_for("chunk"), shard_bytes=ONE_ROW_GROUP)
     for s in shards[:2] + shards[3:]:
         count_shard(s, source, spec_for("chunk"))
     with pytest.raises(InputError) as info:
@@ -348,7 +393,7 @@ def test_token_id_out_of_range_names_shard_and_row(tmp_path, fortune_ids):
     spec = spec_for("chunk")
     with pytest.raises(InputError) as single:
         count_corpus(source, spec, show_progress=False)
-    shards = plan_shards(source, spec)
+    shards = plan_shards(source, spec, shard_bytes=ONE_ROW_GROUP)
     with pytest.raises(InputError) as sharded:
         count_shard(shards[2], source, spec)
     assert str(single.value).startswith(f"{path}: row 437: ")
@@ -380,7 +425,7 @@ def test_bad_jsonl_line_in_a_late_range_has_the_readers_line_number(tmp_path, fo
 def test_an_input_changed_after_planning_is_refused(tmp_path, fortune_ids):
     path = write_parquet(tmp_path / "a.parquet", fortune_ids[:400], row_group_size=200)
     source = CorpusSource(inputs=(str(path),), column="ids")
-    shards = plan_shards(source, spec_for("chunk"))
+    shards = plan_shards(source, spec_for("chunk"), shard_bytes=ONE_ROW_GROUP)
     write_parquet(path, fortune_ids[400:800], row_group_size=200)
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))

@@ -9,12 +9,18 @@ additive; the shards partition the documents).
 Kinds of shard (``Shard.kind``):
 
 ==============  ===============================================================
-``row_group``   one row group of a Parquet file
+``row_group``   consecutive row groups of a Parquet file, joined up to
+                ``shard_bytes`` (uncompressed; a bigger row group is a shard alone)
 ``hf_file``     one Arrow file of a Hugging Face ``save_to_disk`` dataset folder
 ``byte_range``  a range of lines of a big uncompressed JSONL / text file,
                 cut at line boundaries (files over ``shard_bytes``)
 ``file``        a whole input path: every other input
 ==============  ===============================================================
+
+``shard_bytes`` is the target size of a shard. Small shards balance the workers' load;
+each shard costs a fixed overhead, though (an accumulator, a partial written and read
+again by the reduce: at n = 131,072 a partial holds about as many entries as its shard
+has tokens), so :func:`auto_shard_bytes` aims at two to four shards per worker.
 
 Pack mode joins the documents of one input into one stream that restarts at each new
 input (``TokenBatch.source``). A shard of part of an input is counted as a *piece* of that
@@ -30,7 +36,7 @@ messages ("file: row r: ...") match it.
 Shard ids are content-derived: the sha256 of the input's absolute path, size and
 modification time (for a folder, those of every file in it, see
 :func:`posstats.corpus.source.file_fingerprint`), the shard's kind and position, and for Parquet
-the row-group index, its row count and a digest of the file's footer. Any change to an
+the row-group range, their row counts and a digest of the file's footer. Any change to an
 input gives *all* its shards new ids; an unchanged input keeps them.
 
 Fingerprints: the corpus fingerprint of ``count_corpus`` is the XOR of one fingerprint
@@ -79,8 +85,11 @@ from posstats.errors import InputError, PosstatsError
 __all__ = [
     "DEFAULT_SHARD_BYTES",
     "KINDS",
+    "MIN_AUTO_SHARD_BYTES",
     "Shard",
     "accumulate_shard",
+    "auto_shard_bytes",
+    "corpus_bytes",
     "count_shard",
     "partial_is_dense",
     "plan_file",
@@ -89,7 +98,9 @@ __all__ = [
 ]
 
 KINDS = ("file", "row_group", "byte_range", "hf_file")
-DEFAULT_SHARD_BYTES = 256 * 2**20  # JSONL / text files above this are cut into line ranges
+DEFAULT_SHARD_BYTES = 256 * 2**20  # target shard size: line ranges of big files, joined row groups
+MIN_AUTO_SHARD_BYTES = 16 * 2**20  # auto_shard_bytes never aims lower: per-shard overhead
+SHARDS_PER_WORKER = 2  # auto_shard_bytes: 2 to 4 shards per worker (a power of two in between)
 _SCHEMA = "posstats.shard/1"
 _COMPRESSED = (".gz", ".bz2", ".xz")
 
@@ -108,7 +119,7 @@ class Shard:
         count: number of shards of that input.
         first_row: row number (0-based, within the input) of the shard's first row.
         first_line: ``byte_range`` only: 1-based line number of its first line.
-        start, stop: ``row_group``: the row-group index and index + 1; ``byte_range``:
+        start, stop: ``row_group``: the first row group's index and the last one's + 1; ``byte_range``:
             the byte range ``[start, stop)``; ``hf_file``: the Arrow file's index in the
             dataset and index + 1; ``file``: 0 and the input's size in bytes.
         member: ``hf_file`` only: the Arrow file's path relative to ``path``.
@@ -147,7 +158,8 @@ class Shard:
         """Short human description, e.g. ``"a.parquet row group 3 (4/8)"``."""
         where = {
             "file": "whole file",
-            "row_group": f"row group {self.start}",
+            "row_group": f"row group {self.start}" if self.stop == self.start + 1 else
+                         f"row groups {self.start}-{self.stop - 1}",
             "byte_range": f"bytes {self.start}-{self.stop} (from line {self.first_line})",
             "hf_file": f"arrow file {self.member}",
         }[self.kind]
@@ -177,8 +189,11 @@ def plan_shards(
 
     Reads only metadata (Parquet footers, HF ``state.json`` and Arrow batch headers) and,
     for JSONL / text files larger than ``shard_bytes``, scans their lines once to place
-    cuts at line boundaries and number the rows of each range. Pack mode splits the same
-    way (pieces of a stream are stitched by the reduce, :mod:`posstats.counting.pack`).
+    cuts at line boundaries and number the rows of each range. Consecutive Parquet row
+    groups are joined while their uncompressed size stays within ``shard_bytes``. Pack
+    mode splits the same way (pieces of a stream are stitched by the reduce,
+    :mod:`posstats.counting.pack`). The shards of an input depend only on the input and
+    ``shard_bytes``: an unchanged input keeps its shard ids.
 
     Raises:
         InputError / PosstatsError: for a pattern matching nothing or contradictory
@@ -205,7 +220,8 @@ def plan_file(path: str, source: CorpusSource, /, *, split: bool = True, shard_b
     pieces: list[dict[str, Any]] | None = None
     if split:
         if fmt == "parquet":
-            pieces = _parquet_pieces(path, source)
+            groups = _parquet_pieces(path, source)
+            pieces = _join_row_groups(groups, shard_bytes) if groups else None
         elif fmt == "hf" and not remote and os.path.isdir(path):
             pieces = _hf_pieces(path, source.hf_split)
         elif fmt in ("jsonl", "text") and not remote and not path.lower().endswith(_COMPRESSED):
@@ -293,6 +309,54 @@ def _parquet_pieces(path: str, source: CorpusSource) -> list[dict[str, Any]] | N
                            rows=rg.num_rows, size_hint=int(rg.total_byte_size), extra=f"{digest}:{rg.num_rows}"))
         row += rg.num_rows
     return pieces
+
+
+def _join_row_groups(groups: list[dict[str, Any]], shard_bytes: int) -> list[dict[str, Any]]:
+    """Consecutive row-group pieces joined while their ``size_hint`` sum stays within
+    ``shard_bytes`` (a piece is never split: a bigger one is a shard alone).
+
+    The ``extra`` identity of a joined piece is the footer digest and the row counts of
+    its groups, so a lone row group keeps the id it had before row groups were joined.
+    """
+    runs: list[list[dict[str, Any]]] = []
+    size = 0
+    for g in groups:
+        if runs and size + g["size_hint"] <= shard_bytes:
+            runs[-1].append(g)
+            size += g["size_hint"]
+        else:
+            runs.append([g])
+            size = g["size_hint"]
+    digest = groups[0]["extra"].split(":")[0]
+    return [dict(kind="row_group", start=r[0]["start"], stop=r[-1]["stop"], first_row=r[0]["first_row"], first_line=0,
+                 member="", rows=sum(g["rows"] for g in r), size_hint=sum(g["size_hint"] for g in r),
+                 extra=f"{digest}:{','.join(str(g['rows']) for g in r)}") for r in runs]
+
+
+def corpus_bytes(source: CorpusSource, /) -> int:
+    """The size of the corpus of ``source`` in the units of ``shard_bytes``: uncompressed
+    row groups for Parquet (footers only), bytes for every other input."""
+    total = 0
+    for path in source.files():
+        fmt = source.format or guess_format(path)
+        groups = _parquet_pieces(path, source) if fmt == "parquet" else None
+        total += sum(g["size_hint"] for g in groups) if groups else _path_size(path, source)
+    return total
+
+
+def auto_shard_bytes(total_bytes: int, workers: int, /) -> int:
+    """A target shard size giving each of ``workers`` two to four shards of a corpus of
+    ``total_bytes``: the power of two at or below ``total / (2 workers)``, within
+    ``[MIN_AUTO_SHARD_BYTES, DEFAULT_SHARD_BYTES]`` (16 and 256 MiB).
+
+    A power of two keeps the target, hence the shard ids, unchanged while a corpus grows
+    or shrinks by less than a factor of two.
+
+    >>> [auto_shard_bytes(t * 2**20, w) // 2**20 for t, w in ((800, 2), (1024, 16), (10, 2), (10**6, 4))]
+    [128, 32, 16, 256]
+    """
+    share = max(1, int(total_bytes) // (SHARDS_PER_WORKER * max(1, int(workers))))
+    return int(min(DEFAULT_SHARD_BYTES, max(MIN_AUTO_SHARD_BYTES, 1 << (share.bit_length() - 1))))
 
 
 def _hf_saved_dir(path: str, split: str | None = None) -> str | None:
@@ -423,24 +487,31 @@ def _read_row_group(shard: Shard, spec: ReaderSpec) -> Iterator[TokenBatch]:
 
 
 def _row_group_batches(shard: Shard, spec: ReaderSpec, opened: Any) -> Iterator[TokenBatch]:
-    """The batches of the shard's row group, read from ``opened`` (a local path or an open file)."""
-    path, group = shard.path, shard.start
-    where = f"{path}: row group {group}"
+    """The batches of the shard's row groups, read from ``opened`` (a local path or an
+    open file), one group after the other (errors name the group)."""
+    path = shard.path
     try:
         parquet = pq.ParquetFile(opened)
         check_column(path, parquet.schema_arrow, spec)
-        # Streamed batch by batch (as the single-process reader does): decoding a whole row
-        # group first would leave the kernel working on data far out of cache.
-        batches = parquet.iter_batches(batch_size=spec.batch_size, row_groups=[group], columns=[spec.name])
     except (pa.ArrowException, OSError) as exc:
-        msg = f"{where}: not a valid Parquet file ({describe_exception(exc)})"
+        msg = f"{path}: row group {shard.start}: not a valid Parquet file ({describe_exception(exc)})"
         raise InputError(msg) from exc
     row = shard.first_row
-    for batch in guarded_reads(batches, where, "Parquet"):
-        yield from arrow_batches([batch.column(spec.name)], path, spec, first_row=row)
-        row += batch.num_rows
+    for group in range(shard.start, shard.stop):
+        where = f"{path}: row group {group}"
+        try:
+            # Streamed batch by batch (as the single-process reader does): decoding a whole
+            # row group first would leave the kernel working on data far out of cache.
+            batches = parquet.iter_batches(batch_size=spec.batch_size, row_groups=[group], columns=[spec.name])
+        except (pa.ArrowException, OSError) as exc:
+            msg = f"{where}: not a valid Parquet file ({describe_exception(exc)})"
+            raise InputError(msg) from exc
+        for batch in guarded_reads(batches, where, "Parquet"):
+            yield from arrow_batches([batch.column(spec.name)], path, spec, first_row=row)
+            row += batch.num_rows
     if shard.rows >= 0 and row - shard.first_row != shard.rows:
-        msg = f"{where}: holds {row - shard.first_row} rows, its footer says {shard.rows}"
+        groups = f"row group {shard.start}" if shard.stop == shard.start + 1 else f"row groups {shard.start}-{shard.stop - 1}"
+        msg = f"{path}: {groups}: {row - shard.first_row} rows read, the footer says {shard.rows}"
         raise InputError(msg)
 
 

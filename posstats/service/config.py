@@ -203,8 +203,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "separator": Key("int", None, "pack mode: token id between documents", check=_ge(0)),
         "memory_budget_gib": Key("float", 4.0, "dense n x V arrays per process while 8nV bytes fit", nullable=False,
                                  check=_ge(0, strict=True)),
-        "shard_size_mib": Key("float", 256.0, "JSONL / text files above this are cut into line ranges",
-                              nullable=False, check=_ge(0, strict=True)),
+        "shard_size_mib": Key("float", None, "target shard size: JSONL / text files above it are cut into line "
+                              "ranges, Parquet row groups joined up to it (default: the run store's, else 2-4 "
+                              "shards per worker within 16-256)", check=_ge(0, strict=True)),
         "skip_bad_shards": Key("bool", False, "finish without unreadable shards (listed in the count summary)",
                                nullable=False),
     },
