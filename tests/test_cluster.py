@@ -165,7 +165,8 @@ def test_count_job_submitted_to_the_two_node_cluster(local_cluster, tmp_path):
         pq.write_table(table, tmp_path / f"f{f}.parquet", row_group_size=300)
     out = tmp_path / "out"
     entrypoint = [sys.executable, "-m", "posstats.jobs.count", "--input", f"{tmp_path}/*.parquet", "--column", "ids",
-                  "--vocab-size", "30522", "--positions", "64", "--mode", "chunk", "--out", str(out), "--workers", "2"]
+                  "--vocab-size", "30522", "--positions", "64", "--mode", "chunk", "--out", str(out), "--workers", "2",
+                  "--shard-size", "1e-6"]  # one shard per row group
     ray_cli = shutil.which("ray") or "ray"
     submitted = subprocess.run(
         [ray_cli, "job", "submit", "--address", local_cluster["dashboard"], "--", *entrypoint],

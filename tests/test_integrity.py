@@ -205,7 +205,7 @@ def test_count_ray_with_a_traversing_run_id_fails_before_any_work(ray_session, t
     run_id = "../../victim" if kind == "sibling" else "../" * 24 + f"tmp/{pwn}"
     before = tree(tmp_path)
     try:
-        rc = posstats_cli("count", "--ray", *id_flags(data / "a.parquet"), "--store", tmp_path / "v2_store",
+        rc = posstats_cli("count", "--ray", "--shard-size", 1e-6, *id_flags(data / "a.parquet"), "--store", tmp_path / "v2_store",
                           "--run-id", run_id, "--out", tmp_path / "out")
         err = capsys.readouterr().err
         assert rc == 2
@@ -223,7 +223,7 @@ def test_refresh_with_a_traversing_run_id_fails_before_any_work(ray_session, tmp
     data = tmp_path / "data"
     write_ids(data / "a.parquet", 1)
     store = tmp_path / "v2_store"
-    assert posstats_cli("count", "--ray", *id_flags(data / "*.parquet"), "--store", store, "--run-id", "first",
+    assert posstats_cli("count", "--ray", "--shard-size", 1e-6, *id_flags(data / "*.parquet"), "--store", store, "--run-id", "first",
                         "--out", tmp_path / "out") == 0
     write_ids(data / "b.parquet", 2)  # something to count and reduce
     victim = tmp_path / "victim"
@@ -416,13 +416,13 @@ def test_count_ray_recounts_a_corrupt_partial(ray_session, tmp_path, capsys):
     write_ids(data / "a.parquet", 1)
     write_ids(data / "b.parquet", 2)
     store = tmp_path / "store"
-    assert posstats_cli("count", "--ray", *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r1") == 0
+    assert posstats_cli("count", "--ray", "--shard-size", 1e-6, *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r1") == 0
     marker = marker_of(store, "a.parquet")
     before = json.loads(marker.read_text())
     add_to_cell(marker.parent, 1000)
     write_ids(data / "c.parquet", 3)  # a new input: the next count reduces every partial again
     capsys.readouterr()
-    assert posstats_cli("count", "--ray", *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r2") == 0
+    assert posstats_cli("count", "--ray", "--shard-size", 1e-6, *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r2") == 0
     err = capsys.readouterr().err
     assert (f"{marker.parent}: corrupt partial: its counts sum to {before['tokens'] + 1000:,} tokens, its marker records "
             f"{before['tokens']:,} (") in err
@@ -444,7 +444,7 @@ def test_refresh_drops_a_corrupt_partial_of_a_removed_input(ray_session, tmp_pat
     write_ids(data / "b.parquet", 2)
     store = tmp_path / "store"
     out = tmp_path / "out"
-    assert posstats_cli("count", "--ray", *id_flags(data / "*.parquet"), "--store", store, "--out", out) == 0
+    assert posstats_cli("count", "--ray", "--shard-size", 1e-6, *id_flags(data / "*.parquet"), "--store", store, "--out", out) == 0
     add_to_cell(marker_of(store, "a.parquet").parent, 1000)
     (data / "a.parquet").unlink()  # the refresh would subtract a's partials from the total
     capsys.readouterr()
@@ -464,7 +464,7 @@ def test_refresh_refuses_to_build_on_a_corrupt_previous_total(ray_session, tmp_p
     data = tmp_path / "data"
     write_ids(data / "a.parquet", 1)
     store = tmp_path / "store"
-    assert posstats_cli("count", "--ray", *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r1") == 0
+    assert posstats_cli("count", "--ray", "--shard-size", 1e-6, *id_flags(data / "*.parquet"), "--store", store, "--out", tmp_path / "r1") == 0
     result = store / json.loads((store / "manifest.json").read_text())["result"]
     assert json.loads((result / "done.json").read_text())["sha256"]
     add_to_cell(result, 1000)

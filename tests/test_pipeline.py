@@ -53,6 +53,7 @@ positions = {N}
 vocab_size = {V}
 mode = "truncate"
 exclude_tokens = []
+shard_size_mib = 1e-6  # one shard per Parquet row group
 [geometry]
 dims = [2, 8]
 encodings = ["mds", "sinusoidal", "random"]

@@ -124,6 +124,7 @@ storage_options = {{key = "{KEY}", secret = "{SECRET}", client_kwargs = {{endpoi
 [count]
 positions = {N}
 vocab_size = {V}
+shard_size_mib = 1e-6  # one shard per Parquet row group
 [geometry]
 dims = [2, 8]
 encodings = ["mds", "sinusoidal"]
