@@ -82,38 +82,3 @@ def test_range_reduce_without_removals_is_exact(tmp_path):
     parts = [sum_row_range(items, spec, a, b, tmp_path / f"range-{a}") for a, b in row_ranges(40, 3)]
     assemble_ranges(parts, items, spec, tmp_path / "total")
     assert load_counts(tmp_path / "total").equals(expected)
-
-
-@pytest.mark.parametrize("V", [7, 300, 70_000])  # 70,000: uint32 token rows
-@pytest.mark.parametrize("seed", range(4))
-def test_sum_by_sorting_equals_the_pairwise_sum(V, seed):
-    """Expanding rows into tokens and sorting them gives scipy's sum: the same
-    canonical CSR (sorted, no zeros), empty rows and empty blocks included."""
-    import scipy.sparse as sp
-
-    from posstats.counting.ranges import sum_by_sorting
-
-    rng = np.random.default_rng(seed)
-    m = int(rng.integers(1, 30))
-    blocks = []
-    for _ in range(int(rng.integers(1, 6))):
-        dense = rng.integers(1, 4, size=(m, V)) * (rng.random((m, V)) < rng.random() * 0.2)
-        dense[rng.random(m) < 0.3] = 0  # empty rows
-        blocks.append(sp.csr_array(dense.astype(np.int64)))
-    got = sum_by_sorting(blocks, V)
-    expected = sum(b.toarray() for b in blocks)
-    np.testing.assert_array_equal(got.toarray(), expected)
-    assert got.has_canonical_format and got.nnz == np.count_nonzero(expected) and got.dtype == np.int64
-    assert got.indptr[0] == 0 and np.all(np.diff(got.indptr) >= 0)
-
-
-def test_sum_by_sorting_declines_large_counts():
-    """Counts far above one per entry would expand into too many tokens: scipy adds them."""
-    import scipy.sparse as sp
-
-    from posstats.counting.ranges import EXPAND_LIMIT, sum_by_sorting
-
-    block = sp.csr_array(np.array([[EXPAND_LIMIT + 1, 0], [0, 0]], dtype=np.int64))
-    assert sum_by_sorting([block], 2) is None
-    small = sp.csr_array(np.array([[EXPAND_LIMIT, 0], [0, 1]], dtype=np.int64))
-    assert sum_by_sorting([small], 2).toarray().tolist() == [[EXPAND_LIMIT, 0], [0, 1]]
