@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the terminal bar: tqdm.auto would import asyncio (15 ms of every start-up) for notebooks
 
 __all__ = ["progress"]
 

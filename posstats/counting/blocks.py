@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
+
+from posstats.counting.scipy_sparse import sp
 
 __all__ = ["BlockCounts", "CountBlocks", "narrow_count_dtype", "release_freed_memory"]
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
-import scipy.sparse as sp
 from numpy.lib.stride_tricks import sliding_window_view
 
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.blocks import CountBlocks
+from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import DEFAULT_BUFFER_KEYS, SortedKeyCounter
 from posstats.errors import InputError
 
@@ -521,13 +521,15 @@ class CountAccumulator:
         return self.add(TokenBatch.from_sequences(list(sequences)))
 
     def header(self) -> PositionalCounts:
-        """The totals, fingerprint and metadata of the counts so far, with an empty (all-zero)
-        CSR matrix (like :func:`posstats.counting.io.load_header`)."""
+        """The totals, fingerprint and metadata of the counts so far, with an all-zero
+        matrix: a read-only zero-stride view of shape (n, V) that holds no memory (and,
+        unlike an empty CSR array, needs no scipy import: ``posstats count`` writes sparse
+        counts from their blocks without it)."""
         open_stream = self.spec.mode == "pack" and self._piece is None  # a piece's windows are the stitching's
         windows = self.windows + (self._pack_windows(self._pack_len) if open_stream else 0)
         return PositionalCounts(
             spec=self.spec,
-            matrix=sp.csr_array((self.spec.positions, self.spec.vocab_size), dtype=np.int64),
+            matrix=np.broadcast_to(np.zeros((), np.int64), (self.spec.positions, self.spec.vocab_size)),
             sequences=self.sequences,
             windows=windows,
             tokens=self.tokens,

@@ -34,11 +34,11 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow.parquet as pq
-import scipy.sparse as sp
 from safetensors import safe_open
 
 from posstats.counting.blocks import CountBlocks
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
+from posstats.counting.scipy_sparse import sp
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import atomic_path, published_dir
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 from safetensors import safe_open
 
 from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
@@ -37,6 +36,7 @@ from posstats.counting.io import (
     write_safetensors,
 )
 from posstats.counting.pack import Placement
+from posstats.counting.scipy_sparse import sp
 from posstats.errors import InputError
 from posstats.runs.publish import atomic_path
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
 from posstats.counting.io import (
@@ -36,6 +35,7 @@ from posstats.counting.io import (
     save_counts,
     write_json_atomic,
 )
+from posstats.counting.scipy_sparse import sp
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import file_sha256
 

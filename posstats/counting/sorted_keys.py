@@ -24,9 +24,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import scipy.sparse as sp
 
 from posstats.counting.blocks import BlockCounts, CountBlocks, narrow_count_dtype
+from posstats.counting.scipy_sparse import sp
 
 __all__ = [
     "DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "row_counts", "sorted_rows",
