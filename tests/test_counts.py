@@ -302,6 +302,22 @@ def test_sorting_kernel_matches_oracle_across_blocks_and_compactions(mode, seqs,
     assert got.tokens == expected.sum()
 
 
+@settings(max_examples=80, deadline=None)
+@given(a=st.dictionaries(st.integers(0, 2**32 - 1), st.integers(1, 2**40), max_size=30),
+       b=st.dictionaries(st.integers(0, 2**32 - 1), st.integers(1, 2**40), max_size=30))
+def test_merge_sorted_sums_two_sorted_key_sets(a, b):
+    from posstats.counting.sorted_keys import merge_sorted
+
+    def arrays(d):
+        keys = np.array(sorted(d), dtype=np.uint32)
+        return keys, np.array([d[int(k)] for k in keys], dtype=np.int64)
+
+    keys, counts = merge_sorted(*arrays(a), *arrays(b))
+    expected = {k: a.get(k, 0) + b.get(k, 0) for k in a.keys() | b.keys()}
+    assert keys.tolist() == sorted(expected) and counts.tolist() == [expected[k] for k in sorted(expected)]
+    assert keys.dtype == np.uint32 and counts.dtype == np.int64
+
+
 def test_sorting_kernel_keys_fit_uint32_at_long_context():
     """n V = 131072 x 50257 > 2**32: local keys of each block stay below 2**32, so the
     last position and the last token id are counted where they belong."""
