@@ -72,6 +72,7 @@ from posstats.errors import InputError, PosstatsError
 from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, storage_options
 from posstats.guard import run_guarded
 from posstats.ids import validate_run_id
+from posstats.memory import format_bytes
 from posstats.progress import progress
 from posstats.runs.counts_folder import count_line, publish_counts
 from posstats.runs.publish import link_or_copy
@@ -595,6 +596,9 @@ def _bind(store: RunStore, config: dict[str, Any], source: CorpusSource, opts: J
     shard_bytes = _shard_bytes(opts, bound.get("shard_bytes"), source)
     if bound.get("shard_bytes") != shard_bytes:
         remember["shard_bytes"] = shard_bytes
+        if "shard_bytes" not in bound and store.manifest() is not None:
+            _log(f"run store {store.root} predates recorded shard sizes: its inputs are cut into shards of up to "
+                 f"{format_bytes(shard_bytes)} from now on, so this run counts them again")
     if remember:
         write_json_atomic(store.config_path, {**bound, **remember})
     return shard_bytes
@@ -607,7 +611,7 @@ def _shard_bytes(opts: JobOptions, recorded: int | None, source: CorpusSource) -
     (one per local CPU when not given)."""
     if opts.shard_bytes is not None:
         if recorded is not None and recorded != opts.shard_bytes:
-            _log(f"shard size {opts.shard_bytes / 2**20:g} MiB, not the store's {recorded / 2**20:g} MiB: "
+            _log(f"shard size {format_bytes(opts.shard_bytes)}, not the store's {format_bytes(recorded)}: "
                  f"inputs cut differently are counted again")
         return int(opts.shard_bytes)
     if recorded is not None:
@@ -762,7 +766,7 @@ def _count_and_reduce(run: _Run, worker_args: dict[str, Any]) -> tuple[_Counted,
         with _Engine(run.opts, worker_args) as engine:
             _log(
                 f"{run.command} {run.run_id}: {len(run.plan.shards)} shard(s) in {len(run.files)} input(s) "
-                f"(shard size {run.plan.shard_bytes / 2**20:g} MiB), "
+                f"(shard size {format_bytes(run.plan.shard_bytes)}), "
                 f"{len(run.plan.todo)} to count, {engine.workers} worker(s), store {run.store.root}"
             )
             t = time.perf_counter()

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus.shards import MIN_AUTO_SHARD_BYTES, count_shard, plan_shards
+from posstats.corpus.shards import MIN_AUTO_SHARD_BYTES, auto_shard_bytes, corpus_bytes, count_shard, plan_shards
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
@@ -199,6 +199,7 @@ def test_cli_ray_parquet_equals_single_process(ray_session, parquet_dir, tmp_pat
     assert {json.loads(m.read_text())["pid"] for m in markers(store)} - {os.getpid()}
     assert os.getpid() not in {json.loads(m.read_text())["pid"] for m in markers(store)}
     assert len(markers(store)) == 4
+    assert json.loads((store / "store.json").read_text())["shard_bytes"] == MIN_AUTO_SHARD_BYTES  # for later runs
     # the same command again: nothing to count, the same output
     assert posstats_cli("count", "--ray", *flags, "--out", tmp_path / "ray") == 0
     assert_same_output(tmp_path / "single", tmp_path / "ray")
@@ -207,6 +208,19 @@ def test_cli_ray_parquet_equals_single_process(ray_session, parquet_dir, tmp_pat
     info = json.loads((tmp_path / "rg" / "count.json").read_text())["ray"]
     assert (info["shards"], info["shard_bytes"]) == (16, 1)
     assert_same_output(tmp_path / "single", tmp_path / "rg")
+
+
+def test_the_shard_size_is_the_flag_else_the_stores_else_automatic(parquet_dir, capsys):
+    from posstats.jobs.count import JobOptions, _shard_bytes
+
+    source = CorpusSource(inputs=(str(parquet_dir / "*.parquet"),), column="input_ids")
+    auto = auto_shard_bytes(corpus_bytes(source), 64)
+    assert _shard_bytes(JobOptions(store="s", workers=64), None, source) == auto
+    # a store keeps the size of its first run, whatever the workers: unchanged inputs keep their shards
+    assert _shard_bytes(JobOptions(store="s", workers=64), 2**20, source) == 2**20
+    assert capsys.readouterr().err == ""
+    assert _shard_bytes(JobOptions(store="s", shard_bytes=5), 2**20, source) == 5
+    assert "shard size 5 B, not the store's 1 MiB: inputs cut differently are counted again" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
