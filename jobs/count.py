@@ -118,7 +118,8 @@ class JobOptions:
         shard_bytes: target shard size in bytes (JSONL / text files above it are cut into
             line ranges, consecutive Parquet row groups joined up to it); None: the size
             the store recorded at its first run, else :func:`auto_shard_bytes` of the
-            corpus for ``workers`` (one per local CPU when None).
+            corpus for ``workers`` (when None: the CPUs of the cluster joined, or of this
+            machine for an embedded Ray).
         dense_budget: bytes of a dense ``n x V`` int64 array allowed per counting actor
             (used for shards big enough to pay for it; sparse otherwise). The storage of
             partials and result is chosen by size (:func:`posstats.counting.io.choose_storage`),
@@ -607,8 +608,8 @@ def _bind(store: RunStore, config: dict[str, Any], source: CorpusSource, opts: J
 def _shard_bytes(opts: JobOptions, recorded: int | None, source: CorpusSource) -> int:
     """The target shard size: ``opts.shard_bytes``, else the store's recorded one (so that a
     resumed or refreshed run cuts unchanged inputs into the same shards, whatever its
-    worker count), else :func:`auto_shard_bytes` of the corpus for the workers asked for
-    (one per local CPU when not given)."""
+    worker count), else :func:`auto_shard_bytes` of the corpus for
+    :func:`_planned_workers`."""
     if opts.shard_bytes is not None:
         if recorded is not None and recorded != opts.shard_bytes:
             _log(f"shard size {format_bytes(opts.shard_bytes)}, not the store's {format_bytes(recorded)}: "
@@ -616,7 +617,21 @@ def _shard_bytes(opts: JobOptions, recorded: int | None, source: CorpusSource) -
         return int(opts.shard_bytes)
     if recorded is not None:
         return int(recorded)
-    return auto_shard_bytes(corpus_bytes(source), opts.workers or os.cpu_count() or 1)
+    return auto_shard_bytes(corpus_bytes(source), _planned_workers(opts))
+
+
+def _planned_workers(opts: JobOptions) -> int:
+    """The workers a first run sizes its shards for: ``--workers``; else, joining a cluster
+    (or inside a Ray session already), its CPUs: the cluster is joined now, and the engine
+    then finds Ray connected; else the CPUs of this machine, as an embedded Ray gets them."""
+    if opts.workers:
+        return int(opts.workers)
+    import ray
+
+    if opts.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+        connect_ray(opts.address)
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return os.cpu_count() or 1
 
 
 def _previous_manifest(store: RunStore, *, incremental: bool) -> dict[str, Any] | None:

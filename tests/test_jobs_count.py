@@ -223,6 +223,18 @@ def test_the_shard_size_is_the_flag_else_the_stores_else_automatic(parquet_dir, 
     assert "shard size 5 B, not the store's 1 MiB: inputs cut differently are counted again" in capsys.readouterr().err
 
 
+@pytest.mark.ray
+def test_a_first_run_without_workers_sizes_shards_for_the_cluster_it_joins(ray_address, monkeypatch):
+    from posstats.jobs.count import JobOptions, _planned_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # this machine's CPUs: not the cluster's
+    cluster_cpus = int(__import__("ray").cluster_resources()["CPU"])
+    assert _planned_workers(JobOptions(store="s", address=ray_address)) == cluster_cpus != 64
+    assert _planned_workers(JobOptions(store="s", address=ray_address, workers=5)) == 5
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert _planned_workers(JobOptions(store="s")) == cluster_cpus  # inside a Ray session: its CPUs
+
+
 @pytest.fixture(scope="module")
 def hf_dataset(tmp_path_factory, shared_dir):
     """Hamlet and Macbeth lines from the shared Shakespeare, `save_to_disk` in 4 Arrow files."""
