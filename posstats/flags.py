@@ -107,8 +107,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--separator", type=int, metavar="ID", help="pack mode: token id inserted between documents")
     c.add_argument("--memory-budget", type=float, default=4.0, metavar="GiB",
                    help="count into a dense n x V array while 8*n*V bytes fit this budget and the corpus has at least "
-                        "n*V/8 tokens; sort each position's tokens otherwise (same counts; files are stored by "
-                        "size) (default 4)")
+                        "n*V/8 tokens; sort each position's tokens otherwise, buffering up to half the budget of "
+                        "token ids between sorts (same counts; files are stored by size) (default 4)")
 
 
 def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:

@@ -647,7 +647,8 @@ def accumulate_shard(
     piece = spec.mode == "pack" and not shard.is_whole_input
     if dense is None:
         dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
-    acc = CountAccumulator(spec, dense=dense, fingerprint=shard.fingerprint, metadata=metadata, out=out if dense else None)
+    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, fingerprint=shard.fingerprint, metadata=metadata,
+                           out=out if dense else None)
     if piece:
         acc.start_piece(shard.path, first=shard.index == 0)
     try:

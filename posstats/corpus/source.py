@@ -180,7 +180,7 @@ def accumulate_corpus(
     :meth:`~CountAccumulator.blocks` to write them without one CSR array).
 
     ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
-    ``dense_budget`` and the expected tokens (:func:`estimated_tokens`), which also give
+    ``dense_budget`` (which also sizes the sparse kernel's token buffer) and the expected tokens (:func:`estimated_tokens`), which also give
     the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
     has estimated them already: a remote footer is not fetched twice). Batches are read
     one step ahead on a thread (:func:`~posstats.corpus.prefetch.prefetched`). The
@@ -194,7 +194,7 @@ def accumulate_corpus(
         expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
-    acc = CountAccumulator(spec, dense=dense, metadata=metadata)
+    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata)
 
     def batches():
         for i, path in enumerate(files):

@@ -21,7 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.blocks import CountBlocks
 from posstats.counting.scipy_sparse import sp
-from posstats.counting.sorted_keys import DEFAULT_BUFFER_KEYS, SortedKeyCounter
+from posstats.counting.sorted_keys import SortedKeyCounter, buffer_tokens
 from posstats.errors import InputError
 
 __all__ = [
@@ -442,7 +442,9 @@ class CountAccumulator:
     Pack mode keeps the stream state between batches of the same source; a new source
     restarts the stream at position 0. ``block_positions`` sets how many positions are
     counted together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the
-    counts. ``buffer_keys`` (sparse only) is how many tokens are buffered before a compaction.
+    counts. ``buffer_keys`` (sparse only) is how many tokens are buffered before a
+    compaction; None: :func:`~posstats.counting.sorted_keys.buffer_tokens` of
+    ``dense_budget`` (half of it in token ids).
 
     >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10), dense=False)
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
@@ -459,7 +461,7 @@ class CountAccumulator:
         dense: bool | None = None,
         dense_budget: int = DEFAULT_DENSE_BUDGET,
         block_positions: int | None = None,
-        buffer_keys: int = DEFAULT_BUFFER_KEYS,
+        buffer_keys: int | None = None,
         fingerprint: str = "",
         metadata: dict[str, str] | None = None,
         out: np.ndarray | None = None,
@@ -475,6 +477,8 @@ class CountAccumulator:
             self._block = int(block_positions or min(max(2**22 // V, 16), n))
             self._dtype = np.dtype(np.int64)
         else:
+            if buffer_keys is None:
+                buffer_keys = buffer_tokens(dense_budget, V)
             self._sorted = SortedKeyCounter(positions=n, vocab_size=V, buffer_keys=buffer_keys, block=block_positions)
             self._block = self._sorted.block
             self._dtype = self._sorted.token_dtype

@@ -29,11 +29,12 @@ from posstats.counting.blocks import BlockCounts, CountBlocks, narrow_count_dtyp
 from posstats.counting.scipy_sparse import sp
 
 __all__ = [
-    "DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "merge_sorted", "row_counts", "sorted_rows",
-    "token_dtype",
+    "DEFAULT_BUFFER_KEYS", "SortedKeyCounter", "block_positions", "buffer_tokens", "merge_sorted", "row_counts",
+    "sorted_rows", "token_dtype",
 ]
 
 DEFAULT_BUFFER_KEYS = 2**28  # tokens (padding included) buffered before a compaction: 512 MiB as uint16
+MIN_BUFFER_KEYS = 2**24  # buffer_tokens never goes lower: compactions would merge too often
 BLOCKS = 32  # position blocks of a count, within the block widths below
 MIN_BLOCK, MAX_BLOCK = 16, 256  # positions per block (fewer where n or 2**32 / V requires)
 SORT_CELLS = 2**22  # tokens gathered and sorted at once (8 MiB of uint16)
@@ -55,6 +56,22 @@ def block_positions(positions: int, vocab_size: int, /) -> int:
     (256, 128, 16)
     """
     return max(1, min(positions, 2**32 // vocab_size, max(MIN_BLOCK, min(MAX_BLOCK, -(-positions // BLOCKS)))))
+
+
+def buffer_tokens(budget_bytes: float, vocab_size: int, /) -> int:
+    """Tokens to buffer before a compaction under a memory budget: half of ``budget_bytes``
+    in token ids (:func:`token_dtype`), at least ``MIN_BUFFER_KEYS``.
+
+    Every compaction past the first merges each block's new counts into its old ones, so a
+    bigger buffer means fewer passes over the growing counts: 1 B tokens at n = 131,072
+    counted in 34 s and 3.6 GB with 2**28 tokens buffered (three merges), in 18.8 s and
+    4.4 GB with 2**30 (none). A corpus smaller than the buffer never merges, and the
+    buffer holds only what was added, so small counts use no more memory.
+
+    >>> buffer_tokens(4 * 2**30, 50257) == 2**30, buffer_tokens(2**30, 50257) == 2**28, buffer_tokens(1, 10)
+    (True, True, 16777216)
+    """
+    return max(MIN_BUFFER_KEYS, int(budget_bytes) // 2 // token_dtype(vocab_size).itemsize)
 
 
 def merge_sorted(keys: np.ndarray, counts: np.ndarray, new_keys: np.ndarray, new_counts: np.ndarray):

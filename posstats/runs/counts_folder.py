@@ -59,7 +59,8 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
     dense = inputs.spec.prefers_dense(budget_bytes, tokens)
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
-    acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, metadata=inputs.metadata, expected_tokens=tokens)
+    acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, dense_budget=budget_bytes, metadata=inputs.metadata,
+                            expected_tokens=tokens)
     seconds = time.perf_counter() - t
     if keep:
         counts = acc.result(copy=False)
