@@ -180,8 +180,8 @@ def accumulate_corpus(
     :meth:`~CountAccumulator.blocks` to write them without one CSR array).
 
     ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
-    ``dense_budget`` (which also sizes the sparse kernel's token buffer) and the expected tokens (:func:`estimated_tokens`), which also give
-    the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
+    ``dense_budget`` (which also sizes the sparse kernel's token buffer) and the expected
+    tokens (:func:`estimated_tokens`), which also give the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
     has estimated them already: a remote footer is not fetched twice). Batches are read
     one step ahead on a thread (:func:`~posstats.corpus.prefetch.prefetched`). The
     fingerprint combines each file's (:func:`file_fingerprint`). Raises

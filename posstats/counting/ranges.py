@@ -35,7 +35,7 @@ import numpy as np
 from safetensors import safe_open
 
 from posstats.counting.blocks import BlockCounts
-from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints
+from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints, csr_row_sums
 from posstats.counting.io import (
     DENSE_FILE,
     SPARSE_FILE,
@@ -84,13 +84,6 @@ def _signed_sum(blocks: list[sp.csr_array], signs: list[int]) -> sp.csr_array:
     return blocks[0]
 
 
-def _row_tokens(block: sp.csr_array) -> np.ndarray:
-    """The sum of each row of a CSR array (int64, shape (rows,)): the tokens it counts."""
-    csum = np.zeros(block.nnz + 1, np.int64)
-    np.cumsum(block.data, out=csum[1:])
-    return csum[block.indptr[1:]] - csum[block.indptr[:-1]]
-
-
 def sorting_pays(tokens: int, entries: int, items: int, /) -> bool:
     """Whether :func:`sum_by_sorting` of ``items`` CSR arrays holding ``entries`` stored
     counts that sum to ``tokens`` beats scipy's pairwise adds:
@@ -119,7 +112,7 @@ def sum_by_sorting(blocks: Sequence[sp.csr_array], vocab_size: int, /) -> sp.csr
     [[16, 1, 16], [0, 0, 16]]
     """
     m = blocks[0].shape[0]
-    row_tokens = [_row_tokens(b) for b in blocks]
+    row_tokens = [csr_row_sums(b) for b in blocks]  # the tokens each row counts
     lengths = np.sum(row_tokens, axis=0)
     dtype = token_dtype(vocab_size)
     pad = np.iinfo(dtype).max
