@@ -78,6 +78,7 @@ from posstats.counting.io import load_counts, load_header, write_json_atomic
 from posstats.drift import check_comparable, diff, load_side, store_run_side, write_diff, write_skipped
 from posstats.errors import InputError, PosstatsError
 from posstats.guard import run_guarded
+from posstats.ids import join_inside
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
 from posstats.reports.html import render_html_report
 from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
@@ -152,6 +153,7 @@ class _Run:
         self._ray_ready = False
         self.handoff = _Handoff()
         self.previous: str | None = None  # the run latest named when this driver started: the diff's A
+        self._verified: dict[str, Path] = {}  # stage -> its local folder, checked against its marker
 
     # -- Ray ---------------------------------------------------------------------------
 
@@ -175,17 +177,13 @@ class _Run:
     # -- local views of stages -------------------------------------------------------------
 
     def stage_local(self, stage: str) -> Path:
-        """A local folder with the files of a completed stage (the store folder itself for a
-        local store, a downloaded copy for a remote one)."""
-        rel = self.store.stage_rel(self.run_id, stage)
-        if self.store.local:
-            return Path(self.store.path(rel))
-        dest = self.cache / stage
-        if not (dest / ".complete").exists():
+        """A local folder with the files of a completed stage, checked against its marker
+        (the store folder itself for a local store, a downloaded copy for a remote one)."""
+        if stage not in self._verified:  # checked against its marker once per driver
+            dest = self.cache / stage
             shutil.rmtree(dest, ignore_errors=True)
-            self.store.get_dir(rel, dest)
-            (dest / ".complete").write_text("")
-        return dest
+            self._verified[stage] = self.store.stage_dir(self.run_id, stage, None if self.store.local else dest)
+        return self._verified[stage]
 
     def stage_json(self, stage: str, name: str) -> dict[str, Any]:
         data = self.store.read_json(f"{self.store.stage_rel(self.run_id, stage)}/{name}")
@@ -275,12 +273,13 @@ def _mirror(run: _Run, url: str, *, storage_options: Mapping[str, Any], must_mat
     path = fs._strip_protocol(url)
     out = []
     base = run.work / "inputs" / proto
-    for key, info in objects:
-        dest = base / key.lstrip("/")
+    # every key is checked before anything is written: a key with '..' never writes outside
+    dests = [join_inside(base, key, what=f"object key of {url}") for key, _ in objects]
+    for (key, info), dest in zip(objects, dests):
         if _fetch_if_changed(fs, key, info, dest):
             run.log(f"mirrored {proto}://{key} ({info.get('size', '?')} bytes)")
         out.append((str(dest), f"{proto}://{key}"))
-    _drop_stale_mirrors(str(base / path.lstrip("/")), {p for p, _ in out})
+    _drop_stale_mirrors(str(join_inside(base, path, what="input URL path")), {p for p, _ in out})
     return out
 
 

@@ -13,12 +13,14 @@ and the command line use it.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from posstats.errors import PosstatsError
 
-__all__ = ["MAX_ID_CHARS", "is_valid_id", "validate_id", "validate_run_id"]
+__all__ = ["MAX_ID_CHARS", "is_valid_id", "join_inside", "relative_key_parts", "validate_id", "validate_run_id"]
 
 MAX_ID_CHARS = 128
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,%d}" % (MAX_ID_CHARS - 1))
@@ -59,3 +61,45 @@ def validate_id(name: Any, /, *, kind: str = "run id") -> str:
 def validate_run_id(run_id: Any, /) -> str:
     """:func:`validate_id` for a run id."""
     return validate_id(run_id, kind="run id")
+
+
+def relative_key_parts(key: Any, /, *, what: str = "object key") -> tuple[str, ...]:
+    """The '/'-separated parts of a relative key (an object key below a listed prefix, a
+    file name a marker lists) that may become a path below a folder of ours.
+
+    A leading ``/`` is dropped (fsspec keys of some stores have one); every other part must
+    be a non-empty name other than ``.`` and ``..`` without NUL. So a key such as
+    ``data/p/../../../../etc/x.pth`` can never climb out of the folder it is joined to.
+
+    Raises:
+        PosstatsError: one line naming the key (``repr``, at most 200 characters).
+    """
+    if not isinstance(key, str):
+        msg = f"{what} must be a string, got {type(key).__name__}"
+        raise PosstatsError(msg)
+    parts = tuple(key.lstrip("/").split("/"))
+    bad = next((p for p in parts if p in ("", ".", "..") or "\x00" in p), None)
+    if bad is not None or not parts:
+        msg = (f"{what} {key[:200]!r} is refused: its part {bad!r} could name a path outside the folder it is "
+               "copied into (keys with '..', '.', empty parts or NUL are never written)")
+        raise PosstatsError(msg)
+    return parts
+
+
+def join_inside(base: str | os.PathLike, key: Any, /, *, what: str = "object key") -> Path:
+    """``base / key`` for an untrusted relative ``key``, guaranteed to lie inside ``base``.
+
+    The key's parts are checked (:func:`relative_key_parts`), then the joined path is
+    resolved (symbolic links followed, as a write would) and must still lie below the
+    resolved ``base``: a link planted inside ``base`` cannot redirect a write either.
+
+    Raises:
+        PosstatsError: the key, or a link on its way, leads outside ``base``.
+    """
+    root = Path(base)
+    dest = root.joinpath(*relative_key_parts(key, what=what))
+    real_root, real_dest = os.path.realpath(root), os.path.realpath(dest)
+    if os.path.commonpath([real_root, real_dest]) != real_root or real_dest == real_root:
+        msg = f"{what} {str(key)[:200]!r} is refused: it leads outside {root} (through a symbolic link)"
+        raise PosstatsError(msg)
+    return dest

@@ -29,7 +29,7 @@ from posstats.counting.counts import CountSpec, PositionalCounts, count_sequence
 from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
 from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
 from posstats.errors import PosstatsError
-from posstats.ids import is_valid_id, validate_id, validate_run_id
+from posstats.ids import is_valid_id, join_inside, validate_id, validate_run_id
 from posstats.runs.publish import file_sha256
 from posstats.service.shard_store import RunStore
 
@@ -493,3 +493,25 @@ def test_check_partial_trusts_only_a_matching_checksum(tmp_path, old_marker):
     add_to_cell(folder, 7)
     with pytest.raises(CorruptPartialError, match=f"its counts sum to {c.tokens + 7:,} tokens, its marker records {c.tokens:,}"):
         check_partial(folder)
+
+
+# ============================================================================ untrusted keys that become paths
+
+
+@pytest.mark.parametrize("key", ["data/p/../../../../x.pth", "../x", "a/./b", "a//b", "a/\x00/b", "..", "", "a/.."])
+def test_join_inside_refuses_keys_that_could_climb_out(tmp_path, key):
+    with pytest.raises(PosstatsError, match="is refused: its part") as info:
+        join_inside(tmp_path / "base", key)
+    assert "\n" not in str(info.value)
+
+
+def test_join_inside_keeps_good_keys_below_the_base_and_follows_links(tmp_path):
+    base = tmp_path / "base"
+    assert join_inside(base, "/bucket/data/a.jsonl") == base / "bucket" / "data" / "a.jsonl"
+    assert join_inside(base, "bucket/data/*.jsonl") == base / "bucket" / "data" / "*.jsonl"  # a glob pattern too
+    (base / "bucket").mkdir(parents=True)
+    (base / "bucket" / "out").symlink_to(tmp_path)  # a link planted inside base
+    with pytest.raises(PosstatsError, match=r"leads outside .* \(through a symbolic link\)"):
+        join_inside(base, "bucket/out/victim.txt")
+    with pytest.raises(PosstatsError, match="must be a string"):
+        join_inside(base, 5)

@@ -203,6 +203,23 @@ def test_rerun_is_idempotent_and_refreshes_are_incremental(setup, capsys):
     assert snapshot(root)["runs/r1/reduce/counts.safetensors"] == before["runs/r1/reduce/counts.safetensors"]
     assert Store(str(root)).latest()["run_id"] == "r3"
 
+    # a diff never writes into a store, and never reads a stage its marker does not vouch for
+    kept = snapshot(root)
+    rc, _, err = run_cli(capsys, "diff", "--store", root, "--out", root / "runs/r3/diff")
+    assert rc == 2 and "lies inside the run store" in err and snapshot(root) == kept
+    counts = next((root / "runs/r2/reduce").glob("counts.*"))
+    data = bytearray(counts.read_bytes())
+    data[-1] ^= 1
+    counts.write_bytes(bytes(data))
+    rc, _, err = run_cli(capsys, "diff", "--store", root, "--runs", "r2,r3", "--out", tmp_path / "d-flipped")
+    assert rc == 2 and "fails its checksums" in err and "content differs from its marker" in err, err
+    assert not (tmp_path / "d-flipped").exists()
+    rc, out, _ = run_cli(capsys, "status", "--store", root, "--verify")
+    assert rc != 0 and f"reduce/{counts.name}: content differs from its marker" in out
+    (root / "runs/r1/geometry/done.json").write_text("{}")  # a blanked marker
+    rc, out, _ = run_cli(capsys, "status", "--store", root, "--verify")
+    assert rc != 0 and "geometry: " in out and "damaged completion marker" in out
+
 
 def test_a_lost_stage_is_redone_alone_and_identically(setup, capsys):
     tmp_path, _, config = setup

@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 
 from posstats.errors import PosstatsError
 from posstats.service.locks import pipeline_lock_is_stale as lock_is_stale
-from posstats.service.pipeline_store import STAGES, Store, describe_os_error, is_url, validate_run_id
+from posstats.service.pipeline_store import (
+    STAGES,
+    DamagedMarker,
+    Store,
+    describe_os_error,
+    enclosing_store,
+    is_url,
+    validate_run_id,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
@@ -113,6 +121,55 @@ def test_publish_writes_the_files_then_a_marker_with_sizes_and_hashes(store, tmp
     assert store.verify_stage("r1", "geometry") == ["geometry/a.json: content differs from its marker"]
     store.remove("runs/r1/geometry/figures/x.png")
     assert "geometry/figures/x.png: missing" in store.verify_stage("r1", "geometry")
+
+
+@pytest.mark.parametrize("marker", [b"", b"{}", b'{"stage": "geometry", "run_id": "r1", "finished": "x"}',
+                                    b'{"stage": "geometry", "run_id": "r1", "finished": "x", "files": []}',
+                                    b'{"stage": "count", "run_id": "r1", "finished": "x", "files": {}}',
+                                    b'{"stage": "geometry", "run_id": "r1", "finished": "x", '
+                                    b'"files": {"../../../x": {"bytes": 1, "sha256": "' + b"0" * 64 + b'"}}}',
+                                    b'{"stage": "geometry", "run_id": "r1", "finished": "x", '
+                                    b'"files": {"a.json": {"bytes": -1, "sha256": "' + b"0" * 64 + b'"}}}',
+                                    b'{"stage": "geometry", "run_id": "r1", "finished": "x", '
+                                    b'"files": {"a.json": {"bytes": 2, "sha256": "nope"}}}'])
+def test_a_blanked_or_forged_marker_vouches_for_nothing(store, tmp_path, marker):
+    store.publish_stage("r1", "geometry", _stage_dir(tmp_path, "geometry", {"a.json": b"{}"}))
+    store.write_bytes("runs/r1/geometry/done.json", marker)
+    with pytest.raises(DamagedMarker, match="damaged completion marker|not readable JSON"):
+        store.stage_marker("r1", "geometry")
+    with pytest.raises(PosstatsError):
+        store.stage_dir("r1", "geometry", tmp_path / "copy")
+    (problem,) = store.verify_stage("r1", "geometry")
+    assert problem.startswith("geometry: ")
+    assert store.run_status("r1")["stages"]["geometry"] is None  # not complete, and not used
+
+
+def test_stage_dir_checks_every_file_and_refuses_unlisted_ones(store, tmp_path):
+    store.publish_stage("r1", "reduce", _stage_dir(tmp_path, "reduce", {"counts.bin": b"1234", "sub/c.json": b"{}"}))
+    got = store.stage_dir("r1", "reduce", tmp_path / "copy")
+    assert (got / "counts.bin").read_bytes() == b"1234" and (got / "sub" / "c.json").read_bytes() == b"{}"
+    store.write_bytes("runs/r1/reduce/counts.bin", b"1235")  # one byte flipped
+    with pytest.raises(PosstatsError, match=r"reduce stage fails its checksums \(reduce/counts.bin: content differs"):
+        store.stage_dir("r1", "reduce", tmp_path / "copy2")
+    store.write_bytes("runs/r1/reduce/counts.bin", b"1234")
+    store.write_bytes("runs/r1/reduce/counts.other", b"planted")
+    assert store.verify_stage("r1", "reduce") == ["reduce/counts.other: not listed in its marker"]
+    if store.local:
+        with pytest.raises(PosstatsError, match="not listed in its marker"):
+            store.stage_dir("r1", "reduce")
+    else:  # a download takes only what the marker lists
+        assert not (store.stage_dir("r1", "reduce", tmp_path / "copy3") / "counts.other").exists()
+    with pytest.raises(PosstatsError, match="the geometry stage of run r1 is not complete"):
+        store.stage_dir("r1", "geometry", tmp_path / "copy4")
+
+
+def test_enclosing_store_finds_a_store_around_a_path(tmp_path):
+    store = Store(str(tmp_path / "store"))
+    _complete_run(store, tmp_path, "r1")
+    store.move_latest("r1")
+    assert enclosing_store(tmp_path / "store" / "runs" / "r1" / "diff") == tmp_path / "store"
+    assert enclosing_store(tmp_path / "store") == tmp_path / "store"
+    assert enclosing_store(tmp_path / "elsewhere" / "out") is None
 
 
 def test_marker_is_written_last(tmp_path, monkeypatch):

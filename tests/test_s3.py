@@ -287,3 +287,105 @@ def test_s3_inputs_through_count_run_ray_count_and_refresh(s3, tmp_path, ray_ses
         err = capsys.readouterr().err
         assert rc == 2 and expected in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "bad").exists()
+
+
+def test_pipeline_refuses_an_object_key_that_climbs_out_of_its_work_folder(s3, tmp_path, capsys):
+    """An object ``data/p/../../...`` in an input bucket must never write outside the work
+    folder (it would overwrite any file the pipeline's user can write)."""
+    from posstats.cli import main as cli
+
+    endpoint, _, fs = s3
+    bucket = fresh_bucket(fs, "hostile")
+    fs.pipe(f"{bucket}/data/ok.jsonl", b'{"ids": [1, 2, 3]}\n')
+    work = tmp_path / "work"
+    # work/inputs/s3/<bucket>/data/p + six '..' = tmp_path
+    evil = f"{bucket}/data/p/" + "../" * 6 + "victim.jsonl"
+    fs.pipe(evil, b'{"ids": [6, 6, 6]}\n')
+    assert evil in fs.find(bucket)  # the server keeps the key as it was written
+    (tmp_path / "victim.jsonl").write_text("precious\n")
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f"""
+[store]
+url = "{tmp_path / 'store'}"
+work_dir = "{work}"
+[input]
+paths = ["s3://{bucket}/data/**/*.jsonl"]
+column = "ids"
+storage_options = {{key = "{KEY}", secret = "{SECRET}", client_kwargs = {{endpoint_url = "{endpoint}"}}}}
+[count]
+positions = 4
+vocab_size = 8
+""")
+    rc = cli(["pipeline", "--config", str(config), "--run-id", "r1"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "is refused: its part '..'" in err and "victim.jsonl" in err
+    assert (tmp_path / "victim.jsonl").read_text() == "precious\n"
+    assert not [p for p in tmp_path.rglob("*.jsonl") if p.read_bytes().startswith(b'{"ids": [6')]
+
+
+def _stored_runs(store: Store, tmp_path: Path, capsys) -> None:
+    """Two runs of ``store`` (geometry and reduce stages, as the pipeline publishes them)
+    from two small corpora analysed by ``posstats run``."""
+    import shutil
+
+    from posstats.cli import main as cli
+    from posstats.runs.publish import published_dir
+
+    for i, rid in enumerate(("r1", "r2")):
+        (tmp_path / f"{rid}.jsonl").write_text("".join(json.dumps({"ids": d}) + "\n" for d in _ids_table(20 + i)))
+        assert cli(["run", "--input", str(tmp_path / f"{rid}.jsonl"), "--column", "ids", "--vocab-size", str(V),
+                    "--positions", str(N), "--dims", "2", "--encodings", "sinusoidal", "--noise-floor", "off",
+                    "--out", str(tmp_path / rid)]) == 0
+        for stage, names in (("geometry", ("report.json", "mds.safetensors")),
+                             ("reduce", ("counts.csr.safetensors", "counts.safetensors", "count.json"))):
+            staging = tmp_path / f"{rid}-{stage}"
+            staging.mkdir()
+            for name in names:
+                if (published_dir(tmp_path / rid) / name).exists():
+                    shutil.copyfile(published_dir(tmp_path / rid) / name, staging / name)
+            store.publish_stage(rid, stage, staging)
+    capsys.readouterr()
+
+
+def test_diff_of_an_s3_store_checks_what_it_downloads_and_leaves_no_copy(s3, tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    from posstats.cli import main as cli
+
+    endpoint, options, fs = s3
+    bucket = fresh_bucket(fs, "diffstore")
+    store = Store(f"s3://{bucket}/posstats", storage_options=options)
+    _stored_runs(store, tmp_path, capsys)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    flags = ["--storage-option", f"client_kwargs.endpoint_url={json.dumps(endpoint)}",
+             "--storage-option", f"key={KEY}", "--storage-option", f"secret={SECRET}"]
+
+    def diff(out: str) -> tuple[int, str]:
+        rc = cli(["diff", "--store", f"s3://{bucket}/posstats", "--runs", "r1,r2", *flags, "--out", str(tmp_path / out)])
+        return rc, capsys.readouterr().err
+
+    rc, err = diff("d1")
+    assert rc == 0, err
+    assert (tmp_path / "d1" / "diff.json").exists() and not list(scratch.iterdir())  # no posstats-diff-* left
+
+    # a byte flipped in the stored counts: refused, not diffed
+    key = next(k for k in fs.find(f"{bucket}/posstats/runs/r2/reduce") if "/counts." in k)
+    data = bytearray(fs.cat(key))
+    data[-1] ^= 1
+    fs.pipe(key, bytes(data))
+    rc, err = diff("d2")
+    assert rc == 2 and "fails its checksums" in err and "content differs" in err, err
+    assert not (tmp_path / "d2").exists() and not list(scratch.iterdir())
+
+    # a marker naming a file outside the stage folder, and an object key that climbs out
+    fs.pipe(key, bytes(data[:-1]) + bytes([data[-1] ^ 1]))
+    marker = json.loads(fs.cat(f"{bucket}/posstats/runs/r1/geometry/done.json"))
+    marker["files"]["../../../../../../escaped.json"] = {"bytes": 2, "sha256": "0" * 64}
+    fs.pipe(f"{bucket}/posstats/runs/r1/geometry/done.json", json.dumps(marker).encode())
+    fs.pipe(f"{bucket}/posstats/runs/r1/geometry/../../../../../../../escaped.json", b"{}")
+    rc, err = diff("d3")
+    assert rc == 2 and "damaged completion marker" in err and "leaves the stage folder" in err, err
+    assert not list(tmp_path.rglob("escaped.json")) and not list(scratch.iterdir())

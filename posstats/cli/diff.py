@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 from posstats.cli._common import add_analysis_args, analysis_config, quiet_from_args
 from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
 from posstats.errors import InputError
 from posstats.flags import storage_options, str_list
+from posstats.drift.report import DIFF_HTML, DIFF_JSON
 from posstats.progress import progress
+from posstats.runs.publish import staged_output
+from posstats.service.pipeline_store import enclosing_store
 
 HELP = "compare two corpora or two refreshes: which positions changed beyond sampling noise"
 DESCRIPTION = """\
@@ -66,31 +71,40 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--level must be in (0, 1), got {args.level}")
     if args.drift_dim < 1:
         raise InputError(f"--drift-dim must be >= 1, got {args.drift_dim}")
-    if args.store:
-        if args.sides:
-            raise InputError("give either two folders A B or --store, not both")
-        a, b = store_sides(args.store, list(args.runs) if args.runs else None,
-                           storage_options=storage_options(args.storage_option) or None)
-    else:
-        if len(args.sides) != 2:
-            raise InputError(f"give two count folders or run folders A B (or --store), got {len(args.sides)}")
-        if args.runs:
-            raise InputError("--runs needs --store")
-        a, b = (load_side(s) for s in args.sides)
-    config = analysis_config(args) if "counts" in (a.kind, b.kind) else None
-    with progress(total=a.header.positions, desc="positions", unit="pos") as bar:
-        done = [0]
+    store = enclosing_store(args.out)
+    if store is not None:
+        raise InputError(f"--out {args.out} lies inside the run store {store}: a store changes only through its "
+                         "pipeline (its stage markers vouch for every file); choose an output folder outside it")
+    # a remote store's runs are downloaded here and removed with it, whatever happens
+    with tempfile.TemporaryDirectory(prefix="posstats-diff-") as cache:
+        if args.store:
+            if args.sides:
+                raise InputError("give either two folders A B or --store, not both")
+            a, b = store_sides(args.store, list(args.runs) if args.runs else None,
+                               storage_options=storage_options(args.storage_option) or None, cache=cache)
+        else:
+            if len(args.sides) != 2:
+                raise InputError(f"give two count folders or run folders A B (or --store), got {len(args.sides)}")
+            if args.runs:
+                raise InputError("--runs needs --store")
+            a, b = (load_side(s) for s in args.sides)
+        config = analysis_config(args) if "counts" in (a.kind, b.kind) else None
+        with progress(total=a.header.positions, desc="positions", unit="pos") as bar:
+            done = [0]
 
-        def advance(n: int) -> None:
-            bar.update(n - done[0])
-            done[0] = n
+            def advance(n: int) -> None:
+                bar.update(n - done[0])
+                done[0] = n
 
-        result = diff(a, b, level=args.level, config=config, drift_dim=args.drift_dim, progress=advance)
-    paths = write_diff(args.out, result.document)
+            result = diff(a, b, level=args.level, config=config, drift_dim=args.drift_dim, progress=advance)
+    # published as one set: an interrupted write (a kill, a full disk) leaves the previous set whole
+    with staged_output(args.out, last=(DIFF_JSON,)) as stage:
+        write_diff(stage, result.document)
+    out = Path(args.out)
     if args.json:
         json.dump(result.document, sys.stdout)
         sys.stdout.write("\n")
     elif not args.quiet:
         print(format_diff_summary(result.document))
-        print(f"\ndiff: {paths['html']} ({paths['json'].name})")
+        print(f"\ndiff: {out / DIFF_HTML} ({DIFF_JSON})")
     return 3 if args.fail_on_change and result.document["positions"]["count_changed"] else 0

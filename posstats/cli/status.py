@@ -71,7 +71,10 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
         if marker is not None:
             st["diff"] = {k: marker.get(k) for k in ("against", "changed", "tested", "level", "skipped", "summary")}
         if verify:
-            st["problems"] = [p for s in STAGES if st["stages"][s] for p in store.verify_stage(rid, s)]
+            checked = [s for s in STAGES if st["stages"][s] or s in st["damaged"]]
+            st["problems"] = [p for s in checked for p in store.verify_stage(rid, s)]
+            if "run" in st["damaged"]:
+                st["problems"].append(f"done.json: damaged completion marker of run {rid}")
         runs.append(st)
     return {"store": store.display(), "latest": store.latest(), "lock": lock_view, "runs": sorted_runs(runs)}
 

@@ -9,7 +9,6 @@ positional distributions would not be the same quantity.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,24 +110,30 @@ def check_comparable(a: Side, b: Side, /) -> None:
 
 def store_run_side(store: Any, run_id: str, cache: str | os.PathLike | None = None) -> Side:
     """A run of a pipeline store (:class:`posstats.service.pipeline_store.Store`) as a side: its
-    geometry stage (a run folder) and reduce stage (its counts), read in place in a local
-    store, copied to ``cache`` (default: a temporary folder) from a remote one."""
+    geometry stage (a run folder) and reduce stage (its counts), each checked against its
+    stage marker's checksums first (:meth:`Store.stage_dir`): read in place in a local
+    store, downloaded into ``cache`` from a remote one (the caller owns and removes it).
+
+    Raises:
+        InputError: the run has no completed geometry and reduce stage.
+        PosstatsError: a stage fails its checksums (damaged or tampered with).
+    """
     if store.stage_marker(run_id, "geometry") is None or store.stage_marker(run_id, "reduce") is None:
         msg = f"{store.display()}: run {run_id} has no completed geometry stage to compare"
         raise InputError(msg)
-    if store.local:  # read in place: the counts are not copied
-        geometry, reduce = (Path(store.path(store.stage_rel(run_id, s))) for s in ("geometry", "reduce"))
-    else:
-        root = Path(cache) if cache is not None else Path(tempfile.mkdtemp(prefix="posstats-diff-"))
-        geometry = Path(store.get_dir(store.stage_rel(run_id, "geometry"), root / run_id / "geometry"))
-        reduce = Path(store.get_dir(store.stage_rel(run_id, "reduce"), root / run_id / "reduce"))
+    if not store.local and cache is None:
+        msg = "a remote store's runs are downloaded: pass a cache folder"
+        raise ValueError(msg)
+    root = Path(cache) / run_id if cache is not None else None
+    geometry, reduce = (store.stage_dir(run_id, s, root / s if root else None) for s in ("geometry", "reduce"))
     return load_side(geometry, label=f"run {run_id}", counts=reduce)
 
 
 def store_sides(url: str, runs: list[str] | None = None, /, *, storage_options: dict[str, Any] | None = None,
                 cache: str | os.PathLike | None = None) -> tuple[Side, Side]:
     """The two store runs to compare: ``runs`` (two run ids), else the complete run that
-    finished before ``latest`` and ``latest`` itself.
+    finished before ``latest`` and ``latest`` itself. A remote store's runs are downloaded
+    into ``cache`` (required then; the caller removes it).
 
     Raises:
         InputError: unknown run ids, fewer than two complete runs.

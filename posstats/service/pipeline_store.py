@@ -81,16 +81,19 @@ import fsspec
 from posstats.corpus.remote import is_url  # re-exported: the store and the config tell URLs apart
 from posstats.errors import PosstatsError, os_error_kind
 from posstats.errors import describe_os_error as _describe_os_error
-from posstats.ids import is_valid_id, validate_run_id  # validate_run_id: re-exported
+from posstats.ids import is_valid_id, join_inside, relative_key_parts, validate_run_id  # validate_run_id: re-exported
 from posstats.processes import process_start_ticks
 from posstats.runs.publish import atomic_path, file_sha256
 from posstats.service.locks import describe_lock_holder, pipeline_lock_is_stale
 
 __all__ = [
     "DEFAULT_STALE_AFTER_S",
+    "DamagedMarker",
     "MARKER",
     "STAGES",
     "Store",
+    "check_stage_marker",
+    "enclosing_store",
     "StoreLock",
     "describe_os_error",
     "is_url",
@@ -133,6 +136,57 @@ def describe_os_error(exc: BaseException, /) -> str | None:
     if found is None or found[0] not in _STORE_ADVICE:
         return None
     return _describe_os_error(exc, advice=_STORE_ADVICE)
+
+
+class DamagedMarker(PosstatsError):
+    """A completion marker that exists but cannot vouch for its stage."""
+
+
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def check_stage_marker(marker: Mapping[str, Any], /, *, run_id: str, stage: str) -> str | None:
+    """What is wrong with a stage's completion marker, or None when it is sound.
+
+    A sound marker names its ``stage`` and ``run_id``, has a ``finished`` time, and lists
+    in ``files`` every file it vouches for (possibly none) as ``{name: {"bytes": int >= 0,
+    "sha256": 64 hex digits}}`` with names that stay inside the stage folder. A blanked
+    (``{}``) or hand-edited marker is not: nothing it holds is trusted.
+    """
+    if marker.get("stage") != stage or marker.get("run_id") != run_id:
+        return f"it names stage {marker.get('stage')!r} of run {marker.get('run_id')!r}"
+    if not isinstance(marker.get("finished"), str):
+        return "no finish time"
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return "no list of the files it vouches for"
+    for name, meta in files.items():
+        try:
+            relative_key_parts(name, what="file name")
+        except PosstatsError:
+            return f"file name {name[:100]!r} leaves the stage folder"
+        if not isinstance(meta, dict):
+            return f"{name}: no size and checksum"
+        size, digest = meta.get("bytes"), meta.get("sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return f"{name}: size {size!r} is not a byte count"
+        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _SHA256_HEX:
+            return f"{name}: {digest!r} is not a sha256"
+    return None
+
+
+def enclosing_store(path: str | os.PathLike, /) -> Path | None:
+    """The local pipeline store that ``path`` lies in (or is), or None.
+
+    A store is recognised by its layout: a ``runs/`` folder next to ``latest``, ``lock``
+    or ``.lock.guard``. Outputs of other commands must never be written there: a store
+    changes only through :class:`Store`, which records every file in a stage marker.
+    """
+    p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    for folder in (p, *p.parents):
+        if (folder / RUNS).is_dir() and any((folder / name).exists() for name in (LATEST, LOCK, GUARD)):
+            return folder
+    return None
 
 
 # ----------------------------------------------------------------------------- store
@@ -313,21 +367,42 @@ class Store:
             self.fs.put_file(str(local), self.path(rel))
             self._invalidate()
 
-    def get_dir(self, rel: str, local: str | os.PathLike, /) -> Path:
-        """Copy the folder ``rel`` of the store into the local folder ``local``; return it."""
-        local = Path(local)
-        local.mkdir(parents=True, exist_ok=True)
-        if self.local:
-            shutil.copytree(self.path(rel), local, dirs_exist_ok=True)
-            return local
-        self._invalidate()
-        base = self.path(rel)
-        for path in self.fs.find(base):
-            dest = local / path[len(base):].lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(path, str(dest))
-        return local
+    def file_digest(self, rel: str, /) -> tuple[int, str] | None:
+        """(size in bytes, sha256 hex) of the file ``rel``, read in 8 MiB blocks; None when
+        it does not exist."""
+        h = hashlib.sha256()
+        size = 0
+        try:
+            if self.local:
+                f = open(self.path(rel), "rb")  # noqa: SIM115 (closed below)
+            else:
+                self._invalidate()
+                f = self.fs.open(self.path(rel), "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        with f:
+            while block := f.read(1 << 23):
+                h.update(block)
+                size += len(block)
+        return size, h.hexdigest()
 
+    def list_files(self, rel: str, /) -> list[str]:
+        """Every file below the folder ``rel``, as '/'-separated paths relative to it (sorted)."""
+        base = self.path(rel)
+        if self.local:
+            root = Path(base)
+            if not root.is_dir():
+                return []
+            return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink())
+        self._invalidate()
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        prefix = base.rstrip("/") + "/"
+        return sorted(k[len(prefix):] for k in found if k.startswith(prefix))
+
+    # -- runs and stages ------------------------------------------------------------------
     # -- runs and stages ------------------------------------------------------------------
 
     @staticmethod
@@ -342,12 +417,81 @@ class Store:
         return f"{cls.run_rel(run_id)}/{stage}"
 
     def stage_marker(self, run_id: str, stage: str, /) -> dict[str, Any] | None:
-        """The stage's completion marker, or None while it is not complete."""
-        return self.read_json(f"{self.stage_rel(run_id, stage)}/{MARKER}")
+        """The stage's completion marker, or None while it is not complete.
+
+        Raises:
+            DamagedMarker: the marker exists but is not a marker of this stage that lists
+                the files it vouches for (:func:`check_stage_marker`).
+        """
+        rel = f"{self.stage_rel(run_id, stage)}/{MARKER}"
+        try:
+            marker = self.read_json(rel)
+        except PosstatsError as exc:
+            raise DamagedMarker(str(exc)) from None
+        if marker is not None:
+            problem = check_stage_marker(marker, run_id=run_id, stage=stage)
+            if problem:
+                msg = f"{self.display(rel)}: damaged completion marker ({problem}); delete the stage folder to redo it"
+                raise DamagedMarker(msg)
+        return marker
+
+    def stage_dir(self, run_id: str, stage: str, local: str | os.PathLike | None = None, /) -> Path:
+        """A local folder holding a complete stage's files, each checked against its marker.
+
+        A local store's stage folder is checked in place and returned; a remote one's files
+        (those its marker lists, nothing else) are downloaded into ``local`` and checked
+        there. So no reader ever uses a file its marker does not vouch for.
+
+        Raises:
+            PosstatsError: the stage is not complete, its marker is damaged, or a file is
+                missing, differs from its recorded size or sha256, or is not listed.
+        """
+        marker = self.stage_marker(run_id, stage)
+        rel = self.stage_rel(run_id, stage)
+        if marker is None:
+            msg = f"{self.display(rel)}: the {stage} stage of run {run_id} is not complete"
+            raise PosstatsError(msg)
+        if self.local:
+            problems = self.verify_stage(run_id, stage)
+            folder = Path(self.path(rel))
+        else:
+            if local is None:
+                msg = "stage_dir of a remote store needs a local folder"
+                raise ValueError(msg)
+            folder = Path(local)
+            folder.mkdir(parents=True, exist_ok=True)
+            problems = []
+            for name, meta in marker["files"].items():
+                dest = join_inside(folder, name, what=f"file name in {self.display(rel)}/{MARKER}")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.fs.get_file(self.path(f"{rel}/{name}"), str(dest))
+                except FileNotFoundError:
+                    problems.append(f"{stage}/{name}: missing")
+                    continue
+                if (dest.stat().st_size, file_sha256(dest)) != (meta["bytes"], meta["sha256"]):
+                    problems.append(f"{stage}/{name}: content differs from its marker")
+        if problems:
+            msg = (f"{self.display(rel)}: run {run_id}'s {stage} stage fails its checksums ({'; '.join(problems[:3])}"
+                   f"{'; ...' if len(problems) > 3 else ''}); it is not used")
+            raise PosstatsError(msg)
+        return folder
 
     def run_marker(self, run_id: str, /) -> dict[str, Any] | None:
-        """The run's completion marker, or None while the run is not complete."""
-        return self.read_json(f"{self.run_rel(run_id)}/{MARKER}")
+        """The run's completion marker, or None while the run is not complete.
+
+        Raises:
+            DamagedMarker: the marker exists but does not name this run and its finish time.
+        """
+        rel = f"{self.run_rel(run_id)}/{MARKER}"
+        try:
+            marker = self.read_json(rel)
+        except PosstatsError as exc:
+            raise DamagedMarker(str(exc)) from None
+        if marker is not None and (marker.get("run_id") != run_id or not isinstance(marker.get("finished"), str)):
+            msg = f"{self.display(rel)}: damaged completion marker (it does not name run {run_id} and its finish time)"
+            raise DamagedMarker(msg)
+        return marker
 
     def clear_stage(self, run_id: str, stage: str, /) -> None:
         """Delete an incomplete stage folder (a marker-less leftover of a killed attempt)."""
@@ -388,17 +532,24 @@ class Store:
         return marker
 
     def verify_stage(self, run_id: str, stage: str, /) -> list[str]:
-        """Problems with a complete stage's files (missing, size or sha256 differs); [] if fine."""
-        marker = self.stage_marker(run_id, stage)
+        """Problems with a complete stage (damaged marker; a listed file missing or differing
+        from its size or sha256; a file its marker does not list); [] if fine."""
+        try:
+            marker = self.stage_marker(run_id, stage)
+        except DamagedMarker as exc:
+            return [f"{stage}: {exc}"]
         if marker is None:
             return [f"{stage}: no completion marker"]
+        rel = self.stage_rel(run_id, stage)
         problems = []
-        for name, meta in marker.get("files", {}).items():
-            data = self.read_bytes(f"{self.stage_rel(run_id, stage)}/{name}")
-            if data is None:
+        for name, meta in marker["files"].items():
+            digest = self.file_digest(f"{rel}/{name}")
+            if digest is None:
                 problems.append(f"{stage}/{name}: missing")
-            elif len(data) != meta["bytes"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            elif digest != (meta["bytes"], meta["sha256"]):
                 problems.append(f"{stage}/{name}: content differs from its marker")
+        listed = set(marker["files"]) | {MARKER}
+        problems += [f"{stage}/{name}: not listed in its marker" for name in self.list_files(rel) if name not in listed]
         return problems
 
     def finish_run(self, run_id: str, info: Mapping[str, Any], /) -> dict[str, Any]:
@@ -416,14 +567,27 @@ class Store:
         return [name for name in self.listdir(RUNS) if is_valid_id(name)]
 
     def run_status(self, run_id: str, /) -> dict[str, Any]:
-        """{run_id, complete, finished, stages: {stage: finished time or None}}."""
-        marker = self.run_marker(run_id)
-        stages = {}
+        """{run_id, complete, finished, stages: {stage: finished time or None}, damaged:
+        [stages whose marker is damaged, "run" for the run's own]}."""
+        try:
+            marker = self.run_marker(run_id)
+        except DamagedMarker:
+            marker = None
+            run_damaged = True
+        else:
+            run_damaged = False
+        stages, damaged = {}, []
         for s in STAGES:
-            m = self.stage_marker(run_id, s)
+            try:
+                m = self.stage_marker(run_id, s)
+            except DamagedMarker:
+                m = None  # not complete, never used; verify_stage names the damage
+                damaged.append(s)
             stages[s] = m.get("finished") if m else None
-        return {"run_id": run_id, "complete": marker is not None,
-                "finished": marker.get("finished") if marker else None, "stages": stages}
+        if run_damaged:
+            damaged.append("run")
+        return {"run_id": run_id, "complete": marker is not None and not damaged,
+                "finished": marker.get("finished") if marker else None, "stages": stages, "damaged": damaged}
 
     # -- latest -----------------------------------------------------------------------------
 
