@@ -4,6 +4,7 @@ the global comparison, and the command end to end."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -251,3 +252,38 @@ def test_blocks_follow_the_stored_counts_and_a_block_with_nothing_to_test_is_fin
     b = np.array([[1, 3], [2, 2], [4, 0], [0, 0]])
     t = compare_positions(lambda lo, hi: a[lo:hi], lambda lo, hi: b[lo:hi], n=4, bounds=[0, 2, 4])
     assert t.tested.tolist() == [True, True, False, False] and t.empty_in_a.tolist() == [2]
+
+
+def test_an_interrupted_diff_leaves_the_previous_outputs_whole(tmp_path, monkeypatch, capsys):
+    """Disk full (or a kill) before diff.json: the previous diff.json, diff.html and figures
+    stay published together, none of the new figures appear beside them."""
+    import errno
+    import hashlib
+
+    import posstats.drift.report as report
+
+    a, b = _planted(0.2, seed=4)
+    save_counts(_counts(a), tmp_path / "a")
+    save_counts(_counts(b), tmp_path / "b")
+    out = tmp_path / "diff"
+    args = ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--dims", "2", "--encodings", "mds"]
+    assert main(args) == 0
+
+    def state() -> dict[str, str]:
+        return {f"{name}/{f}" if f else name: hashlib.sha256((out / name / f).read_bytes()).hexdigest()
+                for name in os.listdir(out) if name != ".posstats"
+                for f in (sorted(os.listdir(out / name)) if (out / name).is_dir() else [""])}
+
+    before = state()
+    assert {"diff.json", "diff.html"} <= set(before) and any(k.startswith("figures/") for k in before)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "write_json_atomic", full)
+    save_counts(_counts(_planted(0.4, seed=5)[1]), tmp_path / "b")  # another result, other figures
+    capsys.readouterr()
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert "space" in err.lower() and len(err.strip().splitlines()) == 1, err
+    assert state() == before
