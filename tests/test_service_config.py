@@ -4,6 +4,7 @@ writer (round trip through tomllib)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -23,6 +24,7 @@ from posstats.service.config import (
     load_config,
     parse_config,
     redact,
+    redact_url,
     refuse_secrets,
     schema_rows,
     secret_env_reason,
@@ -297,6 +299,47 @@ def test_passwords_in_urls_are_refused_and_redacted(tmp_path):
     ]
     shown = dumps_toml(cfg.to_dict())
     assert "pw123" not in shown and "pw456" not in shown and "https://me:***@host/c.parquet" in shown
+
+
+HEADER_SECRETS = [
+    ('{client_kwargs = {headers = {Authorization = "Bearer s3cr3t-value"}}}', "Authorization"),
+    ('{client_kwargs = {headers = {"X-Api" = "Basic s3cr3t-value"}}}', "an Authorization header value"),
+    ('{headers = {Cookie = "session=s3cr3t-value"}}', "Cookie"),
+    ('{client_kwargs = {endpoint_url = "https://h/x?X-Amz-Signature=s3cr3t-value&y=1"}}', "query string"),
+    ('{client_kwargs = {endpoint_url = "https://h/x?sv=1&sig=s3cr3t-value"}}', "query string"),
+    ('{extra = "hf_s3cr3tvalueabcdefghijklmn"}', "an access token"),
+    ('{extra = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.s3cr3t-value"}', "a JSON web token"),
+]
+
+
+@pytest.mark.parametrize(("options", "found"), HEADER_SECRETS)
+def test_secrets_in_headers_and_by_value_shape_are_redacted_and_refused(tmp_path, capsys, options, found):
+    """Secrets hide in headers and URLs under names that say nothing ('X-Api', 'extra'):
+    they are recognised by the value's shape too, never written by --print-config or the
+    config stage, and refused by submit."""
+    from posstats.cli import main
+
+    path = write(tmp_path, MINIMAL.replace('column = "ids"', f'column = "ids"\nstorage_options = {options}'))
+    cfg = load_config(path)
+    (where,) = config_secrets(cfg)
+    assert where.startswith("[input] storage_options.") and (found in where or where.endswith(found)), where
+    shown = json.dumps(cfg.to_dict()) + dumps_toml(cfg.to_dict())
+    assert "s3cr3t" not in shown and "***" in shown
+    assert main(["pipeline", "--config", str(path), "--print-config"]) == 0
+    assert "s3cr3t" not in capsys.readouterr().out
+    with pytest.raises(PosstatsError, match="holds a credential; refusing to ship it") as err:
+        refuse_secrets(cfg)
+    assert "s3cr3t" not in str(err.value)
+
+
+def test_value_shapes_that_are_not_secrets_are_left_alone():
+    for value in ("s3://bucket/data/*.parquet", "https://minio.internal:9000", "Bearer", "token",
+                  "https://h/x?page=2&sort=asc", "monkey", "hf_short"):
+        assert redact_url(value) == value and config_secrets_of(value) == []
+
+
+def config_secrets_of(value: str) -> list[str]:
+    return [w for w in [secret_env_reason("SOME_VALUE", value)] if w]
 
 
 def test_submit_refuses_credentials_before_contacting_the_cluster(tmp_path, capsys):

@@ -69,7 +69,8 @@ __all__ = [
     "secret_env_reason",
 ]
 
-_SECRET = re.compile(r"key|secret|token|password|passwd|credential|session|connection_?string", re.IGNORECASE)
+_SECRET = re.compile(r"key|secret|token|password|passwd|passphrase|credential|session|connection_?string"
+                     r"|authori[sz]ation|cookie|signature|private", re.IGNORECASE)
 # scheme://user:password@host: the password part (a URL may carry credentials)
 _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<password>[^/@\s]+)@")
 # environment variable names of credentials. AWS_ACCESS_KEY_ID is an identifier rather than a
@@ -83,6 +84,20 @@ _PATH_ENV = re.compile(r"_(FILE|PATH|DIR|FILENAME)$|^GOOGLE_APPLICATION_CREDENTI
 _TOKEN_MODES = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
 # an AWS access key id (long-term AKIA..., temporary ASIA...)
 _AWS_KEY_ID = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
+# secrets recognised by the shape of the value, whatever the key that holds it: an HTTP
+# Authorization header value, a credential in a URL's query string (pre-signed URLs, SAS
+# tokens, ?token=), a JSON web token, the prefixed tokens of Hugging Face and GitHub
+_VALUE_SECRETS = (
+    ("an Authorization header value",
+     re.compile(r"(?P<head>^\s*(?:Bearer|Basic|Token|Digest|AWS4-HMAC-SHA256|Negotiate)\s+)(?P<secret>\S.*)$",
+                re.IGNORECASE | re.DOTALL)),
+    ("a credential in a URL's query string",
+     re.compile(r"(?P<head>[?&](?:[\w.-]*token|access_?token|sig|signature|x-amz-signature|x-amz-credential"
+                r"|x-amz-security-token|x-goog-signature|x-goog-credential|key|api_?key|apikey|secret|password"
+                r"|passwd|code|auth)=)(?P<secret>[^&#\s]+)", re.IGNORECASE)),
+    ("a JSON web token", re.compile(r"(?P<head>)(?P<secret>\beyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]*)")),
+    ("an access token", re.compile(r"(?P<head>)(?P<secret>\b(?:hf|ghp|gho|ghs|github_pat|glpat|xox[abp])_[\w-]{16,})")),
+)
 CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role / IRSA, a mounted secret, the "
                     "environment of the RayCluster spec or of the Ray worker processes): see 'Credentials' in "
                     "docs/service.md")
@@ -380,9 +395,15 @@ def redact(options: Any, /) -> Any:
 
 
 def redact_url(value: Any, /) -> Any:
-    """``scheme://user:password@host/...`` -> ``scheme://user:***@host/...`` (other values as they are)."""
+    """A value with the secrets it carries by their shape replaced by ``***``:
+    ``scheme://user:password@host/...`` -> ``scheme://user:***@host/...``,
+    ``Bearer abc`` -> ``Bearer ***``, ``...?sig=abc&x=1`` -> ``...?sig=***&x=1``, AWS key
+    ids, JSON web tokens and prefixed access tokens -> ``***``; other values as they are."""
     if isinstance(value, str):
-        return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", value)
+        value = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", value)
+        for _, pattern in _VALUE_SECRETS:
+            value = pattern.sub(lambda m: f"{m.group('head')}***", value)
+        return _AWS_KEY_ID.sub("***", value)
     if isinstance(value, list):
         return [redact_url(v) for v in value]
     return value
@@ -414,7 +435,7 @@ def _embedded_secret(value: Any) -> str | None:
         return "a password in a URL"
     if _AWS_KEY_ID.search(value):
         return "an AWS access key id"
-    return None
+    return next((what for what, pattern in _VALUE_SECRETS if pattern.search(value)), None)
 
 
 def config_secrets(cfg: PipelineConfig, /) -> list[str]:
