@@ -15,7 +15,7 @@ import errno
 import os
 from collections.abc import Callable, Mapping
 
-__all__ = ["InputError", "PosstatsError", "describe_os_error", "error_chain", "os_error_kind"]
+__all__ = ["InputError", "PosstatsError", "PosstatsWarning", "describe_os_error", "error_chain", "os_error_kind"]
 
 
 class PosstatsError(Exception):
@@ -24,6 +24,11 @@ class PosstatsError(Exception):
 
 class InputError(PosstatsError, ValueError):
     """Bad input data: a missing file or column, a corrupt file, an out-of-range token id."""
+
+
+class PosstatsWarning(UserWarning):
+    """Something a user should know that does not stop the command (duplicate inputs
+    dropped, a value replaced); the CLI prints ``posstats: warning: <message>``."""
 
 
 # kind -> what happened, in words. The kinds are what callers attach advice to.

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from posstats.corpus.remote import local_path
-from posstats.errors import PosstatsError, describe_os_error, error_chain, os_error_kind
+from posstats.errors import PosstatsError, PosstatsWarning, describe_os_error, error_chain, os_error_kind
 from posstats.memory import available_memory, format_bytes, memory_hint
 
 __all__ = ["explain_failure", "run_guarded"]
@@ -36,7 +37,9 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
     URL is a local path wherever a command takes one (:func:`local_file_urls`).
     """
     try:
-        return int(func(local_file_urls(args)) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(func(local_file_urls(args)) or 0)
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
@@ -49,6 +52,15 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
             raise
         print(f"posstats: error: {text}", file=sys.stderr)
         return 2
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """Warnings of posstats as one ``posstats: warning: ...`` line; others as Python prints them."""
+    if issubclass(category, PosstatsWarning):
+        print(f"posstats: warning: {message}", file=sys.stderr if file is None else file)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def local_file_urls(args: argparse.Namespace, /) -> argparse.Namespace:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from posstats.corpus.readers import FORMATS, guess_format, read_token_batches, resolve_inputs, validate_ids
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, vocab_size
 from posstats.corpus.tokens import TokenBatch
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, PosstatsError, PosstatsWarning
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 BERT = DATA / "tokenizers" / "bert-base-uncased.tokenizer.json"
@@ -649,3 +649,24 @@ def test_split_flag_counts_the_chosen_split(tmp_path, capsys):
     assert main([*common, "--split", "test", "--out", str(tmp_path / "test")]) == 0
     counted = load_counts(tmp_path / "test")
     assert counted.sequences == len(SEQS) - 4
+
+
+def test_a_symlink_loop_counts_each_file_once_and_says_so(tmp_path, capsys):
+    """``**`` through a link to a parent folder names one file dozens of times: it is
+    counted once, and a warning says how many paths were dropped."""
+    from posstats.cli import main
+
+    loop = tmp_path / "inp" / "dirloop"
+    loop.mkdir(parents=True)
+    (loop / "a.jsonl").write_text('{"ids": [1, 2, 3]}\n')
+    (loop / "b.jsonl").write_text('{"ids": [4, 5]}\n')
+    (loop / "up").symlink_to("..")
+    (tmp_path / "inp" / "alias.jsonl").symlink_to(loop / "b.jsonl")
+    with pytest.warns(PosstatsWarning, match=r"input path\(s\) name a file already counted"):
+        files = resolve_inputs([str(tmp_path / "inp" / "**" / "*.jsonl")])
+    assert sorted(os.path.realpath(f) for f in files) == [str(loop / "a.jsonl"), str(loop / "b.jsonl")]
+    rc = main(["count", "--input", str(tmp_path / "inp" / "**" / "*.jsonl"), "--column", "ids", "--vocab-size", "8",
+               "--positions", "4", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.count("posstats: warning: ") == 1 and "each file is counted once" in err, err
+    assert json.loads((tmp_path / "out" / "count.json").read_text())["tokens_counted"] == 5

@@ -35,6 +35,7 @@ import json
 import lzma
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -47,7 +48,7 @@ from posstats.corpus.remote import hub_dataset, is_url, list_objects, local_path
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import first_id_outside
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, PosstatsError, PosstatsWarning
 
 __all__ = [
     "FORMATS",
@@ -126,7 +127,27 @@ def resolve_inputs(patterns: Iterable[str | os.PathLike[str]], /, *,
             msg = f"no input matches {pattern!r}"
             raise InputError(msg)
         found.update(os.path.normpath(m) for m in matches)
-    return sorted(found)
+    return _one_path_per_file(sorted(found))
+
+
+def _one_path_per_file(paths: list[str], /) -> list[str]:
+    """``paths`` with every local file counted once: a symbolic link loop (``**`` through a
+    link to a parent folder), a link beside its target or two patterns naming one file give
+    several paths of one real file; the first (sorted) is kept and the rest dropped, with
+    a :class:`PosstatsWarning` saying how many."""
+    kept: dict[str, str] = {}
+    dropped = []
+    for path in paths:
+        real = path if is_url(path) or hub_dataset(path) else os.path.realpath(path)
+        if real in kept:
+            dropped.append(path)
+        else:
+            kept[real] = path
+    if dropped:
+        msg = (f"{len(dropped)} input path(s) name a file already counted (symbolic links; e.g. {dropped[0]!r} is "
+               f"{kept[os.path.realpath(dropped[0])]!r}): each file is counted once")
+        warnings.warn(msg, PosstatsWarning, stacklevel=3)
+    return list(kept.values())
 
 
 def guess_format(path: str | os.PathLike[str], /) -> str:
