@@ -515,15 +515,31 @@ def corrected_squared_distances(d2: Any, bias: Any, /) -> np.ndarray:
         bias: (m,) ``b_i`` of the same rows (:attr:`NoiseFloor.bias`); NaN counts as 0.
 
     Returns:
-        (m, m) float64, symmetric, in [0, 2].
+        (m, m) float64, exactly symmetric, in [0, 2].
+
+    Symmetric by construction: the upper triangle of ``d2`` is mirrored (a no-op for a
+    symmetric input) and the bias is subtracted as one sum ``b_i + b_j``, which IEEE
+    addition makes identical for ``(i, j)`` and ``(j, i)``; two in-place steps
+    ``(D - b_i) - b_j`` round differently on each side of the diagonal, and square roots
+    near 0 blew that up into asymmetries a symmetry check rejected.
     """
     d = np.array(d2, dtype=np.float64)
     b = np.nan_to_num(np.asarray(bias, dtype=np.float64), nan=0.0)
     if d.ndim != 2 or d.shape[0] != d.shape[1] or b.shape != (d.shape[0],):
         msg = f"d2 must be (m, m) and bias (m,); got {d.shape} and {b.shape}"
         raise ValueError(msg)
-    d -= b[:, None]
-    d -= b[None, :]
+    m = d.shape[0]
+    step = max(1, (1 << 22) // max(m, 1))  # rows per block: temporaries of ~32 MiB, never (m, m)
+    tile = 256
+    for lo in range(0, m, tile):  # the upper triangle mirrored, tile by tile: exactly symmetric
+        hi = min(m, lo + tile)
+        block = d[lo:hi, lo:hi]
+        block[...] = np.triu(block) + np.triu(block, 1).T
+        for c in range(hi, m, tile):
+            d[c:c + tile, lo:hi] = d[lo:hi, c:c + tile].T
+    for lo in range(0, m, step):
+        hi = min(m, lo + step)
+        d[lo:hi] -= b[lo:hi, None] + b[None, :]
     np.maximum(d, 0.0, out=d)
     np.fill_diagonal(d, 0.0)
     return d

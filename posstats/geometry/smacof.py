@@ -244,16 +244,20 @@ def pair_weights(
 # --------------------------------------------------------------------------- validation
 
 
-def _check_square(xp, m, name: str, *, block: int, symmetric_tol: float = 1e-12) -> None:
+def _check_square(xp, m, name: str, *, block: int, symmetric_tol: float | None = None) -> None:
     """Finite, >= 0 and symmetric n x n, in O(n^2) reads with no (n, n) temporary.
 
     Symmetry is tested by a random probe: for Gaussian v, E |(M - M^T) v|^2 equals
     |M - M^T|_F^2, so comparing the two matrix-vector products ``M v`` and ``v M`` detects
-    any asymmetry above ``symmetric_tol`` x (their norm) with probability ~1 (rounding is
-    ~1e-14 of it). Only when a check fails is the matrix scanned tile by tile to name the
-    offending entry. A non-finite entry makes ``M v`` non-finite.
+    any asymmetry above ``symmetric_tol`` x (their norm) with probability ~1. The default
+    tolerance follows float64 error: the two products of an exactly symmetric matrix may
+    differ by their summation order's rounding, at most ``n * eps`` of their norm, so
+    ``max(1e-12, 4 n eps)``. Only when a check fails is the matrix scanned tile by tile to
+    name the offending entry. A non-finite entry makes ``M v`` non-finite.
     """
     n = int(m.shape[0])
+    if symmetric_tol is None:
+        symmetric_tol = max(1e-12, 4 * n * float(np.finfo(np.float64).eps))
     lo = float(xp.min(m))
     probe = xp.asarray(np.random.default_rng(0).standard_normal(n))
     mv, vm = m @ probe, probe @ m
