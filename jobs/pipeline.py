@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import datetime as _dt
 import fnmatch
@@ -60,7 +59,6 @@ import glob as _glob
 import json
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -720,35 +718,47 @@ def _run_pipeline(cfg: PipelineConfig, *, run_id: str | None, log: Callable[[str
     run_id = validate_run_id(run_id or cfg.run_id or default_run_id())
     s = cfg.values["store"]
     store = Store(s["url"], storage_options=s["storage_options"])
-    with store.lock(run_id=run_id, command="pipeline", stale_after=s["lock_stale_after_s"], heartbeat=s["heartbeat_s"],
-                    log=log) as lock:
-        run = _Run(cfg, store, lock, run_id, log)
-        run.previous = _previous_run(store, run_id)
-        log(f"run {run_id}: store {store.display()}, work folder {run.work}")
-        done = store.run_marker(run_id)
-        if done is not None:
-            _check_config_stage(run)
-            log(f"run {run_id} is complete already ({done['finished']}); nothing to do")
-            _move_latest(run, done)
-            return done
-        _check_config_stage(run)
-        try:
-            run.stage("config", lambda st: _stage_config(run, st))
-            _count_and_reduce(run)
-            run.stage("geometry", lambda st: _stage_geometry(run, st))
-            run.stage("diff", lambda st: _stage_diff(run, st))
-            run.stage("report", lambda st: _stage_report(run, st))
-            export = run.stage("export", lambda st: _stage_export(run, st))
-        finally:
+    runs: list[_Run] = []
+    try:
+        with store.lock(run_id=run_id, command="pipeline", stale_after=s["lock_stale_after_s"],
+                        heartbeat=s["heartbeat_s"], log=log) as lock:
+            run = _Run(cfg, store, lock, run_id, log)
+            runs.append(run)
+            return _run_locked(run, log)
+    finally:
+        # Ray is shut down after the lock is released: a shutdown can take seconds (or end
+        # the process) when SIGTERM reached Ray's own processes too
+        for run in runs:
             run.close()
-        info = _run_info(run, export)
-        lock.check()
-        marker = store.finish_run(run_id, info)
-        shutil.rmtree(run.staging_root, ignore_errors=True)
-        shutil.rmtree(run.cache, ignore_errors=True)
-        _move_latest(run, marker)
-        log(f"run {run_id}: complete")
-        return marker
+
+
+def _run_locked(run: _Run, log: Callable[[str], None]) -> dict[str, Any]:
+    """The body of :func:`_run_pipeline` while the store's lock is held."""
+    store, run_id, lock = run.store, run.run_id, run.lock
+    run.previous = _previous_run(store, run_id)
+    log(f"run {run_id}: store {store.display()}, work folder {run.work}")
+    done = store.run_marker(run_id)
+    if done is not None:
+        _check_config_stage(run)
+        log(f"run {run_id} is complete already ({done['finished']}); nothing to do")
+        _move_latest(run, done)
+        return done
+    _check_config_stage(run)
+    run.stage("config", lambda st: _stage_config(run, st))
+    _count_and_reduce(run)
+    run.stage("geometry", lambda st: _stage_geometry(run, st))
+    run.stage("diff", lambda st: _stage_diff(run, st))
+    run.stage("report", lambda st: _stage_report(run, st))
+    export = run.stage("export", lambda st: _stage_export(run, st))
+    run.close()
+    info = _run_info(run, export)
+    lock.check()
+    marker = store.finish_run(run_id, info)
+    shutil.rmtree(run.staging_root, ignore_errors=True)
+    shutil.rmtree(run.cache, ignore_errors=True)
+    _move_latest(run, marker)
+    log(f"run {run_id}: complete")
+    return marker
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -779,16 +789,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminate(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m posstats.jobs.pipeline`` (what a RayJob or ``posstats submit`` runs)."""
     args = build_parser().parse_args(argv)
-    # a Ray job stopped (or a pod deleted) gets SIGTERM: unwind, so the lock is released
-    with contextlib.suppress(ValueError):
-        signal.signal(signal.SIGTERM, _terminate)
+    # a Ray job stopped (or a pod deleted) gets SIGTERM: run_guarded unwinds, the lock is released
     return run_guarded(run_from_args, args)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from posstats.corpus.remote import local_path
 from posstats.errors import PosstatsError, PosstatsWarning, describe_os_error, error_chain, os_error_kind
 from posstats.memory import available_memory, format_bytes, memory_hint
+from posstats.termination import describe_stop, exit_status, terminable
 
 __all__ = ["explain_failure", "run_guarded"]
 
@@ -34,18 +35,19 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
     library never imports ray). Anything else is a bug and keeps its traceback.
 
     Shared by ``posstats`` and the ``python -m posstats.jobs.*`` entrypoints. A ``file://``
-    URL is a local path wherever a command takes one (:func:`local_file_urls`).
+    URL is a local path wherever a command takes one (:func:`local_file_urls`). SIGTERM
+    and SIGHUP unwind like Ctrl-C (:mod:`posstats.termination`): exit status 128 + signal.
     """
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), terminable():
             warnings.showwarning = _show_warning
             return int(func(local_file_urls(args)) or 0)
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("posstats: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (Terminated)
+        print(f"posstats: {describe_stop(exc)}", file=sys.stderr)
+        return exit_status(exc)
     except Exception as exc:
         text = explain_failure(exc, args)
         if text is None:

@@ -406,3 +406,114 @@ def test_token_mode_cluster_keeps_its_token_private():
         assert r.returncode == 2 and "raysubmit_none" in r.stderr and "token" not in r.stderr, r.stderr
         listeners = listening_sockets(session_pids(cluster["sessions"]))
         assert listeners and all(is_loopback(s["ip"]) for s in listeners), listeners
+
+
+# ----------------------------------------------------------------------------- a Ray posstats starts itself
+
+
+def _own_session(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    """``cmd`` in a new session (its pid is the session and group id), output to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def _small_corpus(folder: Path, files: int = 4) -> None:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for f in range(files):
+        seqs = [(rng.zipf(1.6, size=24) % 64).astype(np.int32).tolist() for _ in range(40)]
+        pq.write_table(pa.table({"ids": pa.array(seqs, type=pa.list_(pa.int32()))}), folder / f"s{f}.parquet")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_ray_posstats_starts_itself_listens_on_loopback_only(tmp_path):
+    """`posstats count --ray` without an address starts Ray: its GCS, raylet, driver, workers
+    and agents must listen on loopback only (a shared host or a cafe network sees none)."""
+    _small_corpus(tmp_path / "corpus")
+    env = {**_clean_env(), "POSSTATS_TEST_SHARD_DELAY": "4"}
+    log = tmp_path / "count.log"
+    proc = _own_session([sys.executable, "-m", "posstats.cli", "count", "--ray", "--workers", "2", "--input",
+                         str(tmp_path / "corpus" / "*.parquet"), "--column", "ids", "--vocab-size", "64",
+                         "--positions", "16", "--shard-size", "1e-6", "--out", str(tmp_path / "out")],
+                        env=env, cwd=tmp_path, log=log)
+    try:
+        seen: list[dict] = []
+
+        def ray_is_up() -> bool:
+            names = {s["name"] for s in listening_sockets(session_pids({proc.pid}))}
+            return "raylet" in names and "gcs_server" in names
+
+        _wait_for(ray_is_up, 60, "Ray's listeners", log)
+        time.sleep(1.0)  # the workers and agents of the shards being counted
+        seen = listening_sockets(session_pids({proc.pid}))
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    exposed = sorted(f"{s['ip']}:{s['port']} {s['name']}" for s in seen if not is_loopback(s["ip"]))
+    assert len(seen) >= 4 and not exposed, f"listening beyond loopback: {exposed}"
+    assert {"raylet", "gcs_server"} <= {s["name"] for s in seen}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_pipelines_group_releases_the_lock_and_leaves_no_process(tmp_path, signum):
+    """SIGTERM (systemd, Kubernetes, `timeout`) or SIGHUP (a closed terminal) sent to the
+    whole process group mid-run: the store's lock is released, the exit status is 128 +
+    signal, and no process of the run's session (Ray's GCS, raylet, workers) outlives it."""
+    _small_corpus(tmp_path / "corpus")
+    (tmp_path / "pipeline.toml").write_text("""
+[store]
+url = "store"
+[input]
+paths = ["corpus/*.parquet"]
+column = "ids"
+[count]
+positions = 16
+vocab_size = 64
+[geometry]
+dims = [2]
+encodings = ["sinusoidal"]
+""")
+    env = {**_clean_env(), "POSSTATS_TEST_GEOMETRY_DELAY": "120"}
+    log = tmp_path / "pipeline.log"
+    proc = _own_session([sys.executable, "-m", "posstats.cli", "pipeline", "--config", "pipeline.toml", "--run-id", "r1"],
+                        env=env, cwd=tmp_path, log=log)
+    lock = tmp_path / "store" / "lock"
+    try:
+        _wait_for(lambda: lock.exists() and "geometry: running" in log.read_text(), 120, "the geometry stage", log)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signum)
+        rc = proc.wait(timeout=60)
+        _wait_for(lambda: not session_pids({proc.pid}), 30, "the run's processes to end", log)
+    finally:
+        if proc.poll() is None or session_pids({proc.pid}):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in session_pids({proc.pid}):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 128 + signum, text[-3000:]
+    assert not lock.exists(), text[-3000:]
+    assert f"posstats: stopped by {signal.Signals(signum).name}" in text
+    # the next run resumes from the stages that completed
+    assert Store(str(tmp_path / "store")).stage_marker("r1", "reduce") is not None
