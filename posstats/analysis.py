@@ -36,6 +36,8 @@ from posstats.estimates.verdict import standout_positions, verdict
 from posstats.geometry.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
+    DEFAULT_MAX_ENCODINGS,
+    check_encoding_count,
     encoding_dims,
     encoding_sweeps,
     expand_encoding_specs,
@@ -106,6 +108,8 @@ class AnalysisConfig:
         held_out: ``auto`` | ``on`` | ``off``: score every encoding fitted on one half of
             the corpus against the other (:mod:`posstats.estimates.held_out`); ``auto``: on up to
             :data:`~posstats.estimates.held_out.HELD_OUT_AUTO_LIMIT` rows.
+        max_encodings: the most encodings ``encodings`` may expand to (sweeps multiply);
+            more is refused before any work (:func:`~posstats.geometry.encodings.check_encoding_count`).
     """
 
     dims: tuple[int, ...] = DEFAULT_DIMS
@@ -130,12 +134,15 @@ class AnalysisConfig:
     tokenizer: str | None = None
     smacof_limit: int = 1024
     held_out: str = "auto"
+    max_encodings: int = DEFAULT_MAX_ENCODINGS
     sweeps: tuple[dict[str, Any], ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.noise_floor, bool):
             object.__setattr__(self, "noise_floor", "on" if self.noise_floor else "off")
-        # ``key=a|b|c`` sweeps: remembered for the report's figure, then expanded
+        # ``key=a|b|c`` sweeps: counted first (a sweep can multiply into millions), remembered
+        # for the report's figure, then expanded
+        check_encoding_count(self.encodings, limit=self.max_encodings)
         object.__setattr__(self, "sweeps", tuple(encoding_sweeps(self.encodings)))
         object.__setattr__(self, "encodings", expand_encoding_specs(self.encodings))
         if not self.dims:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
+from posstats.analysis import AnalysisConfig
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
@@ -19,6 +20,8 @@ from posstats.geometry.encodings import (
     Encoding,
     alibi,
     alibi_slopes,
+    check_encoding_count,
+    count_encoding_specs,
     learned,
     make_encoding,
     matrix_power,
@@ -451,3 +454,31 @@ def test_float8_tables_cover_every_byte_like_torch():
     raw = torch.arange(256, dtype=torch.uint8)
     for name, kind in (("F8_E4M3", torch.float8_e4m3fn), ("F8_E5M2", torch.float8_e5m2)):
         np.testing.assert_array_equal(float8_table(name), raw.view(kind).to(torch.float32).numpy())
+
+
+def test_sweeps_are_counted_before_they_are_expanded_and_bounded():
+    huge = "rope:factor=" + "|".join(map(str, range(1, 101))) + ",theta=" + "|".join(map(str, range(2, 102))) + \
+           ",vector=" + "|".join(["interleaved", "half"] * 50)
+    assert count_encoding_specs(["mds", "rope:factor=1|2|4", huge]) == 1 + 3 + 1_000_000
+    with pytest.raises(PosstatsError, match=r"expands to 1,000,001 encodings .* limit of 256 .* --max-encodings N"):
+        check_encoding_count(["mds", huge])
+    assert check_encoding_count(["rope:factor=1|2|4"], limit=3) == 3
+    with pytest.raises(PosstatsError, match="limit of 2 "):
+        AnalysisConfig(encodings=("rope:factor=1|2|4",), max_encodings=2)
+    assert len(AnalysisConfig(encodings=("rope:factor=1|2|4",), max_encodings=3).encodings) == 3
+
+
+def test_a_huge_sweep_is_refused_at_once_by_analyze(tmp_path, capsys):
+    from posstats.cli import main
+
+    counts = tmp_path / "counts"
+    (tmp_path / "c.jsonl").write_text('{"ids": [1, 2, 3, 4]}\n{"ids": [4, 3, 2, 1]}\n')
+    assert main(["count", "--input", str(tmp_path / "c.jsonl"), "--column", "ids", "--vocab-size", "8",
+                 "--positions", "4", "--out", str(counts)]) == 0
+    axis = "|".join(map(str, range(1, 101)))
+    spec = f"rope:factor={axis},theta={axis},original={axis}"
+    capsys.readouterr()
+    assert main(["analyze", "--counts", str(counts), "--encodings", spec, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posstats: error: --encodings expands to 1,000,000 encodings") and err.count("\n") == 1
+    assert not (tmp_path / "a").exists()

@@ -9,7 +9,7 @@ import sys
 
 from posstats.analysis import DEFAULT_DIMS, AnalysisConfig
 from posstats.flags import int_list
-from posstats.geometry.encodings import DEFAULT_ENCODINGS, split_encoding_list
+from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS, split_encoding_list
 from posstats.progress import set_quiet
 from posstats.reports.summary import format_summary
 
@@ -68,6 +68,9 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                     help="score every encoding fitted on one half of the corpus against the other half, so MDS and "
                          "SMACOF are not graded on their own training counts (halves: the noise floor's parts, else "
                          "the tokens split at random); auto (default): up to 4096 positions")
+    lc.add_argument("--max-encodings", type=int, default=DEFAULT_MAX_ENCODINGS, metavar="N",
+                    help=f"refuse --encodings that expand to more than N encodings (sweeps multiply: "
+                         f"a|b|c per key; default {DEFAULT_MAX_ENCODINGS})")
     lc.add_argument("--smacof-limit", type=int, default=1024, metavar="M",
                     help="score mds-smacof (a default encoding) only up to M positions: it costs O(M^2) per "
                          "iteration, about 3 s per width at 1024 (default 1024)")
@@ -95,6 +98,7 @@ def analysis_config(args: argparse.Namespace):
         bootstrap=args.bootstrap,
         held_out=args.held_out,
         smacof_limit=args.smacof_limit,
+        max_encodings=args.max_encodings,
         tokenizer=getattr(args, "tokenizer", None) if (getattr(args, "reread", False) or args.bootstrap) else None,
     )
 

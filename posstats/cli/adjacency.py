@@ -25,6 +25,8 @@ from posstats.counting.io import write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
+    DEFAULT_MAX_ENCODINGS,
+    check_encoding_count,
     encoding_dims,
     expand_encoding_specs,
     make_encoding,
@@ -114,6 +116,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(spec strings as in `posstats analyze`), or 'default' for the catalog's default "
                         "list; mds needs corpus counts and is skipped")
     e.add_argument("--encoding-dim", type=int, metavar="D", help="encoding width (default: --dim)")
+    e.add_argument("--max-encodings", type=int, default=DEFAULT_MAX_ENCODINGS, metavar="N",
+                   help=f"refuse --encodings that expand to more than N (sweeps multiply; default {DEFAULT_MAX_ENCODINGS})")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the model weights and of --random-tokens (default 0; a random encoding "
                         "takes its seed from its spec)")
@@ -143,7 +147,9 @@ def _encoding_specs(args: argparse.Namespace) -> list[str]:
     """The encoding specs to score (``default`` expanded), once the arguments are checked."""
     if args.input and args.random_tokens:
         raise PosstatsError("give either --input or --random-tokens, not both")
-    specs = list(expand_encoding_specs(split_encoding_list(args.encodings or "")))
+    listed = split_encoding_list(args.encodings or "")
+    check_encoding_count(listed, limit=args.max_encodings)
+    specs = list(expand_encoding_specs(listed))
     if "default" in specs:
         specs = [x for s in specs for x in (_default_encodings() if s == "default" else [s])]
     if not (args.input or args.random_tokens) and not specs:

@@ -45,6 +45,7 @@ from posstats.tensors import SafetensorsFile
 
 __all__ = [
     "DEFAULT_ENCODINGS",
+    "DEFAULT_MAX_ENCODINGS",
     "ENCODING_NAMES",
     "LEARNED_KEYS",
     "Encoding",
@@ -52,6 +53,8 @@ __all__ = [
     "alibi",
     "alibi_slopes",
     "encoding_dims",
+    "check_encoding_count",
+    "count_encoding_specs",
     "encoding_sweeps",
     "expand_encoding_specs",
     "learned",
@@ -944,6 +947,38 @@ def _sweep_axes(spec: str) -> tuple[str, list[list[str]]]:
             raise PosstatsError(msg)
         axes.append([f"{key}={o}" if sep else o for o in options])
     return head, axes
+
+
+DEFAULT_MAX_ENCODINGS = 256
+
+
+def count_encoding_specs(specs: Any) -> int:
+    """How many specs :func:`expand_encoding_specs` gives at most (before duplicates are
+    dropped), computed from the sweeps' sizes without expanding them: a sweep of three
+    keys with 100 values each is 1,000,000 specs, counted in microseconds."""
+    total = 0
+    for spec in specs:
+        total += math.prod(len(axis) for axis in _sweep_axes(spec)[1]) if "|" in spec else 1
+    return total
+
+
+def check_encoding_count(specs: Any, /, *, limit: int = DEFAULT_MAX_ENCODINGS) -> int:
+    """The number of specs ``specs`` expand to; raise when above ``limit``.
+
+    Raises:
+        PosstatsError: ``"--encodings expands to 8,000 encodings, more than the limit of
+            256 ..."`` (one line, with how to raise the limit).
+    """
+    if int(limit) < 1:
+        msg = f"the limit on scored encodings must be >= 1, got {limit}"
+        raise PosstatsError(msg)
+    n = count_encoding_specs(specs)
+    if n > limit:
+        msg = (f"--encodings expands to {n:,} encodings (sweeps multiply: a|b|c per key), more than the limit of "
+               f"{int(limit):,} one run scores; each costs a table and a stress per width. Narrow the sweep, or "
+               "raise the limit with --max-encodings N")
+        raise PosstatsError(msg)
+    return n
 
 
 def expand_encoding_specs(specs: Any) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ from typing import Any
 from posstats.analysis import AnalysisConfig
 from posstats.errors import PosstatsError
 from posstats.flags import parse_value  # re-exported: --set values parse like --storage-option ones
-from posstats.geometry.encodings import DEFAULT_ENCODINGS
+from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS
 from posstats.ids import validate_run_id
 from posstats.service.pipeline_store import is_url
 from posstats.service.schedule import parse_cron, parse_interval, time_zone
@@ -102,6 +102,7 @@ CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role /
                     "environment of the RayCluster spec or of the Ray worker processes): see 'Credentials' in "
                     "docs/service.md")
 MODES = ("truncate", "chunk", "pack")
+_LIMITS = frozenset({"max_encodings"})  # [geometry] keys that refuse work but never change a result
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
 MDS_METHODS = ("auto", "dense", "iterative")
 LAYOUTS = ("bert", "gpt2", "plain")
@@ -247,6 +248,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                         "(auto: up to 4096 positions)", nullable=False, check=_one_of(("auto", "on", "off"))),
         "smacof_limit": Key("int", 1024, "score mds-smacof (a default encoding) up to this many positions",
                             nullable=False, check=_ge(0)),
+        "max_encodings": Key("int", DEFAULT_MAX_ENCODINGS, "refuse encodings that expand to more than this many "
+                             "(sweeps multiply: a|b|c per key); a limit, not part of the result key",
+                             nullable=False, check=_ge(1)),
     },
     "diff": {
         "level": Key("float", 0.05, "family-wise level of the per-position change decisions against the previous "
@@ -322,6 +326,7 @@ class PipelineConfig:
         d = self.to_dict()
         parts = {t: d[t] for t in ("input", "count", "geometry", "report", "export")}
         parts["input"] = {k: v for k, v in parts["input"].items() if k != "storage_options"}
+        parts["geometry"] = {k: v for k, v in parts["geometry"].items() if k not in _LIMITS}
         text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -341,6 +346,7 @@ class PipelineConfig:
             distances=g["distances"],
             held_out=g["held_out"],
             smacof_limit=g["smacof_limit"],
+            max_encodings=g["max_encodings"],
         )
 
     def export_dim(self) -> int:
