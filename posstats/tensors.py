@@ -49,6 +49,36 @@ def float8_table(kind: str, /) -> np.ndarray:
     return (sign * value).astype(np.float32)
 
 
+_ITEM_BYTES = {**{k: np.dtype(v).itemsize for k, v in DTYPES.items()}, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _check_entry(name: str, entry: Any, /, *, data_bytes: int) -> None:
+    """A header entry must describe bytes that exist: a known dtype, a shape of
+    non-negative integers, and ``0 <= begin <= end <= data_bytes`` offsets spanning exactly
+    ``prod(shape) * itemsize`` bytes (a forged header otherwise reads past the file or
+    reshapes the wrong number of values).
+
+    Raises:
+        ValueError: what is wrong, naming the tensor.
+    """
+    if not isinstance(entry, dict):
+        raise ValueError(f"tensor {name!r}: its header entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _ITEM_BYTES:
+        raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+        raise ValueError(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in offsets)):
+        raise ValueError(f"tensor {name!r}: data_offsets {offsets!r} are not two integers")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        raise ValueError(f"tensor {name!r}: data_offsets {offsets!r} lie outside the {data_bytes} data bytes")
+    need = _ITEM_BYTES[dtype] * int(np.prod(shape, dtype=object))
+    if end - begin != need:
+        raise ValueError(f"tensor {name!r}: shape {shape} of {dtype} needs {need} bytes, its offsets span {end - begin}")
+
+
 class SafetensorsFile:
     """Read-only access to the tensors of one safetensors file.
 
@@ -58,22 +88,31 @@ class SafetensorsFile:
 
     def __init__(self, path: str | os.PathLike[str], /) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
+        if not self.path.exists():
             msg = f"{self.path}: no such file"
             raise InputError(msg)
+        if not self.path.is_file():
+            msg = f"{self.path}: not a regular file (a folder, FIFO, device or socket); give a safetensors file"
+            raise InputError(msg)
         try:
+            size = self.path.stat().st_size
             with open(self.path, "rb") as fh:
                 (length,) = struct.unpack("<Q", fh.read(8))
-                if length > _MAX_HEADER:
-                    raise ValueError(f"header length {length} is implausible")
+                if length > min(_MAX_HEADER, size - 8):
+                    raise ValueError(f"header length {length} is implausible for a file of {size} bytes")
                 header = json.loads(fh.read(length))
             if not isinstance(header, dict):
                 raise ValueError("the header is not a JSON object")
-        except Exception as exc:  # noqa: BLE001 - struct, json and OS errors alike mean a bad file
+            metadata = header.pop("__metadata__", None) or {}
+            if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+                raise ValueError("__metadata__ must map names to strings")
+            for name, entry in header.items():
+                _check_entry(name, entry, data_bytes=size - 8 - length)
+        except Exception as exc:  # noqa: BLE001 - struct, json, recursion and OS errors alike mean a bad file
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            msg = f"{self.path}: not a readable safetensors file ({text})"
-            raise InputError(msg) from exc
-        self.metadata: dict[str, str] = dict(header.pop("__metadata__", None) or {})
+            msg = f"{self.path}: not a readable safetensors file ({text[:300]})"
+            raise InputError(msg) from None
+        self.metadata: dict[str, str] = dict(metadata)
         self._header: dict[str, Any] = header
         self._data_start = 8 + length
 
