@@ -271,7 +271,15 @@ if TYPE_CHECKING:  # the real names for type checkers (x as x: a re-export); at 
 __all__ = ["__version__", *_EXPORTS]
 
 
+# subpackages reachable as attributes after ``import posstats`` (``posstats.drift.diff``),
+# imported at first use like the names above
+_SUBPACKAGES = frozenset({"baselines", "corpus", "counting", "drift", "estimates", "geometry", "reports", "runs",
+                          "service"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"posstats.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         msg = f"module 'posstats' has no attribute {name!r}"

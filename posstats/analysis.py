@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,7 @@ class AnalysisConfig:
         check_encoding_count(self.encodings, limit=self.max_encodings)
         object.__setattr__(self, "sweeps", tuple(encoding_sweeps(self.encodings)))
         object.__setattr__(self, "encodings", expand_encoding_specs(self.encodings))
+        self._check_numbers()
         if not self.dims:
             raise PosstatsError("give at least one dimension (--dims)")
         for d in self.dims:
@@ -165,6 +167,27 @@ class AnalysisConfig:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
         self._check_long_context_options()
+
+    def _check_numbers(self) -> None:
+        """Seeds, counts and tolerances in their ranges (NaN, negative seeds, ... refused in
+        one line naming the option, before any work)."""
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**63:
+            msg = f"the seed must be an integer in [0, 2^63), got {self.seed!r}"
+            raise PosstatsError(msg)
+        for name, low in (("min_occupancy", 1), ("monotonicity_exact_limit", 0), ("exact_limit", 2),
+                          ("stress_max_pairs", 1), ("null_replicates", 0), ("bootstrap", 0), ("corpus_triples", 1),
+                          ("smacof_limit", 0), ("max_encodings", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                msg = f"{name.replace('_', ' ')} must be an integer >= {low}, got {value!r}"
+                raise PosstatsError(msg)
+        for name, ok, rule in (("rank_rtol", lambda v: 0 <= v < 1, "in [0, 1)"),
+                               ("lanczos_tol", lambda v: 0 < v < 1, "in (0, 1)"),
+                               ("stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+                msg = f"{name.replace('_', ' ')} must be a number {rule}, got {value!r}"
+                raise PosstatsError(msg)
 
     def _check_long_context_options(self) -> None:
         parse_buckets(self.buckets, 1 << 20)
@@ -511,6 +534,13 @@ def analyze(
         InputError: fewer than two positions reach the minimum occupancy.
         PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
     """
+    if not isinstance(counts, PositionalCounts):
+        msg = (f"analyze() takes PositionalCounts (posstats.load_counts(folder) reads them), got "
+               f"{type(counts).__name__}")
+        raise TypeError(msg)
+    if config is not None and not isinstance(config, AnalysisConfig):
+        msg = f"analyze()'s config must be an AnalysisConfig, got {type(config).__name__}"
+        raise TypeError(msg)
     config = config or AnalysisConfig()
     timings: dict[str, float] = {}
     sections: dict[str, Any] = {}

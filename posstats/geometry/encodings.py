@@ -600,7 +600,13 @@ def rope_spec_parameters(params: Mapping[str, Any]) -> tuple[dict[str, Any], int
         return hf, original
     hf["original_max_position_embeddings"] = original
     factor = params.get("factor")
-    return hf, (int(round(original * factor)) if factor else None)
+    if not factor:
+        return hf, None
+    extended = original * factor
+    if not (math.isfinite(extended) and 1 <= extended <= 2**53):
+        msg = f"rope:type={kind}: original={original} x factor={factor:g} is not a usable context length"
+        raise InputError(msg)
+    return hf, int(round(extended))
 
 
 def _rope_details(kind: str, head_dim: int, inv_freq: np.ndarray, attention: float, seq_len: int) -> dict[str, Any]:
@@ -706,6 +712,14 @@ def _int(text: str) -> int:
     return int(text)
 
 
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        msg = "expected a seed in [0, 2^63)"
+        raise ValueError(msg)
+    return value
+
+
 def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -765,17 +779,17 @@ _CATALOG: dict[str, tuple[_Param, ...]] = {
         _Param("seq_len", _int, None),
         _Param("layout", _choice("interleaved", "half"), "interleaved"),
         _Param("vector", _choice("ones", "random"), "ones"),
-        _Param("seed", _int, 0),
+        _Param("seed", _seed, 0),
     ),
     "hf": (
         _Param("path", _str, _REQUIRED),
         _Param("seq_len", _int, None),
         _Param("layout", _choice("interleaved", "half"), "half"),
         _Param("vector", _choice("ones", "random"), "ones"),
-        _Param("seed", _int, 0),
+        _Param("seed", _seed, 0),
     ),
     "alibi": (_Param("heads", _int, None),),
-    "random": (_Param("sigma", _float, 1.0), _Param("seed", _int, 0)),
+    "random": (_Param("sigma", _float, 1.0), _Param("seed", _seed, 0)),
     "learned": (_Param("path", _str, _REQUIRED), _Param("key", _str, None)),
     "matrix-power": (_Param("path", _str, _REQUIRED),),
 }

@@ -60,6 +60,10 @@ _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 _COMMON = ("rope_type", "rope_theta", "partial_rotary_factor")
 _DEFAULT_THETA = 10000.0
+# bounds of every scale-like parameter (factor, attention factor, mscale, betas...): wide
+# enough for any real model (factors of 2-64, betas of 1-32), narrow enough that no float
+# overflows on the way to a frequency
+_MIN_SCALE, _MAX_SCALE = 1e-6, 1e6
 
 
 def standard_rope_parameters(rope_parameters: Mapping[str, Any] | None, *, max_position_embeddings: int | None = None) -> dict[str, Any]:
@@ -113,23 +117,31 @@ def standard_rope_parameters(rope_parameters: Mapping[str, Any] | None, *, max_p
             raise InputError(msg)
     theta = raw.get("rope_theta")
     raw["rope_theta"] = _DEFAULT_THETA if theta is None else _positive(theta, "rope_theta")
+    if raw["rope_theta"] <= 1:
+        msg = f"rope_theta must be greater than 1 (frequencies are theta^(-2k/d)), got {theta!r}"
+        raise InputError(msg)
     partial = raw.get("partial_rotary_factor")
     if partial is not None and not (_number(partial, "partial_rotary_factor") > 0 and partial <= 1):
         msg = f"partial_rotary_factor must be in (0, 1], got {partial!r}"
         raise InputError(msg)
-    for key in ("factor", "attention_factor", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
-        if raw.get(key) is not None:
-            _positive(raw[key], key)
-    for key in ("beta_fast", "beta_slow"):
-        if raw.get(key) is not None:
-            _number(raw[key], key)
+    for key in ("factor", "attention_factor", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor",
+                "beta_fast", "beta_slow"):
+        if raw.get(key) is not None and not _MIN_SCALE <= _positive(raw[key], key) <= _MAX_SCALE:
+            msg = f"{key} must be within [{_MIN_SCALE:g}, {_MAX_SCALE:g}], got {raw[key]!r}"
+            raise InputError(msg)
+    if rope_type == "dynamic" and raw["factor"] < 1:
+        msg = f"rope_type 'dynamic' needs factor >= 1 (it stretches the trained context), got {raw['factor']!r}"
+        raise InputError(msg)
     if rope_type in ("yarn", "longrope", "llama3") and raw.get("original_max_position_embeddings") is None:
         if max_position_embeddings is None:
             msg = f"rope_type {rope_type!r} needs 'original_max_position_embeddings' (or max_position_embeddings)"
             raise InputError(msg)
         raw["original_max_position_embeddings"] = max_position_embeddings
     if raw.get("original_max_position_embeddings") is not None:
-        _positive_int(raw["original_max_position_embeddings"], "original_max_position_embeddings")
+        original = _positive_int(raw["original_max_position_embeddings"], "original_max_position_embeddings")
+        if rope_type == "longrope" and original < 2:  # its attention factor divides by ln(original)
+            msg = f"rope_type 'longrope' needs original_max_position_embeddings >= 2, got {original!r}"
+            raise InputError(msg)
     if rope_type == "llama3" and raw["high_freq_factor"] <= raw["low_freq_factor"]:
         msg = f"high_freq_factor must be greater than low_freq_factor, got {raw['high_freq_factor']!r} <= {raw['low_freq_factor']!r}"
         raise InputError(msg)
@@ -174,19 +186,29 @@ def rope_inv_freq(
     if dim < 2 or dim % 2:
         msg = f"RoPE needs an even rotary dimension >= 2, got head_dim {head_dim} (rotary dimension {dim})"
         raise InputError(msg)
+    inv_freq, attention = _frequencies(p, dim, max_position_embeddings, seq_len)
+    if not (np.all(np.isfinite(inv_freq)) and np.all(inv_freq > 0) and math.isfinite(attention) and attention > 0):
+        msg = (f"rope_type {p['rope_type']!r} with these parameters gives frequencies or an attention factor that "
+               f"are not finite and positive (attention factor {attention!r}); check theta, factor and beta values")
+        raise InputError(msg)
+    return inv_freq, attention
+
+
+def _frequencies(p: Mapping[str, Any], dim: int, mpe: int | None, seq_len: int | None) -> tuple[np.ndarray, float]:
     kind = p["rope_type"]
     base = float(p["rope_theta"])
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
-    if kind in ("default", "linear"):
-        inv_freq = base**-exponents
-        return (inv_freq / float(p["factor"]) if kind == "linear" else inv_freq), 1.0
-    if kind == "dynamic":
-        return _dynamic(base, exponents, dim, float(p["factor"]), max_position_embeddings, seq_len), 1.0
-    if kind == "yarn":
-        return _yarn(base, exponents, dim, p, max_position_embeddings)
-    if kind == "longrope":
-        return _longrope(base, exponents, dim, p, max_position_embeddings, seq_len)
-    return _llama3(base**-exponents, p), 1.0
+    with np.errstate(all="ignore"):  # overflow and the like are refused by the caller's check
+        if kind in ("default", "linear"):
+            inv_freq = base**-exponents
+            return (inv_freq / float(p["factor"]) if kind == "linear" else inv_freq), 1.0
+        if kind == "dynamic":
+            return _dynamic(base, exponents, dim, float(p["factor"]), mpe, seq_len), 1.0
+        if kind == "yarn":
+            return _yarn(base, exponents, dim, p, mpe)
+        if kind == "longrope":
+            return _longrope(base, exponents, dim, p, mpe, seq_len)
+        return _llama3(base**-exponents, p), 1.0
 
 
 def _dynamic(base: float, exponents: np.ndarray, dim: int, factor: float, trained: int | None, seq_len: int | None) -> np.ndarray:

@@ -275,8 +275,8 @@ def _rows(run: RunData, rows: int | None) -> RunData:
     m = int(run.positions.shape[0])
     if rows is None or rows == m:
         return run
-    if int(rows) != rows or rows < 1:
-        msg = f"--rows must be a positive integer; got {rows}"
+    if int(rows) != rows or rows < 2:
+        msg = f"--rows must be an integer >= 2 (a position table's stress compares pairs of rows); got {rows}"
         raise InputError(msg)
     if rows > m:
         msg = (f"--rows {rows}: {run.directory} has positions 0..{m - 1} only; a model with {rows} positions needs "
@@ -420,7 +420,7 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
 
 
 def export_run(
-    run: RunData,
+    run: RunData | str | os.PathLike,
     out: str | os.PathLike,
     /,
     *,
@@ -451,6 +451,11 @@ def export_run(
     distances held: nothing is recomputed) or read back (:func:`load_run`: the d_H are
     computed from its counts, once). Options as in :func:`export_encoding`.
     """
+    if isinstance(run, (str, os.PathLike)):
+        run = load_run(run)  # a run folder's path: read it (its distances come from its counts)
+    if not isinstance(run, RunData):
+        msg = f"export_run() takes a run folder's path or a RunData (posstats.load_run), got {type(run).__name__}"
+        raise TypeError(msg)
     out = Path(out)
     fmt = _guess_format(out, format)
     _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
