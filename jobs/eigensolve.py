@@ -16,10 +16,10 @@ GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from posstats.errors import PosstatsError
+from posstats import jsontext
 
 from .hellinger import add_common_args, run_job
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
+    print(jsontext.dumps(summary))
     return 0
 
 

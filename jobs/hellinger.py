@@ -22,7 +22,6 @@ the actor falls back to the host's sparse path (and says so in the summary).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -44,6 +43,7 @@ from posstats.geometry.mds import classical_mds
 from posstats.memory import gpu_fits
 from posstats.runs.publish import atomic_path
 from posstats.runs.run_folder import MDS_FILE, write_mds
+from posstats import jsontext
 
 from .connect import connect_ray
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
+    print(jsontext.dumps(summary))
     return 0
 
 

@@ -56,7 +56,6 @@ import dataclasses
 import datetime as _dt
 import fnmatch
 import glob as _glob
-import json
 import os
 import shutil
 import socket
@@ -85,6 +84,7 @@ from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, Store, describe_os_error, utc_now, validate_run_id
 from posstats.service.shard_store import RunStore, config_key, store_config
+from posstats import jsontext
 
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job
@@ -222,7 +222,7 @@ def _stage_config(run: _Run, staging: Path) -> dict[str, Any]:
     cfg = run.cfg
     resolved = cfg.to_dict()  # secrets redacted
     resolved["run_id"] = run.run_id
-    (staging / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True) + "\n")
+    (staging / "config.json").write_text(jsontext.dumps(resolved, indent=2, sort_keys=True) + "\n")
     (staging / "pipeline.toml").write_text(
         f"# resolved configuration of run {run.run_id} (storage secrets redacted)\n" + dumps_toml(resolved))
     return {"result_key": cfg.result_key(), "source": cfg.source, "host": socket.gethostname(), "pid": os.getpid()}
@@ -407,7 +407,7 @@ def _stage_count(run: _Run, staging: Path) -> dict[str, Any]:
     doc = _count_summary(run, summary, manifest, counts_store=opts.store, key=key,
                          listed=_listed_files(manifest.get("files", files), urls),
                          count_config=_count_config(counted, files, urls, run.cfg.values["input"]["tokenizer"]))
-    (staging / "summary.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (staging / "summary.json").write_text(jsontext.dumps(doc, indent=2, sort_keys=True) + "\n")
     run.log(f"count: {doc['shards']} shard(s) in {len(doc['files'])} file(s): {doc['shards_counted']} counted now, "
             f"{doc['shards_reused']} reused, {doc['shards_removed']} removed ({doc['reduce']}); "
             f"{doc['tokens_counted']:,} tokens")
@@ -437,8 +437,8 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
                                    "counts_file", "fingerprint")}
     summary["files"] = len(doc["files"])
     summary["run_id"] = run.run_id
-    (staging / "count.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    (staging / "config.json").write_text(json.dumps({"command": "pipeline", **doc["count_config"]}, indent=2) + "\n")
+    (staging / "count.json").write_text(jsontext.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (staging / "config.json").write_text(jsontext.dumps({"command": "pipeline", **doc["count_config"]}, indent=2) + "\n")
     return {"counts_file": doc["counts_file"], "tokens_counted": counts.tokens, "fingerprint": counts.fingerprint}
 
 

@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from posstats.errors import InputError
+from posstats.errors import InputError, PosstatsError
 from posstats.geometry.rope_scaling import ROPE_TYPES, hf_rope, rope_inv_freq, standard_rope_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is the oracle for RoPE scaling")
@@ -360,3 +362,59 @@ def test_hf_config_through_the_cli_with_a_sweep_at_131072_positions(tmp_path):
     assert [b["dim"] for b in r["verdict"]["sweeps"][0]["best"]] == [2, 16]
     assert (out / "figures" / "sweep_0.png").stat().st_size > 1000
     assert "sweep" in (out / "summary.md").read_text()
+
+
+HOSTILE_CONFIGS = [
+    ('{"a":' * 50_000 + "1" + "}" * 50_000, "nested too deeply"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "rope_theta": NaN}', "NaN is not valid JSON"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1}', "rope_theta must be greater than 1"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": [1, 2]}', "rope_parameters must be an object"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "rope_scaling": "yarn"}', "rope_scaling must be an object"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128, "rope_parameters": '
+     '{"rope_type": "yarn", "factor": 4, "beta_fast": -5, "original_max_position_embeddings": 32}}', "beta_fast"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128, "rope_parameters": '
+     '{"rope_type": "yarn", "factor": 1e308, "original_max_position_embeddings": 32}}', "factor must be within"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128, "rope_parameters": '
+     '{"rope_type": "dynamic", "factor": 0.5}}', "factor >= 1"),
+    ('{"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128, "rope_parameters": '
+     '{"rope_type": "longrope", "short_factor": [1, 1, 1, 1, 1, 1, 1, 1], "long_factor": [1, 1, 1, 1, 1, 1, 1, 1], '
+     '"factor": 4, "original_max_position_embeddings": 1}}', "original_max_position_embeddings >= 2"),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), HOSTILE_CONFIGS)
+def test_hostile_hf_configs_are_refused_in_one_line(tmp_path, text, why):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(PosstatsError, match=why) as info:
+        hf_rope(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_fifo_named_as_a_config_is_refused_without_waiting(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "config.json")
+    with pytest.raises(PosstatsError, match="not a regular file"):
+        hf_rope(tmp_path)
+
+
+ROPE_KEYS = ["theta", "factor", "original", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
+             "low_freq_factor", "high_freq_factor", "partial", "seq_len", "seed"]
+numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from(["0", "-1", "1e308", "-1e-308", "nan", "inf", "x", ""]))
+
+
+@given(kind=st.sampled_from(["default", "linear", "dynamic", "yarn", "llama3", "longrope"]),
+       values=st.dictionaries(st.sampled_from(ROPE_KEYS), numbers, max_size=4))
+@settings(max_examples=400, deadline=None)
+def test_fuzzed_rope_specs_build_or_are_refused(kind, values):
+    """Any RoPE spec: an encoding of finite values, or a PosstatsError in one line."""
+    from posstats.geometry.encodings import make_encoding
+
+    spec = f"rope:type={kind}," + ",".join(f"{k}={v}" for k, v in values.items())
+    try:
+        enc = make_encoding(spec.rstrip(","), np.arange(8), 8)
+    except PosstatsError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert np.all(np.isfinite(enc.matrix))

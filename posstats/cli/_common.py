@@ -4,7 +4,6 @@ counting flags, shared with the job entrypoints too, are in :mod:`posstats.flags
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from posstats.analysis import DEFAULT_DIMS, AnalysisConfig
@@ -12,6 +11,7 @@ from posstats.flags import int_list
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS, split_encoding_list
 from posstats.progress import set_quiet
 from posstats.reports.summary import format_summary
+from posstats import jsontext
 
 __all__ = ["add_analysis_args", "analysis_config", "print_report", "quiet_from_args"]
 
@@ -113,7 +113,7 @@ def print_report(report: dict, args: argparse.Namespace, *, out: str) -> None:
     """What ``run`` / ``analyze`` print: the summary (default), report.json (``--json``), or
     nothing (``-q``); with ``-v`` the seconds of every step on stderr."""
     if args.json:
-        json.dump(report, sys.stdout)
+        sys.stdout.write(jsontext.dumps(report))
         sys.stdout.write("\n")
     elif not args.quiet:
         print(format_summary(report))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from posstats.drift.report import DIFF_HTML, DIFF_JSON
 from posstats.progress import progress
 from posstats.runs.publish import staged_output
 from posstats.service.pipeline_store import enclosing_store
+from posstats import jsontext
 
 HELP = "compare two corpora or two refreshes: which positions changed beyond sampling noise"
 DESCRIPTION = """\
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         write_diff(stage, result.document)
     out = Path(args.out)
     if args.json:
-        json.dump(result.document, sys.stdout)
+        sys.stdout.write(jsontext.dumps(result.document))
         sys.stdout.write("\n")
     elif not args.quiet:
         print(format_diff_summary(result.document))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import time
 
@@ -13,6 +12,7 @@ from posstats.flags import storage_options
 from posstats.jobs.pipeline import job_status
 from posstats.service.locks import pipeline_lock_is_stale
 from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs
+from posstats import jsontext
 
 HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
 DESCRIPTION = """\
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             raise PosstatsError("give either JOB_ID or --store, not both")
         doc = store_status(args.store, options=storage_options(args.storage_option), verify=args.verify)
         if args.json:
-            print(json.dumps(doc, indent=2))
+            print(jsontext.dumps(doc, indent=2))
             return 1 if any(r.get("problems") for r in doc["runs"]) else 0
         return _print_store(doc)
     if not args.job_id:
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     wait = (args.timeout if args.timeout is not None else float("inf")) if args.wait else None
     st = job_status(address, args.job_id, token=token, wait=wait)
     if args.json:
-        print(json.dumps(st, indent=2))
+        print(jsontext.dumps(st, indent=2))
     else:
         run_id = st["metadata"].get("posstats_run_id", "?")
         print(f"job {st['job_id']}: {st['status']} (run {run_id})" + (f": {st['message']}" if st["message"] else ""))

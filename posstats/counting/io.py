@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.counting.scipy_sparse import sp
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import atomic_path, published_dir
+from posstats import jsontext
 
 __all__ = [
     "COUNTS_FILES",
@@ -78,7 +80,7 @@ MARKERS = ("count.json", "done.json")
 def write_json_atomic(path: str | os.PathLike, obj: Any, /) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically; return the path."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, allow_nan=True) + "\n")
+        tmp.write_text(jsontext.dumps(obj, indent=2) + "\n")
     return Path(path)
 
 
@@ -90,13 +92,36 @@ def read_json_file(path: str | os.PathLike, /, *, what: str) -> dict[str, Any] |
             cannot be read or parsed.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        # O_NONBLOCK: opening a FIFO someone named as a file must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         msg = f"{path}: unreadable {what} ({exc})"
         raise PosstatsError(msg) from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            msg = f"{path}: not a regular file (a folder, FIFO, device or socket); give a {what} file"
+            raise PosstatsError(msg)
+        if st.st_size > _MAX_JSON_BYTES:
+            msg = f"{path}: {st.st_size:,} bytes is too large for a {what} (at most {_MAX_JSON_BYTES:,})"
+            raise PosstatsError(msg)
+        try:
+            return json.loads(f.read().decode("utf-8"), parse_constant=_no_constant)
+        except (OSError, ValueError, RecursionError) as exc:
+            text = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            msg = f"{path}: unreadable {what} ({text[:200]})"
+            raise PosstatsError(msg) from None
+
+
+_MAX_JSON_BYTES = 256 * 2**20  # far above any config, report or record posstats reads
+
+
+def _no_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity; Python's parser accepts them unless told otherwise."""
+    msg = f"{name} is not valid JSON (write null)"
+    raise ValueError(msg)
 
 
 def counts_metadata(counts: PositionalCounts) -> dict[str, str]:

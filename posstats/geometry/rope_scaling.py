@@ -359,6 +359,10 @@ def hf_rope(path: str | os.PathLike[str]) -> HFRope:
         msg = f"{file}: max_position_embeddings must be a positive integer, got {mpe!r}"
         raise InputError(msg)
     params: dict[str, Any] = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        if config.get(key) is not None and not isinstance(config[key], Mapping):
+            msg = f"{file}: {key} must be an object, got {type(config[key]).__name__} {str(config[key])[:80]}"
+            raise InputError(msg)
     if isinstance(config.get("rope_parameters"), Mapping):
         params = dict(config["rope_parameters"])
         if "full_attention" in params and isinstance(params["full_attention"], Mapping):

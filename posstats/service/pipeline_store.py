@@ -85,6 +85,7 @@ from posstats.ids import is_valid_id, join_inside, relative_key_parts, validate_
 from posstats.processes import process_start_ticks
 from posstats.runs.publish import atomic_path, file_sha256
 from posstats.service.locks import describe_lock_holder, pipeline_lock_is_stale
+from posstats import jsontext
 
 __all__ = [
     "DEFAULT_STALE_AFTER_S",
@@ -291,7 +292,7 @@ class Store:
             self._invalidate()
 
     def write_json(self, rel: str, obj: Any, /) -> None:
-        self.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        self.write_bytes(rel, (jsontext.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
     def create_exclusive(self, rel: str, data: bytes, /) -> bool:
         """Create ``rel`` with ``data`` only if it does not exist; return whether it did."""

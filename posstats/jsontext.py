@@ -1,0 +1,64 @@
+"""JSON text as posstats writes it: standard JSON only, never NaN or Infinity.
+
+Python's ``json`` writes ``NaN`` and ``Infinity`` by default; other parsers (JavaScript,
+Go, jq, most JSON schema validators) reject them. Every JSON file and ``--json`` output of
+posstats goes through :func:`dumps`: a non-finite number becomes ``null``, and a document
+(a JSON object) that had any says where and why in its ``non_finite`` entry::
+
+    "non_finite": {"paths": ["encodings[3].pearson"],
+                   "why": "not a finite number (NaN or infinite): written as null"}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NON_FINITE_KEY", "dumps", "finite"]
+
+NON_FINITE_KEY = "non_finite"
+_WHY = "not a finite number (NaN or infinite): written as null"
+
+
+def finite(obj: Any, /, path: str = "") -> tuple[Any, list[str]]:
+    """``obj`` with every non-finite float (Python or numpy) replaced by None, numpy scalars
+    and arrays made plain Python, and the JSON paths of what was replaced.
+
+    >>> finite({"a": [1.0, float("nan")], "b": float("inf")})
+    ({'a': [1.0, None], 'b': None}, ['a[1]', 'b'])
+    """
+    if isinstance(obj, (float, np.floating)):
+        return (float(obj), []) if math.isfinite(obj) else (None, [path or "$"])
+    if isinstance(obj, np.integer):
+        return int(obj), []
+    if isinstance(obj, np.bool_):
+        return bool(obj), []
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, dict):
+        out, bad = {}, []
+        for k, v in obj.items():
+            out[k], b = finite(v, f"{path}.{k}" if path else str(k))
+            bad += b
+        return out, bad
+    if isinstance(obj, (list, tuple)):
+        items, bad = [], []
+        for i, v in enumerate(obj):
+            item, b = finite(v, f"{path}[{i}]")
+            items.append(item)
+            bad += b
+        return items, bad
+    return obj, []
+
+
+def dumps(obj: Any, /, *, indent: int | None = None, sort_keys: bool = False, note: bool = True) -> str:
+    """Standard JSON text of ``obj`` (``json.dumps`` with ``allow_nan=False``) after
+    :func:`finite`; with ``note``, an object that had non-finite values gets a
+    ``non_finite`` entry naming their paths and why they are null."""
+    clean, bad = finite(obj)
+    if bad and note and isinstance(clean, dict):
+        clean = {**clean, NON_FINITE_KEY: {"paths": bad, "why": _WHY}}
+    return json.dumps(clean, indent=indent, sort_keys=sort_keys, allow_nan=False)
