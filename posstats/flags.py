@@ -14,6 +14,7 @@ from typing import Any
 
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.readers import FORMATS
+from posstats.corpus.remote import MAX_OPTION_DEPTH, check_storage_options
 from posstats.counting.counts import MODES
 from posstats.errors import PosstatsError
 
@@ -62,13 +63,18 @@ def storage_options(items: list[str], /) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise PosstatsError(f"--storage-option expects KEY=VALUE, got {item!r}")
-        node = out
+            raise PosstatsError(f"--storage-option expects KEY=VALUE, got {item[:200]!r}")
         parts = key.split(".")
-        for part in parts[:-1]:
+        if len(parts) > MAX_OPTION_DEPTH or not all(parts):
+            raise PosstatsError(f"--storage-option {key[:80]!r}: a dotted key has 1-{MAX_OPTION_DEPTH} non-empty parts")
+        node = out
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                where = ".".join(parts[: i + 1])
+                raise PosstatsError(f"--storage-option {key}: {where} was given a value, not a table, before")
         node[parts[-1]] = parse_value(value)
-    return out
+    return check_storage_options(out)
 
 
 def add_input_args(parser: argparse.ArgumentParser) -> None:

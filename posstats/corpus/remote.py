@@ -25,7 +25,9 @@ from typing import IO, Any
 from posstats.errors import InputError, PosstatsError
 
 __all__ = [
+    "MAX_OPTION_DEPTH",
     "absolute",
+    "check_storage_options",
     "hub_dataset",
     "is_url",
     "list_objects",
@@ -37,6 +39,42 @@ __all__ = [
 ]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+# fsspec options whose value is itself a table of keyword arguments (s3fs, gcsfs, adlfs, http)
+_TABLE_OPTIONS = frozenset({"client_kwargs", "config_kwargs", "s3_additional_kwargs", "headers", "kwargs",
+                            "storage_options", "target_options", "open_kwargs"})
+MAX_OPTION_DEPTH = 8
+
+
+def check_storage_options(options: Any, /, *, where: str = "--storage-option") -> dict[str, Any]:
+    """``options`` if they can be handed to fsspec, else a one-line :class:`PosstatsError`.
+
+    A table of string keys, nested at most :data:`MAX_OPTION_DEPTH` levels, in which the
+    options fsspec backends take as keyword tables (``client_kwargs``, ``config_kwargs``,
+    ``headers``, ...) are tables: ``client_kwargs=5`` fails here, not as an
+    ``AttributeError`` deep inside botocore.
+    """
+    def walk(node: Any, path: str, depth: int) -> None:
+        if depth > MAX_OPTION_DEPTH:
+            msg = f"{where}: {path[:80]}... nests more than {MAX_OPTION_DEPTH} levels"
+            raise PosstatsError(msg)
+        for key, value in node.items():
+            if not isinstance(key, str) or not key:
+                msg = f"{where}: option names must be non-empty strings, got {key!r} in {path or 'the options'}"
+                raise PosstatsError(msg)
+            name = f"{path}.{key}" if path else key
+            if key in _TABLE_OPTIONS and not isinstance(value, Mapping):
+                msg = f"{where}: {name} must be a table of keyword arguments (e.g. {name}.endpoint_url=...), got {value!r}"
+                raise PosstatsError(msg)
+            if isinstance(value, Mapping):
+                walk(value, name, depth + 1)
+
+    if not isinstance(options, Mapping):
+        msg = f"{where}: fsspec options must be a table, got {options!r}"
+        raise PosstatsError(msg)
+    walk(options, "", 1)
+    return dict(options)
 
 
 def is_url(path: object, /) -> bool:

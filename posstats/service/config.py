@@ -50,6 +50,7 @@ from posstats.errors import PosstatsError
 from posstats.flags import parse_value  # re-exported: --set values parse like --storage-option ones
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS
 from posstats.ids import validate_run_id
+from posstats.corpus.remote import check_storage_options
 from posstats.service.pipeline_store import is_url
 from posstats.service.schedule import parse_cron, parse_interval, time_zone
 
@@ -565,6 +566,7 @@ def _coerce(where: str, key: Key, value: Any, base: str | None) -> Any:
         if not isinstance(value, Mapping):
             raise bad("a table")
         out = json.loads(json.dumps(value, default=str))
+        check_storage_options(out, where=where)  # the one kind of table: fsspec options
     else:  # schema error
         raise ValueError(kind)
     if key.check is not None:
@@ -697,8 +699,9 @@ def apply_overrides(cfg: PipelineConfig, /, *, sets: Sequence[str] = (), run_id:
         value = parse_value(text.strip())
         spec = SCHEMA[table].get(key)
         if spec is not None and spec.kind in ("path", "url", "url_list") and value is not None:
-            value = [_resolve_path(v, base_dir) for v in value] if isinstance(value, list) else (
-                _resolve_path(value, base_dir) if isinstance(value, str) else value)
+            # only strings are paths; anything else is left for parse_config to refuse by type
+            value = [_resolve_path(v, base_dir) if isinstance(v, str) else v for v in value] if isinstance(
+                value, list) else (_resolve_path(value, base_dir) if isinstance(value, str) else value)
         data.setdefault(table, {})[key] = value
     shortcuts = {("store", "url"): store, ("ray", "address"): address, ("ray", "workers"): workers}
     for (table, key), value in shortcuts.items():
