@@ -82,7 +82,7 @@ from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.runs.publish import link_or_copy
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
-from posstats.service.pipeline_store import STAGES, Store, describe_os_error, utc_now, validate_run_id
+from posstats.service.pipeline_store import STAGES, DamagedMarker, Store, describe_os_error, utc_now, validate_run_id
 from posstats.service.shard_store import RunStore, config_key, store_config
 from posstats import jsontext
 
@@ -459,7 +459,10 @@ def _report_options(cfg: PipelineConfig, previous: str | None = None) -> dict[st
 
 def _previous_run(store: Store, run_id: str) -> str | None:
     """The run ``latest`` names, when it is another complete run: what this run is compared with."""
-    latest = (store.latest() or {}).get("run_id")
+    try:
+        latest = (store.latest() or {}).get("run_id")
+    except DamagedMarker:
+        return None  # nothing to compare with; this run's success replaces the pointer
     if latest and latest != run_id and store.run_marker(latest) is not None:
         return str(latest)
     return None
@@ -649,7 +652,7 @@ def _move_latest(run: _Run, marker: Mapping[str, Any]) -> bool:
     if moved:
         run.log(f"latest -> {run.run_id}")
     else:
-        run.log(f"latest stays at {(run.store.latest() or {}).get('run_id')} (it finished after {run.run_id})")
+        run.log(f"latest stays where it is (it names a run that finished after {run.run_id})")
     return moved
 
 

@@ -243,7 +243,7 @@ def test_counts_are_stored_as_int32_only_when_every_count_fits(tmp_path, big, st
     c = count_sequences([[1, 2, 3], [3, 3]], positions=n, vocab_size=6).to_dense()
     m = c.matrix.copy()
     m[2, 5] = big
-    c = PositionalCounts(c.spec, m, c.sequences, c.windows, c.tokens, "beef", {})
+    c = PositionalCounts(c.spec, m, c.sequences, c.windows, max(int(m.sum()), 0), "beef", {})  # tokens = C.sum()
     path = save_counts(c, tmp_path / "n")
     assert _stored_dtypes(path).get("counts", _stored_dtypes(path).get("data")) == stored
     if big < 0:  # stored exactly, but a counts file with a negative count is refused when loaded

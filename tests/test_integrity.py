@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -28,7 +29,7 @@ from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
 from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
 from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
-from posstats.errors import PosstatsError
+from posstats.errors import InputError, PosstatsError
 from posstats.ids import is_valid_id, join_inside, validate_id, validate_run_id
 from posstats.runs.publish import file_sha256
 from posstats.service.shard_store import RunStore
@@ -515,3 +516,111 @@ def test_join_inside_keeps_good_keys_below_the_base_and_follows_links(tmp_path):
         join_inside(base, "bucket/out/victim.txt")
     with pytest.raises(PosstatsError, match="must be a string"):
         join_inside(base, 5)
+
+
+# ============================================================================ tampered folders: one line, exit 2
+
+
+def _tampered_counts(tmp_path: Path, data_dir: Path) -> Path:
+    """A real run folder (the bundled sample, 16 positions) to tamper with."""
+    from posstats.cli import main
+
+    run = tmp_path / "run"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text", "--tokenizer",
+                 str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "16", "--dims", "2",
+                 "--encodings", "mds,sinusoidal", "--out", str(run), "-q"]) == 0
+    return run
+
+
+def _rewrite_counts(folder: Path, change) -> None:
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    path = folder / "counts.csr.safetensors"
+    with safe_open(str(path), "numpy") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    tensors, meta = change(tensors, meta)
+    real = path.resolve()
+    real.unlink()
+    save_file(tensors, str(real), meta)
+
+
+def _swap_indptr(t, m):
+    ip = t["indptr"].copy()
+    ip[3], ip[4] = ip[4], ip[3]
+    return {**t, "indptr": ip}, m
+
+
+def _repeat_an_id(t, m):
+    ind = t["indices"].copy()
+    ind[1] = ind[0]
+    return {**t, "indices": ind}, m
+
+
+TAMPERINGS = [
+    (_swap_indptr, "indptr must be a non-decreasing sequence"),
+    (_repeat_an_id, "a row repeats a token id"),
+    (lambda t, m: (t, {**m, "tokens": str(int(m["tokens"]) + 7)}), "header says .* tokens but its counts add up to"),
+    (lambda t, m: (t, {**m, "sequences": "many"}), "header field 'sequences' is 'many'"),
+    (lambda t, m: (t, {**m, "positions": "40"}), "damaged (sparse )?counts"),
+]
+
+
+@pytest.mark.parametrize(("change", "why"), TAMPERINGS)
+def test_tampered_counts_are_refused_by_every_reader(tmp_path, data_dir, capsys, change, why):
+    from posstats.cli import main
+
+    run = _tampered_counts(tmp_path, data_dir)
+    _rewrite_counts(run, change)
+    capsys.readouterr()
+    for argv in (["analyze", "--counts", str(run), "--dims", "2", "--encodings", "mds", "--out", str(tmp_path / "a")],
+                 ["diff", str(run), str(run), "--out", str(tmp_path / "d")],
+                 ["export", str(run), "--dim", "4", "--out", str(tmp_path / "e.safetensors")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("posstats: error: ") and err.count("\n") == 1, err
+        assert re.search(why, err), err
+
+
+@pytest.mark.parametrize(("report", "why"), [
+    ('{"positions": 5}', "section 'positions' must be an object"),
+    ('[1, 2]', "expected a JSON object"),
+    ('{"encodings": [{"dim": 2}]}', r"encodings\[0\] must be an object with a string name"),
+    ('{"positions": {"occupancy": ["a"]}}', "positions.occupancy must be a list of numbers"),
+    ('{"spectrum": {"eigenvalues": 3}}', "spectrum.eigenvalues must be a list of numbers"),
+    ('{"a":' * 50_000 + "1" + "}" * 50_000, "nested too deeply"),
+])
+def test_a_damaged_report_is_refused_in_one_line(tmp_path, data_dir, capsys, report, why):
+    from posstats.cli import main
+
+    run = _tampered_counts(tmp_path, data_dir)
+    target = (run / "report.json").resolve()
+    target.unlink()
+    target.write_text(report)
+    capsys.readouterr()
+    for argv in (["report", str(run)], ["export", str(run), "--dim", "4", "--out", str(tmp_path / "e.safetensors")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(why, err), err
+
+
+def test_a_damaged_latest_pointer_is_shown_not_a_traceback(tmp_path, capsys):
+    from posstats.cli import main
+
+    store = tmp_path / "store"
+    (store / "runs" / "r1" / "config").mkdir(parents=True)
+    (store / "latest").write_text('{"run_id": "r1"}')  # no finish time
+    assert main(["status", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "latest: DAMAGED" in out and "does not name a run id and its finish time" in out
+
+
+def test_a_wordpiece_tokenizer_without_its_unknown_token_is_refused_at_load(tmp_path, data_dir):
+    from posstats.corpus.tokenizer import load_tokenizer
+
+    tok = json.loads((data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json").read_text())
+    tok["model"]["vocab"].pop("[UNK]")
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "[UNK]"]
+    (tmp_path / "t.json").write_text(json.dumps(tok))
+    with pytest.raises(InputError, match=r"t.json: its WordPiece unknown token '\[UNK\]' is not in its vocabulary"):
+        load_tokenizer(tmp_path / "t.json")

@@ -11,7 +11,7 @@ from posstats.errors import PosstatsError
 from posstats.flags import storage_options
 from posstats.jobs.pipeline import job_status
 from posstats.service.locks import pipeline_lock_is_stale
-from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, Store, sorted_runs
+from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, DamagedMarker, Store, sorted_runs
 from posstats import jsontext
 
 HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
@@ -76,7 +76,11 @@ def store_status(url: str, *, options: dict | None = None, verify: bool = False)
             if "run" in st["damaged"]:
                 st["problems"].append(f"done.json: damaged completion marker of run {rid}")
         runs.append(st)
-    return {"store": store.display(), "latest": store.latest(), "lock": lock_view, "runs": sorted_runs(runs)}
+    try:
+        latest = store.latest()
+    except DamagedMarker as exc:
+        latest = {"damaged": str(exc)}
+    return {"store": store.display(), "latest": latest, "lock": lock_view, "runs": sorted_runs(runs)}
 
 
 def _diff_line(d: dict) -> str:
@@ -92,6 +96,9 @@ def _print_store(doc: dict) -> int:
 
     latest = doc["latest"]
     print(f"store {doc['store']}")
+    if latest and "damaged" in latest:
+        print(f"latest: DAMAGED ({latest['damaged']}); the next complete pipeline run replaces it")
+        latest = None
     print(f"latest: {latest['run_id']} (finished {latest['finished']})" if latest else "latest: (none)")
     last = next((r for r in doc["runs"] if latest and r["run_id"] == latest["run_id"]), None)
     if last is not None and last.get("diff"):

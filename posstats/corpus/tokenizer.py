@@ -96,7 +96,18 @@ def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
         raise InputError(msg) from exc
     tok.no_padding()
     tok.no_truncation()
+    _check_unknown_token(tok, path)
     return tok
+
+
+def _check_unknown_token(tok: Tokenizer, path: str) -> None:
+    """A WordPiece model must hold its unknown token: it fails on the first character it
+    cannot split otherwise (any emoji), deep inside a count."""
+    model = tok.model
+    unk = getattr(model, "unk_token", None)
+    if type(model).__name__ == "WordPiece" and unk and tok.token_to_id(unk) is None:
+        msg = f"{path}: its WordPiece unknown token {unk!r} is not in its vocabulary; text it cannot split would fail"
+        raise InputError(msg)
 
 
 def tokenizer_hash(path: str | os.PathLike[str], /) -> str:
@@ -216,7 +227,12 @@ def encode_texts(
             raise InputError(msg)
     # encode_batch_fast (tokenizers >= 0.20) skips computing character offsets we never use.
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    encodings = encode(texts, add_special_tokens=add_special_tokens)
+    try:
+        encodings = encode(texts, add_special_tokens=add_special_tokens)
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception (a WordPiece without [UNK]...)
+        msg = (f"{source}: rows {first_row}-{first_row + len(texts) - 1}: the tokenizer failed on this text "
+               f"({_one_line(exc)}); fix the tokenizer.json or choose another")
+        raise InputError(msg) from None
     lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
     offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])

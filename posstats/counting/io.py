@@ -155,7 +155,8 @@ def _check_nonnegative(matrix, source: Path) -> None:
     raise InputError(msg)
 
 
-def _from_metadata(meta: dict[str, str], matrix, source: Path, *, check: bool = True) -> PositionalCounts:
+def _from_metadata(meta: dict[str, str], matrix, source: Path, *, check: bool = True,
+                   check_total: bool = True) -> PositionalCounts:
     if meta.get("schema") != COUNTS_SCHEMA:
         msg = f"{source}: not a posstats counts file (schema {meta.get('schema')!r}, expected {COUNTS_SCHEMA!r})"
         raise InputError(msg)
@@ -163,17 +164,35 @@ def _from_metadata(meta: dict[str, str], matrix, source: Path, *, check: bool = 
     if tuple(matrix.shape) != (spec.positions, spec.vocab_size):
         msg = f"{source}: counts shape {tuple(matrix.shape)} does not match its metadata ({spec.positions}, {spec.vocab_size})"
         raise InputError(msg)
+    totals = {key: _header_int(meta, key, source) for key in ("sequences", "windows", "tokens")}
     if check:
         _check_nonnegative(matrix, source)
+    if check and check_total:
+        counted = int(matrix.sum(dtype=np.int64)) if sp.issparse(matrix) else int(np.asarray(matrix).sum(dtype=np.int64))
+        if counted != totals["tokens"]:
+            msg = (f"{source}: its header says {totals['tokens']:,} tokens but its counts add up to {counted:,}; "
+                   "the file was changed after counting: count again")
+            raise InputError(msg)
     return PositionalCounts(
         spec=spec,
         matrix=matrix,
-        sequences=int(meta["sequences"]),
-        windows=int(meta["windows"]),
-        tokens=int(meta["tokens"]),
+        **totals,
         fingerprint=meta.get("fingerprint", ""),
         metadata={k[5:]: v for k, v in meta.items() if k.startswith("meta.")},
     )
+
+
+def _header_int(meta: dict[str, str], key: str, source: Path) -> int:
+    """A non-negative integer field of a counts header (InputError naming it otherwise)."""
+    text = meta.get(key)
+    try:
+        value = int(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0:
+        msg = f"{source}: header field {key!r} is {text!r}, not a non-negative integer; the file is damaged, count again"
+        raise InputError(msg)
+    return value
 
 
 @dataclass(frozen=True)
@@ -426,12 +445,14 @@ def _named_counts_file(marker: Path) -> str | None:
     return name
 
 
-def load_counts(path: str | os.PathLike, /, *, compact: bool = False) -> PositionalCounts:
+def load_counts(path: str | os.PathLike, /, *, compact: bool = False, check_total: bool = True) -> PositionalCounts:
     """Load counts saved by :func:`save_counts` (a folder or the file itself); int64.
 
     ``compact=True`` (sparse files): counts stored as uint16 or int32 are held as int32,
     exact, in half the memory of int64 data (what the analysis of long contexts loads);
-    int64 files stay int64."""
+    int64 files stay int64. The counts must add up to the header's ``tokens`` (a file
+    edited after counting is refused); ``check_total=False`` leaves that to the caller
+    (:func:`posstats.counting.reduce.load_partial` checks it against its marker)."""
     path = counts_file(path)
     if path.name.endswith(".parquet"):
         return _load_parquet(path)
@@ -443,7 +464,7 @@ def load_counts(path: str | os.PathLike, /, *, compact: bool = False) -> Positio
             data = f.get_tensor("data")
             wide = np.int32 if compact and data.dtype.itemsize <= 4 and data.dtype != np.uint32 else np.int64
             matrix = _csr_from(path, f.get_tensor("indptr"), f.get_tensor("indices"), data, _shape(meta), dtype=wide)
-    return _from_metadata(meta, matrix, path)
+    return _from_metadata(meta, matrix, path, check_total=check_total)
 
 
 def load_header(path: str | os.PathLike, /) -> PositionalCounts:
@@ -456,7 +477,30 @@ def load_header(path: str | os.PathLike, /) -> PositionalCounts:
     else:
         with _opened(path) as f:
             meta = dict(f.metadata() or {})
+            _check_tensor_shapes(f, _shape(meta), path)
     return _from_metadata(meta, sp.csr_array(_shape(meta), dtype=np.int64), path, check=False)
+
+
+def _check_tensor_shapes(f: Any, shape: tuple[int, int], path: Path) -> None:
+    """The stored tensors have the shapes the header's positions and vocabulary give (read
+    from the file's header only): readers that take rows one block at a time rely on it."""
+    n, V = shape
+    keys = set(f.keys())
+    if "counts" in keys:
+        got, want = tuple(f.get_slice("counts").get_shape()), (n, V)
+    else:
+        missing = {"indptr", "indices", "data"} - keys
+        if missing:
+            msg = f"{path}: not a counts file (no {sorted(missing)[0]!r} tensor); the file is damaged, count again"
+            raise InputError(msg)
+        got, want = tuple(f.get_slice("indptr").get_shape()), (n + 1,)
+        nnz = (tuple(f.get_slice("indices").get_shape()), tuple(f.get_slice("data").get_shape()))
+        if nnz[0] != nnz[1]:
+            msg = f"{path}: damaged sparse counts ({nnz[0]} token ids but {nnz[1]} counts); count again"
+            raise InputError(msg)
+    if got != want:
+        msg = f"{path}: damaged counts (stored shape {got}, its header's positions and vocabulary give {want}); count again"
+        raise InputError(msg)
 
 
 def load_indptr(path: str | os.PathLike, /) -> np.ndarray | None:
@@ -531,6 +575,11 @@ def _csr_from(path: Path, indptr, indices, data, shape: tuple[int, int], *, chec
     except ValueError as exc:
         msg = f"{path}: damaged sparse counts ({exc}); count again"
         raise InputError(msg) from exc
+    # posstats writes each row's token ids sorted and unique; a repeated id would be summed
+    # silently by every consumer, an unsorted one breaks the merges
+    if check and not matrix.has_canonical_format:
+        msg = f"{path}: damaged sparse counts (a row repeats a token id or lists them out of order); count again"
+        raise InputError(msg)
     return matrix
 
 

@@ -31,6 +31,7 @@ from posstats import __version__
 from posstats.analysis import analyze
 from posstats.counting.io import load_counts, load_indptr, load_rows
 from posstats.drift.sides import Side, check_comparable
+from posstats.errors import InputError
 from posstats.estimates.two_sample import BLOCK_ENTRIES, PositionTest, block_bounds, compare_positions
 from posstats.estimates.verdict import position_ranges
 from posstats.geometry.procrustes import procrustes_drift
@@ -202,8 +203,10 @@ def diff(
     n = a.header.positions
     bounds = block_bounds(load_indptr(a.counts_path), load_indptr(b.counts_path), n, entries=block_entries,
                           max_rows=rows_per_block)
-    test = compare_positions(lambda lo, hi: load_rows(a.counts_path, lo, hi), lambda lo, hi: load_rows(b.counts_path, lo, hi),
-                             n=n, level=level, bounds=bounds, progress=progress)
+    rows_a, rows_b = _TotalledRows(a), _TotalledRows(b)
+    test = compare_positions(rows_a, rows_b, n=n, level=level, bounds=bounds, progress=progress)
+    rows_a.check(n)
+    rows_b.check(n)
     ga = side_geometry(a, config, show_progress=show_progress)
     gb = side_geometry(b, config, show_progress=show_progress)
     doc = {
@@ -219,6 +222,27 @@ def diff(
     }
     doc["summary"] = headline(doc)
     return DiffResult(doc, test, (ga, gb))
+
+
+class _TotalledRows:
+    """``load_rows`` of one side that adds up what it reads: once every position has been
+    read, the counts must add up to the header's ``tokens`` (a file edited after counting
+    is refused, as :func:`posstats.counting.io.load_counts` refuses it)."""
+
+    def __init__(self, side: Side) -> None:
+        self.side, self.rows, self.tokens = side, 0, 0
+
+    def __call__(self, lo: int, hi: int) -> Any:
+        block = load_rows(self.side.counts_path, lo, hi)
+        self.rows += hi - lo
+        self.tokens += int(block.sum(dtype=np.int64))
+        return block
+
+    def check(self, n: int) -> None:
+        if self.rows == n and self.tokens != self.side.header.tokens:
+            msg = (f"{self.side.counts_path}: its header says {self.side.header.tokens:,} tokens but its counts add up "
+                   f"to {self.tokens:,}; the file was changed after counting: count again")
+            raise InputError(msg)
 
 
 def headline(doc: dict[str, Any], /) -> str:

@@ -168,12 +168,58 @@ def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: 
     )
 
 
+# report.json sections and the type each must have (what every reader of a run folder
+# relies on); a section may be absent (older reports) but never of another type
+_REPORT_SECTIONS: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int, "tool": dict, "created": str, "config": dict, "corpus": dict, "positions": dict,
+    "hellinger": dict, "diagnostics": dict, "spectrum": dict, "encodings": list, "timings_s": dict, "noise": dict,
+    "geometry": dict, "null": dict, "held_out": dict, "inputs": dict, "verdict": dict, "bootstrap": dict,
+    "buckets": dict, "skipped_encodings": list, "run_id": str,
+}
+_NUMBER_LISTS = (("positions", "occupancy"), ("spectrum", "eigenvalues"), ("noise", "bias_per_position"))
+
+
+def check_report(report: Any, /) -> str | None:
+    """What makes a parsed ``report.json`` unusable, or None: its sections must have their
+    types (:data:`_REPORT_SECTIONS`), ``encodings`` must be objects with a string ``name``
+    and an integer ``dim``, and the per-position lists the readers index must hold numbers."""
+    if not isinstance(report, dict):
+        return f"expected a JSON object, got {type(report).__name__}"
+    for key, kind in _REPORT_SECTIONS.items():
+        if key in report and report[key] is not None and not isinstance(report[key], kind):
+            return f"section {key!r} must be {_kind_name(kind)}, got {type(report[key]).__name__}"
+    for i, entry in enumerate(report.get("encodings") or []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not _is_int(entry.get("dim")):
+            return f"encodings[{i}] must be an object with a string name and an integer dim"
+    for section, key in _NUMBER_LISTS:
+        value = (report.get(section) or {}).get(key)
+        if value is not None and not (isinstance(value, list) and all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in value)):
+            return f"{section}.{key} must be a list of numbers"
+    return None
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+    return " or ".join(names.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _read_report(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        msg = f"{path}: not readable JSON ({exc})"
-        raise InputError(msg) from exc
+        report = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        text = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        msg = f"{path}: not readable JSON ({text[:200]})"
+        raise InputError(msg) from None
+    problem = check_report(report)
+    if problem:
+        msg = f"{path}: not a posstats report ({problem}); analyse the counts again"
+        raise InputError(msg)
+    return report
 
 
 def _read_mds(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:

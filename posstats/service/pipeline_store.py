@@ -593,8 +593,19 @@ class Store:
     # -- latest -----------------------------------------------------------------------------
 
     def latest(self) -> dict[str, Any] | None:
-        """The ``latest`` pointer ({run_id, finished, path, ...}), or None."""
-        return self.read_json(LATEST)
+        """The ``latest`` pointer ({run_id, finished, path, ...}), or None.
+
+        Raises:
+            DamagedMarker: a pointer that does not name a valid run id and its finish time.
+        """
+        try:
+            pointer = self.read_json(LATEST)
+        except PosstatsError as exc:
+            raise DamagedMarker(str(exc)) from None
+        if pointer is not None and (not is_valid_id(pointer.get("run_id")) or not isinstance(pointer.get("finished"), str)):
+            msg = f"{self.display(LATEST)}: damaged pointer (it does not name a run id and its finish time)"
+            raise DamagedMarker(msg)
+        return pointer
 
     def move_latest(self, run_id: str, /, *, extra: Mapping[str, Any] | None = None) -> bool:
         """Point ``latest`` at a complete run unless it names a run that finished later.
@@ -608,7 +619,10 @@ class Store:
         if marker is None:
             msg = f"run {run_id} is not complete: latest stays where it is"
             raise PosstatsError(msg)
-        current = self.latest()
+        try:
+            current = self.latest()
+        except DamagedMarker:
+            current = None  # a damaged pointer is replaced
         if current and current.get("run_id") == run_id:
             return True
         if current and str(current.get("finished", "")) > str(marker["finished"]):
