@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from posstats.errors import PosstatsError
-from posstats.termination import reinstall
+from posstats.processes import reinstall
 
 __all__ = ["connect_ray"]
 

@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from posstats.errors import PosstatsError
-from posstats import jsontext
+from posstats.runs import jsontext
 
 from .hellinger import add_common_args, run_job
 

@@ -43,7 +43,7 @@ from posstats.geometry.mds import classical_mds
 from posstats.memory import gpu_fits
 from posstats.runs.publish import atomic_path
 from posstats.runs.run_folder import MDS_FILE, write_mds
-from posstats import jsontext
+from posstats.runs import jsontext
 
 from .connect import connect_ray
 

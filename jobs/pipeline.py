@@ -84,7 +84,7 @@ from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
 from posstats.service.pipeline_store import STAGES, DamagedMarker, Store, describe_os_error, utc_now, validate_run_id
 from posstats.service.shard_store import RunStore, config_key, store_config
-from posstats import jsontext
+from posstats.runs import jsontext
 
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job

@@ -18,9 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from posstats.corpus.remote import local_path
-from posstats.errors import PosstatsError, PosstatsWarning, describe_os_error, error_chain, os_error_kind
+from posstats.errors import (
+    PosstatsError,
+    PosstatsWarning,
+    describe_os_error,
+    error_chain,
+    os_error_kind,
+)
 from posstats.memory import available_memory, format_bytes, memory_hint
-from posstats.termination import describe_stop, exit_status, terminable
+from posstats.processes import describe_stop, exit_status, terminable
 
 __all__ = ["explain_failure", "run_guarded"]
 
@@ -36,7 +42,7 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
 
     Shared by ``posstats`` and the ``python -m posstats.jobs.*`` entrypoints. A ``file://``
     URL is a local path wherever a command takes one (:func:`local_file_urls`). SIGTERM
-    and SIGHUP unwind like Ctrl-C (:mod:`posstats.termination`): exit status 128 + signal.
+    and SIGHUP unwind like Ctrl-C (:mod:`posstats.processes`): exit status 128 + signal.
     """
     try:
         with warnings.catch_warnings(), terminable():

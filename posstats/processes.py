@@ -1,12 +1,42 @@
-"""Local process facts used by the stale-lock rules of the run stores (Linux /proc)."""
+"""This process and others: facts for the stale-lock rules of the run stores (Linux /proc), and
+how SIGTERM and SIGHUP end a command.
+
+SIGTERM and SIGHUP end a command the way Ctrl-C does: by unwinding.
+
+A closed terminal (SIGHUP), ``timeout``, systemd and Kubernetes (SIGTERM, often to the
+whole process group) stop a command. Python's default is to die at once, so ``finally``
+blocks never run: a pipeline's store lock stays held until it goes stale, and processes it
+started are left behind. Inside :func:`terminable` (every entrypoint runs in it, through
+:func:`posstats.guard.run_guarded`) both signals raise :class:`Terminated`, a
+``KeyboardInterrupt``: context managers release what they hold (the store lock) and the
+Ray session a command started is shut down, as after Ctrl-C. Ray checks for signals while
+it waits (``ray.get``), so the exception is raised there too.
+
+``ray.init`` installs a SIGTERM handler of its own (``sys.exit``); :func:`reinstall` puts
+ours back (:func:`posstats.jobs.connect.connect_ray` calls it after joining or starting Ray).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["pid_alive", "process_gone", "process_start_ticks"]
+__all__ = [
+    "SIGNALS",
+    "Terminated",
+    "describe_stop",
+    "exit_status",
+    "pid_alive",
+    "process_gone",
+    "process_start_ticks",
+    "reinstall",
+    "stopped_by",
+    "terminable",
+]
 
 
 def pid_alive(pid: int, /) -> bool:
@@ -57,3 +87,76 @@ def process_gone(
     if recorded_ticks is not None and current is not None and int(recorded_ticks) != int(current):
         return "reused"
     return None
+
+
+# ----------------------------------------------------------------------------- termination by signal
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_ACTIVE = [0]  # nesting depth of terminable() on the main thread
+_RECEIVED: list[int] = []  # the signals received inside terminable(), first first
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when the process receives SIGTERM or SIGHUP.
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int, /) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = int(signum)
+
+
+def _raise(signum: int, _frame: Any) -> None:
+    _RECEIVED.append(int(signum))
+    raise Terminated(signum)
+
+
+def stopped_by(exc: BaseException, /) -> int | None:
+    """The signal that stopped the command with ``exc``, or None (Ctrl-C). Ray turns the
+    exception raised inside its ``get`` into a plain ``KeyboardInterrupt``, so the signal
+    is also remembered when the handler runs."""
+    if isinstance(exc, Terminated):
+        return exc.signum
+    return _RECEIVED[0] if _RECEIVED else None
+
+
+def exit_status(exc: BaseException, /) -> int:
+    """The conventional exit status of an interrupted command: 128 + the signal (130 for
+    Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
+    return 128 + (stopped_by(exc) or int(signal.SIGINT))
+
+
+def describe_stop(exc: BaseException, /) -> str:
+    """``stopped by SIGTERM`` / ``interrupted`` (Ctrl-C), for the one line a command prints."""
+    signum = stopped_by(exc)
+    return f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
+
+
+@contextlib.contextmanager
+def terminable() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP raise :class:`Terminated` in the main thread; the previous
+    handlers come back on exit. Outside the main thread (where Python cannot install signal
+    handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+    if not _ACTIVE[0]:
+        _RECEIVED.clear()
+    _ACTIVE[0] += 1
+    try:
+        yield
+    finally:
+        _ACTIVE[0] -= 1
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def reinstall() -> None:
+    """Put :class:`Terminated` back on SIGTERM and SIGHUP after a library replaced the
+    handlers (``ray.init`` does), when inside :func:`terminable` on the main thread."""
+    if _ACTIVE[0] and threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, _raise)

@@ -1,4 +1,4 @@
-"""posstats.jsontext: every JSON posstats writes is standard JSON (no NaN / Infinity), and a
+"""posstats.runs.jsontext: every JSON posstats writes is standard JSON (no NaN / Infinity), and a
 document says which values were not finite and why they are null."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats import jsontext
+from posstats.runs import jsontext
 from posstats.counting.io import write_json_atomic
 
 

@@ -11,7 +11,7 @@ from posstats.flags import int_list
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS, split_encoding_list
 from posstats.progress import set_quiet
 from posstats.reports.summary import format_summary
-from posstats import jsontext
+from posstats.runs import jsontext
 
 __all__ = ["add_analysis_args", "analysis_config", "print_report", "quiet_from_args"]
 

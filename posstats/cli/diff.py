@@ -15,7 +15,7 @@ from posstats.drift.report import DIFF_HTML, DIFF_JSON
 from posstats.progress import progress
 from posstats.runs.publish import staged_output
 from posstats.service.pipeline_store import enclosing_store
-from posstats import jsontext
+from posstats.runs import jsontext
 
 HELP = "compare two corpora or two refreshes: which positions changed beyond sampling noise"
 DESCRIPTION = """\

@@ -12,7 +12,7 @@ from posstats.flags import storage_options
 from posstats.jobs.pipeline import job_status
 from posstats.service.locks import pipeline_lock_is_stale
 from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, DamagedMarker, Store, sorted_runs
-from posstats import jsontext
+from posstats.runs import jsontext
 
 HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
 DESCRIPTION = """\

@@ -42,7 +42,7 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.counting.scipy_sparse import sp
 from posstats.errors import InputError, PosstatsError
 from posstats.runs.publish import atomic_path, published_dir
-from posstats import jsontext
+from posstats.runs import jsontext
 
 __all__ = [
     "COUNTS_FILES",

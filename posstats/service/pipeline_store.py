@@ -36,6 +36,14 @@ Rules:
 * Run ids match ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}`` and contain no ``..``: no path
   separators, nothing hidden, nothing that climbs out of ``runs/``.
 * Nothing read from a store is unpickled: markers, pointers and the lock are JSON.
+* A marker vouches only for what it lists (:func:`check_stage_marker`): its stage and run
+  id, its finish time and every file with its size and sha256. A blanked or forged marker
+  is *damaged*: the stage counts as incomplete and is never read. Readers take a stage
+  through :meth:`Store.stage_dir`, which checks every listed file (and, locally, refuses
+  files the marker does not list) before anything is used; a remote stage is downloaded
+  file by file into a folder the caller owns, each name kept inside it
+  (:func:`posstats.ids.join_inside`). Writes into a store go through :class:`Store` only:
+  other commands refuse an output folder inside a store (:func:`enclosing_store`).
 
 Lock rule (:class:`StoreLock`): the lock is the JSON file/object ``lock`` holding the
 holder's run id, pid, hostname, start time, a random token and a *heartbeat* time that the
@@ -85,7 +93,7 @@ from posstats.ids import is_valid_id, join_inside, relative_key_parts, validate_
 from posstats.processes import process_start_ticks
 from posstats.runs.publish import atomic_path, file_sha256
 from posstats.service.locks import describe_lock_holder, pipeline_lock_is_stale
-from posstats import jsontext
+from posstats.runs import jsontext
 
 __all__ = [
     "DEFAULT_STALE_AFTER_S",
