@@ -76,7 +76,7 @@ from posstats.drift import check_comparable, diff, load_side, store_run_side, wr
 from posstats.errors import InputError, PosstatsError
 from posstats.guard import run_guarded
 from posstats.ids import join_inside
-from posstats.reports.export import STRESS_POSITION_LIMIT, export_run
+from posstats.reports.export import STRESS_POSITION_LIMIT, export_run, nothing_to_export
 from posstats.reports.html import render_html_report
 from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.runs.publish import link_or_copy
@@ -516,7 +516,13 @@ def _write_report(run_data: RunData, geometry: Path, out: Path, *, name: str, op
 
 
 def _write_export(run_data: RunData, out: Path, *, file: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The export stage's files in ``out`` (the table ``file`` and its card); its marker info."""
+    """The export stage's files in ``out`` (the table ``file`` and its card); its marker info.
+    A run with nothing to export (no positive eigenvalue) gets a README saying why instead."""
+    empty = nothing_to_export(run_data)
+    if empty:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "README.md").write_text(f"# No position table\n\n{empty[0].upper()}{empty[1:]}.\n")
+        return {"file": None, "skipped": empty}
     res = export_run(run_data, out / file, **options)
     m = res.metadata
     return {"file": file, "key": res.key, "n": m["n"], "d": m["d"], "rank": m["rank"], "stress": m["stress"],
@@ -785,10 +791,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     marker = run_pipeline(cfg, run_id=run_id)
     export = marker.get("export") or {}
     store = Store(cfg.store.url, storage_options=cfg.store.storage_options)
+    table = (f"export {export.get('file')} ({export.get('n')} x {export.get('d')})" if export.get("file") else
+             "nothing exported (no positional structure beyond sampling noise)")
     print(f"run {marker['run_id']} complete: {marker.get('tokens_counted') or 0:,} tokens, "
           f"{marker.get('shards_counted')}/{marker.get('shards')} shard(s) counted now, MDS rank {marker.get('rank')}, "
-          f"export {export.get('file')} ({export.get('n')} x {export.get('d')}) -> "
-          f"{store.display(store.run_rel(marker['run_id']))}")
+          f"{table} -> {store.display(store.run_rel(marker['run_id']))}")
     return 0
 
 

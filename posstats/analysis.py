@@ -267,6 +267,15 @@ def encoding_jobs(config: AnalysisConfig, rows: int | None = None) -> list[tuple
     return jobs
 
 
+FLAT_REASON = ("every corpus distance is 0: no positional structure beyond sampling noise, so an encoding's stress "
+               "(sum (e - h)^2 / sum h^2) is 0/0 and no encoding is scored")
+
+
+def FLAT_SKIPS(config: AnalysisConfig, /) -> list[dict[str, str]]:  # noqa: N802 - reads as the constant's list
+    """The report's ``skipped_encodings`` when every corpus distance is 0: every spec, and why."""
+    return [{"spec": spec, "reason": FLAT_REASON} for spec in config.encodings]
+
+
 def skipped_encodings(config: AnalysisConfig, rows: int, /) -> list[dict[str, str]]:
     """The report's ``skipped_encodings``: specs :func:`encoding_jobs` leaves out at ``rows``, and why."""
     if rows <= config.smacof_limit:
@@ -500,6 +509,7 @@ class _Geometry:
     encodings: list[dict[str, Any]]
     hellinger_summary: dict[str, Any] | None
     distances: np.ndarray | None = None
+    flat: bool = False  # every corpus distance is 0: no encoding is scored (stress would be 0/0)
 
 
 def analyze(
@@ -559,10 +569,11 @@ def analyze(
         sections["null"] = null
     if config.bootstrap > 0:
         sections["bootstrap"] = _bootstrap_section(partials, g, geometry.mds, null, config, timings)
-    skipped = skipped_encodings(config, len(g.index))
+    skipped = FLAT_SKIPS(config) if geometry.flat else skipped_encodings(config, len(g.index))
     if skipped:
         sections["skipped_encodings"] = skipped
-    held_out = _held_out_section(g, geo_parts, bias, config, timings, show_progress)
+    held_out = ({"skipped": FLAT_REASON} if geometry.flat and config.held_out != "off" else
+                _held_out_section(g, geo_parts, bias, config, timings, show_progress))
     if held_out is not None:
         sections["held_out"] = held_out
     t = time.perf_counter()
@@ -660,9 +671,10 @@ def _exact_geometry(
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    results = _exact_encodings(distances, mds, g, config, show_progress)
+    flat = not np.any(distances)
+    results = [] if flat else _exact_encodings(distances, mds, g, config, show_progress)
     timings["encodings"] = time.perf_counter() - t
-    return _Geometry(mds, diagnostics, results, summary, distances)
+    return _Geometry(mds, diagnostics, results, summary, distances, flat=flat)
 
 
 # ----------------------------------------------------------------------------- sampled path

@@ -287,3 +287,26 @@ def test_an_interrupted_diff_leaves_the_previous_outputs_whole(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "space" in err.lower() and len(err.strip().splitlines()) == 1, err
     assert state() == before
+
+
+def test_a_corpus_with_no_positional_structure_is_a_finding_not_an_error(tmp_path, capsys):
+    """Every position has the same distribution (all corpus distances 0): run, report and
+    diff succeed and say so; export refuses an all-zero table in one line."""
+    (tmp_path / "flat.jsonl").write_text("".join('{"ids": [3, 3, 3, 3, 3, 3, 3, 3]}\n' for _ in range(200)))
+    flags = ["--column", "ids", "--vocab-size", "16", "--positions", "8"]
+    assert main(["run", "--input", str(tmp_path / "flat.jsonl"), *flags, "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "not distinguishable" in out and "not scored: " in out and "every corpus distance is 0" in out
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["encodings"] == [] and report["spectrum"]["rank"] == 0
+    assert {e["spec"] for e in report["skipped_encodings"]} == set(report["config"]["encodings"])
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert main(["count", "--input", str(tmp_path / "flat.jsonl"), *flags, "--out", str(tmp_path / "counts")]) == 0
+    for a, b in ((tmp_path / "counts", tmp_path / "counts"), (tmp_path / "run", tmp_path / "run")):
+        assert main(["diff", str(a), str(b), "--out", str(tmp_path / "diff")]) == 0
+        d = json.loads((tmp_path / "diff" / "diff.json").read_text())
+        assert d["positions"]["count_changed"] == 0 and d["encodings"] == []
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), "--dim", "8", "--out", str(tmp_path / "t.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to export" in err and err.count("\n") == 1

@@ -317,3 +317,18 @@ def test_schedule_refuses_bad_time_zones(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "schedule", "--config", config, "--every", "1h", "--timezone", "Europe/Paris")
     assert rc == 2 and "--timezone applies to --cron schedules only" in err
     assert not (tmp_path / "store").exists()  # refused before touching the store
+
+
+def test_a_corpus_with_no_positional_structure_completes_without_a_table(tmp_path, ray_session, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pq.write_table(pa.table({"ids": pa.array([[5] * N] * 50, type=pa.list_(pa.int32()))}), corpus / "s0.parquet")
+    config = write_config(tmp_path)
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "flat")
+    assert rc == 0, err
+    assert "nothing exported (no positional structure beyond sampling noise)" in out
+    store = Store(str(tmp_path / "store"))
+    marker = store.stage_marker("flat", "export")
+    assert marker["file"] is None and "nothing to export" in marker["skipped"]
+    assert "no positional structure" in (tmp_path / "store/runs/flat/export/README.md").read_text()
+    assert store.latest()["run_id"] == "flat" and store.latest()["export"] is None

@@ -136,10 +136,13 @@ def lowrank_tradeoff(
 
     Returns:
         One dict per rank: ``rank``, ``stress``, ``scaled_stress``, ``parameters``
-        (``r(n + d)``), ``free_parameters`` (``n d``), ``saving`` (``1 - r(n+d)/(n d)``).
+        (``r(n + d)``), ``free_parameters`` (``n d``), ``saving`` (``1 - r(n+d)/(n d)``);
+        none when every corpus distance is 0 (stress is then undefined).
     """
     enc = np.asarray(encoding, dtype=np.float64)
     m, k = enc.shape
+    if not np.any(np.asarray(distances)):
+        return []  # every corpus distance is 0: stress is 0/0 at every rank (no structure to trade off)
     n = m if n is None else int(n)
     ranks = default_ranks(k, width=width) if ranks is None else [int(r) for r in ranks]
     rows = []
@@ -419,6 +422,15 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     return tradeoff, written
 
 
+def nothing_to_export(run: RunData, /) -> str | None:
+    """Why the run has no table to export (its MDS spectrum has no positive eigenvalue: every
+    corpus distance is 0), or None."""
+    if np.any(np.asarray(run.eigenvalues) > 0):
+        return None
+    return ("nothing to export: the MDS spectrum has no positive eigenvalue (every corpus distance is 0, no "
+            "positional structure beyond sampling noise), so the table would be all zeros")
+
+
 def export_run(
     run: RunData | str | os.PathLike,
     out: str | os.PathLike,
@@ -461,6 +473,9 @@ def export_run(
     _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
     _check_prefix(prefix)
     _check_contiguous(run)
+    empty = nothing_to_export(run)
+    if empty:
+        raise InputError(f"{run.directory}: {empty}")
     run = _rows(run, rows)
     thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
     if warnings and strict:
