@@ -396,3 +396,78 @@ def test_non_utf8_in_a_byte_range_shard_names_its_line(ray_session, tmp_path, ca
                                                  "--shard-size", 20000 / 2**20)))
     assert err.startswith(f"posstats: error: {path}: line 2500: not UTF-8 text (invalid start byte 0xff at byte 26 "), err
     assert "[shard: " in err and "(from line 2107) (3/3" in err, err
+
+
+# ----------------------------------------------------------------------------- hostile flags and files (#27)
+
+DEEP_KEY = ".".join(["a"] * 5000)
+
+
+@pytest.fixture()
+def small_run(ids_file, tmp_path, capsys) -> Path:
+    assert main(run_args(ids_file, tmp_path / "run")) == 0
+    capsys.readouterr()
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["analyze", "--seed", "-1"], "the seed must be an integer in [0, 2^63), got -1"),
+    (["analyze", "--rank-rtol", "nan"], "rank rtol must be a number in [0, 1), got nan"),
+    (["analyze", "--encodings", "rope:vector=random:seed=-1"], "bad seed '-1'"),
+    (["analyze", "--encodings", "rope:type=yarn,factor=8,original=16,theta=1"], "rope_theta must be greater than 1"),
+    (["analyze", "--encodings", "rope:type=yarn,factor=1e308,original=16"], "not a usable context length"),
+    (["analyze", "--encodings", "rope:type=yarn,factor=8,original=16,attention_factor=1e308"],
+     "attention_factor must be within"),
+    (["analyze", "--encodings", "rope:type=yarn,factor=8,original=16,beta_fast=-5"], "beta_fast must be a positive"),
+    (["diff", "--seed", "-1"], "the seed must be an integer in [0, 2^63), got -1"),
+    (["export", "--dim", "4", "--rows", "1"], "--rows must be an integer >= 2"),
+    (["count", "--storage-option", "client_kwargs=5"], "client_kwargs must be a table of keyword arguments"),
+    (["count", "--storage-option", f"{DEEP_KEY}=5"], "a dotted key has 1-8 non-empty parts"),
+    (["status", "--store", "s3://bucket/x", "--storage-option", "client_kwargs=5"], "client_kwargs must be a table"),
+])
+def test_hostile_flags_are_one_line(small_run, ids_file, tmp_path, capsys, argv, expected):
+    command, *rest = argv
+    where = {"analyze": ["--counts", str(small_run), "--out", str(tmp_path / "a"), "--dims", "2"],
+             "diff": [str(ids_file.parent / "counts"), str(ids_file.parent / "counts"), "--out", str(tmp_path / "d")],
+             "export": [str(small_run), "--out", str(tmp_path / "e.safetensors")],
+             "count": ["--input", str(ids_file), "--column", "ids", "--vocab-size", "10", "--positions", "8",
+                       "--out", str(tmp_path / "c")],
+             "status": []}[command]
+    if command == "diff":
+        assert main(count_args(ids_file, ids_file.parent / "counts")) == 0
+        capsys.readouterr()
+    line = one_line_error(capsys, main([command, *where, *rest]))
+    assert expected in line, line
+
+
+@pytest.mark.parametrize(("item", "expected"), [
+    ("store.url=[1,2]", "[store] url must be a non-empty string, got [1, 2]"),
+    (f"{DEEP_KEY}=1", "unknown table"),
+    (f"store.storage_options.{DEEP_KEY}=1", "unknown key [store]"),
+])
+def test_hostile_config_overrides_are_one_line(tmp_path, capsys, item, expected):
+    (tmp_path / "p.toml").write_text('[store]\nurl = "st"\n[input]\npaths = ["c.jsonl"]\ncolumn = "ids"\n'
+                                     '[count]\npositions = 8\nvocab_size = 16\n')
+    line = one_line_error(capsys, main(["pipeline", "--config", str(tmp_path / "p.toml"), "--set", item,
+                                        "--print-config"]))
+    assert expected in line, line
+
+
+@pytest.mark.parametrize("header", [
+    {"w": {"dtype": "F32", "data_offsets": [0, 16]}},
+    {"__metadata__": [1], "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}},
+    {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [16, 0]}},
+    {"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 16]}},
+])
+def test_forged_safetensors_through_audit_and_learned_are_one_line(small_run, tmp_path, capsys, header):
+    import json
+    import struct
+
+    text = json.dumps(header).encode()
+    forged = tmp_path / "forged.safetensors"
+    forged.write_bytes(struct.pack("<Q", len(text)) + text + bytes(16))
+    line = one_line_error(capsys, main(["audit", str(forged), "--counts", str(small_run)]))
+    assert "forged.safetensors: not a readable safetensors file" in line
+    line = one_line_error(capsys, main(["analyze", "--counts", str(small_run), "--dims", "2", "--encodings",
+                                        f"learned:{forged}", "--out", str(tmp_path / "a")]))
+    assert "forged.safetensors: not a readable safetensors file" in line

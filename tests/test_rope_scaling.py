@@ -418,3 +418,33 @@ def test_fuzzed_rope_specs_build_or_are_refused(kind, values):
         assert "\n" not in str(exc)
         return
     assert np.all(np.isfinite(enc.matrix))
+
+
+config_values = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(), st.text(max_size=8),
+                          st.lists(st.floats(allow_nan=False), max_size=4),
+                          st.dictionaries(st.sampled_from(["rope_type", "factor", "type"]), st.text(max_size=6), max_size=2))
+CONFIG_KEYS = ["rope_theta", "hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings",
+               "partial_rotary_factor", "original_max_position_embeddings", "rope_parameters", "rope_scaling"]
+PARAM_KEYS = ["rope_type", "type", "factor", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+              "low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "original_max_position_embeddings",
+              "rope_theta", "truncate", "full_attention"]
+
+
+@given(top=st.dictionaries(st.sampled_from(CONFIG_KEYS), config_values, max_size=5),
+       params=st.dictionaries(st.sampled_from(PARAM_KEYS), config_values, max_size=5),
+       kind=st.sampled_from(list(ROPE_TYPES)))
+@settings(max_examples=400, deadline=None)
+def test_fuzzed_hf_configs_give_frequencies_or_one_line(tmp_path_factory, top, params, kind):
+    """Any config.json: finite positive frequencies, or an InputError naming the file."""
+    config = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 256, **top}
+    if "rope_parameters" not in top:
+        config["rope_parameters"] = {"rope_type": kind, **params}
+    folder = tmp_path_factory.mktemp("hf")
+    (folder / "config.json").write_text(json.dumps(config))
+    try:
+        rope = hf_rope(folder)
+        inv_freq, attention = rope.inv_freq(512)
+    except PosstatsError as exc:
+        assert "\n" not in str(exc) and "config.json" in str(exc)
+        return
+    assert np.all(np.isfinite(inv_freq)) and np.all(inv_freq > 0) and np.isfinite(attention) and attention > 0

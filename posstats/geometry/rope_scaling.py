@@ -361,7 +361,7 @@ def hf_rope(path: str | os.PathLike[str]) -> HFRope:
     params: dict[str, Any] = {}
     for key in ("rope_parameters", "rope_scaling"):
         if config.get(key) is not None and not isinstance(config[key], Mapping):
-            msg = f"{file}: {key} must be an object, got {type(config[key]).__name__} {str(config[key])[:80]}"
+            msg = f"{file}: {key} must be an object, got {type(config[key]).__name__} {config[key]!r:.80}"
             raise InputError(msg)
     if isinstance(config.get("rope_parameters"), Mapping):
         params = dict(config["rope_parameters"])
