@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.estimates.noise import poisson_rows
 
-__all__ = ["SyntheticCorpus", "split_counts", "synthetic_counts"]
+__all__ = ["KnownCorpus", "known_corpus", "SyntheticCorpus", "split_counts", "synthetic_counts"]
 
 
 def split_counts(counts: PositionalCounts, /, *, parts: int = 2, seed: int = 0) -> tuple[PositionalCounts, ...]:
@@ -197,3 +197,139 @@ def synthetic_counts(
     spec = CountSpec(positions=n, vocab_size=vocab)
     counts = PositionalCounts(spec, matrix, 0, 0, int(matrix.sum()), "", {"synthetic": f"rank={rank} seed={seed}"})
     return SyntheticCorpus(counts, rank, _true_eigenvalues(w, strength), coeff, occ)
+
+
+# ----------------------------------------------------------------------------- known mu_i
+
+
+KNOWN_KINDS = ("stationary", "planted", "drift")
+
+
+@dataclass(frozen=True)
+class KnownCorpus:
+    """Counts sampled from chosen distributions ``mu_i``, with the truth computed from them.
+
+    Every position holds exactly ``tokens`` tokens drawn independently from ``mu_i`` (a
+    truncate-mode corpus of independent documents: ``C[i] ~ Multinomial(N, mu_i)``).
+
+    Attributes:
+        counts: sparse int64 (n x V) counts.
+        kind: ``stationary`` (every mu_i the base), ``planted`` (positions ``planted``
+            mix a private block into the base), ``drift`` (mu_i moves linearly from the
+            base to a permuted base).
+        base: (V,) the base distribution (Zipf; 0 on the planted blocks' ids).
+        planted: the planted positions (empty for other kinds).
+        mix: (n,) the weight of the second component at each position (block or permuted
+            base); 0 where mu_i is the base.
+        permutation: (V,) the permutation of the drift's second component (identity else).
+    """
+
+    counts: PositionalCounts
+    kind: str
+    base: np.ndarray
+    planted: np.ndarray
+    mix: np.ndarray
+    permutation: np.ndarray
+    block: int = 20
+
+    def mu(self, i: int, /) -> np.ndarray:
+        """(V,) the true distribution of position ``i``."""
+        a = float(self.mix[i])
+        if self.kind == "drift":
+            return (1.0 - a) * self.base + a * self.base[self.permutation]
+        out = (1.0 - a) * self.base
+        if a and self.kind == "planted":
+            k = int(np.flatnonzero(self.planted == i)[0])
+            lo = self.base.size - self.block * self.planted.size + k * self.block
+            out = out.copy()
+            out[lo:lo + self.block] += a / self.block
+        return out
+
+    def true_d2(self, i: Any, j: Any, /) -> np.ndarray:
+        """``d_H^2(mu_i, mu_j) = sum_v (sqrt mu_i - sqrt mu_j)^2`` for paired index arrays."""
+        i, j = np.atleast_1d(np.asarray(i)), np.atleast_1d(np.asarray(j))
+        cache: dict[int, np.ndarray] = {}
+
+        def root(k: int) -> np.ndarray:
+            if k not in cache:
+                cache[k] = np.sqrt(self.mu(k))
+            return cache[k]
+
+        return np.array([float(((root(int(a)) - root(int(b))) ** 2).sum()) for a, b in zip(i, j, strict=True)])
+
+
+def known_corpus(
+    kind: str,
+    n: int,
+    /,
+    *,
+    tokens: int,
+    vocab: int = 5000,
+    exponent: float = 1.1,
+    planted: Any = (0, 1, 2, 3),
+    strength: Any = (0.1, 0.2),
+    block: int = 20,
+    seed: int = 0,
+) -> KnownCorpus:
+    """A corpus sampled from known ``mu_i`` (:class:`KnownCorpus`), the calibration suite's truth.
+
+    Args:
+        kind: ``stationary``, ``planted`` or ``drift`` (see :class:`KnownCorpus`).
+        n: positions.
+        tokens: N, tokens at every position.
+        vocab: V of the base Zipf(``exponent``) distribution; ``planted`` adds ``block``
+            private ids per planted position after it.
+        planted: the planted positions.
+        strength: the planted mixing weights, spread evenly over ``[lo, hi]`` (or one value).
+        seed: seeds the sampling (and the drift's permutation).
+    """
+    if kind not in KNOWN_KINDS:
+        msg = f"kind must be one of {', '.join(KNOWN_KINDS)}, got {kind!r}"
+        raise ValueError(msg)
+    rng = np.random.default_rng(seed)
+    planted = np.asarray(planted if kind == "planted" else (), dtype=np.int64)
+    extra = block * planted.size
+    base = np.zeros(vocab + extra)
+    base[:vocab] = _zipf(vocab, exponent, 1.0)
+    mix = np.zeros(n)
+    perm = np.arange(base.size)
+    if kind == "planted":
+        lo, hi = (float(strength), float(strength)) if np.ndim(strength) == 0 else map(float, strength)
+        mix[planted] = np.linspace(lo, hi, planted.size) if planted.size > 1 else lo
+    elif kind == "drift":
+        mix[:] = np.arange(n) / max(n - 1, 1)
+        perm[:vocab] = rng.permutation(vocab)
+    corpus = KnownCorpus(PositionalCounts(CountSpec(n, base.size), sp.csr_array((n, base.size), dtype=np.int64), 0, 0,
+                                          0, "", {}), kind, base, planted, mix, perm, block)
+    counts = _multinomial_rows(corpus, n, int(tokens), rng)
+    spec = CountSpec(positions=n, vocab_size=base.size)
+    total = int(counts.sum())
+    pc = PositionalCounts(spec, counts, int(tokens), int(tokens), total, "", {"known": f"{kind} N={tokens} seed={seed}"})
+    return KnownCorpus(pc, kind, base, planted, mix, perm, block)
+
+
+def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator) -> sp.csr_array:
+    """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, by inverse-CDF draws of the base
+    (and of the second component where ``mix > 0``), never an n x V array."""
+    cdf = np.cumsum(corpus.base)
+    cdf /= cdf[-1]
+    rows, cols = [], []
+    step = max(1, (1 << 24) // max(tokens, 1))
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        draws = np.searchsorted(cdf, rng.random((hi - lo, tokens)), side="right")
+        second = rng.random((hi - lo, tokens)) < corpus.mix[lo:hi, None]
+        if corpus.kind == "drift":
+            draws = np.where(second, corpus.permutation[draws], draws)
+        elif corpus.kind == "planted" and np.any(second):
+            for r in np.flatnonzero(second.any(axis=1)):
+                i = lo + r
+                k = int(np.flatnonzero(corpus.planted == i)[0])
+                first = corpus.base.size - corpus.block * corpus.planted.size + k * corpus.block
+                draws[r, second[r]] = first + rng.integers(0, corpus.block, int(second[r].sum()))
+        rows.append(np.repeat(np.arange(lo, hi), tokens))
+        cols.append(draws.reshape(-1))
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    m = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, c)), shape=(n, corpus.base.size))
+    m.sum_duplicates()
+    return m

@@ -175,7 +175,7 @@ def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):
     sin = next(e for e in r["encodings"] if e["name"] == "sinusoidal")
     exact = stress_report(make_encoding("sinusoidal", np.arange(700), 2).matrix, expected)
     np.testing.assert_allclose(sin["scaled_stress"], exact.scaled_stress, rtol=1e-12)
-    assert r["noise"]["method"] == "quarters" and len(r["noise"]["split_half_d_h_per_position"]) == 700
+    assert r["noise"]["method"] == "unbiased-variance" and len(r["noise"]["split_half_d_h_per_position"]) == 700
     assert r["noise"]["source"] == "parts"
     with pytest.raises(PosstatsError, match="noise floor"):
         AnalysisConfig(distances="corrected", noise_floor="off")

@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.rows import row_blocks
-from posstats.estimates.noise import NoiseFloor, fitted_bias, split_half, usable_rows
+from posstats.estimates.noise import UNBIASED_METHOD, NoiseFloor, rows_sampling_variance, split_half, usable_rows
 from posstats.progress import progress
 
 __all__ = ["BLOCK_ENTRIES", "split_noise_floor", "thin"]
@@ -111,7 +111,8 @@ def split_noise_floor(
     Args:
         rows: (m, V) non-negative integer counts (scipy sparse or dense), one row per
             position of the geometry.
-        parts: 2 (halves, first-order bias) or 4 (quarters: also fits the bias's decay).
+        parts: 2 (halves) or 4 (quarters): the split-half and quarter distances reported
+            beside the bias (the bias itself comes from the counts, unbiased at every N).
         seed: seeds the split (results depend only on ``seed`` and ``rows``).
         positions: (m,) positions the rows stand for (default ``0..m-1``).
         block: stored entries thinned at a time.
@@ -146,14 +147,14 @@ def split_noise_floor(
             blk = _Block(thin(c.data[a:b], parts, rng), np.repeat(np.arange(hi - lo), lengths), hi - lo)
             split = split_half(blk.d2, blk.sizes)
             block_occ = blk.sizes.sum(axis=0)
-            bias, fell = fitted_bias(split, block_occ, lengths.astype(np.float64))
+            bias, fell = rows_sampling_variance(c.data[a:b], blk.row_of, block_occ), 0
             for name, value in (("h", split.h), ("q", split.q), ("gamma", split.gamma), ("na", split.na),
                                 ("nb", split.nb), ("bias", bias)):
                 if value is not None:
                     fields[name][lo:hi] = value
             occ[lo:hi] = block_occ.astype(np.int64)
             fallback += fell
-            method = split.method
+            method = UNBIASED_METHOD
             column_noise += _column_noise(blk, halves, split.h, bias, c.indices[a:b], vocab)
             bar.update(b - a)
     return NoiseFloor(
