@@ -60,3 +60,19 @@ def test_bench_drift_small(tmp_path):
     assert r["benchmark"] == "drift" and r["errors"] == []
     assert r["targets"]["a_b_nothing_changed"] and r["targets"]["a_c_exactly_4_5"]
     assert r["diff_a_c"]["changed"] == [4, 5] and r["diff_a_b"]["returncode"] == 0
+
+
+def test_bench_calibration_small():
+    """bench_calibration.py at a tiny size: both tables, every estimate with its uncertainty."""
+    r = run_bench("bench_calibration.py", "--tokens", "2000", "--seeds", "2", "--pair-seeds", "2", "--positions", "64")
+    assert r["benchmark"] == "calibration"
+    names = {row["pairs"] for row in r["distances"]}
+    assert names == {"identical", "planted_vs_base", "drift_1_apart", "drift_4_apart", "drift_16_apart", "drift_ends"}
+    for row in r["distances"]:
+        for est in ("plugin", "power_law", "unbiased"):
+            assert set(row[est]) >= {"mean_error", "se", "rmse"}
+        assert row["plugin"]["mean_error"] > 0  # the plug-in is biased upward
+    (dec,) = r["decisions"]
+    claims = dec["stationary_false_claims"]
+    assert set(claims) == {"components_above_noise", "any_standout", "distinguishable", "nonstationary"}
+    assert all(c["of"] == 2 and c["ci95"][0] <= c["rate"] <= c["ci95"][1] for c in claims.values())
