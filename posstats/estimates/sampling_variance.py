@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from posstats.estimates.sqrt_variance_table import UNBIASED_SQRT_VARIANCE
 
@@ -112,8 +113,6 @@ def position_sampling_variance(rows: Any, /, *, multinomial: bool = True) -> np.
     Returns:
         (m,) float64; 0 for an empty row.
     """
-    import scipy.sparse as sp
-
     if sp.issparse(rows):
         csr = sp.csr_array(rows)
         csr.sum_duplicates()
