@@ -160,12 +160,17 @@ def _counts(matrix: np.ndarray, *, positions: int | None = None, mode: str = "tr
                             tokens=int(matrix.sum()))
 
 
-def test_diff_cli_finds_the_planted_positions_and_fails_on_change(tmp_path):
+def _planted_count_folders(tmp_path) -> tuple[str, str]:
+    """Count folders A and B of the planted change at positions 5, 17 and 40 (seed 4)."""
     a, b = _planted(0.2, seed=4)
     save_counts(_counts(a), tmp_path / "a")
     save_counts(_counts(b), tmp_path / "b")
+    return str(tmp_path / "a"), str(tmp_path / "b")
+
+
+def test_diff_cli_finds_the_planted_positions_and_fails_on_change(tmp_path):
     out = tmp_path / "diff"
-    args = ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--dims", "2,8", "--encodings", "mds,sinusoidal"]
+    args = ["diff", *_planted_count_folders(tmp_path), "--out", str(out), "--dims", "2,8", "--encodings", "mds,sinusoidal"]
     assert main(args) == 0
     d = json.loads((out / "diff.json").read_text())
     assert d["schema_version"] == 1 and d["positions"]["changed"] == [5, 17, 40]
@@ -262,11 +267,8 @@ def test_an_interrupted_diff_leaves_the_previous_outputs_whole(tmp_path, monkeyp
 
     import posstats.drift.report as report
 
-    a, b = _planted(0.2, seed=4)
-    save_counts(_counts(a), tmp_path / "a")
-    save_counts(_counts(b), tmp_path / "b")
     out = tmp_path / "diff"
-    args = ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--dims", "2", "--encodings", "mds"]
+    args = ["diff", *_planted_count_folders(tmp_path), "--out", str(out), "--dims", "2", "--encodings", "mds"]
     assert main(args) == 0
 
     def state() -> dict[str, str]:
