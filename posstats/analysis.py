@@ -271,7 +271,7 @@ FLAT_REASON = ("every corpus distance is 0: no positional structure beyond sampl
                "(sum (e - h)^2 / sum h^2) is 0/0 and no encoding is scored")
 
 
-def FLAT_SKIPS(config: AnalysisConfig, /) -> list[dict[str, str]]:  # noqa: N802 - reads as the constant's list
+def flat_skipped_encodings(config: AnalysisConfig, /) -> list[dict[str, str]]:
     """The report's ``skipped_encodings`` when every corpus distance is 0: every spec, and why."""
     return [{"spec": spec, "reason": FLAT_REASON} for spec in config.encodings]
 
@@ -569,7 +569,7 @@ def analyze(
         sections["null"] = null
     if config.bootstrap > 0:
         sections["bootstrap"] = _bootstrap_section(partials, g, geometry.mds, null, config, timings)
-    skipped = FLAT_SKIPS(config) if geometry.flat else skipped_encodings(config, len(g.index))
+    skipped = flat_skipped_encodings(config) if geometry.flat else skipped_encodings(config, len(g.index))
     if skipped:
         sections["skipped_encodings"] = skipped
     held_out = ({"skipped": FLAT_REASON} if geometry.flat and config.held_out != "off" else

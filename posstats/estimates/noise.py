@@ -80,7 +80,7 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.counting.pack import stitch
 from posstats.counting.ranges import placed_sum
 from posstats.errors import InputError, PosstatsError
-from posstats.estimates.sampling_variance import sqrt_count_variance
+from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
 from posstats.geometry.mds import classical_mds
 from posstats.service.shard_store import RunStore
@@ -102,7 +102,6 @@ __all__ = [
     "null_rank",
     "parts_from_store",
     "poisson_rows",
-    "rows_sampling_variance",
     "split_half",
     "usable_rows",
 ]
@@ -363,7 +362,7 @@ def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) 
     total = sp.csr_array(total)
     total.sum_duplicates()
     row_of = np.repeat(np.arange(total.shape[0]), np.diff(total.indptr))
-    bias, fallback = rows_sampling_variance(total.data, row_of, occ), 0
+    bias, fallback = entries_sampling_variance(total.data, row_of, occ), 0
     return NoiseFloor(
         positions=rows,
         occupancy=occ.astype(np.int64),
@@ -484,19 +483,6 @@ def split_half(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
 
 
 UNBIASED_METHOD = "unbiased-variance"
-
-
-def rows_sampling_variance(data: Any, row_of: Any, occupancy: Any, /) -> np.ndarray:
-    """``b_i = sum_v V(C[i, v]) / N_i`` from the stored counts ``data`` of rows ``row_of``
-    (``occupancy[i] = N_i``): the unbiased sampling variance of each position's square-root
-    distribution (:mod:`posstats.estimates.sampling_variance`); NaN where ``N_i = 0``."""
-    data = np.asarray(data)
-    row_of = np.asarray(row_of)
-    occ = np.asarray(occupancy, dtype=np.float64)
-    per_count = sqrt_count_variance(np.rint(data).astype(np.int64), total=occ[row_of])
-    summed = np.bincount(row_of, weights=per_count, minlength=occ.size)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(occ > 0, summed / occ, np.nan)
 
 
 def fitted_bias(split: SplitHalf, occ: np.ndarray, distinct: np.ndarray) -> tuple[np.ndarray, int]:

@@ -45,7 +45,7 @@ import scipy.sparse as sp
 
 from posstats.estimates.sqrt_variance_table import UNBIASED_SQRT_VARIANCE
 
-__all__ = ["TABLE_MAX_COUNT", "position_sampling_variance", "sqrt_count_variance"]
+__all__ = ["TABLE_MAX_COUNT", "entries_sampling_variance", "position_sampling_variance", "sqrt_count_variance"]
 
 # Var sqrt(X) = 1/4 + sum_j a_j lambda^-j: the coefficients a_1..a_3
 _EXPANSION = (3.0 / 32.0, 17.0 / 128.0, 81.0 / 256.0)
@@ -100,15 +100,31 @@ def sqrt_count_variance(counts: Any, /, *, total: Any = None) -> np.ndarray:
     return out.reshape(shape)
 
 
+def entries_sampling_variance(data: Any, row_of: Any, occupancy: Any, /, *, multinomial: bool = True) -> np.ndarray:
+    """``beta_i = sum_v V(C[i, v]) / N_i`` from the stored counts ``data`` (one per non-zero
+    entry) of rows ``row_of``, with ``occupancy[i] = N_i``: the unbiased sampling variance of
+    each position's square-root distribution. ``multinomial``: each row is one multinomial
+    sample of its ``N_i`` tokens (the ``1 - k / N_i`` factor); False: Poisson counts.
+
+    Returns:
+        (len(occupancy),) float64; NaN where ``N_i = 0``.
+    """
+    row_of = np.asarray(row_of)
+    occ = np.asarray(occupancy, dtype=np.float64)
+    counts = np.rint(np.asarray(data)).astype(np.int64)
+    per_count = sqrt_count_variance(counts, total=occ[row_of] if multinomial else None)
+    summed = np.bincount(row_of, weights=per_count, minlength=occ.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(occ > 0, summed / occ, np.nan)
+
+
 def position_sampling_variance(rows: Any, /, *, multinomial: bool = True) -> np.ndarray:
-    """``beta_i = sum_v V(C[i, v]) / N_i`` for every row of a count matrix: the unbiased
-    estimate of position i's sampling variance, i.e. its bias ``b_i`` in every plug-in
-    ``d_H^2(i, j)`` (module doc).
+    """:func:`entries_sampling_variance` of every row of a count matrix (its bias ``b_i`` in
+    every plug-in ``d_H^2(i, j)``, module doc).
 
     Args:
         rows: (m, V) counts, scipy sparse (CSR or anything ``tocsr`` accepts) or dense.
-        multinomial: each row holds a fixed number of tokens ``N_i`` (its sum), drawn as
-            one multinomial sample (the ``1 - k / N_i`` factor); False: Poisson counts.
+        multinomial: as in :func:`entries_sampling_variance`.
 
     Returns:
         (m,) float64; 0 for an empty row.
@@ -122,9 +138,5 @@ def position_sampling_variance(rows: Any, /, *, multinomial: bool = True) -> np.
         dense = np.asarray(rows)
         row_of, col = np.nonzero(dense)
         data = dense[row_of, col]
-    m = rows.shape[0]
-    occupancy = np.bincount(row_of, weights=data, minlength=m).astype(np.float64)
-    per_count = sqrt_count_variance(data.astype(np.int64), total=occupancy[row_of] if multinomial else None)
-    total = np.bincount(row_of, weights=per_count, minlength=m)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(occupancy > 0, total / occupancy, 0.0)
+    occupancy = np.bincount(row_of, weights=data, minlength=rows.shape[0])
+    return np.nan_to_num(entries_sampling_variance(data, row_of, occupancy, multinomial=multinomial), nan=0.0)

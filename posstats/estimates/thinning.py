@@ -34,7 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.rows import row_blocks
-from posstats.estimates.noise import UNBIASED_METHOD, NoiseFloor, rows_sampling_variance, split_half, usable_rows
+from posstats.estimates.noise import UNBIASED_METHOD, NoiseFloor, split_half, usable_rows
+from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.progress import progress
 
 __all__ = ["BLOCK_ENTRIES", "split_noise_floor", "thin"]
@@ -147,7 +148,7 @@ def split_noise_floor(
             blk = _Block(thin(c.data[a:b], parts, rng), np.repeat(np.arange(hi - lo), lengths), hi - lo)
             split = split_half(blk.d2, blk.sizes)
             block_occ = blk.sizes.sum(axis=0)
-            bias, fell = rows_sampling_variance(c.data[a:b], blk.row_of, block_occ), 0
+            bias, fell = entries_sampling_variance(c.data[a:b], blk.row_of, block_occ), 0
             for name, value in (("h", split.h), ("q", split.q), ("gamma", split.gamma), ("na", split.na),
                                 ("nb", split.nb), ("bias", bias)):
                 if value is not None:
