@@ -312,3 +312,12 @@ def test_a_corpus_with_no_positional_structure_is_a_finding_not_an_error(tmp_pat
     assert main(["export", str(tmp_path / "run"), "--dim", "8", "--out", str(tmp_path / "t.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "nothing to export" in err and err.count("\n") == 1
+
+
+def test_the_report_pages_say_why_no_encoding_was_scored(tmp_path):
+    (tmp_path / "flat.jsonl").write_text("".join('{"ids": [3, 3, 3, 3]}\n' for _ in range(50)))
+    assert main(["run", "--input", str(tmp_path / "flat.jsonl"), "--column", "ids", "--vocab-size", "8",
+                 "--positions", "4", "--out", str(tmp_path / "run"), "-q"]) == 0
+    for name in ("report.html", "summary.md"):
+        text = (tmp_path / "run" / name).read_text()
+        assert "Not scored: mds, mds-smacof" in text and "every corpus distance is 0" in text, name

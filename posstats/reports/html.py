@@ -54,7 +54,7 @@ from posstats.reports.plots import (
     stress_by_dim_figure,
     sweep_figure,
 )
-from posstats.reports.summary import verdict_items
+from posstats.reports.summary import skipped_lines, verdict_items
 from posstats.runs.run_folder import RunData, load_run, run_distances
 
 __all__ = ["FIGURES_DIR", "HTML_FILE", "SUMMARY_FILE", "render_html_report", "write_html_report"]
@@ -296,6 +296,9 @@ def _html_page(
     ]
     if entries:
         parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
+    if skipped_lines(report):
+        heading = [] if entries else ["<h2>Encodings</h2>"]
+        parts += heading + [f"<p>{_esc(line[0].upper() + line[1:])}</p>" for line in skipped_lines(report)]
     if report.get("held_out"):
         parts += ["<h2>Held out</h2>", f"<p>{_esc(_held_out_intro(report))}</p>"]
         if _held_out_rows(report):
@@ -399,6 +402,7 @@ def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots
     lines += _md_table(("quantity", "value"), _key_numbers(report)) + [""]
     if report.get("encodings"):
         lines += _md_table(_ENC_HEADER, _encoding_rows(report)) + [""]
+    lines += [f"{line[0].upper()}{line[1:]}" for line in skipped_lines(report)] + ([""] if skipped_lines(report) else [])
     if report.get("held_out"):
         lines += [f"Held out: {_held_out_intro(report)}", ""]
         if _held_out_rows(report):

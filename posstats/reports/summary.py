@@ -162,10 +162,10 @@ def format_summary(report: dict[str, Any], /) -> str:
         table.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     sampled = any(e["monotonicity_method"] != "exact" for e in report["encodings"])
     note = "stress = sum (e-h)^2 / sum h^2; scaled = min over a of stress(aP)" + ("; ~ = sampled estimate" if sampled else "")
-    return "\n".join([*lines, "", *table, *_skipped_lines(report), "", note])
+    return "\n".join([*lines, "", *table, *skipped_lines(report), "", note])
 
 
-def _skipped_lines(report: dict[str, Any], /) -> list[str]:
+def skipped_lines(report: dict[str, Any], /) -> list[str]:
     """One line per reason why encodings asked for were not scored."""
     reasons: dict[str, list[str]] = {}
     for entry in report.get("skipped_encodings") or []:
