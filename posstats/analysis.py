@@ -31,6 +31,7 @@ from posstats.estimates.held_out import (
     token_halves,
 )
 from posstats.estimates.noise import bias_can_matter, corrected_squared_distances, noise_floor, null_rank
+from posstats.estimates.permutation import permutation_null
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import split_noise_floor
 from posstats.estimates.verdict import standout_positions, verdict
@@ -98,7 +99,8 @@ class AnalysisConfig:
         noise_parts: 2 (halves) or 4 (quarters: also fits the bias's decay).
         null: ``auto`` | ``shuffle`` | ``mp`` | ``none``: how the noise-aware rank is found
             (auto: shuffle up to 4096 rows, else mp when a noise floor exists).
-        null_replicates: shuffled null corpora.
+        null_replicates: shuffled null corpora (the rank and homogeneity tests reject when
+            the data exceeds all of them: level 1 / (R + 1), 2.5 % with the default 39).
         bootstrap: shard-bootstrap replicates (0 = off; the caller supplies the partials).
         corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).
         tokenizer: tokenizer.json for re-reading a text corpus by document parity (noise
@@ -129,7 +131,7 @@ class AnalysisConfig:
     noise_floor: str = "auto"
     noise_parts: int = 4
     null: str = "auto"
-    null_replicates: int = 3
+    null_replicates: int = 39
     bootstrap: int = 0
     corpus_triples: int = 200_000
     tokenizer: str | None = None
@@ -336,7 +338,9 @@ class Analysis:
         }
         report.update({k: v for k, v in self.sections.items() if k not in report})
         report["diagnostics"]["h1"]["distances"] = report["geometry"]["distances"] if "geometry" in report else "plugin"
-        return {"verdict": verdict(report, self.standout), **report}
+        answer = verdict(report, self.standout)
+        report["diagnostics"]["h1"].update(nonstationary=answer["non_stationary"], test=answer["non_stationary_test"])
+        return {"verdict": answer, **report}
 
 
 _HELLINGER_CONVENTION = "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]"
@@ -564,9 +568,11 @@ def analyze(
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
     run = _sampled_geometry if large else _exact_geometry
     geometry = run(g, bias, config, timings, show_progress)
-    null = _null_section(geometry.mds, bias, noise, g.geo, geo_parts, g.index, config, timings)
+    null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress)
     if null is not None:
         sections["null"] = null
+    if homogeneity is not None:
+        sections["homogeneity"] = homogeneity
     if config.bootstrap > 0:
         sections["bootstrap"] = _bootstrap_section(partials, g, geometry.mds, null, config, timings)
     skipped = flat_skipped_encodings(config) if geometry.flat else skipped_encodings(config, len(g.index))
@@ -577,7 +583,7 @@ def analyze(
     if held_out is not None:
         sections["held_out"] = held_out
     t = time.perf_counter()
-    standout = standout_positions(g.rows, g.positions, components_above_null=(null or {}).get("components_above_null"))
+    standout = standout_positions(g.rows, g.positions)
     timings["standout"] = time.perf_counter() - t
     return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
                     timings, sections, geometry.hellinger_summary, standout)
@@ -839,45 +845,57 @@ def _null_section(
     mds: MDSResult,
     bias: np.ndarray | None,
     noise: Any,
-    geo: PositionalCounts,
+    g: _Rows,
     geo_parts: Any,
-    index: np.ndarray,
     config: AnalysisConfig,
     timings: dict[str, float],
-) -> dict[str, Any] | None:
-    """How many MDS components stand above a null corpus (:func:`posstats.estimates.noise.null_rank`)."""
-    m = len(index)
+    show_progress: bool | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(null, homogeneity)`` report sections: how many MDS components stand above a null
+    corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same shuffled
+    corpora, the permutation test of homogeneity (:mod:`posstats.estimates.permutation`;
+    None without a shuffle null)."""
+    m = len(g.index)
     choice = config.null
     if choice == "auto":
         choice = "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
     if choice == "none":
-        return None
+        return None, None
     t = time.perf_counter()
     lam = np.asarray(mds.eigenvalues, dtype=np.float64)
-    scale = "plugin"
-    if bias is not None:
-        # B_c = B - H diag(b) H shifts the spectrum down by about mean(b); the null is
-        # plug-in, so compare on the plug-in scale.
-        lam = lam + float(np.nanmean(bias))
-        scale = "corrected + mean bias"
+    homogeneity = None
     if choice == "shuffle":
-        k = int(lam.size)
-
-        def solver(c: PositionalCounts) -> np.ndarray:
-            rows_n = c.positions
-            kk = min(k, rows_n - 1) if rows_n > 2048 else None
-            method = "dense" if rows_n <= 2048 else "lanczos"
-            return classical_mds(c.matrix, k=kk, method=method, seed=config.seed, tol=config.lanczos_tol).eigenvalues[:k]
-
-        nr = null_rank(lam, method="shuffle", counts=geo, positions=index, replicates=config.null_replicates, solver=solver, seed=config.seed)
+        with progress(total=config.null_replicates, desc="shuffled corpora", unit="corpus", enabled=show_progress) as bar:
+            perm = permutation_null(g.rows, replicates=config.null_replicates, corrected=bias is not None,
+                                    seed=config.seed, progress=bar.update)
+        nr = null_rank(lam, method="shuffle", permutation=perm)
+        scale = "bias_corrected" if bias is not None else "plugin"
+        homogeneity = {
+            "method": "permutation",
+            "statistic": perm.homogeneity,
+            "statistic_formula": "S = sum_i N_i d_H^2(mu_hat_i, pooled), plug-in",
+            "null_max": float(np.max(perm.null_homogeneity)),
+            "p_value": perm.homogeneity_p_value,
+            "replicates": perm.replicates,
+            "level": perm.level(),
+            "rejected": bool(perm.homogeneity > np.max(perm.null_homogeneity)),
+        }
     else:
         if noise is None:
-            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}
+            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None
+        scale = "plugin"
+        if bias is not None:
+            # B_c = B - H diag(b) H shifts the spectrum down by about mean(b); the MP edge is
+            # plug-in, so compare on the plug-in scale.
+            lam = lam + float(np.nanmean(bias))
+            scale = "corrected + mean bias"
         nr = null_rank(lam, method="mp", parts=geo_parts, floor=noise)
     timings["null"] = time.perf_counter() - t
     out = nr.to_dict()
     out["eigenvalue_scale"] = scale
-    return out
+    if choice == "shuffle":
+        out["level"] = 1.0 / (nr.replicates + 1)
+    return out, homogeneity
 
 
 def _bootstrap_section(

@@ -63,7 +63,9 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
     lc.add_argument("--null", choices=("auto", "shuffle", "mp", "none"), default="auto",
                     help="noise-aware rank: eigenvalues above a shuffled-position null corpus, or an analytic "
                          "Marchenko-Pastur edge (needs the noise floor); auto: shuffle up to 4096 rows, else mp")
-    lc.add_argument("--null-replicates", type=int, default=3, metavar="R", help="shuffled null corpora (default 3)")
+    lc.add_argument("--null-replicates", type=int, default=39, metavar="R",
+                    help="shuffled null corpora; the rank and homogeneity tests reject when the corpus exceeds all R "
+                         "(level 1/(R+1); default 39: 2.5 %%)")
     lc.add_argument("--held-out", choices=("auto", "on", "off"), default="auto",
                     help="score every encoding fitted on one half of the corpus against the other half, so MDS and "
                          "SMACOF are not graded on their own training counts (halves: the noise floor's parts, else "

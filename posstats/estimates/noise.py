@@ -39,24 +39,27 @@ double centring removes the ``b_i + b_j`` part and what is left subtracts each p
 own noise variance from the diagonal of the Gram matrix ``S_c S_c^T``.
 
 **Null rank.** How many MDS components stand above sampling noise: the eigenvalues of
-``B`` compared with those of a *null corpus* in which positions carry no information,
-with the largest null eigenvalue as the threshold (:func:`null_rank`):
+``B`` compared with those of a *null corpus* in which positions carry no information
+(:func:`null_rank`):
 
-- ``shuffle`` (threshold: the largest top null eigenvalue over the replicates plus two
-  standard deviations of it across replicates): every token shuffled across positions, keeping each
-  position's occupancy: position i's counts are a sample of ``occ[i]`` tokens from the
-  pooled distribution ``p = sum_i C_i / sum_i occ_i`` (drawn as independent Poisson
-  counts ``C_iv ~ Poisson(occ_i p_v)``); the null keeps the occupancy profile, so
-  artefacts of unequal occupancy are in the null too. Same solver as the data.
+- ``shuffle``: the permutation null of :mod:`posstats.estimates.permutation` (the tokens
+  shuffled across positions, each position's occupancy and the pooled counts kept, 39
+  corpora by default). An eigenvalue counts when it exceeds the largest top eigenvalue of
+  every shuffled corpus: a Monte Carlo test at level 1 / (R + 1). The null goes through
+  the data's own estimator (plug-in or bias-corrected with its own ``b``), so the scales
+  match exactly; artefacts of unequal occupancy are in the null too. An earlier rule (the
+  largest of 3 Poisson-drawn null corpora plus two standard deviations) claimed a
+  component in 7-25 % of stationary corpora.
 - ``mp``: an analytic Marchenko-Pastur-type edge ``(sqrt(max_i r_i) + sqrt(max_v c_v))^2``
   from the noise variance of each row (``r_i = b_i``) and each column
   (``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``, the split halves' differences
   scaled to the bias). For independent noise of equal variance this is exactly the MP
   edge ``sigma^2 (1 + sqrt(n / V))^2``; with unequal variances the maxima make it an
-  upper estimate. It needs the parts but no second solve (for very long contexts).
+  upper estimate. It needs the parts but no second solve (for very long contexts); its
+  level is not calibrated (docs/calibration.md).
 
-Eigenvalues are always compared on the plug-in scale (``B``, not ``B_c``): the null has
-the same plug-in bias.
+The ``mp`` edge is on the plug-in scale (``B``, not ``B_c``): the analysis shifts
+bias-corrected eigenvalues back by the mean bias before comparing.
 """
 
 from __future__ import annotations
@@ -80,9 +83,9 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.counting.pack import stitch
 from posstats.counting.ranges import placed_sum
 from posstats.errors import InputError, PosstatsError
+from posstats.estimates.permutation import PermutationNull, permutation_null
 from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
-from posstats.geometry.mds import classical_mds
 from posstats.service.shard_store import RunStore
 
 __all__ = [
@@ -98,7 +101,6 @@ __all__ = [
     "mp_edge",
     "mp_edge_value",
     "noise_floor",
-    "null_counts",
     "null_rank",
     "parts_from_store",
     "poisson_rows",
@@ -645,44 +647,6 @@ def _concatenate_rows(pieces: list[sp.csr_array], n: int, vocab: int) -> sp.csr_
     return sp.csr_array((data, indices, indptr), shape=(n, vocab))
 
 
-def null_counts(counts: PositionalCounts, /, *, seed: int = 0, positions: Any = None, head: int = 2048) -> PositionalCounts:
-    """A null corpus: the tokens shuffled across positions, keeping each occupancy.
-
-    ``C0[i, v] ~ Poisson(occ[i] p_v)`` independently, with ``p`` the pooled distribution of
-    the given rows (``positions``, default all) of ``counts``: every position has the same
-    distribution and the occupancy profile of the data. Sparse; the ``head`` most frequent
-    tokens are drawn densely, the rest as tokens placed by an alias table (no n x V array).
-    """
-    rows = np.arange(counts.positions) if positions is None else np.asarray(positions, dtype=np.int64)
-    mat = counts.matrix[rows] if counts.is_sparse else np.asarray(counts.matrix)[rows]
-    occ = np.asarray(mat.sum(axis=1), dtype=np.float64).ravel()
-    pooled = np.asarray(mat.sum(axis=0), dtype=np.float64).ravel()
-    total = pooled.sum()
-    if total <= 0:
-        msg = "null_counts: the counts are empty"
-        raise ValueError(msg)
-    p = pooled / total
-    order = np.argsort(-p, kind="stable")
-    order = order[p[order] > 0]
-    h = min(int(head), order.size)
-    dense_cols, tail_cols = order[:h], order[h:]
-    tail_mass = float(p[tail_cols].sum()) if tail_cols.size else 0.0
-    ph = p[dense_cols]
-    rng = np.random.default_rng(seed)
-    matrix = poisson_rows(
-        rows.size,
-        counts.vocab_size,
-        dense_cols=dense_cols,
-        dense_rates=lambda lo, hi: occ[lo:hi, None] * ph[None, :],
-        tail_cols=tail_cols,
-        tail_p=p[tail_cols] / tail_mass if tail_mass > 0 else np.zeros(0),
-        tail_rate=occ * tail_mass,
-        rng=rng,
-    )
-    spec = dataclasses.replace(counts.spec, positions=rows.size)
-    return PositionalCounts(spec, matrix, 0, 0, int(matrix.sum()), "", {"null": f"shuffle seed={seed}"})
-
-
 # ---------------------------------------------------------------------------------------
 # Null rank
 
@@ -693,10 +657,10 @@ class NullRank:
 
     Attributes:
         method: ``"shuffle"`` or ``"mp"``.
-        threshold: shuffle: the largest top null eigenvalue over the replicates plus two
-            standard deviations of it; mp: the analytic edge.
+        threshold: shuffle: the largest top eigenvalue of the shuffled corpora; mp: the
+            analytic edge.
         components_above_null: eigenvalues of the data strictly above ``threshold``.
-        null_eigenvalues: (replicates, k) top null eigenvalues (shuffle), else empty.
+        null_eigenvalues: (replicates, 1) top eigenvalue of each shuffled corpus, else empty.
         replicates: null corpora drawn (shuffle).
         saturated: every given data eigenvalue is above the null (the true count may be
             larger than the number computed).
@@ -764,51 +728,6 @@ def mp_edge_value(bias: np.ndarray, column_noise: np.ndarray, m: int, /) -> floa
     return (math.sqrt(row_max) + math.sqrt(max(float(np.max(column_noise)), 0.0))) ** 2
 
 
-def _mds_top_eigenvalues(k: int, seed: int) -> Callable[[PositionalCounts], np.ndarray]:
-    """The default null solver: the top ``min(k, m)`` classical-MDS eigenvalues of m
-    positions (dense up to 2048 positions, as the data's default)."""
-
-    def solver(c: PositionalCounts) -> np.ndarray:
-        m = c.positions
-        return classical_mds(c.matrix, k=min(k, m), method="auto" if m > 2048 else "dense", seed=seed).eigenvalues
-
-    return solver
-
-
-def _occupied_rows(counts: PositionalCounts) -> PositionalCounts:
-    """``counts`` without its unoccupied positions (geometry needs occupied rows only)."""
-    keep = np.flatnonzero(counts.occupancy() > 0)
-    if keep.size == counts.positions:
-        return counts
-    spec = dataclasses.replace(counts.spec, positions=keep.size)
-    return dataclasses.replace(counts, matrix=counts.matrix[keep], spec=spec)
-
-
-def _shuffled_spectra(
-    counts: PositionalCounts,
-    positions: Any,
-    k: int,
-    replicates: int,
-    solver: Callable[[PositionalCounts], np.ndarray],
-    seed: int,
-) -> list[np.ndarray]:
-    """Top eigenvalues (descending, equal lengths <= max(1, k)) of ``max(1, replicates)``
-    shuffled null corpora, replicate r drawn with ``seed + r``."""
-    null = []
-    for r in range(max(1, int(replicates))):
-        nc = _occupied_rows(null_counts(counts, seed=seed + r, positions=positions))
-        null.append(np.sort(np.asarray(solver(nc), dtype=np.float64))[::-1][: max(1, k)])
-    width = min(len(x) for x in null)
-    return [x[:width] for x in null]
-
-
-def _shuffle_threshold(null: np.ndarray) -> float:
-    """Largest top null eigenvalue plus two standard deviations of the top ones (replicates, k)."""
-    tops = null[:, 0]
-    spread = float(np.std(tops, ddof=1)) if tops.size > 1 else 0.0
-    return float(tops.max()) + 2.0 * spread
-
-
 def null_rank(
     eigenvalues: Any,
     /,
@@ -818,36 +737,43 @@ def null_rank(
     positions: Any = None,
     parts: Sequence[PositionalCounts] | None = None,
     floor: NoiseFloor | None = None,
-    replicates: int = 3,
-    solver: Any = None,
+    replicates: int = 39,
+    corrected: bool = False,
+    permutation: PermutationNull | None = None,
     seed: int = 0,
 ) -> NullRank:
     """Count the data's MDS eigenvalues above those of a null corpus.
 
     Args:
-        eigenvalues: the data's (top-k) eigenvalues of the plug-in ``B``.
-        method: ``"shuffle"`` (needs ``counts``; ``solver`` maps null counts to their top
-            eigenvalues, by default :func:`posstats.geometry.mds.classical_mds` with the same k) or
-            ``"mp"`` (needs the ``floor``, and its ``parts`` unless the floor carries
-            :attr:`NoiseFloor.column_noise`).
-        positions: rows of ``counts`` in the geometry.
-        replicates: null corpora for ``shuffle``; the threshold is the largest of their top
-            eigenvalues plus twice the standard deviation of those top eigenvalues (the top
-            null eigenvalue fluctuates, and with unequal occupancies it is an occupancy
-            component present in the data too, not an edge).
-        seed: seeds the null corpora (replicate r uses ``seed + r``).
+        eigenvalues: the data's (top-k) eigenvalues, on the scale ``corrected`` names for
+            ``shuffle`` (plug-in ``B`` or the bias-corrected ``B - H diag(b) H``), on the
+            plug-in scale for ``mp``.
+        method: ``"shuffle"`` (needs ``counts``, or a ``permutation`` null drawn already:
+            :mod:`posstats.estimates.permutation`) or ``"mp"`` (needs the ``floor``, and
+            its ``parts`` unless the floor carries :attr:`NoiseFloor.column_noise`).
+        positions: rows of ``counts`` in the geometry (every one occupied).
+        replicates: shuffled corpora for ``shuffle``; the threshold is the largest of their
+            top eigenvalues, a Monte Carlo test at level ``1 / (replicates + 1)`` (2.5 % with
+            the default 39).
+        corrected: ``shuffle``: the eigenvalues are bias-corrected (the null is too).
+        permutation: ``shuffle``: a null drawn already (``counts``, ``replicates``,
+            ``corrected`` and ``seed`` are then not used).
+        seed: seeds the shuffled corpora.
 
     Returns:
         :class:`NullRank`.
     """
     lam = np.sort(np.asarray(eigenvalues, dtype=np.float64).ravel())[::-1]
     if method == "shuffle":
-        if counts is None:
-            msg = "null_rank(method='shuffle') needs the counts"
-            raise ValueError(msg)
-        solve = _mds_top_eigenvalues(int(lam.size), seed) if solver is None else solver
-        null_arr = np.stack(_shuffled_spectra(counts, positions, int(lam.size), replicates, solve, seed))
-        threshold, reps = _shuffle_threshold(null_arr), null_arr.shape[0]
+        if permutation is None:
+            if counts is None:
+                msg = "null_rank(method='shuffle') needs the counts"
+                raise ValueError(msg)
+            rows = np.arange(counts.positions) if positions is None else np.asarray(positions, dtype=np.int64)
+            mat = counts.matrix[rows] if counts.is_sparse else np.asarray(counts.matrix)[rows]
+            permutation = permutation_null(mat, replicates=replicates, corrected=corrected, seed=seed)
+        null_arr = permutation.null_top_eigenvalues[:, None]
+        threshold, reps = permutation.eigenvalue_threshold, permutation.replicates
     elif method == "mp":
         if floor is None or (parts is None and floor.column_noise is None):
             msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"

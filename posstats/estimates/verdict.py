@@ -1,21 +1,32 @@
 """The verdict a user needs first: is there positional structure above sampling noise?
 
-Three answers, each computed from what the analysis already has:
+Every decision is a test whose family-wise error rate on a stationary corpus (all
+positions one distribution) is at most 5 %, split between two tests of that one null:
 
-- **Components above noise**: the MDS eigenvalues above the null
-  (:func:`posstats.estimates.noise.null_rank`), when a null was computed.
-- **Positions that stand out** (:func:`standout_positions`): position i's plug-in squared
-  distance to the pooled distribution ``p`` of all geometry rows, ``d_i = d_H^2(mu_hat_i, p)``,
-  against what a sample of the same ``N_i`` tokens drawn from ``p`` itself would give
-  (:func:`null_distance_to_pool`: Poisson moments of ``sqrt X``, series for small ``N p_v``,
-  expansions above 50, the variance conditioned on the sample's size). In the sparse regime that
-  expectation is far above 0 (most tokens are unseen): comparing with it, not with 0, is
-  what keeps noise from standing out. A position stands out when
-  ``z_i = (d_i - E d) / sd > 5``. The pool then leaves out the positions that stood out and
-  the test is repeated (at most 4 rounds): a few very different positions (say the first
+- **Positions that stand out** (:func:`standout_positions`, family-wise 2.5 %): position i's
+  plug-in squared distance to the pooled distribution ``p`` of all geometry rows,
+  ``d_i = d_H^2(mu_hat_i, p)``, against what a sample of the same ``N_i`` tokens drawn from
+  ``p`` itself would give (:func:`null_distance_to_pool`: Poisson moments of ``sqrt X``,
+  series for small ``N p_v``, expansions above 50, the variance conditioned on the sample's
+  size). In the sparse regime that expectation is far above 0 (most tokens are unseen):
+  comparing with it, not with 0, is what keeps noise from standing out. A position stands
+  out when ``z_i = (d_i - E d) / sd`` exceeds ``max(5, Phi^-1(1 - 0.025 / m))`` (a
+  Bonferroni bound over the m positions, never below 5: the tails of ``d`` are heavier than
+  normal at small N). The pool then leaves out the most extreme positions (those above
+  the threshold and above half the largest new z) and the test is repeated until no new
+  position stands out (at most 32 rounds): a few very different positions (say the first
   tokens of every document) would otherwise shift the pool and make every other position
-  differ from it. When the null says that no component stands above noise, no position
-  is named.
+  differ from it. Reported whatever the rank test says.
+- **Homogeneity** (the report's ``homogeneity`` section, level 2.5 %): the permutation test
+  of :mod:`posstats.estimates.permutation` on ``sum_i N_i d_i``, powerful where many
+  positions move a little (a drift), where no single one stands out. Computed with the
+  shuffle null (up to 4,096 rows by default); above, the standouts alone decide.
+- **Non-stationary** (H1 of THEORY.md section 6) and **positions distinguishable**: either
+  test rejects. Level <= 2.5 % + 2.5 % = 5 %.
+- **Components above noise**: the MDS eigenvalues above the null
+  (:func:`posstats.estimates.noise.null_rank`), counted only when the corpus is
+  non-stationary (a gatekeeping order: under the stationary null every claim needs the
+  first test to reject, so the family-wise level stays 5 %).
 - **Best encodings** (:func:`best_encodings`): per width, the encoding with the lowest scaled
   stress and those whose 95 % interval overlaps its interval (a tie: their difference is
   not larger than the intervals); and the same on held-out counts, when the analysis
@@ -31,11 +42,21 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import gammaln
+from scipy.special import gammaln, ndtri
 
 from posstats.counting.rows import row_blocks
 
-__all__ = ["STANDOUT_Z", "best_encodings", "null_distance_to_pool", "position_ranges", "standout_positions", "verdict"]
+__all__ = [
+    "FAMILY_LEVEL",
+    "STANDOUT_Z",
+    "best_encodings",
+    "null_distance_to_pool",
+    "position_ranges",
+    "standout_threshold",
+    "non_stationarity",
+    "standout_positions",
+    "verdict",
+]
 
 _LISTED = 64  # positions listed in the report (all are counted)
 
@@ -108,9 +129,19 @@ def position_ranges(positions: Any, /) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in zip(starts.tolist(), stops.tolist()))
 
 
-_POOL_ROUNDS = 4  # the pool leaves out the positions that stood out, until they settle
+_POOL_ROUNDS = 32  # the pool leaves out the positions that stand out, the most extreme first, until none is new
 _SERIES_LIMIT = 50.0  # Poisson means above this use the asymptotic expansions
-STANDOUT_Z = 5.0
+STANDOUT_Z = 5.0  # the smallest z a standout needs, whatever the number of positions
+FAMILY_LEVEL = 0.025  # family-wise level of the standout test (the homogeneity test has the other 2.5 %)
+
+
+def standout_threshold(m: int, /) -> float:
+    """The z a position needs to stand out among ``m``: ``max(5, Phi^-1(1 - 0.025 / m))``.
+
+    >>> round(standout_threshold(64), 3), round(standout_threshold(131_072), 3)
+    (5.0, 5.078)
+    """
+    return max(STANDOUT_Z, float(-ndtri(FAMILY_LEVEL / max(int(m), 1))))
 
 
 def _sqrt_poisson_moments(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,41 +211,43 @@ def null_distance_to_pool(p: Any, occupancy: Any, /, *, grid: int = 48) -> tuple
     return np.interp(logn, np.log(grid_n), means), np.interp(logn, np.log(grid_n), sds)
 
 
-def standout_positions(rows: Any, positions: Any, /, *, components_above_null: int | None = None) -> dict[str, Any]:
+def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
     """The positions whose distribution stands out from the pooled one (module docstring).
 
     Args:
         rows: (m, V) counts of the geometry rows (every row occupied).
         positions: (m,) the positions the rows stand for.
-        components_above_null: from the null; 0 names no position.
 
     Returns:
         JSON-ready ``{"count", "positions" (the first 64), "ranges", "z_threshold",
-        "max_z", "rule"}``.
+        "max_z", "family_level", "rule"}``.
     """
     positions = np.asarray(positions, dtype=np.int64)
     c, occ = _row_totals(rows)
-    out = np.zeros(c.shape[0], dtype=bool)
+    threshold = standout_threshold(c.shape[0])
+    pooled_out = np.zeros(c.shape[0], dtype=bool)  # left out of the pool
     for _ in range(_POOL_ROUNDS):
-        s_pool = _pool_sqrt(c, ~out)
+        s_pool = _pool_sqrt(c, ~pooled_out)
         mean, sd = null_distance_to_pool(s_pool**2, occ)
         z = (_distance_to(c, occ, s_pool) - mean) / np.maximum(sd, 1e-300)
-        new = z > STANDOUT_Z
-        if np.array_equal(new, out) or new.all():
+        fresh = (z > threshold) & ~pooled_out
+        if not fresh.any() or pooled_out.all():
             break
-        out = new
-    out = z > STANDOUT_Z
-    if components_above_null == 0:
-        out[:] = False
+        # leave out the most extreme first: a pool shifted by a few very different positions
+        # lifts every other z, and leaving out all that cross the threshold at once
+        # oscillates (the pool left would be the deepest, rarest positions)
+        pooled_out |= fresh & (z >= max(threshold, 0.5 * float(z[fresh].max())))
+    out = z > threshold
     picked = positions[out]
     return {
         "count": int(picked.size),
         "positions": picked[:_LISTED].tolist(),
         "ranges": position_ranges(picked) if picked.size <= 4096 else position_ranges(picked[:4096]) + ", ...",
-        "z_threshold": STANDOUT_Z,
+        "z_threshold": threshold,
         "max_z": float(np.max(z)) if z.size else 0.0,
-        "rule": ("z_i = (d_H^2(mu_i, pool) - E_null) / sd_null > 5, the null being N_i tokens drawn from the pool; "
-                 "none when no component is above the null"),
+        "family_level": FAMILY_LEVEL,
+        "rule": ("z_i = (d_H^2(mu_i, pool) - E_null) / sd_null > max(5, Phi^-1(1 - 0.025 / m)), the null being N_i "
+                 "tokens drawn from the pool"),
     }
 
 
@@ -277,21 +310,40 @@ def _value_order(value: Any) -> tuple[int, Any]:
     return (1, str(value))
 
 
+def non_stationarity(homogeneity: dict[str, Any] | None, standout: dict[str, Any] | None, /) -> tuple[bool | None, str]:
+    """``(non-stationary, which test said so)``: True when the homogeneity test or the
+    standout test rejects (module docstring); None when neither was computed."""
+    standouts = None if standout is None else int(standout.get("count") or 0) > 0
+    homogeneous = None if not homogeneity else bool(homogeneity.get("rejected"))
+    if standouts is None and homogeneous is None:
+        return None, "not tested"
+    tests = []
+    if homogeneous is not None:
+        tests.append(f"permutation test of homogeneity (level {100 * float(homogeneity['level']):.1f} %)")
+    if standouts is not None:
+        tests.append(f"standout positions (family-wise {100 * FAMILY_LEVEL:.1f} %)")
+    return bool(standouts or homogeneous), "either rejects: " + " or ".join(tests)
+
+
 def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[str, Any]:
-    """The report's ``verdict`` section from its ``null``, ``noise``, ``geometry`` and
-    ``encodings`` entries and the :func:`standout_positions` result."""
+    """The report's ``verdict`` section from its ``null``, ``homogeneity``, ``noise``,
+    ``geometry`` and ``encodings`` entries and the :func:`standout_positions` result."""
     null = report.get("null") or {}
     noise = report.get("noise") or {}
+    non_stationary, test = non_stationarity(report.get("homogeneity"), standout)
     above = null.get("components_above_null")
+    if above is not None and non_stationary is False:
+        above = 0  # gatekeeping: components are claimed only once homogeneity is rejected
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
-    distinguishable = None if above is None else bool(above > 0)
     held_out = report.get("held_out") or {}
     return {
+        "non_stationary": non_stationary,
+        "non_stationary_test": test,
+        "positions_distinguishable": non_stationary,
         "components_above_noise": above,
         "null_method": null.get("method"),
         "noise_floor": bool(noise.get("estimated")),
         "distances": "bias_corrected" if corrected else "plugin",
-        "positions_distinguishable": distinguishable,
         "standout_positions": standout,
         "best_encodings": best_encodings(report.get("encodings") or []),
         "sweeps": [

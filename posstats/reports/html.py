@@ -127,8 +127,10 @@ def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
         pair = h1.get("pair")
         at = f" at positions {pair[0]}, {pair[1]}" if pair else ""
         plugin = _distances_name(report) == "plug-in"
-        rows.append(("corpus min d_H (H1)", f"{_num(h1.get('min_distance'))}{at} (non-stationary: {h1.get('nonstationary', '-')}"
-                     + ("; plug-in distances, sampling noise included" if plugin else "; bias-corrected") + ")"))
+        rows.append(("non-stationary (H1)", f"{h1.get('nonstationary', '-')} ({h1.get('test', 'not tested')})"))
+        rows.append(("corpus min d_H", f"{_num(h1.get('min_distance'))}{at} ("
+                     + ("plug-in distances, sampling noise included" if plugin else "bias-corrected, clipped at 0")
+                     + "; descriptive, not a test)"))
         rows.append(("corpus monotonicity violations (A3)", f"{_num(a3.get('rate'), '.4f')} ({a3.get('method', '-')})"))
     return rows
 

@@ -31,6 +31,16 @@ def _noise_clause(report: dict[str, Any]) -> str:
     return "plug-in: they include sampling noise (noise floor off)"
 
 
+def _p_value(section: dict[str, Any]) -> str:
+    """A Monte Carlo p-value as the bound it is: ``<= 0.025`` at its floor 1 / (R + 1)."""
+    p, reps = section.get("p_value"), section.get("replicates")
+    if p is None:
+        return "-"
+    if reps and p <= 1.0 / (int(reps) + 1) + 1e-12:
+        return f"<= {p:.2g} (no shuffled corpus of {int(reps)} reached it)"
+    return f"{p:.2g}"
+
+
 def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     """The verdict as ``(label, sentence)`` pairs (report section ``verdict``): components
     above noise, the positions that stand out, the best-fitting encodings per width, and
@@ -42,15 +52,23 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     null = report.get("null") or {}
     if above is None:
         first = "no null computed: the rank below is not tested against sampling noise"
+    elif v.get("non_stationary") is False and null.get("components_above_null"):
+        first = ("0 MDS components stand above sampling noise (the corpus is not shown to be non-stationary, so "
+                 f"the {null['components_above_null']} eigenvalue(s) above the null threshold are not claimed)")
     else:
         first = (f"{above} MDS component(s) stand above sampling noise "
                  f"(null: {null.get('method')}, threshold {_fmt(null.get('threshold'), '.4g')})")
     so = v.get("standout_positions") or {}
-    if v.get("positions_distinguishable") is False or (above == 0):
-        second = "positions are not distinguishable from one another beyond sampling noise"
+    homogeneity = report.get("homogeneity") or {}
+    if v.get("non_stationary") is False:
+        second = ("positions are not distinguishable from one another beyond sampling noise "
+                  f"({v.get('non_stationary_test')}; family-wise 5 %)")
     elif so.get("count"):
         second = (f"{so['count']:,} position(s) stand out from the pooled distribution: {so['ranges']}"
                   + (" ..." if so["count"] > len(so.get("positions", [])) and not so["ranges"].endswith("...") else ""))
+    elif v.get("non_stationary"):
+        second = (f"the corpus is non-stationary (permutation test of homogeneity, p = "
+                  f"{_p_value(homogeneity)}), but no single position stands out from the pooled distribution")
     else:
         second = "no single position stands out from the pooled distribution"
     fits = []
@@ -135,8 +153,8 @@ def format_summary(report: dict[str, Any], /) -> str:
     if d:
         h1, a3 = d.get("h1", {}), d.get("a3", {})
         lines.append(
-            f"corpus    min d_H {_fmt(h1.get('min_distance'))} (non-stationary: {h1.get('nonstationary')}"
-            f"{', plug-in: noise included' if plugin else ''}); "
+            f"corpus    non-stationary: {h1.get('nonstationary')} ({h1.get('test', 'not tested')}); "
+            f"min d_H {_fmt(h1.get('min_distance'))}{' (plug-in: noise included)' if plugin else ''}; "
             f"Hellinger-monotonicity violations {_fmt(a3.get('rate'))} ({a3.get('method', '-')})"
         )
     header = ("encoding", "dim", "stress", "scaled", "scale", "pearson", "min sep", "mono viol")
