@@ -517,8 +517,9 @@ def _write_report(run_data: RunData, geometry: Path, out: Path, *, name: str, op
 
 def _write_export(run_data: RunData, out: Path, *, file: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The export stage's files in ``out`` (the table ``file`` and its card); its marker info.
-    A run with nothing to export (no positive eigenvalue) gets a README saying why instead."""
-    empty = nothing_to_export(run_data)
+    A run with nothing to export (no positive eigenvalue, or no component above sampling
+    noise without ``[export] rank``) gets a README saying why instead."""
+    empty = nothing_to_export(run_data, rank=options.get("rank"))
     if empty:
         out.mkdir(parents=True, exist_ok=True)
         (out / "README.md").write_text(f"# No position table\n\n{empty[0].upper()}{empty[1:]}.\n")

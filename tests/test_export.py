@@ -107,16 +107,42 @@ def test_model_card_front_matter_is_yaml_with_the_metadata(run_dir, tmp_path):
     assert "| rank r | stress |" in text and "![MDS eigenspectrum](wpe.spectrum.png)" in text
 
 
-def test_default_export_is_full_mds_at_width(run_dir, tmp_path):
+def test_default_export_keeps_the_components_above_noise(run_dir, tmp_path):
     run = load_run(run_dir)
     k = run.encoding.shape[1]
+    above = run.report["verdict"]["components_above_noise"]
+    assert 1 <= above < 8 <= k  # a drift: a few informative components, more stored
     res = export_encoding(run_dir, tmp_path / "p.safetensors", dim=8, dtype="float64", card=False)
-    assert res.metadata["rank"] == str(min(8, k))
-    np.testing.assert_array_equal(res.table, run.encoding[:, :8])
-    wide = export_encoding(run_dir, tmp_path / "wide.safetensors", dim=k + 10, dtype="float64", card=False)
-    np.testing.assert_array_equal(wide.table[:, :k], run.encoding)
-    np.testing.assert_array_equal(wide.table[:, k:], 0.0)
-    assert [p.name for p in wide.files] == ["wide.safetensors"]
+    assert res.metadata["rank"] == str(above) and res.metadata["rank_rule"] == "components above sampling noise"
+    assert res.warnings == ()
+    np.testing.assert_array_equal(res.table[:, :above], run.encoding[:, :above])
+    np.testing.assert_array_equal(res.table[:, above:], 0.0)
+    # the full width on request, with a warning naming the noise columns
+    full = export_encoding(run_dir, tmp_path / "full.safetensors", dim=k + 10, rank=k, dtype="float64", card=False)
+    np.testing.assert_array_equal(full.table[:, :k], run.encoding)
+    np.testing.assert_array_equal(full.table[:, k:], 0.0)
+    assert [p.name for p in full.files] == ["full.safetensors"]
+    assert full.metadata["rank_rule"] == "--rank"
+    assert any(f"the last {k - above} fit noise" in w for w in full.warnings)
+
+
+def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path):
+    """A stationary corpus: the verdict finds no component above noise, so the default
+    export refuses (its table would be noise); --rank exports anyway, with a warning."""
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.full(40, 0.5))
+    matrix = rng.multinomial(3000, p, size=24).astype(np.int64)
+    counts = PositionalCounts(CountSpec(24, 40), matrix, sequences=3000, windows=3000, tokens=int(matrix.sum()),
+                              fingerprint="cd" * 32, metadata={})
+    save_counts(counts, tmp_path / "counts")
+    assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2,8", "--encodings", "mds",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"]["components_above_noise"] == 0
+    with pytest.raises(InputError, match="no MDS component stands above sampling noise.*--rank R"):
+        export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, card=False)
+    assert not (tmp_path / "p.safetensors").exists()
+    res = export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, rank=2, card=False)
+    assert res.metadata["rank"] == "2" and any("fit noise" in w for w in res.warnings)
 
 
 def test_random_basis_keeps_distances(run_dir, tmp_path):

@@ -13,10 +13,12 @@ HELP = "export the MDS encoding of a run as a BERT / GPT-2 / plain position tabl
 DESCRIPTION = """\
 Write the run's information-optimal (MDS) positional encoding as an n x D table, where
 n = the used positions (they must be exactly 0..n-1: re-run the analysis with a smaller
---positions or a lower --min-occupancy otherwise) and D = --dim. With --rank r the table
-is the rank-r MDS encoding P_MDS(r) embedded in width D by an orthonormal map W (D x r),
-so every pairwise distance is that of P_MDS(r); --factors also writes A = P_MDS(r) (n x r)
-and W, with table = A W^T.
+--positions or a lower --min-occupancy otherwise) and D = --dim. The table is the rank-r
+MDS encoding P_MDS(r) embedded in width D by an orthonormal map W (D x r); r defaults to
+the components that stand above sampling noise in the run's verdict (a run with none
+exports nothing: its table would be noise; --rank R exports R components anyway, with a
+warning). Every pairwise distance of the table is that of P_MDS(r); --factors also
+writes A = P_MDS(r) (n x r) and W, with table = A W^T.
 
 Keys: embeddings.position_embeddings.weight (--layout bert), wpe.weight (gpt2),
 position_embeddings (plain); factors posstats.lowrank.A / posstats.lowrank.W.
@@ -46,7 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by 'posstats run' or 'posstats analyze'")
     p.add_argument("--dim", type=int, required=True, metavar="D", help="model width D (columns of the table)")
-    p.add_argument("--rank", type=int, metavar="R", help="rank r <= D of the encoding (default: min(D, MDS coordinates in the run))")
+    p.add_argument("--rank", type=int, metavar="R",
+                   help="rank r <= D of the encoding (default: the MDS components above sampling noise in the run's "
+                        "verdict, at most D; a run with none exports nothing unless R is given; without a null: "
+                        "min(D, MDS coordinates in the run))")
     p.add_argument("--layout", choices=("bert", "gpt2", "plain"), default="plain", help="tensor name convention (default plain)")
     p.add_argument("--format", choices=("safetensors", "npy", "pt"), help="file format (default: from the suffix of --out)")
     p.add_argument("--out", required=True, metavar="FILE", help="output file")
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in res.warnings:
         print(f"posstats: warning: {warning}", file=sys.stderr)
     m = res.metadata
-    print(f"exported {res.key} ({m['n']} x {m['d']}, rank {m['rank']}, {m['dtype']}, {m['method']}): "
+    print(f"exported {res.key} ({m['n']} x {m['d']}, rank {m['rank']} ({m['rank_rule']}), {m['dtype']}, {m['method']}): "
           f"stress {m['stress']}, scaled stress {m['scaled_stress']}")
     for f in res.files:
         print(f"  {f}")

@@ -13,7 +13,10 @@ gap: a shorter context) or a lower ``--min-occupancy``.
 What is written (``n`` = used positions, ``d`` = ``dim``, ``r`` = rank):
 
 - the table ``P = A W^T`` (n x d): ``A = P_MDS(r)`` (n x r, the first r MDS coordinates;
-  without ``rank``, r = min(d, coordinates available)) and ``W`` (d x r) with orthonormal
+  without ``rank``, r = the components above sampling noise of the run's verdict, at most
+  d and the coordinates available: columns beyond them would fit noise; a run with none
+  is refused, :func:`nothing_to_export`; a run without a null keeps min(d, coordinates),
+  with a warning) and ``W`` (d x r) with orthonormal
   columns, so every pairwise distance of ``P`` equals that of ``P_MDS(r)`` (``W^T W = I``).
   ``basis="pad"`` (default): ``W`` = the first r columns of the identity (zero padding);
   ``basis="random"``: a seeded random orthonormal ``W`` (spreads the signal over all d
@@ -307,13 +310,35 @@ def _thin_rows(run: RunData, *, min_tokens: int) -> tuple[dict[str, str], list[s
     return meta, [warning]
 
 
-def _export_rank(run: RunData, *, dim: int, rank: int | None) -> int:
-    """r: ``rank``, else min(dim, k) with k the MDS coordinates stored (rank <= k checked)."""
+def informative_rank(report: dict[str, Any], /) -> int | None:
+    """The components above sampling noise that the run's verdict claims (None when the
+    analysis computed no null: the rank is then untested)."""
+    above = (report.get("verdict") or {}).get("components_above_noise")
+    return None if above is None else int(above)
+
+
+def _export_rank(run: RunData, *, dim: int, rank: int | None) -> tuple[int, str, list[str]]:
+    """``(r, why, warnings)``: ``rank`` when given, else the components above sampling noise
+    (:func:`informative_rank`), capped by ``dim`` and the k MDS coordinates stored; without
+    a null, ``min(dim, k)`` with a warning. Warns when ``rank`` goes beyond the components
+    above noise."""
     k = run.encoding.shape[1]
     if rank is not None and rank > k:
         msg = f"--rank {rank} exceeds the {k} MDS coordinates stored in {run.directory}/mds.safetensors (re-analyse with larger --dims)"
         raise PosstatsError(msg)
-    return int(rank) if rank is not None else min(int(dim), k)
+    informative = informative_rank(run.report)
+    if rank is not None:
+        warn = []
+        if informative is not None and rank > informative:
+            warn.append(f"--rank {rank} goes beyond the {informative} MDS component(s) above sampling noise: the last "
+                        f"{rank - informative} fit noise")
+        return int(rank), "--rank", warn
+    if informative is None:
+        return min(int(dim), k), "width (no null computed)", [
+            "the analysis computed no null (--null none), so the rank is not tested against sampling noise: "
+            f"the table keeps min(--dim, {k}) MDS coordinates"]
+    r = min(int(dim), k, informative)
+    return r, "components above sampling noise", []
 
 
 @dataclass(frozen=True)
@@ -422,13 +447,17 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     return tradeoff, written
 
 
-def nothing_to_export(run: RunData, /) -> str | None:
-    """Why the run has no table to export (its MDS spectrum has no positive eigenvalue: every
-    corpus distance is 0), or None."""
-    if np.any(np.asarray(run.eigenvalues) > 0):
-        return None
-    return ("nothing to export: the MDS spectrum has no positive eigenvalue (every corpus distance is 0, no "
-            "positional structure beyond sampling noise), so the table would be all zeros")
+def nothing_to_export(run: RunData, /, *, rank: int | None = None) -> str | None:
+    """Why the run has no table to export, or None: its MDS spectrum has no positive
+    eigenvalue (every corpus distance is 0), or, without an explicit ``rank``, its verdict
+    finds no component above sampling noise (a table of noise)."""
+    if not np.any(np.asarray(run.eigenvalues) > 0):
+        return ("nothing to export: the MDS spectrum has no positive eigenvalue (every corpus distance is 0, no "
+                "positional structure beyond sampling noise), so the table would be all zeros")
+    if rank is None and informative_rank(run.report) == 0:
+        return ("nothing to export: no MDS component stands above sampling noise (the verdict), so every column "
+                "would fit noise; pass --rank R to export R components anyway")
+    return None
 
 
 def export_run(
@@ -473,14 +502,15 @@ def export_run(
     _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
     _check_prefix(prefix)
     _check_contiguous(run)
-    empty = nothing_to_export(run)
+    empty = nothing_to_export(run, rank=rank)
     if empty:
         raise InputError(f"{run.directory}: {empty}")
     run = _rows(run, rows)
     thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
     if warnings and strict:
         raise InputError(f"{run.directory}: {warnings[0]}")
-    r = _export_rank(run, dim=dim, rank=rank)
+    r, rank_rule, rank_warnings = _export_rank(run, dim=dim, rank=rank)
+    warnings = [*warnings, *rank_warnings]
     files = _output_files(out, fmt, factors=factors, card=card, force=force)
     a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
     if method == "smacof":
@@ -491,7 +521,7 @@ def export_run(
     idx, dist = run_distances(run, max_positions=STRESS_POSITION_LIMIT)
     s = stress_report(table[idx].astype(np.float64), dist)
     metadata = {**_export_metadata(run, s, layout=layout, dim=dim, rank=r, basis=basis, seed=seed, dtype=dtype,
-                                   stress_positions=len(idx)), "method": method, **fit, **thin_meta}
+                                   stress_positions=len(idx)), "method": method, "rank_rule": rank_rule, **fit, **thin_meta}
     metadata["key"] = key = prefix + metadata["key"]
     tensors = {key: table}
     if factors:
