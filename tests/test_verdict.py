@@ -189,3 +189,28 @@ def test_noise_floor_off_by_rule_when_positions_are_well_sampled(tmp_path):
     r = analyze(syn.counts, AnalysisConfig(dims=(2,), encodings=("mds",))).report()
     assert r["noise"]["estimated"] is False and r["noise"]["rule"]["noise_floor"] is False
     assert r["noise"]["rule"]["expected_bias_d_h2"] < 1e-3 and r["geometry"]["distances"] == "plugin"
+
+
+def test_too_few_windows_withholds_the_verdict(tmp_path):
+    """Pack mode with 5 windows: every position holds 5 stretches of text, so no decision
+    is taken and the summary says why; with 30 windows the decisions are back."""
+    import dataclasses
+
+    from posstats.analysis import AnalysisConfig, analyze
+
+    syn = synthetic_counts(32, 200, tokens=40, rank=2, block_tokens=8, seed=3)
+    config = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")
+    for windows, withheld in ((5, True), (30, False)):
+        counts = dataclasses.replace(syn.counts, spec=dataclasses.replace(syn.counts.spec, mode="pack"), windows=windows)
+        r = analyze(counts, config).report()
+        v = r["verdict"]
+        if withheld:
+            assert v["withheld"].startswith("only 5 window(s) in pack mode")
+            assert v["non_stationary"] is None and v["components_above_noise"] is None
+            assert v["positions_distinguishable"] is None and v["standout_positions"] is None
+            assert r["diagnostics"]["h1"]["nonstationary"] is None
+            from posstats.reports.summary import verdict_items
+
+            assert dict(verdict_items(r))["verdict"].startswith("withheld: only 5 window(s)")
+        else:
+            assert v["withheld"] is None and v["non_stationary"] is not None

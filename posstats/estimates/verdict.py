@@ -27,6 +27,8 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   (:func:`posstats.estimates.noise.null_rank`), counted only when the corpus is
   non-stationary (a gatekeeping order: under the stationary null every claim needs the
   first test to reject, so the family-wise level stays 5 %).
+- **Withheld** (:func:`withheld_reason`): in pack or chunk mode with fewer than 30
+  windows, no decision is taken (every one is None) and the verdict says why.
 - **Best encodings** (:func:`best_encodings`): per width, the encoding with the lowest scaled
   stress and those whose 95 % interval overlaps its interval (a tie: their difference is
   not larger than the intervals); and the same on held-out counts, when the analysis
@@ -48,14 +50,17 @@ from posstats.counting.rows import row_blocks
 
 __all__ = [
     "FAMILY_LEVEL",
+    "MIN_WINDOWS",
     "STANDOUT_Z",
     "best_encodings",
+    "caveats",
+    "non_stationarity",
     "null_distance_to_pool",
     "position_ranges",
-    "standout_threshold",
-    "non_stationarity",
     "standout_positions",
+    "standout_threshold",
     "verdict",
+    "withheld_reason",
 ]
 
 _LISTED = 64  # positions listed in the report (all are counted)
@@ -325,18 +330,53 @@ def non_stationarity(homogeneity: dict[str, Any] | None, standout: dict[str, Any
     return bool(standouts or homogeneous), "either rejects: " + " or ".join(tests)
 
 
+MIN_WINDOWS = 30  # pack / chunk mode: fewer windows than this and the verdict is withheld
+
+
+def withheld_reason(report: dict[str, Any], /) -> str | None:
+    """Why the report's decisions would not be honest, or None: in ``pack`` or ``chunk``
+    mode every position gets one token per window, and the tokens of one window are
+    consecutive text (dependent); with fewer than :data:`MIN_WINDOWS` windows the few
+    stretches of text that fill each position decide everything."""
+    corpus = report.get("corpus") or {}
+    mode, windows = corpus.get("mode"), int(corpus.get("windows") or 0)
+    if mode in ("pack", "chunk") and windows < MIN_WINDOWS:
+        return (f"only {windows:,} window(s) in {mode} mode (fewer than {MIN_WINDOWS}): every position holds tokens of "
+                f"{windows:,} stretch(es) of text, which are not independent tokens; count a larger corpus or fewer "
+                "--positions")
+    return None
+
+
+def caveats(report: dict[str, Any], /) -> list[str]:
+    """Assumptions of the decisions that the report's own data cannot check."""
+    out = []
+    if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
+        out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
+                   "noise floor and the tests treat them as independent, so structure at the scale of a document may "
+                   "read as positional")
+    return out
+
+
 def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[str, Any]:
     """The report's ``verdict`` section from its ``null``, ``homogeneity``, ``noise``,
-    ``geometry`` and ``encodings`` entries and the :func:`standout_positions` result."""
+    ``geometry``, ``corpus`` and ``encodings`` entries and the :func:`standout_positions`
+    result (decisions withheld, None, when :func:`withheld_reason` says so)."""
     null = report.get("null") or {}
     noise = report.get("noise") or {}
+    withheld = withheld_reason(report)
+    if withheld:
+        standout = None
     non_stationary, test = non_stationarity(report.get("homogeneity"), standout)
     above = null.get("components_above_null")
+    if withheld:
+        non_stationary, test, above = None, f"withheld: {withheld}", None
     if above is not None and non_stationary is False:
         above = 0  # gatekeeping: components are claimed only once homogeneity is rejected
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
     held_out = report.get("held_out") or {}
     return {
+        "withheld": withheld,
+        "caveats": caveats(report),
         "non_stationary": non_stationary,
         "non_stationary_test": test,
         "positions_distinguishable": non_stationary,

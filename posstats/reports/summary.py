@@ -50,7 +50,9 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         return []
     above = v.get("components_above_noise")
     null = report.get("null") or {}
-    if above is None:
+    if v.get("withheld"):
+        first = f"withheld: {v['withheld']}"
+    elif above is None:
         first = "no null computed: the rank below is not tested against sampling noise"
     elif v.get("non_stationary") is False and null.get("components_above_null"):
         first = ("0 MDS components stand above sampling noise (the corpus is not shown to be non-stationary, so "
@@ -60,7 +62,9 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
                  f"(null: {null.get('method')}, threshold {_fmt(null.get('threshold'), '.4g')})")
     so = v.get("standout_positions") or {}
     homogeneity = report.get("homogeneity") or {}
-    if v.get("non_stationary") is False:
+    if v.get("withheld"):
+        second = "not tested (the verdict is withheld)"
+    elif v.get("non_stationary") is False:
         second = ("positions are not distinguishable from one another beyond sampling noise "
                   f"({v.get('non_stationary_test')}; family-wise 5 %)")
     elif so.get("count"):
@@ -96,6 +100,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
             rows.append(f"d={b['dim']}: {sw['parameter']}={_fmt_value(b['best'])}{tie}")
         items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
     items.append(("distances", _noise_clause(report)))
+    items += [("caveat", c) for c in v.get("caveats") or []]
     return items
 
 
