@@ -31,7 +31,9 @@ from posstats.estimates.held_out import (
     token_halves,
 )
 from posstats.estimates.noise import bias_can_matter, corrected_squared_distances, noise_floor, null_rank
+from posstats.estimates.jackknife import JACKKNIFE_GROUPS, delete_group_replicates, jackknife_interval
 from posstats.estimates.permutation import permutation_null
+from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import split_noise_floor
 from posstats.estimates.verdict import standout_positions, verdict
@@ -680,7 +682,63 @@ def _exact_geometry(
     flat = not np.any(distances)
     results = [] if flat else _exact_encodings(distances, mds, g, config, show_progress)
     timings["encodings"] = time.perf_counter() - t
+    if results:
+        t = time.perf_counter()
+        _jackknife_intervals(results, g, corrected=bias is not None, config=config, show_progress=show_progress)
+        timings["stress_intervals"] = time.perf_counter() - t
     return _Geometry(mds, diagnostics, results, summary, distances, flat=flat)
+
+
+_JACKKNIFE_LIMIT = 2048  # geometry rows up to which exact stresses get jackknife intervals
+_JACKKNIFE_SMACOF_LIMIT = 512  # ... and SMACOF is refitted on every replicate
+_JACKKNIFE_MIN_OCCUPANCY = 20  # a row this full keeps a token in every replicate (P(empty) <= 0.1^20)
+
+
+def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: bool, config: AnalysisConfig,
+                         show_progress: bool | None) -> None:
+    """Replace the exact path's zero-width stress intervals by delete-a-group jackknife
+    intervals (:mod:`posstats.estimates.jackknife`): every replicate recomputes the
+    distances (with their own bias correction), refits the fitted encodings and rescores
+    every encoding. Entries say how (``stress_interval``); none is given above
+    ``_JACKKNIFE_LIMIT`` rows or with rows of fewer than ``_JACKKNIFE_MIN_OCCUPANCY``
+    tokens, nor for SMACOF above ``_JACKKNIFE_SMACOF_LIMIT`` rows."""
+    m = len(g.positions)
+    why = None
+    if m > _JACKKNIFE_LIMIT:
+        why = f"none: {m:,} geometry rows > {_JACKKNIFE_LIMIT:,} (a jackknife recomputes the m x m distances 10 times)"
+    elif float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY:
+        why = f"none: a geometry row has fewer than {_JACKKNIFE_MIN_OCCUPANCY} tokens (--min-occupancy raises the floor)"
+    if why:
+        for e in results:
+            e["stress_interval"] = why
+        return
+    jobs = [(dim, spec) for dim, spec in encoding_jobs(config, m)
+            if m <= _JACKKNIFE_SMACOF_LIMIT or parse_encoding_spec(spec).name != "mds-smacof"]
+    fitted = any(parse_encoding_spec(spec).name.startswith("mds") for _, spec in jobs)
+
+    def statistic(rows: sp.csr_array) -> dict[tuple[int, str, str], float]:
+        d2 = hellinger_sq(rows)
+        b = position_sampling_variance(rows) if corrected else None
+        mds = classical_mds(rows, k=None, method="dense", diagonal=b, squared_distances=d2) if fitted else None
+        dist = np.sqrt(corrected_squared_distances(d2, b)) if corrected else np.sqrt(d2)
+        occ = np.asarray(rows.sum(axis=1), dtype=np.float64).ravel()
+        out = {}
+        for dim, spec in jobs:
+            enc = make_encoding(spec, g.positions, dim, mds=mds, distances=dist, occupancy=occ, context=g.context)
+            rep = stress_report(enc.matrix, dist)
+            out[(dim, enc.name, "stress")], out[(dim, enc.name, "scaled_stress")] = rep.stress, rep.scaled_stress
+        return out
+
+    with progress(total=JACKKNIFE_GROUPS, desc="stress intervals", unit="replicate", enabled=show_progress) as bar:
+        reps = delete_group_replicates(g.rows, statistic, groups=JACKKNIFE_GROUPS, seed=config.seed, progress=bar.update)
+    for e in results:
+        key = (int(e["dim"]), e["name"])
+        if (*key, "stress") not in reps:
+            e["stress_interval"] = f"none: SMACOF is not refitted above {_JACKKNIFE_SMACOF_LIMIT} rows"
+            continue
+        e["stress_ci95"] = jackknife_interval(e["stress"], reps[(*key, "stress")])
+        e["scaled_stress_ci95"] = jackknife_interval(e["scaled_stress"], reps[(*key, "scaled_stress")])
+        e["stress_interval"] = f"jackknife, {JACKKNIFE_GROUPS} random token groups"
 
 
 # ----------------------------------------------------------------------------- sampled path
