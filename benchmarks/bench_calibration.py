@@ -1,7 +1,7 @@
 """Calibration against known truth (issue "answers a statistician would sign").
 
     python benchmarks/bench_calibration.py [--seeds 40] [--power-seeds 20] [--tokens 200,2000,20000]
-        [--positions 64,512] [--pair-seeds 10] [--skip-distances] [--quick]
+        [--positions 64,512] [--pair-seeds 10] [--coverage-seeds 30] [--skip-distances] [--quick]
 
 Prints one JSON object with two tables, each row with its uncertainty:
 
@@ -22,11 +22,18 @@ Prints one JSON object with two tables, each row with its uncertainty:
      standout, "positions distinguishable", "non-stationary"), target <= 5 %;
    - ``planted`` corpora (positions 0-3 mixed with a private block, ``--power-seeds``):
      "distinguishable", standouts exactly {0, 1, 2, 3}, components above noise;
-   - ``drift`` corpora: "non-stationary", components above noise.
+   - ``drift`` corpora: "non-stationary", components above noise;
+   - ``pack_markov``: a stationary stream whose tokens repeat the previous one half of the
+     time, packed into N windows of n (``posstats.testing.markov_packed_counts``): the
+     same false claims as ``stationary``, with dependent tokens.
    Each fraction comes with its Clopper-Pearson 95 % interval.
 
-Not here yet (issue #28): Markov-dependent documents in pack mode, N = 1e5 in the decision
-table, and the coverage of every interval.
+3. ``coverage``: drift corpora at n = the first ``--positions``, N >= 2,000: how often the
+   report's 95 % interval on the exact scaled stress of sinusoidal and ALiBi (d = 2, 16)
+   covers their scaled stress against the true distances.
+
+Not here yet (issue #28): N = 1e5 in the decision
+table, and the coverage of the other intervals.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from posstats.analysis import AnalysisConfig, analyze  # noqa: E402
 from posstats.estimates.noise import _paired_d2, _rows_csr, _union, fitted_bias, split_half  # noqa: E402
 from posstats.estimates.sampling_variance import position_sampling_variance  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
-from posstats.testing import known_corpus, split_counts  # noqa: E402
+from posstats.testing import known_corpus, markov_packed_counts, split_counts  # noqa: E402
 
 
 def _power_law_bias(counts, seed: int) -> np.ndarray:
@@ -124,6 +131,7 @@ def _claims(report: dict) -> dict[str, bool]:
 
 _TALLIED = {
     "stationary": ("components_above_noise", "any_standout", "distinguishable", "non_stationary"),
+    "pack_markov": ("components_above_noise", "any_standout", "distinguishable", "non_stationary"),
     "planted": ("distinguishable", "standouts_exactly_planted", "components_above_noise"),
     "drift": ("non_stationary", "components_above_noise"),
 }
@@ -141,10 +149,13 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
             t = time.perf_counter()
             row: dict = {"positions": n, "tokens_per_position": N}
             for kind, keys in _TALLIED.items():
-                runs = seeds if kind == "stationary" else power_seeds
+                runs = seeds if kind in ("stationary", "pack_markov") else power_seeds
                 tally = dict.fromkeys(keys, 0)
                 for seed in range(runs):
-                    claims = _claims(analyze(known_corpus(kind, n, tokens=N, seed=10_000 * (1 + list(_TALLIED).index(kind)) + seed).counts, cfg).report())
+                    seed_k = 10_000 * (1 + list(_TALLIED).index(kind)) + seed
+                    counts = (markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k) if kind == "pack_markov" else
+                              known_corpus(kind, n, tokens=N, seed=seed_k).counts)
+                    claims = _claims(analyze(counts, cfg).report())
                     for k in keys:
                         tally[k] += int(claims[k])
                 row[kind] = {k: _proportion(c, runs) for k, c in tally.items()}
@@ -152,6 +163,33 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
             rows.append(row)
             print(f"decisions n={n} N={N}: {json.dumps({k: {kk: vv['count'] for kk, vv in row[k].items()} for k in _TALLIED})}",
                   file=sys.stderr)
+    return rows
+
+
+def coverage_table(tokens: list[int], seeds: int, n: int) -> list[dict]:
+    """How often the report's 95 % interval on an encoding's exact scaled stress (the
+    jackknife of :mod:`posstats.estimates.jackknife`) covers that encoding's scaled stress
+    against the true distances, on drift corpora (target 90-99 %)."""
+    from posstats.geometry.encodings import make_encoding
+    from posstats.geometry.stress import stress_report
+
+    cfg = AnalysisConfig(dims=(2, 16), encodings=("sinusoidal", "alibi"), held_out="off", null="none")
+    i, j = np.triu_indices(n, 1)
+    rows = []
+    for N in tokens:
+        hits: dict[str, list[int]] = {}
+        for seed in range(seeds):
+            kc = known_corpus("drift", n, tokens=N, seed=30_000 + seed)
+            truth_d = np.zeros((n, n))
+            truth_d[i, j] = np.sqrt(kc.true_d2(i, j))
+            truth_d += truth_d.T
+            for e in analyze(kc.counts, cfg).report()["encodings"]:
+                truth = stress_report(make_encoding(e["name"], np.arange(n), e["dim"]).matrix, truth_d).scaled_stress
+                lo, hi = e["scaled_stress_ci95"]
+                hits.setdefault(f"{e['name']}@{e['dim']}", []).append(int(lo <= truth <= hi))
+        rows.append({"tokens_per_position": N, "positions": n, "kind": "drift",
+                     "coverage": {k: _proportion(sum(v), len(v)) for k, v in hits.items()}})
+        print(f"coverage N={N}: {json.dumps({k: sum(v) for k, v in hits.items()})} of {seeds}", file=sys.stderr)
     return rows
 
 
@@ -163,7 +201,8 @@ def main() -> None:
     p.add_argument("--tokens", default="200,2000,20000", help="tokens per position (default 200,2000,20000)")
     p.add_argument("--positions", default="64", help="positions n of the decision table, comma-separated (default 64; "
                                                   "the distance table uses the first)")
-    p.add_argument("--skip-distances", action="store_true", help="only the decision table")
+    p.add_argument("--skip-distances", action="store_true", help="leave out the distance table")
+    p.add_argument("--coverage-seeds", type=int, default=30, help="drift corpora per row of the coverage table (default 30; 0 leaves it out)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]
@@ -171,6 +210,7 @@ def main() -> None:
     seeds, power_seeds, pair_seeds = args.seeds, args.power_seeds, args.pair_seeds
     if args.quick:
         tokens, seeds, power_seeds, pair_seeds = [200, 2000], 4, 2, 4
+        args.coverage_seeds = 2
     t = time.perf_counter()
     out = {
         "benchmark": "calibration",
@@ -178,6 +218,7 @@ def main() -> None:
                   "seeds_stationary": seeds, "seeds_power": power_seeds, "seeds_distances": pair_seeds},
         "distances": [] if args.skip_distances else distance_table(tokens, pair_seeds, positions[0]),
         "decisions": decision_table(tokens, seeds, power_seeds, positions),
+        "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds, positions[0]) if args.coverage_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))

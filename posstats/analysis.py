@@ -690,7 +690,7 @@ def _exact_geometry(
 
 
 _JACKKNIFE_LIMIT = 2048  # geometry rows up to which exact stresses get jackknife intervals
-_JACKKNIFE_SMACOF_LIMIT = 512  # ... and SMACOF is refitted on every replicate
+_JACKKNIFE_SMACOF_LIMIT = 128  # ... and SMACOF is refitted on every replicate (O(m^2) per iteration)
 _JACKKNIFE_MIN_OCCUPANCY = 20  # a row this full keeps a token in every replicate (P(empty) <= 0.1^20)
 
 

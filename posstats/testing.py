@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.estimates.noise import poisson_rows
 
-__all__ = ["KnownCorpus", "known_corpus", "SyntheticCorpus", "split_counts", "synthetic_counts"]
+__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "split_counts", "synthetic_counts"]
 
 
 def split_counts(counts: PositionalCounts, /, *, parts: int = 2, seed: int = 0) -> tuple[PositionalCounts, ...]:
@@ -333,3 +333,36 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
     m = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, c)), shape=(n, corpus.base.size))
     m.sum_duplicates()
     return m
+
+
+def markov_packed_counts(n: int, /, *, windows: int, stay: float = 0.5, vocab: int = 5000, exponent: float = 1.1,
+                         seed: int = 0) -> PositionalCounts:
+    """Pack-mode counts of a *stationary* stream with dependent tokens: each token repeats
+    the previous one with probability ``stay`` and is otherwise a fresh Zipf(``exponent``)
+    draw over ``vocab`` ids (a Markov chain whose stationary distribution, and every
+    position's marginal, is the Zipf base). The stream is cut into ``windows`` consecutive
+    windows of ``n`` tokens (``pack`` mode), so tokens at nearby positions of one window are
+    dependent while every position has the same distribution: the null hypothesis of
+    the verdict's tests, with the dependence of real packed text.
+
+    Returns:
+        (n, vocab) sparse int64 counts, spec mode ``pack``, ``windows`` windows.
+    """
+    if not 0.0 <= stay < 1.0:
+        msg = f"stay must be in [0, 1), got {stay}"
+        raise ValueError(msg)
+    rng = np.random.default_rng(seed)
+    cdf = np.cumsum(_zipf(vocab, exponent, 1.0))
+    cdf /= cdf[-1]
+    total = int(n) * int(windows)
+    fresh = np.searchsorted(cdf, rng.random(total), side="right")
+    repeat = rng.random(total) < stay
+    repeat[0] = False
+    source = np.maximum.accumulate(np.where(repeat, 0, np.arange(total)))  # the last fresh draw at or before t
+    tokens = fresh[source]
+    position = np.arange(total) % int(n)
+    matrix = sp.csr_array((np.ones(total, dtype=np.int64), (position, tokens)), shape=(int(n), vocab))
+    matrix.sum_duplicates()
+    spec = CountSpec(positions=int(n), vocab_size=vocab, mode="pack")
+    return PositionalCounts(spec, matrix, int(windows), int(windows), total, "",
+                            {"known": f"markov stay={stay} windows={windows} seed={seed}"})

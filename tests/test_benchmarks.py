@@ -65,7 +65,7 @@ def test_bench_drift_small(tmp_path):
 def test_bench_calibration_small():
     """bench_calibration.py at a tiny size: both tables, every estimate with its uncertainty."""
     r = run_bench("bench_calibration.py", "--tokens", "2000", "--seeds", "2", "--power-seeds", "1", "--pair-seeds", "2",
-                  "--positions", "64")
+                  "--coverage-seeds", "1", "--positions", "64")
     assert r["benchmark"] == "calibration"
     names = {row["pairs"] for row in r["distances"]}
     assert names == {"identical", "planted_vs_base", "drift_1_apart", "drift_4_apart", "drift_16_apart", "drift_ends"}
@@ -79,3 +79,6 @@ def test_bench_calibration_small():
     assert all(c["of"] == 2 and c["ci95"][0] <= c["rate"] <= c["ci95"][1] for c in claims.values())
     assert set(dec["planted"]) == {"distinguishable", "standouts_exactly_planted", "components_above_noise"}
     assert dec["drift"]["non_stationary"]["of"] == 1
+    (cov,) = r["coverage"]
+    assert set(cov["coverage"]) == {"sinusoidal@2", "alibi@2", "sinusoidal@16", "alibi@16"}
+    assert all(c["of"] == 1 for c in cov["coverage"].values())

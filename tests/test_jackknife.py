@@ -9,7 +9,11 @@ import scipy.sparse as sp
 from scipy.stats import t as student_t
 
 from posstats.analysis import AnalysisConfig, analyze
-from posstats.estimates.jackknife import delete_group_replicates, jackknife_interval, jackknife_sd
+from posstats.estimates.jackknife import (
+    delete_group_replicates,
+    jackknife_interval,
+    jackknife_sd,
+)
 from posstats.geometry.encodings import make_encoding
 from posstats.geometry.stress import stress_report
 from posstats.testing import known_corpus

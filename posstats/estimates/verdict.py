@@ -323,7 +323,7 @@ def non_stationarity(homogeneity: dict[str, Any] | None, standout: dict[str, Any
     if standouts is None and homogeneous is None:
         return None, "not tested"
     tests = []
-    if homogeneous is not None:
+    if homogeneity:
         tests.append(f"permutation test of homogeneity (level {100 * float(homogeneity['level']):.1f} %)")
     if standouts is not None:
         tests.append(f"standout positions (family-wise {100 * FAMILY_LEVEL:.1f} %)")
