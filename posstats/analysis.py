@@ -715,11 +715,12 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
     jobs = [(dim, spec) for dim, spec in encoding_jobs(config, m)
             if m <= _JACKKNIFE_SMACOF_LIMIT or parse_encoding_spec(spec).name != "mds-smacof"]
     fitted = any(parse_encoding_spec(spec).name.startswith("mds") for _, spec in jobs)
+    top = min(m, max(dim for dim, _ in jobs))  # the coordinates the fitted encodings read
 
     def statistic(rows: sp.csr_array) -> dict[tuple[int, str, str], float]:
         d2 = hellinger_sq(rows)
         b = position_sampling_variance(rows) if corrected else None
-        mds = classical_mds(rows, k=None, method="dense", diagonal=b, squared_distances=d2) if fitted else None
+        mds = classical_mds(rows, k=top, method="dense", diagonal=b, squared_distances=d2) if fitted else None
         dist = np.sqrt(corrected_squared_distances(d2, b)) if corrected else np.sqrt(d2)
         occ = np.asarray(rows.sum(axis=1), dtype=np.float64).ravel()
         out = {}

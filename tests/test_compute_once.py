@@ -160,7 +160,8 @@ def test_run_forms_the_matrix_once_and_reports_the_numbers_it_did(tmp_path, data
     assert main(["run", *sample_args(data_dir), "--noise-floor", "off", "--out", str(out)]) == 0
     assert (out / "report.html").is_file() and (out / "summary.md").is_file()
     assert_each_once(spy, corpus_rows(out))
-    assert len(spy.calls) == 1 + 39 + 2  # the corpus, the 39 shuffled null corpora, the two held-out halves
+    # the corpus, the 39 shuffled null corpora, the 10 jackknife replicates, the two held-out halves
+    assert len(spy.calls) == 1 + 39 + 10 + 2
     check_expected(json.loads((out / "report.json").read_text()))
 
 

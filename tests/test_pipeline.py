@@ -59,6 +59,7 @@ dims = [2, 8]
 encodings = ["mds", "sinusoidal", "random"]
 [export]
 dim = 8
+rank = 2  # explicit: a random corpus has no component above noise, and the default exports none
 card = false
 """
     for table, body in extra.items():
@@ -144,11 +145,11 @@ def test_end_to_end_layout_counts_geometry_export(setup, capsys):
     assert (root / "runs/first/report/report.html").stat().st_size > 1000
     assert list((root / "runs/first/report/figures").glob("*.png"))
     assert not list((root / "runs/first/report").glob("counts.*"))  # the counts live in reduce/ only
-    # the exported table is P_MDS(r) padded to the width
+    # the exported table is P_MDS(r) padded to the width (r = 2, the config's rank)
     table = load_file(str(root / "runs/first/export/positions.safetensors"))["position_embeddings"]
-    k = min(8, mds["encoding"].shape[1])
     assert table.shape == (N, 8) and table.dtype == np.float32
-    np.testing.assert_array_equal(table[:, :k], mds["encoding"][:, :k].astype(np.float32))
+    np.testing.assert_array_equal(table[:, :2], mds["encoding"][:, :2].astype(np.float32))
+    np.testing.assert_array_equal(table[:, 2:], 0.0)
     assert marker["export"]["file"] == "positions.safetensors" and store.latest()["export"] == (
         "runs/first/export/positions.safetensors")
 
@@ -158,6 +159,21 @@ def test_end_to_end_layout_counts_geometry_export(setup, capsys):
     assert "first: complete" in out and "[config count reduce geometry diff report export]" in out
     assert "no earlier run to compare with" in out and not (root / "runs/first/diff/diff.json").exists()
     assert "../diff/diff.html" not in (root / "runs/first/report/report.html").read_text()
+
+
+def test_no_component_above_noise_exports_a_readme_not_a_table(setup, capsys):
+    """Without [export] rank, a corpus whose verdict finds no component above sampling
+    noise gets export/README.md saying why, not a table of noise; the run completes."""
+    tmp_path, _, config = setup
+    config.write_text(config.read_text().replace("rank = 2  # explicit", "# no rank"))
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", "quiet")
+    assert rc == 0, err
+    root = Path(Store(str(tmp_path / "store")).root)
+    report = json.loads((root / "runs/quiet/geometry/report.json").read_text())
+    assert report["verdict"]["components_above_noise"] == 0
+    assert not (root / "runs/quiet/export/positions.safetensors").exists()
+    readme = (root / "runs/quiet/export/README.md").read_text()
+    assert "no MDS component stands above sampling noise" in readme
 
 
 def test_rerun_is_idempotent_and_refreshes_are_incremental(setup, capsys):

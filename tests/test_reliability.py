@@ -68,7 +68,7 @@ def config_text(store: str, inputs: str, **tables: str) -> str:
         "input": f'paths = ["{inputs}"]\ncolumn = "ids"',
         "count": f"positions = {N}\nvocab_size = {V}\nexclude_tokens = []",
         "geometry": 'dims = [2, 8]\nencodings = ["mds", "sinusoidal", "random"]',
-        "export": "dim = 8\ncard = false",
+        "export": "dim = 8\nrank = 2\ncard = false",
     }
     for k, v in tables.items():
         base[k] = base.get(k, "") + "\n" + v

@@ -157,6 +157,7 @@ dims = [2, 8]
 encodings = ["mds", "sinusoidal"]
 [export]
 dim = 8
+rank = 2  # explicit: a random corpus has no component above noise, and the default exports none
 card = false
 """)
     return tmp_path, corpus, config

@@ -46,7 +46,8 @@ def test_round_trip_identical_tensors_and_distances(run_dir, tmp_path, fmt, layo
     assert (module.num_positions, module.embedding_dim, module.rank) == (20, 16, None)
     np.testing.assert_array_equal(module.weight.detach().numpy(), res.table)
     run = load_run(run_dir)
-    k = min(16, run.encoding.shape[1])
+    k = int(res.metadata["rank"])  # the components above sampling noise
+    assert 1 <= k == min(16, run.report["verdict"]["components_above_noise"])
     np.testing.assert_allclose(_pdist(module.weight.detach().numpy()), _pdist(run.encoding[:, :k]), atol=1e-6)
     if fmt == "safetensors":
         assert module.metadata == res.metadata

@@ -502,10 +502,10 @@ def export_run(
     _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
     _check_prefix(prefix)
     _check_contiguous(run)
+    run = _rows(run, rows)
     empty = nothing_to_export(run, rank=rank)
     if empty:
         raise InputError(f"{run.directory}: {empty}")
-    run = _rows(run, rows)
     thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
     if warnings and strict:
         raise InputError(f"{run.directory}: {warnings[0]}")

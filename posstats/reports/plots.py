@@ -398,8 +398,11 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
         ci = np.array([p[1].get("scaled_stress_ci95") or [p[1]["scaled_stress"]] * 2 for p in points], dtype=np.float64)
         color = f"C{i % 10}"
         flat = float(y.max() - y.min()) <= 1e-9 * max(float(np.abs(y).max()), 1e-300)
-        ax.errorbar(x, y, yerr=[y - ci[:, 0], ci[:, 1] - y], fmt="o-", ms=4, lw=1.2, capsize=3, color=color,
-                    label=f"d={dim}" + (f" ({label})" if label else "") + (": all equal" if flat else ""))
+        # the interval is drawn from its bounds: a jackknife interval is centred on the
+        # bias-corrected estimate and need not contain the point (docs/calibration.md)
+        ax.plot(x, y, "o-", ms=4, lw=1.2, color=color,
+                label=f"d={dim}" + (f" ({label})" if label else "") + (": all equal" if flat else ""))
+        ax.vlines(x, ci[:, 0], ci[:, 1], color=color, lw=1.0)
         if not flat:
             best = int(np.argmin(y))
             ax.plot([x[best]], [y[best]], marker="*", ms=13, color=color, markeredgecolor="black", zorder=5)

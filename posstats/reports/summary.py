@@ -185,6 +185,9 @@ def format_summary(report: dict[str, Any], /) -> str:
         table.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     sampled = any(e["monotonicity_method"] != "exact" for e in report["encodings"])
     note = "stress = sum (e-h)^2 / sum h^2; scaled = min over a of stress(aP)" + ("; ~ = sampled estimate" if sampled else "")
+    if any(str(e.get("stress_interval", "")).startswith("jackknife") for e in report["encodings"]):
+        note += ("; [lo, hi] = 95 % jackknife interval around the bias-corrected estimate (it can exclude the "
+                 "estimate; docs/calibration.md)")
     return "\n".join([*lines, "", *table, *skipped_lines(report), "", note])
 
 
