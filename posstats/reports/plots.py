@@ -402,7 +402,8 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
         # bias-corrected estimate and need not contain the point (docs/calibration.md)
         ax.plot(x, y, "o-", ms=4, lw=1.2, color=color,
                 label=f"d={dim}" + (f" ({label})" if label else "") + (": all equal" if flat else ""))
-        ax.vlines(x, ci[:, 0], ci[:, 1], color=color, lw=1.0)
+        ax.vlines(x, ci[:, 0], ci[:, 1], color=color, lw=1.0,
+                  label="95 % interval (jackknife: around the bias-corrected estimate)" if i == 0 and np.any(ci[:, 1] > ci[:, 0]) else None)
         if not flat:
             best = int(np.argmin(y))
             ax.plot([x[best]], [y[best]], marker="*", ms=13, color=color, markeredgecolor="black", zorder=5)
