@@ -135,3 +135,14 @@ def test_both_samplers_draw_the_same_table_distribution():
         freq = np.bincount([int(s[0, 0]) for s in draws], minlength=5) / 3000
         # 3000 draws: each frequency within 5 binomial sd of the pmf
         np.testing.assert_array_less(np.abs(freq - expected), 5 * np.sqrt(expected * (1 - expected) / 3000) + 1e-9)
+
+
+def test_eigen_replicates_are_the_first_of_the_shuffles():
+    rows = known_corpus("stationary", 12, tokens=300, seed=2).counts.matrix
+    full = permutation_null(rows, replicates=5, seed=3)
+    part = permutation_null(rows, replicates=5, eigen_replicates=2, seed=3)
+    np.testing.assert_array_equal(part.null_homogeneity, full.null_homogeneity)
+    np.testing.assert_array_equal(part.null_top_eigenvalues, full.null_top_eigenvalues[:2])
+    assert part.level() == 1 / 6 and part.eigenvalue_level() == 1 / 3
+    with pytest.raises(ValueError, match="eigen_replicates must be in 1..5"):
+        permutation_null(rows, replicates=5, eigen_replicates=6)

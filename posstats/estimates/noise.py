@@ -773,7 +773,7 @@ def null_rank(
             mat = counts.matrix[rows] if counts.is_sparse else np.asarray(counts.matrix)[rows]
             permutation = permutation_null(mat, replicates=replicates, corrected=corrected, seed=seed)
         null_arr = permutation.null_top_eigenvalues[:, None]
-        threshold, reps = permutation.eigenvalue_threshold, permutation.replicates
+        threshold, reps = permutation.eigenvalue_threshold, int(permutation.null_top_eigenvalues.size)
     elif method == "mp":
         if floor is None or (parts is None and floor.column_noise is None):
             msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"

@@ -170,7 +170,7 @@ class PermutationNull:
         replicates: R.
         homogeneity: the data's ``S`` (:func:`homogeneity_statistic`).
         null_homogeneity: (R,) ``S`` of the shuffled corpora.
-        null_top_eigenvalues: (R,) :func:`top_eigenvalue` of the shuffled corpora.
+        null_top_eigenvalues: (R',) :func:`top_eigenvalue` of the first R' <= R shuffled corpora.
         corrected: whether the eigenvalues are on the bias-corrected scale.
     """
 
@@ -191,8 +191,12 @@ class PermutationNull:
         return float(np.max(self.null_top_eigenvalues))
 
     def level(self) -> float:
-        """The level of a test that rejects when the data exceeds all R null values: 1 / (R + 1)."""
+        """The homogeneity test's level (it rejects when the data exceeds all R null values): 1 / (R + 1)."""
         return 1.0 / (self.replicates + 1)
+
+    def eigenvalue_level(self) -> float:
+        """The rank test's level for its first eigenvalue: 1 / (R' + 1)."""
+        return 1.0 / (self.null_top_eigenvalues.size + 1)
 
 
 def permutation_null(
@@ -200,16 +204,22 @@ def permutation_null(
     /,
     *,
     replicates: int = 39,
+    eigen_replicates: int | None = None,
     corrected: bool = False,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> PermutationNull:
     """Draw ``replicates`` shuffled corpora of the (m, V) counts ``rows`` (every row
-    occupied) and compute each one's homogeneity statistic and top eigenvalue (module
-    docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``; ``progress(1)``
-    is called after each."""
+    occupied) and compute each one's homogeneity statistic and, for the first
+    ``eigen_replicates`` of them (default all; the costly part for many rows), its top
+    eigenvalue (module docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``;
+    ``progress(1)`` is called after each."""
     if replicates < 1:
         msg = f"a permutation null needs at least 1 replicate, got {replicates}"
+        raise ValueError(msg)
+    eigen = replicates if eigen_replicates is None else int(eigen_replicates)
+    if not 1 <= eigen <= replicates:
+        msg = f"eigen_replicates must be in 1..{replicates}, got {eigen_replicates}"
         raise ValueError(msg)
     c = _csr(rows)
     if c.dtype.kind not in "iu":
@@ -217,11 +227,12 @@ def permutation_null(
             msg = "a permutation null needs integer counts"
             raise ValueError(msg)
         c = c.astype(np.int64)
-    s_null, top_null = np.empty(replicates), np.empty(replicates)
+    s_null, top_null = np.empty(replicates), np.empty(eigen)
     for r in range(replicates):
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
         s_null[r] = homogeneity_statistic(shuffled)
-        top_null[r] = top_eigenvalue(shuffled, corrected=corrected)
+        if r < eigen:
+            top_null[r] = top_eigenvalue(shuffled, corrected=corrected)
         if progress is not None:
             progress(1)
     return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null, bool(corrected))
