@@ -233,3 +233,17 @@ def test_dependent_tokens_in_pack_mode_keep_the_family_wise_level():
         assert v["withheld"] is None
         claims += int(bool(v["positions_distinguishable"]) or bool(v["components_above_noise"]))
     assert claims <= 3
+
+
+def test_key_numbers_show_the_verdicts_count_of_components():
+    """The HTML key numbers say what the verdict claims, not the null's raw count."""
+    from posstats.reports.html import _components_above_noise
+
+    spectrum = {"spectrum": {"components_above_null": 26}}
+    assert _components_above_noise(spectrum) == "26"  # no verdict: the null's count
+    withheld = {**spectrum, "verdict": {"withheld": "only 5 window(s)", "components_above_noise": None}}
+    assert _components_above_noise(withheld).startswith("withheld (26 eigenvalue(s) above the null threshold")
+    gated = {**spectrum, "verdict": {"withheld": None, "components_above_noise": 0}}
+    assert _components_above_noise(gated).startswith("0 (26 eigenvalue(s) above the null threshold")
+    same = {"spectrum": {"components_above_null": 3}, "verdict": {"withheld": None, "components_above_noise": 3}}
+    assert _components_above_noise(same) == "3"

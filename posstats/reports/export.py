@@ -334,9 +334,11 @@ def _export_rank(run: RunData, *, dim: int, rank: int | None) -> tuple[int, str,
                         f"{rank - informative} fit noise")
         return int(rank), "--rank", warn
     if informative is None:
-        return min(int(dim), k), "width (no null computed)", [
-            "the analysis computed no null (--null none), so the rank is not tested against sampling noise: "
-            f"the table keeps min(--dim, {k}) MDS coordinates"]
+        withheld = (run.report.get("verdict") or {}).get("withheld")
+        why = (f"the verdict is withheld ({withheld})" if withheld else
+               "the analysis computed no null (--null none)")
+        return min(int(dim), k), "width (rank not tested)", [
+            f"{why}, so the rank is not tested against sampling noise: the table keeps min(--dim, {k}) MDS coordinates"]
     r = min(int(dim), k, informative)
     return r, "components above sampling noise", []
 

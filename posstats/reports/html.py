@@ -103,6 +103,22 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
     return out
 
 
+def _components_above_noise(report: dict[str, Any]) -> str:
+    """The verdict's count (gated by the tests of one distribution, or withheld), with the
+    null's own count beside it when they differ; the null's count for a report without a
+    verdict."""
+    raw = (report.get("spectrum") or {}).get("components_above_null")
+    v = report.get("verdict")
+    if not v:
+        return _num(raw)
+    if v.get("withheld"):
+        return f"withheld ({_num(raw)} eigenvalue(s) above the null threshold, not claimed)"
+    above = v.get("components_above_noise")
+    if above is not None and raw is not None and above != raw:
+        return f"{_num(above)} ({_num(raw)} eigenvalue(s) above the null threshold; not claimed for a stationary corpus)"
+    return _num(above)
+
+
 def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
     c, p, s = report.get("corpus", {}), report.get("positions", {}), report.get("spectrum", {})
     h = report.get("hellinger", {})
@@ -117,7 +133,7 @@ def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("d_H min / mean / max", f"{_num(h.get('min'))} / {_num(h.get('mean'))} / {_num(h.get('max'))}"
          + (f" (plug-in); corrected {_num(h.get('corrected_min'))} / {_num(h.get('corrected_mean'))} / "
             f"{_num(h.get('corrected_max'))}" if "corrected_mean" in h else "")),
-        ("MDS components above sampling noise", _num(s.get("components_above_null"))),
+        ("MDS components above sampling noise", _components_above_noise(report)),
         ("MDS numerical rank", f"{s.get('rank', '-')} at rtol {s.get('rank_rtol', '-')} ({s.get('method', '-')}; "
                                "counts every component, noise included)"),
         ("components for 90 / 95 / 99 / 99.9 %", " / ".join(_num(cf.get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))),
