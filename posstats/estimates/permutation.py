@@ -44,6 +44,7 @@ import scipy.sparse.linalg as spla
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.verdict import distance_to_pool
 from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.mds import gram_in_place
 
 __all__ = [
     "PermutationNull",
@@ -140,16 +141,8 @@ def top_eigenvalue(rows: Any, /, *, corrected: bool) -> float:
     Dense subset solve up to 512 rows, else ARPACK (``eigsh``, k = 1, relative tolerance
     1e-8) on the dense (m, m) matrix.
     """
-    d = hellinger_sq(rows)
-    m = d.shape[0]
-    means = d.mean(axis=1)
-    b = -0.5 * (d - means[:, None] - means[None, :] + means.mean())
-    if corrected:
-        bias = position_sampling_variance(rows)
-        # H diag(b) H = diag(b) - b 1^T/m - 1 b^T/m + (sum b)/m^2 1 1^T
-        b -= np.diag(bias)
-        b += (bias[:, None] + bias[None, :]) / m
-        b -= bias.sum() / m**2
+    b = gram_in_place(hellinger_sq(rows), position_sampling_variance(rows) if corrected else None)
+    m = b.shape[0]
     if m <= _DENSE_EIGEN_LIMIT:
         return float(scipy.linalg.eigh(b, eigvals_only=True, subset_by_index=[m - 1, m - 1], driver="evr")[0])
     v0 = np.random.default_rng(0).standard_normal(m)

@@ -65,7 +65,7 @@ from threadpoolctl import threadpool_limits
 from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
-__all__ = ["MDSResult", "Spectrum", "classical_mds", "spectrum_summary"]
+__all__ = ["MDSResult", "Spectrum", "classical_mds", "gram_in_place", "spectrum_summary"]
 
 _COVERAGE_LEVELS = (0.9, 0.95, 0.99, 0.999)
 
@@ -341,15 +341,7 @@ def _dense_mds(counts: Any, *, k: int | None, tol: float, diagonal: Any = None, 
     if n == 0:
         msg = "counts has no rows"
         raise ValueError(msg)
-    # B = -1/2 H D H in place: D is symmetric, so row and column means coincide.
-    means = b.mean(axis=1)
-    grand = means.mean()
-    b -= means[:, None]
-    b -= means[None, :]
-    b += grand
-    b *= -0.5
-    if diagonal is not None:
-        _subtract_centred_diagonal(b, xp.asarray(diagonal, dtype=xp.float64), xp)
+    gram_in_place(b, diagonal, xp=xp)
     total_variance = float(xp.trace(b))
     kk = n if k is None else min(int(k), n)
     if xp is np:
@@ -559,6 +551,21 @@ def _iterative_mds(counts: Any, *, k: int, tol: float, seed: int) -> MDSResult:
 
 # ---------------------------------------------------------------------------------------
 # Block Lanczos for very long contexts
+
+
+def gram_in_place(d2: Any, diagonal: Any = None, /, *, xp: types.ModuleType = np) -> Any:
+    """Turn the symmetric (n, n) squared distances ``d2`` into classical MDS's Gram matrix in
+    place and return it: ``B = -1/2 H D H``, and with ``diagonal`` (n,) ``b`` the
+    bias-corrected ``B - H diag(b) H``. D is symmetric, so row and column means coincide."""
+    means = d2.mean(axis=1)
+    grand = means.mean()
+    d2 -= means[:, None]
+    d2 -= means[None, :]
+    d2 += grand
+    d2 *= -0.5
+    if diagonal is not None:
+        _subtract_centred_diagonal(d2, xp.asarray(diagonal, dtype=xp.float64), xp)
+    return d2
 
 
 def _subtract_centred_diagonal(b: Any, d: Any, xp: types.ModuleType) -> None:
