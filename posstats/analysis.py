@@ -225,6 +225,10 @@ class AnalysisConfig:
         if self.smacof_limit < 0:
             msg = f"the SMACOF limit must be >= 0 positions, got {self.smacof_limit}"
             raise PosstatsError(msg)
+        if self.null_replicates > _MAX_NULL_REPLICATES:
+            msg = (f"--null-replicates {self.null_replicates} is above {_MAX_NULL_REPLICATES} (each one is a shuffled corpus "
+                   "and, up to 1,024 rows, an m x m eigensolve)")
+            raise PosstatsError(msg)
         if self.null_replicates < 1 or self.bootstrap < 0:
             msg = f"need --null-replicates >= 1 and --bootstrap >= 0, got {self.null_replicates} and {self.bootstrap}"
             raise PosstatsError(msg)
@@ -900,6 +904,7 @@ def _large_min_separation(p: np.ndarray, sampled: Any) -> tuple[float, tuple[int
     return best, (bi, bj), "sampled_upper_bound"
 
 
+_MAX_NULL_REPLICATES = 999  # a config value bounds a loop: 999 gives p-values down to 0.001
 _EIGEN_REPLICATE_ROWS = 1024  # above this many rows the rank test uses 19 of the shuffled corpora
 
 

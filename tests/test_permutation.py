@@ -146,3 +146,12 @@ def test_eigen_replicates_are_the_first_of_the_shuffles():
     assert part.level() == 1 / 6 and part.eigenvalue_level() == 1 / 3
     with pytest.raises(ValueError, match="eigen_replicates must be in 1..5"):
         permutation_null(rows, replicates=5, eigen_replicates=6)
+
+
+def test_null_replicates_are_bounded():
+    from posstats.analysis import AnalysisConfig
+    from posstats.errors import PosstatsError
+
+    with pytest.raises(PosstatsError, match="--null-replicates 100000 is above 999"):
+        AnalysisConfig(null_replicates=100_000)
+    assert AnalysisConfig(null_replicates=999).null_replicates == 999
