@@ -1,0 +1,124 @@
+"""Benchmark the GPU (cupy) geometry paths against numpy, in one process, on one corpus.
+
+    python benchmarks/bench_gpu_geometry.py [--n 8192 --vocab 50257 --k 64 --docs 2000]
+
+Two timings, each numpy then cupy on the same seeded counts (``bench_mds.make_counts``:
+Zipf tokens, log-normal document lengths, drifting topics):
+
+- ``hellinger``: the dense (n, n) squared Hellinger matrix :func:`hellinger_sq` from the
+  (n, V) counts, as ``jobs/hellinger.py --device gpu`` computes it (counts densified and
+  copied to the GPU, the result copied back; both copies are timed).
+- ``lanczos``: the top-``k`` classical MDS by block Lanczos on the implicit operator
+  (``classical_mds(method="lanczos", xp=cupy)``, as ``jobs/eigensolve.py --device gpu``).
+
+Each row reports wall seconds (best of ``--repeats``, after one untimed warm-up run on the
+GPU so that kernel compilation is not timed), the speed-up numpy / cupy, and agreement:
+``max_abs_diff`` of the distances, the largest relative difference of the eigenvalues.
+Prints one JSON object; exits 2 with a message when cupy or a CUDA device is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_mds import make_counts  # noqa: E402
+
+from posstats.geometry.backend import get_cupy, gpu_available, to_numpy  # noqa: E402
+from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
+from posstats.geometry.mds import classical_mds  # noqa: E402
+
+
+def _best(fn, repeats: int) -> tuple[float, object]:
+    """(best wall seconds over ``repeats`` calls of ``fn``, the last result)."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def bench_hellinger(counts, cp, repeats: int) -> dict:
+    """Dense squared Hellinger distances: sparse numpy path vs dense cupy path (with copies)."""
+
+    def on_gpu():
+        d = hellinger_sq(cp.asarray(counts.toarray()))
+        host = to_numpy(d)
+        cp.cuda.Stream.null.synchronize()
+        return host
+
+    cpu_s, d_cpu = _best(lambda: hellinger_sq(counts), repeats)
+    on_gpu()  # warm-up: kernels compiled, memory pool grown
+    gpu_s, d_gpu = _best(on_gpu, repeats)
+    cp.get_default_memory_pool().free_all_blocks()
+    return {"numpy_s": round(cpu_s, 3), "cupy_s": round(gpu_s, 3), "speedup": round(cpu_s / gpu_s, 2),
+            "max_abs_diff": float(np.abs(np.asarray(d_cpu) - np.asarray(d_gpu)).max())}
+
+
+def bench_lanczos(counts, cp, k: int, tol: float, repeats: int) -> dict:
+    """Top-k block-Lanczos MDS on the host and on the GPU."""
+
+    def run(xp):
+        res = classical_mds(counts, k=k, method="lanczos", tol=tol, xp=xp)
+        if xp is not None:
+            cp.cuda.Stream.null.synchronize()
+        return res
+
+    cpu_s, r_cpu = _best(lambda: run(None), repeats)
+    run(cp)  # warm-up
+    gpu_s, r_gpu = _best(lambda: run(cp), repeats)
+    e_cpu, e_gpu = np.asarray(r_cpu.eigenvalues), to_numpy(r_gpu.eigenvalues)
+    return {"k": k, "tol": tol, "numpy_s": round(cpu_s, 3), "cupy_s": round(gpu_s, 3),
+            "speedup": round(cpu_s / gpu_s, 2),
+            "max_rel_eigenvalue_diff": float((np.abs(e_cpu - e_gpu) / np.abs(e_cpu)).max()),
+            "max_residual_gpu": float(to_numpy(r_gpu.residuals).max())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=8192, help="positions (rows)")
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--docs", type=int, default=2000, help="documents (occupancy of position 0)")
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--tol", type=float, default=1e-8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        cp = get_cupy()
+    except ImportError as exc:
+        print(f"bench_gpu_geometry: {exc}", file=sys.stderr)
+        return 2
+    if not gpu_available():
+        print("bench_gpu_geometry: cupy is installed but no CUDA device answers", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    counts = make_counts(args.n, args.vocab, seed=args.seed, docs=args.docs, topics=24)
+    keep = np.flatnonzero(np.asarray(counts.sum(axis=1)).ravel() > 0)
+    counts = counts[keep]
+    out = {
+        "benchmark": "gpu_geometry",
+        "platform": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "cupy": cp.__version__,
+        "n_occupied": int(counts.shape[0]), "V": args.vocab, "nnz": int(counts.nnz),
+        "build_s": round(time.perf_counter() - t0, 3),
+        "hellinger": bench_hellinger(counts, cp, args.repeats),
+        "lanczos": bench_lanczos(counts, cp, args.k, args.tol, args.repeats),
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
