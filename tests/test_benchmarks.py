@@ -79,6 +79,9 @@ def test_bench_calibration_small():
     assert all(c["of"] == 2 and c["ci95"][0] <= c["rate"] <= c["ci95"][1] for c in claims.values())
     assert set(dec["planted"]) == {"distinguishable", "standouts_exactly_planted", "components_above_noise"}
     assert dec["drift"]["non_stationary"]["of"] == 1
-    (cov,) = r["coverage"]
-    assert set(cov["coverage"]) == {"sinusoidal@2", "alibi@2", "sinusoidal@16", "alibi@16"}
-    assert all(c["of"] == 1 for c in cov["coverage"].values())
+    assert [row["kind"] for row in r["coverage"]] == ["drift", "planted"]
+    for cov in r["coverage"]:
+        assert set(cov["coverage"]) == {"sinusoidal@2", "alibi@2", "sinusoidal@16", "alibi@16"}
+        assert all(c["of"] == 1 for c in cov["coverage"].values())
+        assert set(cov["estimate_rmse"]) == set(cov["coverage"])
+        assert all(cov["estimate_rmse"][k] >= abs(cov["estimate_bias"][k]) for k in cov["coverage"])

@@ -40,12 +40,13 @@ def synthetic_counts(n: int = 24, vocab: int = 40, *, seed: int = 0, empty: tupl
                             fingerprint="ab" * 32, metadata=meta)
 
 
-def analysed_run(tmp_path, *, empty=(), dims="2,8,16", name="run"):
+def analysed_run(tmp_path, *, empty=(), dims="2,8,16", name="run", extra=()):
     """Counts saved by save_counts, analysed by 'posstats analyze' (counts kept elsewhere)."""
     counts_dir = tmp_path / f"{name}-counts"
     save_counts(synthetic_counts(empty=empty), counts_dir)
     out = tmp_path / name
-    assert main(["analyze", "--counts", str(counts_dir), "--dims", dims, "--encodings", "mds,sinusoidal", "--out", str(out)]) == 0
+    assert main(["analyze", "--counts", str(counts_dir), "--dims", dims, "--encodings", "mds,sinusoidal", "--out", str(out),
+                 *extra]) == 0
     return out
 
 
@@ -218,6 +219,23 @@ def test_non_contiguous_positions_are_refused(tmp_path):
     gappy = analysed_run(tmp_path, empty=(5,), name="gappy")
     with pytest.raises(InputError, match=r"position 5 is unoccupied.*--positions 5"):
         export_encoding(gappy, tmp_path / "x.safetensors", dim=8)
+
+
+def test_gap_at_position_0_suggests_no_empty_context(tmp_path):
+    """With position 0 missing no shorter context helps: the message must not say --positions 0."""
+    gappy = analysed_run(tmp_path, empty=(0,), name="gap0")
+    with pytest.raises(InputError, match=r"position 0 is unoccupied") as info:
+        export_encoding(gappy, tmp_path / "x.safetensors", dim=8, rank=2)
+    assert "--positions" not in str(info.value)
+
+
+def test_bucketed_run_is_refused_as_such(tmp_path):
+    """Bucket rows are ranges of positions: the refusal says so and suggests re-running without buckets."""
+    bucketed = analysed_run(tmp_path, name="bucketed", dims="2,8", extra=("--buckets", "fixed:3"))
+    with pytest.raises(InputError, match=r"bucketed \(--buckets fixed:3\).*without --buckets") as info:
+        export_encoding(bucketed, tmp_path / "x.safetensors", dim=8, rank=2)
+    assert "--positions 0" not in str(info.value)
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_missing_run_and_missing_counts(tmp_path, run_dir):

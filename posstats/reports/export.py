@@ -258,12 +258,21 @@ def _check_contiguous(run: RunData) -> None:
     m = pos.shape[0]
     if m and np.array_equal(pos, np.arange(m)):
         return
+    config = run.report.get("config") or {}
+    buckets = config.get("buckets", "none")
+    if buckets not in (None, "none"):
+        msg = (f"{run.directory}: the run is bucketed (--buckets {buckets}): its {m:,} rows are ranges of positions, "
+               f"not positions, and a model needs one row per position 0..n-1: re-run the analysis without --buckets "
+               f"(with --positions P for the first P positions only)")
+        raise InputError(msg)
     gap = int(np.flatnonzero(pos != np.arange(m))[0]) if m else 0
-    mo = (run.report.get("config") or {}).get("min_occupancy", 1)
+    mo = config.get("min_occupancy", 1)
+    # A shorter context (--positions gap) helps only when the positions before the gap can be exported: at least 2.
+    shorter = f"--positions {gap} or " if gap >= 2 else ""
     msg = (
         f"{run.directory}: the MDS encoding covers positions {int(pos[0]) if m else '-'}..{int(pos[-1]) if m else '-'} "
         f"with gaps (position {gap} is unoccupied or below --min-occupancy {mo}); a model needs a row for "
-        f"every position 0..n-1: re-run the analysis with --positions {gap} or a lower --min-occupancy"
+        f"every position 0..n-1: re-run the analysis with {shorter}a lower --min-occupancy"
     )
     raise InputError(msg)
 
