@@ -31,7 +31,8 @@ Prints one JSON object with two tables, each row with its uncertainty:
 3. ``coverage``: drift and planted corpora at n = the first ``--positions``, N >= 2,000:
    how often the report's 95 % interval on the exact scaled stress of sinusoidal and ALiBi
    (d = 2, 16) covers their scaled stress against the true distances, with the bias and
-   RMSE of the reported estimate.
+   RMSE of the reported estimate, the mean noise share of the summed distances
+   (``null.distance_noise``) and how often the report's caveat about it is shown.
 
 Not here yet (issue #28): N = 1e5 in the decision
 table, and the coverage of the other intervals.
@@ -53,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from posstats.analysis import AnalysisConfig, analyze  # noqa: E402
 from posstats.estimates.noise import _paired_d2, _rows_csr, _union, fitted_bias, split_half  # noqa: E402
 from posstats.estimates.sampling_variance import position_sampling_variance  # noqa: E402
+from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
 from posstats.testing import known_corpus, markov_packed_counts, split_counts  # noqa: E402
 
@@ -176,19 +178,22 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.stress import stress_report
 
-    cfg = AnalysisConfig(dims=(2, 16), encodings=("sinusoidal", "alibi"), held_out="off", null="none")
+    cfg = AnalysisConfig(dims=(2, 16), encodings=("sinusoidal", "alibi"), held_out="off", null="shuffle", null_replicates=19)
     i, j = np.triu_indices(n, 1)
     rows = []
     for kind in kinds:
         for N in tokens:
             hits: dict[str, list[int]] = {}
             errors: dict[str, list[float]] = {}
+            shares: list[float] = []
             for seed in range(seeds):
                 kc = known_corpus(kind, n, tokens=N, seed=30_000 + seed)
                 truth_d = np.zeros((n, n))
                 truth_d[i, j] = np.sqrt(kc.true_d2(i, j))
                 truth_d += truth_d.T
-                for e in analyze(kc.counts, cfg).report()["encodings"]:
+                report = analyze(kc.counts, cfg).report()
+                shares.append(report["null"]["distance_noise"]["share"])
+                for e in report["encodings"]:
                     truth = stress_report(make_encoding(e["name"], np.arange(n), e["dim"]).matrix, truth_d).scaled_stress
                     lo, hi = e["scaled_stress_ci95"]
                     key = f"{e['name']}@{e['dim']}"
@@ -197,7 +202,9 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
             rows.append({"tokens_per_position": N, "positions": n, "kind": kind,
                          "coverage": {k: _proportion(sum(v), len(v)) for k, v in hits.items()},
                          "estimate_bias": {k: round(float(np.mean(v)), 5) for k, v in errors.items()},
-                         "estimate_rmse": {k: round(float(np.sqrt(np.mean(np.square(v)))), 5) for k, v in errors.items()}})
+                         "estimate_rmse": {k: round(float(np.sqrt(np.mean(np.square(v)))), 5) for k, v in errors.items()},
+                         "distance_noise_share": round(float(np.mean(shares)), 3),
+                         "caveat_shown": _proportion(sum(x >= DISTANCE_NOISE_CAVEAT for x in shares), len(shares))})
             print(f"coverage {kind} N={N}: {json.dumps({k: sum(v) for k, v in hits.items()})} of {seeds}", file=sys.stderr)
     return rows
 

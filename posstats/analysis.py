@@ -574,7 +574,8 @@ def analyze(
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
     run = _sampled_geometry if large else _exact_geometry
     geometry = run(g, bias, config, timings, show_progress)
-    null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress)
+    null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
+                                      distances=geometry.distances)
     if null is not None:
         sections["null"] = null
     if homogeneity is not None:
@@ -741,9 +742,14 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
         if (*key, "stress") not in reps:
             e["stress_interval"] = f"none: SMACOF is not refitted above {_JACKKNIFE_SMACOF_LIMIT} rows"
             continue
-        e["stress_ci95"] = jackknife_interval(e["stress"], reps[(*key, "stress")])
-        e["scaled_stress_ci95"] = jackknife_interval(e["scaled_stress"], reps[(*key, "scaled_stress")])
-        e["stress_interval"] = f"jackknife, {JACKKNIFE_GROUPS} random token groups"
+        raw = jackknife_interval(e["stress"], reps[(*key, "stress")], bounds=(0.0, math.inf))
+        scaled = jackknife_interval(e["scaled_stress"], reps[(*key, "scaled_stress")], bounds=(0.0, 1.0))
+        if raw is None or scaled is None:
+            e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0 (its 1/N extrapolation "
+                                    "overshoots for this encoding); the zero-width interval is the estimate")
+            continue
+        e["stress_ci95"], e["scaled_stress_ci95"] = raw, scaled
+        e["stress_interval"] = f"jackknife, {JACKKNIFE_GROUPS} random token groups, cut to the quantity's range"
 
 
 # ----------------------------------------------------------------------------- sampled path
@@ -924,11 +930,14 @@ def _null_section(
     config: AnalysisConfig,
     timings: dict[str, float],
     show_progress: bool | None,
+    *,
+    distances: np.ndarray | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(null, homogeneity)`` report sections: how many MDS components stand above a null
     corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same shuffled
     corpora, the permutation test of homogeneity (:mod:`posstats.estimates.permutation`;
-    None without a shuffle null)."""
+    None without a shuffle null). With the exact path's (m, m) ``distances`` the null also
+    says which share of their sum sampling noise alone reaches (``distance_noise``)."""
     m = len(g.index)
     choice = config.null
     if choice == "auto":
@@ -970,7 +979,24 @@ def _null_section(
     out["eigenvalue_scale"] = scale
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
+        if distances is not None:
+            out["distance_noise"] = _distance_noise_entry(perm, distances)
     return out, homogeneity
+
+
+def _distance_noise_entry(perm: Any, distances: np.ndarray) -> dict[str, Any]:
+    """The ``null.distance_noise`` entry: the data's summed pairwise distances, the mean sum
+    of the shuffled corpora (stationary, same occupancies, same estimator) and their ratio,
+    the share of the distances that sampling noise alone reaches
+    (:meth:`posstats.estimates.permutation.PermutationNull.distance_noise_share`)."""
+    data = float(np.sum(distances, dtype=np.float64)) / 2.0  # symmetric, zero diagonal: the sum over i < j
+    share = perm.distance_noise_share(data)
+    return {
+        "data_sum": data,
+        "null_mean_sum": float(np.mean(perm.null_distance_sums)),
+        "replicates": int(perm.null_distance_sums.size),
+        "share": share,
+    }
 
 
 def _bootstrap_section(

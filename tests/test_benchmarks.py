@@ -85,3 +85,4 @@ def test_bench_calibration_small():
         assert all(c["of"] == 1 for c in cov["coverage"].values())
         assert set(cov["estimate_rmse"]) == set(cov["coverage"])
         assert all(cov["estimate_rmse"][k] >= abs(cov["estimate_bias"][k]) for k in cov["coverage"])
+        assert cov["distance_noise_share"] > 0 and cov["caveat_shown"]["of"] == 1

@@ -29,6 +29,15 @@ def test_jackknife_sd_and_interval_by_hand():
     assert (lo, hi) == (pytest.approx(centre - half), pytest.approx(centre + half))
 
 
+def test_interval_is_cut_to_the_range_or_refused():
+    x = np.array([1.0, 2.0, 3.0, 4.0])  # centre -0.5, half-width t_3 * 1.94 = 6.2
+    lo, hi = jackknife_interval(2.0, x, bounds=(0.0, 1.0))
+    assert (lo, hi) == (0.0, 1.0)
+    # replicates far above the estimate: the 1/N extrapolation lands below 0, entirely
+    assert jackknife_interval(0.01, np.array([0.05, 0.051, 0.049, 0.05]), bounds=(0.0, 1.0)) is None
+    assert jackknife_interval(0.01, np.array([0.05, 0.051, 0.049, 0.05]))[1] < 0  # unbounded: as computed
+
+
 def test_replicates_leave_out_one_group_and_never_touch_the_input():
     rows = sp.csr_array(np.array([[50, 0, 3], [0, 40, 1]]))
     before = (rows.data.copy(), rows.indices.copy(), rows.indptr.copy())

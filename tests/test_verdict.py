@@ -13,6 +13,8 @@ import scipy.sparse as sp
 
 from posstats.cli import main
 from posstats.estimates.verdict import (
+    DISTANCE_NOISE_CAVEAT,
+    caveats,
     best_encodings,
     distance_to_pool,
     null_distance_to_pool,
@@ -21,7 +23,8 @@ from posstats.estimates.verdict import (
     standout_threshold,
     verdict,
 )
-from posstats.testing import synthetic_counts
+from posstats.analysis import AnalysisConfig, analyze
+from posstats.testing import known_corpus, synthetic_counts
 
 
 def test_position_ranges():
@@ -247,3 +250,23 @@ def test_key_numbers_show_the_verdicts_count_of_components():
     assert _components_above_noise(gated).startswith("0 (26 eigenvalue(s) above the null threshold")
     same = {"spectrum": {"components_above_null": 3}, "verdict": {"withheld": None, "components_above_noise": 3}}
     assert _components_above_noise(same) == "3"
+
+
+@pytest.mark.parametrize(("share", "expected"), [(None, False), (0.05, False), (DISTANCE_NOISE_CAVEAT, True), (0.34, True)])
+def test_distance_noise_caveat_by_hand(share, expected):
+    report = {"null": {"distance_noise": {"share": share}}}
+    found = [c for c in caveats(report) if "sampling noise alone gives" in c]
+    assert bool(found) == expected
+    if expected:
+        assert f"{share:.0%}" in found[0]
+
+
+def test_distance_noise_caveat_end_to_end():
+    """A planted corpus (60 of 64 positions identical: half of its summed distances is noise)
+    gets the caveat; a strong drift at N = 20,000 (share about 0.07) does not."""
+    planted = analyze(known_corpus("planted", 64, tokens=2000, seed=3).counts, AnalysisConfig(held_out="off")).report()
+    drift = analyze(known_corpus("drift", 64, tokens=20_000, seed=3).counts, AnalysisConfig(held_out="off")).report()
+    assert planted["null"]["distance_noise"]["share"] > 0.3
+    assert any("sampling noise alone gives" in c for c in planted["verdict"]["caveats"])
+    assert drift["null"]["distance_noise"]["share"] < DISTANCE_NOISE_CAVEAT
+    assert not any("sampling noise alone gives" in c for c in drift["verdict"]["caveats"])

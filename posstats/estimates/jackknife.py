@@ -88,12 +88,25 @@ def jackknife_sd(replicates: Any, /) -> float:
     return float(np.sqrt((k - 1) / k * np.sum((x - x.mean()) ** 2))) if k > 1 else float("nan")
 
 
-def jackknife_interval(estimate: float, replicates: Any, /, *, level: float = 0.95) -> list[float]:
+def jackknife_interval(
+    estimate: float, replicates: Any, /, *, level: float = 0.95, bounds: tuple[float, float] | None = None
+) -> list[float] | None:
     """``theta_J -+ t_{K-1} sd`` (:func:`jackknife_sd`) at the two-sided ``level``, centred on
     the bias-corrected ``theta_J = estimate - (K - 1) (theta_(.) - estimate)`` (module
-    docstring)."""
+    docstring).
+
+    ``bounds=(lo, hi)``: the range the quantity can take (scaled stress: [0, 1]); the
+    interval is cut to it, which keeps its coverage (the truth lies in the range). An
+    interval entirely outside the range (the bias correction overshot, e.g. a fitted
+    encoding's stress extrapolated below 0) is no interval: None.
+    """
     x = np.asarray(replicates, dtype=np.float64).ravel()
     k = x.size
     centre = float(estimate) - (k - 1) * (float(x.mean()) - float(estimate))
     half = float(student_t.ppf(0.5 + level / 2, k - 1)) * jackknife_sd(x)
-    return [centre - half, centre + half]
+    lo, hi = centre - half, centre + half
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+        if lo > hi:
+            return None
+    return [lo, hi]

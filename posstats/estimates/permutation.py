@@ -28,12 +28,20 @@ at level 2.5 % rejects exactly when ``T`` exceeds all 39 null values.
   exceeds the largest top eigenvalue of all R null corpora. Comparing every data eigenvalue
   with the null's *top* eigenvalue is conservative for the later ones; the first
   comparison holds the level.
+- **Noise share of the distances** (:func:`distance_sum`): the same null corpora give the
+  sum of pairwise distances ``sum_{i<j} sqrt(max(D_ij - b_i - b_j, 0))`` that a stationary
+  corpus of the data's occupancies reaches by sampling noise alone. Its mean over the null
+  corpora, divided by the data's sum, is the share of the data's distances that noise
+  explains: square roots of noisy near-zero squared distances are biased upward by about
+  the square root of their noise, and no estimator removes that, so where the share is
+  large, stresses computed from the distances (and their intervals) are biased toward the
+  noise (docs/calibration.md measures how much).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +56,7 @@ from posstats.geometry.mds import gram_in_place
 
 __all__ = [
     "PermutationNull",
+    "distance_sum",
     "homogeneity_statistic",
     "monte_carlo_p_value",
     "permutation_null",
@@ -131,6 +140,45 @@ def homogeneity_statistic(rows: Any, /) -> float:
     return float(occ @ distance_to_pool(c))
 
 
+def distance_sum(d2: Any, bias: Any = None, /) -> float:
+    """``sum_{i<j} sqrt(max(D_ij - b_i - b_j, 0))`` of an (m, m) squared-distance matrix
+    ``D`` (``b = 0`` when ``bias`` is None): the summed distances the stress is computed
+    from. Row blocks of about 4 M entries, so no (m, m) temporary."""
+    d = np.asarray(d2, dtype=np.float64)
+    m = d.shape[0]
+    b = np.zeros(m) if bias is None else np.nan_to_num(np.asarray(bias, dtype=np.float64), nan=0.0)
+    step = max(1, (1 << 22) // max(m, 1))
+    total = 0.0
+    for lo in range(0, m, step):
+        hi = min(m, lo + step)
+        block = d[lo:hi] - b[lo:hi, None] - b[None, :]
+        np.maximum(block, 0.0, out=block)
+        np.sqrt(block, out=block)
+        # upper triangle only: columns j > i of row i
+        block[np.arange(hi - lo)[:, None] >= (np.arange(m)[None, :] - lo)] = 0.0
+        total += float(block.sum())
+    return total
+
+
+def null_geometry(rows: Any, /, *, corrected: bool) -> tuple[float, float]:
+    """``(top eigenvalue, distance sum)`` of one corpus: :func:`top_eigenvalue` and
+    :func:`distance_sum` from one computation of its squared Hellinger distances."""
+    d2 = hellinger_sq(rows)
+    b = position_sampling_variance(rows) if corrected else None
+    total = distance_sum(d2, b)
+    return _top_of_gram(gram_in_place(d2, b)), total
+
+
+def _top_of_gram(b: np.ndarray) -> float:
+    """Largest eigenvalue of a symmetric (m, m) matrix: a dense subset solve up to 512 rows,
+    else ARPACK (k = 1, relative tolerance 1e-8, a fixed start vector)."""
+    m = b.shape[0]
+    if m <= _DENSE_EIGEN_LIMIT:
+        return float(scipy.linalg.eigh(b, eigvals_only=True, subset_by_index=[m - 1, m - 1], driver="evr")[0])
+    v0 = np.random.default_rng(0).standard_normal(m)
+    return float(spla.eigsh(b, k=1, which="LA", tol=1e-8, v0=v0, return_eigenvectors=False)[0])
+
+
 def top_eigenvalue(rows: Any, /, *, corrected: bool) -> float:
     """Largest eigenvalue of the classical-MDS Gram matrix of the rows' squared Hellinger
     distances ``D``: ``B = -1/2 H D H``, or with ``corrected`` ``B - H diag(b) H`` with
@@ -141,12 +189,7 @@ def top_eigenvalue(rows: Any, /, *, corrected: bool) -> float:
     Dense subset solve up to 512 rows, else ARPACK (``eigsh``, k = 1, relative tolerance
     1e-8) on the dense (m, m) matrix.
     """
-    b = gram_in_place(hellinger_sq(rows), position_sampling_variance(rows) if corrected else None)
-    m = b.shape[0]
-    if m <= _DENSE_EIGEN_LIMIT:
-        return float(scipy.linalg.eigh(b, eigvals_only=True, subset_by_index=[m - 1, m - 1], driver="evr")[0])
-    v0 = np.random.default_rng(0).standard_normal(m)
-    return float(spla.eigsh(b, k=1, which="LA", tol=1e-8, v0=v0, return_eigenvectors=False)[0])
+    return _top_of_gram(gram_in_place(hellinger_sq(rows), position_sampling_variance(rows) if corrected else None))
 
 
 def monte_carlo_p_value(observed: float, null: Any, /) -> float:
@@ -165,6 +208,8 @@ class PermutationNull:
         null_homogeneity: (R,) ``S`` of the shuffled corpora.
         null_top_eigenvalues: (R',) :func:`top_eigenvalue` of the first R' <= R shuffled corpora.
         corrected: whether the eigenvalues are on the bias-corrected scale.
+        null_distance_sums: (R',) :func:`distance_sum` of the same R' corpora (on the same
+            scale); empty when not computed.
     """
 
     replicates: int
@@ -172,6 +217,14 @@ class PermutationNull:
     null_homogeneity: np.ndarray
     null_top_eigenvalues: np.ndarray
     corrected: bool
+    null_distance_sums: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def distance_noise_share(self, data_distance_sum: float, /) -> float | None:
+        """Mean null :func:`distance_sum` / the data's (module docstring); None without
+        null sums or with a data sum of 0."""
+        if not self.null_distance_sums.size or not data_distance_sum > 0:
+            return None
+        return float(np.mean(self.null_distance_sums) / data_distance_sum)
 
     @property
     def homogeneity_p_value(self) -> float:
@@ -205,7 +258,7 @@ def permutation_null(
     """Draw ``replicates`` shuffled corpora of the (m, V) counts ``rows`` (every row
     occupied) and compute each one's homogeneity statistic and, for the first
     ``eigen_replicates`` of them (default all; the costly part for many rows), its top
-    eigenvalue (module docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``;
+    eigenvalue and distance sum (module docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``;
     ``progress(1)`` is called after each."""
     if replicates < 1:
         msg = f"a permutation null needs at least 1 replicate, got {replicates}"
@@ -220,13 +273,13 @@ def permutation_null(
             msg = "a permutation null needs integer counts"
             raise ValueError(msg)
         c = c.astype(np.int64)
-    s_null, top_null = np.empty(replicates), np.empty(eigen)
+    s_null, top_null, sums_null = np.empty(replicates), np.empty(eigen), np.empty(eigen)
     for r in range(replicates):
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
         s_null[r] = homogeneity_statistic(shuffled)
         if r < eigen:
-            top_null[r] = top_eigenvalue(shuffled, corrected=corrected)
+            top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected)
         if progress is not None:
             progress(1)
-    return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null, bool(corrected))
+    return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null, bool(corrected), sums_null)
 

@@ -49,6 +49,7 @@ from scipy.special import gammaln, ndtri
 from posstats.counting.rows import row_blocks
 
 __all__ = [
+    "DISTANCE_NOISE_CAVEAT",
     "FAMILY_LEVEL",
     "MIN_WINDOWS",
     "STANDOUT_Z",
@@ -347,9 +348,22 @@ def withheld_reason(report: dict[str, Any], /) -> str | None:
     return None
 
 
+DISTANCE_NOISE_CAVEAT = 0.10  # noise share of the summed distances above which stresses get a caveat
+
+
 def caveats(report: dict[str, Any], /) -> list[str]:
-    """Assumptions of the decisions that the report's own data cannot check."""
+    """Assumptions of the decisions that the report's own data cannot check, and estimates
+    the data shows to be noise-dominated: when sampling noise alone reaches at least
+    ``DISTANCE_NOISE_CAVEAT`` of the summed distances (``null.distance_noise.share``), the
+    stresses and their intervals lean toward that noise (docs/calibration.md: the intervals
+    covered 72-90 % of drift corpora at a share of 0.07-0.14, 28-58 % of planted ones at
+    0.3-0.5)."""
     out = []
+    share = ((report.get("null") or {}).get("distance_noise") or {}).get("share")
+    if share is not None and share >= DISTANCE_NOISE_CAVEAT:
+        out.append(f"sampling noise alone gives {min(share, 1.0):.0%} of the summed distances (a stationary corpus of "
+                   "these occupancies, null.distance_noise): every stress is computed from distances of which that "
+                   "share is noise, so stresses and their intervals are biased and the intervals cover less than 95 %")
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
