@@ -971,12 +971,15 @@ def _null_section(
         if bias is not None:
             # B_c = B - H diag(b) H shifts the spectrum down by about mean(b); the MP edge is
             # plug-in, so compare on the plug-in scale.
-            lam = lam + float(np.nanmean(bias))
+            shift = float(np.nanmean(bias))
+            lam = lam + shift
             scale = "corrected + mean bias"
         nr = null_rank(lam, method="mp", parts=geo_parts, floor=noise)
     timings["null"] = time.perf_counter() - t
     out = nr.to_dict()
     out["eigenvalue_scale"] = scale
+    if scale == "corrected + mean bias":
+        out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
         if distances is not None:

@@ -166,3 +166,31 @@ def test_every_image_loads_in_headless_chromium(run_dir, tmp_path):
     subprocess.run([exe, *flags, f"--screenshot={shot}", "--window-size=1280,4000", (run_dir / "report.html").as_uri()],
                    capture_output=True, timeout=120, check=True)
     assert shot.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(("null", "expected"), [
+    ({"method": "shuffle", "threshold": 0.29, "eigenvalue_scale": "bias_corrected"}, 0.29),
+    ({"method": "mp", "threshold": 0.9, "eigenvalue_scale": "corrected + mean bias", "eigenvalue_shift": 0.6}, 0.9 - 0.6),
+    ({"method": "mp", "threshold": 0.9, "eigenvalue_scale": "corrected + mean bias"}, None),  # no shift: not drawn
+    ({}, None),
+])
+def test_spectrum_threshold_is_the_nulls_on_the_eigenvalues_scale(null, expected):
+    """The spectrum's noise line is the null's threshold (real runs have no noise_floor key);
+    the mp edge, compared on the plug-in scale, is moved back onto the corrected one."""
+    from posstats.reports.html import _noise_floor
+
+    got = _noise_floor({"null": null})
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_real_run_draws_the_noise_threshold(tmp_path, data_dir):
+    """End to end: the bundled demo's spectrum caption counts the components above the
+    null's threshold, the same count as the verdict's."""
+    out = tmp_path / "run"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
+                 "--positions", "32", "--out", str(out), "-q"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    page = (out / "report.html").read_text()
+    above = report["null"]["components_above_null"]
+    assert f"dotted noise threshold ({above} here)" in page

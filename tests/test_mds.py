@@ -289,7 +289,7 @@ def test_spectrum_summary_by_hand(xp):
     s = spectrum_summary(lam)
     np.testing.assert_array_equal(s.eigenvalues, [4.0, 3.0, 2.0, 1.0, 0.0, -1e-3])
     assert s.rank == 4 and s.rank_rtol == 1e-10
-    np.testing.assert_allclose(s.explained_variance, np.array([4, 7, 9, 10, 10, 10 - 1e-3]) / 10, rtol=1e-15)
+    np.testing.assert_allclose(s.explained_variance, np.array([4, 7, 9, 10, 10, 10]) / 10, rtol=1e-15)  # negatives add 0
     assert s.components_for == {"0.9": 3, "0.95": 4, "0.99": 4, "0.999": 4}
     np.testing.assert_allclose(s.negative_mass, 1e-3 / 10.001, rtol=1e-12)
     assert s.total_variance == 10.0 and s.denominator == "positive_eigenvalues"
@@ -301,6 +301,21 @@ def test_spectrum_summary_truncated_uses_total_variance():
     assert s.denominator == "total_variance"
     np.testing.assert_allclose(s.explained_variance, [0.5, 0.8], rtol=1e-15)
     assert s.components_for == {"0.9": None, "0.95": None, "0.99": None, "0.999": None}
+
+
+def test_spectrum_summary_with_negative_eigenvalues_is_monotone_and_at_most_1():
+    """A bias-corrected B has negative eigenvalues: they add nothing to the explained share,
+    which never falls; a trace below the positive top-k (negative mass beyond them) is
+    replaced by their sum, so the share stays <= 1, and a negative trace gives no flat 0."""
+    lam = np.array([5.0, 2.0, 1.0, -0.5, -3.0])
+    s = spectrum_summary(lam)
+    assert np.all(np.diff(s.explained_variance) >= 0) and s.explained_variance[-1] == pytest.approx(1.0)
+    np.testing.assert_allclose(s.explained_variance, [5 / 8, 7 / 8, 1, 1, 1], rtol=1e-15)
+    low = spectrum_summary(lam[:3], total_variance=4.5)  # trace 5 + 2 + 1 - 0.5 - 3
+    assert low.denominator == "computed_positive_eigenvalues" and low.total_variance == 8.0
+    assert np.all(low.explained_variance <= 1.0)
+    negative = spectrum_summary(lam[:3], total_variance=-92.8)
+    assert negative.explained_variance[-1] == pytest.approx(1.0) and negative.components_for["0.9"] == 3
 
 
 def test_to_dict_json_ready(corpus_300, dense_300):

@@ -115,3 +115,55 @@ def test_plots_never_touch_pyplot_or_torch():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _lines(fig, label):
+    return [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_label() == label]
+
+
+def test_spectrum_curve_is_monotone_at_most_1_and_the_threshold_is_drawn():
+    """Negative eigenvalues (a bias-corrected B) add nothing: the plotted cumulative share
+    never falls and never exceeds 1; the noise threshold is a drawn line that counts the
+    components above it, and the caption says how many."""
+    from posstats.geometry.mds import spectrum_summary
+
+    lam = np.array([4.0, 2.0, 1.0, 0.5, 0.2, -0.3, -1.5])
+    explained = spectrum_summary(lam).explained_variance
+    p = plots.spectrum_figure(lam, explained, rank=5, noise_floor=1.5)
+    (curve,) = _lines(p.figure, "cumulative share of the positive variance")
+    y = np.asarray(curve.get_ydata(), dtype=float)
+    assert np.all(np.diff(y) >= 0) and y.max() <= 1.0 + 1e-12
+    (threshold,) = _lines(p.figure, "noise threshold (2 above)")
+    assert np.allclose(threshold.get_ydata(), 1.5)
+    assert "(2 here)" in p.caption
+    assert not any(ax.get_legend() for ax in p.figure.axes)  # the legend sits outside the axes
+    assert "no noise threshold" in plots.spectrum_figure(lam, explained).caption
+
+
+@pytest.mark.parametrize(("occupancy", "log"), [([586] * 30 + [585] * 34, False), ([3000] * 10 + [40] * 20, True),
+                                                 ([0] * 5 + [7] * 10, False)])
+def test_occupancy_axis_is_linear_when_the_range_is_narrow(occupancy, log):
+    assert plots.occupancy_log_scale(occupancy) is log
+    ax = plots.occupancy_figure(occupancy).figure.axes[0]
+    assert ax.get_yscale() == ("log" if log else "linear")
+    if not log:
+        assert ax.get_ylim()[0] == 0.0  # a 585-586 range is drawn from 0, not as a cliff
+
+
+def test_heatmap_names_its_distances_and_their_range():
+    pos = np.arange(6)
+    dist = np.abs(pos[:, None] - pos[None, :]) / 10.0
+    dist[0, 1] = dist[1, 0] = 0.0
+    p = plots.distance_heatmap_figure(dist, pos, kind="bias-corrected")
+    labels = [ax.get_ylabel() for ax in p.figure.axes]
+    assert any(lbl.startswith("bias-corrected d_H (0 to 0.5") for lbl in labels), labels
+    assert "7% of the pairs shown are exactly 0" in p.caption  # 2 of the 30 off-diagonal cells
+    assert "exactly 0" not in plots.distance_heatmap_figure(dist, pos).caption  # plug-in: no clipping to speak of
+
+
+def test_stress_legend_is_outside_and_no_curve_is_cut_at_the_top():
+    p = plots.stress_by_dim_figure(_entries())
+    assert not any(ax.get_legend() for ax in p.figure.axes) and p.figure.legends
+    scaled = p.figure.axes[1]
+    top = max(max(ln.get_ydata()) for ln in scaled.get_lines())
+    assert scaled.get_ylim()[1] > top

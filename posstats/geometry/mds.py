@@ -79,15 +79,20 @@ class Spectrum:
         rank: number of eigenvalues ``> rank_rtol * eigenvalues[0]`` (among those given;
             a lower bound when the spectrum is truncated and every given one counts).
         rank_rtol: the relative tolerance used for ``rank``.
-        explained_variance: (k,) cumulative ``sum_{j<=r} lambda_j / total_variance``.
+        explained_variance: (k,) cumulative ``sum_{j<=r} max(lambda_j, 0) / total_variance``:
+            the share of the positive variance, monotone and at most 1 (negative eigenvalues
+            of a bias-corrected ``B`` explain nothing; their share is ``negative_mass``).
         components_for: smallest ``r`` whose cumulative explained variance reaches each
             level ``"0.9", "0.95", "0.99", "0.999"``, or None if none of the given
             eigenvalues reaches it.
         negative_mass: ``sum |lambda < 0| / sum |lambda|`` over the given eigenvalues.
         total_variance: the denominator of ``explained_variance``.
         denominator: ``"positive_eigenvalues"`` (the sum of the positive given
-            eigenvalues: the spectrum was taken as complete) or ``"total_variance"``
-            (``trace(B)`` supplied by the caller, as needed when only the top-k are known).
+            eigenvalues: the spectrum was taken as complete), ``"total_variance"``
+            (``trace(B)`` supplied by the caller, as needed when only the top-k are known)
+            or ``"computed_positive_eigenvalues"`` (the supplied trace was below the sum of
+            the positive top-k, as negative eigenvalues beyond them make it: the top-k's
+            positive sum, so the shares are of the computed components only).
     """
 
     eigenvalues: np.ndarray
@@ -97,7 +102,7 @@ class Spectrum:
     components_for: dict[str, int | None]
     negative_mass: float
     total_variance: float
-    denominator: Literal["positive_eigenvalues", "total_variance"]
+    denominator: Literal["positive_eigenvalues", "total_variance", "computed_positive_eigenvalues"]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain Python values."""
@@ -127,9 +132,11 @@ def spectrum_summary(eigenvalues: Any, /, *, total_variance: float | None = None
         eigenvalues: (k,) eigenvalues of ``B`` (any order; sorted descending here), numpy
             or cupy.
         total_variance: ``trace(B) = ||S_c||_F^2``. Pass it when ``eigenvalues`` holds only
-            the top-k: it is then the denominator of the explained variance. When None the
+            the top-k: it is then the denominator of the explained variance (or the sum of
+            the positive top-k, when that is larger: see :class:`Spectrum`). When None the
             eigenvalues are taken as the whole spectrum and the denominator is the sum of
-            the positive ones (THEORY.md section 3).
+            the positive ones (THEORY.md section 3). Only positive eigenvalues count in the
+            numerator, so the cumulative share is monotone and at most 1.
         rtol: relative tolerance of the numerical rank.
 
     Returns:
@@ -144,13 +151,17 @@ def spectrum_summary(eigenvalues: Any, /, *, total_variance: float | None = None
         raise ValueError(msg)
     top = float(lam[0]) if lam.size else 0.0
     rank = int(np.count_nonzero(lam > rtol * top)) if top > 0 else 0
+    positive = np.maximum(lam, 0.0)
+    positive_sum = float(np.sum(positive))
+    denominator: Literal["positive_eigenvalues", "total_variance", "computed_positive_eigenvalues"]
     if total_variance is None:
-        denominator: Literal["positive_eigenvalues", "total_variance"] = "positive_eigenvalues"
-        total = float(np.sum(lam[lam > 0]))
+        denominator, total = "positive_eigenvalues", positive_sum
+    elif float(total_variance) >= positive_sum:
+        denominator, total = "total_variance", float(total_variance)
     else:
-        denominator = "total_variance"
-        total = float(total_variance)
-    cumulative = np.cumsum(lam) / total if total > 0 else np.zeros_like(lam)
+        denominator, total = "computed_positive_eigenvalues", positive_sum
+    cumulative = np.cumsum(positive) / total if total > 0 else np.zeros_like(lam)
+    np.minimum(cumulative, 1.0, out=cumulative)  # rounding of the cumulative sum
     components_for: dict[str, int | None] = {}
     for level in _COVERAGE_LEVELS:
         reached = np.nonzero(cumulative >= level)[0]

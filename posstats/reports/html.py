@@ -31,6 +31,7 @@ entry of ``bootstrap`` / ``noise_floor`` is listed as a table.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ import numpy as np
 
 from posstats import __version__
 from posstats.counting.io import atomic_path
+from posstats.geometry.mds import spectrum_summary
 from posstats.reports.export import default_ranks, lowrank_tradeoff
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import (
@@ -83,6 +85,17 @@ def _lookup(report: dict[str, Any], *paths: str) -> Any:
 
 
 def _noise_floor(report: dict[str, Any]) -> float | None:
+    """The eigenvalue level above which components count as structure, on the scale of the
+    report's eigenvalues: the null's threshold (``null.threshold``; the ``mp`` edge is on the
+    plug-in scale, so with corrected eigenvalues the mean bias it was shifted by is taken
+    off), else an explicit ``noise_floor`` / ``bootstrap.noise_floor``."""
+    null = report.get("null") or {}
+    threshold = null.get("threshold")
+    if isinstance(threshold, (int, float)) and math.isfinite(threshold):
+        if null.get("eigenvalue_scale") == "corrected + mean bias":
+            shift = null.get("eigenvalue_shift")
+            return float(threshold) - float(shift) if isinstance(shift, (int, float)) else None
+        return float(threshold)
     nf = _lookup(report, "noise_floor", "bootstrap.noise_floor")
     if isinstance(nf, dict):
         nf = nf.get("eigenvalue")
@@ -248,12 +261,12 @@ def _tradeoff(run: RunData, idx: np.ndarray, dist: np.ndarray, *, width: int) ->
 
 
 def _explained(run: RunData) -> np.ndarray:
-    """(k,) cumulative explained variance: the report's, else from the eigenvalues."""
-    explained = run.report.get("spectrum", {}).get("explained_variance") or []
-    if len(explained) < len(run.eigenvalues):
-        lam = run.eigenvalues
-        explained = np.cumsum(lam) / max(float(lam[lam > 0].sum()), 1e-300)
-    return np.asarray(explained[: len(run.eigenvalues)])
+    """(k,) cumulative explained share of the positive variance (monotone, <= 1), recomputed
+    from the eigenvalues and the report's total variance (reports written before
+    2026-11-26 counted negative eigenvalues, so their curve fell after reaching 1)."""
+    spectrum = run.report.get("spectrum") or {}
+    total = spectrum.get("total_variance") if spectrum.get("denominator") != "positive_eigenvalues" else None
+    return spectrum_summary(run.eigenvalues, total_variance=total).explained_variance
 
 
 def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[str, Any]], *, width: int, max_heatmap: int) -> list[Any]:
@@ -262,7 +275,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     positions_info = report.get("positions", {})
     m, k = run.encoding.shape
     plots = [occupancy_figure(positions_info.get("occupancy", []), min_occupancy=int(positions_info.get("min_occupancy", 1)))]
-    plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m))
+    plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m, kind=_distances_name(report)))
     plots.append(spectrum_figure(run.eigenvalues, _explained(run), rank=report.get("spectrum", {}).get("rank"),
                                  eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
                                  noise_floor=_noise_floor(report)))

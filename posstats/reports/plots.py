@@ -122,8 +122,18 @@ def even_subsample(m: int, /, limit: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, m - 1, limit)).astype(np.int64))
 
 
+def occupancy_log_scale(occupancy: Any, /) -> bool:
+    """Whether the occupancy axis is logarithmic: when the occupied positions' counts span
+    at least a factor 10 (a linear axis would flatten the deep positions); else linear, so
+    that a 585-586 token range is not drawn as a cliff."""
+    occ = np.asarray(occupancy, dtype=np.float64)
+    occ = occ[occ > 0]
+    return bool(occ.size and occ.max() >= 10 * occ.min())
+
+
 def occupancy_figure(occupancy: Sequence[int], /, *, min_occupancy: int = 1) -> Plot:
-    """Tokens counted at each requested position (log scale), left-out positions marked.
+    """Tokens counted at each requested position (log scale when they span a factor 10 or
+    more, :func:`occupancy_log_scale`), left-out positions marked.
 
     Args:
         occupancy: (n,) tokens counted per position (``report.json`` positions.occupancy).
@@ -141,11 +151,13 @@ def occupancy_figure(occupancy: Sequence[int], /, *, min_occupancy: int = 1) -> 
         ax.scatter(x[~kept], np.maximum(occ[~kept], 0.8), color="C3", s=10, zorder=3, label="left out")
     if min_occupancy > 1:
         ax.axhline(min_occupancy, color="C3", ls="--", lw=1, label=f"min occupancy {min_occupancy}")
-    if (occ > 0).any():
+    if occupancy_log_scale(occ):
         ax.set_yscale("log")
     ax.set_xlim(-0.5, n - 0.5)
     ax.set_xlabel("position i (0-based)")
     ax.set_ylabel("occ[i] (tokens)")
+    if not occupancy_log_scale(occ):
+        ax.set_ylim(bottom=0)
     ax.legend(loc="best", fontsize=8)
     left = int((~kept).sum())
     caption = (
@@ -156,7 +168,8 @@ def occupancy_figure(occupancy: Sequence[int], /, *, min_occupancy: int = 1) -> 
     return Plot("occupancy", "Occupancy per position", caption, fig)
 
 
-def distance_heatmap_figure(distances: np.ndarray, positions: np.ndarray, /, *, max_size: int = 512, total: int | None = None) -> Plot:
+def distance_heatmap_figure(distances: np.ndarray, positions: np.ndarray, /, *, max_size: int = 512, total: int | None = None,
+                            kind: str = "plug-in") -> Plot:
     """Heatmap of d_H between used positions, downsampled to at most ``max_size`` per side.
 
     Args:
@@ -164,6 +177,9 @@ def distance_heatmap_figure(distances: np.ndarray, positions: np.ndarray, /, *, 
         positions: (m,) their 0-based indices.
         max_size: rows/columns drawn; above it an even stride of positions is shown.
         total: used positions in the run when ``distances`` is already a subsample of them.
+        kind: which distances they are (``plug-in`` or ``bias-corrected``), for the colour
+            bar, which also gives their drawn range, and the caption, which counts the pairs
+            clipped to exactly 0 by the correction.
     """
     distances = np.asarray(distances)
     positions = np.asarray(positions)
@@ -174,17 +190,23 @@ def distance_heatmap_figure(distances: np.ndarray, positions: np.ndarray, /, *, 
     fig = _new_figure(6.0, 5.0)
     ax = fig.add_subplot()
     lo, hi = float(pos[0]), float(pos[-1])
-    im = ax.imshow(sub, cmap="magma", origin="upper", interpolation="nearest", extent=(lo - 0.5, hi + 0.5, hi + 0.5, lo - 0.5), vmin=0.0)
-    fig.colorbar(im, ax=ax, label="d_H (in [0, sqrt 2])")
+    top = float(np.max(sub)) if sub.size else 0.0
+    im = ax.imshow(sub, cmap="magma", origin="upper", interpolation="nearest", extent=(lo - 0.5, hi + 0.5, hi + 0.5, lo - 0.5),
+                   vmin=0.0, vmax=top if top > 0 else None)
+    fig.colorbar(im, ax=ax, label=f"{kind} d_H (0 to {top:.3g}; at most sqrt 2)")
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
     total = m if total is None else int(total)
     shown = len(idx)
     note = f" (downsampled: an even stride of {shown} of the {total} used positions, {shown} x {shown} pairs)" if shown < total else ""
+    off = ~np.eye(sub.shape[0], dtype=bool)
+    zeros = int(np.count_nonzero(sub[off] == 0.0))
+    clipped = (f" ({zeros / max(int(off.sum()), 1):.0%} of the pairs shown are exactly 0, where the bias-corrected squared "
+               "distance fell below 0: they cannot be told apart from identical distributions)" if zeros and kind == "bias-corrected" else "")
     caption = (
-        "Hellinger distance between the token distributions of every pair of used positions"
+        f"Hellinger distance ({kind}) between the token distributions of every pair of used positions"
         f"{note}: look for a dark band along the diagonal (nearby positions look alike) and for "
-        "blocks marking regimes such as the first few positions."
+        f"blocks marking regimes such as the first few positions{clipped}."
     )
     return Plot("hellinger_heatmap", "Hellinger distances d_H(i, j)", caption, fig)
 
@@ -210,7 +232,7 @@ def spectrum_figure(
     lam = np.asarray(eigenvalues, dtype=np.float64)
     cum = np.asarray(explained, dtype=np.float64)
     k = np.arange(1, lam.shape[0] + 1)
-    fig = _new_figure(7.0, 4.0)
+    fig = _new_figure(7.0, 4.6)
     ax = fig.add_subplot()
     # Eigenvalues below 1e-12 of the largest are rounding noise of a rank-deficient B;
     # drawing them would stretch the log axis over 15 decades of nothing.
@@ -222,14 +244,19 @@ def spectrum_figure(
         kk = k[: ci.shape[0]]
         ok = (ci[:, 0] > 0) & (ci[:, 1] > 0)
         ax.fill_between(kk[ok], ci[ok, 0], ci[ok, 1], color="C0", alpha=0.25, label="95% CI")
+    above = None
     if noise_floor is not None and noise_floor > 0:
-        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label="noise floor")
+        above = int(np.count_nonzero(lam > noise_floor))
+        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label=f"noise threshold ({above} above)")
+        if above:
+            ax.semilogy(k[:above][pos[:above]], lam[:above][pos[:above]], "o", color="C3", ms=4, mfc="none",
+                        label="components above noise")
     if rank is not None and 0 < rank <= lam.shape[0]:
         ax.axvline(rank, color="gray", ls="--", lw=0.8, label=f"numerical rank {rank}")
     ax.set_xlabel("component k")
     ax.set_ylabel("lambda_k")
     ax2 = ax.twinx()
-    ax2.plot(k, cum, color="C1", lw=1.5, label="cumulative explained variance")
+    ax2.plot(k, cum, color="C1", lw=1.5, label="cumulative share of the positive variance")
     for j, level in enumerate((0.9, 0.99)):
         hit = np.nonzero(cum >= level)[0]
         if hit.size:
@@ -238,14 +265,16 @@ def spectrum_figure(
             ax2.annotate(f"{level:.0%} at r = {r}", (r, cum[hit[0]]), fontsize=8, color="C1",
                          xytext=(6, -12 - 12 * j), textcoords="offset points")
     ax2.set_ylim(0, 1.02)
-    ax2.set_ylabel("cumulative explained variance", color="C1")
+    ax2.set_ylabel("cumulative share of positive variance", color="C1")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="center right", fontsize=8)
+    fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncols=3, fontsize=8, frameon=False)  # never over the curves
+    look = (f"look for the components above the dotted noise threshold ({above} here): only they stand above "
+            "sampling noise, however much variance the others add" if above is not None else
+            "look for how fast the curve reaches 90-99 % (this report has no noise threshold to tell structure from noise)")
     caption = (
-        "Eigenvalues of the MDS matrix B with the cumulative share of positional variance they explain: "
-        "look for how fast the curve reaches 90-99 %, which is how many dimensions a positional encoding "
-        "of this corpus really needs."
+        "Eigenvalues of the MDS matrix B with the cumulative share of the positive variance they explain "
+        f"(negative eigenvalues of a bias-corrected B explain nothing): {look}."
     )
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
@@ -330,7 +359,7 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     by_name: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_name.setdefault(str(e["name"]), []).append(e)
-    fig = _new_figure(9.0, 3.8)
+    fig = _new_figure(10.5, 3.8)
     notes = []
     axes = fig.subplots(1, 2)
     for j, (key, label) in enumerate((("stress", "raw stress"), ("scaled_stress", "scaled stress"))):
@@ -354,11 +383,14 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
             ax.set_yscale("symlog", linthresh=1e-3)
         elif key == "scaled_stress":
             ax.set_ylim(bottom=0.0)
+            ax.margins(y=0.08)  # headroom: a curve at the top of the range is not cut by the frame
+            ax.set_ylim(bottom=0.0)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("width d")
         ax.set_ylabel(label)
         ax.set_title(label, fontsize=10)
-    axes[1].legend(fontsize=7, loc="best")
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="outside right upper", frameon=False)  # outside the data
     caption = (
         "Stress of each encoding against the corpus geometry at each width (left raw, right at the optimal "
         "scale): look for the lowest curve, the most faithful geometry; classical MDS minimises strain (inner "
