@@ -117,11 +117,16 @@ def test_best_encodings_ties_by_interval_overlap():
     got = best_encodings(enc)
     assert got[0] == {"dim": 2, "best": "mds", "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11], "tied_with": ["rope"],
                       "next": {"name": "alibi", "scaled_stress": 0.30, "scaled_stress_ci95": [0.29, 0.31]},
-                      "best_fixed": {"name": "rope", "scaled_stress": 0.105, "scaled_stress_ci95": [0.10, 0.11]}}
+                      "best_fixed": {"name": "rope", "scaled_stress": 0.105, "scaled_stress_ci95": [0.10, 0.11]},
+                      "fixed": "rope", "fixed_tied_with": []}
     assert got[1]["best"] == "mds" and got[1]["tied_with"] == []
     assert got[1]["next"] == got[1]["best_fixed"] == {"name": "rope", "scaled_stress": 0.03, "scaled_stress_ci95": [0.03, 0.03]}
     only_fixed = best_encodings([{"name": "rope", "dim": 2, "scaled_stress": 0.2}])
     assert only_fixed[0]["next"] is None and only_fixed[0]["best_fixed"] is None  # the best is fixed itself
+    assert only_fixed[0]["fixed"] == "rope"
+    # fixed encodings tied with the best fixed one (sinusoidal overlaps rope, alibi does not); mds is not fixed
+    fixed = best_encodings([*enc[:3], {"name": "sinusoidal", "dim": 2, "scaled_stress": 0.108, "scaled_stress_ci95": [0.105, 0.112]}])
+    assert fixed[0]["fixed"] == "rope" and fixed[0]["fixed_tied_with"] == ["sinusoidal"]
 
 
 def _planted_corpus(path, *, documents: int, seed: int) -> None:
@@ -179,8 +184,9 @@ def test_stationary_corpus_verdict_is_no_structure(tmp_path):
     assert r["verdict"]["components_above_noise"] == 0 and r["verdict"]["positions_distinguishable"] is False
     assert r["diagnostics"]["h1"]["nonstationary"] is False and r["diagnostics"]["h1"]["distances"] == "bias_corrected"
     assert r["noise"]["rule"]["noise_floor"] is True
-    first = (out / "summary.md").read_text().split("\n")[4]
-    assert first.startswith("- **verdict**: 0 MDS component(s) stand above sampling noise")
+    lines = (out / "summary.md").read_text().split("\n")
+    assert lines[4].startswith("No positional structure beyond sampling noise")  # the answer first
+    assert lines[6].startswith("- **verdict**: 0 MDS component(s) stand above sampling noise")
 
 
 def test_noise_floor_off_by_rule_when_positions_are_well_sampled(tmp_path):
@@ -270,3 +276,56 @@ def test_distance_noise_caveat_end_to_end():
     assert any("sampling noise alone gives" in c for c in planted["verdict"]["caveats"])
     assert drift["null"]["distance_noise"]["share"] < DISTANCE_NOISE_CAVEAT
     assert not any("sampling noise alone gives" in c for c in drift["verdict"]["caveats"])
+
+
+def _answer(kind: str, **kwargs) -> list[str]:
+    from posstats.reports.summary import answer_sentences
+
+    counts = known_corpus(kind, 64, tokens=2000, seed=11).counts
+    return answer_sentences(analyze(counts, AnalysisConfig(held_out="off", encodings=("sinusoidal", "alibi", "mds"),
+                                                           **kwargs)).report())
+
+
+def test_answer_for_a_stationary_corpus_says_there_is_nothing_to_choose():
+    (first,) = _answer("stationary")
+    assert first.startswith("No positional structure beyond sampling noise")
+
+
+def test_answer_for_a_planted_corpus_names_the_planted_positions():
+    answer = _answer("planted")
+    assert answer[0].startswith("Positions 0-3 carry token distributions of their own")
+    assert "dimension(s) of positional structure above sampling noise" in answer[0]
+    assert answer[1].startswith("Among encodings used without fitting")
+
+
+def test_answer_for_a_drift_says_distributions_change_across_positions():
+    """A drift moves every position: the ends stand out from the pooled distribution, and the
+    answer says the distributions change rather than naming a few special positions."""
+    answer = _answer("drift")
+    assert answer[0].startswith("Token distributions change")
+    assert any(s.startswith("Among encodings used without fitting") for s in answer)
+
+
+def test_answer_withheld_and_untested():
+    from posstats.reports.summary import answer_sentences
+
+    assert answer_sentences({"verdict": {"withheld": "only 5 window(s)"}}) == ["No verdict: only 5 window(s)."]
+    assert answer_sentences({"verdict": {"non_stationary": None}})[0].startswith("Positional structure was not tested")
+    assert answer_sentences({}) == []
+
+
+def test_demo_report_opens_with_the_answer(tmp_path, data_dir):
+    """The bundled demo: the terminal summary, summary.md and report.html all open with the
+    answer, which names the standout positions the verdict found."""
+    out = tmp_path / "demo"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
+                 "--positions", "64", "--out", str(out), "-q"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    ranges = report["verdict"]["standout_positions"]["ranges"]
+    first = f"Positions {ranges} carry token distributions of their own"
+    summary = (out / "summary.md").read_text().splitlines()
+    assert summary[4].startswith(first)  # after the title and the tool line
+    page = (out / "report.html").read_text()
+    assert page.index('<p class="answer">' + first) < page.index("<h2>Verdict</h2>")
+    assert '<h2 id="terms">Terms</h2>' in page and "scaled stress" in page

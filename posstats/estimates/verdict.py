@@ -278,7 +278,8 @@ def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
     95 % scaled-stress intervals overlap; exact stress has zero-width intervals); how far
     ahead it is: the runner-up (``next``, the best encoding not tied with it) and the best
     fixed encoding (``best_fixed``: not fitted to the counts, unlike MDS and SMACOF), each
-    with its scaled stress and interval, or None."""
+    with its scaled stress and interval, or None; ``fixed`` names the best fixed encoding
+    (also when it is the best overall) and ``fixed_tied_with`` the fixed ones tied with it."""
     out = []
     for dim in sorted({int(e["dim"]) for e in encodings}):
         entries = sorted((e for e in encodings if int(e["dim"]) == dim), key=lambda e: e["scaled_stress"])
@@ -287,10 +288,16 @@ def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
         reach = hi + _TIE_RTOL * max(abs(hi), 1e-300)  # equal up to rounding counts as tied
         tied = {e["name"] for e in entries[1:] if _interval(e)[0] <= reach} - {best["name"]}
         after = next((e for e in entries[1:] if e["name"] not in tied and e["name"] != best["name"]), None)
-        fixed = next((e for e in entries if e["name"].split(":")[0] not in _FITTED), None)
+        fixed_entries = [e for e in entries if e["name"].split(":")[0] not in _FITTED]
+        fixed = fixed_entries[0] if fixed_entries else None
+        fixed_tied: set[str] = set()
+        if fixed is not None:
+            fixed_reach = _interval(fixed)[1] * (1 + _TIE_RTOL) + _TIE_RTOL * 1e-300
+            fixed_tied = {e["name"] for e in fixed_entries[1:] if _interval(e)[0] <= fixed_reach} - {fixed["name"]}
         out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": [lo, hi],
                     "tied_with": sorted(tied), "next": _runner(after),
-                    "best_fixed": None if fixed is best else _runner(fixed)})
+                    "best_fixed": None if fixed is best else _runner(fixed),
+                    "fixed": None if fixed is None else fixed["name"], "fixed_tied_with": sorted(fixed_tied)})
     return out
 
 

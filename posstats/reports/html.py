@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,7 +57,7 @@ from posstats.reports.plots import (
     stress_by_dim_figure,
     sweep_figure,
 )
-from posstats.reports.summary import skipped_lines, verdict_items
+from posstats.reports.summary import GLOSSARY, answer_sentences, glossary_lines, skipped_lines, verdict_items
 from posstats.runs.run_folder import RunData, load_run, run_distances
 
 __all__ = ["FIGURES_DIR", "HTML_FILE", "SUMMARY_FILE", "render_html_report", "write_html_report"]
@@ -316,6 +317,10 @@ def _html_page(
         "d_H is the Hellinger distance (no 1/2 factor, in [0, sqrt 2]).</p>",
         "<nav>" + "".join(f'<a href="#{p.name}">{_esc(p.title)}</a>' for p in plots) + "</nav>",
     ]
+    answer = answer_sentences(report)
+    if answer:
+        text = re.sub(r"`([^`]+)`", r"<code>\1</code>", " ".join(_esc(x) for x in answer))
+        parts.append('<p class="answer">' + text + "</p>")
     verdict = verdict_items(report)
     if verdict:
         parts += ["<h2>Verdict</h2>", _html_table(("question", "answer"), verdict, cls="kv verdict")]
@@ -347,6 +352,7 @@ def _html_page(
         parts += ["<h2>Uncertainty</h2>", _html_table(("entry", "value"), unc)]
     parts.append("<h2>Figures</h2>")
     parts += [figure_html(p, images[p.name]) for p in plots]
+    parts += ['<h2 id="terms">Terms</h2>', _html_table(("term", "meaning", "defined in"), list(GLOSSARY), cls="kv")]
     parts.append(f'<p class="meta">Written in {seconds:.1f} s. PNG files: {FIGURES_DIR}/.</p></body></html>')
     return "\n".join(parts) + "\n"
 
@@ -429,6 +435,8 @@ def write_html_report(
 
 def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots: Sequence[Any], *, title: str, run_id: str, n: int, width: int) -> str:
     lines = [f"## {title}", "", f"posstats {report.get('tool', {}).get('version', __version__)}, run id `{run_id}`.", ""]
+    answer = answer_sentences(report)
+    lines += ([" ".join(answer), ""] if answer else [])
     lines += [f"- **{label}**: {text}" for label, text in verdict_items(report)] + [""]
     lines += _md_table(("quantity", "value"), _key_numbers(report)) + [""]
     if report.get("encodings"):
@@ -442,5 +450,5 @@ def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots
     lines += _md_table(_TRADE_HEADER, trade_rows) + [""]
     for p in plots:
         lines += [f"![{p.title}]({FIGURES_DIR}/{p.name}.png)", f"*{p.caption}*", ""]
-    lines.append("Stress = sum (e - h)^2 / sum h^2 over position pairs (h = d_H, e = encoding distance); scaled stress at the optimal scale.")
+    lines += ["Terms:", "", *glossary_lines(markdown=True)]
     return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ figure img{max-width:100%;height:auto;display:block;margin:0 auto}
 figcaption{font-size:.9rem;color:#333;margin-top:.4rem} figcaption b{color:#000}
 .kv td:first-child{font-weight:600}
 .verdict td,.verdict th{text-align:left} .verdict{font-size:.95rem}
+.answer{font-size:1.08rem;line-height:1.5;max-width:60rem;border-left:4px solid #3b6ea5;padding:.4rem .8rem;background:#f4f7fb}
 """
 
 

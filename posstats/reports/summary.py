@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_markdown", "format_summary", "verdict_items", "verdict_lines"]
+__all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "verdict_items",
+           "verdict_lines"]
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
@@ -39,6 +40,119 @@ def _p_value(section: dict[str, Any]) -> str:
     if reps and p <= 1.0 / (int(reps) + 1) + 1e-12:
         return f"<= {p:.2g} (no shuffled corpus of {int(reps)} reached it)"
     return f"{p:.2g}"
+
+
+def _dims(dims: list[int]) -> str:
+    return "d = " + ", ".join(str(d) for d in dims)
+
+
+def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
+    """What is distinguishable and how many dimensions of structure stand above noise."""
+    if v.get("withheld"):
+        return f"No verdict: {v['withheld']}."
+    ns, above = v.get("non_stationary"), v.get("components_above_noise")
+    if ns is None:
+        return "Positional structure was not tested against sampling noise (no null): read the numbers below as descriptive."
+    if ns is False:
+        return ("No positional structure beyond sampling noise: as far as these counts can tell, every position has "
+                "the same token distribution, so the corpus gives no reason to prefer one positional encoding over another.")
+    so = v.get("standout_positions") or {}
+    dims = ("no dimension of structure stands above sampling noise beyond them" if not above else
+            f"the corpus has {above} dimension(s) of positional structure above sampling noise")
+    used = int((report.get("positions") or {}).get("used") or 0)
+    if so.get("count") and used and so["count"] > used / 4:
+        return (f"Token distributions change across positions: {so['count']:,} of the {used:,} positions ({so['ranges']}) "
+                f"differ from the pooled distribution, and {dims}.")
+    if so.get("count"):
+        return f"Positions {so['ranges']} carry token distributions of their own, and {dims}."
+    return (f"Token distributions change gradually across positions (no single position stands out, but the "
+            f"homogeneity test rejects) and {dims}.")
+
+
+def _encoding_sentence(v: dict[str, Any]) -> str | None:
+    """Which encoding usable without fitting fits best, and what is tied with it."""
+    rows = [b for b in v.get("best_encodings") or [] if b.get("fixed")]
+    if not rows or not v.get("non_stationary"):
+        return None
+    names = list(dict.fromkeys(b["fixed"] for b in rows))  # in order of width
+
+    def group(name: str) -> tuple[list[int], str]:
+        mine = [b for b in rows if b["fixed"] == name]
+        ties = sorted({t for b in mine for t in b.get("fixed_tied_with") or []} - {name})
+        return [b["dim"] for b in mine], (f", tied within noise with {', '.join(ties)}" if ties else "")
+
+    if len(names) == 1:
+        dims, tie = group(names[0])
+        return (f"Among encodings used without fitting, {names[0]} fits this geometry best at every width tried "
+                f"({_dims(dims)}{tie}).")
+    parts = []
+    for name in names:
+        dims, tie = group(name)
+        parts.append(f"{name} at {_dims(dims)}{tie}")
+    return f"Among encodings used without fitting, the best fit is {'; '.join(parts)}."
+
+
+def _fitted_sentence(v: dict[str, Any]) -> str | None:
+    """Whether the corpus' own (fitted) encoding beats every fixed one, beyond noise."""
+    above = v.get("components_above_noise")
+    if not v.get("non_stationary") or not above:
+        return None
+    wins = [b for b in v.get("best_encodings") or []
+            if b["best"].split(":")[0] in ("mds", "mds-smacof", "mds-lowrank") and b.get("fixed") not in b["tied_with"]]
+    if not wins:
+        return ("The corpus' own MDS encoding does not fit better than the best fixed one beyond noise: "
+                "nothing to gain from exporting it.")
+    b = wins[-1]
+    fixed = b.get("best_fixed") or {}
+    versus = f" against {fixed['name']}'s {fixed['scaled_stress']:.3g}" if fixed else ""
+    return (f"The corpus' own encoding fits better ({b['best']}: scaled stress {b['scaled_stress']:.3g}{versus} at "
+            f"d = {b['dim']}); `posstats export` writes its {above} informative component(s).")
+
+
+def answer_sentences(report: dict[str, Any], /) -> list[str]:
+    """Two or three plain sentences from the verdict, for the top of every summary: what is
+    distinguishable and how many dimensions of structure there are, which encoding usable
+    without fitting fits best (and what is tied with it), and whether the corpus' own MDS
+    encoding is worth exporting; empty for a report without a verdict. The decisions are
+    the verdict's (:mod:`posstats.estimates.verdict`); this only words them."""
+    v = report.get("verdict")
+    if not v:
+        return []
+    out = [_structure_sentence(report, v)]
+    out += [x for x in (_encoding_sentence(v), _fitted_sentence(v)) if x]
+    return out
+
+
+# Each term one sentence, with the THEORY.md section that defines it.
+GLOSSARY = (
+    ("d_H", "Hellinger distance between the token distributions of two positions, in [0, sqrt 2]; "
+            "bias-corrected: with the sampling noise of finite counts subtracted", "THEORY.md sections 2 and 7"),
+    ("components above noise", "MDS dimensions whose eigenvalue exceeds that of every shuffled (stationary) corpus: "
+                               "the dimensions of real positional structure", "THEORY.md section 3; docs/calibration.md"),
+    ("standout position", "a position whose distribution differs from the pooled one beyond sampling noise "
+                          "(Bonferroni over positions)", "docs/calibration.md"),
+    ("stress", "sum (e_ij - h_ij)^2 / sum h_ij^2: how far an encoding's pairwise distances e are from the corpus' d_H; "
+               "dominated by the encoding's scale", "THEORY.md section 4"),
+    ("scaled stress", "the stress at the best overall scale of the encoding, in [0, 1]: the number to compare "
+                      "encodings by (lower is more faithful)", "THEORY.md section 4"),
+    ("H1 / non-stationary", "whether positions differ at all (the homogeneity or the standout test rejects)",
+     "THEORY.md section 6; docs/calibration.md"),
+    ("A3 / monotonicity violations", "the share of position triples i < j < k where the farther position k is "
+                                     "closer to i than j is", "THEORY.md section 6"),
+    ("min separation", "the smallest distance between two positions' encodings: 0 means two positions collide",
+     "THEORY.md section 6"),
+    ("negative mass", "the share of the MDS spectrum below 0, which no real encoding can reproduce (from noise or "
+                      "the bias correction)", "THEORY.md section 3"),
+    ("noise share", "the share of the summed distances that a stationary corpus of the same occupancies reaches: "
+                    "how much of the geometry is sampling noise", "docs/calibration.md"),
+)
+
+
+def glossary_lines(*, markdown: bool = False) -> list[str]:
+    """The glossary, one line per term."""
+    if markdown:
+        return [f"- **{term}**: {text} ({where})." for term, text, where in GLOSSARY]
+    return [f"{term}: {text} ({where})." for term, text, where in GLOSSARY]
 
 
 def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
@@ -88,7 +202,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         rows = []
         for b in v["held_out_best"]:
             tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
-            gap = _fit_gap(held, b["dim"])
+            gap = _fit_gap(held, b["dim"], b["best"])
             rows.append(f"d={b['dim']}: {b['best']}{tie}{gap}")
         noise_only = " (nothing stands above noise)" if above == 0 else ""
         items.append(("held out", "; ".join(rows) + f"; fitted on one half of the corpus ({held.get('split')}), "
@@ -122,12 +236,12 @@ def _margin(best: dict[str, Any]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _fit_gap(held: dict[str, Any], dim: int) -> str:
-    """``" (MDS scaled stress 0.029 fitted, 0.124 held out)"``: the MDS at ``dim`` on the half
-    it was fitted to and on the other."""
+def _fit_gap(held: dict[str, Any], dim: int, name: str = "mds") -> str:
+    """``" (scaled stress 0.029 fitted, 0.124 held out)"``: the held-out best ``name`` at
+    ``dim`` on the half it was fitted to and on the other (a fixed encoding has no fit)."""
     for e in held.get("encodings") or []:
-        if e["name"] == "mds" and e["dim"] == dim:
-            return f" (MDS scaled stress {e['fit_scaled_stress']:.3g} fitted, {e['held_out_scaled_stress']:.3g} held out)"
+        if e["name"] == name and e["dim"] == dim and e.get("fit_scaled_stress") is not None:
+            return f" (scaled stress {e['fit_scaled_stress']:.3g} fitted, {e['held_out_scaled_stress']:.3g} held out)"
     return ""
 
 
@@ -146,7 +260,8 @@ def format_summary(report: dict[str, Any], /) -> str:
     d = report.get("diagnostics", {})
     plugin = (report.get("geometry") or {}).get("distances", "plugin") != "bias_corrected"
     caveat = " of plug-in distances, noise included" if plugin else " of bias-corrected distances"
-    lines = [*verdict_lines(report), *([""] if report.get("verdict") else []),
+    answer = answer_sentences(report)
+    lines = [*answer, *([""] if answer else []), *verdict_lines(report), *([""] if report.get("verdict") else []),
         f"corpus    {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens counted, "
         f"V={c['vocab_size']:,}, mode={c['mode']}",
         f"positions {p['occupied']:,}/{p['requested']:,} occupied, {p['used']:,} used "
@@ -203,9 +318,11 @@ def format_markdown(report: dict[str, Any], /) -> str:
     """A Markdown summary for a pull request or a model card."""
     c, p, s = report["corpus"], report["positions"], report["spectrum"]
     cf = s["components_for"]
+    answer = answer_sentences(report)
     lines = [
         "# posstats report",
         "",
+        *([" ".join(answer), ""] if answer else []),
         *(f"- **{label}**: {text}" for label, text in verdict_items(report)),
         f"- corpus: {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens, V = {c['vocab_size']:,}, "
         f"mode `{c['mode']}`, fingerprint `{c.get('fingerprint', '')[:16]}`",
@@ -222,6 +339,5 @@ def format_markdown(report: dict[str, Any], /) -> str:
             f"| {e['name']} | {e['dim']} | {_fmt(e['stress'])} | {_fmt(e['scaled_stress'])} | {_fmt(e['scale'])} | "
             f"{_fmt(e['pearson'], '.3f')} | {_fmt(e['min_separation'])} | {mono} |"
         )
-    lines += ["", "Stress = sum (e - h)^2 / sum h^2 over position pairs (h = Hellinger distance, e = encoding distance); "
-              "scaled stress is the stress at the optimal scale a*. Definitions: THEORY.md.", ""]
+    lines += ["", "Terms:", "", *glossary_lines(markdown=True), ""]
     return "\n".join(lines)
