@@ -198,6 +198,47 @@ def test_diff_of_real_text_split_by_document_parity_finds_nothing(tmp_path, data
     assert first == "0 position(s) changed (of 64 tested, family-wise level 5 %)"
     d = json.loads((tmp_path / "diff" / "diff.json").read_text())
     assert d["a"]["kind"] == "run" and d["a"]["run_id"] and d["encodings"]
+    # Two halves of one corpus: no encoding's stress "changed beyond the intervals" either;
+    # with most of each side's distances noise the intervals are not compared at all.
+    assert not any(e["exceeds_interval"] for e in d["encodings"])
+    with_intervals = [e for e in d["encodings"] if not e["interval"].startswith("none (exact")]
+    assert with_intervals and all(e["interval"].startswith("none: sampling noise gives A ") for e in with_intervals)
+
+
+def test_stress_intervals_compared_only_when_both_sides_are_mostly_signal():
+    from posstats.drift.compare import SideGeometry, _encodings_entry
+
+    def side(share, lo, hi):
+        report = {"null": {"distance_noise": {"share": share}},
+                  "encodings": [{"name": "alibi", "dim": 2, "stress": 1.0, "scaled_stress": (lo + hi) / 2,
+                                 "scaled_stress_ci95": [lo, hi], "stress_interval": "jackknife, 10 random token groups"}]}
+        return SideGeometry(report, np.arange(3), np.zeros((3, 1)), np.ones(1))
+
+    (clean,) = _encodings_entry(side(0.05, 0.10, 0.11), side(0.07, 0.20, 0.21))
+    assert clean["exceeds_interval"] is True and clean["interval"] == "jackknife 95 %"
+    (noisy,) = _encodings_entry(side(0.05, 0.10, 0.11), side(0.4, 0.20, 0.21))
+    assert noisy["exceeds_interval"] is None and "B 40%" in noisy["interval"]
+
+
+def test_p_values_are_never_printed_as_zero():
+    from posstats.drift.report import p_value_text
+
+    assert p_value_text(0.0) == "< 1e-16" and p_value_text(3e-300) == "< 1e-16"
+    assert p_value_text(0.0123) == "0.012"
+
+
+def test_pearson3_tail_of_a_point_mass_warns_nothing():
+    """sd = 0 (every pooled token identical) gives shape inf and scale 0: no RuntimeWarning."""
+    import warnings
+
+    from posstats.estimates.two_sample import _quantile, _tail
+
+    mean, sd, third = np.array([1.0, 2.0]), np.array([0.0, 0.5]), np.array([0.0, 0.1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tail = _tail(np.array([1.5, 2.5]), mean, sd, third)
+        q = _quantile(mean, sd, third, 0.05)
+    assert tail[0] == 0.0 and 0 < tail[1] < 1 and q[0] == 1.0
 
 
 def test_diff_refuses_counts_made_differently(tmp_path, capsys):

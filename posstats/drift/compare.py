@@ -33,7 +33,7 @@ from posstats.counting.io import load_counts, load_indptr, load_rows
 from posstats.drift.sides import Side, check_comparable
 from posstats.errors import InputError
 from posstats.estimates.two_sample import BLOCK_ENTRIES, PositionTest, block_bounds, compare_positions
-from posstats.estimates.verdict import position_ranges
+from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, position_ranges
 from posstats.geometry.procrustes import procrustes_drift
 
 __all__ = ["DIFF_SCHEMA_VERSION", "DiffResult", "SideGeometry", "diff", "headline", "side_geometry"]
@@ -122,24 +122,47 @@ def _interval(e: dict[str, Any], report: dict[str, Any]) -> tuple[list[float] | 
     interval, else the shard bootstrap's (``--bootstrap``), else none (exact stress)."""
     ci = e.get("scaled_stress_ci95")
     if ci and ci[1] > ci[0]:
-        return [float(ci[0]), float(ci[1])], "sampled 95 %"
+        how = str(e.get("stress_interval") or "")
+        return [float(ci[0]), float(ci[1])], ("jackknife 95 %" if how.startswith("jackknife") else "sampled 95 %")
     boot = ((report.get("bootstrap") or {}).get("scaled_stress_ci95") or {}).get(f"{e['name']}@{int(e['dim'])}")
     if boot and None not in boot:
         return [float(boot[0]), float(boot[1])], "shard bootstrap 95 %"
     return None, None
 
 
+def _noisy_sides(a: SideGeometry, b: SideGeometry) -> str | None:
+    """Why stress intervals cannot be compared: a side whose distances are at least
+    ``DISTANCE_NOISE_CAVEAT`` noise (its report's ``null.distance_noise.share``), whose
+    stress intervals then cover less than 95 % (docs/calibration.md); None otherwise."""
+    noisy = []
+    for side, g in (("A", a), ("B", b)):
+        share = (((g.report.get("null") or {}).get("distance_noise")) or {}).get("share")
+        if share is not None and share >= DISTANCE_NOISE_CAVEAT:
+            noisy.append(f"{side} {min(share, 1.0):.0%}")
+    if not noisy:
+        return None
+    return (f"none: sampling noise gives {' and '.join(noisy)} of the summed distances, so the stress intervals "
+            "cover less than 95 % and non-overlap would be no evidence of change (docs/calibration.md)")
+
+
 def _encodings_entry(a: SideGeometry, b: SideGeometry) -> list[dict[str, Any]]:
     """Every (encoding, width) scored on both sides: stress on each, the change, and whether
-    the change exceeds the intervals (they do not overlap); None without intervals."""
+    the change exceeds the intervals (they do not overlap); None without intervals, or when
+    either side's distances are mostly noise (:func:`_noisy_sides`)."""
     on_b = {(e["name"], int(e["dim"])): e for e in b.report.get("encodings") or []}
+    noisy = _noisy_sides(a, b)
     out = []
     for ea in a.report.get("encodings") or []:
         eb = on_b.get((ea["name"], int(ea["dim"])))
         if eb is None:
             continue
         (ia, kind_a), (ib, _) = _interval(ea, a.report), _interval(eb, b.report)
-        exceeds = None if ia is None or ib is None else bool(ia[1] < ib[0] or ib[1] < ia[0])
+        if ia is None or ib is None:
+            exceeds, interval = None, "none (exact stress over all pairs: analyse with --bootstrap B for intervals)"
+        elif noisy:
+            exceeds, interval = None, noisy
+        else:
+            exceeds, interval = bool(ia[1] < ib[0] or ib[1] < ia[0]), kind_a
         out.append({
             "name": ea["name"], "dim": int(ea["dim"]),
             "a": {"stress": ea["stress"], "scaled_stress": ea["scaled_stress"], "scaled_stress_ci95": ia},
@@ -147,7 +170,7 @@ def _encodings_entry(a: SideGeometry, b: SideGeometry) -> list[dict[str, Any]]:
             "scaled_stress_change": eb["scaled_stress"] - ea["scaled_stress"],
             "stress_change": eb["stress"] - ea["stress"],
             "exceeds_interval": exceeds,
-            "interval": kind_a if exceeds is not None else "none (exact stress over all pairs: analyse with --bootstrap B for intervals)",
+            "interval": interval,
         })
     return out
 

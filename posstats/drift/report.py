@@ -98,6 +98,8 @@ def _encoding_rows(doc: dict[str, Any]) -> list[list[str]]:
     rows = []
     for e in doc["encodings"]:
         verdict = {True: "yes", False: "no", None: "no interval"}[e["exceeds_interval"]]
+        if e["exceeds_interval"] is None and str(e.get("interval", "")).startswith("none: sampling noise"):
+            verdict = "not comparable (noise)"
         rows.append([e["name"], str(e["dim"]), num(e["a"]["scaled_stress"]), num(e["b"]["scaled_stress"]),
                      f"{e['scaled_stress_change']:+.4g}", verdict])
     return rows
@@ -118,13 +120,21 @@ def format_diff_summary(doc: dict[str, Any], /) -> str:
         lines.append(f"mds drift median {m['median']:.3g}, max {m['max']:.3g} (rms norm {m['rms_norm_a']:.3g}); "
                      f"farthest: {far}")
     if p["most_significant"]:
-        top = ", ".join(f"{x['position']} (d_H {x['d_h']:.3g} vs {x['expected_d_h']:.3g}, p {x['p_value']:.2g})"
+        top = ", ".join(f"{x['position']} (d_H {x['d_h']:.3g} vs {x['expected_d_h']:.3g}, p {p_value_text(x['p_value'])})"
                         for x in p["most_significant"][:5])
         lines.append(f"positions most significant: {top}")
     if doc["encodings"]:
         lines += ["", f"{'encoding':<28} {'dim':>4} {'scaled A':>9} {'scaled B':>9} {'change':>9}  beyond intervals"]
         lines += [f"{r[0][:28]:<28} {r[1]:>4} {r[2]:>9} {r[3]:>9} {r[4]:>9}  {r[5]}" for r in _encoding_rows(doc)]
+        notes = sorted({e["interval"] for e in doc["encodings"] if str(e.get("interval", "")).startswith("none: sampling noise")})
+        lines += [f"not comparable: {note[len('none: '):]}" for note in notes]
     return "\n".join(lines)
+
+
+def p_value_text(p: float) -> str:
+    """A p-value for people: two significant digits, and ``< 1e-16`` where float64 rounds
+    it to 0 (never a bare "0", which reads as impossible)."""
+    return "< 1e-16" if p < 1e-16 else f"{p:.2g}"
 
 
 def _page(doc: dict[str, Any], plots: list[Plot], images: dict[str, bytes], seconds: float) -> str:
@@ -149,7 +159,7 @@ def _page(doc: dict[str, Any], plots: list[Plot], images: dict[str, bytes], seco
     if p["most_significant"]:
         parts += ["<h2>Most significant positions</h2>", html_table(
             ("position", "d_H", "expected from sampling", "p-value", "changed"),
-            [[x["position"], num(x["d_h"]), num(x["expected_d_h"]), f"{x['p_value']:.3g}", "yes" if x["changed"] else "no"]
+            [[x["position"], num(x["d_h"]), num(x["expected_d_h"]), p_value_text(x["p_value"]), "yes" if x["changed"] else "no"]
              for x in p["most_significant"]])]
     if doc["encodings"]:
         parts += ["<h2>Encodings</h2>", html_table(("encoding", "dim", "scaled stress A", "scaled stress B", "change",

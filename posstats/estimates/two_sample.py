@@ -181,7 +181,8 @@ def _pearson3(mean: np.ndarray, sd: np.ndarray, third: np.ndarray) -> tuple[np.n
         skew = np.maximum(skew, floor)
         shape = np.where(skew > 0, 4.0 / np.where(skew > 0, skew, 1.0) ** 2, np.inf)
         scale = sd * skew / 2.0
-    return shape, scale, mean - shape * scale
+        location = mean - shape * scale  # inf * 0 where sd is 0: NaN, never read (callers mask those)
+    return shape, scale, location
 
 
 def _tail(x: np.ndarray, mean: np.ndarray, sd: np.ndarray, third: np.ndarray) -> np.ndarray:
