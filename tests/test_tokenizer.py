@@ -166,3 +166,47 @@ def test_tokenizer_from_a_model_folder_a_cached_name_or_a_file_url(tmp_path, mon
     assert resolve_tokenizer("openai-community/gpt2") == str(snap / "tokenizer.json")
     with pytest.raises(InputError, match="no such tokenizer.json, model folder, or model in the local Hugging Face cache"):
         load_tokenizer("nobody/nothing")
+
+
+def test_count_accepts_a_transformers_autotokenizer(tmp_path, data_dir):
+    """posstats.count with transformers' AutoTokenizer (a fast tokenizer: its backend, copied
+    with padding and truncation off) gives the counts of the tokenizer.json it was loaded
+    from, for a dataset and for files (whose tokenizer file is found from the folder it was
+    loaded from and recorded by its hash); the caller's tokenizer is left as it was."""
+    import shutil
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    import posstats
+
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    shutil.copy(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json", folder / "tokenizer.json")
+    auto = AutoTokenizer.from_pretrained(str(folder))
+    padding_before = auto.backend_tokenizer.padding
+    path = str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json")
+    texts = datasets.Dataset.from_dict({"text": ["A fortune, " * 30, "short one"] * 5})
+    by_auto = posstats.count(texts, tokenizer=auto, text_column="text", positions=64)
+    by_path = posstats.count(texts, tokenizer=path, text_column="text", positions=64)
+    assert by_auto.tokens == by_path.tokens > 64  # the long text is not truncated
+    assert (by_auto.to_sparse().matrix != by_path.to_sparse().matrix).nnz == 0
+    assert auto.backend_tokenizer.padding == padding_before
+    sample = str(data_dir / "fortunes-sample.jsonl")
+    files_auto = posstats.count(sample, tokenizer=auto, text_column="text", positions=16)
+    files_path = posstats.count(sample, tokenizer=path, text_column="text", positions=16)
+    assert files_auto.tokens == files_path.tokens
+    assert files_auto.metadata["tokenizer_hash"] == files_path.metadata["tokenizer_hash"]
+
+
+def test_as_tokenizer_refuses_what_it_cannot_use():
+    from posstats.corpus.tokenizer import as_tokenizer
+
+    class Slow:  # a slow transformers tokenizer has no backend_tokenizer
+        def convert_tokens_to_ids(self, tokens):
+            return []
+
+    with pytest.raises(InputError, match="use_fast=True"):
+        as_tokenizer(Slow())
+    with pytest.raises(InputError, match="got dict"):
+        as_tokenizer({})

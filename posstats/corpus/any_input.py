@@ -22,7 +22,7 @@ import numpy as np
 
 from posstats.corpus.inputs import count_inputs
 from posstats.corpus.source import count_corpus
-from posstats.corpus.tokenizer import load_tokenizer, special_token_ids
+from posstats.corpus.tokenizer import as_tokenizer, load_tokenizer, resolve_tokenizer, special_token_ids
 from posstats.corpus.tokenizer import vocab_size as tokenizer_vocab_size
 from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
@@ -46,7 +46,11 @@ def _is_dataset(data: Any) -> bool:
 
 
 def _tokenizer(tokenizer: Any) -> Any:
-    return load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    """A loaded tokenizer from a path or model name, a ``tokenizers.Tokenizer`` or a
+    transformers fast tokenizer (:func:`posstats.corpus.tokenizer.as_tokenizer`); None stays None."""
+    if tokenizer is None:
+        return None
+    return load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else as_tokenizer(tokenizer)
 
 
 def _dataset_batches(ds: Any, *, split: str | None, column: str | None, text_column: str | None,
@@ -131,8 +135,9 @@ def count(
             array or tensor, or an iterable of integer sequences.
         positions, mode, separator: the counting spec (:class:`posstats.counting.counts.CountSpec`).
         vocab_size: default: the tokenizer's vocabulary (required without one).
-        tokenizer: a ``tokenizer.json`` path or a ``tokenizers.Tokenizer`` (for text; also sets
-            the default vocabulary and the excluded special tokens).
+        tokenizer: a ``tokenizer.json`` path, a model name in the local Hugging Face cache, a
+            ``tokenizers.Tokenizer`` or a transformers fast tokenizer (``AutoTokenizer``) (for
+            text; also sets the default vocabulary and the excluded special tokens).
         column / text_column: where a dataset or columnar file keeps token ids / raw text.
         split: a DatasetDict's split (a dataset or folder with several needs one).
         exclude_tokens: ids removed before positions are assigned (default: the tokenizer's
@@ -146,7 +151,13 @@ def count(
     if _is_paths(data):
         paths = [data] if isinstance(data, (str, os.PathLike)) else list(data)
         if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-            raise InputError("for files, give tokenizer= as the path of a tokenizer.json (it is recorded with the counts)")
+            # A transformers tokenizer loaded from a local folder or the local cache names its file.
+            named = getattr(tokenizer, "name_or_path", None)
+            found = resolve_tokenizer(named) if named else None
+            if not (found and os.path.isfile(found)):
+                raise InputError("for files, give tokenizer= as the path of a tokenizer.json or a model name in the local "
+                                 "Hugging Face cache (its file is recorded with the counts)")
+            tokenizer = found
         inputs = count_inputs(inputs=[os.fspath(p) for p in paths], column=column, text_column=text_column,
                               tokenizer=os.fspath(tokenizer) if tokenizer is not None else None, split=split,
                               positions=positions, vocab_size_=vocab_size, exclude_tokens=exclude_tokens, mode=mode,

@@ -22,8 +22,8 @@ from posstats.errors import InputError, PosstatsError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["check_tokenizer", "encode_texts", "load_tokenizer", "resolve_tokenizer", "special_token_ids", "tokenizer_hash",
-           "vocab_size"]
+__all__ = ["as_tokenizer", "check_tokenizer", "encode_texts", "load_tokenizer", "resolve_tokenizer", "special_token_ids",
+           "tokenizer_hash", "vocab_size"]
 
 _HASH_CHARS = 16
 
@@ -97,6 +97,33 @@ def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
     tok.no_padding()
     tok.no_truncation()
     _check_unknown_token(tok, path)
+    return tok
+
+
+def as_tokenizer(tokenizer: Any, /) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` for counting from a tokenizer object: a
+    ``tokenizers.Tokenizer`` or a transformers *fast* tokenizer (``AutoTokenizer``'s
+    default; its ``backend_tokenizer``). The result is a copy with padding and truncation
+    switched off (a count must see every token; the caller's object is left as it was).
+
+    Raises:
+        InputError: a slow (pure Python) transformers tokenizer, or any other object.
+    """
+    from tokenizers import Tokenizer  # noqa: PLC0415 - only commands that tokenize pay its import
+
+    backend = tokenizer
+    if not isinstance(backend, Tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        kind = type(tokenizer).__name__
+        hint = (" (a slow transformers tokenizer: load it with AutoTokenizer.from_pretrained(..., use_fast=True))"
+                if hasattr(tokenizer, "convert_tokens_to_ids") else "")
+        msg = (f"tokenizer= must be a tokenizer.json path, a model name in the local Hugging Face cache, a "
+               f"tokenizers.Tokenizer or a transformers fast tokenizer; got {kind}{hint}")
+        raise InputError(msg)
+    tok = Tokenizer.from_str(backend.to_str())
+    tok.no_padding()
+    tok.no_truncation()
     return tok
 
 
