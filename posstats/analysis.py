@@ -11,7 +11,7 @@ import datetime as _dt
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,9 +58,17 @@ __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
 
 SCHEMA_VERSION = 1
 DEFAULT_DIMS = (2, 16, 64)
-DISTANCE_MATRICES = ("auto", "plugin", "corrected")
-NOISE_FLOOR_CHOICES = ("auto", "on", "off")
-NULL_CHOICES = ("auto", "shuffle", "mp", "none")
+# The choices of the string options, as Literal types (a type checker catches a typo such as
+# mds_method="dnese") and as the tuples the run-time checks and the CLI use.
+MdsMethod = Literal["auto", "dense", "iterative", "lanczos"]
+DistanceMatrix = Literal["auto", "plugin", "corrected"]
+NoiseFloorChoice = Literal["auto", "on", "off"]
+NullChoice = Literal["auto", "shuffle", "mp", "none"]
+HeldOutChoice = Literal["auto", "on", "off"]
+MDS_METHODS: tuple[str, ...] = get_args(MdsMethod)
+DISTANCE_MATRICES: tuple[str, ...] = get_args(DistanceMatrix)
+NOISE_FLOOR_CHOICES: tuple[str, ...] = get_args(NoiseFloorChoice)
+NULL_CHOICES: tuple[str, ...] = get_args(NullChoice)
 _NULL_SHUFFLE_LIMIT = 4096  # auto: a shuffled-null corpus (3 extra solves) up to this many rows
 
 
@@ -78,7 +86,7 @@ class AnalysisConfig:
         encodings: encoding spec strings (see :mod:`posstats.geometry.encodings`).
         min_occupancy: positions with fewer counted tokens are left out of the geometry.
         rank_rtol: relative tolerance of the numerical rank.
-        mds_method: ``auto`` | ``dense`` | ``iterative`` (see :func:`classical_mds`).
+        mds_method: ``auto`` | ``dense`` | ``iterative`` | ``lanczos`` (see :func:`classical_mds`).
         monotonicity_exact_limit: positions above which monotonicity is sampled.
         seed: seeds every random choice (random encodings, solvers, sampling).
         exact_limit: geometry rows above which no n x n matrix is formed: MDS by block
@@ -121,7 +129,7 @@ class AnalysisConfig:
     encodings: tuple[str, ...] = DEFAULT_ENCODINGS
     min_occupancy: int = 1
     rank_rtol: float = 1e-10
-    mds_method: str = "auto"
+    mds_method: MdsMethod = "auto"
     monotonicity_exact_limit: int = 4096
     seed: int = 0
     exact_limit: int = 16_384
@@ -129,16 +137,16 @@ class AnalysisConfig:
     stress_max_pairs: int = 20_000_000
     lanczos_tol: float = 1e-8
     buckets: str = "none"
-    distances: str = "auto"
-    noise_floor: str = "auto"
+    distances: DistanceMatrix = "auto"
+    noise_floor: NoiseFloorChoice = "auto"
     noise_parts: int = 4
-    null: str = "auto"
+    null: NullChoice = "auto"
     null_replicates: int = 39
     bootstrap: int = 0
     corpus_triples: int = 200_000
     tokenizer: str | None = None
     smacof_limit: int = 1024
-    held_out: str = "auto"
+    held_out: HeldOutChoice = "auto"
     max_encodings: int = DEFAULT_MAX_ENCODINGS
     sweeps: tuple[dict[str, Any], ...] = field(default=(), init=False, compare=False)
 
@@ -200,6 +208,9 @@ class AnalysisConfig:
             raise PosstatsError(msg)
         if not 0 < self.stress_halfwidth < 1:
             msg = f"the stress half-width must be in (0, 1), got {self.stress_halfwidth}"
+            raise PosstatsError(msg)
+        if self.mds_method not in MDS_METHODS:
+            msg = f"unknown MDS method {self.mds_method!r}; choose one of {', '.join(MDS_METHODS)}"
             raise PosstatsError(msg)
         if self.distances not in DISTANCE_MATRICES:
             msg = f"unknown distance matrix {self.distances!r}; choose one of {', '.join(DISTANCE_MATRICES)}"

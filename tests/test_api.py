@@ -97,3 +97,19 @@ def test_public_api_has_real_types_under_mypy(tmp_path):
     assert 'Revealed type is "posstats.analysis.Analysis"' in text, text
     assert "def (head_dim: builtins.int" in text or "def (head_dim: int" in text, text
     assert "Incompatible types in assignment" in text, text  # not Any: the wrong use is caught
+
+
+def test_string_options_are_literal_types_checked_at_run_time_too():
+    """A typo in an option is caught by a type checker (Literal annotations) and, at run
+    time, by a one-line error naming the choices (mds_method had no check before)."""
+    from typing import get_args, get_type_hints
+
+    from posstats.analysis import MDS_METHODS, AnalysisConfig
+    from posstats.errors import PosstatsError
+
+    hints = get_type_hints(AnalysisConfig)
+    assert get_args(hints["mds_method"]) == MDS_METHODS == ("auto", "dense", "iterative", "lanczos")
+    for name in ("distances", "noise_floor", "null", "held_out"):
+        assert get_args(hints[name]), name
+    with pytest.raises(PosstatsError, match="unknown MDS method 'dnese'; choose one of auto, dense, iterative, lanczos"):
+        AnalysisConfig(mds_method="dnese")  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from posstats.analysis import DEFAULT_DIMS, AnalysisConfig
+from posstats.analysis import DEFAULT_DIMS, MDS_METHODS, AnalysisConfig
 from posstats.flags import int_list
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS, split_encoding_list
 from posstats.progress import set_quiet
@@ -33,7 +33,7 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                    help="leave out positions with fewer than K counted tokens (default 1)")
     g.add_argument("--rank-rtol", type=float, default=1e-10, metavar="TOL",
                    help="relative tolerance of the reported numerical rank (default 1e-10)")
-    g.add_argument("--mds-method", choices=("auto", "dense", "iterative", "lanczos"), default="auto",
+    g.add_argument("--mds-method", choices=MDS_METHODS, default="auto",
                    help="dense eigh, the iterative top-k solver (ARPACK), or block Lanczos for long contexts "
                         "(auto: dense up to 2048 positions)")
     g.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posstats.analysis import AnalysisConfig
+from posstats.analysis import MDS_METHODS, AnalysisConfig
 from posstats.errors import PosstatsError
 from posstats.flags import parse_value  # re-exported: --set values parse like --storage-option ones
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS
@@ -105,7 +105,6 @@ CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role /
 MODES = ("truncate", "chunk", "pack")
 _LIMITS = frozenset({"max_encodings"})  # [geometry] keys that refuse work but never change a result
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
-MDS_METHODS = ("auto", "dense", "iterative")
 LAYOUTS = ("bert", "gpt2", "plain")
 EXPORT_FORMATS = ("safetensors", "npy", "pt")
 
@@ -239,7 +238,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "min_occupancy": Key("int", 1, "leave out positions with fewer counted tokens", nullable=False, check=_ge(1)),
         "rank_rtol": Key("float", 1e-10, "relative tolerance of the numerical rank", nullable=False,
                          check=_ge(0, strict=True)),
-        "mds_method": Key("str", "auto", "auto, dense or iterative", nullable=False, check=_one_of(MDS_METHODS)),
+        "mds_method": Key("str", "auto", "auto, dense, iterative or lanczos", nullable=False, check=_one_of(MDS_METHODS)),
         "seed": Key("int", 0, "seed of every random choice", nullable=False),
         "noise_floor": Key("str", "auto", "auto, on or off: the split-half noise floor (auto: when the plug-in bias "
                            "can matter)", nullable=False, check=_one_of(("auto", "on", "off"))),
