@@ -356,6 +356,65 @@ def test_exported_tables_load_into_transformers_models_with_a_key_check(run_dir,
             _load_checked(getattr(transformers, head)(config), tmp_path / "bare.safetensors", param)
 
 
+@pytest.mark.parametrize(
+    ("head", "param"),
+    [("BertForMaskedLM", "bert.embeddings.position_embeddings.weight"), ("BertModel", "embeddings.position_embeddings.weight"),
+     ("GPT2LMHeadModel", "transformer.wpe.weight"), ("GPT2Model", "wpe.weight")],
+)
+def test_for_model_fills_rows_width_layout_prefix_and_matches_the_norm(run_dir, tmp_path, capsys, head, param):
+    """export --for-model reads a saved transformers model folder: the table has the model's
+    rows and width, its key loads with the strict key check, --match-norm gives the rows
+    the mean norm of the model's own table (scaled stress unchanged), and a disagreeing
+    explicit flag is refused."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    n, width = 20, 16
+    if head.startswith("Bert"):
+        config = transformers.BertConfig(vocab_size=50, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=n)
+    else:
+        config = transformers.GPT2Config(vocab_size=50, n_embd=width, n_layer=1, n_head=2, n_positions=n)
+    folder = tmp_path / "model"
+    getattr(transformers, head)(config).save_pretrained(str(folder))
+    own = getattr(transformers, head).from_pretrained(str(folder)).state_dict()[param].numpy()
+    out = tmp_path / "pos.safetensors"
+    assert main(["export", str(run_dir), "--for-model", str(folder), "--match-norm", "--rank", "2", "--out", str(out)]) == 0
+    model = getattr(transformers, head)(config)
+    table = _load_checked(model, out, param)
+    assert tuple(table.shape) == (n, width)
+    norms = torch.linalg.vector_norm(table.double(), dim=1)
+    assert float(norms.mean()) == pytest.approx(float(np.linalg.norm(own, axis=1).mean()), rel=1e-5)
+    plain = export_encoding(run_dir, tmp_path / "plain.safetensors", dim=width, rank=2, rows=n, card=False)
+    with safe_open(str(out), framework="numpy") as f:
+        meta = f.metadata()
+    assert float(meta["scaled_stress"]) == pytest.approx(float(plain.metadata["scaled_stress"]), rel=1e-4)
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--for-model", str(folder), "--dim", "8", "--rank", "2",
+                 "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "--dim 8 disagrees with --for-model" in capsys.readouterr().err
+
+
+def test_for_model_refusals(tmp_path, run_dir, capsys):
+    from posstats.reports.model_target import model_target
+
+    with pytest.raises(InputError, match="no config.json"):
+        model_target(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "roberta", "max_position_embeddings": 514, "hidden_size": 8}')
+    with pytest.raises(InputError, match="model_type 'roberta' is not supported"):
+        model_target(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "max_position_embeddings": 0, "hidden_size": 8}')
+    with pytest.raises(InputError, match="max_position_embeddings must be a positive integer, got 0"):
+        model_target(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "max_position_embeddings": 20, "hidden_size": 8}')
+    assert main(["export", str(run_dir), "--for-model", str(tmp_path), "--match-norm", "--rank", "2",
+                 "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "has no model.safetensors" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--match-norm", "--dim", "8", "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "--match-norm needs --for-model" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "give --dim D" in capsys.readouterr().err
+
+
 def test_minilm_checkpoint_takes_a_512_row_table_with_thin_rows_warned(tmp_path, data_dir, capsys):
     """The real all-MiniLM-L6-v2 (BERT, 512 positions, width 384): a table of the fortunes
     sample counted at 512 positions loads with the key check; rows counted from few tokens are

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from posstats.errors import InputError
 from posstats.memory import require_memory, table_bytes
 from posstats.reports.export import export_run
+from posstats.reports.model_target import model_target
 from posstats.runs.run_folder import RunData, load_run
 
 HELP = "export the MDS encoding of a run as a BERT / GPT-2 / plain position table"
@@ -33,13 +35,17 @@ check. Files are written atomically; existing ones are kept unless --force.
 For a real model: --rows N cuts the table to a model with N positions, --prefix puts the
 key under the head class' module (bert. for BertForMaskedLM, transformer. for
 GPT2LMHeadModel), and rows counted from fewer than --min-tokens tokens are warned about
-(--strict refuses them).
+(--strict refuses them). --for-model PATH reads all of that from a BERT or GPT-2 model
+folder's config.json (max_position_embeddings / n_positions, hidden_size / n_embd, the
+architecture's prefix); --match-norm scales the rows to the mean norm of the model's own
+position table (from model.safetensors in that folder).
 
 examples:
   posstats export runs/demo --dim 768 --layout bert --out pos/bert-pos.safetensors
   posstats export runs/demo --dim 768 --rank 16 --factors --layout gpt2 --format pt --out pos/wpe.pt
   posstats export runs/demo512 --dim 384 --layout bert --prefix bert. --rows 512 --license apache-2.0 \
       --base-model sentence-transformers/all-MiniLM-L6-v2 --out pos/minilm-pos.safetensors
+  posstats export runs/demo512 --for-model path/to/all-MiniLM-L6-v2 --match-norm --out pos/minilm-pos.safetensors
   python -c "from posstats.torch import MDSPositionalEmbedding as M; print(M.from_file('pos/bert-pos.safetensors'))"
 """
 
@@ -47,12 +53,13 @@ examples:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by 'posstats run' or 'posstats analyze'")
-    p.add_argument("--dim", type=int, required=True, metavar="D", help="model width D (columns of the table)")
+    p.add_argument("--dim", type=int, metavar="D",
+                   help="model width D (columns of the table); required unless --for-model gives it")
     p.add_argument("--rank", type=int, metavar="R",
                    help="rank r <= D of the encoding (default: the MDS components above sampling noise in the run's "
                         "verdict, at most D; a run with none exports nothing unless R is given; without a null: "
                         "min(D, MDS coordinates in the run))")
-    p.add_argument("--layout", choices=("bert", "gpt2", "plain"), default="plain", help="tensor name convention (default plain)")
+    p.add_argument("--layout", choices=("bert", "gpt2", "plain"), help="tensor name convention (default plain, or --for-model's)")
     p.add_argument("--format", choices=("safetensors", "npy", "pt"), help="file format (default: from the suffix of --out)")
     p.add_argument("--out", required=True, metavar="FILE", help="output file")
     p.add_argument("--factors", action="store_true", help="also write the low-rank factors A (n x r) and W (D x r); needs --rank")
@@ -66,10 +73,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="classical MDS coordinates (default), or their SMACOF refinement at rank r: lower "
                         "stress at the same width (classical MDS minimises strain, not stress)")
     m = p.add_argument_group("for a real model")
+    m.add_argument("--for-model", metavar="PATH",
+                   help="a transformers model folder (or its config.json), BERT or GPT-2: fills --rows, --dim, --layout "
+                        "and --prefix from its config (explicit ones must agree), so the table loads with a strict key check")
+    m.add_argument("--match-norm", action="store_true",
+                   help="scale the rows to the mean row norm of the model's own position table (needs --for-model with "
+                        "model.safetensors in the folder); scaled stress is unchanged")
     m.add_argument("--rows", type=int, metavar="N",
                    help="a table for a model with N positions: the first N rows (default: every counted position; "
                         "more than were counted is refused)")
-    m.add_argument("--prefix", default="", metavar="PREFIX",
+    m.add_argument("--prefix", metavar="PREFIX",
                    help="put before the key: 'bert.' for BertForMaskedLM, 'transformer.' for GPT2LMHeadModel "
                         "(default none: BertModel / GPT2Model)")
     m.add_argument("--min-tokens", type=int, default=10, metavar="K",
@@ -85,7 +98,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _for_model(args: argparse.Namespace) -> float | None:
+    """Fill --rows, --dim, --layout, --prefix (and --base-model) from --for-model; an explicit
+    value that disagrees is refused. Returns the row norm to match (--match-norm), or None."""
+    if args.for_model is None:
+        if args.match_norm:
+            raise InputError("--match-norm needs --for-model (the model whose position table sets the norm)")
+        if args.dim is None:
+            raise InputError("give --dim D (the model width), or --for-model PATH to read it from the model's config")
+        args.layout = args.layout or "plain"
+        args.prefix = args.prefix if args.prefix is not None else ""
+        return None
+    target = model_target(args.for_model)
+    for flag, given, wanted in (("--rows", args.rows, target.rows), ("--dim", args.dim, target.dim),
+                                ("--layout", args.layout, target.layout), ("--prefix", args.prefix, target.prefix)):
+        if given is not None and given != wanted:
+            msg = f"{flag} {given!r} disagrees with --for-model {args.for_model}, which needs {wanted!r}"
+            raise InputError(msg)
+    args.rows, args.dim, args.layout, args.prefix = target.rows, target.dim, target.layout, target.prefix
+    args.base_model = args.base_model or target.name
+    if args.match_norm and target.row_norm is None:
+        msg = f"--match-norm: {args.for_model} has no model.safetensors holding {target.key} to take the norm from"
+        raise InputError(msg)
+    return target.row_norm if args.match_norm else None
+
+
 def run(args: argparse.Namespace) -> int:
+    row_norm = _for_model(args)
     run_data = load_run(args.run_dir)
     _check_memory(args, run_data)
     res = export_run(
@@ -93,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         factors=args.factors, basis=args.basis, seed=args.seed, dtype=args.dtype, card=not args.no_card, force=args.force,
         method=args.method, smacof_max_iter=args.smacof_max_iter, smacof_tol=args.smacof_tol,
         rows=args.rows, prefix=args.prefix, min_tokens=args.min_tokens, strict=args.strict, license=args.license,
-        datasets=tuple(args.dataset), base_model=args.base_model,
+        datasets=tuple(args.dataset), base_model=args.base_model, row_norm=row_norm,
     )
     for warning in res.warnings:
         print(f"posstats: warning: {warning}", file=sys.stderr)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -496,8 +497,14 @@ def export_run(
     license: str | None = None,  # noqa: A002 - the model card's field
     datasets: Sequence[str] = (),
     base_model: str | None = None,
+    row_norm: float | None = None,
 ) -> ExportResult:
     """Export a run's MDS encoding as an (n, dim) position table (see the module docstring).
+
+    ``row_norm``: scale the table so that its rows' mean L2 norm is this (the model's own
+    table's, :attr:`posstats.reports.model_target.ModelTarget.row_norm`); every distance is
+    scaled by the same factor, so scaled stress is unchanged and raw stress is that of the
+    scaled table.
 
     ``run`` is a run just analysed (:func:`posstats.runs.run_folder.run_from_analysis`,
     distances held: nothing is recomputed) or read back (:func:`load_run`: the d_H are
@@ -526,6 +533,14 @@ def export_run(
     a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
     if method == "smacof":
         a, fit, run = _smacof_coordinates(run, r, max_iter=smacof_max_iter, tol=smacof_tol)
+    scale = None
+    if row_norm is not None:
+        own = float(np.linalg.norm(a, axis=1).mean())
+        if not (math.isfinite(row_norm) and row_norm > 0) or own <= 0:
+            msg = f"cannot scale rows to a mean norm of {row_norm!r} (the encoding's rows have mean norm {own:.3g})"
+            raise InputError(msg)
+        scale = row_norm / own
+        a = a * scale
     w = orthonormal_basis(int(dim), r, basis=basis, seed=seed)
     np_dtype = np.dtype(dtype)
     table = np.ascontiguousarray((a @ w.T).astype(np_dtype))
@@ -534,6 +549,8 @@ def export_run(
     metadata = {**_export_metadata(run, s, layout=layout, dim=dim, rank=r, basis=basis, seed=seed, dtype=dtype,
                                    stress_positions=len(idx)), "method": method, "rank_rule": rank_rule, **fit, **thin_meta}
     metadata["key"] = key = prefix + metadata["key"]
+    if scale is not None:
+        metadata["row_norm"], metadata["row_scale"] = f"{row_norm:.6g}", f"{scale:.6g}"
     tensors = {key: table}
     if factors:
         tensors[FACTOR_KEYS[0]] = np.ascontiguousarray(a.astype(np_dtype))
