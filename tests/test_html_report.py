@@ -177,9 +177,9 @@ def test_every_image_loads_in_headless_chromium(run_dir, tmp_path):
 def test_spectrum_threshold_is_the_nulls_on_the_eigenvalues_scale(null, expected):
     """The spectrum's noise line is the null's threshold (real runs have no noise_floor key);
     the mp edge, compared on the plug-in scale, is moved back onto the corrected one."""
-    from posstats.reports.html import _noise_floor
+    from posstats.reports.spectrum_view import noise_threshold
 
-    got = _noise_floor({"null": null})
+    got = noise_threshold({"null": null})
     assert got == (None if expected is None else pytest.approx(expected))
 
 

@@ -167,3 +167,19 @@ def test_stress_legend_is_outside_and_no_curve_is_cut_at_the_top():
     scaled = p.figure.axes[1]
     top = max(max(ln.get_ydata()) for ln in scaled.get_lines())
     assert scaled.get_ylim()[1] > top
+
+
+def test_lowrank_tradeoff_plots_scaled_stress_and_marks_the_informative_rank():
+    """Raw stress rises with rank on noise (scale), so the trade-off plots scaled stress; the
+    informative components (the export's default rank) are a drawn line the caption names."""
+    rows = [{"rank": r, "stress": 0.5 * r, "scaled_stress": 0.4 / r, "parameters": r * 66} for r in (1, 2, 4, 8)]
+    p = plots.lowrank_figure(rows, n=50, width=16, informative=2)
+    ax = p.figure.axes[0]
+    (curve,) = _lines(p.figure, "scaled stress")
+    assert list(curve.get_ydata()) == [0.4, 0.2, 0.1, 0.05]
+    assert not _lines(p.figure, "stress")  # raw stress is not drawn
+    (mark,) = _lines(p.figure, "components above noise: 2")
+    assert list(mark.get_xdata()) == [2, 2]
+    assert ax.get_ylim()[0] == 0.0 and "2 component(s) above sampling noise" in p.caption
+    assert "every rank here fits noise" in plots.lowrank_figure(rows, n=50, width=16, informative=0).caption
+    assert "no null" in plots.lowrank_figure(rows, n=50, width=16).caption

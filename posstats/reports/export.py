@@ -73,6 +73,7 @@ from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.stress import stress_report
 from posstats.reports.plots import lowrank_figure, png_bytes, spectrum_figure
+from posstats.reports.spectrum_view import explained_share, noise_threshold
 from posstats.runs.run_folder import RunData, load_run, run_distances, with_distances
 
 __all__ = [
@@ -454,8 +455,10 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     n, k = run.encoding.shape
     tradeoff = lowrank_tradeoff(run.encoding[idx], dist, width=dim, ranks=default_ranks(k, width=dim, extra=(rank,)), n=n)
     spectrum = run.report.get("spectrum") or {}
-    fig = spectrum_figure(run.eigenvalues, _explained(run), rank=spectrum.get("rank"))
-    written = [_save_named(fig, files.card[1]), _save_named(lowrank_figure(tradeoff, n=n, width=dim), files.card[2])]
+    fig = spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, run.report), rank=spectrum.get("rank"),
+                          noise_floor=noise_threshold(run.report))
+    written = [_save_named(fig, files.card[1]),
+               _save_named(lowrank_figure(tradeoff, n=n, width=dim, informative=informative_rank(run.report)), files.card[2])]
     return tradeoff, written
 
 
@@ -621,16 +624,6 @@ def export_encoding(
     return export_run(load_run(run_dir), out, dim=dim, rank=rank, layout=layout, format=format, factors=factors,
                       basis=basis, seed=seed, dtype=dtype, card=card, force=force, method=method,
                       smacof_max_iter=smacof_max_iter, smacof_tol=smacof_tol, **options)
-
-
-def _explained(run: RunData) -> np.ndarray:
-    """Cumulative explained variance of the run's eigenvalues (report.json's, else recomputed)."""
-    ev = (run.report.get("spectrum") or {}).get("explained_variance")
-    if ev and len(ev) >= len(run.eigenvalues):
-        return np.asarray(ev[: len(run.eigenvalues)], dtype=np.float64)
-    lam = run.eigenvalues
-    total = float(lam[lam > 0].sum())
-    return np.cumsum(lam) / total if total > 0 else np.zeros_like(lam)
 
 
 def _save_named(plot: Any, path: Path) -> Path:

@@ -31,7 +31,6 @@ entry of ``bootstrap`` / ``noise_floor`` is listed as a table.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
@@ -43,8 +42,7 @@ import numpy as np
 
 from posstats import __version__
 from posstats.counting.io import atomic_path
-from posstats.geometry.mds import spectrum_summary
-from posstats.reports.export import default_ranks, lowrank_tradeoff
+from posstats.reports.export import default_ranks, informative_rank, lowrank_tradeoff
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import (
     distance_heatmap_figure,
@@ -57,6 +55,7 @@ from posstats.reports.plots import (
     stress_by_dim_figure,
     sweep_figure,
 )
+from posstats.reports.spectrum_view import explained_share, noise_threshold
 from posstats.reports.summary import GLOSSARY, answer_sentences, glossary_lines, skipped_lines, verdict_items
 from posstats.runs.run_folder import RunData, load_run, run_distances
 
@@ -83,24 +82,6 @@ def _lookup(report: dict[str, Any], *paths: str) -> Any:
         if node is not None:
             return node
     return None
-
-
-def _noise_floor(report: dict[str, Any]) -> float | None:
-    """The eigenvalue level above which components count as structure, on the scale of the
-    report's eigenvalues: the null's threshold (``null.threshold``; the ``mp`` edge is on the
-    plug-in scale, so with corrected eigenvalues the mean bias it was shifted by is taken
-    off), else an explicit ``noise_floor`` / ``bootstrap.noise_floor``."""
-    null = report.get("null") or {}
-    threshold = null.get("threshold")
-    if isinstance(threshold, (int, float)) and math.isfinite(threshold):
-        if null.get("eigenvalue_scale") == "corrected + mean bias":
-            shift = null.get("eigenvalue_shift")
-            return float(threshold) - float(shift) if isinstance(shift, (int, float)) else None
-        return float(threshold)
-    nf = _lookup(report, "noise_floor", "bootstrap.noise_floor")
-    if isinstance(nf, dict):
-        nf = nf.get("eigenvalue")
-    return float(nf) if isinstance(nf, (int, float)) else None
 
 
 def _distances_name(report: dict[str, Any]) -> str:
@@ -261,15 +242,6 @@ def _tradeoff(run: RunData, idx: np.ndarray, dist: np.ndarray, *, width: int) ->
     return lowrank_tradeoff(run.encoding[idx], dist, width=width, ranks=ranks, n=run.encoding.shape[0])
 
 
-def _explained(run: RunData) -> np.ndarray:
-    """(k,) cumulative explained share of the positive variance (monotone, <= 1), recomputed
-    from the eigenvalues and the report's total variance (reports written before
-    2026-11-26 counted negative eigenvalues, so their curve fell after reaching 1)."""
-    spectrum = run.report.get("spectrum") or {}
-    total = spectrum.get("total_variance") if spectrum.get("denominator") != "positive_eigenvalues" else None
-    return spectrum_summary(run.eigenvalues, total_variance=total).explained_variance
-
-
 def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[str, Any]], *, width: int, max_heatmap: int) -> list[Any]:
     """The report's figures (:mod:`posstats.reports.plots`), in page order."""
     report = run.report
@@ -277,9 +249,9 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     m, k = run.encoding.shape
     plots = [occupancy_figure(positions_info.get("occupancy", []), min_occupancy=int(positions_info.get("min_occupancy", 1)))]
     plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m, kind=_distances_name(report)))
-    plots.append(spectrum_figure(run.eigenvalues, _explained(run), rank=report.get("spectrum", {}).get("rank"),
+    plots.append(spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, report), rank=report.get("spectrum", {}).get("rank"),
                                  eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
-                                 noise_floor=_noise_floor(report)))
+                                 noise_floor=noise_threshold(report)))
     plots.append(encoding_scatter_figure(run.encoding, run.positions))
     if k >= 3:
         plots.append(encoding_scatter3d_figure(run.encoding, run.positions))
@@ -288,7 +260,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
         plots.append(stress_by_dim_figure(entries))
         for i, sweep in enumerate((report.get("config") or {}).get("sweeps") or []):
             plots.append(sweep_figure(sweep, entries, index=i))
-    plots.append(lowrank_figure(trade, n=m, width=width, stress_positions=len(idx)))
+    plots.append(lowrank_figure(trade, n=m, width=width, stress_positions=len(idx), informative=informative_rank(report)))
     if entries:
         plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))
     return plots

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
 
 from posstats.errors import InputError
 
@@ -99,8 +100,6 @@ def _row_norm(folder: Path, keys: tuple[str, ...]) -> float | None:
     weights = folder / "model.safetensors"
     if not weights.is_file():
         return None
-    from safetensors import safe_open  # noqa: PLC0415 - only exports for a model read weights
-
     with safe_open(str(weights), framework="numpy") as f:
         names = set(f.keys())
         for key in keys:

@@ -1,0 +1,49 @@
+"""What the spectrum figures of a run show: the cumulative explained share and the noise threshold.
+
+Shared by report.html (:mod:`posstats.reports.html`) and the export's model card
+(:mod:`posstats.reports.export`), so both draw the same curve and the same line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from posstats.geometry.mds import spectrum_summary
+
+__all__ = ["explained_share", "noise_threshold"]
+
+
+def explained_share(eigenvalues: Any, report: dict[str, Any], /) -> np.ndarray:
+    """(k,) cumulative share of the positive variance of ``eigenvalues`` (monotone, <= 1;
+    :func:`posstats.geometry.mds.spectrum_summary`), with the report's total variance as the
+    denominator when its spectrum was truncated. Recomputed rather than read from the
+    report: reports written before 2026-11-26 counted negative eigenvalues, so their curve
+    fell after reaching 1."""
+    spectrum = report.get("spectrum") or {}
+    total = spectrum.get("total_variance") if spectrum.get("denominator") not in (None, "positive_eigenvalues") else None
+    return spectrum_summary(eigenvalues, total_variance=total).explained_variance
+
+
+def noise_threshold(report: dict[str, Any], /) -> float | None:
+    """The eigenvalue level above which components count as structure, on the scale of the
+    report's eigenvalues: the null's threshold (``null.threshold``; the ``mp`` edge is on
+    the plug-in scale, so with corrected eigenvalues the mean bias it was compared after,
+    ``null.eigenvalue_shift``, is taken off), else an explicit ``noise_floor`` /
+    ``bootstrap.noise_floor`` (a number, or an object with an ``eigenvalue``); None when
+    the report has none."""
+    null = report.get("null") or {}
+    threshold = null.get("threshold")
+    if isinstance(threshold, (int, float)) and math.isfinite(threshold):
+        if null.get("eigenvalue_scale") == "corrected + mean bias":
+            shift = null.get("eigenvalue_shift")
+            return float(threshold) - float(shift) if isinstance(shift, (int, float)) else None
+        return float(threshold)
+    nf = report.get("noise_floor")
+    if nf is None:
+        nf = (report.get("bootstrap") or {}).get("noise_floor")
+    if isinstance(nf, dict):
+        nf = nf.get("eigenvalue")
+    return float(nf) if isinstance(nf, (int, float)) else None
