@@ -74,7 +74,7 @@ from posstats.guard import run_guarded
 from posstats.ids import validate_run_id
 from posstats.memory import format_bytes
 from posstats.progress import progress
-from posstats.runs.counts_folder import count_line, publish_counts
+from posstats.runs.counts_folder import count_line, few_windows_warning, publish_counts
 from posstats.runs.publish import link_or_copy
 from posstats.service.shard_store import (
     RunStore,
@@ -987,6 +987,9 @@ def run(args: argparse.Namespace, /) -> int:
     """``posstats count --ray`` / ``python -m posstats.jobs.count``: count into ``--out``, print one line."""
     summary = publish_counts(args.out, lambda stage: count_to(args, stage))
     print(count_line(summary, positions=args.positions, out=args.out))
+    warning = few_windows_warning(summary, mode=args.mode)
+    if warning:
+        print(f"posstats: warning: {warning}", file=sys.stderr)
     return 0
 
 

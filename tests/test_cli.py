@@ -232,3 +232,15 @@ def test_json_quiet_and_verbose_output(tmp_path, capsys):
     assert main(["analyze", "--counts", str(counts), "--out", str(tmp_path / "b"), "--dims", "2", "-q"]) == 0
     out = capsys.readouterr()
     assert out.out == "" and (tmp_path / "b" / "report.json").is_file()
+
+
+def test_count_warns_when_pack_mode_gives_too_few_windows(tmp_path, capsys):
+    """A pack-mode count with fewer windows than the analysis needs says so at count time
+    (the analysis will withhold its verdict); enough windows, or truncate mode, say nothing."""
+    common = ["--input", "data/shakespeare-sample.txt", "--tokenizer", GPT2, "--mode", "pack"]
+    assert main(["count", *common, "--positions", "4096", "--out", str(tmp_path / "few")]) == 0
+    err = capsys.readouterr().err
+    windows = json.loads((tmp_path / "few" / "count.json").read_text())["windows"]
+    assert windows < 30 and f"warning: only {windows:,} window(s) in pack mode (fewer than 30)" in err
+    assert main(["count", *common, "--positions", "16", "--out", str(tmp_path / "many")]) == 0
+    assert "window(s)" not in capsys.readouterr().err

@@ -27,6 +27,7 @@ from posstats.errors import InputError
 __all__ = [
     "MAX_POSITIONS",
     "MAX_VOCAB_SIZE",
+    "MIN_WINDOWS",
     "MODES",
     "CountAccumulator",
     "CountSpec",
@@ -38,6 +39,10 @@ __all__ = [
 ]
 
 MODES = ("truncate", "chunk", "pack")
+# pack / chunk mode: every position holds one token per window, and a window's tokens are one
+# stretch of dependent text; with fewer windows than this the analysis withholds its verdict
+# (posstats.estimates.verdict.withheld_reason) and ``posstats count`` warns.
+MIN_WINDOWS = 30
 DEFAULT_DENSE_BUDGET = 4 * 2**30  # bytes of int64 counts kept dense (n * V * 8)
 # Sparse counts files store positions and token ids as int32 (posstats.counting.io), so the
 # largest position n - 1 and the largest id V - 1 must be at most 2**31 - 1. Within these

@@ -46,6 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln, ndtri
 
+from posstats.counting.counts import MIN_WINDOWS
 from posstats.counting.rows import row_blocks
 
 __all__ = [
@@ -338,7 +339,6 @@ def non_stationarity(homogeneity: dict[str, Any] | None, standout: dict[str, Any
     return bool(standouts or homogeneous), "either rejects: " + " or ".join(tests)
 
 
-MIN_WINDOWS = 30  # pack / chunk mode: fewer windows than this and the verdict is withheld
 
 
 def withheld_reason(report: dict[str, Any], /) -> str | None:

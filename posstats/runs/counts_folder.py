@@ -14,12 +14,12 @@ import numpy as np
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import accumulate_corpus, estimated_tokens
-from posstats.counting.counts import PositionalCounts
+from posstats.counting.counts import MIN_WINDOWS, PositionalCounts
 from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_accumulated, save_counts, write_json_atomic
 from posstats.memory import require_count_memory
 from posstats.runs.publish import staged_output
 
-__all__ = ["COUNT_MARKER", "count_line", "count_summary", "count_to", "publish_counts"]
+__all__ = ["COUNT_MARKER", "count_line", "count_summary", "count_to", "few_windows_warning", "publish_counts"]
 
 COUNT_MARKER = "count.json"
 
@@ -88,6 +88,18 @@ def _rate(summary: dict[str, Any]) -> str:
     if not seconds or not rate:
         return ""
     return f" [{seconds:.1f} s counting, {rate / 1e6:.1f} M tokens/s]"
+
+
+def few_windows_warning(summary: dict[str, Any], /, *, mode: str) -> str | None:
+    """A warning when pack or chunk mode gave fewer windows than the analysis needs for an
+    honest verdict (:data:`posstats.estimates.verdict.MIN_WINDOWS`: it will be withheld),
+    else None."""
+    windows = int(summary.get("windows") or 0)
+    if mode not in ("pack", "chunk") or windows >= MIN_WINDOWS:
+        return None
+    return (f"only {windows:,} window(s) in {mode} mode (fewer than {MIN_WINDOWS}): every position holds tokens of "
+            f"{windows:,} stretch(es) of text, which are not independent, so the analysis will withhold its verdict; "
+            "count a larger corpus or fewer --positions")
 
 
 def count_line(summary: dict[str, Any], /, *, positions: int, out: str | os.PathLike) -> str:
