@@ -201,6 +201,7 @@ def test_diff_of_real_text_split_by_document_parity_finds_nothing(tmp_path, data
     # Two halves of one corpus: no encoding's stress "changed beyond the intervals" either;
     # with most of each side's distances noise the intervals are not compared at all.
     assert not any(e["exceeds_interval"] for e in d["encodings"])
+    assert d["a"]["counts"] == str(tmp_path / "even") and d["b"]["counts"] == str(tmp_path / "odd")  # the folders named
     with_intervals = [e for e in d["encodings"] if not e["interval"].startswith("none (exact")]
     assert with_intervals and all(e["interval"].startswith("none: sampling noise gives A ") for e in with_intervals)
 
@@ -362,3 +363,18 @@ def test_the_report_pages_say_why_no_encoding_was_scored(tmp_path):
     for name in ("report.html", "summary.md"):
         text = (tmp_path / "run" / name).read_text()
         assert "Not scored: mds, mds-smacof" in text and "every corpus distance is 0" in text, name
+
+
+def test_spectra_figure_draws_the_useful_range_only():
+    """Eigenvalues below 1e-6 of the largest (rounding, negative ones of a corrected B) are not
+    drawn, so the axis does not stretch to 1e-15, and the figure says how many were left out."""
+    from posstats.drift.report import spectra_figure
+
+    side = {"eigenvalues": [1.0, 0.5, 0.1, 1e-15, -0.2], "rank": 3, "components_above_null": 1}
+    doc = {"spectrum": {"a": side, "b": side}, "a": {"label": "A"}, "b": {"label": "B"}}
+    p = spectra_figure(doc)
+    ax = p.figure.axes[0]
+    (line,) = [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 2]
+    assert list(line.get_ydata()) == [1.0, 0.5, 0.1] and line.get_markersize() >= 5
+    assert ax.get_ylim()[0] > 1e-3
+    assert any("2 negative or below" in t.get_text() for t in ax.texts)

@@ -54,6 +54,9 @@ def change_figure(doc: dict[str, Any], /) -> Plot:
     return Plot("change_by_position", "Change per position against its noise band", caption, fig)
 
 
+_SPECTRUM_DECADES = 1e-6  # eigenvalues below this fraction of the largest are rounding or noise: not drawn
+
+
 def spectra_figure(doc: dict[str, Any], /) -> Plot:
     """Both MDS spectra (log scale), with each side's components above the null marked."""
     fig = new_figure(9.0, 3.8)
@@ -62,8 +65,13 @@ def spectra_figure(doc: dict[str, Any], /) -> Plot:
         s = doc["spectrum"][side]
         lam = _array(s["eigenvalues"])
         k = np.arange(1, lam.size + 1)
-        pos = lam > 0
-        ax.semilogy(k[pos], lam[pos], "o-", ms=3, lw=1, color=color)
+        top = float(lam.max()) if lam.size else 0.0
+        pos = lam > top * _SPECTRUM_DECADES if top > 0 else np.zeros(lam.shape, dtype=bool)
+        ax.semilogy(k[pos], lam[pos], "o-", ms=5, lw=1.2, color=color)
+        hidden = int(lam.size - pos.sum())
+        if hidden:
+            ax.annotate(f"{hidden} negative or below {_SPECTRUM_DECADES:g} x the largest: not drawn", (0.98, 0.02),
+                        xycoords="axes fraction", ha="right", va="bottom", fontsize=7, color="0.4")
         above = s.get("components_above_null")
         if above:
             ax.axvline(above + 0.5, color="0.4", ls="--", lw=1, label=f"{above} above the null")

@@ -44,13 +44,22 @@ class Side:
     def describe(self) -> dict[str, Any]:
         """The diff.json ``a`` / ``b`` entry: what was compared."""
         h = self.header
-        out = {"label": self.label, "kind": self.kind, "counts": str(self.counts_path), "fingerprint": h.fingerprint,
+        out = {"label": self.label, "kind": self.kind, "counts": str(_published_folder(self.counts_path)), "fingerprint": h.fingerprint,
                "sequences": h.sequences, "tokens_counted": h.tokens, "positions": h.positions, "vocab_size": h.vocab_size,
                "mode": h.spec.mode}
         if self.run is not None:
             out["run_id"] = self.run.run_id
             out["analysed"] = self.run.report.get("created")
         return out
+
+
+def _published_folder(counts_path: Path) -> Path:
+    """The folder a user names for a counts file: the counts file itself, or, for one inside
+    a published folder's internal versions (``FOLDER/.posstats/v-.../counts...``), FOLDER."""
+    parts = counts_path.parts
+    if ".posstats" in parts:
+        return Path(*parts[: parts.index(".posstats")])
+    return counts_path
 
 
 def _is_run_folder(path: Path) -> bool:
