@@ -134,9 +134,15 @@ def format_diff_summary(doc: dict[str, Any], /) -> str:
     if doc["encodings"]:
         lines += ["", f"{'encoding':<28} {'dim':>4} {'scaled A':>9} {'scaled B':>9} {'change':>9}  beyond intervals"]
         lines += [f"{r[0][:28]:<28} {r[1]:>4} {r[2]:>9} {r[3]:>9} {r[4]:>9}  {r[5]}" for r in _encoding_rows(doc)]
-        notes = sorted({e["interval"] for e in doc["encodings"] if str(e.get("interval", "")).startswith("none: sampling noise")})
-        lines += [f"not comparable: {note[len('none: '):]}" for note in notes]
+        lines += [f"not comparable: {note}" for note in _noise_notes(doc)]
     return "\n".join(lines)
+
+
+def _noise_notes(doc: dict[str, Any]) -> list[str]:
+    """Why some encodings' stresses were not compared (noise-dominated distances), once each."""
+    prefix = "none: "
+    notes = {e["interval"] for e in doc["encodings"] if str(e.get("interval", "")).startswith(prefix + "sampling noise")}
+    return [note[len(prefix):] for note in sorted(notes)]
 
 
 def p_value_text(p: float) -> str:
@@ -172,6 +178,7 @@ def _page(doc: dict[str, Any], plots: list[Plot], images: dict[str, bytes], seco
     if doc["encodings"]:
         parts += ["<h2>Encodings</h2>", html_table(("encoding", "dim", "scaled stress A", "scaled stress B", "change",
                                                     "beyond the intervals"), _encoding_rows(doc))]
+        parts += [f"<p>Not comparable: {esc(note)}.</p>" for note in _noise_notes(doc)]
     parts += ["<h2>Figures</h2>", *(figure_html(pl, images[pl.name]) for pl in plots)]
     parts.append(f'<p class="meta">Written in {seconds:.1f} s. Data: {DIFF_JSON}; PNG files: {FIGURES_DIR}/.</p></body></html>')
     return "\n".join(parts) + "\n"
