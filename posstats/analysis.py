@@ -2,7 +2,7 @@
 
 :func:`analyze` ties the single-concept modules together and returns an
 :class:`Analysis` whose :meth:`Analysis.report` is the ``report.json`` document
-(schema in README.md, "report.json").
+(schema in docs/report.md).
 """
 
 from __future__ import annotations

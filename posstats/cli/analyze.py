@@ -19,7 +19,7 @@ occupied positions, classical MDS (the information-optimal encoding P_MDS, its s
 and rank) and, for every encoding and width, raw and scaled stress, optimal scale,
 Pearson correlation, minimum separation and monotonicity (THEORY.md sections 2-6).
 
-Writes OUT/report.json (schema in README.md; written last), OUT/report.html (figures
+Writes OUT/report.json (schema in docs/report.md; written last), OUT/report.html (figures
 embedded, opens offline), OUT/figures/*.png, OUT/summary.md and OUT/report.md,
 OUT/mds.safetensors (the MDS coordinates of the used positions) and
 OUT/analysis-config.json, and prints a summary table.

@@ -34,7 +34,7 @@ ranks, the stress of every encoding on both sides with its change, and how far e
 position moved in the MDS encoding after the best rotation (Procrustes). Count folders are
 analysed first with the analysis flags below; run folders bring their own analysis.
 
-Writes OUT/diff.json (schema in README.md), OUT/diff.html (figures embedded) and
+Writes OUT/diff.json (schema in docs/report.md), OUT/diff.html (figures embedded) and
 OUT/figures/*.png, and prints a summary whose first line says how many positions changed.
 
 exit status: 0 done; 3 with --fail-on-change when a position changed (for cron and CI);

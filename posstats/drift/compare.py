@@ -1,6 +1,6 @@
 """What changed between two corpora (or two refreshes), separated from sampling noise.
 
-:func:`diff` builds the ``diff.json`` document (schema in README.md) from two
+:func:`diff` builds the ``diff.json`` document (schema in docs/report.md) from two
 :class:`~posstats.drift.sides.Side` objects:
 
 - ``positions``: the per-position two-sample test of

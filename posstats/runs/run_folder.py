@@ -7,7 +7,7 @@
   (k,) float64 descending, ``encoding`` (m, k) float64 ``P_MDS`` (optionally
   ``residuals`` (k,)); string metadata ``schema`` (``posstats.mds/1``), ``method``,
   ``fingerprint`` (:func:`write_mds`);
-- ``report.json`` (the schema in README.md), ``report.md``, ``analysis-config.json``.
+- ``report.json`` (the schema in docs/report.md), ``report.md``, ``analysis-config.json``.
 
 :class:`RunData` is such a run in memory: either read back from a folder
 (:func:`load_run`), or built from the analysis that has just been computed
