@@ -194,3 +194,11 @@ def test_real_run_draws_the_noise_threshold(tmp_path, data_dir):
     page = (out / "report.html").read_text()
     above = report["null"]["components_above_null"]
     assert f"dotted noise threshold ({above} here)" in page
+
+
+def test_key_numbers_say_what_the_component_counts_are_shares_of():
+    from posstats.reports.summary import variance_of
+
+    assert variance_of({"denominator": "positive_eigenvalues"}) == "of the variance"
+    assert variance_of({"denominator": "computed_positive_eigenvalues", "eigenvalues": [3.0, 2.0]}) == \
+        "of the top 2 components' variance"

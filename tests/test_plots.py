@@ -183,3 +183,19 @@ def test_lowrank_tradeoff_plots_scaled_stress_and_marks_the_informative_rank():
     assert ax.get_ylim()[0] == 0.0 and "2 component(s) above sampling noise" in p.caption
     assert "every rank here fits noise" in plots.lowrank_figure(rows, n=50, width=16, informative=0).caption
     assert "no null" in plots.lowrank_figure(rows, n=50, width=16).caption
+
+
+def test_explained_curve_says_what_its_shares_are_of():
+    """With only the top k computed and a trace below their positive sum, the curve is the
+    share of those k components, and its legend says so."""
+    from posstats.reports.spectrum_view import explained_label, explained_share
+
+    lam = np.array([5.0, 3.0, 2.0])
+    truncated = {"spectrum": {"denominator": "computed_positive_eigenvalues", "total_variance": 4.0}}
+    assert explained_label(lam, truncated) == "cumulative share of the top 3 components' variance"
+    np.testing.assert_allclose(explained_share(lam, truncated), [0.5, 0.8, 1.0])
+    complete = {"spectrum": {"denominator": "total_variance", "total_variance": 20.0}}
+    assert explained_label(lam, complete) == "cumulative share of the positive variance"
+    np.testing.assert_allclose(explained_share(lam, complete), [0.25, 0.4, 0.5])
+    p = plots.spectrum_figure(lam, explained_share(lam, truncated), explained_label=explained_label(lam, truncated))
+    assert _lines(p.figure, "cumulative share of the top 3 components' variance")

@@ -73,7 +73,7 @@ from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.stress import stress_report
 from posstats.reports.plots import lowrank_figure, png_bytes, spectrum_figure
-from posstats.reports.spectrum_view import explained_share, noise_threshold
+from posstats.reports.spectrum_view import explained_label, explained_share, noise_threshold
 from posstats.runs.run_folder import RunData, load_run, run_distances, with_distances
 
 __all__ = [
@@ -456,7 +456,8 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     tradeoff = lowrank_tradeoff(run.encoding[idx], dist, width=dim, ranks=default_ranks(k, width=dim, extra=(rank,)), n=n)
     spectrum = run.report.get("spectrum") or {}
     fig = spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, run.report), rank=spectrum.get("rank"),
-                          noise_floor=noise_threshold(run.report))
+                          noise_floor=noise_threshold(run.report),
+                          explained_label=explained_label(run.eigenvalues, run.report))
     written = [_save_named(fig, files.card[1]),
                _save_named(lowrank_figure(tradeoff, n=n, width=dim, informative=informative_rank(run.report)), files.card[2])]
     return tradeoff, written

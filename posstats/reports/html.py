@@ -55,8 +55,8 @@ from posstats.reports.plots import (
     stress_by_dim_figure,
     sweep_figure,
 )
-from posstats.reports.spectrum_view import explained_share, noise_threshold
-from posstats.reports.summary import GLOSSARY, answer_sentences, glossary_lines, skipped_lines, verdict_items
+from posstats.reports.spectrum_view import explained_label, explained_share, noise_threshold
+from posstats.reports.summary import GLOSSARY, answer_sentences, glossary_lines, skipped_lines, variance_of, verdict_items
 from posstats.runs.run_folder import RunData, load_run, run_distances
 
 __all__ = ["FIGURES_DIR", "HTML_FILE", "SUMMARY_FILE", "render_html_report", "write_html_report"]
@@ -131,7 +131,8 @@ def _key_numbers(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("MDS components above sampling noise", _components_above_noise(report)),
         ("MDS numerical rank", f"{s.get('rank', '-')} at rtol {s.get('rank_rtol', '-')} ({s.get('method', '-')}; "
                                "counts every component, noise included)"),
-        ("components for 90 / 95 / 99 / 99.9 %", " / ".join(_num(cf.get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))),
+        (f"components for 90 / 95 / 99 / 99.9 % {variance_of(s)}",
+         " / ".join(_num(cf.get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))),
     ]
     h1, a3 = _corpus_h1(report), _corpus_a3(report)
     if h1 or a3:
@@ -251,7 +252,8 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m, kind=_distances_name(report)))
     plots.append(spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, report), rank=report.get("spectrum", {}).get("rank"),
                                  eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
-                                 noise_floor=noise_threshold(report)))
+                                 noise_floor=noise_threshold(report),
+                                 explained_label=explained_label(run.eigenvalues, report)))
     plots.append(encoding_scatter_figure(run.encoding, run.positions))
     if k >= 3:
         plots.append(encoding_scatter3d_figure(run.encoding, run.positions))

@@ -219,6 +219,7 @@ def spectrum_figure(
     rank: int | None = None,
     eigenvalue_ci: Sequence[Sequence[float]] | None = None,
     noise_floor: float | None = None,
+    explained_label: str = "cumulative share of the positive variance",
 ) -> Plot:
     """MDS eigenvalues (log scale) and cumulative explained variance.
 
@@ -228,6 +229,7 @@ def spectrum_figure(
         rank: the numerical rank (vertical line).
         eigenvalue_ci: optional (k, 2) bootstrap 95 % intervals of the eigenvalues.
         noise_floor: optional eigenvalue level below which components are noise.
+        explained_label: the legend of the cumulative curve (what its shares are of).
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     cum = np.asarray(explained, dtype=np.float64)
@@ -256,7 +258,7 @@ def spectrum_figure(
     ax.set_xlabel("component k")
     ax.set_ylabel("lambda_k")
     ax2 = ax.twinx()
-    ax2.plot(k, cum, color="C1", lw=1.5, label="cumulative share of the positive variance")
+    ax2.plot(k, cum, color="C1", lw=1.5, label=explained_label)
     for j, level in enumerate((0.9, 0.99)):
         hit = np.nonzero(cum >= level)[0]
         if hit.size:

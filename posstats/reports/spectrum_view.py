@@ -13,7 +13,7 @@ import numpy as np
 
 from posstats.geometry.mds import spectrum_summary
 
-__all__ = ["explained_share", "noise_threshold"]
+__all__ = ["explained_label", "explained_share", "noise_threshold"]
 
 
 def explained_share(eigenvalues: Any, report: dict[str, Any], /) -> np.ndarray:
@@ -25,6 +25,17 @@ def explained_share(eigenvalues: Any, report: dict[str, Any], /) -> np.ndarray:
     spectrum = report.get("spectrum") or {}
     total = spectrum.get("total_variance") if spectrum.get("denominator") not in (None, "positive_eigenvalues") else None
     return spectrum_summary(eigenvalues, total_variance=total).explained_variance
+
+
+def explained_label(eigenvalues: Any, report: dict[str, Any], /) -> str:
+    """The legend of :func:`explained_share`'s curve: the share of the positive variance, or,
+    when only the top k were computed and the trace was below their positive sum (negative
+    eigenvalues beyond them), the share of those k components' variance only."""
+    spectrum = report.get("spectrum") or {}
+    total = spectrum.get("total_variance") if spectrum.get("denominator") not in (None, "positive_eigenvalues") else None
+    if spectrum_summary(eigenvalues, total_variance=total).denominator == "computed_positive_eigenvalues":
+        return f"cumulative share of the top {len(eigenvalues)} components' variance"
+    return "cumulative share of the positive variance"
 
 
 def noise_threshold(report: dict[str, Any], /) -> float | None:

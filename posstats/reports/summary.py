@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "verdict_items",
-           "verdict_lines"]
+__all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
+           "verdict_items", "verdict_lines"]
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
@@ -155,6 +155,14 @@ def glossary_lines(*, markdown: bool = False) -> list[str]:
     return [f"{term}: {text} ({where})." for term, text, where in GLOSSARY]
 
 
+def variance_of(spectrum: dict[str, Any], /) -> str:
+    """What the explained shares are shares of: ``"of the variance"``, or of the computed top
+    k when negative eigenvalues beyond them put the trace below their sum."""
+    if spectrum.get("denominator") == "computed_positive_eigenvalues":
+        return f"of the top {len(spectrum.get('eigenvalues') or [])} components' variance"
+    return "of the variance"
+
+
 def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     """The verdict as ``(label, sentence)`` pairs (report section ``verdict``): components
     above noise, the positions that stand out, the best-fitting encodings per width, and
@@ -266,7 +274,8 @@ def format_summary(report: dict[str, Any], /) -> str:
         f"V={c['vocab_size']:,}, mode={c['mode']}",
         f"positions {p['occupied']:,}/{p['requested']:,} occupied, {p['used']:,} used "
         f"(min occupancy {p['min_occupancy']})",
-        f"spectrum  numerical rank {s['rank']} at rtol {s['rank_rtol']:g}{caveat}; components for 90/95/99/99.9 %: "
+        f"spectrum  numerical rank {s['rank']} at rtol {s['rank_rtol']:g}{caveat}; components for 90/95/99/99.9 % "
+        f"{variance_of(s)}: "
         + "/".join(_fmt(s["components_for"].get(k)) for k in ("0.9", "0.95", "0.99", "0.999"))
         + f"; negative mass {s['negative_mass']:.2g} ({s['method']})",
     ]
@@ -327,8 +336,8 @@ def format_markdown(report: dict[str, Any], /) -> str:
         f"- corpus: {c['sequences']:,} sequences, {c['tokens_counted']:,} tokens, V = {c['vocab_size']:,}, "
         f"mode `{c['mode']}`, fingerprint `{c.get('fingerprint', '')[:16]}`",
         f"- positions: {p['occupied']:,} of {p['requested']:,} occupied, {p['used']:,} used",
-        f"- MDS rank {s['rank']} (rtol {s['rank_rtol']:g}); components for 90 / 95 / 99 / 99.9 % of the "
-        f"variance: {' / '.join(_fmt(cf.get(k)) for k in ('0.9', '0.95', '0.99', '0.999'))}",
+        f"- MDS rank {s['rank']} (rtol {s['rank_rtol']:g}); components for 90 / 95 / 99 / 99.9 % {variance_of(s)}: "
+        f"{' / '.join(_fmt(cf.get(k)) for k in ('0.9', '0.95', '0.99', '0.999'))}",
         "",
         "| encoding | dim | stress | scaled stress | scale | pearson | min separation | monotonicity violations |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
