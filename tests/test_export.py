@@ -449,3 +449,14 @@ def test_minilm_checkpoint_takes_a_512_row_table_with_thin_rows_warned(tmp_path,
     assert "has positions 0..511 only" in capsys.readouterr().err
     assert main(["export", str(run), "--dim", "384", "--prefix", "bert", "--out", str(tmp_path / "u.safetensors")]) == 2
     assert "--prefix must be empty or a dotted module path" in capsys.readouterr().err
+
+
+def test_trailing_empty_positions_are_warned_about_not_silently_dropped(tmp_path, capsys):
+    """Counted at 24 positions with the last 6 empty: the table has 18 rows, and the export
+    says that a 24-position model cannot load it (no warning when --rows says 18)."""
+    short = analysed_run(tmp_path, empty=tuple(range(18, 24)), name="short")
+    assert main(["export", str(short), "--dim", "8", "--rank", "2", "--out", str(tmp_path / "s.safetensors")]) == 0
+    err = capsys.readouterr().err
+    assert "the table has 18 rows but the run was counted at 24 positions" in err
+    assert main(["export", str(short), "--dim", "8", "--rank", "2", "--rows", "18", "--out", str(tmp_path / "r.safetensors")]) == 0
+    assert "the table has" not in capsys.readouterr().err

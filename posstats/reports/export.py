@@ -321,6 +321,20 @@ def _thin_rows(run: RunData, *, min_tokens: int) -> tuple[dict[str, str], list[s
     return meta, [warning]
 
 
+def _short_rows(run: RunData, *, rows: int | None) -> list[str]:
+    """A warning when the table has fewer rows than the positions the run was counted at
+    (trailing positions with no token, or below --min-occupancy) and no ``rows`` was asked
+    for: a model with that many positions would fail to load it (a size mismatch)."""
+    requested = (run.report.get("positions") or {}).get("requested")
+    m = int(run.positions.shape[0])
+    if rows is not None or not isinstance(requested, int) or m >= requested:
+        return []
+    return [f"the table has {m:,} rows but the run was counted at {requested:,} positions (positions {m:,}.."
+            f"{requested - 1:,} have no token or fewer than --min-occupancy): a model with {requested:,} positions "
+            f"cannot load it; export for a model with at most {m:,} positions (--rows, --for-model), or count "
+            "longer documents"]
+
+
 def informative_rank(report: dict[str, Any], /) -> int | None:
     """The components above sampling noise that the run's verdict claims (None when the
     analysis computed no null: the rank is then untested)."""
@@ -524,11 +538,13 @@ def export_run(
     _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
     _check_prefix(prefix)
     _check_contiguous(run)
+    short = _short_rows(run, rows=rows)
     run = _rows(run, rows)
     empty = nothing_to_export(run, rank=rank)
     if empty:
         raise InputError(f"{run.directory}: {empty}")
     thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
+    warnings = [*short, *warnings]
     if warnings and strict:
         raise InputError(f"{run.directory}: {warnings[0]}")
     r, rank_rule, rank_warnings = _export_rank(run, dim=dim, rank=rank)
