@@ -312,7 +312,8 @@ def _resolve_count_inputs(cfg: PipelineConfig, inputs: list[str], tokenizer: str
     i, c = cfg.values["input"], cfg.values["count"]
     return count_inputs(inputs=inputs, format=i["format"], column=i["column"], text_column=i["text_column"],
                         tokenizer=tokenizer, positions=c["positions"], vocab_size_=c["vocab_size"],
-                        exclude_tokens=c["exclude_tokens"], mode=c["mode"], separator=c["separator"])
+                        exclude_tokens=c["exclude_tokens"], mode=c["mode"], separator=c["separator"],
+                        document_per=i.get("document_per"))
 
 
 def _count_job_options(run: _Run, counts_store: str) -> JobOptions:

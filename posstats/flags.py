@@ -9,11 +9,12 @@ library).
 from __future__ import annotations
 
 import argparse
+import sys
 import tomllib
 from typing import Any
 
 from posstats.corpus.inputs import CountInputs, count_inputs
-from posstats.corpus.readers import FORMATS
+from posstats.corpus.readers import DOCUMENT_UNITS, FORMATS, document_note
 from posstats.corpus.remote import MAX_OPTION_DEPTH, check_storage_options
 from posstats.counting.counts import MODES
 from posstats.errors import PosstatsError
@@ -90,7 +91,10 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
                         "FSSPEC_<PROTOCOL>_<OPTION> variables and the cloud credential chains apply too")
     g.add_argument("--format", choices=FORMATS, default=None,
                    help="input format (default: guessed from each file's suffix: .parquet/.arrow, "
-                        ".jsonl/.json, .txt/.md (one text per line), .csv/.tsv, folder = HF dataset)")
+                        ".jsonl/.json, .txt/.md (text, see --document-per), .csv/.tsv, folder = HF dataset)")
+    g.add_argument("--document-per", choices=DOCUMENT_UNITS, default=None,
+                   help="what one document is in a text file: a line, a paragraph (lines up to a blank line) or "
+                        "the whole file (default by suffix: paragraph for .md, line for .txt; printed when counting)")
     g.add_argument("--column", metavar="NAME", help="column holding token ids (a list of ints per row)")
     g.add_argument("--text-column", metavar="NAME",
                    help="column holding raw text, tokenised with --tokenizer (not needed for .txt files)")
@@ -118,7 +122,11 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
 
 
 def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
-    """:func:`posstats.corpus.inputs.count_inputs` of the flags of :func:`add_input_args`."""
+    """:func:`posstats.corpus.inputs.count_inputs` of the flags of :func:`add_input_args`;
+    prints on stderr how text inputs are cut into documents (:func:`document_note`)."""
+    note = document_note(tuple(args.input), format=args.format, document_per=getattr(args, "document_per", None))
+    if note:
+        print(f"posstats: {note}", file=sys.stderr)
     return count_inputs(
         inputs=tuple(args.input),
         format=args.format,
@@ -133,6 +141,7 @@ def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
         exclude_tokens=args.exclude_tokens,
         mode=args.mode,
         separator=args.separator,
+        document_per=getattr(args, "document_per", None),
     )
 
 

@@ -588,3 +588,22 @@ def test_pack_mode_row_groups_on_workers_refresh_and_bad_pieces(ray_session, tmp
     without_c = CorpusSource(inputs=(str(data / "a.parquet"), str(data / "b.parquet")), column="input_ids")
     spec = CountSpec(37, V, "pack", (0, 100, 101, 102, 103), 102)
     assert_counts_equal(load_counts(skip), count_corpus(without_c, spec, show_progress=False))
+
+
+def test_ray_counts_markdown_paragraphs_like_the_single_process(ray_session, tmp_path, capsys):
+    """A Markdown file counted one document per paragraph (its suffix's default, printed) on
+    Ray equals the in-process count; --document-per line counts other documents."""
+    rng = np.random.default_rng(5)
+    words = np.array("the of and a to in is you that it he was for on are as with his they".split())
+    paragraphs = ["\n".join(" ".join(rng.choice(words, rng.integers(3, 9))) for _ in range(rng.integers(1, 4)))
+                  for _ in range(300)]
+    md = tmp_path / "notes.md"
+    md.write_text("\n\n".join(paragraphs) + "\n")
+    flags = ["--input", md, "--tokenizer", REPO / "data" / "tokenizers" / "gpt2.tokenizer.json", "--positions", 16]
+    assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
+    assert "one document per paragraph (by suffix" in capsys.readouterr().err
+    assert posstats_cli("count", "--ray", "--workers", 2, "--shard-size", 0.001, *flags, "--out", tmp_path / "ray") == 0
+    assert_same_output(tmp_path / "single", tmp_path / "ray")
+    assert json.loads((tmp_path / "single" / "count.json").read_text())["sequences"] == 300
+    assert posstats_cli("count", *flags, "--document-per", "line", "--out", tmp_path / "lines") == 0
+    assert json.loads((tmp_path / "lines" / "count.json").read_text())["sequences"] > 300

@@ -370,3 +370,15 @@ def test_submit_refuses_credentials_before_contacting_the_cluster(tmp_path, caps
             assert expected in err and "s3cr3t-value" not in err, err
         with pytest.raises(BlockingIOError):
             server.accept()  # nobody knocked
+
+
+def test_document_per_is_an_input_key_with_the_readers_choices(tmp_path):
+    from posstats.corpus.readers import DOCUMENT_UNITS
+    from posstats.service.config import DOCUMENT_UNITS as CONFIG_UNITS
+
+    assert CONFIG_UNITS == DOCUMENT_UNITS
+    ok = load_config(write(tmp_path, MINIMAL.replace('column = "ids"', 'column = "ids"\ndocument_per = "paragraph"')))
+    assert ok.values["input"]["document_per"] == "paragraph"
+    assert load_config(write(tmp_path, MINIMAL, "q.toml")).values["input"]["document_per"] is None
+    with pytest.raises(PosstatsError, match="document_per"):
+        load_config(write(tmp_path, MINIMAL.replace('column = "ids"', 'column = "ids"\ndocument_per = "page"'), "r.toml"))

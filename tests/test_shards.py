@@ -434,3 +434,53 @@ def test_an_input_changed_after_planning_is_refused(tmp_path, fortune_ids):
     path.unlink()
     with pytest.raises(InputError, match=rf"^{path}: cannot read"):
         count_shard(shards[0], source, spec_for("chunk"))
+
+
+# ----------------------------------------------------------------------------- documents of text files
+
+
+def _markdown(path: Path, paragraphs: int) -> Path:
+    rng = random.Random(3)
+    words = "the of and a to in is you that it he was for on are as with his they".split()
+    text = "\n\n".join("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 9)))
+                                for _ in range(rng.randint(1, 4))) for _ in range(paragraphs))
+    path.write_text(text + "\n")
+    return path
+
+
+def test_document_units_by_suffix_and_by_flag():
+    from posstats.corpus.readers import _documents, document_note, document_unit
+
+    assert document_unit("a.md") == "paragraph" and document_unit("a.md.gz") == "paragraph"
+    assert document_unit("a.txt") == "line" and document_unit("a.txt", "file") == "file"
+    with pytest.raises(InputError, match="--document-per must be one of line, paragraph, file"):
+        document_unit("a.txt", "page")
+    lines = list(enumerate(["a", "b", "", "", "c", "  ", "d", "e"], 1))
+    assert list(_documents(lines, "line")) == ["a", "b", "c", "d", "e"]
+    assert list(_documents(lines, "paragraph")) == ["a\nb", "c", "d\ne"]
+    assert list(_documents(lines, "file")) == ["a\nb\nc\nd\ne"]
+    assert document_note(["x/*.parquet"]) is None
+    assert "one document per paragraph (by suffix" in document_note(["notes/*.md"])
+    assert "one document per file (--document-per" in document_note(["a.txt"], document_per="file")
+
+
+def test_paragraph_documents_are_never_cut_by_a_shard(tmp_path):
+    """A Markdown file larger than the shard size: read one document per paragraph it is one
+    shard (a paragraph may span any cut), counted exactly as the whole-file reader counts
+    it; per line it is cut into line ranges, whose identities differ from the paragraph
+    shard's (a store never reuses a partial counted under another unit)."""
+    path = _markdown(tmp_path / "notes.md", 400)
+    tok = load_tokenizer(DATA / "tokenizers" / "gpt2.tokenizer.json")
+    spec = CountSpec(32, 50257, "truncate", (), None)
+    by_paragraph = CorpusSource(inputs=(str(path),), tokenizer=str(DATA / "tokenizers" / "gpt2.tokenizer.json"))
+    shards = plan_shards(by_paragraph, spec, shard_bytes=2_000)
+    assert len(shards) == 1 and shards[0].kind == "file"
+    whole = count_corpus(by_paragraph, spec, show_progress=False)
+    assert whole.sequences == 400
+    sharded = count_shard(shards[0], by_paragraph, spec, tokenizer=tok)
+    assert (sharded.to_sparse().matrix != whole.to_sparse().matrix).nnz == 0
+    by_line = dataclasses.replace(by_paragraph, document_per="line")
+    line_shards = plan_shards(by_line, spec, shard_bytes=2_000)
+    assert len(line_shards) > 1 and all(s.kind == "byte_range" for s in line_shards)
+    assert not {s.shard_id for s in line_shards} & {shards[0].shard_id}
+    assert count_corpus(by_line, spec, show_progress=False).sequences > 400

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from posstats.corpus.readers import document_unit
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
 from posstats.counting.counts import CountSpec
@@ -67,6 +68,7 @@ def count_inputs(
     exclude_tokens: Sequence[int] | None = None,
     mode: str = "truncate",
     separator: int | None = None,
+    document_per: str | None = None,
 ) -> CountInputs:
     """Resolve counting options into a :class:`CountInputs`.
 
@@ -74,6 +76,9 @@ def count_inputs(
     special tokens (none without a tokenizer). Token ids come from ``column``; raw text
     (``text_column``, or text files) is tokenised with ``tokenizer``. ``inputs`` may be
     fsspec URLs, read with ``storage_options`` (:mod:`posstats.corpus.remote`).
+    ``document_per`` says what a document is in text files (``line``, ``paragraph``,
+    ``file``; None: by suffix, :func:`posstats.corpus.readers.document_unit`); when given it
+    is recorded in the counts' metadata.
 
     Raises:
         PosstatsError: both or neither of a token-id column and a tokenizer, no vocabulary
@@ -82,6 +87,8 @@ def count_inputs(
     if column and text_column:
         raise PosstatsError("give either --column (token ids) or --text-column (text), not both")
     metadata: dict[str, str] = {}
+    if document_per is not None:
+        metadata["document_per"] = document_unit("", document_per)
     vocab, exclude = vocab_size_, exclude_tokens
     if tokenizer:
         tok = load_tokenizer(tokenizer)
@@ -104,6 +111,7 @@ def count_inputs(
         hf_streaming=hf_streaming,
         hf_split=split,
         storage_options=dict(storage_options or {}),
+        document_per=document_per,
     )
     spec = CountSpec(positions, vocab, mode, tuple(exclude or ()), separator)
     return CountInputs(source, spec, metadata, tokenizer)

@@ -7,8 +7,10 @@ Each input row is one document (one token-id sequence). A row comes either
   JSON array of integers (JSONL), or a string of integers separated by spaces and/or
   commas (CSV/TSV, e.g. ``"101 7592 102"`` or ``"101,7592,102"``); or
 * from a **text column** (``text_column=`` plus ``tokenizer=``), tokenised in batches.
-  In ``text`` files every non-blank line is a row (surrounding whitespace stripped) and
-  no column is named.
+  In ``text`` files a row is one document, no column is named, and what a document is
+  comes from ``document_per`` (:func:`document_unit`): a non-blank line (the default, and
+  for ``.txt``), a paragraph of non-blank lines up to a blank one (the default for ``.md``)
+  or the whole file; surrounding whitespace of each line is stripped.
 
 Every batch carries ``source`` (the file or folder read) and ``first_row``, so errors can
 name the file and the row. Rows are numbered from 0 in the order the format defines them:
@@ -51,12 +53,15 @@ from posstats.counting.counts import first_id_outside
 from posstats.errors import InputError, PosstatsError, PosstatsWarning
 
 __all__ = [
+    "DOCUMENT_UNITS",
     "FORMATS",
     "ReaderSpec",
     "arrow_batches",
     "check_column",
     "checked_lines",
     "describe_exception",
+    "document_note",
+    "document_unit",
     "guarded_reads",
     "guess_format",
     "jsonl_batches",
@@ -150,6 +155,45 @@ def _one_path_per_file(paths: list[str], /) -> list[str]:
     return list(kept.values())
 
 
+DOCUMENT_UNITS = ("line", "paragraph", "file")
+
+
+def document_unit(path: str | os.PathLike[str], given: str | None = None, /) -> str:
+    """What one document is in a text file (``--document-per``): ``given``, else by suffix:
+    a paragraph (lines up to a blank line) in Markdown (``.md``, also compressed), a line
+    elsewhere (``.txt``, ``.text``: one sentence or record per line)."""
+    if given is not None:
+        if given not in DOCUMENT_UNITS:
+            msg = f"--document-per must be one of {', '.join(DOCUMENT_UNITS)}, got {given!r}"
+            raise InputError(msg)
+        return given
+    base, suffix = os.path.splitext(os.fspath(path).rstrip("/"))
+    if suffix.lower() in _OPENERS:
+        suffix = os.path.splitext(base)[1]
+    return "paragraph" if suffix.lower() == ".md" else "line"
+
+
+def document_note(inputs: Sequence[str], /, *, format: str | None = None, document_per: str | None = None) -> str | None:  # noqa: A002
+    """One line saying how text inputs are cut into documents (printed when counting: a
+    Markdown file read line by line, or a novel read as one document, changes every
+    position's counts), or None when no input is a text file. Judged from the input
+    patterns' suffixes, without listing them."""
+    texts = []
+    for pattern in inputs:
+        try:
+            fmt = format or guess_format(pattern)
+        except InputError:
+            continue
+        if fmt == "text":
+            texts.append(pattern)
+    if not texts:
+        return None
+    units = sorted({document_unit(p, document_per) for p in texts})
+    how = "--document-per" if document_per else "by suffix: a paragraph in .md, a line elsewhere"
+    return (f"text input read as one document per {' / '.join(units)} ({how}; change with "
+            "--document-per line|paragraph|file)")
+
+
 def guess_format(path: str | os.PathLike[str], /) -> str:
     """The reader for ``path``, one of :data:`FORMATS`, from its suffix.
 
@@ -192,6 +236,7 @@ class ReaderSpec:
     hf_streaming: bool
     hf_split: str | None
     storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    document_per: str | None = None  # text files: line, paragraph or file (None: by suffix, document_unit)
 
     @property
     def name(self) -> str | None:
@@ -211,6 +256,7 @@ def read_token_batches(
     hf_streaming: bool = False,
     hf_split: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    document_per: str | None = None,
 ) -> Iterator[TokenBatch]:
     """Iterate over the token-id sequences of ``paths`` (in order) in batches of at most ``batch_size`` rows.
 
@@ -233,6 +279,9 @@ def read_token_batches(
             split (a dataset with several is an error that lists them: never a silent pick).
         storage_options: options of the fsspec filesystem of URL inputs (endpoint,
             credentials...).
+        document_per: ``text`` files only: one document per ``line``, ``paragraph``
+            (non-blank lines up to a blank one, joined by newlines) or ``file``; None:
+            by suffix (:func:`document_unit`: paragraphs in ``.md``, lines elsewhere).
 
     Either ``column`` or ``tokenizer`` (with ``text_column`` where the format has
     columns) gives the ids. Files with no rows yield nothing. Token ids are not
@@ -251,8 +300,10 @@ def read_token_batches(
         tokenizer = None
     elif isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer)
+    if document_per is not None:
+        document_unit("", document_per)  # refused on the call, not while iterating
     spec = ReaderSpec(column, text_column, tokenizer, batch_size, add_special_tokens, hf_streaming, hf_split,
-                      dict(storage_options or {}))
+                      dict(storage_options or {}), document_per)
     return _read_all(_plan_reads([os.fspath(p) for p in paths], format, spec), spec)
 
 
@@ -582,18 +633,38 @@ def _read_text(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
     return text_batches(_numbered_lines(path, spec), path, spec)
 
 
-def text_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, *, first_row: int = 0) -> Iterator[TokenBatch]:
-    """Tokenised batches of the non-blank lines (``(1-based line number, text)``) of ``path``.
+def _documents(lines: Iterable[tuple[int, str]], unit: str) -> Iterator[str]:
+    """The documents of numbered text lines: each non-blank line (``line``), each run of
+    non-blank lines up to a blank one, joined by newlines (``paragraph``), or all non-blank
+    lines joined (``file``). Lines are stripped of surrounding white space."""
+    if unit == "line":
+        for _, line in lines:
+            text = line.strip()
+            if text:
+                yield text
+        return
+    parts: list[str] = []
+    for _, line in lines:
+        text = line.strip()
+        if text:
+            parts.append(text)
+        elif parts and unit == "paragraph":
+            yield "\n".join(parts)
+            parts = []
+    if parts:
+        yield "\n".join(parts)
 
-    Shared by whole-file reading and by byte-range shards (``posstats.corpus.shards``); rows
-    count the non-blank lines, from ``first_row``.
+
+def text_batches(lines: Iterable[tuple[int, str]], path: str, spec: ReaderSpec, *, first_row: int = 0) -> Iterator[TokenBatch]:
+    """Tokenised batches of the documents (:func:`document_unit`: lines, paragraphs or the
+    whole file) of the numbered lines (``(1-based line number, text)``) of ``path``.
+
+    Shared by whole-file reading and by byte-range shards (``posstats.corpus.shards``, which
+    cut only files read one document per line); rows count the documents, from ``first_row``.
     """
     texts: list[str] = []
     row = first_row
-    for _, line in lines:
-        text = line.strip()
-        if not text:
-            continue
+    for text in _documents(lines, document_unit(path, spec.document_per)):
         texts.append(text)
         if len(texts) == spec.batch_size:
             yield encode_texts(spec.tokenizer, texts, add_special_tokens=spec.add_special_tokens, source=path, first_row=row)

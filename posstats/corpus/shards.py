@@ -69,6 +69,7 @@ from posstats.corpus.readers import (
     check_column,
     checked_lines,
     describe_exception,
+    document_unit,
     guarded_reads,
     guess_format,
     jsonl_batches,
@@ -225,12 +226,17 @@ def plan_file(path: str, source: CorpusSource, /, *, split: bool = True, shard_b
         elif fmt == "hf" and not remote and os.path.isdir(path):
             pieces = _hf_pieces(path, source.hf_split)
         elif fmt in ("jsonl", "text") and not remote and not path.lower().endswith(_COMPRESSED):
-            if os.path.getsize(path) > shard_bytes:  # a URL's lines are one sequential read: one shard
+            # a URL's lines are one sequential read: one shard; so is a text file read one
+            # document per paragraph or per file (a paragraph may span any cut)
+            by_line = fmt == "jsonl" or document_unit(path, source.document_per) == "line"
+            if by_line and os.path.getsize(path) > shard_bytes:
                 pieces = _line_pieces(path, shard_bytes)
     if not pieces:
         size = _path_size(path, source)
+        unit = document_unit(path, source.document_per) if fmt == "text" else "line"
         pieces = [dict(kind="file", start=0, stop=size, first_row=0, first_line=1 if fmt in ("jsonl", "text") else 0,
-                       member="", rows=-1, size_hint=size, extra="")]
+                       member="", rows=-1, size_hint=size,
+                       extra="" if unit == "line" else f"document_per={unit}")]  # in the shard's identity
     abspath = path if remote else os.path.abspath(path)
     shards = []
     for i, p in enumerate(pieces):
@@ -448,7 +454,8 @@ def _reader_spec(source: CorpusSource, tokenizer: Any) -> ReaderSpec:
             tok = load_tokenizer(tok)
     return ReaderSpec(column=source.column, text_column=source.text_column, tokenizer=tok,
                       batch_size=source.batch_size, add_special_tokens=False, hf_streaming=source.hf_streaming,
-                      hf_split=source.hf_split, storage_options=source.storage_options)
+                      hf_split=source.hf_split, storage_options=source.storage_options,
+                      document_per=source.document_per)
 
 
 def read_shard(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:

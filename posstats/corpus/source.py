@@ -47,6 +47,8 @@ class CorpusSource:
         hf_split: the split of a Hugging Face ``DatasetDict`` (``--split``).
         storage_options: fsspec options for URL inputs (``--storage-option``); never
             written to a record (they may hold credentials).
+        document_per: text files: ``line``, ``paragraph`` or ``file`` per document
+            (``--document-per``); None: by suffix (:func:`posstats.corpus.readers.document_unit`).
     """
 
     inputs: tuple[str, ...]
@@ -58,6 +60,7 @@ class CorpusSource:
     batch_size: int = 4096
     hf_split: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    document_per: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready plain values (``inputs`` as a list)."""
@@ -84,6 +87,7 @@ class CorpusSource:
             hf_streaming=self.hf_streaming,
             hf_split=self.hf_split,
             storage_options=self.storage_options,
+            document_per=self.document_per,
         )
 
 

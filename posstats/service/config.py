@@ -7,7 +7,7 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
     run_id = "corpus-2024-06"      # default: given by --run-id, else a UTC time stamp
 
     [store]      url (required), work_dir, storage_options, lock_stale_after_s, heartbeat_s
-    [input]      paths (required), format, column | text_column + tokenizer, storage_options
+    [input]      paths (required), format, column | text_column + tokenizer, storage_options, document_per
     [count]      positions, vocab_size, mode, exclude_tokens, separator, memory_budget_gib,
                  shard_size_mib, skip_bad_shards
     [ray]        address, workers, geometry_cpus, geometry_retries
@@ -105,6 +105,7 @@ CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role /
 MODES = ("truncate", "chunk", "pack")
 _LIMITS = frozenset({"max_encodings"})  # [geometry] keys that refuse work but never change a result
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
+DOCUMENT_UNITS = ("line", "paragraph", "file")  # posstats.corpus.readers.DOCUMENT_UNITS (not imported: config stays light)
 LAYOUTS = ("bert", "gpt2", "plain")
 EXPORT_FORMATS = ("safetensors", "npy", "pt")
 
@@ -208,6 +209,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "text_column": Key("str", None, "column of raw text, tokenised with 'tokenizer'"),
         "tokenizer": Key("url", None, "a Hugging Face tokenizer.json (local or s3://...)"),
         "storage_options": Key("table", {}, "fsspec options for remote inputs"),
+        "document_per": Key("str", None, "text files: one document per line, paragraph or file (default by suffix: "
+                            "paragraph for .md, line for .txt)", check=_one_of(DOCUMENT_UNITS)),
     },
     "count": {
         "positions": Key("int", 512, "number of positions n", nullable=False, check=_ge(1)),
