@@ -69,7 +69,7 @@ from posstats.counting.pack import Placement, stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
 from posstats.counting.reduce import CorruptPartialError, check_partial, check_summable, mark_result
 from posstats.errors import InputError, PosstatsError
-from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, storage_options
+from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, print_document_note, storage_options
 from posstats.guard import run_guarded
 from posstats.ids import validate_run_id
 from posstats.memory import format_bytes
@@ -987,6 +987,7 @@ def run(args: argparse.Namespace, /) -> int:
     """``posstats count --ray`` / ``python -m posstats.jobs.count``: count into ``--out``, print one line."""
     summary = publish_counts(args.out, lambda stage: count_to(args, stage))
     print(count_line(summary, positions=args.positions, out=args.out))
+    print_document_note(args)
     warning = few_windows_warning(summary, mode=args.mode)
     if warning:
         print(f"posstats: warning: {warning}", file=sys.stderr)

@@ -121,12 +121,16 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
                         "token ids between sorts (same counts; files are stored by size) (default 4)")
 
 
-def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
-    """:func:`posstats.corpus.inputs.count_inputs` of the flags of :func:`add_input_args`;
-    prints on stderr how text inputs are cut into documents (:func:`document_note`)."""
+def print_document_note(args: argparse.Namespace, /) -> None:
+    """Say on stderr how text inputs were cut into documents (:func:`document_note`), after
+    a count: what a document is decides every count, and the default depends on the suffix."""
     note = document_note(tuple(args.input), format=args.format, document_per=getattr(args, "document_per", None))
     if note:
         print(f"posstats: {note}", file=sys.stderr)
+
+
+def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
+    """:func:`posstats.corpus.inputs.count_inputs` of the flags of :func:`add_input_args`."""
     return count_inputs(
         inputs=tuple(args.input),
         format=args.format,

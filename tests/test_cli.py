@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -206,15 +207,19 @@ def test_run_on_the_shared_shakespeare_corpus_with_gpt2(shared_dir, tmp_path):
     assert report["corpus"]["tokens_counted"] > 1_000_000
     occ = np.array(report["positions"]["occupancy"])
     assert occ.max() - occ.min() <= 1  # packing fills positions evenly
-    # counts agree with an independent tokenisation of the same lines
+    # counts agree with an independent tokenisation of the same documents: a Markdown file
+    # is read one document per paragraph (non-blank lines up to a blank one, joined by "\n")
     import gzip
 
     tok = Tokenizer.from_file(GPT2)
     with gzip.open(shared_dir / "corpora/shakespeare.md.gz", "rt") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    ids = [t for e in tok.encode_batch(lines, add_special_tokens=False) for t in e.ids if t != 50256]
+        text = f.read()
+    paragraphs = ["\n".join(ln.strip() for ln in block.splitlines() if ln.strip())
+                  for block in re.split(r"\n[ \t\r\f\v]*\n", text)]
+    paragraphs = [p for p in paragraphs if p]
+    ids = [t for e in tok.encode_batch(paragraphs, add_special_tokens=False) for t in e.ids if t != 50256]
     assert report["corpus"]["tokens_counted"] == len(ids)
-    assert report["corpus"]["sequences"] == len(lines)
+    assert report["corpus"]["sequences"] == len(paragraphs) == 39_326
 
 
 def test_json_quiet_and_verbose_output(tmp_path, capsys):

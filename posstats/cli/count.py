@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from posstats.errors import PosstatsError
-from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args
+from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, print_document_note
 from posstats.jobs import count as ray_count
 from posstats.runs.counts_folder import count_line, count_to, few_windows_warning, publish_counts
 
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     budget = args.memory_budget * 2**30
     summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False)[1])
     print(count_line(summary, positions=args.positions, out=args.out))
+    print_document_note(args)
     warning = few_windows_warning(summary, mode=args.mode)
     if warning:
         print(f"posstats: warning: {warning}", file=sys.stderr)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from posstats.cli._common import add_analysis_args, analysis_config, print_report, quiet_from_args
 from posstats.counting.io import COUNTS_FILES, write_json_atomic
-from posstats.flags import add_input_args, count_inputs_from_args
+from posstats.flags import add_input_args, count_inputs_from_args, print_document_note
 from posstats.runs.analysis_folder import analyze_to
 from posstats.runs.counts_folder import COUNT_MARKER, count_to
 from posstats.runs.publish import staged_output
@@ -42,4 +42,6 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(stage / COUNT_MARKER, summary)
         run_data = analyze_to(counts, config, stage, counts_path=args.out, name=Path(args.out).name)
     print_report(run_data.report, args, out=args.out)
+    if not getattr(args, "quiet", False) and not getattr(args, "json", False):
+        print_document_note(args)
     return 0
