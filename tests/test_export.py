@@ -460,3 +460,17 @@ def test_trailing_empty_positions_are_warned_about_not_silently_dropped(tmp_path
     assert "the table has 18 rows but the run was counted at 24 positions" in err
     assert main(["export", str(short), "--dim", "8", "--rank", "2", "--rows", "18", "--out", str(tmp_path / "r.safetensors")]) == 0
     assert "the table has" not in capsys.readouterr().err
+
+
+def test_model_card_carries_the_runs_caveats(run_dir, tmp_path):
+    """The verdict's caveats (how much of the geometry is noise, buckets) reach the card."""
+    report = json.loads((run_dir / "report.json").read_text())
+    caveats = report["verdict"]["caveats"]
+    export_encoding(run_dir, tmp_path / "pos.safetensors", dim=8, rank=2)
+    card = (tmp_path / "README.md").read_text()
+    for c in caveats:
+        assert c[1:] in card
+    from posstats.reports.export import _caveats
+
+    lines = _caveats({"rank": "2"}, {"verdict": {"caveats": ["sampling noise alone gives 34% of the summed distances"]}}, [])
+    assert "- Sampling noise alone gives 34% of the summed distances." in lines

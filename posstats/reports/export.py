@@ -727,6 +727,7 @@ def _caveats(metadata: dict[str, str], report: dict[str, Any], warnings: Sequenc
             f"- {metadata['rows_below_min_tokens']} rows were counted from fewer than {metadata['min_tokens']} tokens."]
     elif metadata.get("min_row_tokens"):
         lines.append(f"- Every row was counted from at least {metadata['min_row_tokens']} tokens.")
+    lines += [f"- {c[0].upper()}{c[1:]}." for c in verdict.get("caveats") or []]  # the run's own (noise share, buckets)
     return ["## Caveats", "", *lines, ""]
 
 
