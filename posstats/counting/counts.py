@@ -29,6 +29,7 @@ __all__ = [
     "MAX_VOCAB_SIZE",
     "MIN_WINDOWS",
     "MODES",
+    "too_few_windows",
     "CountAccumulator",
     "CountSpec",
     "PositionalCounts",
@@ -43,6 +44,16 @@ MODES = ("truncate", "chunk", "pack")
 # stretch of dependent text; with fewer windows than this the analysis withholds its verdict
 # (posstats.estimates.verdict.withheld_reason) and ``posstats count`` warns.
 MIN_WINDOWS = 30
+
+
+def too_few_windows(mode: str | None, windows: int, /) -> str | None:
+    """Why ``windows`` windows in ``mode`` are too few for an honest verdict (fewer than
+    :data:`MIN_WINDOWS` in pack or chunk mode), or None."""
+    if mode not in ("pack", "chunk") or windows >= MIN_WINDOWS:
+        return None
+    return (f"only {windows:,} window(s) in {mode} mode (fewer than {MIN_WINDOWS}): every position holds tokens of "
+            f"{windows:,} stretch(es) of text, which are not independent tokens; count a larger corpus or fewer "
+            "--positions")
 DEFAULT_DENSE_BUDGET = 4 * 2**30  # bytes of int64 counts kept dense (n * V * 8)
 # Sparse counts files store positions and token ids as int32 (posstats.counting.io), so the
 # largest position n - 1 and the largest id V - 1 must be at most 2**31 - 1. Within these

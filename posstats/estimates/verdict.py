@@ -46,12 +46,13 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln, ndtri
 
-from posstats.counting.counts import MIN_WINDOWS
+from posstats.counting.counts import MIN_WINDOWS, too_few_windows
 from posstats.counting.rows import row_blocks
 
 __all__ = [
     "DISTANCE_NOISE_CAVEAT",
     "FAMILY_LEVEL",
+    "FITTED_ENCODINGS",
     "MIN_WINDOWS",
     "STANDOUT_Z",
     "best_encodings",
@@ -263,7 +264,7 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
 _TIE_RTOL = 1e-9
 
 
-_FITTED = ("mds", "mds-lowrank", "mds-smacof")  # fitted to the counts (held-out scores grade them fairly)
+FITTED_ENCODINGS = ("mds", "mds-lowrank", "mds-smacof")  # fitted to the counts (held-out scores grade them fairly)
 
 
 def _interval(e: dict[str, Any]) -> list[float]:
@@ -289,7 +290,7 @@ def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
         reach = hi + _TIE_RTOL * max(abs(hi), 1e-300)  # equal up to rounding counts as tied
         tied = {e["name"] for e in entries[1:] if _interval(e)[0] <= reach} - {best["name"]}
         after = next((e for e in entries[1:] if e["name"] not in tied and e["name"] != best["name"]), None)
-        fixed_entries = [e for e in entries if e["name"].split(":")[0] not in _FITTED]
+        fixed_entries = [e for e in entries if e["name"].split(":")[0] not in FITTED_ENCODINGS]
         fixed = fixed_entries[0] if fixed_entries else None
         fixed_tied: set[str] = set()
         if fixed is not None:
@@ -347,12 +348,7 @@ def withheld_reason(report: dict[str, Any], /) -> str | None:
     consecutive text (dependent); with fewer than :data:`MIN_WINDOWS` windows the few
     stretches of text that fill each position decide everything."""
     corpus = report.get("corpus") or {}
-    mode, windows = corpus.get("mode"), int(corpus.get("windows") or 0)
-    if mode in ("pack", "chunk") and windows < MIN_WINDOWS:
-        return (f"only {windows:,} window(s) in {mode} mode (fewer than {MIN_WINDOWS}): every position holds tokens of "
-                f"{windows:,} stretch(es) of text, which are not independent tokens; count a larger corpus or fewer "
-                "--positions")
-    return None
+    return too_few_windows(corpus.get("mode"), int(corpus.get("windows") or 0))
 
 
 DISTANCE_NOISE_CAVEAT = 0.10  # noise share of the summed distances above which stresses get a caveat

@@ -11,29 +11,32 @@ from typing import Any
 
 import numpy as np
 
-from posstats.geometry.mds import spectrum_summary
+from posstats.geometry.mds import Spectrum, spectrum_summary
 
 __all__ = ["explained_label", "explained_share", "noise_threshold"]
 
 
-def explained_share(eigenvalues: Any, report: dict[str, Any], /) -> np.ndarray:
-    """(k,) cumulative share of the positive variance of ``eigenvalues`` (monotone, <= 1;
-    :func:`posstats.geometry.mds.spectrum_summary`), with the report's total variance as the
-    denominator when its spectrum was truncated. Recomputed rather than read from the
-    report: reports written before 2026-11-26 counted negative eigenvalues, so their curve
-    fell after reaching 1."""
+def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
+    """:func:`spectrum_summary` of ``eigenvalues`` with the report's total variance as the
+    denominator when its spectrum was truncated."""
     spectrum = report.get("spectrum") or {}
     total = spectrum.get("total_variance") if spectrum.get("denominator") not in (None, "positive_eigenvalues") else None
-    return spectrum_summary(eigenvalues, total_variance=total).explained_variance
+    return spectrum_summary(eigenvalues, total_variance=total)
+
+
+def explained_share(eigenvalues: Any, report: dict[str, Any], /) -> np.ndarray:
+    """(k,) cumulative share of the positive variance of ``eigenvalues`` (monotone, <= 1;
+    :func:`posstats.geometry.mds.spectrum_summary`). Recomputed rather than read from the
+    report: reports written before 2026-11-26 counted negative eigenvalues, so their curve
+    fell after reaching 1."""
+    return _spectrum(eigenvalues, report).explained_variance
 
 
 def explained_label(eigenvalues: Any, report: dict[str, Any], /) -> str:
     """The legend of :func:`explained_share`'s curve: the share of the positive variance, or,
     when only the top k were computed and the trace was below their positive sum (negative
     eigenvalues beyond them), the share of those k components' variance only."""
-    spectrum = report.get("spectrum") or {}
-    total = spectrum.get("total_variance") if spectrum.get("denominator") not in (None, "positive_eigenvalues") else None
-    if spectrum_summary(eigenvalues, total_variance=total).denominator == "computed_positive_eigenvalues":
+    if _spectrum(eigenvalues, report).denominator == "computed_positive_eigenvalues":
         return f"cumulative share of the top {len(eigenvalues)} components' variance"
     return "cumulative share of the positive variance"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from posstats.estimates.verdict import FITTED_ENCODINGS
+
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
 
@@ -98,7 +100,7 @@ def _fitted_sentence(v: dict[str, Any]) -> str | None:
     if not v.get("non_stationary") or not above:
         return None
     wins = [b for b in v.get("best_encodings") or []
-            if b["best"].split(":")[0] in ("mds", "mds-smacof", "mds-lowrank") and b.get("fixed") not in b["tied_with"]]
+            if b["best"].split(":")[0] in FITTED_ENCODINGS and b.get("fixed") not in b["tied_with"]]
     if not wins:
         return ("The corpus' own MDS encoding does not fit better than the best fixed one beyond noise: "
                 "nothing to gain from exporting it.")

@@ -14,7 +14,7 @@ import numpy as np
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import accumulate_corpus, estimated_tokens
-from posstats.counting.counts import MIN_WINDOWS, PositionalCounts
+from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_accumulated, save_counts, write_json_atomic
 from posstats.memory import require_count_memory
 from posstats.runs.publish import staged_output
@@ -91,15 +91,11 @@ def _rate(summary: dict[str, Any]) -> str:
 
 
 def few_windows_warning(summary: dict[str, Any], /, *, mode: str) -> str | None:
-    """A warning when pack or chunk mode gave fewer windows than the analysis needs for an
-    honest verdict (:data:`posstats.estimates.verdict.MIN_WINDOWS`: it will be withheld),
-    else None."""
-    windows = int(summary.get("windows") or 0)
-    if mode not in ("pack", "chunk") or windows >= MIN_WINDOWS:
-        return None
-    return (f"only {windows:,} window(s) in {mode} mode (fewer than {MIN_WINDOWS}): every position holds tokens of "
-            f"{windows:,} stretch(es) of text, which are not independent, so the analysis will withhold its verdict; "
-            "count a larger corpus or fewer --positions")
+    """The warning ``posstats count`` prints when pack or chunk mode gave too few windows for
+    an honest verdict (:func:`posstats.counting.counts.too_few_windows`: the analysis will
+    withhold it), else None."""
+    why = too_few_windows(mode, int(summary.get("windows") or 0))
+    return None if why is None else f"{why} (the analysis will withhold its verdict)"
 
 
 def count_line(summary: dict[str, Any], /, *, positions: int, out: str | os.PathLike) -> str:
