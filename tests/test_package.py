@@ -81,3 +81,18 @@ def test_the_wheel_ships_the_jobs_under_posstats_and_no_top_level_jobs(tmp_path)
             "posstats/py.typed"} <= set(names)
     packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "posstats").rglob("__init__.py")}
     assert {f"{p}/__init__.py" for p in packages} <= set(names)  # a new subpackage is not forgotten
+
+
+def test_public_api_is_small_and_declared_once():
+    """About a dozen names users need (issue #29), declared in __init__.pyi only: the
+    runtime table is read from the stub, so the two cannot drift apart."""
+    stub = ast.parse((REPO / "posstats" / "__init__.pyi").read_text())
+    declared = {a.asname for node in stub.body if isinstance(node, ast.ImportFrom) and node.module != "posstats"
+                for a in node.names}
+    assert set(posstats.__all__) == declared | {"__version__"}
+    assert len(posstats.__all__) <= 20
+    init = ast.parse((REPO / "posstats" / "__init__.py").read_text())
+    assert not any(isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("posstats.")
+                   for n in ast.walk(init)), "public names are declared in __init__.pyi, not imported here"
+    for sub in ("geometry", "estimates", "torch", "drift"):
+        assert sub in dir(posstats)
