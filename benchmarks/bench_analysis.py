@@ -165,7 +165,9 @@ def case_rope(ctx: dict) -> dict:
     """RoPE scaling variants at n = 131,072 on the planted corpus (truncate): a YaRN factor
     sweep, PI, dynamic NTK, Llama 3 and a model config (hf:, YaRN at head_dim 128), all
     with sampled stress. Baseline: the same analysis scoring only sinusoidal and plain RoPE."""
-    from transformers import LlamaConfig  # the model config is written by transformers itself
+    from transformers import (
+        LlamaConfig,  # the model config is written by transformers itself
+    )
 
     model = ctx["work"] / "yarn-model"
     LlamaConfig(hidden_size=4096, num_attention_heads=32, max_position_embeddings=131072,

@@ -52,7 +52,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from posstats.analysis import AnalysisConfig, analyze  # noqa: E402
-from posstats.estimates.noise import _paired_d2, _rows_csr, _union, fitted_bias, split_half  # noqa: E402
+from posstats.estimates.noise import (  # noqa: E402
+    _paired_d2,
+    _rows_csr,
+    _union,
+    fitted_bias,
+    split_half,
+)
 from posstats.estimates.sampling_variance import position_sampling_variance  # noqa: E402
 from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import CountAccumulator, CountSpec
+from posstats.counting.tokens import TokenBatch
 
 
 def zipf_batch(tokens: int, positions: int, vocab: int, seed: int) -> TokenBatch:

@@ -30,7 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_analysis import _brief, analyze, count  # noqa: E402 - the sibling benchmarks' tools
-from bench_long_count import VOCAB, child_env, generate, load_average, machine, run_measured  # noqa: E402
+from bench_long_count import (  # noqa: E402
+    VOCAB,
+    child_env,
+    generate,
+    load_average,
+    machine,
+    run_measured,
+)
 
 
 def diff(ctx: dict, a: Path, b: Path, label: str) -> tuple[dict, dict | None]:

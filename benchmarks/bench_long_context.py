@@ -178,7 +178,10 @@ def step_accuracy(args: argparse.Namespace) -> dict:
 
 
 def step_monotonicity(args: argparse.Namespace) -> dict:
-    from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
+    from posstats.geometry.diagnostics import (
+        monotonicity_of_encoding,
+        monotonicity_violation_rate,
+    )
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.hellinger import hellinger
     from posstats.geometry.stress import stress_report
@@ -238,7 +241,12 @@ def step_real(args: argparse.Namespace) -> dict:
     truncate and pack mode (GPT-2 tokens, 128 positions, document quarters)."""
     from posstats.corpus.source import CorpusSource
     from posstats.counting.counts import CountSpec
-    from posstats.estimates.noise import corrected_squared_distances, count_parts, noise_floor, null_rank
+    from posstats.estimates.noise import (
+        corrected_squared_distances,
+        count_parts,
+        noise_floor,
+        null_rank,
+    )
     from posstats.geometry.hellinger import hellinger_sq
     from posstats.geometry.mds import classical_mds
 

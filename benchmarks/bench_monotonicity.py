@@ -26,7 +26,10 @@ import time
 
 import numpy as np
 
-from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
+from posstats.geometry.diagnostics import (
+    monotonicity_of_encoding,
+    monotonicity_violation_rate,
+)
 from posstats.geometry.encodings import random_encoding, sinusoidal
 from posstats.geometry.stress import pairwise_distances
 

@@ -14,7 +14,7 @@ What runs where:
   biggest first on a pool of counting actors, one task in flight per actor;
 * each :class:`CountWorker` actor reads its shards itself, counts them with the core
   kernel (:func:`posstats.corpus.shards.accumulate_shard`) and persists each partial plus its
-  completion marker to the run store (:class:`posstats.service.shard_store.RunStore`); it returns a
+  completion marker to the run store (:class:`posstats.corpus.shard_store.RunStore`); it returns a
   small summary, never an array;
 * a range reduce on the same actors sums the partials: every partial is first checked
   against its marker (:func:`posstats.counting.reduce.load_partial`, in parallel), then
@@ -24,7 +24,7 @@ What runs where:
   (:func:`posstats.counting.ranges.assemble_ranges`), holding one range at a time. The
   driver links that file into the output folder and never holds counts. Which partials,
   with which signs (a refresh: ``total - removed + added``), and the manifest it
-  publishes are the store's rules (:mod:`posstats.service.shard_store`).
+  publishes are the store's rules (:mod:`posstats.corpus.shard_store`).
 
 Failures: actors run with ``max_restarts`` / ``max_task_retries``, so a counting actor
 killed mid-shard is restarted and the shard recounted; a shard whose marker exists is
@@ -50,9 +50,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from posstats.jobs.flags import (
+    add_input_args,
+    add_ray_args,
+    count_inputs_from_args,
+    print_document_note,
+    storage_options,
+)
+from posstats.jobs.guard import run_guarded
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.remote import absolute
+from posstats.corpus.shard_store import (
+    RunStore,
+    derive_run_id,
+    manifest_changes,
+    refresh_source,
+    store_config,
+)
 from posstats.corpus.shards import (
     Shard,
     accumulate_shard,
@@ -64,25 +79,22 @@ from posstats.corpus.shards import (
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
-from posstats.counting.io import counts_file, write_json_atomic
+from posstats.counting.io import counts_file
 from posstats.counting.pack import Placement, stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
-from posstats.counting.reduce import CorruptPartialError, check_partial, check_summable, mark_result
+from posstats.counting.reduce import (
+    CorruptPartialError,
+    check_partial,
+    check_summable,
+    mark_result,
+)
 from posstats.errors import InputError, PosstatsError
-from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, print_document_note, storage_options
-from posstats.guard import run_guarded
 from posstats.ids import validate_run_id
 from posstats.memory import format_bytes
 from posstats.progress import progress
 from posstats.runs.counts_folder import count_line, few_windows_warning, publish_counts
-from posstats.runs.publish import link_or_copy
-from posstats.service.shard_store import (
-    RunStore,
-    derive_run_id,
-    manifest_changes,
-    refresh_source,
-    store_config,
-)
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import link_or_copy
 
 from .connect import connect_ray
 
@@ -943,7 +955,7 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
 
 
 def options_from_args(args: argparse.Namespace, *, default_store: str | None) -> JobOptions:
-    """JobOptions from the ``--ray`` flags (see :func:`posstats.flags.add_ray_args`)."""
+    """JobOptions from the ``--ray`` flags (see :func:`posstats.jobs.flags.add_ray_args`)."""
     if args.run_id is not None:
         validate_run_id(args.run_id)
     store = args.store or default_store

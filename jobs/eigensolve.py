@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from posstats.errors import PosstatsError
-from posstats.runs import jsontext
+from posstats.storage import jsontext
 
 from .hellinger import add_common_args, run_job
 

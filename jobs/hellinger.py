@@ -34,16 +34,17 @@ import scipy.sparse as sp
 from safetensors.numpy import save_file
 
 from posstats.counting.buckets import parse_buckets
-from posstats.counting.io import counts_file, load_counts, write_json_atomic
+from posstats.counting.io import counts_file, load_counts
 from posstats.counting.rows import select_rows
 from posstats.errors import PosstatsError
 from posstats.geometry.backend import get_cupy, to_numpy
 from posstats.geometry.hellinger import distance_summary, hellinger_sq
 from posstats.geometry.mds import classical_mds
 from posstats.memory import gpu_fits
-from posstats.runs.publish import atomic_path
 from posstats.runs.run_folder import MDS_FILE, write_mds
-from posstats.runs import jsontext
+from posstats.storage import jsontext
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import atomic_path
 
 from .connect import connect_ray
 

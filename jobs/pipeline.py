@@ -24,7 +24,7 @@ One run writes ``STORE/runs/<run_id>/`` (layout and rules: :mod:`posstats.servic
   distances, verdict) in a Ray task (retried by Ray if its worker dies), which reads the
   reduce stage's counts itself (the driver and the object store never hold them):
   ``mds.safetensors``, ``report.json``, ``report.md``, ``analysis-config.json``
-  (:func:`posstats.runs.analysis_folder.write_analysis`).
+  (:func:`posstats.reports.analysis_folder.write_analysis`).
 * **report**: ``report.html`` with ``figures/`` and ``summary.md``
   (:func:`posstats.reports.html.render_html_report`), next to copies of the geometry files.
 * **export**: the MDS encoding as a position table a model loads
@@ -67,30 +67,54 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posstats.jobs.guard import run_guarded
+
 import posstats
 from posstats.analysis import analyze
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.remote import is_url, list_objects, object_version_ns
-from posstats.counting.io import load_counts, load_header, write_json_atomic
-from posstats.drift import check_comparable, diff, load_side, store_run_side, write_diff, write_skipped
+from posstats.corpus.shard_store import RunStore, config_key, store_config
+from posstats.counting.io import load_counts, load_header
+from posstats.drift import (
+    check_comparable,
+    diff,
+    load_side,
+    store_run_side,
+    write_diff,
+    write_skipped,
+)
 from posstats.errors import InputError, PosstatsError
-from posstats.guard import run_guarded
 from posstats.ids import join_inside
+from posstats.reports.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.reports.export import STRESS_POSITION_LIMIT, export_run, nothing_to_export
 from posstats.reports.html import render_html_report
-from posstats.runs.analysis_folder import ANALYSIS_FILES, write_analysis
-from posstats.runs.publish import link_or_copy
 from posstats.runs.run_folder import RunData, load_run, with_distances
-from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
-from posstats.service.pipeline_store import STAGES, DamagedMarker, Store, describe_os_error, utc_now, validate_run_id
-from posstats.service.shard_store import RunStore, config_key, store_config
-from posstats.runs import jsontext
+from posstats.service.config import (
+    PipelineConfig,
+    apply_overrides,
+    dumps_toml,
+    load_config,
+    refuse_secrets,
+)
+from posstats.service.pipeline_store import (
+    STAGES,
+    DamagedMarker,
+    Store,
+    describe_os_error,
+    utc_now,
+    validate_run_id,
+)
+from posstats.storage import jsontext
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import link_or_copy
 
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job
 
 __all__ = [
+    "add_pipeline_args",
     "build_parser",
+    "config_from_args",
     "default_run_id",
     "job_logs",
     "job_status",
@@ -569,7 +593,9 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
     ray = run.ray()
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
-    from .pipeline import geometry_task as task_body  # by reference, also when run as __main__
+    from .pipeline import (
+        geometry_task as task_body,  # by reference, also when run as __main__
+    )
 
     later = [s for s in ("report", "export") if run.store.stage_marker(run.run_id, s) is None]
     out_dirs = {"geometry": str(staging), **{s: str(run.staging_root / f"{s}-rendered-{run.attempt}") for s in later}}
@@ -960,3 +986,35 @@ def job_logs(address: str, job_id: str, /, *, token: str | None = None, follow: 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = True) -> None:
+    """``--config`` and the override flags (argparse only; shared with jobs.pipeline).
+
+    ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
+    the job server; a submitted job joins the cluster it runs on)."""
+    parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
+    g = parser.add_argument_group("overrides (win over the file)")
+    g.add_argument("--run-id", metavar="ID",
+                   help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "
+                        "run_id, else run-<UTC time>)")
+    g.add_argument("--store", metavar="PATH_OR_URL", help="run store ([store] url)")
+    g.add_argument("--input", action="append", metavar="PATH_OR_GLOB", help="inputs ([input] paths); repeatable")
+    if ray_address:
+        g.add_argument("--address", dest="ray_address", metavar="ADDR", help="Ray cluster to join ([ray] address)")
+    g.add_argument("--workers", type=int, metavar="K", help="counting actors ([ray] workers)")
+    g.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="set any key, VALUE in TOML syntax (e.g. count.positions=1024, geometry.dims=[2,16]); repeatable")
+    g.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+
+
+def config_from_args(args: argparse.Namespace, /) -> tuple[PipelineConfig, str | None]:
+    """(PipelineConfig, run id or None) from ``--config`` and the overrides."""
+
+    cfg = load_config(args.config)
+    cfg = apply_overrides(cfg, sets=args.set, run_id=args.run_id, store=args.store, inputs=args.input,
+                          address=getattr(args, "ray_address", None), workers=args.workers)
+    run_id = cfg.run_id
+    if run_id is not None:
+        validate_run_id(run_id)
+    return cfg, run_id

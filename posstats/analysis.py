@@ -30,14 +30,27 @@ from posstats.estimates.held_out import (
     parts_halves,
     token_halves,
 )
-from posstats.estimates.noise import bias_can_matter, corrected_squared_distances, noise_floor, null_rank
-from posstats.estimates.jackknife import JACKKNIFE_GROUPS, delete_group_replicates, jackknife_interval
+from posstats.estimates.jackknife import (
+    JACKKNIFE_GROUPS,
+    delete_group_replicates,
+    jackknife_interval,
+)
+from posstats.estimates.noise import (
+    bias_can_matter,
+    corrected_squared_distances,
+    noise_floor,
+    null_rank,
+)
 from posstats.estimates.permutation import permutation_null
-from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
+from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import split_noise_floor
 from posstats.estimates.verdict import standout_positions, verdict
-from posstats.geometry.diagnostics import corpus_diagnostics, min_separation, monotonicity_of_encoding
+from posstats.geometry.diagnostics import (
+    corpus_diagnostics,
+    min_separation,
+    monotonicity_of_encoding,
+)
 from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
     DEFAULT_MAX_ENCODINGS,

@@ -7,7 +7,7 @@ so a name can never leave its folder (``../../victim``, ``/tmp/x``), hide itself
 (``.x``), look like an option (``-x``) or smuggle a NUL or newline into a path.
 
 The rule: 1-128 characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or digit,
-without ``..`` anywhere. Both stores (:mod:`posstats.service.pipeline_store`, :mod:`posstats.service.shard_store`)
+without ``..`` anywhere. Both stores (:mod:`posstats.service.pipeline_store`, :mod:`posstats.corpus.shard_store`)
 and the command line use it.
 """
 

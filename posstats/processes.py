@@ -7,7 +7,7 @@ A closed terminal (SIGHUP), ``timeout``, systemd and Kubernetes (SIGTERM, often 
 whole process group) stop a command. Python's default is to die at once, so ``finally``
 blocks never run: a pipeline's store lock stays held until it goes stale, and processes it
 started are left behind. Inside :func:`terminable` (every entrypoint runs in it, through
-:func:`posstats.guard.run_guarded`) both signals raise :class:`Terminated`, a
+:func:`posstats.jobs.guard.run_guarded`) both signals raise :class:`Terminated`, a
 ``KeyboardInterrupt``: context managers release what they hold (the store lock) and the
 Ray session a command started is shut down, as after Ctrl-C. Ray checks for signals while
 it waits (``ray.get``), so the exception is raised there too.

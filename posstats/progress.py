@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tqdm import tqdm  # the terminal bar: tqdm.auto would import asyncio (15 ms of every start-up) for notebooks
+from tqdm import (
+    tqdm,  # the terminal bar: tqdm.auto would import asyncio (15 ms of every start-up) for notebooks
+)
 
 __all__ = ["progress"]
 

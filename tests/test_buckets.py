@@ -8,7 +8,13 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.counting.buckets import Buckets, bucket_counts, fixed_buckets, log_buckets, parse_buckets
+from posstats.counting.buckets import (
+    Buckets,
+    bucket_counts,
+    fixed_buckets,
+    log_buckets,
+    parse_buckets,
+)
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
 from posstats.errors import PosstatsError
 

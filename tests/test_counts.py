@@ -8,7 +8,6 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import (
     CountAccumulator,
     CountSpec,
@@ -17,6 +16,7 @@ from posstats.counting.counts import (
     count_sequences,
 )
 from posstats.counting.io import load_counts, save_counts
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 
 

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from posstats.service.config import config_secrets, load_config, parse_config, secret_env_reason
+from posstats.service.config import (
+    config_secrets,
+    load_config,
+    parse_config,
+    secret_env_reason,
+)
 from posstats.service.pipeline_store import validate_run_id
 from posstats.service.schedule import parse_cron
 

@@ -15,7 +15,12 @@ from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.io import save_counts
 from posstats.errors import InputError
-from posstats.estimates.two_sample import EXACT_LIMIT, compare_positions, holm, null_moments
+from posstats.estimates.two_sample import (
+    EXACT_LIMIT,
+    compare_positions,
+    holm,
+    null_moments,
+)
 from posstats.geometry.procrustes import procrustes_drift
 
 

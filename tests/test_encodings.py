@@ -435,7 +435,7 @@ def test_learned_tables_in_bf16_and_fp8_read_like_torch(tmp_path, kind):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file as save_torch
 
-    from posstats.tensors import SafetensorsFile
+    from posstats.storage.tensors import SafetensorsFile
 
     table = torch.randn(12, 6) * 3
     stored = table.to(getattr(torch, kind))
@@ -449,7 +449,7 @@ def test_learned_tables_in_bf16_and_fp8_read_like_torch(tmp_path, kind):
 
 def test_float8_tables_cover_every_byte_like_torch():
     torch = pytest.importorskip("torch")
-    from posstats.tensors import float8_table
+    from posstats.storage.tensors import float8_table
 
     raw = torch.arange(256, dtype=torch.uint8)
     for name, kind in (("F8_E4M3", torch.float8_e4m3fn), ("F8_E5M2", torch.float8_e5m2)):

@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
 from mounts import mounted
+from posstats.jobs.guard import run_guarded
 
 import posstats.analysis
 import posstats.memory
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.io import load_counts, save_counts
-from posstats.guard import run_guarded
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = str(REPO / "data/tokenizers/bert-base-uncased.tokenizer.json")

@@ -1,6 +1,6 @@
 """``file://`` URLs are local paths wherever a command takes a path (inputs, globs,
 tokenizers, counts and run folders, checkpoints, stores, outputs): one rule, applied by
-:func:`posstats.guard.local_file_urls` before any command runs."""
+:func:`posstats.jobs.guard.local_file_urls` before any command runs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import argparse
 import os
 
 import pytest
+from posstats.jobs.guard import local_file_urls
 
 from posstats.cli import main
 from posstats.counting.io import load_counts
-from posstats.guard import local_file_urls
 
 
 def test_local_file_urls_rewrites_strings_and_lists_only():

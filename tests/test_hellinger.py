@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from posstats.geometry.backend import array_namespace, to_numpy
-from posstats.geometry.hellinger import hellinger, hellinger_sq, hellinger_sq_pairs, sqrt_distributions
+from posstats.geometry.hellinger import (
+    hellinger,
+    hellinger_sq,
+    hellinger_sq_pairs,
+    sqrt_distributions,
+)
 
 
 def brute_sq(counts: np.ndarray) -> np.ndarray:

@@ -24,15 +24,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from posstats.corpus.shard_store import RunStore
 from posstats.corpus.shards import Shard
 from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
-from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
-from posstats.counting.io import counts_file, load_counts, save_counts, write_json_atomic
+from posstats.counting.counts import (
+    CountSpec,
+    PositionalCounts,
+    count_sequences,
+    fingerprint_of,
+)
+from posstats.counting.io import counts_file, load_counts, save_counts
 from posstats.counting.reduce import CorruptPartialError, load_partial, sum_partials
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import is_valid_id, join_inside, validate_id, validate_run_id
-from posstats.runs.publish import file_sha256
-from posstats.service.shard_store import RunStore
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZERS = REPO / "data" / "tokenizers"

@@ -24,12 +24,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus.shards import MIN_AUTO_SHARD_BYTES, auto_shard_bytes, corpus_bytes, count_shard, plan_shards
+from posstats.corpus.shard_store import RunStore
+from posstats.corpus.shards import (
+    MIN_AUTO_SHARD_BYTES,
+    auto_shard_bytes,
+    corpus_bytes,
+    count_shard,
+    plan_shards,
+)
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import counts_file, load_counts, save_counts
-from posstats.service.shard_store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"

@@ -1,4 +1,4 @@
-"""posstats.runs.jsontext: every JSON posstats writes is standard JSON (no NaN / Infinity), and a
+"""posstats.storage.jsontext: every JSON posstats writes is standard JSON (no NaN / Infinity), and a
 document says which values were not finite and why they are null."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.runs import jsontext
-from posstats.counting.io import write_json_atomic
+from posstats.storage import jsontext
+from posstats.storage.jsontext import write_json_atomic
 
 
 def strict_loads(text: str):

@@ -148,6 +148,61 @@ def test_imports_point_one_way():
     assert wrong == []
 
 
+# The rank table (issue #29), lowest first: a module imports its own package and the ranks
+# below it, never a package of its own rank or above. `posstats` itself (the lazy facade,
+# importing nothing at run time) is outside the table.
+RANKS: tuple[tuple[str, ...], ...] = (
+    ("errors",),                                             # the ground floor: errors,
+    ("progress", "processes", "ids"),                        # progress bars, processes, names,
+    ("storage",),                                            # files, publishing, locks, JSON, safetensors
+    ("counting",),                                           # count tensors, their files, the reduce
+    ("corpus", "geometry"),                                  # reading inputs; distances, MDS, encodings
+    ("memory", "baselines"),                                 # memory planning; architecture baselines
+    ("estimates",),                                          # noise, nulls, intervals, the verdict
+    ("analysis", "testing"),                                 # counts -> analysis; simulated corpora
+    ("runs",),                                               # run folders read back; counting to a folder
+    ("reports",),                                            # rendering: summary, HTML, figures, export, audit
+    ("service", "torch"),                                    # pipeline store and config, schedules; torch module
+    ("drift",),                                              # comparing runs and refreshes
+    ("jobs",),                                               # executors and entrypoints (argparse allowed)
+    ("cli",),                                                # the posstats command
+)
+
+
+def _rank_unit(module: str) -> str:
+    """The table's name for a module: the subpackage or root module of posstats, or jobs."""
+    parts = module.split(".")
+    return "jobs" if parts[0] == "jobs" else parts[1] if len(parts) > 1 else "posstats"
+
+
+RANK = {unit: i for i, units in enumerate(RANKS) for unit in units}
+
+
+def test_every_package_has_a_rank():
+    units = {_rank_unit(m) for m in MODULES} - {"posstats"}
+    assert units - set(RANK) == set(), "add the new package or module to RANKS"
+    assert set(RANK) - units == set(), "RANKS names a package that no longer exists"
+
+
+def test_no_import_points_up_the_rank_table():
+    wrong = []
+    for module, targets in _graph().items():
+        unit = _rank_unit(module)
+        if unit == "posstats":
+            continue
+        for target in targets:
+            other = _rank_unit(target)
+            if other != unit and other != "posstats" and RANK[other] >= RANK[unit]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == [], "imports against the rank table (tests/test_layers.py RANKS):\n" + "\n".join(sorted(wrong))
+
+
+def test_argparse_only_in_the_cli_and_the_job_entrypoints():
+    users = [m for m, p in MODULES.items() if _rank_unit(m) not in ("cli", "jobs")
+             and any(n.split(".")[0] == "argparse" for n, _ in _imports(p))]
+    assert users == []
+
+
 def test_the_library_never_imports_ray_at_module_level_or_at_all():
     ray_users = [m for m, p in MODULES.items()
                  if m.startswith("posstats") and any(n.split(".")[0] == "ray" for n, _ in _imports(p))]

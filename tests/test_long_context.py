@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
+from posstats.corpus.shard_store import RunStore
 from posstats.corpus.shards import count_shard, plan_shards
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.corpus.tokenizer import load_tokenizer
@@ -26,7 +27,6 @@ from posstats.geometry.encodings import make_encoding
 from posstats.geometry.hellinger import hellinger, hellinger_sq
 from posstats.geometry.mds import _SplitSqrt, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
-from posstats.service.shard_store import RunStore
 from posstats.testing import split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]

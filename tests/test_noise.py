@@ -13,6 +13,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posstats.corpus.shard_store import RunStore
 from posstats.corpus.shards import count_shard, plan_shards
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.corpus.tokenizer import load_tokenizer
@@ -28,7 +29,6 @@ from posstats.estimates.noise import (
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
-from posstats.service.shard_store import RunStore
 from posstats.testing import split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]

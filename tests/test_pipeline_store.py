@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.errors import PosstatsError
-from posstats.service.locks import pipeline_lock_is_stale as lock_is_stale
 from posstats.service.pipeline_store import (
     STAGES,
     DamagedMarker,
@@ -30,6 +29,7 @@ from posstats.service.pipeline_store import (
     is_url,
     validate_run_id,
 )
+from posstats.storage.locks import pipeline_lock_is_stale as lock_is_stale
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.reports import plots
+from posstats.runs import run_folder
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +74,7 @@ def test_heatmap_is_downsampled_and_says_so():
     p = plots.distance_heatmap_figure(dist, pos, max_size=256)
     image = p.figure.axes[0].get_images()[0].get_array()
     assert image.shape == (256, 256)
-    idx = plots.even_subsample(m, 256)
+    idx = run_folder.even_subsample(m, 256)
     np.testing.assert_array_equal(np.asarray(image), dist[np.ix_(idx, idx)])
     assert "downsampled" in p.caption and "256 of the 700" in p.caption
     small = plots.distance_heatmap_figure(dist[:20, :20], pos[:20])
@@ -96,7 +97,7 @@ def test_3d_scatter_needs_three_coordinates():
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(1, 5000), limit=st.integers(1, 600))
 def test_even_subsample_properties(m, limit):
-    idx = plots.even_subsample(m, limit)
+    idx = run_folder.even_subsample(m, limit)
     assert len(idx) <= limit
     assert len(idx) == min(m, limit) or len(idx) >= min(m, limit) - 1
     assert idx[0] == 0

@@ -23,7 +23,12 @@ from mounts import mounted
 
 from posstats.cli import main
 from posstats.counting.io import counts_file, load_counts
-from posstats.runs.publish import METADATA_DIR, link_or_copy, published_dir, staged_output
+from posstats.storage.publish import (
+    METADATA_DIR,
+    link_or_copy,
+    published_dir,
+    staged_output,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RENAMES = "rename,renameat,renameat2"

@@ -17,9 +17,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from posstats.corpus.readers import FORMATS, guess_format, read_token_batches, resolve_inputs, validate_ids
-from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, vocab_size
-from posstats.corpus.tokens import TokenBatch
+from posstats.corpus.readers import (
+    FORMATS,
+    guess_format,
+    read_token_batches,
+    resolve_inputs,
+    validate_ids,
+)
+from posstats.corpus.tokenizer import (
+    encode_texts,
+    load_tokenizer,
+    special_token_ids,
+    vocab_size,
+)
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError, PosstatsWarning
 
 DATA = Path(__file__).resolve().parent.parent / "data"

@@ -11,7 +11,11 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posstats.counting.counts import PositionalCounts, combine_fingerprints, count_sequences
+from posstats.counting.counts import (
+    PositionalCounts,
+    combine_fingerprints,
+    count_sequences,
+)
 from posstats.counting.io import load_counts, save_counts
 from posstats.counting.reduce import sum_partials
 from posstats.errors import InputError

@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.errors import InputError, PosstatsError
-from posstats.geometry.rope_scaling import ROPE_TYPES, hf_rope, rope_inv_freq, standard_rope_parameters
+from posstats.geometry.rope_scaling import (
+    ROPE_TYPES,
+    hf_rope,
+    rope_inv_freq,
+    standard_rope_parameters,
+)
 
 transformers = pytest.importorskip("transformers", reason="transformers is the oracle for RoPE scaling")
 torch = pytest.importorskip("torch")

@@ -331,7 +331,7 @@ def _stored_runs(store: Store, tmp_path: Path, capsys) -> None:
     import shutil
 
     from posstats.cli import main as cli
-    from posstats.runs.publish import published_dir
+    from posstats.storage.publish import published_dir
 
     for i, rid in enumerate(("r1", "r2")):
         (tmp_path / f"{rid}.jsonl").write_text("".join(json.dumps({"ids": d}) + "\n" for d in _ids_table(20 + i)))

@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 from posstats.estimates.noise import corrected_squared_distances
-from posstats.estimates.sampled import SampledGeometry, sample_pairs, sampled_monotonicity, stress_from_pairs
-from posstats.geometry.diagnostics import monotonicity_of_encoding, monotonicity_violation_rate
+from posstats.estimates.sampled import (
+    SampledGeometry,
+    sample_pairs,
+    sampled_monotonicity,
+    stress_from_pairs,
+)
+from posstats.geometry.diagnostics import (
+    monotonicity_of_encoding,
+    monotonicity_violation_rate,
+)
 from posstats.geometry.hellinger import hellinger, hellinger_sq
 from posstats.geometry.mds import classical_mds
 from posstats.geometry.stress import pairwise_distances, stress_report

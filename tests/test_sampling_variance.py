@@ -10,7 +10,11 @@ import scipy.sparse as sp
 from scipy.stats import binom, poisson
 
 from posstats.estimates.noise import fitted_bias, split_half
-from posstats.estimates.sampling_variance import TABLE_MAX_COUNT, position_sampling_variance, sqrt_count_variance
+from posstats.estimates.sampling_variance import (
+    TABLE_MAX_COUNT,
+    position_sampling_variance,
+    sqrt_count_variance,
+)
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.testing import known_corpus
 

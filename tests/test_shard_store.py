@@ -1,4 +1,4 @@
-"""posstats.service.shard_store: partials + markers (a killed writer never leaves a marker), the
+"""posstats.corpus.shard_store: partials + markers (a killed writer never leaves a marker), the
 store's configuration binding, and the lock rule with real processes (a live holder
 refuses the second run; a SIGKILLed one does not). Sums and storage choice: test_reduce."""
 
@@ -17,13 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from posstats.corpus.shard_store import RunStore, config_key
 from posstats.corpus.shards import Shard
-from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences, fingerprint_of
+from posstats.counting.counts import (
+    CountSpec,
+    PositionalCounts,
+    count_sequences,
+    fingerprint_of,
+)
 from posstats.counting.io import load_counts, save_counts
 from posstats.errors import PosstatsError
 from posstats.processes import process_start_ticks
-from posstats.service.locks import run_store_lock_is_stale as lock_is_stale
-from posstats.service.shard_store import RunStore, config_key
+from posstats.storage.locks import run_store_lock_is_stale as lock_is_stale
 
 SPEC = CountSpec(6, 20)
 
@@ -78,7 +83,7 @@ def test_partial_then_marker(tmp_path):
 
 
 def test_failed_write_leaves_no_marker(tmp_path, monkeypatch):
-    import posstats.service.shard_store as runstore
+    import posstats.corpus.shard_store as runstore
 
     def broken(counts, directory, **kwargs):
         raise OSError("disk full")
@@ -94,7 +99,7 @@ def test_writer_killed_mid_partial_leaves_no_marker(tmp_path):
     """SIGKILL between the counts file and the marker: the shard is not done, and a rerun
     completes it."""
     proc = run_python(f"""
-        import time, posstats.service.shard_store as rs
+        import time, posstats.corpus.shard_store as rs
         from tests.test_shard_store import random_counts, shard
         real = rs.save_counts
         def slow(counts, directory, **kwargs):
@@ -156,7 +161,7 @@ def test_publish_keeps_only_the_named_result(tmp_path):
 def test_lock_refuses_while_held_and_frees_on_sigkill(tmp_path):
     holder = run_python(f"""
         import time
-        from posstats.service.shard_store import RunStore
+        from posstats.corpus.shard_store import RunStore
         with RunStore({str(tmp_path)!r}).lock(run_id="first-run", command="count"):
             print("locked", flush=True)
             time.sleep(120)

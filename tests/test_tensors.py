@@ -1,4 +1,4 @@
-"""posstats.tensors: the one safetensors reader of model tensors (learned: encodings, audit)
+"""posstats.storage.tensors: the one safetensors reader of model tensors (learned: encodings, audit)
 opens a well-formed file and refuses every malformed header with an InputError naming the
 file: never a traceback, never a read past the file."""
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from posstats.errors import InputError
-from posstats.tensors import SafetensorsFile
+from posstats.storage.tensors import SafetensorsFile
 
 
 def raw_file(path: Path, header: object, data: bytes) -> Path:

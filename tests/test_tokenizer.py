@@ -9,8 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
-from posstats.corpus.tokens import TokenBatch
+from posstats.corpus.tokenizer import (
+    encode_texts,
+    load_tokenizer,
+    special_token_ids,
+    tokenizer_hash,
+    vocab_size,
+)
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -146,7 +152,11 @@ def test_encode_texts_rejects_non_strings(gpt2):
 def test_tokenizer_from_a_model_folder_a_cached_name_or_a_file_url(tmp_path, monkeypatch):
     import shutil
 
-    from posstats.corpus.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_hash
+    from posstats.corpus.tokenizer import (
+        load_tokenizer,
+        resolve_tokenizer,
+        tokenizer_hash,
+    )
     from posstats.errors import InputError
 
     src = Path(__file__).resolve().parents[1] / "data" / "tokenizers" / "gpt2.tokenizer.json"

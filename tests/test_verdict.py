@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.sparse as sp
 
+from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
-    caveats,
     best_encodings,
+    caveats,
     distance_to_pool,
     null_distance_to_pool,
     position_ranges,
@@ -23,7 +24,6 @@ from posstats.estimates.verdict import (
     standout_threshold,
     verdict,
 )
-from posstats.analysis import AnalysisConfig, analyze
 from posstats.testing import known_corpus, synthetic_counts
 
 

@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from posstats import __version__
-from posstats.guard import run_guarded
+from posstats.jobs.guard import run_guarded
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 

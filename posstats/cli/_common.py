@@ -1,5 +1,5 @@
 """The analysis flags shared by ``posstats analyze`` and ``posstats run`` (the input and
-counting flags, shared with the job entrypoints too, are in :mod:`posstats.flags`)."""
+counting flags, shared with the job entrypoints too, are in :mod:`posstats.jobs.flags`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import argparse
 import sys
 
 from posstats.analysis import DEFAULT_DIMS, MDS_METHODS, AnalysisConfig
-from posstats.flags import int_list
-from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS, split_encoding_list
+from posstats.geometry.encodings import (
+    DEFAULT_ENCODINGS,
+    DEFAULT_MAX_ENCODINGS,
+    split_encoding_list,
+)
+from posstats.jobs.flags import int_list
 from posstats.progress import set_quiet
 from posstats.reports.summary import format_summary
-from posstats.runs import jsontext
+from posstats.storage import jsontext
 
 __all__ = ["add_analysis_args", "analysis_config", "print_report", "quiet_from_args"]
 

@@ -17,11 +17,14 @@ from posstats.baselines.adjacency import (
     layer_adjacency,
     plot_similarity_matrices,
 )
-from posstats.baselines.random_transformer import RandomTransformer, TransformerConfig, set_torch_threads
+from posstats.baselines.random_transformer import (
+    RandomTransformer,
+    TransformerConfig,
+    set_torch_threads,
+)
 from posstats.corpus.readers import read_token_batches, resolve_inputs
 from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, vocab_size
 from posstats.counting.counts import first_id_outside
-from posstats.counting.io import write_json_atomic
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import (
     DEFAULT_ENCODINGS,
@@ -33,7 +36,8 @@ from posstats.geometry.encodings import (
     split_encoding_list,
 )
 from posstats.memory import require_memory, transformer_bytes
-from posstats.runs.publish import staged_output
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import staged_output
 
 HELP = "adjacency score of encodings and of a random causal transformer's hidden states"
 DESCRIPTION = """\

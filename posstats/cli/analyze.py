@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posstats.cli._common import add_analysis_args, analysis_config, print_report, quiet_from_args
+from posstats.cli._common import (
+    add_analysis_args,
+    analysis_config,
+    print_report,
+    quiet_from_args,
+)
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.io import load_counts
 from posstats.estimates.parts import describe_counts
-from posstats.runs.analysis_folder import analyze_to
-from posstats.runs.publish import staged_output
+from posstats.reports.analysis_folder import analyze_to
+from posstats.storage.publish import staged_output
 
 HELP = "analyse saved counts: Hellinger geometry, MDS spectrum, encoding stress"
 DESCRIPTION = """\

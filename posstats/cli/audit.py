@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posstats.counting.io import write_json_atomic
 from posstats.errors import PosstatsError
 from posstats.reports.audit import audit_checkpoint, format_audit
+from posstats.storage.jsontext import write_json_atomic
 
 HELP = "audit a checkpoint's learned position table (stress, separation, monotonicity, layer-wise projected stress)"
 DESCRIPTION = """\

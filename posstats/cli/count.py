@@ -6,9 +6,19 @@ import argparse
 import sys
 
 from posstats.errors import PosstatsError
-from posstats.flags import add_input_args, add_ray_args, count_inputs_from_args, print_document_note
 from posstats.jobs import count as ray_count
-from posstats.runs.counts_folder import count_line, count_to, few_windows_warning, publish_counts
+from posstats.jobs.flags import (
+    add_input_args,
+    add_ray_args,
+    count_inputs_from_args,
+    print_document_note,
+)
+from posstats.runs.counts_folder import (
+    count_line,
+    count_to,
+    few_windows_warning,
+    publish_counts,
+)
 
 HELP = "count positional token occurrences C[i, v] of a corpus"
 DESCRIPTION = """\

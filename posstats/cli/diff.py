@@ -9,13 +9,13 @@ from pathlib import Path
 
 from posstats.cli._common import add_analysis_args, analysis_config, quiet_from_args
 from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
-from posstats.errors import InputError
-from posstats.flags import storage_options, str_list
 from posstats.drift.report import DIFF_HTML, DIFF_JSON
+from posstats.errors import InputError
+from posstats.jobs.flags import storage_options, str_list
 from posstats.progress import progress
-from posstats.runs.publish import staged_output
 from posstats.service.pipeline_store import enclosing_store
-from posstats.runs import jsontext
+from posstats.storage import jsontext
+from posstats.storage.publish import staged_output
 
 HELP = "compare two corpora or two refreshes: which positions changed beyond sampling noise"
 DESCRIPTION = """\

@@ -20,11 +20,12 @@ from posstats.baselines.influence import (
     mean_distance_to_others,
     plot_influence,
 )
-from posstats.counting.io import load_counts, write_json_atomic
+from posstats.counting.io import load_counts
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.memory import require_memory, transformer_bytes
-from posstats.runs.publish import staged_output
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import staged_output
 
 HELP = "influence of each input position on the last one at initialisation (Cesaro baseline)"
 DESCRIPTION = """\
@@ -192,7 +193,11 @@ def _measure(args: argparse.Namespace, length: int, compare: Any) -> tuple[dict[
         msg = f"--seeds and --threads must be >= 1 and --probes >= 0; got {args.seeds}, {args.threads}, {args.probes}"
         raise PosstatsError(msg)
     try:
-        from posstats.baselines.random_transformer import TransformerConfig, jacobian_profile, set_torch_threads
+        from posstats.baselines.random_transformer import (
+            TransformerConfig,
+            jacobian_profile,
+            set_torch_threads,
+        )
 
         set_torch_threads(args.threads)
         cfg = TransformerConfig(layers=args.depth, dim=args.dim, heads=args.heads, vocab_size=4096,

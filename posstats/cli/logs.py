@@ -7,7 +7,7 @@ import sys
 
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
-from posstats.flags import storage_options
+from posstats.jobs.flags import storage_options
 from posstats.jobs.pipeline import job_logs
 from posstats.service.pipeline_store import Store, validate_run_id
 

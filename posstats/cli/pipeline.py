@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from posstats.jobs.pipeline import run_from_args
-from posstats.service.config import add_pipeline_args
+from posstats.jobs.pipeline import add_pipeline_args, run_from_args
 
 HELP = "run the pipeline count -> reduce -> geometry -> report -> export into a run store (Ray)"
 DESCRIPTION = """\

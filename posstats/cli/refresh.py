@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from posstats.flags import add_ray_args
 from posstats.ids import validate_run_id
 from posstats.jobs.count import refresh_to
+from posstats.jobs.flags import add_ray_args
 
 HELP = "recount only new or changed shards of a run store, subtract vanished ones (Ray)"
 DESCRIPTION = """\

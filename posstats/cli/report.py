@@ -6,9 +6,14 @@ import argparse
 from pathlib import Path
 
 from posstats.errors import PosstatsError
-from posstats.reports.html import FIGURES_DIR, HTML_FILE, SUMMARY_FILE, render_html_report
-from posstats.runs.publish import staged_output
+from posstats.reports.html import (
+    FIGURES_DIR,
+    HTML_FILE,
+    SUMMARY_FILE,
+    render_html_report,
+)
 from posstats.runs.run_folder import load_run
+from posstats.storage.publish import staged_output
 
 HELP = "write report.html (self-contained), figures/*.png and summary.md for a run folder"
 DESCRIPTION = """\

@@ -5,12 +5,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from posstats.cli._common import add_analysis_args, analysis_config, print_report, quiet_from_args
-from posstats.counting.io import COUNTS_FILES, write_json_atomic
-from posstats.flags import add_input_args, count_inputs_from_args, print_document_note
-from posstats.runs.analysis_folder import analyze_to
+from posstats.cli._common import (
+    add_analysis_args,
+    analysis_config,
+    print_report,
+    quiet_from_args,
+)
+from posstats.counting.io import COUNTS_FILES
+from posstats.jobs.flags import (
+    add_input_args,
+    count_inputs_from_args,
+    print_document_note,
+)
+from posstats.reports.analysis_folder import analyze_to
 from posstats.runs.counts_folder import COUNT_MARKER, count_to
-from posstats.runs.publish import staged_output
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import staged_output
 
 HELP = "count a corpus and analyse it in one go (count + analyze)"
 DESCRIPTION = """\

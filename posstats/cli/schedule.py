@@ -12,9 +12,16 @@ import time
 from pathlib import Path
 
 from posstats.errors import PosstatsError
-from posstats.service.config import PipelineConfig, add_pipeline_args, config_from_args
+from posstats.jobs.pipeline import add_pipeline_args, config_from_args
+from posstats.service.config import PipelineConfig
 from posstats.service.pipeline_store import Store, validate_run_id
-from posstats.service.schedule import Cron, Interval, parse_schedule, run_schedule, tick_run_id
+from posstats.service.schedule import (
+    Cron,
+    Interval,
+    parse_schedule,
+    run_schedule,
+    tick_run_id,
+)
 
 HELP = "run the pipeline on a schedule (cron expression or interval), one run at a time, a log per run"
 DESCRIPTION = """\

@@ -8,11 +8,17 @@ import time
 
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
-from posstats.flags import storage_options
+from posstats.jobs.flags import storage_options
 from posstats.jobs.pipeline import job_status
-from posstats.service.locks import pipeline_lock_is_stale
-from posstats.service.pipeline_store import DEFAULT_STALE_AFTER_S, STAGES, DamagedMarker, Store, sorted_runs
-from posstats.runs import jsontext
+from posstats.service.pipeline_store import (
+    DEFAULT_STALE_AFTER_S,
+    STAGES,
+    DamagedMarker,
+    Store,
+    sorted_runs,
+)
+from posstats.storage import jsontext
+from posstats.storage.locks import pipeline_lock_is_stale
 
 HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
 DESCRIPTION = """\

@@ -7,8 +7,14 @@ import json
 import os
 
 from posstats.errors import PosstatsError
-from posstats.jobs.pipeline import default_run_id, job_status, submit_job
-from posstats.service.config import add_pipeline_args, config_from_args, dumps_toml, refuse_secrets
+from posstats.jobs.pipeline import (
+    add_pipeline_args,
+    config_from_args,
+    default_run_id,
+    job_status,
+    submit_job,
+)
+from posstats.service.config import dumps_toml, refuse_secrets
 
 HELP = "submit a pipeline run to a Ray cluster as a Ray job; prints the job id"
 DESCRIPTION = """\

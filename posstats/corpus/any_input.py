@@ -22,10 +22,15 @@ import numpy as np
 
 from posstats.corpus.inputs import count_inputs
 from posstats.corpus.source import count_corpus
-from posstats.corpus.tokenizer import as_tokenizer, load_tokenizer, resolve_tokenizer, special_token_ids
+from posstats.corpus.tokenizer import (
+    as_tokenizer,
+    load_tokenizer,
+    resolve_tokenizer,
+    special_token_ids,
+)
 from posstats.corpus.tokenizer import vocab_size as tokenizer_vocab_size
-from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 from posstats.progress import progress
 

@@ -14,7 +14,12 @@ from typing import Any, Sequence
 
 from posstats.corpus.readers import document_unit
 from posstats.corpus.source import CorpusSource
-from posstats.corpus.tokenizer import load_tokenizer, special_token_ids, tokenizer_hash, vocab_size
+from posstats.corpus.tokenizer import (
+    load_tokenizer,
+    special_token_ids,
+    tokenizer_hash,
+    vocab_size,
+)
 from posstats.counting.counts import CountSpec
 from posstats.errors import PosstatsError
 

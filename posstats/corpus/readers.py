@@ -1,5 +1,5 @@
 """Readers: Parquet / Arrow, JSON Lines, Hugging Face datasets, plain text and CSV files
-turned into a stream of :class:`~posstats.corpus.tokens.TokenBatch`.
+turned into a stream of :class:`~posstats.counting.tokens.TokenBatch`.
 
 Each input row is one document (one token-id sequence). A row comes either
 
@@ -46,10 +46,18 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from posstats.corpus.remote import hub_dataset, is_url, list_objects, local_path, open_url, url_filesystem, url_info
+from posstats.corpus.remote import (
+    hub_dataset,
+    is_url,
+    list_objects,
+    local_path,
+    open_url,
+    url_filesystem,
+    url_info,
+)
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
-from posstats.corpus.tokens import TokenBatch
 from posstats.counting.counts import first_id_outside
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError, PosstatsWarning
 
 __all__ = [

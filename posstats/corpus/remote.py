@@ -19,12 +19,14 @@ import glob
 import hashlib
 import os
 import re
+import tomllib
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 from posstats.errors import InputError, PosstatsError
 
 __all__ = [
+    "parse_value",
     "MAX_OPTION_DEPTH",
     "absolute",
     "check_storage_options",
@@ -45,6 +47,14 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _TABLE_OPTIONS = frozenset({"client_kwargs", "config_kwargs", "s3_additional_kwargs", "headers", "kwargs",
                             "storage_options", "target_options", "open_kwargs"})
 MAX_OPTION_DEPTH = 8
+
+
+def parse_value(text: str, /) -> Any:
+    """A TOML value, as ``--set`` and ``--storage-option`` values are written (``128``, ``[2, 16]``, ``"x"``, ``true``); a bare word is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def check_storage_options(options: Any, /, *, where: str = "--storage-option") -> dict[str, Any]:

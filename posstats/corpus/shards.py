@@ -78,9 +78,14 @@ from posstats.corpus.readers import (
 from posstats.corpus.remote import hub_dataset, is_url, open_url, url_info
 from posstats.corpus.source import CorpusSource, file_fingerprint
 from posstats.corpus.tokenizer import load_tokenizer
-from posstats.corpus.tokens import TokenBatch
-from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountAccumulator, CountSpec, PositionalCounts
+from posstats.counting.counts import (
+    DEFAULT_DENSE_BUDGET,
+    CountAccumulator,
+    CountSpec,
+    PositionalCounts,
+)
 from posstats.counting.pack import piece_metadata
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError
 
 __all__ = [

@@ -17,7 +17,14 @@ import pyarrow.parquet as pq
 
 from posstats.corpus.prefetch import prefetched
 from posstats.corpus.readers import read_token_batches, resolve_inputs
-from posstats.corpus.remote import hub_dataset, is_url, object_version_ns, open_url, url_filesystem, url_info
+from posstats.corpus.remote import (
+    hub_dataset,
+    is_url,
+    object_version_ns,
+    open_url,
+    url_filesystem,
+    url_info,
+)
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import (
     DEFAULT_DENSE_BUDGET,

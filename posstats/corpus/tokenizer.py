@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from posstats.corpus.tokens import TokenBatch
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError
 
 if TYPE_CHECKING:
@@ -87,7 +87,9 @@ def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
         reason = "is a directory" if os.path.isdir(path) else "no such file"
         msg = f"{path}: not a tokenizer.json ({reason})"
         raise InputError(msg)
-    from tokenizers import Tokenizer  # only commands that tokenize pay its import (~30 ms)
+    from tokenizers import (
+        Tokenizer,  # only commands that tokenize pay its import (~30 ms)
+    )
 
     try:
         tok = Tokenizer.from_file(path)

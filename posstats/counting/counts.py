@@ -1,6 +1,6 @@
 """Positional token counts ``C[i, v]`` (THEORY section 1).
 
-The counting kernel turns a :class:`~posstats.corpus.tokens.TokenBatch` into the windows'
+The counting kernel turns a :class:`~posstats.counting.tokens.TokenBatch` into the windows'
 tokens one block of positions at a time, with a few whole-array passes (no Python loop per
 token or per document), and accumulates them exactly: densely (an int64 scatter of the keys
 ``position * V + token``) when ``n * V`` fits the memory budget, else by sorting each
@@ -18,10 +18,10 @@ from typing import Any, Iterable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from posstats.corpus.tokens import TokenBatch
 from posstats.counting.blocks import CountBlocks
 from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import SortedKeyCounter, buffer_tokens
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 
 __all__ = [

@@ -17,7 +17,7 @@ file carries the same string-to-string metadata: ``schema``, the
 ``tokens``, ``fingerprint`` and free-form entries prefixed ``meta.``.
 
 Every write goes to a temporary file in the destination folder and is moved into place
-with :func:`os.replace` (:func:`posstats.runs.publish.atomic_path`), so a reader never
+with :func:`os.replace` (:func:`posstats.storage.publish.atomic_path`), so a reader never
 sees a half-written file.
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,9 +39,8 @@ from safetensors import safe_open
 from posstats.counting.blocks import CountBlocks
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.scipy_sparse import sp
-from posstats.errors import InputError, PosstatsError
-from posstats.runs.publish import atomic_path, published_dir
-from posstats.runs import jsontext
+from posstats.errors import InputError
+from posstats.storage.publish import atomic_path, published_dir
 
 __all__ = [
     "COUNTS_FILES",
@@ -57,13 +55,11 @@ __all__ = [
     "load_header",
     "load_indptr",
     "load_rows",
-    "read_json_file",
     "counts_metadata",
     "index_dtype",
     "save_accumulated",
     "save_blocks",
     "save_counts",
-    "write_json_atomic",
     "write_safetensors",
 ]
 
@@ -77,51 +73,6 @@ COUNTS_FILES = (DENSE_FILE, SPARSE_FILE, LEGACY_SPARSE_FILE)
 MARKERS = ("count.json", "done.json")
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, /) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically; return the path."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(jsontext.dumps(obj, indent=2) + "\n")
-    return Path(path)
-
-
-def read_json_file(path: str | os.PathLike, /, *, what: str) -> dict[str, Any] | None:
-    """Parse a JSON file; None when it does not exist.
-
-    Raises:
-        PosstatsError: ``"<path>: unreadable <what> (<reason>)"`` for a file that exists but
-            cannot be read or parsed.
-    """
-    try:
-        # O_NONBLOCK: opening a FIFO someone named as a file must not wait for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        msg = f"{path}: unreadable {what} ({exc})"
-        raise PosstatsError(msg) from exc
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            msg = f"{path}: not a regular file (a folder, FIFO, device or socket); give a {what} file"
-            raise PosstatsError(msg)
-        if st.st_size > _MAX_JSON_BYTES:
-            msg = f"{path}: {st.st_size:,} bytes is too large for a {what} (at most {_MAX_JSON_BYTES:,})"
-            raise PosstatsError(msg)
-        try:
-            return json.loads(f.read().decode("utf-8"), parse_constant=_no_constant)
-        except (OSError, ValueError, RecursionError) as exc:
-            text = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            msg = f"{path}: unreadable {what} ({text[:200]})"
-            raise PosstatsError(msg) from None
-
-
-_MAX_JSON_BYTES = 256 * 2**20  # far above any config, report or record posstats reads
-
-
-def _no_constant(name: str) -> Any:
-    """JSON has no NaN or Infinity; Python's parser accepts them unless told otherwise."""
-    msg = f"{name} is not valid JSON (write null)"
-    raise ValueError(msg)
 
 
 def counts_metadata(counts: PositionalCounts) -> dict[str, str]:
@@ -398,7 +349,7 @@ def counts_file(path: str | os.PathLike, /) -> Path:
 
     For a folder, the file its completion marker (``count.json`` or a run-store
     partial's ``done.json``) names under ``counts_file``, read from the folder's current
-    published version (:func:`posstats.runs.publish.published_dir`). Without a marker the one
+    published version (:func:`posstats.storage.publish.published_dir`). Without a marker the one
     counts file present; both kinds present and no marker to choose is an error, never a
     silent pick.
     """

@@ -35,7 +35,12 @@ import numpy as np
 from safetensors import safe_open
 
 from posstats.counting.blocks import BlockCounts
-from posstats.counting.counts import CountSpec, PositionalCounts, combine_fingerprints, csr_row_sums
+from posstats.counting.counts import (
+    CountSpec,
+    PositionalCounts,
+    combine_fingerprints,
+    csr_row_sums,
+)
 from posstats.counting.io import (
     DENSE_FILE,
     SPARSE_FILE,
@@ -52,7 +57,7 @@ from posstats.counting.pack import Placement
 from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import SORT_CELLS, row_counts, token_dtype
 from posstats.errors import InputError
-from posstats.runs.publish import atomic_path
+from posstats.storage.publish import atomic_path
 
 __all__ = ["assemble_ranges", "placed_sum", "row_ranges", "sorting_pays", "sum_by_sorting", "sum_row_range"]
 

@@ -7,7 +7,7 @@ new total as ``old total - removed shards + added shards`` and gets the same int
 a full recount. Integer sums and the XOR of fingerprints do not depend on the order.
 
 Integrity of partials (:func:`load_partial`): a run-store partial's completion marker
-(``done.json``, written by :meth:`posstats.service.shard_store.RunStore.write_partial`)
+(``done.json``, written by :meth:`posstats.corpus.shard_store.RunStore.write_partial`)
 records the totals of the partial and ``sha256``, the SHA-256 of its counts file. A
 marked partial read for a reduction must have that checksum (markers of older stores have
 none: then only the totals are checked) and a matrix whose sum equals both the marker's
@@ -31,13 +31,12 @@ from posstats.counting.io import (
     counts_file,
     load_counts,
     load_header,
-    read_json_file,
     save_counts,
-    write_json_atomic,
 )
 from posstats.counting.scipy_sparse import sp
 from posstats.errors import InputError, PosstatsError
-from posstats.runs.publish import file_sha256
+from posstats.storage.jsontext import read_json_file, write_json_atomic
+from posstats.storage.publish import file_sha256
 
 __all__ = [
     "PARTIAL_MARKER",

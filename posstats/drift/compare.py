@@ -32,7 +32,12 @@ from posstats.analysis import analyze
 from posstats.counting.io import load_counts, load_indptr, load_rows
 from posstats.drift.sides import Side, check_comparable
 from posstats.errors import InputError
-from posstats.estimates.two_sample import BLOCK_ENTRIES, PositionTest, block_bounds, compare_positions
+from posstats.estimates.two_sample import (
+    BLOCK_ENTRIES,
+    PositionTest,
+    block_bounds,
+    compare_positions,
+)
 from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, position_ranges
 from posstats.geometry.procrustes import procrustes_drift
 

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
-from posstats.counting.io import atomic_path, write_json_atomic
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import Plot, new_figure
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import atomic_path
 
 __all__ = ["DIFF_HTML", "DIFF_JSON", "change_figure", "drift_figure", "format_diff_summary", "spectra_figure", "write_diff",
            "write_skipped"]

@@ -16,9 +16,9 @@ from typing import Any
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import counts_file, load_header
 from posstats.errors import InputError
-from posstats.runs.publish import published_dir
 from posstats.runs.run_folder import MDS_FILE, REPORT_FILE, RunData, load_run
 from posstats.service.pipeline_store import Store, sorted_runs
+from posstats.storage.publish import published_dir
 
 __all__ = ["Side", "check_comparable", "load_side", "store_run_side", "store_sides"]
 

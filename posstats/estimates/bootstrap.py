@@ -1,7 +1,7 @@
 """Shard bootstrap: confidence intervals from per-shard partial counts (THEORY.md section 7).
 
 Counts are additive, so a corpus is the sum of its shards' partial counts ``C = sum_s C_s``
-(:mod:`posstats.service.shard_store` keeps them). A bootstrap replicate resamples the S shards with
+(:mod:`posstats.corpus.shard_store` keeps them). A bootstrap replicate resamples the S shards with
 replacement, i.e. draws multiplicities ``w ~ Multinomial(S, 1/S)`` and recomputes every
 statistic on ``C* = sum_s w_s C_s`` (exact integers). Shards, not tokens, are the unit:
 tokens of one document (and documents of one shard) are dependent, and resampling whole

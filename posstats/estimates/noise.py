@@ -76,17 +76,22 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+from posstats.corpus.shard_store import RunStore
 from posstats.corpus.source import file_fingerprint
 from posstats.corpus.tokenizer import load_tokenizer
-from posstats.corpus.tokens import TokenBatch
-from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts, combine_fingerprints
+from posstats.counting.counts import (
+    CountAccumulator,
+    CountSpec,
+    PositionalCounts,
+    combine_fingerprints,
+)
 from posstats.counting.pack import stitch
 from posstats.counting.ranges import placed_sum
+from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError
 from posstats.estimates.permutation import PermutationNull, permutation_null
 from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
-from posstats.service.shard_store import RunStore
 
 __all__ = [
     "BIAS_RULE_D_H2",

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posstats.corpus.shard_store import RunStore
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
 from posstats.counting.counts import CountSpec, PositionalCounts
@@ -34,7 +35,6 @@ from posstats.counting.ranges import placed_sum
 from posstats.counting.reduce import load_partial
 from posstats.errors import PosstatsError
 from posstats.estimates.noise import count_parts, parts_from_store
-from posstats.service.shard_store import RunStore
 
 __all__ = [
     "BOOTSTRAP_DOCUMENT_PARTS",

@@ -34,7 +34,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.rows import row_blocks
-from posstats.estimates.noise import UNBIASED_METHOD, NoiseFloor, split_half, usable_rows
+from posstats.estimates.noise import (
+    UNBIASED_METHOD,
+    NoiseFloor,
+    split_half,
+    usable_rows,
+)
 from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.progress import progress
 

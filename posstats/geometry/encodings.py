@@ -41,7 +41,7 @@ import numpy as np
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.rope_scaling import ROPE_TYPES, hf_rope, rope_inv_freq
 from posstats.geometry.smacof import pair_weights, smacof
-from posstats.tensors import SafetensorsFile
+from posstats.storage.tensors import SafetensorsFile
 
 __all__ = [
     "DEFAULT_ENCODINGS",

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from posstats.counting.io import read_json_file
 from posstats.errors import InputError
+from posstats.storage.jsontext import read_json_file
 
 __all__ = ["ROPE_TYPES", "HFRope", "hf_rope", "rope_inv_freq", "standard_rope_parameters"]
 

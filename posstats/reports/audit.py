@@ -56,7 +56,7 @@ from posstats.geometry.encodings import sinusoidal
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.stress import stress_report
 from posstats.runs.run_folder import RunData, load_run, report_bias, sparse_rows
-from posstats.tensors import SafetensorsFile
+from posstats.storage.tensors import SafetensorsFile
 
 __all__ = [
     "AuditResult",
@@ -81,7 +81,7 @@ _PICKLED = {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"}
 class Checkpoint:
     """Read-only access to the tensors of a safetensors file or a single ``.npy`` array.
 
-    Safetensors through :class:`posstats.tensors.SafetensorsFile` (the library's one reader:
+    Safetensors through :class:`posstats.storage.tensors.SafetensorsFile` (the library's one reader:
     no code from the file runs; bfloat16 and 8-bit floats widened to float32).
     """
 

@@ -68,13 +68,17 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from posstats import __version__
-from posstats.counting.io import atomic_path
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.stress import stress_report
 from posstats.reports.plots import lowrank_figure, png_bytes, spectrum_figure
-from posstats.reports.spectrum_view import explained_label, explained_share, noise_threshold
+from posstats.reports.spectrum_view import (
+    explained_label,
+    explained_share,
+    noise_threshold,
+)
 from posstats.runs.run_folder import RunData, load_run, run_distances, with_distances
+from posstats.storage.publish import atomic_path
 
 __all__ = [
     "EXPORT_SCHEMA",

@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
-from posstats.counting.io import atomic_path
 from posstats.reports.export import default_ranks, informative_rank, lowrank_tradeoff
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import (
@@ -55,9 +54,21 @@ from posstats.reports.plots import (
     stress_by_dim_figure,
     sweep_figure,
 )
-from posstats.reports.spectrum_view import explained_label, explained_share, noise_threshold
-from posstats.reports.summary import GLOSSARY, answer_sentences, glossary_lines, skipped_lines, variance_of, verdict_items
+from posstats.reports.spectrum_view import (
+    explained_label,
+    explained_share,
+    noise_threshold,
+)
+from posstats.reports.summary import (
+    GLOSSARY,
+    answer_sentences,
+    glossary_lines,
+    skipped_lines,
+    variance_of,
+    verdict_items,
+)
 from posstats.runs.run_folder import RunData, load_run, run_distances
+from posstats.storage.publish import atomic_path
 
 __all__ = ["FIGURES_DIR", "HTML_FILE", "SUMMARY_FILE", "render_html_report", "write_html_report"]
 
@@ -395,7 +406,7 @@ def write_html_report(
         name: the run's name in the title (default: the folder's name; a command that
             writes into a staging folder passes the destination's name).
         out: the folder to write into (default: where ``run_dir``'s files are; a
-            published run folder is rewritten through :func:`posstats.runs.publish.staged_output`).
+            published run folder is rewritten through :func:`posstats.storage.publish.staged_output`).
 
     Returns:
         The path of ``report.html``.

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from posstats.counting.io import atomic_path
 from posstats.reports.plots import png_bytes
+from posstats.storage.publish import atomic_path
 
 __all__ = ["CSS", "esc", "figure_html", "html_table", "num", "write_figures"]
 

@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from posstats.counting.io import atomic_path
+from posstats.runs.run_folder import even_subsample
+from posstats.storage.publish import atomic_path
 
 __all__ = [
     "Plot",
     "distance_heatmap_figure",
     "encoding_scatter3d_figure",
     "encoding_scatter_figure",
-    "even_subsample",
     "lowrank_figure",
     "monotonicity_figure",
     "new_figure",
@@ -104,22 +104,6 @@ def save_png(plot: Plot, directory: str | os.PathLike, /) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return path
-
-
-def even_subsample(m: int, /, limit: int) -> np.ndarray:
-    """At most ``limit`` evenly spaced indices of ``range(m)``, first and last included.
-
-    >>> even_subsample(10, 4)
-    array([0, 3, 6, 9])
-    """
-    if limit < 1:
-        msg = f"limit must be >= 1; got {limit}"
-        raise ValueError(msg)
-    if m <= limit:
-        return np.arange(m)
-    if limit == 1:
-        return np.array([0])
-    return np.unique(np.round(np.linspace(0, m - 1, limit)).astype(np.int64))
 
 
 def occupancy_log_scale(occupancy: Any, /) -> bool:

@@ -15,9 +15,15 @@ import numpy as np
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import accumulate_corpus, estimated_tokens
 from posstats.counting.counts import PositionalCounts, too_few_windows
-from posstats.counting.io import COUNTS_FILES, SPARSE_FILE, save_accumulated, save_counts, write_json_atomic
+from posstats.counting.io import (
+    COUNTS_FILES,
+    SPARSE_FILE,
+    save_accumulated,
+    save_counts,
+)
 from posstats.memory import require_count_memory
-from posstats.runs.publish import staged_output
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import staged_output
 
 __all__ = ["COUNT_MARKER", "count_line", "count_summary", "count_to", "few_windows_warning", "publish_counts"]
 

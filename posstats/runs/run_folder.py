@@ -1,7 +1,7 @@
 """A run folder and the run it holds: what the HTML report and the export render from.
 
 ``posstats run`` / ``posstats analyze`` / the pipeline's geometry stage write a run folder
-(:func:`posstats.runs.analysis_folder.write_analysis`):
+(:func:`posstats.reports.analysis_folder.write_analysis`):
 
 - ``mds.safetensors``: tensors ``positions`` (m,) int64 used positions, ``eigenvalues``
   (k,) float64 descending, ``encoding`` (m, k) float64 ``P_MDS`` (optionally
@@ -36,15 +36,15 @@ from safetensors.numpy import save_file
 from posstats.analysis import Analysis
 from posstats.counting.buckets import bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import atomic_path, counts_file, load_counts
+from posstats.counting.io import counts_file, load_counts
 from posstats.errors import InputError
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult
-from posstats.reports.plots import even_subsample
-from posstats.runs.publish import published_dir
+from posstats.storage.publish import atomic_path, published_dir
 
 __all__ = [
+    "even_subsample",
     "MDS_FILE",
     "MDS_SCHEMA",
     "REPORT_FILE",
@@ -75,7 +75,7 @@ class RunData:
         encoding: (m, k) float64 MDS coordinates of the used positions.
         mds_metadata: the string metadata of ``mds.safetensors``.
         files: the folder the files were read from: the run folder's current published
-            version (:func:`posstats.runs.publish.published_dir`); None means ``directory``.
+            version (:func:`posstats.storage.publish.published_dir`); None means ``directory``.
         distances: (m, m) float64 plug-in d_H between the used positions when held in
             memory (a run just analysed, or :func:`with_distances`), else None.
         counts: the analysed counts when held in memory, else None (read from the
@@ -119,6 +119,22 @@ class RunData:
         where = f" (report.json inputs.counts = {recorded!r})" if recorded else ""
         msg = f"{self.directory}: cannot find the run's counts{where}; the distances need them"
         raise InputError(msg)
+
+
+def even_subsample(m: int, /, limit: int) -> np.ndarray:
+    """At most ``limit`` evenly spaced indices of ``range(m)``, first and last included.
+
+    >>> even_subsample(10, 4)
+    array([0, 3, 6, 9])
+    """
+    if limit < 1:
+        msg = f"limit must be >= 1; got {limit}"
+        raise ValueError(msg)
+    if m <= limit:
+        return np.arange(m)
+    if limit == 1:
+        return np.array([0])
+    return np.unique(np.round(np.linspace(0, m - 1, limit)).astype(np.int64))
 
 
 def _mds_metadata(mds: MDSResult, fingerprint: str, extra: dict[str, str] | None = None) -> dict[str, str]:

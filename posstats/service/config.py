@@ -33,7 +33,6 @@ Only :mod:`tomllib` reads TOML; :func:`dumps_toml` writes the resolved configura
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import hashlib
 import json
@@ -46,25 +45,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from posstats.analysis import MDS_METHODS, AnalysisConfig
+from posstats.corpus.remote import check_storage_options, parse_value
 from posstats.errors import PosstatsError
-from posstats.flags import parse_value  # re-exported: --set values parse like --storage-option ones
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS
 from posstats.ids import validate_run_id
-from posstats.corpus.remote import check_storage_options
 from posstats.service.pipeline_store import is_url
 from posstats.service.schedule import parse_cron, parse_interval, time_zone
 
 __all__ = [
     "SCHEMA",
     "PipelineConfig",
-    "add_pipeline_args",
     "apply_overrides",
-    "config_from_args",
     "config_secrets",
     "dumps_toml",
     "load_config",
     "parse_config",
-    "parse_value",
     "redact",
     "refuse_secrets",
     "secret_env_reason",
@@ -674,6 +669,8 @@ def load_config(path: str | os.PathLike, /) -> PipelineConfig:
 # ----------------------------------------------------------------------------- overrides
 
 
+
+
 def apply_overrides(cfg: PipelineConfig, /, *, sets: Sequence[str] = (), run_id: str | None = None,
                     store: str | None = None, inputs: Sequence[str] | None = None, address: str | None = None,
                     workers: int | None = None, base_dir: str | None = None) -> PipelineConfig:
@@ -788,38 +785,3 @@ def schema_rows() -> list[tuple[str, str, str, str]]:
                 list(spec.default) if isinstance(spec.default, tuple) else spec.default))
             rows.append((f"{table}.{k}", spec.kind, default, spec.help))
     return rows
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = True) -> None:
-    """``--config`` and the override flags (argparse only; shared with jobs.pipeline).
-
-    ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
-    the job server; a submitted job joins the cluster it runs on)."""
-    parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
-    g = parser.add_argument_group("overrides (win over the file)")
-    g.add_argument("--run-id", metavar="ID",
-                   help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "
-                        "run_id, else run-<UTC time>)")
-    g.add_argument("--store", metavar="PATH_OR_URL", help="run store ([store] url)")
-    g.add_argument("--input", action="append", metavar="PATH_OR_GLOB", help="inputs ([input] paths); repeatable")
-    if ray_address:
-        g.add_argument("--address", dest="ray_address", metavar="ADDR", help="Ray cluster to join ([ray] address)")
-    g.add_argument("--workers", type=int, metavar="K", help="counting actors ([ray] workers)")
-    g.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                   help="set any key, VALUE in TOML syntax (e.g. count.positions=1024, geometry.dims=[2,16]); repeatable")
-    g.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-
-
-def config_from_args(args: argparse.Namespace, /) -> tuple[PipelineConfig, str | None]:
-    """(PipelineConfig, run id or None) from ``--config`` and the overrides."""
-
-    cfg = load_config(args.config)
-    cfg = apply_overrides(cfg, sets=args.set, run_id=args.run_id, store=args.store, inputs=args.input,
-                          address=getattr(args, "ray_address", None), workers=args.workers)
-    run_id = cfg.run_id
-    if run_id is not None:
-        validate_run_id(run_id)
-    return cfg, run_id

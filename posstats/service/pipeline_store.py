@@ -48,7 +48,7 @@ Rules:
 Lock rule (:class:`StoreLock`): the lock is the JSON file/object ``lock`` holding the
 holder's run id, pid, hostname, start time, a random token and a *heartbeat* time that the
 holder refreshes every ``heartbeat_s`` seconds (default: a tenth of ``stale_after_s``,
-at most 30 s). A lock is **stale** (:func:`posstats.service.locks.pipeline_lock_is_stale`)
+at most 30 s). A lock is **stale** (:func:`posstats.storage.locks.pipeline_lock_is_stale`)
 when
 
 1. its heartbeat is older than ``stale_after_s`` (default 600 s = 10 minutes), whatever
@@ -86,14 +86,21 @@ from typing import Any
 
 import fsspec
 
-from posstats.corpus.remote import is_url  # re-exported: the store and the config tell URLs apart
+from posstats.corpus.remote import (
+    is_url,  # re-exported: the store and the config tell URLs apart
+)
 from posstats.errors import PosstatsError, os_error_kind
 from posstats.errors import describe_os_error as _describe_os_error
-from posstats.ids import is_valid_id, join_inside, relative_key_parts, validate_run_id  # validate_run_id: re-exported
+from posstats.ids import (  # validate_run_id: re-exported
+    is_valid_id,
+    join_inside,
+    relative_key_parts,
+    validate_run_id,
+)
 from posstats.processes import process_start_ticks
-from posstats.runs.publish import atomic_path, file_sha256
-from posstats.service.locks import describe_lock_holder, pipeline_lock_is_stale
-from posstats.runs import jsontext
+from posstats.storage import jsontext
+from posstats.storage.locks import describe_lock_holder, pipeline_lock_is_stale
+from posstats.storage.publish import atomic_path, file_sha256
 
 __all__ = [
     "DEFAULT_STALE_AFTER_S",

@@ -51,7 +51,7 @@ for its whole duration and writes its pid, hostname, start time and run id into 
 The kernel drops the flock when the process ends, even by SIGKILL, so a lock left by a
 dead run never blocks the next one. A second run while the first lives refuses with a
 one-line message naming the holder. Where the file system has no ``flock``, the pid rule
-decides (:func:`posstats.service.locks.run_store_lock_is_stale`): the lock is stale when
+decides (:func:`posstats.storage.locks.run_store_lock_is_stale`): the lock is stale when
 its hostname is this host and its pid is gone (or now belongs to a process started after
 the lock); a lock from another host is never presumed stale.
 
@@ -81,13 +81,18 @@ from posstats.corpus.remote import absolute
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
-from posstats.counting.io import counts_file, read_json_file, save_accumulated, save_counts, write_json_atomic
+from posstats.counting.io import counts_file, save_accumulated, save_counts
 from posstats.counting.reduce import PARTIAL_MARKER
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_id
 from posstats.processes import process_start_ticks
-from posstats.runs.publish import file_sha256
-from posstats.service.locks import LockInfo, describe_lock_holder, run_store_lock_is_stale
+from posstats.storage.jsontext import read_json_file, write_json_atomic
+from posstats.storage.locks import (
+    LockInfo,
+    describe_lock_holder,
+    run_store_lock_is_stale,
+)
+from posstats.storage.publish import file_sha256
 
 __all__ = [
     "MANIFEST_SCHEMA",

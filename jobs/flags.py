@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
-from typing import Any
 
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.readers import DOCUMENT_UNITS, FORMATS, document_note
-from posstats.corpus.remote import MAX_OPTION_DEPTH, check_storage_options
+from posstats.corpus.remote import MAX_OPTION_DEPTH, check_storage_options, parse_value
 from posstats.counting.counts import MODES
 from posstats.errors import PosstatsError
 
@@ -24,7 +22,6 @@ __all__ = [
     "add_ray_args",
     "count_inputs_from_args",
     "int_list",
-    "parse_value",
     "storage_options",
     "str_list",
 ]
@@ -42,14 +39,6 @@ def int_list(text: str) -> tuple[int, ...]:
 def str_list(text: str) -> tuple[str, ...]:
     """Parse ``"a,b"`` into a tuple of non-empty strings (argparse type)."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def parse_value(text: str, /) -> Any:
-    """A TOML value (``128``, ``[2, 16]``, ``"x"``, ``true``); a bare word is a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
 
 
 def storage_options(items: list[str], /) -> dict:

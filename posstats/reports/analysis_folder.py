@@ -2,7 +2,7 @@
 ``posstats run`` (:func:`analyze_to`) and the pipeline's geometry and report stages.
 
 :func:`write_analysis` writes, into a staging folder (published by the caller, e.g.
-:func:`posstats.runs.publish.staged_output`):
+:func:`posstats.storage.publish.staged_output`):
 
 - ``analysis-config.json``: the :class:`posstats.analysis.AnalysisConfig` used;
 - ``mds.safetensors``: :func:`posstats.runs.run_folder.write_mds`;
@@ -25,11 +25,18 @@ from typing import Any
 
 from posstats.analysis import Analysis, AnalysisConfig, analyze
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import atomic_path, write_json_atomic
 from posstats.estimates.parts import corpus_parts
 from posstats.reports.html import render_html_report
 from posstats.reports.summary import format_markdown
-from posstats.runs.run_folder import MDS_FILE, REPORT_FILE, RunData, run_from_analysis, write_mds
+from posstats.runs.run_folder import (
+    MDS_FILE,
+    REPORT_FILE,
+    RunData,
+    run_from_analysis,
+    write_mds,
+)
+from posstats.storage.jsontext import write_json_atomic
+from posstats.storage.publish import atomic_path
 
 __all__ = ["ANALYSIS_FILES", "CONFIG_FILE", "MARKDOWN_FILE", "analyze_to", "write_analysis"]
 

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["NON_FINITE_KEY", "dumps", "finite"]
+from posstats.errors import PosstatsError
+from posstats.storage.publish import atomic_path
+
+__all__ = ["NON_FINITE_KEY", "dumps", "finite", "read_json_file", "write_json_atomic"]
 
 NON_FINITE_KEY = "non_finite"
 _WHY = "not a finite number (NaN or infinite): written as null"
@@ -62,3 +68,50 @@ def dumps(obj: Any, /, *, indent: int | None = None, sort_keys: bool = False, no
     if bad and note and isinstance(clean, dict):
         clean = {**clean, NON_FINITE_KEY: {"paths": bad, "why": _WHY}}
     return json.dumps(clean, indent=indent, sort_keys=sort_keys, allow_nan=False)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, /) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically; return the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(dumps(obj, indent=2) + "\n")
+    return Path(path)
+
+
+def read_json_file(path: str | os.PathLike, /, *, what: str) -> dict[str, Any] | None:
+    """Parse a JSON file; None when it does not exist.
+
+    Raises:
+        PosstatsError: ``"<path>: unreadable <what> (<reason>)"`` for a file that exists but
+            cannot be read or parsed.
+    """
+    try:
+        # O_NONBLOCK: opening a FIFO someone named as a file must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        msg = f"{path}: unreadable {what} ({exc})"
+        raise PosstatsError(msg) from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            msg = f"{path}: not a regular file (a folder, FIFO, device or socket); give a {what} file"
+            raise PosstatsError(msg)
+        if st.st_size > _MAX_JSON_BYTES:
+            msg = f"{path}: {st.st_size:,} bytes is too large for a {what} (at most {_MAX_JSON_BYTES:,})"
+            raise PosstatsError(msg)
+        try:
+            return json.loads(f.read().decode("utf-8"), parse_constant=_no_constant)
+        except (OSError, ValueError, RecursionError) as exc:
+            text = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            msg = f"{path}: unreadable {what} ({text[:200]})"
+            raise PosstatsError(msg) from None
+
+
+_MAX_JSON_BYTES = 256 * 2**20  # far above any config, report or record posstats reads
+
+
+def _no_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity; Python's parser accepts them unless told otherwise."""
+    msg = f"{name} is not valid JSON (write null)"
+    raise ValueError(msg)

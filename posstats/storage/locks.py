@@ -4,7 +4,7 @@ Both stores keep one lock per store, a JSON record with the holder's ``pid``,
 ``hostname``, ``start_ticks`` (:func:`posstats.processes.process_start_ticks`),
 ``run_id``, ``command`` and ``started`` time. They differ in what keeps a lock alive:
 
-* the counting run store (:class:`posstats.service.shard_store.RunStore`) holds an
+* the counting run store (:class:`posstats.corpus.shard_store.RunStore`) holds an
   exclusive ``flock`` for the whole run; the kernel drops it when the process ends, even
   by SIGKILL. Only where the file system has no ``flock`` does the record decide, by
   :func:`run_store_lock_is_stale`: the *pid rule* alone.
