@@ -50,14 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from posstats.jobs.flags import (
-    add_input_args,
-    add_ray_args,
-    count_inputs_from_args,
-    print_document_note,
-    storage_options,
-)
-from posstats.jobs.guard import run_guarded
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.remote import absolute
@@ -97,6 +89,15 @@ from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import link_or_copy
 
 from .connect import connect_ray
+from .flags import (
+    add_input_args,
+    add_ray_args,
+    count_inputs_from_args,
+    print_document_note,
+    storage_options,
+)
+from .guard import run_guarded
+from .output import ArgumentParser, add_output_args, print_json
 
 __all__ = [
     "CountWorker",
@@ -999,6 +1000,7 @@ def run(args: argparse.Namespace, /) -> int:
     """``posstats count --ray`` / ``python -m posstats.jobs.count``: count into ``--out``, print one line."""
     summary = publish_counts(args.out, lambda stage: count_to(args, stage))
     print(count_line(summary, positions=args.positions, out=args.out))
+    print_json(args, summary)
     print_document_note(args)
     warning = few_windows_warning(summary, mode=args.mode)
     if warning:
@@ -1056,13 +1058,14 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m posstats.jobs.count``: the input/counting flags of ``posstats count`` plus the Ray flags."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m posstats.jobs.count",
         description="Count positional tokens of a corpus as a Ray job (the same as 'posstats count --ray').",
     )
     add_input_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (config.json, counts.*, count.json)")
     add_ray_args(p, switch=False)
+    add_output_args(p, json_result="count.json's record")
     return p
 
 

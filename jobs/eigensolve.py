@@ -22,12 +22,13 @@ from posstats.errors import PosstatsError
 from posstats.storage import jsontext
 
 from .hellinger import add_common_args, run_job
+from .output import ArgumentParser
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m posstats.jobs.eigensolve", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m posstats.jobs.eigensolve", description=__doc__.split("\n\n")[0])
     add_common_args(p)
     p.add_argument("--k", type=int, default=64, help="leading eigenpairs (default 64)")
     p.add_argument("--tol", type=float, default=1e-8, help="residual tolerance relative to the top eigenvalue (default 1e-8)")

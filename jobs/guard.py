@@ -28,6 +28,8 @@ from posstats.errors import (
 from posstats.memory import available_memory, format_bytes, memory_hint
 from posstats.processes import describe_stop, exit_status, terminable
 
+from .output import routed_stdout
+
 __all__ = ["explain_failure", "run_guarded"]
 
 
@@ -41,11 +43,12 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
     library never imports ray). Anything else is a bug and keeps its traceback.
 
     Shared by ``posstats`` and the ``python -m posstats.jobs.*`` entrypoints. A ``file://``
-    URL is a local path wherever a command takes one (:func:`local_file_urls`). SIGTERM
+    URL is a local path wherever a command takes one (:func:`local_file_urls`); ``-q``,
+    ``-v`` and ``--json`` apply around the command (:func:`posstats.jobs.output.routed_stdout`). SIGTERM
     and SIGHUP unwind like Ctrl-C (:mod:`posstats.processes`): exit status 128 + signal.
     """
     try:
-        with warnings.catch_warnings(), terminable():
+        with warnings.catch_warnings(), terminable(), routed_stdout(args):
             warnings.showwarning = _show_warning
             return int(func(local_file_urls(args)) or 0)
     except PosstatsError as exc:

@@ -47,6 +47,7 @@ from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import atomic_path
 
 from .connect import connect_ray
+from .output import ArgumentParser
 
 __all__ = ["GeometryWorker", "build_parser", "connect", "main", "start_worker"]
 
@@ -162,7 +163,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m posstats.jobs.hellinger", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m posstats.jobs.hellinger", description=__doc__.split("\n\n")[0])
     add_common_args(p)
     p.add_argument("--block", type=int, default=4096, metavar="B", help="rows per Gram block (default 4096)")
     return p

@@ -67,8 +67,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posstats.jobs.guard import run_guarded
-
 import posstats
 from posstats.analysis import analyze
 from posstats.corpus.inputs import CountInputs, count_inputs
@@ -110,6 +108,8 @@ from posstats.storage.publish import link_or_copy
 
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job
+from .guard import run_guarded
+from .output import ArgumentParser, add_output_args, print_json
 
 __all__ = [
     "add_pipeline_args",
@@ -803,10 +803,11 @@ def _run_locked(run: _Run, log: Callable[[str], None]) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m posstats.jobs.pipeline``: the flags of ``posstats pipeline``."""
-    p = argparse.ArgumentParser(prog="python -m posstats.jobs.pipeline",
+    p = ArgumentParser(prog="python -m posstats.jobs.pipeline",
                                 description="Run the posstats refresh pipeline (count -> reduce -> geometry -> report "
                                             "-> export) as one Ray job, configured by a TOML file.")
     add_pipeline_args(p)
+    add_output_args(p, json_result="the run's completion marker")
     return p
 
 
@@ -814,7 +815,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Load the config and flags, run, print a one-line result (shared with the CLI)."""
     cfg, run_id = config_from_args(args)
     if getattr(args, "print_config", False):
-        print(dumps_toml(cfg.to_dict()), end="")
+        if getattr(args, "json", False):
+            print_json(args, cfg.to_dict())
+        else:
+            print(dumps_toml(cfg.to_dict()), end="")
         return 0
     marker = run_pipeline(cfg, run_id=run_id)
     export = marker.get("export") or {}
@@ -824,6 +828,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(f"run {marker['run_id']} complete: {marker.get('tokens_counted') or 0:,} tokens, "
           f"{marker.get('shards_counted')}/{marker.get('shards')} shard(s) counted now, MDS rank {marker.get('rank')}, "
           f"{table} -> {store.display(store.run_rel(marker['run_id']))}")
+    print_json(args, marker)
     return 0
 
 

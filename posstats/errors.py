@@ -11,11 +11,20 @@ folder is needed) are explained by :func:`describe_os_error`, which the CLI uses
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["InputError", "PosstatsError", "PosstatsWarning", "describe_os_error", "error_chain", "os_error_kind"]
+__all__ = [
+    "InputError",
+    "PosstatsError",
+    "PosstatsWarning",
+    "describe_os_error",
+    "did_you_mean",
+    "error_chain",
+    "os_error_kind",
+]
 
 
 class PosstatsError(Exception):
@@ -24,6 +33,17 @@ class PosstatsError(Exception):
 
 class InputError(PosstatsError, ValueError):
     """Bad input data: a missing file or column, a corrupt file, an out-of-range token id."""
+
+
+def did_you_mean(name: str, options: Iterable[str], /) -> str:
+    """`` (did you mean 'x'?)`` for the option closest to a mistyped ``name``, else ``""``:
+    the one hint every "unknown ..." message (flag, subcommand, encoding, config key) appends.
+
+    >>> did_you_mean("sinusodial", ["mds", "sinusoidal", "rope"])
+    " (did you mean 'sinusoidal'?)"
+    """
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class PosstatsWarning(UserWarning):

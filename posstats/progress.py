@@ -14,9 +14,12 @@ __all__ = ["progress"]
 _QUIET = [False]
 
 
-def set_quiet(quiet: bool, /) -> None:
-    """Turn progress bars off (``posstats ... -q``) unless a caller enables one explicitly."""
+def set_quiet(quiet: bool, /) -> bool:
+    """Turn progress bars off (``posstats ... -q``) unless a caller enables one explicitly;
+    return the previous setting (to restore it)."""
+    previous = _QUIET[0]
     _QUIET[0] = bool(quiet)
+    return previous
 
 
 def progress(

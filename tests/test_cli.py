@@ -233,7 +233,9 @@ def test_json_quiet_and_verbose_output(tmp_path, capsys):
     out = capsys.readouterr()
     report = json.loads(out.out)
     assert report == json.loads((tmp_path / "a" / "report.json").read_text())
-    assert out.err.strip().splitlines()[-1].startswith("seconds: ") and "mds" in out.err
+    lines = out.err.strip().splitlines()
+    assert lines[-2].startswith("seconds: ") and "mds" in lines[-2]
+    assert lines[-1].startswith("posstats: analyze took ")
     assert main(["analyze", "--counts", str(counts), "--out", str(tmp_path / "b"), "--dims", "2", "-q"]) == 0
     out = capsys.readouterr()
     assert out.out == "" and (tmp_path / "b" / "report.json").is_file()

@@ -1,7 +1,10 @@
 """The ``posstats`` command line.
 
 Each subcommand lives in its own module under ``posstats.cli`` and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` (``args -> int``).
+``register(subparsers)``, which adds its parser and sets ``func`` (``args -> int``), and
+``JSON_RESULT``: what its ``--json`` prints (None: no result, no ``--json``). ``-q``, ``-v``
+and ``--json`` are added here, the same for every subcommand
+(:mod:`posstats.jobs.output`); a mistyped flag, subcommand or choice gets a "did you mean".
 Only the subcommand named on the command line is imported and registered (all of them
 for ``posstats --help``), so ``posstats count`` does not pay for the analysis modules;
 heavy optional dependencies (torch, ray, matplotlib) are imported inside a subcommand's
@@ -16,6 +19,7 @@ import sys
 
 from posstats import __version__
 from posstats.jobs.guard import run_guarded
+from posstats.jobs.output import ArgumentParser, add_output_args
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -51,7 +55,7 @@ def _needed(argv: list[str] | None) -> tuple[str, ...]:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The top-level parser with the subcommands ``argv`` needs registered (all of them
     when ``argv`` names none; None reads ``sys.argv``)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="posstats",
         description=(
             "Measure the positional structure of a corpus: positional token counts, "
@@ -62,7 +66,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"posstats {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _needed(argv):
-        importlib.import_module(f"posstats.cli.{name}").register(sub)
+        module = importlib.import_module(f"posstats.cli.{name}")
+        module.register(sub)
+        add_output_args(sub.choices[name], json_result=module.JSON_RESULT)
     return parser
 
 

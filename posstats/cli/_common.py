@@ -13,11 +13,10 @@ from posstats.geometry.encodings import (
     split_encoding_list,
 )
 from posstats.jobs.flags import int_list
-from posstats.progress import set_quiet
+from posstats.jobs.output import print_json
 from posstats.reports.summary import format_summary
-from posstats.storage import jsontext
 
-__all__ = ["add_analysis_args", "analysis_config", "print_report", "quiet_from_args"]
+__all__ = ["add_analysis_args", "analysis_config", "print_report"]
 
 
 def add_analysis_args(parser: argparse.ArgumentParser) -> None:
@@ -41,10 +40,6 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
                    help="dense eigh, the iterative top-k solver (ARPACK), or block Lanczos for long contexts "
                         "(auto: dense up to 2048 positions)")
     g.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
-    out = parser.add_argument_group("output on the terminal")
-    out.add_argument("--json", action="store_true", help="print report.json on stdout instead of the summary")
-    out.add_argument("-q", "--quiet", action="store_true", help="no progress bars and no summary (errors still print)")
-    out.add_argument("-v", "--verbose", action="store_true", help="also print the seconds of every step (stderr)")
     lc = parser.add_argument_group("long contexts and honest estimates (docs/long-context.md)")
     lc.add_argument("--exact-limit", type=int, default=16_384, metavar="N",
                     help="above N geometry rows no n x n matrix is formed: block-Lanczos MDS, stress from "
@@ -109,19 +104,12 @@ def analysis_config(args: argparse.Namespace):
     )
 
 
-def quiet_from_args(args: argparse.Namespace) -> None:
-    """Apply ``-q`` (progress bars off) before any work starts."""
-    if getattr(args, "quiet", False):
-        set_quiet(True)
-
-
 def print_report(report: dict, args: argparse.Namespace, *, out: str) -> None:
-    """What ``run`` / ``analyze`` print: the summary (default), report.json (``--json``), or
-    nothing (``-q``); with ``-v`` the seconds of every step on stderr."""
+    """What ``run`` / ``analyze`` print: the summary, or report.json (``--json``); with ``-v``
+    the seconds of every step on stderr (``-q`` drops the summary: :mod:`posstats.jobs.output`)."""
     if args.json:
-        sys.stdout.write(jsontext.dumps(report))
-        sys.stdout.write("\n")
-    elif not args.quiet:
+        print_json(args, report)
+    else:
         print(format_summary(report))
         print(f"\nreport: {out}/report.html (summary.md, report.json)")
     if args.verbose:

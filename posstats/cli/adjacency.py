@@ -35,6 +35,7 @@ from posstats.geometry.encodings import (
     make_encoding,
     split_encoding_list,
 )
+from posstats.jobs.output import print_json
 from posstats.memory import require_memory, transformer_bytes
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
@@ -78,6 +79,9 @@ SCHEMA = "posstats.adjacency/1"
 MAX_PANELS = 16
 NEEDS_COUNTS = ("mds", "mds-lowrank")  # catalog encodings that need corpus counts: skipped here
 
+
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "adjacency.json's document"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("adjacency", help=HELP, description=DESCRIPTION,
@@ -144,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     _print_summary(layers, encodings, doc)
     if args.out:
         _write_outputs(args.out, layers, encodings, doc)
+    print_json(args, doc)
     return 0
 
 

@@ -9,7 +9,6 @@ from posstats.cli._common import (
     add_analysis_args,
     analysis_config,
     print_report,
-    quiet_from_args,
 )
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.io import load_counts
@@ -48,6 +47,9 @@ shards of --store or of the store recorded by 'posstats count --ray', else re-re
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = 'report.json'
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyze", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--counts", required=True, metavar="DIR", help="folder (or file) written by 'posstats count'")
@@ -67,7 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_from_args(args)
     config = analysis_config(args)
     counts = load_counts(args.counts, compact=True)  # int32 where exact: half the memory of int64
     if args.tokenizer:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from posstats.errors import PosstatsError
+from posstats.jobs.output import print_json
 from posstats.reports.audit import audit_checkpoint, format_audit
 from posstats.storage.jsontext import write_json_atomic
 
@@ -26,6 +27,9 @@ example:
   posstats audit path/to/model-folder --counts runs/demo    # config.json + model.safetensors
 """
 
+
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = 'the audit (what --out writes)'
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,4 +75,5 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json_atomic(args.out, result.to_dict())
         print(f"\naudit: {args.out}")
+    print_json(args, result.to_dict())
     return 0

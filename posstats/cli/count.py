@@ -13,6 +13,7 @@ from posstats.jobs.flags import (
     count_inputs_from_args,
     print_document_note,
 )
+from posstats.jobs.output import print_json
 from posstats.runs.counts_folder import (
     count_line,
     count_to,
@@ -41,6 +42,9 @@ resumable run store (OUT/store by default):
   posstats count --ray --address 127.0.0.1:6379 --workers 8 ...   # join a running cluster
 """
 
+
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "count.json's record (tokens, sequences, windows, occupancy, files)"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("count", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     budget = args.memory_budget * 2**30
     summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False)[1])
     print(count_line(summary, positions=args.positions, out=args.out))
+    print_json(args, summary)
     print_document_note(args)
     warning = few_windows_warning(summary, mode=args.mode)
     if warning:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-from posstats.cli._common import add_analysis_args, analysis_config, quiet_from_args
+from posstats.cli._common import add_analysis_args, analysis_config
 from posstats.drift import diff, format_diff_summary, load_side, store_sides, write_diff
 from posstats.drift.report import DIFF_HTML, DIFF_JSON
 from posstats.errors import InputError
 from posstats.jobs.flags import storage_options, str_list
+from posstats.jobs.output import print_json
 from posstats.progress import progress
 from posstats.service.pipeline_store import enclosing_store
-from posstats.storage import jsontext
 from posstats.storage.publish import staged_output
 
 HELP = "compare two corpora or two refreshes: which positions changed beyond sampling noise"
@@ -47,6 +46,9 @@ examples:
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = 'diff.json'
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sides", nargs="*", metavar="A B", help="two count folders or run folders (A before, B after)")
@@ -61,12 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-dim", type=int, default=16, metavar="K",
                    help="MDS coordinates aligned for the encoding drift (default 16)")
     p.add_argument("--fail-on-change", action="store_true", help="exit 3 when any position changed")
-    add_analysis_args(p)  # for count folders; its --json prints diff.json here, -q / -v as for analyze
+    add_analysis_args(p)  # for count folders
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_from_args(args)
     if not 0 < args.level < 1:
         raise InputError(f"--level must be in (0, 1), got {args.level}")
     if args.drift_dim < 1:
@@ -102,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
         write_diff(stage, result.document)
     out = Path(args.out)
     if args.json:
-        sys.stdout.write(jsontext.dumps(result.document))
-        sys.stdout.write("\n")
-    elif not args.quiet:
+        print_json(args, result.document)
+    else:
         print(format_diff_summary(result.document))
         print(f"\ndiff: {out / DIFF_HTML} ({DIFF_JSON})")
     return 3 if args.fail_on_change and result.document["positions"]["count_changed"] else 0

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from posstats.errors import InputError
+from posstats.jobs.output import print_json
 from posstats.memory import require_memory, table_bytes
 from posstats.reports.export import export_run
 from posstats.reports.model_target import model_target
@@ -49,6 +50,9 @@ examples:
   python -c "from posstats.torch import MDSPositionalEmbedding as M; print(M.from_file('pos/bert-pos.safetensors'))"
 """
 
+
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "the exported table's metadata, files and warnings"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
           f"stress {m['stress']}, scaled stress {m['scaled_stress']}")
     for f in res.files:
         print(f"  {f}")
+    print_json(args, {"key": res.key, "metadata": m, "files": [str(f) for f in res.files],
+                      "warnings": list(res.warnings)})
     return 0
 
 

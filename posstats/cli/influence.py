@@ -23,6 +23,7 @@ from posstats.baselines.influence import (
 from posstats.counting.io import load_counts
 from posstats.errors import InputError, PosstatsError
 from posstats.geometry.hellinger import hellinger_sq
+from posstats.jobs.output import print_json
 from posstats.memory import require_memory, transformer_bytes
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
@@ -69,6 +70,9 @@ SCHEMA = "posstats.influence/1"
 MAX_MEASURE_LENGTH = 1024
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "influence.json's document"
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("influence", help=HELP, description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,7 +117,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     distinct, corpus_note = None, None
     if args.counts and args.distinctiveness:
         raise PosstatsError("give either --counts or --distinctiveness, not both")
@@ -155,12 +158,12 @@ def run(args: argparse.Namespace) -> int:
 
     _print_summary(result, doc)
     if args.out:
-
         with staged_output(args.out, last=("influence.json",)) as stage:
             fig = plot_influence(result, measured=measured or None)
             fig.savefig(stage / "influence.png", dpi=120)
             write_json_atomic(stage / "influence.json", doc)
         print(f"wrote {Path(args.out) / 'influence.json'} and {Path(args.out) / 'influence.png'}")
+    print_json(args, doc)
     return 0
 
 

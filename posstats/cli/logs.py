@@ -25,6 +25,9 @@ examples:
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = None
+
 def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("logs", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)

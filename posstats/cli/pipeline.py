@@ -25,6 +25,9 @@ examples:
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "the run's completion marker (or, with --print-config, the resolved configuration)"
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pipeline", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pipeline_args(p)

@@ -7,6 +7,7 @@ import argparse
 from posstats.ids import validate_run_id
 from posstats.jobs.count import refresh_to
 from posstats.jobs.flags import add_ray_args
+from posstats.jobs.output import print_json
 
 HELP = "recount only new or changed shards of a run store, subtract vanished ones (Ray)"
 DESCRIPTION = """\
@@ -22,6 +23,9 @@ examples:
   posstats refresh --store runs/counts/store --input 'shards/*.parquet' --address 127.0.0.1:6379
 """
 
+
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "the refreshed count's record, with what was reused, added and removed"
 
 def register(sub: argparse._SubParsersAction) -> None:
 
@@ -46,9 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     if args.run_id is not None:
         validate_run_id(args.run_id)  # it names files in the store: refuse '../x' before anything runs
 
-    refresh_to(args)
+    print_json(args, refresh_to(args))
     return 0

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from posstats.errors import PosstatsError
+from posstats.jobs.output import print_json
 from posstats.reports.html import (
     FIGURES_DIR,
     HTML_FILE,
@@ -31,6 +32,9 @@ example:
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = 'the paths written (report.html, figures, summary.md)'
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by 'posstats run' or 'posstats analyze'")
@@ -54,4 +58,6 @@ def run(args: argparse.Namespace) -> int:
                            name=Path(args.run_dir).resolve().name, out=stage)
     run_dir = Path(args.run_dir)
     print(f"report: {run_dir / HTML_FILE}\nfigures: {run_dir / FIGURES_DIR}\nsummary: {run_dir / SUMMARY_FILE}")
+    print_json(args, {"report": str(run_dir / HTML_FILE), "figures": str(run_dir / FIGURES_DIR),
+                      "summary": str(run_dir / SUMMARY_FILE)})
     return 0

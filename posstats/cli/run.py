@@ -9,7 +9,6 @@ from posstats.cli._common import (
     add_analysis_args,
     analysis_config,
     print_report,
-    quiet_from_args,
 )
 from posstats.counting.io import COUNTS_FILES
 from posstats.jobs.flags import (
@@ -35,6 +34,9 @@ example (the bundled sample):
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = 'report.json'
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(p)
@@ -44,7 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    quiet_from_args(args)
     config = analysis_config(args)  # validate analysis options before counting
     inputs = count_inputs_from_args(args)
     with staged_output(args.out, last=(COUNT_MARKER, "report.json"), replaces=COUNTS_FILES) as stage:

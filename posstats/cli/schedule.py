@@ -47,6 +47,9 @@ examples:
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = None
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``posstats schedule`` and its flags (those of ``posstats pipeline`` included)."""
     p = sub.add_parser("schedule", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)

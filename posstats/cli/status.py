@@ -9,6 +9,7 @@ import time
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
 from posstats.jobs.flags import storage_options
+from posstats.jobs.output import print_json
 from posstats.jobs.pipeline import job_status
 from posstats.service.pipeline_store import (
     DEFAULT_STALE_AFTER_S,
@@ -17,7 +18,6 @@ from posstats.service.pipeline_store import (
     Store,
     sorted_runs,
 )
-from posstats.storage import jsontext
 from posstats.storage.locks import pipeline_lock_is_stale
 
 HELP = "status of a submitted pipeline job (JOB_ID), or of a run store (--store)"
@@ -43,6 +43,9 @@ examples:
 """
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = "the job's status (or, with --store, the store's runs)"
+
 def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("status", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,7 +57,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="fsspec option of --store (VALUE in TOML syntax; dotted keys nest); repeatable")
     p.add_argument("--verify", action="store_true", help="with --store: check every completed stage's files")
-    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
 
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             raise PosstatsError("give either JOB_ID or --store, not both")
         doc = store_status(args.store, options=storage_options(args.storage_option), verify=args.verify)
         if args.json:
-            print(jsontext.dumps(doc, indent=2))
+            print_json(args, doc, indent=2)
             return 1 if any(r.get("problems") for r in doc["runs"]) else 0
         return _print_store(doc)
     if not args.job_id:
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     wait = (args.timeout if args.timeout is not None else float("inf")) if args.wait else None
     st = job_status(address, args.job_id, token=token, wait=wait)
     if args.json:
-        print(jsontext.dumps(st, indent=2))
+        print_json(args, st, indent=2)
     else:
         run_id = st["metadata"].get("posstats_run_id", "?")
         print(f"job {st['job_id']}: {st['status']} (run {run_id})" + (f": {st['message']}" if st["message"] else ""))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from posstats.errors import PosstatsError
+from posstats.jobs.output import print_json
 from posstats.jobs.pipeline import (
     add_pipeline_args,
     config_from_args,
@@ -90,6 +90,9 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return out
 
 
+# what --json prints (posstats.jobs.output); None: no result, no --json
+JSON_RESULT: str | None = 'the submission (job id, run id, address)'
+
 def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("submit", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,7 +105,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "refused, see above); repeatable")
     p.add_argument("--submission-id", metavar="ID", help="the Ray job id to use (default: Ray picks one)")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 only if it succeeded")
-    p.add_argument("--json", action="store_true", help="print the submission as JSON")
     p.set_defaults(func=run)
 
 
@@ -112,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
     refuse_secrets(env=env)  # first: a credential never goes anywhere, whatever else is wrong
     cfg, run_id = config_from_args(args)
     if args.print_config:
-
         print(dumps_toml(cfg.to_dict()), end="")
         return 0
     refuse_secrets(cfg)
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     sub = submit_job(address, cfg, run_id=run_id, code=args.code, env=env, token=token,
                      submission_id=args.submission_id)
     if args.json:
-        print(json.dumps(sub, indent=2))
+        print_json(args, sub, indent=2)
     else:
         print(sub["job_id"])
         print(f"run {run_id} submitted to {address} (store {cfg.store.url}); follow it with:\n"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, PosstatsError, did_you_mean
 from posstats.geometry.rope_scaling import ROPE_TYPES, hf_rope, rope_inv_freq
 from posstats.geometry.smacof import pair_weights, smacof
 from posstats.storage.tensors import SafetensorsFile
@@ -882,7 +882,8 @@ def parse_encoding_spec(spec: str, /) -> EncodingSpec:
     if name in _ALIASES:
         name, preset = _ALIASES[name]
     if name not in _CATALOG:
-        msg = f"unknown encoding {head!r} in {spec!r}; valid names: {', '.join(ENCODING_NAMES)}"
+        msg = (f"unknown encoding {head!r} in {spec!r}{did_you_mean(head, ENCODING_NAMES)}; "
+               f"valid names: {', '.join(ENCODING_NAMES)}")
         raise PosstatsError(msg)
     params = _CATALOG[name]
     by_name = {p.name: p for p in params}

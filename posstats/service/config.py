@@ -33,7 +33,6 @@ Only :mod:`tomllib` reads TOML; :func:`dumps_toml` writes the resolved configura
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import math
@@ -46,7 +45,7 @@ from typing import Any
 
 from posstats.analysis import MDS_METHODS, AnalysisConfig
 from posstats.corpus.remote import check_storage_options, parse_value
-from posstats.errors import PosstatsError
+from posstats.errors import PosstatsError, did_you_mean
 from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS
 from posstats.ids import validate_run_id
 from posstats.service.pipeline_store import is_url
@@ -508,11 +507,6 @@ def _type_name(v: Any) -> str:
             dict: "a table"}.get(type(v), type(v).__name__)
 
 
-def _suggest(name: str, options: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _resolve_path(value: str, base: str | None) -> str:
 
     if is_url(value) or base is None:
@@ -589,7 +583,7 @@ def parse_config(data: Mapping[str, Any], /, *, source: str | None = None, base_
     values: dict[str, dict[str, Any]] = {}
     for name in data:
         if name not in SCHEMA and name not in TOP_LEVEL:
-            msg = f"{origin}unknown table or key {name!r}{_suggest(name, [*SCHEMA, *TOP_LEVEL])}"
+            msg = f"{origin}unknown table or key {name!r}{did_you_mean(name, [*SCHEMA, *TOP_LEVEL])}"
             raise PosstatsError(msg)
         if name in SCHEMA and not isinstance(data[name], Mapping):
             msg = f"{origin}[{name}] must be a table, got {data[name]!r}"
@@ -598,7 +592,7 @@ def parse_config(data: Mapping[str, Any], /, *, source: str | None = None, base_
         given = dict(data.get(table, {}))
         for k in given:
             if k not in keys:
-                msg = f"{origin}unknown key [{table}] {k!r}{_suggest(k, list(keys))}; known: {', '.join(keys)}"
+                msg = f"{origin}unknown key [{table}] {k!r}{did_you_mean(k, list(keys))}; known: {', '.join(keys)}"
                 raise PosstatsError(msg)
         section = {}
         for k, spec in keys.items():
@@ -693,7 +687,7 @@ def apply_overrides(cfg: PipelineConfig, /, *, sets: Sequence[str] = (), run_id:
         name, text = item.split("=", 1)
         table, key = name.strip().split(".", 1)
         if table not in SCHEMA:
-            msg = f"--set {name}: unknown table {table!r}{_suggest(table, list(SCHEMA))}"
+            msg = f"--set {name}: unknown table {table!r}{did_you_mean(table, list(SCHEMA))}"
             raise PosstatsError(msg)
         value = parse_value(text.strip())
         spec = SCHEMA[table].get(key)

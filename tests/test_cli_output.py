@@ -1,0 +1,91 @@
+"""-q, -v and --json, the same on every subcommand, and "did you mean" on a typo (issue #29)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from posstats.cli import SUBCOMMANDS, build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+FORTUNES = str(REPO / "data" / "fortunes-sample.jsonl")
+GPT2 = str(REPO / "data" / "tokenizers" / "gpt2.tokenizer.json")
+
+
+def _help(command: str) -> str:
+    parser = build_parser([command])
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return sub.format_help()
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_quiet_verbose_and_json_where_it_has_a_result(command):
+    text = _help(command)
+    assert "-q, --quiet" in text and "-v, --verbose" in text
+    result = importlib.import_module(f"posstats.cli.{command}").JSON_RESULT
+    assert ("--json" in text) == (result is not None), command
+    if result is not None:
+        assert result.split()[0] in " ".join(text.split())
+
+
+def _count_args(out: Path) -> list[str]:
+    return ["count", "--input", FORTUNES, "--text-column", "text", "--tokenizer", GPT2, "--positions", "32",
+            "--out", str(out)]
+
+
+def test_json_prints_one_document_and_moves_the_rest_to_stderr(tmp_path, capsys):
+    assert main([*_count_args(tmp_path / "c"), "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # exactly one JSON document: json.loads refuses anything more
+    written = json.loads((tmp_path / "c" / "count.json").read_text())
+    assert doc["tokens_counted"] == written["tokens_counted"] > 0
+    assert doc["fingerprint"] == written["fingerprint"]
+    assert "counted" in captured.err  # the human line went to stderr
+
+
+def test_quiet_prints_nothing_on_stdout_and_still_writes(tmp_path, capsys):
+    assert main([*_count_args(tmp_path / "c"), "-q"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert (tmp_path / "c" / "count.json").is_file()
+
+
+def test_verbose_prints_seconds_and_peak_memory(tmp_path, capsys):
+    assert main([*_count_args(tmp_path / "c"), "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "posstats: count took" in err and " s, peak memory " in err
+
+
+def test_json_of_a_command_without_a_file_result(tmp_path, capsys):
+    assert main(["influence", "--length", "32", "--depth", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "posstats.influence/1" and doc["config"]["length"] == 32
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["cuont"], "(did you mean 'count'?)"),
+    (["count", "--input", "x", "--out", "y", "--positons", "8"], "--positons 8 (did you mean '--positions'?)"),
+    (["count", "--positons", "8"], "--positons (did you mean '--positions'?)"),  # with the required-flags error
+    (["analyze", "--counts", "x", "--out", "y", "--mds-method", "dnese"], "(did you mean 'dense'?)"),
+])
+def test_a_typo_gets_did_you_mean(argv, hint, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert hint in capsys.readouterr().err
+
+
+def test_an_unknown_encoding_gets_did_you_mean(tmp_path, capsys):
+    assert main(_count_args(tmp_path / "c")) == 0
+    rc = main(["analyze", "--counts", str(tmp_path / "c"), "--out", str(tmp_path / "a"), "--encodings", "sinusodial"])
+    assert rc == 2
+    assert "unknown encoding 'sinusodial' in 'sinusodial' (did you mean 'sinusoidal'?)" in capsys.readouterr().err
+
+
+def test_no_hint_when_nothing_is_close(capsys):
+    with pytest.raises(SystemExit):
+        main(["count", "--input", "x", "--out", "y", "--zzzzzz", "1"])
+    assert "did you mean" not in capsys.readouterr().err
