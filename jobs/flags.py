@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.readers import DOCUMENT_UNITS, FORMATS, document_note
 from posstats.corpus.remote import MAX_OPTION_DEPTH, check_storage_options, parse_value
 from posstats.counting.counts import MODES
 from posstats.errors import PosstatsError
+from posstats.options import declared_options
 
 __all__ = [
     "add_input_args",
+    "add_options",
+    "options_from_args",
+    "shown_default",
     "add_ray_args",
     "count_inputs_from_args",
     "int_list",
@@ -39,6 +45,45 @@ def int_list(text: str) -> tuple[int, ...]:
 def str_list(text: str) -> tuple[str, ...]:
     """Parse ``"a,b"`` into a tuple of non-empty strings (argparse type)."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "int_list": int_list,
+                                             "str_list": str_list}
+
+
+def shown_default(value: Any, /) -> str:
+    """A default as a user types it: ``(2, 16, 64)`` -> ``2,16,64``."""
+    return ",".join(map(str, value)) if isinstance(value, tuple | list) else f"{value:g}" if isinstance(
+        value, float) else str(value)
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, /) -> None:
+    """One flag per option ``cls`` declares for the command line (:mod:`posstats.options`):
+    ``--name-with-dashes``, typed by the option's kind, its choices, default and help
+    (the default and unit appended), listed under the option's group."""
+    groups = {g.title: g for g in parser._action_groups}
+    for d in declared_options(cls):
+        opt = d.option
+        if not opt.cli:
+            continue
+        group = groups.get(opt.group) or groups.setdefault(opt.group, parser.add_argument_group(opt.group))
+        default = "" if d.default is None else f" (default {shown_default(d.default)}{f' {opt.unit}' if opt.unit else ''})"
+        kwargs: dict[str, Any] = {"type": opt.parse or _PARSERS[d.kind], "default": d.default,
+                                  "help": (opt.help + default).replace("%", "%%")}
+        if d.choices is not None:
+            kwargs["choices"] = d.choices
+        if opt.metavar is not None:
+            kwargs["metavar"] = opt.metavar
+        if opt.const is not None:
+            kwargs.update(nargs="?", const=opt.const)
+        group.add_argument(d.flag, dest=d.name, **kwargs)
+
+
+def options_from_args(cls: type, args: argparse.Namespace, /, **given: Any) -> Any:
+    """``cls(...)`` from the parsed flags of :func:`add_options` (and ``given`` values for the
+    options the command line sets otherwise)."""
+    values = {d.name: getattr(args, d.name) for d in declared_options(cls) if d.option.cli}
+    return cls(**values, **given)
 
 
 def storage_options(items: list[str], /) -> dict:

@@ -801,6 +801,38 @@ def _run_locked(run: _Run, log: Callable[[str], None]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- CLI
 
 
+def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = True) -> None:
+    """``--config`` and the override flags (argparse only; shared with jobs.pipeline).
+
+    ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
+    the job server; a submitted job joins the cluster it runs on)."""
+    parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
+    g = parser.add_argument_group("overrides (win over the file)")
+    g.add_argument("--run-id", metavar="ID",
+                   help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "
+                        "run_id, else run-<UTC time>)")
+    g.add_argument("--store", metavar="PATH_OR_URL", help="run store ([store] url)")
+    g.add_argument("--input", action="append", metavar="PATH_OR_GLOB", help="inputs ([input] paths); repeatable")
+    if ray_address:
+        g.add_argument("--address", dest="ray_address", metavar="ADDR", help="Ray cluster to join ([ray] address)")
+    g.add_argument("--workers", type=int, metavar="K", help="counting actors ([ray] workers)")
+    g.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="set any key, VALUE in TOML syntax (e.g. count.positions=1024, geometry.dims=[2,16]); repeatable")
+    g.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
+
+
+def config_from_args(args: argparse.Namespace, /) -> tuple[PipelineConfig, str | None]:
+    """(PipelineConfig, run id or None) from ``--config`` and the overrides."""
+
+    cfg = load_config(args.config)
+    cfg = apply_overrides(cfg, sets=args.set, run_id=args.run_id, store=args.store, inputs=args.input,
+                          address=getattr(args, "ray_address", None), workers=args.workers)
+    run_id = cfg.run_id
+    if run_id is not None:
+        validate_run_id(run_id)
+    return cfg, run_id
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m posstats.jobs.pipeline``: the flags of ``posstats pipeline``."""
     p = ArgumentParser(prog="python -m posstats.jobs.pipeline",
@@ -991,35 +1023,3 @@ def job_logs(address: str, job_id: str, /, *, token: str | None = None, follow: 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = True) -> None:
-    """``--config`` and the override flags (argparse only; shared with jobs.pipeline).
-
-    ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
-    the job server; a submitted job joins the cluster it runs on)."""
-    parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
-    g = parser.add_argument_group("overrides (win over the file)")
-    g.add_argument("--run-id", metavar="ID",
-                   help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "
-                        "run_id, else run-<UTC time>)")
-    g.add_argument("--store", metavar="PATH_OR_URL", help="run store ([store] url)")
-    g.add_argument("--input", action="append", metavar="PATH_OR_GLOB", help="inputs ([input] paths); repeatable")
-    if ray_address:
-        g.add_argument("--address", dest="ray_address", metavar="ADDR", help="Ray cluster to join ([ray] address)")
-    g.add_argument("--workers", type=int, metavar="K", help="counting actors ([ray] workers)")
-    g.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                   help="set any key, VALUE in TOML syntax (e.g. count.positions=1024, geometry.dims=[2,16]); repeatable")
-    g.add_argument("--print-config", action="store_true", help="print the resolved configuration and exit")
-
-
-def config_from_args(args: argparse.Namespace, /) -> tuple[PipelineConfig, str | None]:
-    """(PipelineConfig, run id or None) from ``--config`` and the overrides."""
-
-    cfg = load_config(args.config)
-    cfg = apply_overrides(cfg, sets=args.set, run_id=args.run_id, store=args.store, inputs=args.input,
-                          address=getattr(args, "ray_address", None), workers=args.workers)
-    run_id = cfg.run_id
-    if run_id is not None:
-        validate_run_id(run_id)
-    return cfg, run_id

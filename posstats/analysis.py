@@ -60,11 +60,13 @@ from posstats.geometry.encodings import (
     expand_encoding_specs,
     make_encoding,
     parse_encoding_spec,
+    split_encoding_list,
 )
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
+from posstats.options import option, option_values
 from posstats.progress import progress
 
 __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
@@ -82,6 +84,7 @@ MDS_METHODS: tuple[str, ...] = get_args(MdsMethod)
 DISTANCE_MATRICES: tuple[str, ...] = get_args(DistanceMatrix)
 NOISE_FLOOR_CHOICES: tuple[str, ...] = get_args(NoiseFloorChoice)
 NULL_CHOICES: tuple[str, ...] = get_args(NullChoice)
+_LONG = "long contexts and honest estimates (docs/long-context.md)"  # the --help group of most options
 _NULL_SHUFFLE_LIMIT = 4096  # auto: a shuffled-null corpus (3 extra solves) up to this many rows
 
 
@@ -138,29 +141,77 @@ class AnalysisConfig:
             more is refused before any work (:func:`~posstats.geometry.encodings.check_encoding_count`).
     """
 
-    dims: tuple[int, ...] = DEFAULT_DIMS
-    encodings: tuple[str, ...] = DEFAULT_ENCODINGS
-    min_occupancy: int = 1
-    rank_rtol: float = 1e-10
-    mds_method: MdsMethod = "auto"
-    monotonicity_exact_limit: int = 4096
-    seed: int = 0
-    exact_limit: int = 16_384
-    stress_halfwidth: float = 1e-3
-    stress_max_pairs: int = 20_000_000
-    lanczos_tol: float = 1e-8
-    buckets: str = "none"
-    distances: DistanceMatrix = "auto"
-    noise_floor: NoiseFloorChoice = "auto"
-    noise_parts: int = 4
-    null: NullChoice = "auto"
-    null_replicates: int = 39
-    bootstrap: int = 0
-    corpus_triples: int = 200_000
-    tokenizer: str | None = None
-    smacof_limit: int = 1024
-    held_out: HeldOutChoice = "auto"
-    max_encodings: int = DEFAULT_MAX_ENCODINGS
+    dims: tuple[int, ...] = option(
+        DEFAULT_DIMS, help="encoding widths to evaluate; widths above the MDS rank get zero columns", metavar="D,D",
+        minimum=1)
+    encodings: tuple[str, ...] = option(
+        DEFAULT_ENCODINGS, parse=split_encoding_list, metavar="SPEC,SPEC", config_default=None,
+        help="encodings to score; also mds-lowrank:R, rope:layout=half, alibi:HEADS, random:SIGMA, "
+             "learned:FILE[:key=NAME]; RoPE scaling: rope:type=linear|dynamic|yarn|longrope|llama3,factor=F,"
+             "original=L[,theta=B,...] (docs/rope-scaling.md); a model's own RoPE at its head_dim: "
+             "hf:PATH/config.json; a sweep scores every value and plots stress against it: "
+             "'rope:type=yarn,original=4096,factor=8|16|32'")
+    min_occupancy: int = option(1, help="leave out positions with fewer than K counted tokens", metavar="K",
+                                minimum=1)
+    rank_rtol: float = option(1e-10, help="relative tolerance of the reported numerical rank", metavar="TOL",
+                              minimum=0)
+    mds_method: MdsMethod = option(
+        "auto", help="dense eigh, the iterative top-k solver (ARPACK), or block Lanczos for long contexts "
+                     "(auto: dense up to 2048 positions)")
+    monotonicity_exact_limit: int = option(
+        4096, help="above this many positions the monotonicity of an encoding is measured on sampled triples",
+        metavar="N", minimum=0, unit="positions", group=_LONG)
+    seed: int = option(0, help="seed of every random choice", minimum=0)
+    exact_limit: int = option(
+        16_384, help="above N geometry rows no n x n matrix is formed: block-Lanczos MDS, stress from sampled "
+                     "pairs with 95 % intervals", metavar="N", minimum=2, unit="rows", group=_LONG)
+    stress_halfwidth: float = option(
+        1e-3, help="sampled stress: draw pairs until every scaled-stress 95 % interval is within +-H", metavar="H",
+        minimum=0, strict=True, group=_LONG)
+    stress_max_pairs: int = option(20_000_000, help="sampled stress: the most pairs drawn", metavar="P", minimum=1,
+                                   unit="pairs", group=_LONG)
+    lanczos_tol: float = option(1e-8, help="tolerance of the block Lanczos solver, relative to the top eigenvalue",
+                                metavar="TOL", minimum=0, strict=True, group=_LONG)
+    buckets: str = option("none", help="pool positions into buckets: fixed:W (W positions each) or log:P (P per "
+                                       "doubling)", metavar="none|fixed:W|log:P", group=_LONG)
+    distances: DistanceMatrix = option(
+        "auto", help="the one distance matrix of MDS, stress, diagnostics and the report: plug-in, or "
+                     "bias-corrected max(d^2 - b_i - b_j, 0) (needs the noise floor); auto: corrected whenever "
+                     "the noise floor is estimated", group=_LONG)
+    noise_floor: NoiseFloorChoice = option(
+        "auto", const="on", group=_LONG,
+        help="split-half noise floor: per-position split-half d_H and sampling bias, from a random split of the "
+             "counted tokens (or --store / --parts / --reread). auto: on when the plug-in bias can matter, i.e. "
+             "the median position has fewer than 500 tokens per effective vocabulary entry; a bare --noise-floor "
+             "means on")
+    noise_parts: Literal[2, 4] = option(4, help="parts for the noise floor: 4 also fits how the bias decays with "
+                                                "occupancy", group=_LONG)
+    null: NullChoice = option(
+        "auto", help="noise-aware rank: eigenvalues above a shuffled-position null corpus, or an analytic "
+                     "Marchenko-Pastur edge (needs the noise floor); auto: shuffle up to 4096 rows, else mp",
+        group=_LONG)
+    null_replicates: int = option(
+        39, help="shuffled null corpora; the rank and homogeneity tests reject when the corpus exceeds all R "
+                 "(level 1/(R+1): 2.5 % at 39)", metavar="R", minimum=1, group=_LONG)
+    bootstrap: int = option(
+        0, help="shard-bootstrap replicates for intervals on eigenvalues, rank and stress (0: off)", metavar="B",
+        minimum=0, group=_LONG, pipeline=False,
+        why_not="needs the per-shard partials of a counting store (posstats analyze --store)")
+    corpus_triples: int = option(200_000, help="sampled path: triples for the corpus' own monotonicity",
+                                 metavar="T", minimum=1, unit="triples", group=_LONG)
+    tokenizer: str | None = option(
+        None, help="tokenizer.json for re-reading a text corpus by document parity", cli=False, pipeline=False,
+        why_not="set by analyze's --tokenizer with --reread or --bootstrap; the pipeline's is [input] tokenizer")
+    smacof_limit: int = option(
+        1024, help="score mds-smacof (a default encoding) only up to M positions: it costs O(M^2) per iteration, "
+                   "about 3 s per width at 1024", metavar="M", minimum=0, unit="positions", group=_LONG)
+    held_out: HeldOutChoice = option(
+        "auto", help="score every encoding fitted on one half of the corpus against the other half, so MDS and "
+                     "SMACOF are not graded on their own training counts (halves: the noise floor's parts, else "
+                     "the tokens split at random); auto: up to 4096 positions", group=_LONG)
+    max_encodings: int = option(
+        DEFAULT_MAX_ENCODINGS, help="refuse --encodings that expand to more than N encodings (sweeps multiply: "
+                                    "a|b|c per key)", metavar="N", minimum=1, limit=True, group=_LONG)
     sweeps: tuple[dict[str, Any], ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -258,32 +309,9 @@ class AnalysisConfig:
             raise PosstatsError(msg)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "dims": list(self.dims),
-            "encodings": list(self.encodings),
-            "min_occupancy": self.min_occupancy,
-            "rank_rtol": self.rank_rtol,
-            "mds_method": self.mds_method,
-            "monotonicity_exact_limit": self.monotonicity_exact_limit,
-            "seed": self.seed,
-            "exact_limit": self.exact_limit,
-            "stress_halfwidth": self.stress_halfwidth,
-            "stress_max_pairs": self.stress_max_pairs,
-            "lanczos_tol": self.lanczos_tol,
-            "buckets": self.buckets,
-            "distances": self.distances,
-            "noise_floor": self.noise_floor,
-            "noise_parts": self.noise_parts,
-            "null": self.null,
-            "null_replicates": self.null_replicates,
-            "bootstrap": self.bootstrap,
-            "corpus_triples": self.corpus_triples,
-            "tokenizer": self.tokenizer,
-            "smacof_limit": self.smacof_limit,
-            "held_out": self.held_out,
-            "sweeps": list(self.sweeps),
-        }
+        """JSON-ready form: every option that decides the result (not the limits), and the sweeps."""
+        return {**option_values(self, limits=False), "sweeps": list(self.sweeps)}
+
 
 
 def encoding_jobs(config: AnalysisConfig, rows: int | None = None) -> list[tuple[int, str]]:

@@ -152,7 +152,7 @@ def test_imports_point_one_way():
 # below it, never a package of its own rank or above. `posstats` itself (the lazy facade,
 # importing nothing at run time) is outside the table.
 RANKS: tuple[tuple[str, ...], ...] = (
-    ("errors",),                                             # the ground floor: errors,
+    ("errors", "options"),                                   # the ground floor: errors, option declarations,
     ("progress", "processes", "ids"),                        # progress bars, processes, names,
     ("storage",),                                            # files, publishing, locks, JSON, safetensors
     ("counting",),                                           # count tensors, their files, the reduce

@@ -11,7 +11,9 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
     [count]      positions, vocab_size, mode, exclude_tokens, separator, memory_budget_gib,
                  shard_size_mib, skip_bad_shards
     [ray]        address, workers, geometry_cpus, geometry_retries
-    [geometry]   dims, encodings, min_occupancy, rank_rtol, mds_method, seed, noise_floor, distances
+    [geometry]   every option of posstats.analysis.AnalysisConfig (generated from its declaration:
+                 dims, encodings, ..., null, null_replicates, buckets, exact_limit, ...) but
+                 bootstrap and tokenizer, which say why (posstats.options)
     [diff]       level, drift_dim   (the diff against the previous latest run, every run)
     [report]     width, max_positions
     [export]     dim, rank, layout, format, dtype, basis, method, name, card
@@ -43,11 +45,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posstats.analysis import MDS_METHODS, AnalysisConfig
+from posstats.analysis import AnalysisConfig
 from posstats.corpus.remote import check_storage_options, parse_value
 from posstats.errors import PosstatsError, did_you_mean
-from posstats.geometry.encodings import DEFAULT_ENCODINGS, DEFAULT_MAX_ENCODINGS
 from posstats.ids import validate_run_id
+from posstats.options import SAME, declared_options
 from posstats.service.pipeline_store import is_url
 from posstats.service.schedule import parse_cron, parse_interval, time_zone
 
@@ -97,7 +99,10 @@ CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role /
                     "environment of the RayCluster spec or of the Ray worker processes): see 'Credentials' in "
                     "docs/service.md")
 MODES = ("truncate", "chunk", "pack")
-_LIMITS = frozenset({"max_encodings"})  # [geometry] keys that refuse work but never change a result
+# [geometry] keys of the first configs: always in the result key. Those added since count only
+# when set to something else than their default, so that a store's runs keep their keys.
+_FIRST_GEOMETRY_KEYS = frozenset({"dims", "encodings", "min_occupancy", "rank_rtol", "mds_method", "seed",
+                                  "noise_floor", "distances", "held_out", "smacof_limit"})
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
 DOCUMENT_UNITS = ("line", "paragraph", "file")  # posstats.corpus.readers.DOCUMENT_UNITS (not imported: config stays light)
 LAYOUTS = ("bert", "gpt2", "plain")
@@ -177,9 +182,23 @@ def _timezone(v: Any) -> str | None:
     return None
 
 
-def _default_encodings() -> tuple[str, ...]:
+_GEOMETRY = {d.name: d for d in declared_options(AnalysisConfig)}
 
-    return tuple(DEFAULT_ENCODINGS)
+
+def _json_default(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _geometry_keys() -> dict[str, Key]:
+    """``[geometry]``: every option of :class:`~posstats.analysis.AnalysisConfig` the pipeline
+    takes, generated from its declaration (:mod:`posstats.options`), so the two cannot drift."""
+    keys = {}
+    for d in declared_options(AnalysisConfig):
+        if not d.option.pipeline:
+            continue
+        default = d.default if d.option.config_default == SAME else d.option.config_default
+        keys[d.name] = Key(d.kind, default, d.option.help, nullable=default is None, check=d.check)
+    return keys
 
 
 SCHEMA: dict[str, dict[str, Key]] = {
@@ -229,26 +248,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "geometry_retries": Key("int", 2, "times Ray reruns a geometry task whose worker died", nullable=False,
                                 check=_ge(0)),
     },
-    "geometry": {
-        "dims": Key("int_list", (2, 16, 64), "encoding widths to evaluate", nullable=False, check=_all_ge(1)),
-        "encodings": Key("str_list", None, "encodings to score (default: posstats' default list)"),
-        "min_occupancy": Key("int", 1, "leave out positions with fewer counted tokens", nullable=False, check=_ge(1)),
-        "rank_rtol": Key("float", 1e-10, "relative tolerance of the numerical rank", nullable=False,
-                         check=_ge(0, strict=True)),
-        "mds_method": Key("str", "auto", "auto, dense, iterative or lanczos", nullable=False, check=_one_of(MDS_METHODS)),
-        "seed": Key("int", 0, "seed of every random choice", nullable=False),
-        "noise_floor": Key("str", "auto", "auto, on or off: the split-half noise floor (auto: when the plug-in bias "
-                           "can matter)", nullable=False, check=_one_of(("auto", "on", "off"))),
-        "distances": Key("str", "auto", "auto, plugin or corrected (auto: bias-corrected with a noise floor)",
-                         nullable=False, check=_one_of(("auto", "plugin", "corrected"))),
-        "held_out": Key("str", "auto", "auto, on or off: encodings fitted on one half of the corpus scored on the other "
-                        "(auto: up to 4096 positions)", nullable=False, check=_one_of(("auto", "on", "off"))),
-        "smacof_limit": Key("int", 1024, "score mds-smacof (a default encoding) up to this many positions",
-                            nullable=False, check=_ge(0)),
-        "max_encodings": Key("int", DEFAULT_MAX_ENCODINGS, "refuse encodings that expand to more than this many "
-                             "(sweeps multiply: a|b|c per key); a limit, not part of the result key",
-                             nullable=False, check=_ge(1)),
-    },
+    "geometry": _geometry_keys(),
     "diff": {
         "level": Key("float", 0.05, "family-wise level of the per-position change decisions against the previous "
                      "latest run", nullable=False, check=lambda v: None if 0 < v < 1 else "must be in (0, 1)"),
@@ -323,28 +323,17 @@ class PipelineConfig:
         d = self.to_dict()
         parts = {t: d[t] for t in ("input", "count", "geometry", "report", "export")}
         parts["input"] = {k: v for k, v in parts["input"].items() if k != "storage_options"}
-        parts["geometry"] = {k: v for k, v in parts["geometry"].items() if k not in _LIMITS}
+        parts["geometry"] = {k: v for k, v in parts["geometry"].items() if not _GEOMETRY[k].option.limit
+                             and (k in _FIRST_GEOMETRY_KEYS or v != _json_default(_GEOMETRY[k].default))}
         text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def analysis_config(self) -> Any:
+    def analysis_config(self) -> AnalysisConfig:
         """The :class:`posstats.analysis.AnalysisConfig` of ``[geometry]`` (validates the
         encodings and widths: unknown names, odd widths for sinusoidal/RoPE)."""
-
         g = self.values["geometry"]
-        return AnalysisConfig(
-            dims=tuple(g["dims"]),
-            encodings=tuple(g["encodings"]) if g["encodings"] is not None else _default_encodings(),
-            min_occupancy=g["min_occupancy"],
-            rank_rtol=g["rank_rtol"],
-            mds_method=g["mds_method"],
-            seed=g["seed"],
-            noise_floor=g["noise_floor"],
-            distances=g["distances"],
-            held_out=g["held_out"],
-            smacof_limit=g["smacof_limit"],
-            max_encodings=g["max_encodings"],
-        )
+        return AnalysisConfig(**{k: tuple(v) if isinstance(v, list | tuple) else v
+                                 for k, v in g.items() if v is not None})
 
     def export_dim(self) -> int:
         """``[export] dim``, else the largest ``[geometry] dims``."""
