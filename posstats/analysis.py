@@ -58,6 +58,7 @@ from posstats.geometry.encodings import (
     encoding_dims,
     encoding_sweeps,
     expand_encoding_specs,
+    family_of,
     make_encoding,
     parse_encoding_spec,
     split_encoding_list,
@@ -323,7 +324,7 @@ def encoding_jobs(config: AnalysisConfig, rows: int | None = None) -> list[tuple
     every = sorted({d for ds in widths.values() for d in ds})
     jobs = [(d, spec) for d in every for spec in config.encodings if d in widths[spec]]
     if rows is not None and rows > config.smacof_limit:
-        jobs = [(d, spec) for d, spec in jobs if parse_encoding_spec(spec).name != "mds-smacof"]
+        jobs = [(d, spec) for d, spec in jobs if not family_of(spec).quadratic]
     return jobs
 
 
@@ -342,7 +343,7 @@ def skipped_encodings(config: AnalysisConfig, rows: int, /) -> list[dict[str, st
         return []
     return [{"spec": spec, "reason": f"SMACOF costs O(m^2) per iteration: {rows:,} geometry rows > --smacof-limit "
                                       f"{config.smacof_limit:,} (raise it to score it)"}
-            for spec in config.encodings if parse_encoding_spec(spec).name == "mds-smacof"]
+            for spec in config.encodings if family_of(spec).quadratic]
 
 
 @dataclass(frozen=True)
@@ -770,8 +771,8 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
             e["stress_interval"] = why
         return
     jobs = [(dim, spec) for dim, spec in encoding_jobs(config, m)
-            if m <= _JACKKNIFE_SMACOF_LIMIT or parse_encoding_spec(spec).name != "mds-smacof"]
-    fitted = any(parse_encoding_spec(spec).name.startswith("mds") for _, spec in jobs)
+            if m <= _JACKKNIFE_SMACOF_LIMIT or not family_of(spec).quadratic]
+    fitted = any(family_of(spec).fitted for _, spec in jobs)
     top = min(m, max(dim for dim, _ in jobs))  # the coordinates the fitted encodings read
 
     def statistic(rows: sp.csr_array) -> dict[tuple[int, str, str], float]:
@@ -813,7 +814,7 @@ def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list
     m = len(g.positions)
     encodings = []
     for dim, spec in encoding_jobs(config, m):
-        if parse_encoding_spec(spec).name == "mds-smacof":
+        if "distances" in family_of(spec).needs:
             msg = f"{spec}: SMACOF needs the n x n distances; not available above the exact limit ({m} > {config.exact_limit} rows)"
             raise PosstatsError(msg)
         encodings.append((dim, make_encoding(spec, g.positions, dim, mds=mds, occupancy=g.occupancy, context=g.context)))
@@ -1072,7 +1073,7 @@ def _bootstrap_section(
     encodings: dict[str, Any] = {}
     for dim, spec in encoding_jobs(config, len(index)):
         parsed = parse_encoding_spec(spec)
-        if parsed.name == "mds-smacof":
+        if "distances" in family_of(parsed).needs:
             continue
         if parsed.name in ("mds", "mds-lowrank"):
             rank = int(dict(parsed.params).get("rank") or dim) if parsed.name == "mds-lowrank" else dim

@@ -482,3 +482,26 @@ def test_a_huge_sweep_is_refused_at_once_by_analyze(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("posstats: error: --encodings expands to 1,000,000 encodings") and err.count("\n") == 1
     assert not (tmp_path / "a").exists()
+
+
+def test_an_encoding_family_is_one_registered_module(tmp_path):
+    """The registry (issue #29): every name comes from a family module; fitted families are
+    the ones built from the MDS; a family added at run time is parsed, listed, built and
+    classified without touching any other module."""
+    from posstats.geometry.encodings import FITTED_ENCODINGS, catalog
+
+    assert set(FITTED_ENCODINGS) == {"mds", "mds-lowrank", "mds-smacof"}
+    assert all("mds" in catalog.FAMILIES[n].needs for n in FITTED_ENCODINGS)
+    assert [n for n, f in catalog.FAMILIES.items() if f.quadratic] == ["mds-smacof"]
+    family = catalog.Family("ramp-test", (catalog.Param("slope", catalog.float_param, 1.0),), order=999,
+                            build=lambda s, pos, dim, _: np.outer(pos * s.params["slope"], np.ones(dim)))
+    catalog.register(family)
+    try:
+        enc = catalog.make_encoding("ramp-test:2", 3, 2)
+        assert enc.name == "ramp-test:2" and enc.matrix.tolist() == [[0, 0], [2, 2], [4, 4]]
+        assert catalog.encoding_names()[-2:] == ("ramp-test", "rope-half")
+        assert "ramp-test" not in catalog.fitted_names()
+        with pytest.raises(ValueError, match="registered twice"):
+            catalog.register(family)
+    finally:
+        del catalog.FAMILIES["ramp-test"]

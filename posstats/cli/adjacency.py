@@ -32,6 +32,7 @@ from posstats.geometry.encodings import (
     check_encoding_count,
     encoding_dims,
     expand_encoding_specs,
+    family_of,
     make_encoding,
     split_encoding_list,
 )
@@ -77,7 +78,6 @@ examples:
 
 SCHEMA = "posstats.adjacency/1"
 MAX_PANELS = 16
-NEEDS_COUNTS = ("mds", "mds-lowrank")  # catalog encodings that need corpus counts: skipped here
 
 
 # what --json prints (posstats.jobs.output); None: no result, no --json
@@ -316,7 +316,7 @@ def _first_tokens(batches: Any, need: int, vocab: int, exclude: list[int], input
 
 def _encoding(spec: str, n: int, dim: int) -> tuple[np.ndarray | None, str, str]:
     """(matrix, name, note): the catalog's encoding, or None and why it was skipped."""
-    if spec.split(":", 1)[0] in NEEDS_COUNTS:
+    if family_of(spec).fitted:
         return None, spec, f"{spec}: skipped (the MDS encoding needs corpus counts)"
     if dim < 1:
         msg = f"--encoding-dim must be >= 1; got {dim}"
@@ -327,7 +327,7 @@ def _encoding(spec: str, n: int, dim: int) -> tuple[np.ndarray | None, str, str]
 
 def _default_encodings() -> list[str]:
     """The catalog's default list without the encodings that need corpus counts."""
-    return [s for s in DEFAULT_ENCODINGS if s.split(":", 1)[0] not in NEEDS_COUNTS]
+    return [s for s in DEFAULT_ENCODINGS if not family_of(s).fitted]
 
 
 def _fmt(v: float) -> str:

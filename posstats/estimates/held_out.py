@@ -41,7 +41,7 @@ from posstats.estimates.noise import corrected_squared_distances
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import thin
 from posstats.estimates.verdict import best_encodings
-from posstats.geometry.encodings import make_encoding, parse_encoding_spec
+from posstats.geometry.encodings import family_of, make_encoding
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
@@ -207,7 +207,7 @@ def _sampled_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[
     occupancy = _row_sums(a)
     built = []
     for dim, spec in jobs:
-        if parse_encoding_spec(spec).name == "mds-smacof":
+        if "distances" in family_of(spec).needs:
             continue  # SMACOF needs the m x m distances (the main table says so too)
         built.append((dim, spec, make_encoding(spec, positions, dim, mds=mds, occupancy=occupancy, context=context)))
     matrices = [enc.matrix for _, _, enc in built]
@@ -224,7 +224,7 @@ def _sampled_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[
 
 def _entry(name: str, dim: int, spec: str, fit_stress: float, fit_scaled: float, held_stress: float,
            held_scaled: float, held_ci: list[float]) -> dict[str, Any]:
-    fitted = parse_encoding_spec(spec).name in ("mds", "mds-lowrank", "mds-smacof")
+    fitted = family_of(spec).fitted
     return {
         "name": name,
         "dim": int(dim),

@@ -48,11 +48,11 @@ from scipy.special import gammaln, ndtri
 
 from posstats.counting.counts import MIN_WINDOWS, too_few_windows
 from posstats.counting.rows import row_blocks
+from posstats.geometry.encodings import FITTED_ENCODINGS
 
 __all__ = [
     "DISTANCE_NOISE_CAVEAT",
     "FAMILY_LEVEL",
-    "FITTED_ENCODINGS",
     "MIN_WINDOWS",
     "STANDOUT_Z",
     "best_encodings",
@@ -262,9 +262,6 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
 # Exact scaled stresses that agree to this relative tolerance are equal (the same distances
 # computed in another order, e.g. RoPE variants that differ only in pairs a width leaves out).
 _TIE_RTOL = 1e-9
-
-
-FITTED_ENCODINGS = ("mds", "mds-lowrank", "mds-smacof")  # fitted to the counts (held-out scores grade them fairly)
 
 
 def _interval(e: dict[str, Any]) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posstats.estimates.verdict import FITTED_ENCODINGS
+from posstats.geometry.encodings import FITTED_ENCODINGS
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
