@@ -129,7 +129,8 @@ def test_default_export_keeps_the_components_above_noise(run_dir, tmp_path):
 
 def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path):
     """A stationary corpus: the verdict finds no component above noise, so the default
-    export refuses (its table would be noise); --rank exports anyway, with a warning."""
+    export refuses (its table would be noise) with one line naming --force; --force (or
+    --rank R) exports anyway, with a warning; the CLI says so on the terminal."""
     rng = np.random.default_rng(3)
     p = rng.dirichlet(np.full(40, 0.5))
     matrix = rng.multinomial(3000, p, size=24).astype(np.int64)
@@ -139,11 +140,15 @@ def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path):
     assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2,8", "--encodings", "mds",
                  "--out", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"]["components_above_noise"] == 0
-    with pytest.raises(InputError, match="no MDS component stands above sampling noise.*--rank R"):
+    with pytest.raises(InputError, match="no MDS component stands above sampling noise.*pass --force.*--rank R"):
         export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, card=False)
     assert not (tmp_path / "p.safetensors").exists()
     res = export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, rank=2, card=False)
     assert res.metadata["rank"] == "2" and any("fit noise" in w for w in res.warnings)
+    forced = export_encoding(tmp_path / "run", tmp_path / "f.safetensors", dim=8, card=False, force=True)
+    assert forced.metadata["rank_rule"].startswith("width (--force") and any("--force" in w for w in forced.warnings)
+    assert main(["export", str(tmp_path / "run"), "--dim", "8", "--no-card", "--out", str(tmp_path / "c.safetensors")]) == 2
+    assert not (tmp_path / "c.safetensors").exists()
 
 
 def test_random_basis_keeps_distances(run_dir, tmp_path):

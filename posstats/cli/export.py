@@ -72,7 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --basis random (default 0)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="stored dtype (default float32)")
     p.add_argument("--no-card", action="store_true", help="do not write README.md and the figures next to FILE")
-    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite existing files, and export a table even when no MDS component stands above "
+                        "sampling noise (with a warning; --rank R chooses how many components instead)")
     p.add_argument("--method", choices=("classical", "smacof"), default="classical",
                    help="classical MDS coordinates (default), or their SMACOF refinement at rank r: lower "
                         "stress at the same width (classical MDS minimises strain, not stress)")

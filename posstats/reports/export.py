@@ -346,11 +346,11 @@ def informative_rank(report: dict[str, Any], /) -> int | None:
     return None if above is None else int(above)
 
 
-def _export_rank(run: RunData, *, dim: int, rank: int | None) -> tuple[int, str, list[str]]:
+def _export_rank(run: RunData, *, dim: int, rank: int | None, force: bool = False) -> tuple[int, str, list[str]]:
     """``(r, why, warnings)``: ``rank`` when given, else the components above sampling noise
     (:func:`informative_rank`), capped by ``dim`` and the k MDS coordinates stored; without
-    a null, ``min(dim, k)`` with a warning. Warns when ``rank`` goes beyond the components
-    above noise."""
+    a null, or with none above noise and ``force``, ``min(dim, k)`` with a warning. Warns
+    when ``rank`` goes beyond the components above noise."""
     k = run.encoding.shape[1]
     if rank is not None and rank > k:
         msg = f"--rank {rank} exceeds the {k} MDS coordinates stored in {run.directory}/mds.safetensors (re-analyse with larger --dims)"
@@ -368,6 +368,10 @@ def _export_rank(run: RunData, *, dim: int, rank: int | None) -> tuple[int, str,
                "the analysis computed no null (--null none)")
         return min(int(dim), k), "width (rank not tested)", [
             f"{why}, so the rank is not tested against sampling noise: the table keeps min(--dim, {k}) MDS coordinates"]
+    if informative == 0 and force:
+        return min(int(dim), k), "width (--force; none above noise)", [
+            f"no MDS component stands above sampling noise: exported anyway (--force), every one of the "
+            f"min(--dim, {k}) columns fits noise"]
     r = min(int(dim), k, informative)
     return r, "components above sampling noise", []
 
@@ -481,16 +485,16 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     return tradeoff, written
 
 
-def nothing_to_export(run: RunData, /, *, rank: int | None = None) -> str | None:
+def nothing_to_export(run: RunData, /, *, rank: int | None = None, force: bool = False) -> str | None:
     """Why the run has no table to export, or None: its MDS spectrum has no positive
-    eigenvalue (every corpus distance is 0), or, without an explicit ``rank``, its verdict
-    finds no component above sampling noise (a table of noise)."""
+    eigenvalue (every corpus distance is 0), or, without an explicit ``rank`` or ``force``,
+    its verdict finds no component above sampling noise (a table of noise)."""
     if not np.any(np.asarray(run.eigenvalues) > 0):
         return ("nothing to export: the MDS spectrum has no positive eigenvalue (every corpus distance is 0, no "
                 "positional structure beyond sampling noise), so the table would be all zeros")
-    if rank is None and informative_rank(run.report) == 0:
+    if rank is None and not force and informative_rank(run.report) == 0:
         return ("nothing to export: no MDS component stands above sampling noise (the verdict), so every column "
-                "would fit noise; pass --rank R to export R components anyway")
+                "would fit noise; pass --force to export it anyway (or --rank R for R components)")
     return None
 
 
@@ -544,14 +548,14 @@ def export_run(
     _check_contiguous(run)
     short = _short_rows(run, rows=rows)
     run = _rows(run, rows)
-    empty = nothing_to_export(run, rank=rank)
+    empty = nothing_to_export(run, rank=rank, force=force)
     if empty:
         raise InputError(f"{run.directory}: {empty}")
     thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
     warnings = [*short, *warnings]
     if warnings and strict:
         raise InputError(f"{run.directory}: {warnings[0]}")
-    r, rank_rule, rank_warnings = _export_rank(run, dim=dim, rank=rank)
+    r, rank_rule, rank_warnings = _export_rank(run, dim=dim, rank=rank, force=force)
     warnings = [*warnings, *rank_warnings]
     files = _output_files(out, fmt, factors=factors, card=card, force=force)
     a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
@@ -625,7 +629,8 @@ def export_encoding(
         basis: ``pad`` | ``random`` (the orthonormal ``W``); seed: for ``random``.
         dtype: ``float32`` (default) or ``float64``.
         card: write ``README.md`` and two figures next to ``out``.
-        force: replace existing files.
+        force: replace existing files, and export a table of noise (no component above sampling noise)
+            anyway, with a warning.
         method: ``classical`` (the run's classical-MDS coordinates) or ``smacof`` (those
             refined at rank r by stress majorisation, :func:`posstats.geometry.encodings.mds_smacof`:
             lower stress at the same width; needs every used position's distances, so
