@@ -38,6 +38,7 @@ from posstats.estimates.jackknife import (
 from posstats.estimates.noise import (
     bias_can_matter,
     corrected_squared_distances,
+    mp_edge,
     noise_floor,
     null_rank,
 )
@@ -465,6 +466,8 @@ def _spectrum_entry(mds: MDSResult, *, rtol: float, null: dict[str, Any] | None)
         solver_tol=mds.tol,
         max_residual=float(np.max(mds.residuals)) if mds.residuals.size else 0.0,
     )
+    if mds.noise_level is not None:  # the bulk below it was computed to noise_residual only
+        spectrum.update(noise_level=mds.noise_level, noise_residual=mds.noise_residual)
     if null is not None:
         spectrum["components_above_null"] = null.get("components_above_null")
     return spectrum
@@ -625,8 +628,11 @@ def analyze(
     bias = noise.bias if (noise is not None and config.distances in ("auto", "corrected")) else None
     large = len(g.index) > config.exact_limit
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
-    run = _sampled_geometry if large else _exact_geometry
-    geometry = run(g, bias, config, timings, show_progress)
+    if large:
+        geometry = _sampled_geometry(g, bias, config, timings, show_progress,
+                                     noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index)))
+    else:
+        geometry = _exact_geometry(g, bias, config, timings, show_progress)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances)
     if null is not None:
@@ -880,10 +886,38 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
     }
 
 
+# Eigenpairs inside the noise bulk are computed to this fraction of the null's threshold (the
+# noise's own operator norm) as an absolute residual, the others to lanczos_tol: see
+# _noise_level and docs/long-context.md.
+NOISE_RESIDUAL_SHARE = 1e-3
+
+
+def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: AnalysisConfig,
+                 m: int) -> tuple[float, float] | None:
+    """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
+    before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
+    plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
+    are computed to the absolute residual ``NOISE_RESIDUAL_SHARE x edge`` only; None (every
+    pair to ``lanczos_tol``) otherwise."""
+    choice = config.null
+    if choice == "auto":
+        choice = "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
+    if choice != "mp" or noise is None:
+        return None
+    edge = mp_edge(geo_parts, noise)
+    if not math.isfinite(edge) or edge <= 0:
+        return None
+    shift = float(np.nanmean(bias)) if bias is not None else 0.0
+    return edge - shift, NOISE_RESIDUAL_SHARE * edge
+
+
 def _sampled_geometry(
-    g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None
+    g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
+    *, noise_level: tuple[float, float] | None = None,
 ) -> _Geometry:
-    """The geometry above ``exact_limit``: no m x m matrix (see :func:`analyze`)."""
+    """The geometry above ``exact_limit``: no m x m matrix (see :func:`analyze`). With a
+    ``noise_level`` (:func:`_noise_level`), the eigenpairs inside the noise bulk are
+    computed to its residual only."""
     m = len(g.positions)
     t = time.perf_counter()
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
@@ -893,8 +927,10 @@ def _sampled_geometry(
             bar.update(products - bar.n)
             bar.set_postfix_str(f"residual {residual:.1e} (target {config.lanczos_tol:.0e})", refresh=False)
 
+        level, residual = noise_level if noise_level is not None else (None, None)
         mds = classical_mds(op, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
-                            seed=config.seed, diagonal=bias, progress=report)
+                            seed=config.seed, diagonal=bias, progress=report, noise_level=level,
+                            noise_residual=residual)
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -355,3 +355,42 @@ def test_threaded_products_work_in_a_forked_child(monkeypatch):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_lanczos_matches_accuracy_to_the_noise_level():
+    """Eigenpairs inside the noise bulk (below noise_level) need only the absolute residual
+    noise_residual (issue #31): the pairs above the level are as exact as with the strict
+    tolerance, the bulk's eigenvalues move by less than noise_residual, and fewer operator
+    products are spent."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(5)
+    n, v = 3000, 400
+    base = 1.0 / np.arange(1, v + 1) ** 1.1
+    base /= base.sum()
+    rows = rng.multinomial(400, base, size=n)
+    for i in range(6):  # six positions with a private block: a few eigenvalues above the bulk
+        p = 0.5 * base
+        p[v - 10 * (i + 1): v - 10 * i] += 0.5 / 10
+        rows[i] = rng.multinomial(400, p)
+    counts = sp.csr_array(rows)
+
+    def solve(**kw):
+        used = []
+        r = classical_mds(counts, k=40, method="lanczos", tol=1e-10, seed=1,
+                          progress=lambda products, _res: used.append(products), **kw)
+        return r, max(used)
+
+    strict, strict_products = solve()
+    lam = strict.eigenvalues
+    level = float(lam[8])  # the separated top ones above it, the bulk below
+    residual = 1e-3 * level
+    loose, loose_products = solve(noise_level=level, noise_residual=residual)
+    above = lam > level
+    assert 3 <= above.sum() <= 10
+    np.testing.assert_allclose(loose.eigenvalues[above], lam[above], rtol=1e-9)
+    assert np.max(np.abs(loose.eigenvalues - lam)) <= residual
+    assert loose_products < strict_products
+    assert loose.to_dict()["noise_residual"] == residual and "noise_level" not in strict.to_dict()
+    with pytest.raises(ValueError, match="noise_level with a positive noise_residual"):
+        classical_mds(counts, k=4, method="lanczos", noise_level=1.0)

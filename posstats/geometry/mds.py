@@ -201,6 +201,9 @@ class MDSResult:
             eigenvector ``x`` of the operator ``A`` the solver worked with: ``B`` itself
             (dense, or iterative with n <= V) or ``S_c^T S_c`` (iterative with n > V, same
             nonzero eigenvalues); ``lambda_max`` is the largest eigenvalue (1 if it is 0).
+        noise_level, noise_residual: ``lanczos`` with a noise level: eigenvalues below
+            ``noise_level - noise_residual`` (inside the sampling-noise bulk) were computed
+            to the absolute residual ``noise_residual`` only, the others to ``tol``.
     """
 
     eigenvalues: np.ndarray
@@ -210,6 +213,8 @@ class MDSResult:
     method: Literal["dense", "iterative", "lanczos"]
     tol: float
     residuals: np.ndarray
+    noise_level: float | None = None
+    noise_residual: float | None = None
 
     def spectrum(self, *, rtol: float = 1e-10) -> Spectrum:
         """:func:`spectrum_summary` of the eigenvalues; ``total_variance`` is the
@@ -229,6 +234,9 @@ class MDSResult:
             "tol": float(self.tol),
             "residuals": [float(x) for x in self.residuals],
         }
+        if self.noise_level is not None:
+            out["noise_level"] = float(self.noise_level)
+            out["noise_residual"] = float(self.noise_residual or 0.0)
         if include_encoding:
             out["encoding"] = self.encoding.tolist()
         return out
@@ -248,6 +256,8 @@ def classical_mds(
     squared_distances: Any = None,
     xp: types.ModuleType | None = None,
     progress: Any = None,
+    noise_level: float | None = None,
+    noise_residual: float | None = None,
 ) -> MDSResult:
     """Classical MDS of the squared Hellinger distances between the rows of ``counts``.
 
@@ -274,6 +284,15 @@ def classical_mds(
             sparse input on the GPU); default: where ``counts`` lives.
         progress: ``lanczos`` only: called as ``progress(products, residual)`` at each
             convergence check (operator products so far, largest residual estimate).
+        noise_level, noise_residual: ``lanczos`` only: accuracy matched to sampling noise.
+            Ritz values at or below ``noise_level - noise_residual`` lie in the noise bulk
+            (the null's threshold, on the scale of the decomposed matrix): they converge at
+            the absolute residual ``noise_residual`` instead of ``tol * theta_1``. A Ritz
+            pair with residual r is exact for a matrix within r of the one decomposed
+            (backward error), so a residual far below the noise's own operator norm changes
+            nothing the sampling noise has not already changed; the pairs above the level
+            (and within ``noise_residual`` of it: Ritz values only grow as they converge)
+            keep ``tol``. Default: every pair to ``tol``.
 
     ``lanczos`` interprets ``tol`` relative to the largest eigenvalue:
     ``||A x - theta x|| <= tol * theta_1`` for every returned pair (``theta_1`` the largest),
@@ -317,9 +336,12 @@ def classical_mds(
     if isinstance(counts, _SplitSqrt) and method != "lanczos":
         msg = f"a prebuilt sqrt_operator needs method='lanczos'; got {method!r}"
         raise ValueError(msg)
+    if (noise_level is None) != (noise_residual is None) or (noise_residual is not None and not noise_residual > 0):
+        msg = f"give noise_level with a positive noise_residual, or neither; got {noise_level!r}, {noise_residual!r}"
+        raise ValueError(msg)
     if method == "lanczos":
         return _lanczos_mds(counts, k=int(k), tol=tol, seed=seed, block=int(block), diagonal=diagonal, xp=xp,
-                            progress=progress)
+                            progress=progress, noise_level=noise_level, noise_residual=noise_residual)
     return _iterative_mds(counts, k=int(k), tol=tol, seed=seed)
 
 
@@ -879,14 +901,27 @@ def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int)
     return band
 
 
+def _wanted_residuals(theta: np.ndarray, top: float, tol: float, noise_level: float | None,
+                      noise_residual: float | None) -> np.ndarray:
+    """(k,) residual targets relative to ``top``: ``tol``, or, for Ritz values inside the
+    noise bulk (at or below ``noise_level - noise_residual``), ``noise_residual / top``."""
+    need = np.full(theta.shape, float(tol))
+    if noise_level is not None and noise_residual is not None:
+        bulk = theta <= noise_level - noise_residual
+        need[bulk] = max(float(tol), noise_residual / top)
+    return need
+
+
 def _block_lanczos(
     matmat: Any, dim: int, k: int, *, block: int, tol: float, seed: int, xp: types.ModuleType, max_dim: int,
-    progress: Any = None,
+    progress: Any = None, noise_level: float | None = None, noise_residual: float | None = None,
 ) -> tuple[np.ndarray, Any, np.ndarray, int, bool]:
     """Top-k eigenpairs of a symmetric operator by block Lanczos with full reorthogonalisation.
 
     Returns (eigenvalues (k,) host, eigenvectors (dim, k) on xp, residual estimates (k,)
-    relative to the largest eigenvalue, operator applications, converged).
+    relative to the largest eigenvalue, operator applications, converged). Each pair
+    converges at ``tol``, or, inside the noise bulk, at ``noise_residual``
+    (:func:`_wanted_residuals`).
     """
     rng = np.random.default_rng(seed)
     b = max(1, min(int(block), dim))
@@ -927,11 +962,12 @@ def _block_lanczos(
             est = np.linalg.norm(r_host @ y[-width:, :], axis=0) / top
             if breakdown:
                 est[:] = 0.0
+            need = _wanted_residuals(theta, top, tol, noise_level, noise_residual)
             if progress is not None:
-                progress(applied, float(est.max()))
-            if np.all(est <= tol) or exhausted or breakdown:
+                progress(applied, float((est / need).max() * tol))
+            if np.all(est <= need) or exhausted or breakdown:
                 x = basis[:, :m] @ xp.asarray(y)
-                return theta, x, est, applied, bool(np.all(est <= tol))
+                return theta, x, est, applied, bool(np.all(est <= need))
         b_blocks.append(r_host)
         prev, b_prev, q = q, r_host, q_next
 
@@ -953,7 +989,7 @@ def sqrt_operator(counts: Any, /, *, xp: types.ModuleType | None = None, split: 
 
 
 def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None,
-                 progress: Any = None) -> MDSResult:
+                 progress: Any = None, noise_level: float | None = None, noise_residual: float | None = None) -> MDSResult:
     op = counts if isinstance(counts, _SplitSqrt) else _SplitSqrt(counts, xp=xp)
     xp = op.xp
     n, v = op.shape
@@ -978,7 +1014,8 @@ def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diag
 
     max_dim = min(dim, max(4 * kk + 2 * block, (1 << 27) // max(dim, 1)))
     theta, x, _, applied, converged = _block_lanczos(matmat, dim, kk, block=block, tol=tol, seed=seed, xp=xp, max_dim=max_dim,
-                                                     progress=progress)
+                                                     progress=progress, noise_level=noise_level,
+                                                     noise_residual=noise_residual)
     top = abs(float(theta[0])) or 1.0
     if n_side:
         ax = matmat(x)
@@ -1001,4 +1038,6 @@ def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diag
         method="lanczos",
         tol=float(tol),
         residuals=np.asarray(resid, dtype=np.float64),
+        noise_level=None if noise_level is None else float(noise_level),
+        noise_residual=None if noise_residual is None else float(noise_residual),
     )
