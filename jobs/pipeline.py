@@ -603,8 +603,8 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
                "export_file": _export_file(run.cfg)}
     counts = str(run.stage_local("reduce"))  # read by the task: the driver never holds the counts
     rc = run.cfg.values["ray"]
-    task = ray.remote(task_body).options(num_cpus=rc["geometry_cpus"], max_retries=rc["geometry_retries"],
-                                             retry_exceptions=False)
+    cpus = rc["geometry_cpus"] if rc["geometry_cpus"] is not None else _largest_node_cpus(ray)
+    task = ray.remote(task_body).options(num_cpus=cpus, max_retries=rc["geometry_retries"], retry_exceptions=False)
     delay = float(os.environ.get(GEOMETRY_DELAY_ENV, "0") or 0)
     counts_ref = run.store.display(run.store.stage_rel(run.run_id, "reduce"))
     ref = task.remote(counts, out_dirs, run.cfg.analysis_config(), options, run.run_id, counts_ref, delay)
@@ -618,6 +618,18 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
         raise PosstatsError(msg) from exc
     run.handoff.rendered = {s: (Path(out_dirs[s]), out[s]) for s in later}
     return {"positions_used": out["geometry"]["positions_used"], "rank": out["geometry"]["rank"]}
+
+
+def _largest_node_cpus(ray: Any) -> float:
+    """What the geometry task reserves by default: the CPUs of the largest alive node, but
+    no more than the cluster has free now (the counting actors are gone by then; whatever
+    else holds CPUs is never waited on), at least 1. Ray sets the worker's OMP_NUM_THREADS
+    to them, and the sparse products run on that many threads
+    (:func:`posstats.geometry.mds.product_threads`)."""
+    cpus = [float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
+    largest = max([c for c in cpus if c > 0], default=1.0)
+    free = float(ray.available_resources().get("CPU", 0.0))
+    return float(max(1.0, min(largest, int(free))))
 
 
 def _take_rendered(run: _Run, stage: str, staging: Path) -> dict[str, Any] | None:
