@@ -16,13 +16,12 @@ from posstats.counting.io import save_counts
 from posstats.errors import InputError, PosstatsError
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
+from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.geometry.stress import stress_report
 from posstats.reports.export import (
     FACTOR_KEYS,
     LAYOUT_KEYS,
-    default_ranks,
     export_encoding,
-    lowrank_tradeoff,
     orthonormal_basis,
 )
 from posstats.runs.run_folder import load_run, run_distances

@@ -23,7 +23,7 @@ import numpy as np  # noqa: F401 - the doctests use it
 from posstats.errors import InputError
 from posstats.geometry.backend import array_namespace
 
-__all__ = ["StressResult", "pairwise_distances", "stress_report"]
+__all__ = ["StressResult", "pairwise_distances", "projected_stress", "stress_report"]
 
 # One row block holds at most this many entries per temporary (float64: 64 MiB), whatever
 # `block` says, so that long contexts do not run the host or the GPU out of memory.
@@ -248,3 +248,38 @@ def stress_report(encoding: Any, distances: Any, /, *, block: int = 2048, xp: An
         pearson=moments.pearson(),
         pairs=n * (n - 1) // 2,
     )
+
+
+def projected_stress(table: np.ndarray, wq: np.ndarray, wk: np.ndarray, distances: np.ndarray, /, *, heads: int | None = None) -> dict[str, Any]:
+    """Stress of the rows of ``P M`` against d_H, for the whole layer and per head.
+
+    Args:
+        table: (m, d_in) position rows P (the used positions).
+        wq, wk: (out, d_in) query / key weights (``nn.Linear`` form).
+        distances: (m, m) d_H.
+        heads: number of heads (``out`` must divide evenly), or None for the layer only.
+
+    Returns:
+        ``{"stress", "scaled_stress", "heads": [{"stress", "scaled_stress"}, ...] | None,
+        "head_mean_stress", "head_mean_scaled_stress"}``.
+    """
+    if wq.shape != wk.shape or wq.shape[1] != table.shape[1]:
+        msg = f"query {wq.shape} / key {wk.shape} weights do not fit a table of width {table.shape[1]}"
+        raise InputError(msg)
+    s = stress_report(table @ (wq.T @ wk), distances)
+    out: dict[str, Any] = {"stress": float(s.stress), "scaled_stress": float(s.scaled_stress), "heads": None,
+                           "head_mean_stress": None, "head_mean_scaled_stress": None}
+    if heads:
+        if wq.shape[0] % heads:
+            msg = f"{wq.shape[0]} query dimensions do not split into {heads} heads"
+            raise InputError(msg)
+        dh = wq.shape[0] // heads
+        per = []
+        for h in range(heads):
+            sl = slice(h * dh, (h + 1) * dh)
+            sh = stress_report(table @ (wq[sl].T @ wk[sl]), distances)
+            per.append({"stress": float(sh.stress), "scaled_stress": float(sh.scaled_stress)})
+        out["heads"] = per
+        out["head_mean_stress"] = float(np.mean([p["stress"] for p in per]))
+        out["head_mean_scaled_stress"] = float(np.mean([p["scaled_stress"] for p in per]))
+    return out

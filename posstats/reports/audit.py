@@ -54,7 +54,7 @@ from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import sinusoidal
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.stress import stress_report
+from posstats.geometry.stress import projected_stress, stress_report
 from posstats.runs.run_folder import RunData, load_run, report_bias, sparse_rows
 from posstats.storage.tensors import SafetensorsFile
 
@@ -65,7 +65,6 @@ __all__ = [
     "find_attention_layers",
     "find_position_key",
     "format_audit",
-    "projected_stress",
 ]
 
 _BERT_QUERY = re.compile(r"^(?P<prefix>.*?)encoder\.layer\.(?P<layer>\d+)\.attention\.self\.query\.weight$")
@@ -220,86 +219,6 @@ def _qk(ckpt: Checkpoint, layer: AttentionLayer) -> tuple[np.ndarray, np.ndarray
         raise InputError(msg)
     out = w.shape[1] // 3
     return w[:, :out].T, w[:, out : 2 * out].T
-
-
-def projected_stress(table: np.ndarray, wq: np.ndarray, wk: np.ndarray, distances: np.ndarray, /, *, heads: int | None = None) -> dict[str, Any]:
-    """Stress of the rows of ``P M`` against d_H, for the whole layer and per head.
-
-    Args:
-        table: (m, d_in) position rows P (the used positions).
-        wq, wk: (out, d_in) query / key weights (``nn.Linear`` form).
-        distances: (m, m) d_H.
-        heads: number of heads (``out`` must divide evenly), or None for the layer only.
-
-    Returns:
-        ``{"stress", "scaled_stress", "heads": [{"stress", "scaled_stress"}, ...] | None,
-        "head_mean_stress", "head_mean_scaled_stress"}``.
-    """
-    if wq.shape != wk.shape or wq.shape[1] != table.shape[1]:
-        msg = f"query {wq.shape} / key {wk.shape} weights do not fit a table of width {table.shape[1]}"
-        raise InputError(msg)
-    s = stress_report(table @ (wq.T @ wk), distances)
-    out: dict[str, Any] = {"stress": float(s.stress), "scaled_stress": float(s.scaled_stress), "heads": None,
-                           "head_mean_stress": None, "head_mean_scaled_stress": None}
-    if heads:
-        if wq.shape[0] % heads:
-            msg = f"{wq.shape[0]} query dimensions do not split into {heads} heads"
-            raise InputError(msg)
-        dh = wq.shape[0] // heads
-        per = []
-        for h in range(heads):
-            sl = slice(h * dh, (h + 1) * dh)
-            sh = stress_report(table @ (wq[sl].T @ wk[sl]), distances)
-            per.append({"stress": float(sh.stress), "scaled_stress": float(sh.scaled_stress)})
-        out["heads"] = per
-        out["head_mean_stress"] = float(np.mean([p["stress"] for p in per]))
-        out["head_mean_scaled_stress"] = float(np.mean([p["scaled_stress"] for p in per]))
-    return out
-
-
-@dataclass(frozen=True)
-class AuditResult:
-    """Everything :func:`audit_checkpoint` measured (``to_dict()`` is JSON-ready).
-
-    Attributes:
-        checkpoint: the file audited; key: the position table's name;
-        table_shape: its shape; positions: (m,) corpus positions audited (rows of the table);
-        encoding: stress / scaled stress / scale / pearson / min separation / monotonicity
-            of the table's rows;
-        references: the same for ``mds`` and ``sinusoidal`` at the table's width (may be empty);
-        layers: one dict per attention layer (see :func:`projected_stress`) with ``layer``;
-        heads: heads per layer used (None: layers only); notes: caveats in words;
-        offset: corpus position i was compared with table row i + offset.
-    """
-
-    checkpoint: str
-    key: str
-    table_shape: tuple[int, int]
-    positions: np.ndarray
-    encoding: dict[str, Any]
-    references: list[dict[str, Any]]
-    layers: list[dict[str, Any]]
-    heads: int | None
-    corpus: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    offset: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready plain values."""
-        p = self.positions
-        return {
-            "checkpoint": self.checkpoint,
-            "key": self.key,
-            "table_shape": list(self.table_shape),
-            "positions": {"count": int(p.size), "first": int(p[0]), "last": int(p[-1]), "row_offset": self.offset},
-            "corpus": self.corpus,
-            "encoding": self.encoding,
-            "references": self.references,
-            "projection": "P M_l with M_l = W_Q^T W_K (nn.Linear (out, in) weights), per head M_lh = W_Q[h]^T W_K[h]",
-            "heads": self.heads,
-            "layers": self.layers,
-            "notes": self.notes,
-        }
 
 
 def _scores(matrix: np.ndarray, distances: np.ndarray, positions: np.ndarray, *, seed: int, exact_limit: int) -> dict[str, Any]:
@@ -474,6 +393,51 @@ def _layer_scores(ckpt: Checkpoint, rows: np.ndarray, distances: np.ndarray, *,
     if found and heads is None:
         notes.append("number of heads unknown (no config.json, no --heads): whole layers only")
     return layer_rows, notes
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """Everything :func:`audit_checkpoint` measured (``to_dict()`` is JSON-ready).
+
+    Attributes:
+        checkpoint: the file audited; key: the position table's name;
+        table_shape: its shape; positions: (m,) corpus positions audited (rows of the table);
+        encoding: stress / scaled stress / scale / pearson / min separation / monotonicity
+            of the table's rows;
+        references: the same for ``mds`` and ``sinusoidal`` at the table's width (may be empty);
+        layers: one dict per attention layer (see :func:`projected_stress`) with ``layer``;
+        heads: heads per layer used (None: layers only); notes: caveats in words;
+        offset: corpus position i was compared with table row i + offset.
+    """
+
+    checkpoint: str
+    key: str
+    table_shape: tuple[int, int]
+    positions: np.ndarray
+    encoding: dict[str, Any]
+    references: list[dict[str, Any]]
+    layers: list[dict[str, Any]]
+    heads: int | None
+    corpus: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    offset: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready plain values."""
+        p = self.positions
+        return {
+            "checkpoint": self.checkpoint,
+            "key": self.key,
+            "table_shape": list(self.table_shape),
+            "positions": {"count": int(p.size), "first": int(p[0]), "last": int(p[-1]), "row_offset": self.offset},
+            "corpus": self.corpus,
+            "encoding": self.encoding,
+            "references": self.references,
+            "projection": "P M_l with M_l = W_Q^T W_K (nn.Linear (out, in) weights), per head M_lh = W_Q[h]^T W_K[h]",
+            "heads": self.heads,
+            "layers": self.layers,
+            "notes": self.notes,
+        }
 
 
 def audit_checkpoint(

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
-from posstats.reports.export import default_ranks, informative_rank, lowrank_tradeoff
+from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
+from posstats.reports.export import informative_rank
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
 from posstats.reports.plots import (
     distance_heatmap_figure,

@@ -458,7 +458,7 @@ def lowrank_figure(rows: Sequence[dict[str, Any]], /, *, n: int, width: int, str
 
     Args:
         rows: dicts with ``rank``, ``stress``, ``scaled_stress``, ``parameters``
-            (see :func:`posstats.reports.export.lowrank_tradeoff`).
+            (see :func:`posstats.geometry.lowrank.lowrank_tradeoff`).
         n: positions; width: model width d (for the free n x d reference).
         stress_positions: when the stresses were computed on an even sample of the
             positions, its size (said in the caption).
