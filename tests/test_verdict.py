@@ -329,3 +329,32 @@ def test_demo_report_opens_with_the_answer(tmp_path, data_dir):
     page = (out / "report.html").read_text()
     assert page.index('<p class="answer">' + first) < page.index("<h2>Verdict</h2>")
     assert '<h2 id="terms">Terms</h2>' in page and "scaled stress" in page
+
+
+def test_the_answer_sentences_word_decisions_the_verdict_took():
+    """Decisions live in the verdict (issue #29): its ``structure`` and ``fitted_better_at``
+    are what the summary words; the wording code decides nothing (a verdict edited to say
+    otherwise changes the sentences accordingly)."""
+    from posstats.estimates.verdict import WIDESPREAD_SHARE, fitted_better, structure_kind
+    from posstats.reports.summary import answer_sentences
+
+    assert structure_kind(None, None, 10) == "untested" and structure_kind(False, None, 10) == "none"
+    assert structure_kind(True, {"count": 0}, 10) == "gradual"
+    assert structure_kind(True, {"count": 2}, 10) == "positions"
+    assert structure_kind(True, {"count": int(WIDESPREAD_SHARE * 100) + 1}, 100) == "widespread"
+    assert structure_kind(True, {"count": 2}, 10, withheld="few windows") == "withheld"
+    best = [{"dim": 2, "best": "mds", "tied_with": [], "fixed": "sinusoidal", "scaled_stress": 0.1,
+             "best_fixed": {"name": "sinusoidal", "scaled_stress": 0.3}},
+            {"dim": 16, "best": "mds-smacof", "tied_with": ["sinusoidal"], "fixed": "sinusoidal"},
+            {"dim": 64, "best": "rope", "tied_with": [], "fixed": "rope"}]
+    assert fitted_better(best, non_stationary=True, above=2) == [2]
+    assert fitted_better(best, non_stationary=True, above=0) == []
+    v = {"structure": "positions", "non_stationary": True, "components_above_noise": 2,
+         "standout_positions": {"count": 3, "ranges": "0-2"}, "best_encodings": best, "fitted_better_at": [2]}
+    first, *rest = answer_sentences({"verdict": v, "positions": {"used": 64}})
+    assert first.startswith("Positions 0-2 carry token distributions of their own")
+    assert any("fits better (mds" in s for s in rest)
+    v2 = {**v, "structure": "widespread", "fitted_better_at": []}
+    first, *rest = answer_sentences({"verdict": v2, "positions": {"used": 64}})
+    assert first.startswith("Token distributions change across positions")
+    assert any("does not fit better" in s for s in rest)

@@ -371,6 +371,39 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     return out
 
 
+# More standout positions than this share of the used ones: the distributions change across
+# the context rather than at a few positions ("widespread" structure).
+WIDESPREAD_SHARE = 0.25
+
+
+def structure_kind(non_stationary: bool | None, standout: dict[str, Any] | None, used: int, /, *,
+                   withheld: str | None = None) -> str:
+    """What kind of positional structure the verdict found, the one its first sentence words:
+    ``withheld``; ``untested`` (no null); ``none`` (homogeneity not rejected); ``widespread``
+    (more than :data:`WIDESPREAD_SHARE` of the used positions stand out); ``positions`` (a
+    few stand out); ``gradual`` (homogeneity rejected, no single position stands out)."""
+    if withheld:
+        return "withheld"
+    if non_stationary is None:
+        return "untested"
+    if non_stationary is False:
+        return "none"
+    count = int((standout or {}).get("count") or 0)
+    if count and used and count > WIDESPREAD_SHARE * used:
+        return "widespread"
+    return "positions" if count else "gradual"
+
+
+def fitted_better(best: list[dict[str, Any]], /, *, non_stationary: bool | None, above: int | None) -> list[int]:
+    """The widths at which the corpus' own (fitted) encoding beats every fixed one beyond
+    noise (the best is fitted and the best fixed one is not tied with it); empty unless
+    there is structure (non-stationary, components above noise) to fit."""
+    if not non_stationary or not above:
+        return []
+    return [int(b["dim"]) for b in best
+            if b["best"].split(":")[0] in FITTED_ENCODINGS and b.get("fixed") not in b["tied_with"]]
+
+
 def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[str, Any]:
     """The report's ``verdict`` section from its ``null``, ``homogeneity``, ``noise``,
     ``geometry``, ``corpus`` and ``encodings`` entries and the :func:`standout_positions`
@@ -388,6 +421,8 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
         above = 0  # gatekeeping: components are claimed only once homogeneity is rejected
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
     held_out = report.get("held_out") or {}
+    best = best_encodings(report.get("encodings") or [])
+    used = int((report.get("positions") or {}).get("used") or 0)
     return {
         "withheld": withheld,
         "caveats": caveats(report),
@@ -399,7 +434,9 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
         "noise_floor": bool(noise.get("estimated")),
         "distances": "bias_corrected" if corrected else "plugin",
         "standout_positions": standout,
-        "best_encodings": best_encodings(report.get("encodings") or []),
+        "structure": structure_kind(non_stationary, standout, used, withheld=withheld),
+        "best_encodings": best,
+        "fitted_better_at": fitted_better(best, non_stationary=non_stationary, above=above),
         "sweeps": [
             {"spec": sw["spec"], "parameter": sw["parameter"], "best": best_sweep_values(sw, report.get("encodings") or [])}
             for sw in (report.get("config") or {}).get("sweeps") or []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posstats.geometry.encodings import FITTED_ENCODINGS
+from posstats.estimates.verdict import fitted_better, structure_kind
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
@@ -49,23 +49,26 @@ def _dims(dims: list[int]) -> str:
 
 
 def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
-    """What is distinguishable and how many dimensions of structure stand above noise."""
-    if v.get("withheld"):
+    """What is distinguishable and how many dimensions of structure stand above noise (the
+    verdict's ``structure``, in words; a report written before it had one gets it from the
+    same verdict rule)."""
+    used = int((report.get("positions") or {}).get("used") or 0)
+    kind = v.get("structure") or structure_kind(v.get("non_stationary"), v.get("standout_positions"), used,
+                                                withheld=v.get("withheld"))
+    if kind == "withheld":
         return f"No verdict: {v['withheld']}."
-    ns, above = v.get("non_stationary"), v.get("components_above_noise")
-    if ns is None:
+    if kind == "untested":
         return "Positional structure was not tested against sampling noise (no null): read the numbers below as descriptive."
-    if ns is False:
+    if kind == "none":
         return ("No positional structure beyond sampling noise: as far as these counts can tell, every position has "
                 "the same token distribution, so the corpus gives no reason to prefer one positional encoding over another.")
-    so = v.get("standout_positions") or {}
+    so, above = v.get("standout_positions") or {}, v.get("components_above_noise")
     dims = ("no dimension of structure stands above sampling noise beyond them" if not above else
             f"the corpus has {above} dimension(s) of positional structure above sampling noise")
-    used = int((report.get("positions") or {}).get("used") or 0)
-    if so.get("count") and used and so["count"] > used / 4:
+    if kind == "widespread":
         return (f"Token distributions change across positions: {so['count']:,} of the {used:,} positions ({so['ranges']}) "
                 f"differ from the pooled distribution, and {dims}.")
-    if so.get("count"):
+    if kind == "positions":
         return f"Positions {so['ranges']} carry token distributions of their own, and {dims}."
     return (f"Token distributions change gradually across positions (no single position stands out, but the "
             f"homogeneity test rejects) and {dims}.")
@@ -95,12 +98,14 @@ def _encoding_sentence(v: dict[str, Any]) -> str | None:
 
 
 def _fitted_sentence(v: dict[str, Any]) -> str | None:
-    """Whether the corpus' own (fitted) encoding beats every fixed one, beyond noise."""
+    """Whether the corpus' own (fitted) encoding beats every fixed one, beyond noise (the
+    verdict's ``fitted_better_at``, in words)."""
     above = v.get("components_above_noise")
     if not v.get("non_stationary") or not above:
         return None
-    wins = [b for b in v.get("best_encodings") or []
-            if b["best"].split(":")[0] in FITTED_ENCODINGS and b.get("fixed") not in b["tied_with"]]
+    better = set(v["fitted_better_at"] if "fitted_better_at" in v else
+                 fitted_better(v.get("best_encodings") or [], non_stationary=v.get("non_stationary"), above=above))
+    wins = [b for b in v.get("best_encodings") or [] if int(b["dim"]) in better]
     if not wins:
         return ("The corpus' own MDS encoding does not fit better than the best fixed one beyond noise: "
                 "nothing to gain from exporting it.")
