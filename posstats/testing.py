@@ -10,7 +10,7 @@ against it:
   independent samples of each position when the tokens are independent (as in a
   generated corpus). The analysis splits counted tokens the same way, streamed
   (:mod:`posstats.estimates.thinning`), or by document or shard on request
-  (:func:`posstats.estimates.noise.count_parts`, :func:`posstats.estimates.noise.parts_from_store`).
+  (:func:`posstats.runs.noise_parts.count_parts`, :func:`posstats.runs.noise_parts.parts_from_store`).
 
 >>> syn = synthetic_counts(50, 400, tokens=500, rank=2, block_tokens=8, seed=1)
 >>> syn.counts.positions, syn.rank, syn.true_eigenvalues.shape

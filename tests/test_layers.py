@@ -197,6 +197,14 @@ def test_no_import_points_up_the_rank_table():
     assert wrong == [], "imports against the rank table (tests/test_layers.py RANKS):\n" + "\n".join(sorted(wrong))
 
 
+def test_estimates_take_arrays_not_stores_or_files():
+    """The estimates read no corpus, store or file: their inputs are counts and arrays
+    (where parts come from is posstats.runs.noise_parts)."""
+    users = sorted(f"{m} -> {t}" for m, ts in _graph().items() if _rank_unit(m) == "estimates"
+                   for t in ts if _rank_unit(t) in ("corpus", "storage", "runs"))
+    assert users == []
+
+
 def test_argparse_only_in_the_cli_and_the_job_entrypoints():
     users = [m for m, p in MODULES.items() if _rank_unit(m) not in ("cli", "jobs")
              and any(n.split(".")[0] == "argparse" for n, _ in _imports(p))]

@@ -21,14 +21,13 @@ from posstats.counting.counts import CountSpec, PositionalCounts, count_sequence
 from posstats.errors import PosstatsError
 from posstats.estimates.noise import (
     corrected_squared_distances,
-    count_parts,
     noise_floor,
     null_rank,
-    parts_from_store,
 )
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
+from posstats.runs.noise_parts import count_parts, parts_from_store
 from posstats.testing import split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]

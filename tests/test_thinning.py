@@ -11,8 +11,9 @@ import scipy.sparse as sp
 from posstats.corpus.source import CorpusSource, count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.rows import row_blocks
-from posstats.estimates.noise import count_parts, mp_edge, noise_floor
+from posstats.estimates.noise import mp_edge, noise_floor
 from posstats.estimates.thinning import split_noise_floor, thin
+from posstats.runs.noise_parts import count_parts
 from posstats.testing import synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -335,7 +335,11 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     """Decisions live in the verdict (issue #29): its ``structure`` and ``fitted_better_at``
     are what the summary words; the wording code decides nothing (a verdict edited to say
     otherwise changes the sentences accordingly)."""
-    from posstats.estimates.verdict import WIDESPREAD_SHARE, fitted_better, structure_kind
+    from posstats.estimates.verdict import (
+        WIDESPREAD_SHARE,
+        fitted_better,
+        structure_kind,
+    )
     from posstats.reports.summary import answer_sentences
 
     assert structure_kind(None, None, 10) == "untested" and structure_kind(False, None, 10) == "none"

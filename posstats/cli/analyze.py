@@ -12,8 +12,8 @@ from posstats.cli._common import (
 )
 from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.io import load_counts
-from posstats.estimates.parts import describe_counts
 from posstats.reports.analysis_folder import analyze_to
+from posstats.runs.noise_parts import describe_counts
 from posstats.storage.publish import staged_output
 
 HELP = "analyse saved counts: Hellinger geometry, MDS spectrum, encoding stress"

@@ -8,7 +8,7 @@ two halves A and B:
 * by default every counted token goes to A or B at random (a binomial thinning of each
   count ``C[i, v]``, :func:`posstats.estimates.thinning.thin`): two independent samples
   of every ``mu_i`` with half the tokens each, the split the noise floor uses;
-* with the parts the analysis was given (documents or shards, :mod:`posstats.estimates.parts`),
+* with the parts the analysis was given (documents or shards, :mod:`posstats.runs.noise_parts`),
   the even parts against the odd ones, which keeps a document's tokens together.
 
 Every encoding is built from A alone (the MDS of A's distances, SMACOF started from it;

@@ -7,8 +7,9 @@ without a noise floor the geometry of deep positions is mostly sampling noise. T
 module measures that noise and corrects for it.
 
 **Parts.** Everything here starts from the corpus split into independent parts whose
-sum is the corpus: documents by index (:func:`count_parts`: row ``r`` of every input file
-goes to part ``r mod K``), the shards of a Ray run store (:func:`parts_from_store`:
+sum is the corpus: documents by index (:func:`posstats.runs.noise_parts.count_parts`: row
+``r`` of every input file goes to part ``r mod K``), the shards of a Ray run store
+(:func:`posstats.runs.noise_parts.parts_from_store`:
 shards in sorted shard-id order, rank ``mod K``, i.e. shard-id parity for ``K = 2``), or,
 for generated corpora, a random split of every token (:func:`posstats.testing.split_counts`).
 In ``pack`` mode each part packs only its own documents, so the parts' sum differs
@@ -65,9 +66,7 @@ bias-corrected eigenvalues back by the mean bias before comparing.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -76,19 +75,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.corpus.shard_store import RunStore
-from posstats.corpus.source import file_fingerprint
-from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import (
-    CountAccumulator,
     CountSpec,
     PositionalCounts,
-    combine_fingerprints,
 )
-from posstats.counting.pack import stitch
-from posstats.counting.ranges import placed_sum
-from posstats.counting.tokens import TokenBatch
-from posstats.errors import InputError, PosstatsError
 from posstats.estimates.permutation import PermutationNull, permutation_null
 from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
@@ -101,13 +91,11 @@ __all__ = [
     "NullRank",
     "bias_can_matter",
     "corrected_squared_distances",
-    "count_parts",
     "fitted_bias",
     "mp_edge",
     "mp_edge_value",
     "noise_floor",
     "null_rank",
-    "parts_from_store",
     "poisson_rows",
     "split_half",
     "usable_rows",
@@ -115,110 +103,6 @@ __all__ = [
 
 NULL_METHODS = ("shuffle", "mp")
 _CHUNK_ELEMENTS = 1 << 22  # rows x columns per temporary in the samplers (32 MiB of int64)
-
-
-# ---------------------------------------------------------------------------------------
-# Parts
-
-
-def _take_rows(batch: Any, parity: int, parts: int) -> Any:
-    """The rows of a TokenBatch whose row number in its file is ``parity`` mod ``parts``."""
-    lengths = np.diff(batch.offsets)
-    row_no = batch.first_row + np.arange(lengths.size, dtype=np.int64)
-    keep_rows = (row_no % parts) == parity
-    keep_tokens = np.repeat(keep_rows, lengths)
-    offsets = np.zeros(int(keep_rows.sum()) + 1, dtype=np.int64)
-    np.cumsum(lengths[keep_rows], out=offsets[1:])
-    # first_row of a subset only feeds error messages; the batch's own first row is right
-    # for the first kept row up to a few rows, and errors are raised on the full batch.
-    return TokenBatch(batch.values[keep_tokens], offsets, batch.source, batch.first_row)
-
-
-def count_parts(
-    source: Any,
-    spec: CountSpec,
-    /,
-    *,
-    parts: int = 4,
-    dense: bool | None = None,
-    metadata: dict[str, str] | None = None,
-) -> tuple[PositionalCounts, ...]:
-    """Count a corpus as ``parts`` document-parity parts in one pass.
-
-    Row (document) r of every input file goes to part ``r mod parts``; each part is counted
-    by its own :class:`~posstats.counting.counts.CountAccumulator` under ``spec``. Outside ``pack``
-    mode the parts sum exactly to :func:`posstats.corpus.source.count_corpus`; in ``pack`` mode
-    each part packs its own documents (see the module docstring).
-
-    Args:
-        source: a :class:`posstats.corpus.source.CorpusSource`.
-        spec: what to count.
-        parts: number of parts K >= 2 (4 lets :func:`noise_floor` fit the bias's decay).
-        dense: storage of each part (None: by the accumulator's memory budget).
-        metadata: metadata of every part (``part`` = ``"k/K"`` is added).
-
-    Returns:
-        K :class:`PositionalCounts`; each carries the whole corpus' fingerprint.
-
-    Raises:
-        InputError: bad input (as for counting), or an empty corpus.
-    """
-    parts = int(parts)
-    if parts < 2:
-        msg = f"parts must be >= 2, got {parts}"
-        raise ValueError(msg)
-    files = source.files()
-    tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
-    meta = dict(metadata or {})
-    accs = [CountAccumulator(spec, dense=dense, metadata={**meta, "part": f"{k}/{parts}"}) for k in range(parts)]
-    fingerprint = ""
-    for path in files:
-        for batch in source.read([path], tokenizer):
-            for k, acc in enumerate(accs):
-                acc.add(_take_rows(batch, k, parts))
-        fingerprint = combine_fingerprints(fingerprint, file_fingerprint(path, source.storage_options))
-    out = tuple(dataclasses.replace(acc.result(), fingerprint=fingerprint) for acc in accs)
-    if sum(p.sequences for p in out) == 0:
-        msg = f"empty corpus: no sequences in {', '.join(files)}"
-        raise InputError(msg)
-    return out
-
-
-def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budget: int = 4 * 2**30) -> tuple[PositionalCounts, ...]:
-    """Group a Ray run store's per-shard partials into ``parts`` parts.
-
-    The shards of the current result (its manifest) are sorted by shard id and shard of
-    rank r goes to part ``r mod parts`` (shard-id parity for 2 parts); each part is the
-    exact sum of its partials, pack-mode pieces placed where they sit in the stream
-    (:func:`posstats.counting.pack.stitch`, :func:`posstats.counting.ranges.placed_sum`),
-    so the parts sum to the store's result. With fewer shards than parts, two parts are
-    made (halves) if there are at least two shards. Sequence and window totals of the
-    parts are not kept (0).
-
-    Raises:
-        PosstatsError: no finished count in the store, or fewer than two shards.
-    """
-    rs = RunStore(store)
-    manifest = rs.manifest()
-    record = rs.config()
-    if manifest is None or record is None:
-        msg = f"run store {store} has no finished count (no manifest.json); count with 'posstats count --ray' first"
-        raise PosstatsError(msg)
-    ids = sorted(manifest.get("shard_ids", []))
-    if len(ids) < 2:
-        msg = f"run store {store} holds {len(ids)} shard(s); a noise floor needs at least two (count with a smaller --shard-size)"
-        raise PosstatsError(msg)
-    k = int(parts) if len(ids) >= int(parts) else 2
-    spec = CountSpec.from_metadata(record["config"]["spec"])
-    # pack-mode shards are pieces of one stream, placed (rotated) by stitching them all
-    placements, _, _ = stitch([(str(rs.partial_dir(sid)), 1) for sid in ids], spec)
-    out = []
-    for p in range(k):
-        matrix = placed_sum(placements[p::k], spec, 0, spec.positions)
-        dense = np.asarray(matrix.toarray()) if spec.fits_dense(dense_budget) else matrix
-        meta = {"part": f"{p}/{k}", "store": str(store)}
-        out.append(PositionalCounts(spec, dense, 0, 0, int(matrix.sum()), manifest.get("fingerprint", ""), meta))
-    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from typing import Any
 
 from posstats.analysis import Analysis, AnalysisConfig, analyze
 from posstats.counting.counts import PositionalCounts
-from posstats.estimates.parts import corpus_parts
 from posstats.reports.html import render_html_report
 from posstats.reports.summary import format_markdown
+from posstats.runs.noise_parts import corpus_parts
 from posstats.runs.run_folder import (
     MDS_FILE,
     REPORT_FILE,
@@ -108,7 +108,7 @@ def analyze_to(
     from ``store`` / ``parts_dirs``, or (``reread``) the corpus named in the config.json of
     ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity; the bootstrap
     takes the shards of ``store`` or of the recorded store, else re-reads
-    (:func:`posstats.estimates.parts.corpus_parts`). ``report.json`` records
+    (:func:`posstats.runs.noise_parts.corpus_parts`). ``report.json`` records
     ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report.
     """
     parts = partials = None

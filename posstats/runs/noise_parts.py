@@ -1,4 +1,6 @@
-"""The corpus in parts, for the noise floor and the shard bootstrap of an analysis.
+"""The corpus in parts, for the noise floor and the shard bootstrap of an analysis: read
+from a run store or re-read from the corpus here, so that the estimates themselves
+(:mod:`posstats.estimates`) take counts, never stores.
 
 By default the split-half noise floor needs no parts at all: it splits the counted
 tokens at random (:mod:`posstats.estimates.thinning`). :func:`corpus_parts` finds parts
@@ -19,25 +21,35 @@ sit in it (:func:`posstats.counting.pack.stitch`), so they sum to the store's re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posstats.corpus.shard_store import RunStore
-from posstats.corpus.source import CorpusSource
-from posstats.corpus.tokenizer import check_tokenizer, tokenizer_hash
-from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.corpus.source import CorpusSource, file_fingerprint
+from posstats.corpus.tokenizer import check_tokenizer, load_tokenizer, tokenizer_hash
+from posstats.counting.counts import (
+    CountAccumulator,
+    CountSpec,
+    PositionalCounts,
+    combine_fingerprints,
+)
 from posstats.counting.io import counts_file, load_counts, load_header
 from posstats.counting.pack import stitch
 from posstats.counting.ranges import placed_sum
 from posstats.counting.reduce import load_partial
-from posstats.errors import PosstatsError
-from posstats.estimates.noise import count_parts, parts_from_store
+from posstats.counting.tokens import TokenBatch
+from posstats.errors import InputError, PosstatsError
 
 __all__ = [
     "BOOTSTRAP_DOCUMENT_PARTS",
+    "count_parts",
+    "parts_from_store",
     "corpus_config",
     "corpus_parts",
     "describe_counts",
@@ -47,6 +59,107 @@ __all__ = [
 ]
 
 BOOTSTRAP_DOCUMENT_PARTS = 16  # resampling units when the corpus is re-read (no run store)
+
+
+def _take_rows(batch: Any, parity: int, parts: int) -> Any:
+    """The rows of a TokenBatch whose row number in its file is ``parity`` mod ``parts``."""
+    lengths = np.diff(batch.offsets)
+    row_no = batch.first_row + np.arange(lengths.size, dtype=np.int64)
+    keep_rows = (row_no % parts) == parity
+    keep_tokens = np.repeat(keep_rows, lengths)
+    offsets = np.zeros(int(keep_rows.sum()) + 1, dtype=np.int64)
+    np.cumsum(lengths[keep_rows], out=offsets[1:])
+    # first_row of a subset only feeds error messages; the batch's own first row is right
+    # for the first kept row up to a few rows, and errors are raised on the full batch.
+    return TokenBatch(batch.values[keep_tokens], offsets, batch.source, batch.first_row)
+
+
+def count_parts(
+    source: Any,
+    spec: CountSpec,
+    /,
+    *,
+    parts: int = 4,
+    dense: bool | None = None,
+    metadata: dict[str, str] | None = None,
+) -> tuple[PositionalCounts, ...]:
+    """Count a corpus as ``parts`` document-parity parts in one pass.
+
+    Row (document) r of every input file goes to part ``r mod parts``; each part is counted
+    by its own :class:`~posstats.counting.counts.CountAccumulator` under ``spec``. Outside ``pack``
+    mode the parts sum exactly to :func:`posstats.corpus.source.count_corpus`; in ``pack`` mode
+    each part packs its own documents (see the module docstring).
+
+    Args:
+        source: a :class:`posstats.corpus.source.CorpusSource`.
+        spec: what to count.
+        parts: number of parts K >= 2 (4 lets :func:`noise_floor` fit the bias's decay).
+        dense: storage of each part (None: by the accumulator's memory budget).
+        metadata: metadata of every part (``part`` = ``"k/K"`` is added).
+
+    Returns:
+        K :class:`PositionalCounts`; each carries the whole corpus' fingerprint.
+
+    Raises:
+        InputError: bad input (as for counting), or an empty corpus.
+    """
+    parts = int(parts)
+    if parts < 2:
+        msg = f"parts must be >= 2, got {parts}"
+        raise ValueError(msg)
+    files = source.files()
+    tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
+    meta = dict(metadata or {})
+    accs = [CountAccumulator(spec, dense=dense, metadata={**meta, "part": f"{k}/{parts}"}) for k in range(parts)]
+    fingerprint = ""
+    for path in files:
+        for batch in source.read([path], tokenizer):
+            for k, acc in enumerate(accs):
+                acc.add(_take_rows(batch, k, parts))
+        fingerprint = combine_fingerprints(fingerprint, file_fingerprint(path, source.storage_options))
+    out = tuple(dataclasses.replace(acc.result(), fingerprint=fingerprint) for acc in accs)
+    if sum(p.sequences for p in out) == 0:
+        msg = f"empty corpus: no sequences in {', '.join(files)}"
+        raise InputError(msg)
+    return out
+
+
+def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budget: int = 4 * 2**30) -> tuple[PositionalCounts, ...]:
+    """Group a Ray run store's per-shard partials into ``parts`` parts.
+
+    The shards of the current result (its manifest) are sorted by shard id and shard of
+    rank r goes to part ``r mod parts`` (shard-id parity for 2 parts); each part is the
+    exact sum of its partials, pack-mode pieces placed where they sit in the stream
+    (:func:`posstats.counting.pack.stitch`, :func:`posstats.counting.ranges.placed_sum`),
+    so the parts sum to the store's result. With fewer shards than parts, two parts are
+    made (halves) if there are at least two shards. Sequence and window totals of the
+    parts are not kept (0).
+
+    Raises:
+        PosstatsError: no finished count in the store, or fewer than two shards.
+    """
+    rs = RunStore(store)
+    manifest = rs.manifest()
+    record = rs.config()
+    if manifest is None or record is None:
+        msg = f"run store {store} has no finished count (no manifest.json); count with 'posstats count --ray' first"
+        raise PosstatsError(msg)
+    ids = sorted(manifest.get("shard_ids", []))
+    if len(ids) < 2:
+        msg = f"run store {store} holds {len(ids)} shard(s); a noise floor needs at least two (count with a smaller --shard-size)"
+        raise PosstatsError(msg)
+    k = int(parts) if len(ids) >= int(parts) else 2
+    spec = CountSpec.from_metadata(record["config"]["spec"])
+    # pack-mode shards are pieces of one stream, placed (rotated) by stitching them all
+    placements, _, _ = stitch([(str(rs.partial_dir(sid)), 1) for sid in ids], spec)
+    out = []
+    for p in range(k):
+        matrix = placed_sum(placements[p::k], spec, 0, spec.positions)
+        dense = np.asarray(matrix.toarray()) if spec.fits_dense(dense_budget) else matrix
+        meta = {"part": f"{p}/{k}", "store": str(store)}
+        out.append(PositionalCounts(spec, dense, 0, 0, int(matrix.sum()), manifest.get("fingerprint", ""), meta))
+    return tuple(out)
+
 
 Place = str | os.PathLike | None
 
