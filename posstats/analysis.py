@@ -174,6 +174,10 @@ class AnalysisConfig:
                                    unit="pairs", group=_LONG)
     lanczos_tol: float = option(1e-8, help="tolerance of the block Lanczos solver, relative to the top eigenvalue",
                                 metavar="TOL", minimum=0, strict=True, group=_LONG)
+    lanczos_noise_share: float = option(
+        1e-3, help="with the analytic null: eigenpairs inside the noise bulk are computed to this share of the "
+                   "null's edge as an absolute residual, the others to the Lanczos tolerance (0: every pair to "
+                   "it; docs/long-context.md)", metavar="S", minimum=0, group=_LONG)
     buckets: str = option("none", help="pool positions into buckets: fixed:W (W positions each) or log:P (P per "
                                        "doubling)", metavar="none|fixed:W|log:P", group=_LONG)
     distances: DistanceMatrix = option(
@@ -886,19 +890,15 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
     }
 
 
-# Eigenpairs inside the noise bulk are computed to this fraction of the null's threshold (the
-# noise's own operator norm) as an absolute residual, the others to lanczos_tol: see
-# _noise_level and docs/long-context.md.
-NOISE_RESIDUAL_SHARE = 1e-3
-
-
 def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: AnalysisConfig,
                  m: int) -> tuple[float, float] | None:
     """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
     before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
     plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
-    are computed to the absolute residual ``NOISE_RESIDUAL_SHARE x edge`` only; None (every
-    pair to ``lanczos_tol``) otherwise."""
+    are computed to the absolute residual ``config.lanczos_noise_share x edge`` only; None
+    (every pair to ``lanczos_tol``) otherwise."""
+    if not config.lanczos_noise_share:
+        return None
     choice = config.null
     if choice == "auto":
         choice = "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
@@ -908,7 +908,7 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
     if not math.isfinite(edge) or edge <= 0:
         return None
     shift = float(np.nanmean(bias)) if bias is not None else 0.0
-    return edge - shift, NOISE_RESIDUAL_SHARE * edge
+    return edge - shift, config.lanczos_noise_share * edge
 
 
 def _sampled_geometry(
