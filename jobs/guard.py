@@ -19,6 +19,7 @@ from typing import Any
 
 from posstats.corpus.remote import local_path
 from posstats.errors import (
+    OptionError,
     PosstatsError,
     PosstatsWarning,
     describe_os_error,
@@ -28,9 +29,9 @@ from posstats.errors import (
 from posstats.memory import available_memory, format_bytes, memory_hint
 from posstats.processes import describe_stop, exit_status, terminable
 
-from .output import routed_stdout
+from .output import OPTION_FLAGS, routed_stdout
 
-__all__ = ["explain_failure", "run_guarded"]
+__all__ = ["error_text", "explain_failure", "run_guarded"]
 
 
 def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) -> int:
@@ -52,7 +53,7 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
             warnings.showwarning = _show_warning
             return int(func(local_file_urls(args)) or 0)
     except PosstatsError as exc:
-        print(f"posstats: error: {exc}", file=sys.stderr)
+        print(f"posstats: error: {error_text(exc, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (Terminated)
         print(f"posstats: {describe_stop(exc)}", file=sys.stderr)
@@ -63,6 +64,14 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
             raise
         print(f"posstats: error: {text}", file=sys.stderr)
         return 2
+
+
+def error_text(exc: PosstatsError, args: argparse.Namespace, /) -> str:
+    """The one line of a user error: an :class:`~posstats.errors.OptionError` names the
+    command's flags (``--dims``) where the library names parameters (``dims``)."""
+    if isinstance(exc, OptionError):
+        return exc.naming(getattr(args, OPTION_FLAGS, None) or {})
+    return str(exc)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -29,7 +29,9 @@ from posstats.memory import format_bytes
 from posstats.progress import set_quiet
 from posstats.storage import jsontext
 
-__all__ = ["ArgumentParser", "add_output_args", "print_json", "routed_stdout"]
+__all__ = ["OPTION_FLAGS", "ArgumentParser", "add_output_args", "print_json", "routed_stdout"]
+
+OPTION_FLAGS = "option_flags"  # the parsed namespace's {parameter name: flag} (ArgumentParser)
 
 # the stdout a --json document goes to while the command's own prints go to stderr
 _JSON_STREAM: list[IO[str]] = []
@@ -98,7 +100,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         self._given = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
+        # parameter name -> flag, so that an OptionError names this command's flags
+        flags = dict(getattr(parsed, OPTION_FLAGS, None) or {})
+        flags.update({a.dest: max(a.option_strings, key=len) for a in self._actions
+                      if a.option_strings and a.dest not in ("help", "version")})
+        setattr(parsed, OPTION_FLAGS, flags)
+        return parsed, extras
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         super().error(message + self._hint(message))

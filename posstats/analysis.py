@@ -21,7 +21,7 @@ from posstats import __version__
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.rows import select_rows
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.bootstrap import shard_bootstrap
 from posstats.estimates.held_out import (
     HELD_OUT_AUTO_LIMIT,
@@ -230,7 +230,7 @@ class AnalysisConfig:
         object.__setattr__(self, "encodings", expand_encoding_specs(self.encodings))
         self._check_numbers()
         if not self.dims:
-            raise PosstatsError("give at least one dimension (--dims)")
+            raise OptionError("give at least one dimension ({dims})")
         for d in self.dims:
             if int(d) != d or d < 1:
                 msg = f"dimensions must be positive integers, got {d!r}"
@@ -238,7 +238,7 @@ class AnalysisConfig:
         need, what, hint = encoding_probe_bytes(self.dims)
         require_memory(need, what=what, hint=hint, command="analyze")
         if not self.encodings:
-            raise PosstatsError("give at least one encoding (--encodings)")
+            raise OptionError("give at least one encoding ({encodings})")
         # Build every (encoding, width) on two positions so that unknown names, odd widths
         # for sinusoidal/RoPE or unreadable tables fail before any counting work.
         probe = _ProbeMDS(np.eye(2, max(self.dims)))
@@ -289,8 +289,8 @@ class AnalysisConfig:
             msg = f"unknown noise floor setting {self.noise_floor!r}; choose one of {', '.join(NOISE_FLOOR_CHOICES)}"
             raise PosstatsError(msg)
         if self.distances == "corrected" and self.noise_floor == "off":
-            msg = "bias-corrected distances (--distances corrected) need a noise floor (not --noise-floor off)"
-            raise PosstatsError(msg)
+            msg = "bias-corrected distances ({distances} corrected) need a noise floor (not {noise_floor} off)"
+            raise OptionError(msg)
         if self.noise_parts not in (2, 4):
             msg = f"the noise floor uses 2 or 4 parts, got {self.noise_parts}"
             raise PosstatsError(msg)
@@ -298,8 +298,8 @@ class AnalysisConfig:
             msg = f"unknown null {self.null!r}; choose one of {', '.join(NULL_CHOICES)}"
             raise PosstatsError(msg)
         if self.null == "mp" and self.noise_floor == "off":
-            msg = "the analytic null (--null mp) needs a noise floor (not --noise-floor off)"
-            raise PosstatsError(msg)
+            msg = "the analytic null ({null} mp) needs a noise floor (not {noise_floor} off)"
+            raise OptionError(msg)
         if self.held_out not in HELD_OUT_CHOICES:
             msg = f"unknown held-out setting {self.held_out!r}; choose one of {', '.join(HELD_OUT_CHOICES)}"
             raise PosstatsError(msg)
@@ -307,12 +307,12 @@ class AnalysisConfig:
             msg = f"the SMACOF limit must be >= 0 positions, got {self.smacof_limit}"
             raise PosstatsError(msg)
         if self.null_replicates > _MAX_NULL_REPLICATES:
-            msg = (f"--null-replicates {self.null_replicates} is above {_MAX_NULL_REPLICATES} (each one is a shuffled corpus "
-                   "and, up to 1,024 rows, an m x m eigensolve)")
-            raise PosstatsError(msg)
+            msg = (f"{{null_replicates}} {self.null_replicates} is above {_MAX_NULL_REPLICATES} (each one is a shuffled "
+                   "corpus and, up to 1,024 rows, an m x m eigensolve)")
+            raise OptionError(msg)
         if self.null_replicates < 1 or self.bootstrap < 0:
-            msg = f"need --null-replicates >= 1 and --bootstrap >= 0, got {self.null_replicates} and {self.bootstrap}"
-            raise PosstatsError(msg)
+            msg = f"need {{null_replicates}} >= 1 and {{bootstrap}} >= 0, got {self.null_replicates} and {self.bootstrap}"
+            raise OptionError(msg)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: every option that decides the result (not the limits), and the sweeps."""
@@ -510,9 +510,9 @@ def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
         what = "bucket(s)" if sel.buckets is not None else "position(s)"
         msg = (
             f"{m} {what} have at least {config.min_occupancy} counted token(s); "
-            "the geometry needs two or more (count more text, or lower --min-occupancy)"
+            "the geometry needs two or more (count more text, or lower {min_occupancy})"
         )
-        raise InputError(msg)
+        raise OptionError(msg)
     need, what, hint = analysis_bytes(m, sel.counts.vocab_size, dims=config.dims, encodings=len(config.encodings),
                                       exact=m <= config.exact_limit, dense_counts=not sel.counts.is_sparse)
     require_memory(need, what=what, hint=hint, command="analyze")
@@ -611,7 +611,7 @@ def analyze(
     report says ``stress_method: sampled``.
 
     Raises:
-        InputError: fewer than two positions reach the minimum occupancy.
+        OptionError: fewer than two positions reach the minimum occupancy (an InputError).
         PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
     """
     if not isinstance(counts, PositionalCounts):
@@ -1101,8 +1101,9 @@ def _bootstrap_section(
 ) -> dict[str, Any]:
     """Shard-bootstrap intervals for eigenvalues, rank and stress (:mod:`posstats.estimates.bootstrap`)."""
     if not partials or len(partials) < 2:
-        msg = "a shard bootstrap (--bootstrap) needs per-shard partial counts (posstats analyze --store DIR, or counts with a config.json to re-read)"
-        raise PosstatsError(msg)
+        msg = ("a shard bootstrap ({bootstrap}) needs per-shard partial counts (a counting store: posstats analyze "
+               "--store DIR, or counts with a config.json to re-read)")
+        raise OptionError(msg)
     t = time.perf_counter()
     index, positions, context = g.index, g.positions, g.context
     geo_partials = [bucket_counts(p, g.buckets) for p in partials] if g.buckets is not None else list(partials)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 
 __all__ = [
     "InputError",
+    "OptionError",
     "PosstatsError",
     "PosstatsWarning",
     "describe_os_error",
@@ -33,6 +35,28 @@ class PosstatsError(Exception):
 
 class InputError(PosstatsError, ValueError):
     """Bad input data: a missing file or column, a corrupt file, an out-of-range token id."""
+
+
+class OptionError(InputError):
+    """A bad option value (an :class:`InputError`), in a message that names options by parameter name, written
+    ``{name}``: ``OptionError("give at least one width ({dims})")``.
+
+    ``str()`` names the parameters as the Python API spells them (``dims``); :meth:`naming`
+    names them as the caller's interface does: the command line its flags (``--dims``,
+    :func:`posstats.jobs.guard.run_guarded`), the pipeline its keys (``[geometry] dims``).
+    So the library never names a flag, and every interface names its own.
+    """
+
+    def __init__(self, template: str, /) -> None:
+        self.template = template
+        super().__init__(self.naming({}))
+
+    def naming(self, names: Mapping[str, str], /) -> str:
+        """The message with each ``{name}`` replaced by ``names[name]`` (else ``name``)."""
+        return _OPTION_NAME.sub(lambda m: names.get(m.group(1), m.group(1)), self.template)
+
+
+_OPTION_NAME = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 
 
 def did_you_mean(name: str, options: Iterable[str], /) -> str:

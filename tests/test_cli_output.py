@@ -89,3 +89,23 @@ def test_no_hint_when_nothing_is_close(capsys):
     with pytest.raises(SystemExit):
         main(["count", "--input", "x", "--out", "y", "--zzzzzz", "1"])
     assert "did you mean" not in capsys.readouterr().err
+
+
+def test_library_errors_name_parameters_and_the_cli_names_flags(tmp_path, capsys):
+    """An OptionError names the Python parameters (dims, null_replicates); the command line
+    prints its own flags (--dims, --null-replicates) in their place (issue #29)."""
+    from posstats.analysis import AnalysisConfig
+    from posstats.errors import OptionError
+
+    with pytest.raises(OptionError) as info:
+        AnalysisConfig(null_replicates=100_000)
+    assert str(info.value).startswith("null_replicates 100000 is above 999") and "--" not in str(info.value)
+    assert main(_count_args(tmp_path / "c")) == 0
+    capsys.readouterr()
+    rc = main(["analyze", "--counts", str(tmp_path / "c"), "--out", str(tmp_path / "a"), "--null-replicates", "100000"])
+    assert rc == 2
+    assert capsys.readouterr().err.startswith("posstats: error: --null-replicates 100000 is above 999")
+    rc = main(["analyze", "--counts", str(tmp_path / "c"), "--out", str(tmp_path / "a"), "--null", "mp",
+               "--noise-floor", "off"])
+    assert rc == 2
+    assert "the analytic null (--null mp) needs a noise floor (not --noise-floor off)" in capsys.readouterr().err

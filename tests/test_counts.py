@@ -156,8 +156,8 @@ def test_out_of_range_ids_name_file_row_value(bad, value):
         ({"positions": 2, "vocab_size": 4, "mode": "stride"}, "unknown position mode"),
         ({"positions": 2, "vocab_size": 4, "exclude_ids": (9,)}, "excluded token id 9"),
         ({"positions": 2, "vocab_size": 4, "separator_id": 1}, "only used in pack"),
-        ({"positions": 2**31 + 1, "vocab_size": 4}, r"--positions 2,147,483,649 is too large: .* at most 2,147,483,648"),
-        ({"positions": 2, "vocab_size": 2**33}, r"--vocab-size 8,589,934,592 is too large: .* at most 2,147,483,648"),
+        ({"positions": 2**31 + 1, "vocab_size": 4}, r"positions 2,147,483,649 is too large: .* at most 2,147,483,648"),
+        ({"positions": 2, "vocab_size": 2**33}, r"vocab_size 8,589,934,592 is too large: .* at most 2,147,483,648"),
     ],
 )
 def test_bad_specs(kwargs, match):

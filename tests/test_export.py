@@ -176,7 +176,7 @@ def test_existing_files_are_kept_without_force(run_dir, tmp_path):
     out = tmp_path / "p.safetensors"
     export_encoding(run_dir, out, dim=8)
     before = out.read_bytes()
-    with pytest.raises(PosstatsError, match="exists; pass --force"):
+    with pytest.raises(PosstatsError, match="exists; pass force to overwrite"):
         export_encoding(run_dir, out, dim=16)
     assert out.read_bytes() == before
     # A second export shares the folder: its card is q.README.md (README.md is p's card).
@@ -200,9 +200,9 @@ def test_existing_files_are_kept_without_force(run_dir, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"dim": 4, "rank": 5}, "--rank 5 exceeds --dim 4"),
-        ({"dim": 0}, "--dim must be a positive integer"),
-        ({"dim": 8, "factors": True}, "factors need --rank"),
+        ({"dim": 4, "rank": 5}, "^rank 5 exceeds dim 4"),
+        ({"dim": 0}, "^dim must be a positive integer"),
+        ({"dim": 8, "factors": True}, "factors need rank$"),
         ({"dim": 8, "layout": "t5"}, "unknown layout"),
         ({"dim": 8, "format": "h5"}, "unknown export format"),
     ],
@@ -478,3 +478,9 @@ def test_model_card_carries_the_runs_caveats(run_dir, tmp_path):
 
     lines = _caveats({"rank": "2"}, {"verdict": {"caveats": ["sampling noise alone gives 34% of the summed distances"]}}, [])
     assert "- Sampling noise alone gives 34% of the summed distances." in lines
+
+
+def test_the_cli_names_its_flags_in_option_errors(run_dir, tmp_path, capsys):
+    """export_run names its parameters (rank, dim); `posstats export` prints its flags."""
+    assert main(["export", str(run_dir), "--dim", "4", "--rank", "5", "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "posstats: error: --rank 5 exceeds --dim 4" in capsys.readouterr().err

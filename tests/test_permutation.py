@@ -193,6 +193,6 @@ def test_null_replicates_are_bounded():
     from posstats.analysis import AnalysisConfig
     from posstats.errors import PosstatsError
 
-    with pytest.raises(PosstatsError, match="--null-replicates 100000 is above 999"):
+    with pytest.raises(PosstatsError, match="null_replicates 100000 is above 999"):
         AnalysisConfig(null_replicates=100_000)
     assert AnalysisConfig(null_replicates=999).null_replicates == 999

@@ -21,7 +21,7 @@ from posstats.corpus.tokenizer import (
     vocab_size,
 )
 from posstats.counting.counts import CountSpec
-from posstats.errors import PosstatsError
+from posstats.errors import OptionError
 
 __all__ = ["CountInputs", "count_inputs"]
 
@@ -87,10 +87,11 @@ def count_inputs(
 
     Raises:
         PosstatsError: both or neither of a token-id column and a tokenizer, no vocabulary
-            size, or a bad spec (the message names the flag).
+            size, or a bad spec (:class:`~posstats.errors.OptionError`: the message names the
+            parameters, the command line its flags).
     """
     if column and text_column:
-        raise PosstatsError("give either --column (token ids) or --text-column (text), not both")
+        raise OptionError("give either {column} (token ids) or {text_column} (text), not both")
     metadata: dict[str, str] = {}
     if document_per is not None:
         metadata["document_per"] = document_unit("", document_per)
@@ -104,9 +105,9 @@ def count_inputs(
         if exclude is None:
             exclude = tuple(special_token_ids(tok))
     if vocab is None:
-        raise PosstatsError("--vocab-size is required when no --tokenizer is given")
+        raise OptionError("{vocab_size} is required when no {tokenizer} is given")
     if column is None and not tokenizer:
-        raise PosstatsError("give --column NAME (token ids) or --tokenizer tokenizer.json (to tokenise text)")
+        raise OptionError("give {column} (the column of token ids) or {tokenizer} (a tokenizer.json, to tokenise text)")
     source = CorpusSource(
         inputs=tuple(inputs),
         format=format,

@@ -22,7 +22,7 @@ from posstats.counting.blocks import CountBlocks
 from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import SortedKeyCounter, buffer_tokens
 from posstats.counting.tokens import TokenBatch
-from posstats.errors import InputError
+from posstats.errors import InputError, OptionError
 
 __all__ = [
     "MAX_POSITIONS",
@@ -90,19 +90,19 @@ class CountSpec:
             raise InputError(msg)
         if self.positions > MAX_POSITIONS:
             msg = (
-                f"--positions {self.positions:,} is too large: positions are stored as int32, so the number of "
+                f"{{positions}} {self.positions:,} is too large: positions are stored as int32, so the number of "
                 f"positions may be at most {MAX_POSITIONS:,} (2**31)"
             )
-            raise InputError(msg)
+            raise OptionError(msg)
         if self.vocab_size < 1:
             msg = f"the vocabulary size must be >= 1, got {self.vocab_size}"
             raise InputError(msg)
         if self.vocab_size > MAX_VOCAB_SIZE:
             msg = (
-                f"--vocab-size {self.vocab_size:,} is too large: token ids are stored as int32 (at most "
+                f"{{vocab_size}} {self.vocab_size:,} is too large: token ids are stored as int32 (at most "
                 f"{MAX_VOCAB_SIZE - 1:,}), so the vocabulary size may be at most {MAX_VOCAB_SIZE:,} (2**31)"
             )
-            raise InputError(msg)
+            raise OptionError(msg)
         if self.mode not in MODES:
             msg = f"unknown position mode {self.mode!r}; choose one of {', '.join(MODES)}"
             raise InputError(msg)

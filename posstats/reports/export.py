@@ -68,7 +68,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from posstats import __version__
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.geometry.stress import stress_report
@@ -160,8 +160,8 @@ def _guess_format(out: Path, fmt: str | None) -> str:
     suffix = out.suffix.lower().lstrip(".")
     if suffix in FORMATS:
         return suffix
-    msg = f"{out}: cannot tell the format from the suffix {out.suffix!r}; pass --format {'|'.join(FORMATS)}"
-    raise InputError(msg)
+    msg = f"{out}: cannot tell the format from the suffix {out.suffix!r}; pass {{format}} {'|'.join(FORMATS)}"
+    raise OptionError(msg)
 
 
 def _check_options(*, layout: str, basis: str, dtype: str, dim: int, rank: int | None, factors: bool, method: str) -> None:
@@ -177,16 +177,16 @@ def _check_options(*, layout: str, basis: str, dtype: str, dim: int, rank: int |
         msg = f"dtype must be float32 or float64; got {dtype!r}"
         raise PosstatsError(msg)
     if int(dim) != dim or dim < 1:
-        msg = f"--dim must be a positive integer; got {dim}"
-        raise PosstatsError(msg)
+        msg = f"{{dim}} must be a positive integer; got {dim}"
+        raise OptionError(msg)
     if rank is not None and (int(rank) != rank or rank < 1):
-        msg = f"--rank must be a positive integer; got {rank}"
-        raise PosstatsError(msg)
+        msg = f"{{rank}} must be a positive integer; got {rank}"
+        raise OptionError(msg)
     if rank is not None and rank > dim:
-        msg = f"--rank {rank} exceeds --dim {dim}: a rank-r table needs width d >= r"
-        raise PosstatsError(msg)
+        msg = f"{{rank}} {rank} exceeds {{dim}} {dim}: a rank-r table needs width d >= r"
+        raise OptionError(msg)
     if factors and rank is None:
-        raise PosstatsError("the low-rank factors need --rank")
+        raise OptionError("the low-rank factors need {rank}")
     if method not in ("classical", "smacof"):
         msg = f"unknown method {method!r}; use classical or smacof"
         raise PosstatsError(msg)
@@ -220,8 +220,8 @@ def _check_contiguous(run: RunData) -> None:
 def _check_prefix(prefix: str) -> None:
     """A key prefix is empty or a dotted module path ending in '.' (``bert.``, ``transformer.``)."""
     if prefix and not re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*\.)+", prefix):
-        msg = f"--prefix must be empty or a dotted module path ending in '.', e.g. 'bert.' or 'transformer.'; got {prefix!r}"
-        raise InputError(msg)
+        msg = f"{{prefix}} must be empty or a dotted module path ending in '.', e.g. 'bert.' or 'transformer.'; got {prefix!r}"
+        raise OptionError(msg)
 
 
 def _rows(run: RunData, rows: int | None) -> RunData:
@@ -231,12 +231,12 @@ def _rows(run: RunData, rows: int | None) -> RunData:
     if rows is None or rows == m:
         return run
     if int(rows) != rows or rows < 2:
-        msg = f"--rows must be an integer >= 2 (a position table's stress compares pairs of rows); got {rows}"
-        raise InputError(msg)
+        msg = f"{{rows}} must be an integer >= 2 (a position table's stress compares pairs of rows); got {rows}"
+        raise OptionError(msg)
     if rows > m:
-        msg = (f"--rows {rows}: {run.directory} has positions 0..{m - 1} only; a model with {rows} positions needs "
+        msg = (f"{{rows}} {rows}: {run.directory} has positions 0..{m - 1} only; a model with {rows} positions needs "
                f"counts of {rows} positions (posstats count --positions {rows})")
-        raise InputError(msg)
+        raise OptionError(msg)
     held = run.distances[:rows, :rows] if run.distances is not None else None
     return dataclasses.replace(run, positions=run.positions[:rows], encoding=run.encoding[:rows], distances=held)
 
@@ -287,8 +287,9 @@ def _export_rank(run: RunData, *, dim: int, rank: int | None, force: bool = Fals
     when ``rank`` goes beyond the components above noise."""
     k = run.encoding.shape[1]
     if rank is not None and rank > k:
-        msg = f"--rank {rank} exceeds the {k} MDS coordinates stored in {run.directory}/mds.safetensors (re-analyse with larger --dims)"
-        raise PosstatsError(msg)
+        msg = (f"{{rank}} {rank} exceeds the {k} MDS coordinates stored in {run.directory}/mds.safetensors "
+               "(re-analyse with larger --dims)")
+        raise OptionError(msg)
     informative = informative_rank(run.report)
     if rank is not None:
         warn = []
@@ -348,8 +349,8 @@ def _output_files(out: Path, fmt: str, *, factors: bool, card: bool, force: bool
     card_files = [card_path(out), out.with_name(f"{stem}.spectrum.png"), out.with_name(f"{stem}.lowrank.png")] if card else []
     existing = [p for p in tensors + card_files if p.exists()]
     if existing and not force:
-        msg = f"{existing[0]}: exists; pass --force to overwrite"
-        raise PosstatsError(msg)
+        msg = f"{existing[0]}: exists; pass {{force}} to overwrite"
+        raise OptionError(msg)
     for p in tensors + card_files:
         if p.is_dir():
             msg = f"{p}: is a folder"
@@ -367,8 +368,8 @@ def _smacof_coordinates(run: RunData, rank: int, *, max_iter: int, tol: float) -
     run holding those distances (computed here at most once)."""
     n = run.positions.shape[0]
     if n > SMACOF_POSITION_LIMIT:
-        msg = f"--method smacof needs all {n} x {n} distances; it is limited to n <= {SMACOF_POSITION_LIMIT}"
-        raise PosstatsError(msg)
+        msg = f"{{method}} smacof needs all {n} x {n} distances; it is limited to n <= {SMACOF_POSITION_LIMIT}"
+        raise OptionError(msg)
     run = with_distances(run)
     a, details = mds_smacof(run, run.distances, rank, max_iter=max_iter, tol=tol)
     fit = {f"smacof_{k}": _fmt(v) if isinstance(v, float) else str(v) for k, v in details.items() if k not in ("method", "rank")}
@@ -611,7 +612,7 @@ def _write_tensors(fmt: str, out: Path, tensors: dict[str, np.ndarray], metadata
     try:
         import torch
     except ImportError as exc:
-        raise PosstatsError("--format pt needs torch (pip install torch)") from exc
+        raise OptionError("{format} pt needs torch (pip install torch)") from exc
     with atomic_path(out) as tmp:
         torch.save({k: torch.from_numpy(v.copy()) for k, v in tensors.items()}, tmp)
     return [out]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.errors import InputError, PosstatsError, did_you_mean
+from posstats.errors import InputError, OptionError, PosstatsError, did_you_mean
 
 __all__ = [
     "ALIASES",
@@ -454,18 +454,19 @@ def check_encoding_count(specs: Any, /, *, limit: int = DEFAULT_MAX_ENCODINGS) -
     """The number of specs ``specs`` expand to; raise when above ``limit``.
 
     Raises:
-        PosstatsError: ``"--encodings expands to 8,000 encodings, more than the limit of
-            256 ..."`` (one line, with how to raise the limit).
+        OptionError: ``"encodings expands to 8,000 encodings, more than the limit of
+            256 ..."`` (one line, with how to raise the limit; the command line names
+            ``--encodings`` and ``--max-encodings``).
     """
     if int(limit) < 1:
         msg = f"the limit on scored encodings must be >= 1, got {limit}"
         raise PosstatsError(msg)
     n = count_encoding_specs(specs)
     if n > limit:
-        msg = (f"--encodings expands to {n:,} encodings (sweeps multiply: a|b|c per key), more than the limit of "
+        msg = (f"{{encodings}} expands to {n:,} encodings (sweeps multiply: a|b|c per key), more than the limit of "
                f"{int(limit):,} one run scores; each costs a table and a stress per width. Narrow the sweep, or "
-               "raise the limit with --max-encodings N")
-        raise PosstatsError(msg)
+               "raise the limit with {max_encodings}")
+        raise OptionError(msg)
     return n
 
 
