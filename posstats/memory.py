@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posstats.counting.counts import CountSpec
-from posstats.errors import PosstatsError
+from posstats.errors import OptionError
 from posstats.geometry.backend import get_cupy
 
 __all__ = [
@@ -126,12 +126,13 @@ def format_bytes(nbytes: float, /) -> str:
 
 
 def require_memory(nbytes: int, /, *, what: str, hint: str, command: str = "posstats") -> None:
-    """Refuse (:class:`PosstatsError`) when ``nbytes`` exceed the memory available now.
+    """Refuse (:class:`~posstats.errors.OptionError`) when ``nbytes`` exceed the memory available now.
 
     Args:
         nbytes: the estimate (a lower bound of the step's peak, see the module docstring).
         what: what the memory is for, e.g. ``"the 987,654 x 987,654 distance matrix"``.
-        hint: the flag(s) to change, e.g. ``"lower --exact-limit or use --buckets"``.
+        hint: the option(s) to change, named ``{name}`` (:class:`~posstats.errors.OptionError`:
+            the command line prints its flags), e.g. ``"lower {exact_limit} or use {buckets}"``.
         command: the step that needs it, the message's subject (``"analyze"``).
 
     The message: ``"analyze needs about 7.3 TiB for the 987,654 x 987,654 distance matrix
@@ -141,7 +142,7 @@ def require_memory(nbytes: int, /, *, what: str, hint: str, command: str = "poss
     if available is None or nbytes <= available:
         return
     msg = f"{command} needs about {format_bytes(nbytes)} for {what} but {format_bytes(available)} are available; {hint}"
-    raise PosstatsError(msg)
+    raise OptionError(msg)
 
 
 # --------------------------------------------------------------------------- estimates
@@ -155,8 +156,8 @@ def count_bytes(positions: int, vocab_size: int, /, *, dense: bool) -> tuple[int
     n, v = int(positions), int(vocab_size)
     if dense:
         return (2 * 8 * n * v, f"the dense {n:,} x {v:,} int64 counts (the accumulator and its result)",
-                "lower --memory-budget (counts above it are kept sparse) or --positions")
-    return (16 * n + 8, f"the per-position arrays of {n:,} positions (sparse counts)", "lower --positions")
+                "lower {memory_budget} (counts above it are kept sparse) or {positions}")
+    return (16 * n + 8, f"the per-position arrays of {n:,} positions (sparse counts)", "lower {positions}")
 
 
 def require_count_memory(spec: CountSpec, /, *, budget_bytes: float, tokens: int | None = None) -> None:
@@ -172,7 +173,7 @@ def encoding_probe_bytes(dims, /) -> tuple[int, str, str]:
     """Checking the encodings at the widest ``--dims`` on two positions (done before any
     counting): a 2 x D probe table and a 2 x D encoding, float64."""
     d = max(int(x) for x in dims)
-    return 2 * 2 * 8 * d, f"encodings of width {d:,} (--dims)", "lower --dims"
+    return 2 * 2 * 8 * d, f"encodings of width {d:,} ({{dims}})", "lower {dims}"
 
 
 def analysis_bytes(
@@ -209,13 +210,13 @@ def analysis_bytes(
     top = max(parts, key=parts.get)
     if top == "matrix":
         what = f"the {m:,} x {m:,} distance matrix and its working copy"
-        hint = "lower --exact-limit (pairs are sampled above it) or use --buckets"
+        hint = "lower {exact_limit} (pairs are sampled above it) or use {buckets}"
     elif top == "encodings":
-        what = f"the encodings of {m:,} positions at widths up to {max(widths):,} (--dims)"
-        hint = "lower --dims, or use --buckets"
+        what = f"the encodings of {m:,} positions at widths up to {max(widths):,} ({{dims}})"
+        hint = "lower {dims}, or use {buckets}"
     else:
         what = f"the square-root distributions of {m:,} positions x {v:,} tokens"
-        hint = "count with a lower --memory-budget (sparse counts) or use --buckets"
+        hint = "count with a lower {memory_budget} (sparse counts) or use {buckets}"
     return total, what, hint
 
 
@@ -223,8 +224,8 @@ def table_bytes(positions: int, dim: int, rank: int, /, *, itemsize: int) -> tup
     """``posstats export``: the ``n x D`` table in float64 (the product ``A W^T``) and in the
     stored dtype, and the ``D x r`` basis."""
     n, d, r = int(positions), int(dim), int(rank)
-    return (8 * n * d + int(itemsize) * n * d + 8 * d * r, f"the {n:,} x {d:,} position table (--dim)",
-            "lower --dim")
+    return (8 * n * d + int(itemsize) * n * d + 8 * d * r, f"the {n:,} x {d:,} position table ({{dim}})",
+            "lower {dim}")
 
 
 def transformer_bytes(*, layers: int, dim: int, vocab_size: int, mlp_ratio: int, tokens: int,
@@ -235,7 +236,7 @@ def transformer_bytes(*, layers: int, dim: int, vocab_size: int, mlp_ratio: int,
     d = int(dim)
     weights = int(itemsize) * (int(vocab_size) * d + int(layers) * (4 + 2 * int(mlp_ratio)) * d * d)
     states = 8 * (int(layers) + 1) * int(tokens) * d
-    return weights + states, f"a {layers}-layer model of width {d:,} (--dim)", "lower --dim or --layers"
+    return weights + states, f"a {layers}-layer model of width {d:,} ({{dim}})", "lower {dim} or {layers}"
 
 
 def memory_hint(command: str | None, /) -> str:

@@ -490,7 +490,7 @@ def test_hf_dataset_dict_splits(tmp_path, gpt2):
     datasets.DatasetDict({"train": _dataset(SEQS[:4]), "test": _dataset(SEQS[4:])}).save_to_disk(str(folder))
     with pytest.raises(InputError) as info:  # two splits and none chosen: never a silent pick
         list(read_token_batches([folder], column="ids"))
-    assert message(info) == f"{folder}: holds the splits train, test; choose one with --split (hf_split=)"
+    assert message(info) == f"{folder}: holds the splits train, test; choose one with split (hf_split=)"
     assert collect(read_token_batches([folder], column="ids", hf_split="train")) == SEQS[:4]
     assert collect(read_token_batches([folder], column="ids", hf_split="test")) == SEQS[4:]
     with pytest.raises(InputError) as info:

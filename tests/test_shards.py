@@ -453,7 +453,7 @@ def test_document_units_by_suffix_and_by_flag():
 
     assert document_unit("a.md") == "paragraph" and document_unit("a.md.gz") == "paragraph"
     assert document_unit("a.txt") == "line" and document_unit("a.txt", "file") == "file"
-    with pytest.raises(InputError, match="--document-per must be one of line, paragraph, file"):
+    with pytest.raises(InputError, match="document_per must be one of line, paragraph, file"):
         document_unit("a.txt", "page")
     lines = list(enumerate(["a", "b", "", "", "c", "  ", "d", "e"], 1))
     assert list(_documents(lines, "line")) == ["a", "b", "c", "d", "e"]

@@ -58,7 +58,7 @@ from posstats.corpus.remote import (
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import first_id_outside
 from posstats.counting.tokens import TokenBatch
-from posstats.errors import InputError, PosstatsError, PosstatsWarning
+from posstats.errors import InputError, OptionError, PosstatsError, PosstatsWarning
 
 __all__ = [
     "DOCUMENT_UNITS",
@@ -172,8 +172,8 @@ def document_unit(path: str | os.PathLike[str], given: str | None = None, /) -> 
     elsewhere (``.txt``, ``.text``: one sentence or record per line)."""
     if given is not None:
         if given not in DOCUMENT_UNITS:
-            msg = f"--document-per must be one of {', '.join(DOCUMENT_UNITS)}, got {given!r}"
-            raise InputError(msg)
+            msg = f"{{document_per}} must be one of {', '.join(DOCUMENT_UNITS)}, got {given!r}"
+            raise OptionError(msg)
         return given
     base, suffix = os.path.splitext(os.fspath(path).rstrip("/"))
     if suffix.lower() in _OPENERS:
@@ -997,12 +997,12 @@ def _pick_split(ds: Any, path: str, split: str | None) -> Any:
     splits = list(ds.keys())
     if split is None:
         if len(splits) != 1:
-            msg = f"{path}: holds the splits {', '.join(splits)}; choose one with --split (hf_split=)"
-            raise InputError(msg)
+            msg = f"{path}: holds the splits {', '.join(splits)}; choose one with {{split}} (hf_split=)"
+            raise OptionError(msg)
         split = splits[0]
     if split not in splits:
-        msg = f"{path}: no split {split!r} (available: {', '.join(splits)}); choose one with --split (hf_split=)"
-        raise InputError(msg)
+        msg = f"{path}: no split {split!r} (available: {', '.join(splits)}); choose one with {{split}} (hf_split=)"
+        raise OptionError(msg)
     return ds[split]
 
 

@@ -83,7 +83,7 @@ from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.io import counts_file, save_accumulated, save_counts
 from posstats.counting.reduce import PARTIAL_MARKER
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.ids import validate_id
 from posstats.processes import process_start_ticks
 from posstats.storage.jsontext import read_json_file, write_json_atomic
@@ -493,8 +493,8 @@ def refresh_source(store: str, /, *, inputs: Sequence[str] | None = None, tokeni
     metadata = dict(cfg.get("metadata", {}))
     tok_path = tokenizer or stored.get("tokenizer_path")
     if cfg.get("column") is None and not tok_path:
-        msg = f"{store}: counts text; pass --tokenizer (the tokenizer.json it was counted with)"
-        raise PosstatsError(msg)
+        msg = f"{store}: counts text; pass {{tokenizer}} (the tokenizer.json it was counted with)"
+        raise OptionError(msg)
     if tok_path:
         recorded = {"tokenizer_hash": cfg.get("tokenizer_hash"), "tokenizer": metadata.get("tokenizer")}
         check_tokenizer(recorded, tok_path, counts=f"run store {store}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import counts_file, load_header
-from posstats.errors import InputError
+from posstats.errors import InputError, OptionError
 from posstats.runs.run_folder import MDS_FILE, REPORT_FILE, RunData, load_run
 from posstats.service.pipeline_store import Store, sorted_runs
 from posstats.storage.publish import published_dir
@@ -150,8 +150,8 @@ def store_sides(url: str, runs: list[str] | None = None, /, *, storage_options: 
     store = Store(url, storage_options=storage_options)
     if runs:
         if len(runs) != 2:
-            msg = f"--runs takes two run ids (ID,ID), got {len(runs)}"
-            raise InputError(msg)
+            msg = f"{{runs}} takes two run ids (ID,ID), got {len(runs)}"
+            raise OptionError(msg)
         known = set(store.run_ids())
         for rid in runs:
             if rid not in known:
@@ -162,7 +162,7 @@ def store_sides(url: str, runs: list[str] | None = None, /, *, storage_options: 
         latest = (store.latest() or {}).get("run_id")
         done = [r["run_id"] for r in sorted_runs([store.run_status(r) for r in store.run_ids()]) if r["complete"]]
         if latest is None or latest not in done or done.index(latest) == 0:
-            msg = f"{store.display()}: needs two complete runs to compare (latest: {latest or 'none'}); give --runs ID,ID"
-            raise InputError(msg)
+            msg = f"{store.display()}: needs two complete runs to compare (latest: {latest or 'none'}); give {{runs}} ID,ID"
+            raise OptionError(msg)
         pair = [done[done.index(latest) - 1], latest]
     return store_run_side(store, pair[0], cache), store_run_side(store, pair[1], cache)

@@ -49,7 +49,7 @@ import numpy as np
 
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts
-from posstats.errors import InputError
+from posstats.errors import InputError, OptionError
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import sinusoidal
@@ -138,8 +138,8 @@ def find_position_key(ckpt: Checkpoint, /, *, key: str | None = None) -> str:
     """
     if key is not None:
         if key not in ckpt.keys():
-            msg = f"{ckpt.path}: no tensor {key!r} (--key)"
-            raise InputError(msg)
+            msg = f"{ckpt.path}: no tensor {key!r} ({{key}})"
+            raise OptionError(msg)
         if len(ckpt.shape(key)) != 2:
             msg = f"{ckpt.path}: tensor {key!r} has shape {ckpt.shape(key)}, not (positions, width)"
             raise InputError(msg)
@@ -150,14 +150,14 @@ def find_position_key(ckpt: Checkpoint, /, *, key: str | None = None) -> str:
     if len(found) == 1:
         return found[0]
     if found:
-        msg = f"{ckpt.path}: several position tables ({', '.join(found)}); choose one with --key"
-        raise InputError(msg)
+        msg = f"{ckpt.path}: several position tables ({', '.join(found)}); choose one with {{key}}"
+        raise OptionError(msg)
     two_d = [k for k in ckpt.keys() if len(ckpt.shape(k)) == 2][:5]
     msg = (
         f"{ckpt.path}: no position table found (looked for *embeddings.position_embeddings.weight and "
-        f"*wpe.weight); pass --key NAME (2-D tensors include: {', '.join(two_d) or 'none'})"
+        f"*wpe.weight); pass {{key}} NAME (2-D tensors include: {', '.join(two_d) or 'none'})"
     )
-    raise InputError(msg)
+    raise OptionError(msg)
 
 
 @dataclass(frozen=True)
@@ -339,8 +339,8 @@ def _positions_in_table(positions: np.ndarray, n_rows: int, offset: int, checkpo
         InputError: a negative ``offset``; fewer than two positions left.
     """
     if offset < 0:
-        msg = f"--offset must be >= 0; got {offset}"
-        raise InputError(msg)
+        msg = f"{{offset}} must be >= 0; got {offset}"
+        raise OptionError(msg)
     inside = positions + offset < n_rows
     notes = [] if inside.all() else [
         f"{int((~inside).sum())} corpus position(s) beyond the table's {n_rows} rows (offset {offset}) left out"]

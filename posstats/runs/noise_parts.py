@@ -44,7 +44,7 @@ from posstats.counting.pack import stitch
 from posstats.counting.ranges import placed_sum
 from posstats.counting.reduce import load_partial
 from posstats.counting.tokens import TokenBatch
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, OptionError, PosstatsError
 
 __all__ = [
     "BOOTSTRAP_DOCUMENT_PARTS",
@@ -199,8 +199,8 @@ def find_tokenizer(cfg: dict[str, Any], /, *, override: str | None = None) -> st
         cand = d / name
         if cand.is_file() and (not cfg.get("tokenizer_hash") or tokenizer_hash(str(cand)) == cfg["tokenizer_hash"]):
             return str(cand)
-    msg = f"cannot find the tokenizer {name!r} the corpus was counted with; give --tokenizer PATH"
-    raise PosstatsError(msg)
+    msg = f"cannot find the tokenizer {name!r} the corpus was counted with; give {{tokenizer}} PATH"
+    raise OptionError(msg)
 
 
 def describe_counts(path: Place = None, /) -> str:
@@ -236,9 +236,9 @@ def reread_parts(
             changed since it was counted (fingerprints differ).
     """
     if not cfg or "inputs" not in cfg:
-        msg = ("the noise floor / bootstrap needs the corpus in parts: give --store (Ray run store) or --parts, "
+        msg = ("the noise floor / bootstrap needs the corpus in parts: give {store} (Ray run store) or {parts}, "
                "or analyse counts whose folder has the config.json written by 'posstats count'")
-        raise PosstatsError(msg)
+        raise OptionError(msg)
     tok_path = find_tokenizer(cfg, override=tokenizer)
     if tok_path:
         check_tokenizer(counts.metadata, tok_path, counts=describe_counts(counts_path))
@@ -317,7 +317,7 @@ def corpus_parts(
         if parts_dirs:
             parts = tuple(load_counts(d) for d in parts_dirs)
             if len(parts) not in (2, 4):
-                raise PosstatsError(f"--parts needs 2 or 4 count folders, got {len(parts)}")
+                raise OptionError(f"{{parts}} needs 2 or 4 count folders, got {len(parts)}")
         elif store:
             parts = parts_from_store(store, parts=noise_parts)
         elif reread:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from posstats.errors import PosstatsError
+from posstats.errors import OptionError, PosstatsError
 
 __all__ = [
     "Cron",
@@ -292,7 +292,7 @@ def parse_cron(text: Any, /, *, tz: str = "UTC") -> Cron:
 def parse_schedule(*, every: str | None = None, cron: str | None = None, tz: str = "UTC") -> Interval | Cron:
     """Exactly one of ``every`` / ``cron``; ``tz`` is the time zone of a cron expression."""
     if bool(every) == bool(cron):
-        raise PosstatsError("give exactly one of --every INTERVAL or --cron EXPRESSION")
+        raise OptionError("give exactly one of {every} INTERVAL or {cron} EXPRESSION")
     time_zone(tz)
     return parse_interval(every) if every else parse_cron(cron, tz=tz)
 
