@@ -202,3 +202,44 @@ def test_key_numbers_say_what_the_component_counts_are_shares_of():
     assert variance_of({"denominator": "positive_eigenvalues"}) == "of the variance"
     assert variance_of({"denominator": "computed_positive_eigenvalues", "eigenvalues": [3.0, 2.0]}) == \
         "of the top 2 components' variance"
+
+
+@pytest.mark.slow
+def test_the_figures_of_a_long_context_run_pass_their_checks(tmp_path):
+    """A run on the long-context path (sampled stress, Lanczos MDS, the analytic null: more
+    rows than the exact limit) draws figures that cannot mislead (issue #30): the spectrum's
+    cumulative share is monotone and <= 1 with the null's threshold drawn, the heatmap says
+    it is a sample and names its distances, the occupancy axis is linear over a narrow range,
+    legends sit outside the data, the trade-off plots scaled stress."""
+    import numpy as np
+
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.reports import html
+    from posstats.reports.analysis_folder import write_analysis
+    from posstats.runs.run_folder import run_distances
+    from posstats.testing import known_corpus
+
+    counts = known_corpus("planted", 2500, tokens=800, vocab=2000, strength=0.5, seed=3).counts
+    config = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal", "alibi"), exact_limit=1024,
+                            noise_floor="on", null="mp", held_out="off")
+    run = write_analysis(tmp_path / "run", analyze(counts, config))
+    assert run.report["geometry"]["stress_method"] == "sampled" and run.report["null"]["method"] == "mp"
+    idx, dist = run_distances(run, max_positions=600)
+    plots = {p.name: p for p in html._figures(run, idx, dist, html._tradeoff(run, idx, dist, width=16), width=16,
+                                               max_heatmap=256)}
+    spectrum = plots["spectrum"]
+    curve = next(ln for ax in spectrum.figure.axes for ln in ax.get_lines() if ln.get_label().startswith("cumulative"))
+    y = np.asarray(curve.get_ydata(), dtype=float)
+    assert np.all(np.diff(y) >= -1e-12) and y.max() <= 1 + 1e-12
+    if run.report["spectrum"]["denominator"] == "computed_positive_eigenvalues":  # as the key numbers say
+        assert curve.get_label() == "cumulative share of the top 16 components' variance"
+    assert any(ln.get_label().startswith("noise threshold") for ax in spectrum.figure.axes for ln in ax.get_lines())
+    heat = plots["hellinger_heatmap"]
+    assert "of 2,500" in heat.caption or "2500" in heat.caption.replace(",", ""), heat.caption
+    assert any("d_H" in ax.get_ylabel() for ax in heat.figure.axes)
+    occupancy = plots["occupancy"].figure.axes[0]
+    assert occupancy.get_yscale() == "linear" and occupancy.get_ylim()[0] == 0.0  # every position holds 800 tokens
+    stress = plots["stress_by_dim"]
+    assert not any(ax.get_legend() for ax in stress.figure.axes) and stress.figure.legends
+    assert any(ln.get_label() == "scaled stress" for ln in plots["lowrank_tradeoff"].figure.axes[0].get_lines())
+    assert (tmp_path / "run" / "report.html").is_file()

@@ -243,18 +243,23 @@ def spectrum_figure(
     ax.set_ylabel("lambda_k")
     ax2 = ax.twinx()
     ax2.plot(k, cum, color="C1", lw=1.5, label=explained_label)
-    for j, level in enumerate((0.9, 0.99)):
+    marks = []
+    for level in (0.9, 0.99):
         hit = np.nonzero(cum >= level)[0]
         if hit.size:
             r = int(hit[0]) + 1
             ax2.plot([r], [cum[hit[0]]], "o", color="C1", ms=4)
-            ax2.annotate(f"{level:.0%} at r = {r}", (r, cum[hit[0]]), fontsize=8, color="C1",
-                         xytext=(6, -12 - 12 * j), textcoords="offset points")
+            marks.append((r, float(cum[hit[0]]), f"{level:.0%} at r = {r}"))
+    if marks:  # one label for both marks: two labels a component apart would overlap
+        r, y, _ = marks[0]
+        right = r > 0.6 * k[-1]  # near the right edge: the label goes left of its mark
+        ax2.annotate(", ".join(text for *_, text in marks), (r, y), fontsize=8, color="C1",
+                     xytext=(-6 if right else 6, -14), textcoords="offset points", ha="right" if right else "left")
     ax2.set_ylim(0, 1.02)
-    ax2.set_ylabel("cumulative share of positive variance", color="C1")
+    ax2.set_ylabel("cumulative share (see legend)", color="C1")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncols=3, fontsize=8, frameon=False)  # never over the curves
+    fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncols=2, fontsize=8, frameon=False)  # never over the curves
     look = (f"look for the components above the dotted noise threshold ({above} here): only they stand above "
             "sampling noise, however much variance the others add" if above is not None else
             "look for how fast the curve reaches 90-99 % (this report has no noise threshold to tell structure from noise)")

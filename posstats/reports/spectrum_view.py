@@ -17,10 +17,14 @@ __all__ = ["explained_label", "explained_share", "noise_threshold"]
 
 
 def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
-    """:func:`spectrum_summary` of ``eigenvalues`` with the report's total variance as the
-    denominator when its spectrum was truncated."""
+    """:func:`spectrum_summary` of ``eigenvalues`` over the denominator the report recorded:
+    its total variance for a truncated spectrum (``total_variance``), else the positive
+    eigenvalues given (``positive_eigenvalues``, or ``computed_positive_eigenvalues`` when
+    the trace fell below the top k's positive sum). Following the record, not recomputing
+    the choice, keeps the curve and its label in step with the report's key numbers when
+    the two sums are within rounding of each other."""
     spectrum = report.get("spectrum") or {}
-    total = spectrum.get("total_variance") if spectrum.get("denominator") not in (None, "positive_eigenvalues") else None
+    total = spectrum.get("total_variance") if spectrum.get("denominator") == "total_variance" else None
     return spectrum_summary(eigenvalues, total_variance=total)
 
 
@@ -36,7 +40,9 @@ def explained_label(eigenvalues: Any, report: dict[str, Any], /) -> str:
     """The legend of :func:`explained_share`'s curve: the share of the positive variance, or,
     when only the top k were computed and the trace was below their positive sum (negative
     eigenvalues beyond them), the share of those k components' variance only."""
-    if _spectrum(eigenvalues, report).denominator == "computed_positive_eigenvalues":
+    recorded = (report.get("spectrum") or {}).get("denominator")
+    if recorded == "computed_positive_eigenvalues" or (
+            recorded is None and _spectrum(eigenvalues, report).denominator == "computed_positive_eigenvalues"):
         return f"cumulative share of the top {len(eigenvalues)} components' variance"
     return "cumulative share of the positive variance"
 
