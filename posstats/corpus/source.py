@@ -185,6 +185,7 @@ def accumulate_corpus(
     metadata: dict[str, str] | None = None,
     show_progress: bool | None = None,
     expected_tokens: int | None = None,
+    files: Sequence[str] | None = None,
 ) -> CountAccumulator:
     """Count every file of ``source`` under ``spec`` in this process; return the
     accumulator (its :meth:`~CountAccumulator.result`, or its
@@ -196,9 +197,10 @@ def accumulate_corpus(
     has estimated them already: a remote footer is not fetched twice). Batches are read
     one step ahead on a thread (:func:`~posstats.corpus.prefetch.prefetched`). The
     fingerprint combines each file's (:func:`file_fingerprint`). Raises
-    :class:`InputError` for an empty corpus.
+    :class:`InputError` for an empty corpus. ``files``: the inputs as the caller resolved
+    them already (default: :meth:`CorpusSource.files`; a remote listing is not repeated).
     """
-    files = source.files()
+    files = list(files) if files is not None else source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
     expected = expected_tokens
     if expected is None:

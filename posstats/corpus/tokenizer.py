@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import functools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -87,6 +88,15 @@ def load_tokenizer(path: str | os.PathLike[str], /) -> Tokenizer:
         reason = "is a directory" if os.path.isdir(path) else "no such file"
         msg = f"{path}: not a tokenizer.json ({reason})"
         raise InputError(msg)
+    st = os.stat(path)
+    return _load_file(os.path.realpath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_file(path: str, mtime_ns: int, size: int, /) -> Tokenizer:
+    """One parse per tokenizer file and version (``mtime_ns``, ``size``): a count reads the
+    vocabulary size and special tokens first and tokenises afterwards, from one object
+    (nothing changes it after this: padding and truncation are off once and for all)."""
     from tokenizers import (
         Tokenizer,  # only commands that tokenize pay its import (~30 ms)
     )

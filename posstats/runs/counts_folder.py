@@ -66,7 +66,7 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
     acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, dense_budget=budget_bytes, metadata=inputs.metadata,
-                            expected_tokens=tokens)
+                            expected_tokens=tokens, files=files)
     seconds = time.perf_counter() - t
     if keep:
         counts = acc.result(copy=False)
