@@ -70,7 +70,7 @@ from posstats.corpus.shards import (
 )
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
-from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
+from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec, PositionalCounts
 from posstats.counting.io import counts_file
 from posstats.counting.pack import Placement, stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
@@ -84,7 +84,12 @@ from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_run_id
 from posstats.memory import format_bytes
 from posstats.progress import progress
-from posstats.runs.counts_folder import count_line, few_windows_warning, publish_counts
+from posstats.runs.counts_folder import (
+    count_in_process,
+    count_line,
+    few_windows_warning,
+    publish_counts,
+)
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import link_or_copy
 
@@ -981,24 +986,34 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None) ->
     )
 
 
-def count_to(args: argparse.Namespace, stage: Path, /) -> dict[str, Any]:
-    """Count the corpus of ``args`` as a Ray job into ``stage`` (the files of a counts
-    folder but ``count.json``: config.json, counts.*); return the ``count.json`` record.
-    The counts stay on disk, never in the driver's memory."""
-    opts = options_from_args(args, default_store=os.path.join(args.out, "store"))  # checks --run-id first
-    inputs = count_inputs_from_args(args)
+def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: bool = True,
+             ray: JobOptions | None = None) -> tuple[PositionalCounts | None, dict[str, Any]]:
+    """Count ``inputs`` into ``stage`` (the files of a counts folder but ``count.json``:
+    ``config.json`` and the counts file); return the counts (None unless ``keep`` and in
+    this process) and their ``count.json`` record. The one entry of every count, with two
+    executors: in this process (``ray`` None: :func:`posstats.runs.counts_folder.count_in_process`,
+    one pass over whole files) or as a Ray job over shards with resumable, incremental
+    partials in the run store ``ray.store`` (:func:`count_job`; the counts stay on disk,
+    never in the driver's memory). Both give bit-identical counts."""
+    if ray is None:
+        return count_in_process(inputs, stage, budget_bytes=budget_bytes, keep=keep)
     files = inputs.source.files()
-    ray_config = {"store": os.path.abspath(opts.store), "run_id": opts.run_id, "address": opts.address,
-                  "workers": opts.workers, "skip_bad_shards": opts.skip_bad_shards, "shard_bytes": opts.shard_bytes}
+    ray_config = {"store": os.path.abspath(ray.store), "run_id": ray.run_id, "address": ray.address,
+                  "workers": ray.workers, "skip_bad_shards": ray.skip_bad_shards, "shard_bytes": ray.shard_bytes}
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files, ray=ray_config))
-    summary = count_job(inputs.source, inputs.spec, inputs.metadata, opts)
+    summary = count_job(inputs.source, inputs.spec, inputs.metadata, ray)
     link_or_copy(summary.pop("counts_path"), stage / summary["counts_file"])  # the result is never rewritten
-    return summary
+    return None, summary
 
 
 def run(args: argparse.Namespace, /) -> int:
-    """``posstats count --ray`` / ``python -m posstats.jobs.count``: count into ``--out``, print one line."""
-    summary = publish_counts(args.out, lambda stage: count_to(args, stage))
+    """``posstats count`` (``--ray`` or not) and ``python -m posstats.jobs.count`` (always on
+    Ray): count into ``--out`` through :func:`count_to`, print one line (or ``--json``)."""
+    on_ray = getattr(args, "ray", True)  # the job entrypoint has no --ray switch: it is the Ray job
+    ray = options_from_args(args, default_store=os.path.join(args.out, "store")) if on_ray else None  # checks --run-id first
+    inputs = count_inputs_from_args(args)
+    budget = args.memory_budget * 2**30
+    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False, ray=ray)[1])
     print(count_line(summary, positions=args.positions, out=args.out))
     print_json(args, summary)
     print_document_note(args)

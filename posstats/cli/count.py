@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from posstats.errors import PosstatsError
 from posstats.jobs import count as ray_count
 from posstats.jobs.flags import (
     add_input_args,
     add_ray_args,
-    count_inputs_from_args,
-    print_document_note,
-)
-from posstats.jobs.output import print_json
-from posstats.runs.counts_folder import (
-    count_line,
-    count_to,
-    few_windows_warning,
-    publish_counts,
 )
 
 HELP = "count positional token occurrences C[i, v] of a corpus"
@@ -69,16 +59,6 @@ def _check_ray_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """In this process, or on Ray with ``--ray``: one :func:`posstats.jobs.count.count_to`."""
     _check_ray_args(args)
-    if getattr(args, "ray", False):
-        return ray_count.run(args)
-    inputs = count_inputs_from_args(args)
-    budget = args.memory_budget * 2**30
-    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False)[1])
-    print(count_line(summary, positions=args.positions, out=args.out))
-    print_json(args, summary)
-    print_document_note(args)
-    warning = few_windows_warning(summary, mode=args.mode)
-    if warning:
-        print(f"posstats: warning: {warning}", file=sys.stderr)
-    return 0
+    return ray_count.run(args)

@@ -11,13 +11,14 @@ from posstats.cli._common import (
     print_report,
 )
 from posstats.counting.io import COUNTS_FILES
+from posstats.jobs.count import count_to
 from posstats.jobs.flags import (
     add_input_args,
     count_inputs_from_args,
     print_document_note,
 )
 from posstats.reports.analysis_folder import analyze_to
-from posstats.runs.counts_folder import COUNT_MARKER, count_to
+from posstats.runs.counts_folder import COUNT_MARKER
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
 

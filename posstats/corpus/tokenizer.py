@@ -7,9 +7,9 @@ would otherwise add ``[PAD]`` ids at every position past the end of the text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
-import functools
 import os
 import re
 from collections.abc import Iterable, Mapping

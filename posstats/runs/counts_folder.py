@@ -25,7 +25,7 @@ from posstats.memory import require_count_memory
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
 
-__all__ = ["COUNT_MARKER", "count_line", "count_summary", "count_to", "few_windows_warning", "publish_counts"]
+__all__ = ["COUNT_MARKER", "count_in_process", "count_line", "count_summary", "few_windows_warning", "publish_counts"]
 
 COUNT_MARKER = "count.json"
 
@@ -50,9 +50,10 @@ def count_summary(counts: PositionalCounts, /, *, files: int, counts_file: str, 
     }
 
 
-def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
-             keep: bool = True) -> tuple[PositionalCounts | None, dict[str, Any]]:
-    """Count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
+def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float,
+                     keep: bool = True) -> tuple[PositionalCounts | None, dict[str, Any]]:
+    """The local executor of :func:`posstats.jobs.count.count_to` (the one entry of every
+    count): count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
     return the counts and their ``count.json`` record. The kernel is dense only where
     ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size.
