@@ -63,10 +63,9 @@ from posstats.corpus.shard_store import (
 from posstats.corpus.shards import (
     Shard,
     accumulate_shard,
-    auto_shard_bytes,
-    corpus_bytes,
     partial_is_dense,
     plan_shards,
+    shard_bytes_for,
 )
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
@@ -624,18 +623,13 @@ def _bind(store: RunStore, config: dict[str, Any], source: CorpusSource, opts: J
 
 
 def _shard_bytes(opts: JobOptions, recorded: int | None, source: CorpusSource) -> int:
-    """The target shard size: ``opts.shard_bytes``, else the store's recorded one (so that a
-    resumed or refreshed run cuts unchanged inputs into the same shards, whatever its
-    worker count), else :func:`auto_shard_bytes` of the corpus for
-    :func:`_planned_workers`."""
-    if opts.shard_bytes is not None:
-        if recorded is not None and recorded != opts.shard_bytes:
-            _log(f"shard size {format_bytes(opts.shard_bytes)}, not the store's {format_bytes(recorded)}: "
-                 f"inputs cut differently are counted again")
-        return int(opts.shard_bytes)
-    if recorded is not None:
-        return int(recorded)
-    return auto_shard_bytes(corpus_bytes(source), _planned_workers(opts))
+    """The target shard size (:func:`posstats.corpus.shards.shard_bytes_for`) for the
+    workers this run plans (:func:`_planned_workers`, asked only when the size is auto)."""
+    if opts.shard_bytes is not None and recorded is not None and recorded != opts.shard_bytes:
+        _log(f"shard size {format_bytes(opts.shard_bytes)}, not the store's {format_bytes(recorded)}: "
+             f"inputs cut differently are counted again")
+    return shard_bytes_for(source, requested=opts.shard_bytes, recorded=recorded,
+                           workers=lambda: _planned_workers(opts))
 
 
 def _planned_workers(opts: JobOptions) -> int:

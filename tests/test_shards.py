@@ -484,3 +484,25 @@ def test_paragraph_documents_are_never_cut_by_a_shard(tmp_path):
     assert len(line_shards) > 1 and all(s.kind == "byte_range" for s in line_shards)
     assert not {s.shard_id for s in line_shards} & {shards[0].shard_id}
     assert count_corpus(by_line, spec, show_progress=False).sequences > 400
+
+
+def test_one_rule_sizes_shards():
+    """shard_bytes_for (issue #29: one shard planner): the requested size wins, else the
+    store's recorded one, else the automatic size for the workers, asked only then."""
+    from posstats.corpus.shards import auto_shard_bytes, corpus_bytes, shard_bytes_for
+    from posstats.corpus.source import CorpusSource
+
+    source = CorpusSource(inputs=("data/fortunes-sample.jsonl",), column=None, text_column="text",
+                          tokenizer="data/tokenizers/gpt2.tokenizer.json")
+    asked = []
+
+    def workers() -> int:
+        asked.append(1)
+        return 4
+
+    assert shard_bytes_for(source, requested=5 * 2**20, recorded=2**20, workers=workers) == 5 * 2**20
+    assert shard_bytes_for(source, requested=None, recorded=2**20, workers=workers) == 2**20
+    assert asked == []
+    assert shard_bytes_for(source, requested=None, recorded=None, workers=workers) == auto_shard_bytes(
+        corpus_bytes(source), 4)
+    assert asked == [1]

@@ -54,7 +54,7 @@ import io
 import json
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,7 @@ __all__ = [
     "accumulate_shard",
     "auto_shard_bytes",
     "corpus_bytes",
+    "shard_bytes_for",
     "count_shard",
     "partial_is_dense",
     "plan_file",
@@ -353,6 +354,20 @@ def corpus_bytes(source: CorpusSource, /) -> int:
         groups = _parquet_pieces(path, source) if fmt == "parquet" else None
         total += sum(g["size_hint"] for g in groups) if groups else _path_size(path, source)
     return total
+
+
+def shard_bytes_for(source: CorpusSource, /, *, requested: int | None, recorded: int | None,
+                    workers: Callable[[], int]) -> int:
+    """The target shard size of a count, decided here only: ``requested`` (``--shard-size``,
+    ``[count] shard_size_mib``), else the run store's ``recorded`` one (so that a resumed
+    or refreshed run cuts unchanged inputs into the same shards, whatever its worker
+    count), else :func:`auto_shard_bytes` of the corpus for ``workers()`` (called only
+    then: finding a cluster's CPUs may mean joining it)."""
+    if requested is not None:
+        return int(requested)
+    if recorded is not None:
+        return int(recorded)
+    return auto_shard_bytes(corpus_bytes(source), workers())
 
 
 def auto_shard_bytes(total_bytes: int, workers: int, /) -> int:
