@@ -462,8 +462,15 @@ def test_the_ray_posstats_starts_itself_listens_on_loopback_only(tmp_path):
             return "raylet" in names and "gcs_server" in names
 
         _wait_for(ray_is_up, 60, "Ray's listeners", log)
-        time.sleep(1.0)  # the workers and agents of the shards being counted
-        seen = listening_sockets(session_pids({proc.pid}))
+        # the workers and agents of the shards being counted: every listener seen while the
+        # job runs (a loaded machine starts them later than an idle one)
+        deadline = time.monotonic() + 15
+        while proc.poll() is None and time.monotonic() < deadline:
+            now = listening_sockets(session_pids({proc.pid}))
+            seen += [s for s in now if (s["ip"], s["port"]) not in {(x["ip"], x["port"]) for x in seen}]
+            if len(seen) >= 6:
+                break
+            time.sleep(0.25)
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:

@@ -1,6 +1,6 @@
-"""The corpus in parts, for the noise floor and the shard bootstrap of an analysis: read
-from a run store or re-read from the corpus here, so that the estimates themselves
-(:mod:`posstats.estimates`) take counts, never stores.
+"""The corpus in parts, for the noise floor and the shard bootstrap of an analysis: the
+parts are read out of a run store or re-read out of the corpus here, so that the estimates
+themselves (:mod:`posstats.estimates`) take counts, never stores.
 
 By default the split-half noise floor needs no parts at all: it splits the counted
 tokens at random (:mod:`posstats.estimates.thinning`). :func:`corpus_parts` finds parts
