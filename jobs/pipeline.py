@@ -924,8 +924,8 @@ def _call(address: str, fn: Callable[[], Any]) -> Any:
 
 def _staged_package(into: Path, /) -> Path:
     """The ``posstats`` package as it imports here, with its jobs at ``posstats/jobs`` (an
-    installed wheel has them there already; a source checkout keeps them in ``jobs/`` and
-    maps them in with ``package-dir``): one folder Ray can ship as a ``py_modules`` entry."""
+    installed wheel has them there already; a source checkout links ``posstats/jobs`` to
+    ``jobs/``, and the copy follows the link): one folder Ray can ship as a ``py_modules`` entry."""
     package = Path(posstats.__file__).parent
     jobs = Path(__file__).parent
     staged = into / "posstats"

@@ -78,21 +78,21 @@ def test_analysis_to_run_folder_report_and_export(tmp_path):
 
 @pytest.mark.slow
 def test_public_api_has_real_types_under_mypy(tmp_path):
-    """mypy run outside the checkout (as a user's project would) sees the package and its
-    real types. setuptools' default editable install is an import hook, which type checkers
-    cannot follow: there the user points MYPYPATH at the checkout (docs/api.md), as this
-    test does; a regular or strict editable install needs nothing."""
+    """mypy run outside the checkout (as a user's project would), with no MYPYPATH, sees the
+    package and its real types after the README's install (``pip install -e .``: a plain
+    path entry, since posstats/jobs links to jobs/ and the layout is simple) or a regular one."""
     if shutil.which("mypy") is None and subprocess.run([sys.executable, "-m", "mypy", "--version"],
                                                         capture_output=True).returncode != 0:
         pytest.skip("mypy is not installed")
-    import posstats as installed
+    from importlib import metadata
 
-    repo = Path(__file__).resolve().parents[1]
-    env, flags = dict(os.environ), []
-    hooked = any(type(f).__module__.startswith("__editable___posstats") for f in sys.meta_path)
-    if hooked or Path(installed.__file__).resolve().parents[1] == repo:
-        # the checkout's modules become the user's own to mypy: followed silently (docs/api.md)
-        env["MYPYPATH"], flags = str(repo), ["--follow-imports=silent"]
+    try:
+        metadata.distribution("posstats")
+    except metadata.PackageNotFoundError:
+        pytest.skip("posstats is not installed (the README's pip install -e .)")
+    hooked = [f for f in sys.meta_path if type(f).__module__.startswith("__editable___posstats")]
+    assert not hooked, "an import-hook editable install: type checkers cannot follow it (see pyproject's package-dir)"
+    env = {k: v for k, v in os.environ.items() if k != "MYPYPATH"}
     usage = tmp_path / "usage.py"
     usage.write_text(
         "import numpy as np\nimport posstats\n\n"
@@ -103,7 +103,7 @@ def test_public_api_has_real_types_under_mypy(tmp_path):
         "cfg = posstats.AnalysisConfig(mds_method='dnese')\n"
         "n: int = posstats.count  # a function is not an int: mypy must say so\n"
     )
-    out = subprocess.run([sys.executable, "-m", "mypy", *flags, "--cache-dir", str(tmp_path / "cache"), str(usage)],
+    out = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), str(usage)],
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     text = out.stdout
     assert "import-not-found" not in text, text

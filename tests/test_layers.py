@@ -86,7 +86,7 @@ def _absolute(path: Path, module: str, level: int) -> str:
 
 def _repo_name(name: str) -> str:
     """The repository's name for an imported module: the Ray entrypoints live in ``jobs/``
-    and install as ``posstats.jobs`` (pyproject's package-dir)."""
+    and import as ``posstats.jobs`` (``posstats/jobs`` is a link to ``jobs/``)."""
     return "jobs" + name[len("posstats.jobs"):] if name == "posstats.jobs" or name.startswith("posstats.jobs.") else name
 
 

@@ -66,7 +66,7 @@ def test_module_level_imports_are_declared_dependencies():
 
 
 def test_the_wheel_ships_the_jobs_under_posstats_and_no_top_level_jobs(tmp_path):
-    """``jobs/`` installs as ``posstats.jobs`` (pyproject's package-dir): a generic top-level
+    """``jobs/`` installs as ``posstats.jobs`` (through the link ``posstats/jobs``): a generic top-level
     ``jobs`` package would clash in users' environments. Every library subpackage ships."""
     import zipfile
 
