@@ -484,3 +484,41 @@ def test_the_cli_names_its_flags_in_option_errors(run_dir, tmp_path, capsys):
     """export_run names its parameters (rank, dim); `posstats export` prints its flags."""
     assert main(["export", str(run_dir), "--dim", "4", "--rank", "5", "--out", str(tmp_path / "x.safetensors")]) == 2
     assert "posstats: error: --rank 5 exceeds --dim 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("head", "param"), [("BertModel", "embeddings.position_embeddings.weight"),
+                                             ("GPT2Model", "wpe.weight")])
+def test_known_corpora_end_to_end_planted_exports_its_components_stationary_is_refused(tmp_path, capsys, head, param):
+    """Issue #30's check, on corpora sampled from known mu_i: the planted corpus (positions
+    0-3 carry private tokens) exports exactly its components above noise into the model
+    named by --for-model (rows, width and key from its config.json; strict key check); the
+    stationary corpus' table is refused (it would be noise) and nothing is written."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from posstats.testing import known_corpus
+
+    n, width = 32, 16
+    if head == "BertModel":
+        config = transformers.BertConfig(vocab_size=50, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=n)
+    else:
+        config = transformers.GPT2Config(vocab_size=50, n_embd=width, n_layer=1, n_head=2, n_positions=n)
+    folder = tmp_path / "model"
+    getattr(transformers, head)(config).save_pretrained(str(folder))
+    for kind in ("planted", "stationary"):
+        save_counts(known_corpus(kind, n, tokens=2000, vocab=500, seed=5).counts, tmp_path / f"{kind}-counts")
+        assert main(["analyze", "--counts", str(tmp_path / f"{kind}-counts"), "--dims", "2,8", "--encodings", "mds",
+                     "--out", str(tmp_path / kind), "-q"]) == 0
+    verdict = json.loads((tmp_path / "planted" / "report.json").read_text())["verdict"]
+    assert verdict["components_above_noise"] >= 1 and verdict["standout_positions"]["positions"] == [0, 1, 2, 3]
+    out = tmp_path / "planted.safetensors"
+    assert main(["export", str(tmp_path / "planted"), "--for-model", str(folder), "--out", str(out), "-q"]) == 0
+    table = _load_checked(getattr(transformers, head)(config), out, param)
+    assert tuple(table.shape) == (n, width)
+    with safe_open(str(out), framework="numpy") as f:
+        assert int(f.metadata()["rank"]) == verdict["components_above_noise"]
+    capsys.readouterr()
+    refused = tmp_path / "stationary.safetensors"
+    assert main(["export", str(tmp_path / "stationary"), "--for-model", str(folder), "--out", str(refused)]) == 2
+    assert "no MDS component stands above sampling noise" in capsys.readouterr().err
+    assert not refused.exists()
