@@ -26,7 +26,7 @@ from posstats.geometry.rope_scaling import hf_rope as hf_rope
 from posstats.geometry.rope_scaling import rope_inv_freq as rope_inv_freq
 from posstats.geometry.stress import stress_report as stress_report
 from posstats.reports.analysis_folder import write_analysis as write_analysis
-from posstats.reports.audit import audit_checkpoint as audit_checkpoint
+from posstats.audit import audit_checkpoint as audit_checkpoint
 from posstats.reports.export import export_run as export_run
 from posstats.reports.summary import format_summary as format_summary
 from posstats.runs.run_folder import load_run as load_run

@@ -17,7 +17,7 @@ from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.io import load_counts, save_counts
 from posstats.errors import InputError
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.reports.audit import Checkpoint, audit_checkpoint
+from posstats.audit import Checkpoint, audit_checkpoint
 from posstats.runs.run_folder import load_run, run_distances
 
 N, V, D, HEADS = 24, 40, 16, 4

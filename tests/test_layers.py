@@ -161,7 +161,8 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("estimates",),                                          # noise, nulls, intervals, the verdict
     ("analysis", "testing"),                                 # counts -> analysis; simulated corpora
     ("runs",),                                               # run folders read back; counting to a folder
-    ("reports",),                                            # rendering: summary, HTML, figures, export, audit
+    ("audit",),                                              # a checkpoint's positions scored against a run
+    ("reports",),                                            # rendering: summary, HTML, figures, export, audit text
     ("service", "torch"),                                    # pipeline store and config, schedules; torch module
     ("drift",),                                              # comparing runs and refreshes
     ("jobs",),                                               # executors and entrypoints (argparse allowed)

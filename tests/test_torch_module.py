@@ -105,7 +105,7 @@ def test_bad_files(tmp_path):
 def test_import_posstats_never_imports_torch():
     code = (
         "import sys\n"
-        "import posstats, posstats.cli, posstats.reports.export, posstats.reports.audit, posstats.reports.html, posstats.reports.plots\n"
+        "import posstats, posstats.cli, posstats.reports.export, posstats.audit, posstats.reports.audit, posstats.reports.html, posstats.reports.plots\n"
         "posstats.cli.build_parser()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

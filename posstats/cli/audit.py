@@ -7,7 +7,8 @@ from pathlib import Path
 
 from posstats.errors import PosstatsError
 from posstats.jobs.output import print_json
-from posstats.reports.audit import audit_checkpoint, format_audit
+from posstats.audit import audit_checkpoint
+from posstats.reports.audit import format_audit
 from posstats.storage.jsontext import write_json_atomic
 
 HELP = "audit a checkpoint's learned position table (stress, separation, monotonicity, layer-wise projected stress)"
