@@ -80,9 +80,14 @@ def test_bench_calibration_small():
     assert set(dec["planted"]) == {"distinguishable", "standouts_exactly_planted", "components_above_noise"}
     assert dec["drift"]["non_stationary"]["of"] == 1
     assert [row["kind"] for row in r["coverage"]] == ["drift", "planted"]
+    scored = {f"{name}@{d}" for name in ("sinusoidal", "alibi", "random") for d in (2, 16)}
     for cov in r["coverage"]:
-        assert set(cov["coverage"]) == {"sinusoidal@2", "alibi@2", "sinusoidal@16", "alibi@16"}
-        assert all(c["of"] == 1 for c in cov["coverage"].values())
-        assert set(cov["estimate_rmse"]) == set(cov["coverage"])
-        assert all(cov["estimate_rmse"][k] >= abs(cov["estimate_bias"][k]) for k in cov["coverage"])
+        # N = 2,000 is noise-dominated (share >= 10 %): the intervals are withheld, none is scored
+        assert set(cov["interval_withheld"]) == scored and cov["coverage"] == {}
+        assert all(w["count"] == w["of"] == 1 for w in cov["interval_withheld"].values())
+        assert set(cov["estimate_rmse"]) == scored
+        assert all(cov["estimate_rmse"][k] >= abs(cov["estimate_bias"][k]) for k in scored)
         assert cov["distance_noise_share"] > 0 and cov["caveat_shown"]["of"] == 1
+        assert set(cov["best_encoding"]) == {"d=2", "d=16"}
+        for outcome in cov["best_encoding"].values():
+            assert outcome["right"]["count"] + outcome["wrong"]["count"] == 1 and outcome["sharp"]["count"] <= 1

@@ -162,10 +162,10 @@ def _encodings_entry(a: SideGeometry, b: SideGeometry) -> list[dict[str, Any]]:
         if eb is None:
             continue
         (ia, kind_a), (ib, _) = _interval(ea, a.report), _interval(eb, b.report)
-        if ia is None or ib is None:
-            exceeds, interval = None, "none (exact stress over all pairs: analyse with --bootstrap B for intervals)"
-        elif noisy:
+        if noisy:
             exceeds, interval = None, noisy
+        elif ia is None or ib is None:
+            exceeds, interval = None, "none (exact stress over all pairs: analyse with --bootstrap B for intervals)"
         else:
             exceeds, interval = bool(ia[1] < ib[0] or ib[1] < ia[0]), kind_a
         out.append({

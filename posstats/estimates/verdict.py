@@ -265,16 +265,24 @@ _TIE_RTOL = 1e-9
 
 
 def _interval(e: dict[str, Any]) -> list[float]:
+    """The range within which another encoding counts as tied: the 95 % interval, or where
+    noise withheld it the jackknife's range (``scaled_stress_tie_range``), else the estimate."""
+    return list(e.get("scaled_stress_tie_range") or e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)
+
+
+def _ci95(e: dict[str, Any]) -> list[float]:
+    """The entry's 95 % interval as the report gives it (zero-width where it has none)."""
     return list(e.get("scaled_stress_ci95") or [e["scaled_stress"]] * 2)
 
 
 def _runner(e: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if e is None else {"name": e["name"], "scaled_stress": e["scaled_stress"], "scaled_stress_ci95": _interval(e)}
+    return None if e is None else {"name": e["name"], "scaled_stress": e["scaled_stress"], "scaled_stress_ci95": _ci95(e)}
 
 
 def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
     """Per width: the encoding with the lowest scaled stress and the ones tied with it (their
-    95 % scaled-stress intervals overlap; exact stress has zero-width intervals); how far
+    95 % scaled-stress intervals overlap, or the jackknife ranges that stand in for
+    intervals noise withheld; exact stress without either is a point); how far
     ahead it is: the runner-up (``next``, the best encoding not tied with it) and the best
     fixed encoding (``best_fixed``: not fitted to the counts, unlike MDS and SMACOF), each
     with its scaled stress and interval, or None; ``fixed`` names the best fixed encoding
@@ -293,7 +301,7 @@ def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
         if fixed is not None:
             fixed_reach = _interval(fixed)[1] * (1 + _TIE_RTOL) + _TIE_RTOL * 1e-300
             fixed_tied = {e["name"] for e in fixed_entries[1:] if _interval(e)[0] <= fixed_reach} - {fixed["name"]}
-        out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": [lo, hi],
+        out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": _ci95(best),
                     "tied_with": sorted(tied), "next": _runner(after),
                     "best_fixed": None if fixed is best else _runner(fixed),
                     "fixed": None if fixed is None else fixed["name"], "fixed_tied_with": sorted(fixed_tied)})
@@ -355,15 +363,16 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     """Assumptions of the decisions that the report's own data cannot check, and estimates
     the data shows to be noise-dominated: when sampling noise alone reaches at least
     ``DISTANCE_NOISE_CAVEAT`` of the summed distances (``null.distance_noise.share``), the
-    stresses and their intervals lean toward that noise (docs/calibration.md: the intervals
-    covered 72-90 % of drift corpora at a share of 0.07-0.14, 28-58 % of planted ones at
-    0.3-0.5)."""
+    stresses lean toward that noise and the analysis gives them no interval
+    (docs/calibration.md: jackknife intervals covered 72-90 % of drift corpora at a share of
+    0.14, 28-58 % of planted ones at 0.3-0.5)."""
     out = []
     share = ((report.get("null") or {}).get("distance_noise") or {}).get("share")
     if share is not None and share >= DISTANCE_NOISE_CAVEAT:
         out.append(f"sampling noise alone gives {min(share, 1.0):.0%} of the summed distances (a stationary corpus of "
                    "these occupancies, null.distance_noise): every stress is computed from distances of which that "
-                   "share is noise, so stresses and their intervals are biased and the intervals cover less than 95 %")
+                   "share is noise, so stresses are biased toward it and no stress interval is given (one would cover far "
+                   "less than 95 %); compare encodings only where their stresses differ widely")
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
