@@ -67,6 +67,15 @@ def add_options(parser: argparse.ArgumentParser, cls: type, /) -> None:
         if not opt.cli:
             continue
         group = groups.get(opt.group) or groups.setdefault(opt.group, parser.add_argument_group(opt.group))
+        if d.kind == "bool":  # a switch: the flag flips the default
+            group.add_argument(d.flag, dest=d.name, action="store_false" if d.default else "store_true",
+                               default=d.default, help=opt.help.replace("%", "%%")
+                               if not d.default else f"do not {opt.help}".replace("%", "%%"))
+            continue
+        if opt.repeat:
+            group.add_argument(d.flag, dest=d.name, action="append", default=[], metavar=opt.metavar,
+                               help=opt.help.replace("%", "%%"))
+            continue
         default = "" if d.default is None else f" (default {shown_default(d.default)}{f' {opt.unit}' if opt.unit else ''})"
         kwargs: dict[str, Any] = {"type": opt.parse or _PARSERS[d.kind], "default": d.default,
                                   "help": (opt.help + default).replace("%", "%%")}
@@ -82,8 +91,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, /) -> None:
 def options_from_args(cls: type, args: argparse.Namespace, /, **given: Any) -> Any:
     """``cls(...)`` from the parsed flags of :func:`add_options` (and ``given`` values for the
     options the command line sets otherwise)."""
-    values = {d.name: getattr(args, d.name) for d in declared_options(cls) if d.option.cli}
-    return cls(**values, **given)
+    values = {d.name: tuple(v) if isinstance(v := getattr(args, d.name), list) else v
+              for d in declared_options(cls) if d.option.cli}
+    return cls(**{**values, **given})
 
 
 def storage_options(items: list[str], /) -> dict:

@@ -84,7 +84,8 @@ from posstats.drift import (
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import join_inside
 from posstats.reports.analysis_folder import ANALYSIS_FILES, write_analysis
-from posstats.reports.export import STRESS_POSITION_LIMIT, export_run, nothing_to_export
+from posstats.options import declared_options
+from posstats.reports.export import STRESS_POSITION_LIMIT, ExportOptions, export_run, nothing_to_export
 from posstats.reports.html import render_html_report
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import (
@@ -518,11 +519,13 @@ def _stage_diff(run: _Run, staging: Path) -> dict[str, Any]:
             "summary": result.document["summary"]}
 
 
-def _export_options(cfg: PipelineConfig) -> dict[str, Any]:
-    """Keywords of :func:`posstats.reports.export.export_run` from ``[export]``."""
+def _export_options(cfg: PipelineConfig) -> ExportOptions:
+    """:class:`~posstats.reports.export.ExportOptions` from ``[export]`` (generated from
+    them), with ``dim`` from :meth:`PipelineConfig.export_dim` and the seed of ``[geometry]``."""
     e = cfg.values["export"]
-    return {"dim": cfg.export_dim(), "rank": e["rank"], "layout": e["layout"], "format": e["format"], "basis": e["basis"],
-            "seed": cfg.values["geometry"]["seed"], "dtype": e["dtype"], "card": e["card"], "force": True, "method": e["method"]}
+    taken = {d.name: e[d.name] for d in declared_options(ExportOptions) if d.option.pipeline}
+    return ExportOptions(**{**taken, "dim": cfg.export_dim(), "seed": cfg.values["geometry"]["seed"],
+                            "datasets": tuple(e["datasets"] or ())})
 
 
 def _export_file(cfg: PipelineConfig) -> str:
@@ -540,16 +543,16 @@ def _write_report(run_data: RunData, geometry: Path, out: Path, *, name: str, op
     return {"html": path.name}
 
 
-def _write_export(run_data: RunData, out: Path, *, file: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def _write_export(run_data: RunData, out: Path, *, file: str, options: ExportOptions) -> dict[str, Any]:
     """The export stage's files in ``out`` (the table ``file`` and its card); its marker info.
     A run with nothing to export (no positive eigenvalue, or no component above sampling
     noise without ``[export] rank``) gets a README saying why instead."""
-    empty = nothing_to_export(run_data, rank=options.get("rank"))
+    empty = nothing_to_export(run_data, rank=options.rank)
     if empty:
         out.mkdir(parents=True, exist_ok=True)
         (out / "README.md").write_text(f"# No position table\n\n{empty[0].upper()}{empty[1:]}.\n")
         return {"file": None, "skipped": empty}
-    res = export_run(run_data, out / file, **options)
+    res = export_run(run_data, out / file, options, force=True)
     m = res.metadata
     return {"file": file, "key": res.key, "n": m["n"], "d": m["d"], "rank": m["rank"], "stress": m["stress"],
             "scaled_stress": m["scaled_stress"]}

@@ -12,7 +12,8 @@ An options dataclass (:class:`posstats.analysis.AnalysisConfig`) writes each opt
 - :func:`option_values` gives the dict written to ``analysis-config.json``.
 
 The kind of an option follows its annotation: ``int``, ``float``, ``str`` (a ``Literal``
-of strings: the choices), ``tuple[int, ...]`` (``int_list``), ``tuple[str, ...]``
+of strings: the choices), ``bool`` (a switch: ``--name`` turns on what is off by default,
+``--no-name`` turns off what is on), ``tuple[int, ...]`` (``int_list``), ``tuple[str, ...]``
 (``str_list``); ``X | None`` is nullable. Pure: no argparse, no TOML here.
 """
 
@@ -46,6 +47,8 @@ class Option:
             an option is left out of one.
         config_default: the TOML default when it differs from the dataclass's (None: "the
             library's default", for a long list).
+        flag: the command line's name when it is not ``--name-with-dashes`` (``--dataset``).
+        repeat: the flag is given once per value of a list (``--dataset a --dataset b``).
         limit: refuses work but never changes a result: left out of the result's record
             (``to_dict``) and of the pipeline's result key.
     """
@@ -63,6 +66,8 @@ class Option:
     why_not: str = ""
     config_default: Any = SAME
     limit: bool = False
+    flag: str | None = None
+    repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,11 @@ class Declared:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        """The command line's flag: ``--name-with-dashes``, ``--no-name`` for a switch that is
+        on by default, or the declared one."""
+        if self.option.flag:
+            return self.option.flag
+        return ("--no-" if self.kind == "bool" and self.default else "--") + self.name.replace("_", "-")
 
     def check(self, value: Any) -> str | None:
         """An error text for a value of the right kind that the option refuses, else None."""

@@ -201,16 +201,36 @@ def test_existing_files_are_kept_without_force(run_dir, tmp_path):
     ("kwargs", "match"),
     [
         ({"dim": 4, "rank": 5}, "^rank 5 exceeds dim 4"),
-        ({"dim": 0}, "^dim must be a positive integer"),
-        ({"dim": 8, "factors": True}, "factors need rank$"),
-        ({"dim": 8, "layout": "t5"}, "unknown layout"),
-        ({"dim": 8, "format": "h5"}, "unknown export format"),
+        ({"dim": 0}, "^dim must be >= 1; got 0$"),
+        ({"dim": 8, "factors": True}, r"factors \(factors\) need rank$"),
+        ({"dim": 8, "layout": "t5"}, "^layout must be one of bert, gpt2, plain; got 't5'$"),
+        ({"dim": 8, "format": "h5"}, "^format must be one of safetensors, npy, pt; got 'h5'$"),
+        ({"dim": 8, "smacof_tol": 0.0}, "^smacof_tol must be > 0; got 0.0$"),
+        ({}, "^give the model width dim$"),
     ],
 )
 def test_bad_options(run_dir, tmp_path, kwargs, match):
     with pytest.raises(PosstatsError, match=match):
         export_encoding(run_dir, tmp_path / "x.safetensors", **kwargs)
     assert not list(tmp_path.iterdir())
+
+
+def test_export_options_are_declared_once_and_named_by_each_interface(run_dir, tmp_path, capsys):
+    """ExportOptions is the one declaration: an unknown keyword is a TypeError naming the
+    options; the command line names its flags (--dim, --dataset), the pipeline's [export]
+    table its keys; a repeated --dataset and --no-card arrive as the options' values."""
+    from posstats.reports.export import ExportOptions
+
+    with pytest.raises(TypeError, match="unknown option 'colour'"):
+        export_encoding(run_dir, tmp_path / "x.safetensors", dim=8, colour=1)
+    assert main(["export", str(run_dir), "--dim", "0", "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert "--dim must be >= 1; got 0" in capsys.readouterr().err
+    out = tmp_path / "y.safetensors"
+    assert main(["export", str(run_dir), "--dim", "8", "--rank", "2", "--no-card", "--dataset", "a", "--dataset", "b",
+                 "--out", str(out)]) == 0
+    assert not (tmp_path / "README.md").exists()
+    res = export_encoding(run_dir, tmp_path / "z.safetensors", ExportOptions(dim=8, rank=2, datasets=("a", "b")))
+    assert 'datasets:\n  - "a"\n  - "b"' in (tmp_path / "README.md").read_text() and res.metadata["d"] == "8"
 
 
 def test_rank_above_stored_coordinates(run_dir, tmp_path):

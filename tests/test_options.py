@@ -1,6 +1,7 @@
 """Each option declared once (issue #29): the analysis options of AnalysisConfig generate the
-flags of analyze / run / diff, the pipeline's [geometry] table and to_dict; this file
-compares the three so that they cannot drift."""
+flags of analyze / run / diff, the pipeline's [geometry] table and to_dict; the export
+options of ExportOptions generate the flags of export and the pipeline's [export] table;
+this file compares them so that they cannot drift."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from posstats.analysis import AnalysisConfig
 from posstats.cli import build_parser
 from posstats.options import SAME, declared_options
+from posstats.reports.export import ExportOptions
 from posstats.service.config import SCHEMA, parse_config, schema_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,3 +92,52 @@ def test_the_docs_table_is_the_schema():
     rows = [f"| `{k}` | {kind} | {d} | {h.replace('|', chr(92) + '|')} |" for k, kind, d, h in schema_rows()]
     table = [ln for ln in text.splitlines() if ln.startswith("| `")]
     assert [r for r in rows if r not in table] == []
+
+
+EXPORT = declared_options(ExportOptions)
+
+
+def test_every_field_of_the_export_options_is_declared():
+    assert {f.name for f in dataclasses.fields(ExportOptions)} == {d.name for d in EXPORT}
+
+
+def test_the_export_command_line_is_the_declaration():
+    actions = _actions("export")
+    for d in EXPORT:
+        action = actions[d.name]
+        assert action.option_strings == [d.flag], d.name
+        if d.kind == "bool":  # a switch flips the default
+            assert isinstance(action, argparse._StoreFalseAction if d.default else argparse._StoreTrueAction), d.name
+            continue
+        assert action.default == ([] if d.option.repeat else d.default), d.name
+        assert (tuple(action.choices) if action.choices else None) == d.choices, d.name
+        assert action.help.replace("%%", "%").startswith(d.option.help), d.name
+    assert actions["card"].option_strings == ["--no-card"] and actions["datasets"].option_strings == ["--dataset"]
+    # what is not an option of the table: the run, the file, overwriting, the model folder
+    assert set(actions) - {d.name for d in EXPORT} == {"help", "run_dir", "out", "force", "for_model", "match_norm",
+                                                       "json", "quiet", "verbose"}
+
+
+def test_the_pipeline_export_table_is_the_declaration():
+    table = SCHEMA["export"]
+    wanted = {d.name: d for d in EXPORT if d.option.pipeline}
+    assert set(table) == set(wanted) | {"name"}  # name: the file's stem in export/
+    assert all(d.option.why_not for d in EXPORT if not d.option.pipeline)
+    for name, d in wanted.items():
+        key = table[name]
+        assert key.kind == d.kind
+        if name != "dim":  # the pipeline's default width is the largest [geometry] dims
+            assert key.help == d.option.help, name
+            assert key.default == (d.default if d.option.config_default == SAME else d.option.config_default), name
+
+
+def test_a_pipeline_export_key_reaches_the_export():
+    from posstats.jobs.pipeline import _export_options
+
+    cfg = parse_config({"store": {"url": "/tmp/s"}, "input": {"paths": ["/tmp/x"], "column": "ids"},
+                        "count": {"vocab_size": 10}, "geometry": {"dims": [2, 8], "seed": 3},
+                        "export": {"rank": 2, "rows": 6, "prefix": "bert.", "datasets": ["wiki"], "min_tokens": 4}})
+    opts = _export_options(cfg)
+    assert isinstance(opts, ExportOptions)
+    assert (opts.dim, opts.rank, opts.rows, opts.prefix, opts.datasets, opts.min_tokens, opts.seed, opts.layout) == (
+        8, 2, 6, "bert.", ("wiki",), 4, 3, "plain")

@@ -8,7 +8,8 @@ import sys
 from posstats.errors import InputError
 from posstats.jobs.output import print_json
 from posstats.memory import require_memory, table_bytes
-from posstats.reports.export import export_run
+from posstats.jobs.flags import add_options, options_from_args
+from posstats.reports.export import ExportOptions, export_run
 from posstats.reports.model_target import model_target
 from posstats.runs.run_folder import RunData, load_run
 
@@ -57,50 +58,18 @@ JSON_RESULT: str | None = "the exported table's metadata, files and warnings"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="folder written by 'posstats run' or 'posstats analyze'")
-    p.add_argument("--dim", type=int, metavar="D",
-                   help="model width D (columns of the table); required unless --for-model gives it")
-    p.add_argument("--rank", type=int, metavar="R",
-                   help="rank r <= D of the encoding (default: the MDS components above sampling noise in the run's "
-                        "verdict, at most D; a run with none exports nothing unless R is given; without a null: "
-                        "min(D, MDS coordinates in the run))")
-    p.add_argument("--layout", choices=("bert", "gpt2", "plain"), help="tensor name convention (default plain, or --for-model's)")
-    p.add_argument("--format", choices=("safetensors", "npy", "pt"), help="file format (default: from the suffix of --out)")
     p.add_argument("--out", required=True, metavar="FILE", help="output file")
-    p.add_argument("--factors", action="store_true", help="also write the low-rank factors A (n x r) and W (D x r); needs --rank")
-    p.add_argument("--basis", choices=("pad", "random"), default="pad",
-                   help="the orthonormal map W: zero padding (default) or a seeded random orthonormal basis")
-    p.add_argument("--seed", type=int, default=0, help="seed of --basis random (default 0)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="stored dtype (default float32)")
-    p.add_argument("--no-card", action="store_true", help="do not write README.md and the figures next to FILE")
     p.add_argument("--force", action="store_true",
                    help="overwrite existing files, and export a table even when no MDS component stands above "
                         "sampling noise (with a warning; --rank R chooses how many components instead)")
-    p.add_argument("--method", choices=("classical", "smacof"), default="classical",
-                   help="classical MDS coordinates (default), or their SMACOF refinement at rank r: lower "
-                        "stress at the same width (classical MDS minimises strain, not stress)")
-    m = p.add_argument_group("for a real model")
+    add_options(p, ExportOptions)  # every table option, declared once on ExportOptions
+    m = next(g for g in p._action_groups if g.title == "for a real model")
     m.add_argument("--for-model", metavar="PATH",
                    help="a transformers model folder (or its config.json), BERT or GPT-2: fills --rows, --dim, --layout "
                         "and --prefix from its config (explicit ones must agree), so the table loads with a strict key check")
     m.add_argument("--match-norm", action="store_true",
                    help="scale the rows to the mean row norm of the model's own position table (needs --for-model with "
                         "model.safetensors in the folder); scaled stress is unchanged")
-    m.add_argument("--rows", type=int, metavar="N",
-                   help="a table for a model with N positions: the first N rows (default: every counted position; "
-                        "more than were counted is refused)")
-    m.add_argument("--prefix", metavar="PREFIX",
-                   help="put before the key: 'bert.' for BertForMaskedLM, 'transformer.' for GPT2LMHeadModel "
-                        "(default none: BertModel / GPT2Model)")
-    m.add_argument("--min-tokens", type=int, default=10, metavar="K",
-                   help="warn about rows counted from fewer than K tokens (default 10): they are mostly noise")
-    m.add_argument("--strict", action="store_true", help="refuse the export when a row has fewer than --min-tokens")
-    m.add_argument("--license", metavar="ID", help="the model card's license (e.g. apache-2.0; default unknown)")
-    m.add_argument("--dataset", action="append", default=[], metavar="NAME",
-                   help="a dataset the corpus came from, for the model card; repeatable")
-    m.add_argument("--base-model", metavar="NAME", help="the model the table is for, for the model card and its snippet")
-    p.add_argument("--smacof-max-iter", type=int, default=300, metavar="K", help="SMACOF iteration cap (default 300)")
-    p.add_argument("--smacof-tol", type=float, default=1e-6, metavar="TOL",
-                   help="SMACOF stops when the relative stress decrease is below TOL (default 1e-6)")
     p.set_defaults(func=run)
 
 
@@ -131,15 +100,10 @@ def _for_model(args: argparse.Namespace) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     row_norm = _for_model(args)
+    opts = options_from_args(ExportOptions, args)  # checked here, before the run is read
     run_data = load_run(args.run_dir)
-    _check_memory(args, run_data)
-    res = export_run(
-        run_data, args.out, dim=args.dim, rank=args.rank, layout=args.layout, format=args.format,
-        factors=args.factors, basis=args.basis, seed=args.seed, dtype=args.dtype, card=not args.no_card, force=args.force,
-        method=args.method, smacof_max_iter=args.smacof_max_iter, smacof_tol=args.smacof_tol,
-        rows=args.rows, prefix=args.prefix, min_tokens=args.min_tokens, strict=args.strict, license=args.license,
-        datasets=tuple(args.dataset), base_model=args.base_model, row_norm=row_norm,
-    )
+    _check_memory(opts, run_data)
+    res = export_run(run_data, args.out, opts, force=args.force, row_norm=row_norm)
     for warning in res.warnings:
         print(f"posstats: warning: {warning}", file=sys.stderr)
     m = res.metadata
@@ -152,10 +116,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_memory(args: argparse.Namespace, run_data: RunData) -> None:
+def _check_memory(opts: ExportOptions, run_data: RunData) -> None:
     """Refuse a --dim whose table cannot fit in memory, before building it."""
-    if args.dim < 1 or (args.rank is not None and not 1 <= args.rank <= args.dim):
-        return  # export_run explains these
-    rank = args.rank if args.rank is not None else min(args.dim, run_data.encoding.shape[1])
-    need, what, hint = table_bytes(run_data.positions.size, args.dim, rank, itemsize=4 if args.dtype == "float32" else 8)
+    dim = int(opts.dim or 1)
+    rank = opts.rank if opts.rank is not None else min(dim, run_data.encoding.shape[1])
+    need, what, hint = table_bytes(run_data.positions.size, dim, rank, itemsize=4 if opts.dtype == "float32" else 8)
     require_memory(need, what=what, hint=hint, command="export")

@@ -62,7 +62,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -72,6 +72,7 @@ from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.geometry.stress import stress_report
+from posstats.options import declared_options, option
 from posstats.reports.plots import lowrank_figure, png_bytes, spectrum_figure
 from posstats.reports.spectrum_view import (
     explained_label,
@@ -85,6 +86,7 @@ __all__ = [
     "EXPORT_SCHEMA",
     "FACTOR_KEYS",
     "LAYOUT_KEYS",
+    "ExportOptions",
     "ExportResult",
     "export_encoding",
     "export_run",
@@ -104,6 +106,77 @@ BASES = ("pad", "random")
 # (all pairs of 4096 positions: two 128 MiB float64 matrices).
 STRESS_POSITION_LIMIT = 4096
 SMACOF_POSITION_LIMIT = 16_384
+
+
+_MODEL = "for a real model"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How a run's MDS encoding becomes a position table, each option declared once
+    (:mod:`posstats.options`): ``posstats export``'s flags and the pipeline's ``[export]``
+    table are generated from these fields. ``None`` means: ``layout`` plain, ``prefix``
+    none, ``format`` from the file's suffix, ``rank`` the components above noise, ``rows``
+    every counted position (``dim`` must be given, or filled from a model folder)."""
+
+    dim: int | None = option(None, help="model width D (columns of the table); required unless --for-model gives it",
+                             metavar="D", minimum=1, group="options", config_default=None)
+    rank: int | None = option(
+        None, metavar="R", minimum=1, group="options",
+        help="rank r <= D of the encoding (default: the MDS components above sampling noise in the run's verdict, at "
+             "most D; a run with none exports nothing unless R is given; without a null: min(D, MDS coordinates in "
+             "the run))")
+    layout: Literal["bert", "gpt2", "plain"] | None = option(
+        None, group="options", config_default="plain",
+        help="tensor name convention: bert (embeddings.position_embeddings.weight), gpt2 (wpe.weight) or plain "
+             "(position_embeddings); default plain, or --for-model's")
+    format: Literal["safetensors", "npy", "pt"] | None = option(
+        None, group="options", config_default="safetensors", help="file format (default: from the file's suffix)")
+    factors: bool = option(False, group="options",
+                           help="also write the low-rank factors A (n x r) and W (D x r); needs the rank given")
+    basis: Literal["pad", "random"] = option(
+        "pad", group="options", help="the orthonormal map W: zero padding or a seeded random orthonormal basis")
+    seed: int = option(0, group="options", minimum=0, help="seed of the random basis", pipeline=False,
+                       why_not="the pipeline's export uses [geometry] seed")
+    dtype: Literal["float32", "float64"] = option("float32", group="options", help="stored dtype")
+    card: bool = option(True, group="options", help="write the model card README.md and its figures next to the table")
+    method: Literal["classical", "smacof"] = option(
+        "classical", group="options",
+        help="classical MDS coordinates, or their SMACOF refinement at rank r: lower stress at the same width "
+             "(classical MDS minimises strain, not stress)")
+    smacof_max_iter: int = option(300, group="options", metavar="K", minimum=1, help="SMACOF iteration cap")
+    smacof_tol: float = option(1e-6, group="options", metavar="TOL", minimum=0.0, strict=True,
+                               help="SMACOF stops when the relative stress decrease is below TOL")
+    rows: int | None = option(
+        None, group=_MODEL, metavar="N", minimum=1,
+        help="a table for a model with N positions: the first N rows (default: every counted position; more than "
+             "were counted is refused)")
+    prefix: str | None = option(
+        None, group=_MODEL, metavar="PREFIX", config_default="",
+        help="put before the key: 'bert.' for BertForMaskedLM, 'transformer.' for GPT2LMHeadModel (default none: "
+             "BertModel / GPT2Model)")
+    min_tokens: int = option(10, group=_MODEL, metavar="K", minimum=0,
+                             help="warn about rows counted from fewer than K tokens: they are mostly noise")
+    strict: bool = option(False, group=_MODEL, help="refuse the export when a row has fewer tokens than that minimum")
+    license: str | None = option(None, group=_MODEL, metavar="ID",
+                                 help="the model card's license (e.g. apache-2.0; default unknown)")
+    datasets: tuple[str, ...] = option((), group=_MODEL, metavar="NAME", flag="--dataset", repeat=True,
+                                       help="a dataset the corpus came from, for the model card; repeatable")
+    base_model: str | None = option(None, group=_MODEL, metavar="NAME",
+                                    help="the model the table is for, for the model card and its snippet")
+
+    def __post_init__(self) -> None:
+        for d in declared_options(type(self)):
+            value = getattr(self, d.name)
+            wrong = d.check(value) if d.kind != "bool" else (None if isinstance(value, bool) else "must be true or false")
+            if wrong:
+                raise OptionError(f"{{{d.name}}} {wrong}; got {value!r}")
+        if self.rank is not None and self.dim is not None and self.rank > self.dim:
+            msg = f"{{rank}} {self.rank} exceeds {{dim}} {self.dim}: a rank-r table needs width d >= r"
+            raise OptionError(msg)
+        if self.factors and self.rank is None:
+            raise OptionError("the low-rank factors ({factors}) need {rank}")
+        _check_prefix(self.prefix or "")
 
 
 def orthonormal_basis(dim: int, rank: int, /, *, basis: str = "pad", seed: int = 0) -> np.ndarray:
@@ -162,34 +235,6 @@ def _guess_format(out: Path, fmt: str | None) -> str:
         return suffix
     msg = f"{out}: cannot tell the format from the suffix {out.suffix!r}; pass {{format}} {'|'.join(FORMATS)}"
     raise OptionError(msg)
-
-
-def _check_options(*, layout: str, basis: str, dtype: str, dim: int, rank: int | None, factors: bool, method: str) -> None:
-    """Refuse an unknown layout / basis / dtype / method, a non-positive width or rank,
-    a rank above the width, and factors without a rank."""
-    if layout not in LAYOUT_KEYS:
-        msg = f"unknown layout {layout!r}; use one of {', '.join(LAYOUT_KEYS)}"
-        raise PosstatsError(msg)
-    if basis not in BASES:
-        msg = f"unknown basis {basis!r}; use one of {', '.join(BASES)}"
-        raise PosstatsError(msg)
-    if dtype not in ("float32", "float64"):
-        msg = f"dtype must be float32 or float64; got {dtype!r}"
-        raise PosstatsError(msg)
-    if int(dim) != dim or dim < 1:
-        msg = f"{{dim}} must be a positive integer; got {dim}"
-        raise OptionError(msg)
-    if rank is not None and (int(rank) != rank or rank < 1):
-        msg = f"{{rank}} must be a positive integer; got {rank}"
-        raise OptionError(msg)
-    if rank is not None and rank > dim:
-        msg = f"{{rank}} {rank} exceeds {{dim}} {dim}: a rank-r table needs width d >= r"
-        raise OptionError(msg)
-    if factors and rank is None:
-        raise OptionError("the low-rank factors need {rank}")
-    if method not in ("classical", "smacof"):
-        msg = f"unknown method {method!r}; use classical or smacof"
-        raise PosstatsError(msg)
 
 
 def _check_contiguous(run: RunData) -> None:
@@ -436,66 +481,62 @@ def nothing_to_export(run: RunData, /, *, rank: int | None = None, force: bool =
 def export_run(
     run: RunData | str | os.PathLike,
     out: str | os.PathLike,
+    options: ExportOptions | None = None,
     /,
     *,
-    dim: int,
-    rank: int | None = None,
-    layout: str = "plain",
-    format: str | None = None,  # noqa: A002 - mirrors the --format flag
-    factors: bool = False,
-    basis: str = "pad",
-    seed: int = 0,
-    dtype: str = "float32",
-    card: bool = True,
     force: bool = False,
-    method: str = "classical",
-    smacof_max_iter: int = 300,
-    smacof_tol: float = 1e-6,
-    rows: int | None = None,
-    prefix: str = "",
-    min_tokens: int = 10,
-    strict: bool = False,
-    license: str | None = None,  # noqa: A002 - the model card's field
-    datasets: Sequence[str] = (),
-    base_model: str | None = None,
     row_norm: float | None = None,
+    **overrides: Any,
 ) -> ExportResult:
     """Export a run's MDS encoding as an (n, dim) position table (see the module docstring).
 
-    ``row_norm``: scale the table so that its rows' mean L2 norm is this (the model's own
-    table's, :attr:`posstats.reports.model_target.ModelTarget.row_norm`); every distance is
-    scaled by the same factor, so scaled stress is unchanged and raw stress is that of the
-    scaled table.
+    Args:
+        run: a run just analysed (:func:`posstats.runs.run_folder.run_from_analysis`,
+            distances held: nothing is recomputed), read back (:func:`load_run`: the d_H
+            are computed from its counts, once), or a run folder's path.
+        out: the file to write (``.safetensors``, ``.npy`` or ``.pt``).
+        options: :class:`ExportOptions` (width, rank, layout, basis, method, the model
+            card's fields ...); ``overrides`` replace single ones
+            (``export_run(run, out, dim=768, layout="bert")``).
+        force: replace existing files, and export a table of noise (no component above
+            sampling noise) anyway, with a warning.
+        row_norm: scale the table so that its rows' mean L2 norm is this (the model's own
+            table's, :attr:`posstats.reports.model_target.ModelTarget.row_norm`); every
+            distance is scaled by the same factor, so scaled stress is unchanged and raw
+            stress is that of the scaled table.
 
-    ``run`` is a run just analysed (:func:`posstats.runs.run_folder.run_from_analysis`,
-    distances held: nothing is recomputed) or read back (:func:`load_run`: the d_H are
-    computed from its counts, once). Options as in :func:`export_encoding`.
+    Raises:
+        OptionError: an option out of its range, rank > dim, factors without a rank, no dim.
+        InputError / PosstatsError: a missing or non-contiguous run, a rank above the
+        coordinates available, an existing file without ``force``.
+        TypeError: an unknown option.
     """
     if isinstance(run, (str, os.PathLike)):
         run = load_run(run)  # a run folder's path: read it (its distances come from its counts)
     if not isinstance(run, RunData):
         msg = f"export_run() takes a run folder's path or a RunData (posstats.load_run), got {type(run).__name__}"
         raise TypeError(msg)
+    opts = _options(options, overrides)
+    dim, rank, factors, basis, seed, dtype = opts.dim, opts.rank, opts.factors, opts.basis, opts.seed, opts.dtype
+    layout, prefix, rows, card, method = opts.layout or "plain", opts.prefix or "", opts.rows, opts.card, opts.method
     out = Path(out)
-    fmt = _guess_format(out, format)
-    _check_options(layout=layout, basis=basis, dtype=dtype, dim=dim, rank=rank, factors=factors, method=method)
-    _check_prefix(prefix)
+    fmt = _guess_format(out, opts.format)
     _check_contiguous(run)
     short = _short_rows(run, rows=rows)
     run = _rows(run, rows)
     empty = nothing_to_export(run, rank=rank, force=force)
     if empty:
         raise InputError(f"{run.directory}: {empty}")
-    thin_meta, warnings = _thin_rows(run, min_tokens=min_tokens)
+    thin_meta, warnings = _thin_rows(run, min_tokens=opts.min_tokens)
     warnings = [*short, *warnings]
-    if warnings and strict:
+    if warnings and opts.strict:
         raise InputError(f"{run.directory}: {warnings[0]}")
     r, rank_rule, rank_warnings = _export_rank(run, dim=dim, rank=rank, force=force)
     warnings = [*warnings, *rank_warnings]
     files = _output_files(out, fmt, factors=factors, card=card, force=force)
     a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
     if method == "smacof":
-        a, fit, run = _smacof_coordinates(run, r, max_iter=smacof_max_iter, tol=smacof_tol)
+        a, fit, run = _smacof_coordinates(run, r, max_iter=opts.smacof_max_iter, tol=opts.smacof_tol)
     scale = None
     if row_norm is not None:
         own = float(np.linalg.norm(a, axis=1).mean())
@@ -523,7 +564,7 @@ def export_run(
     if card:
         text = model_card(metadata, tradeoff, file_name=out.name, fmt=fmt, report=run.report,
                           figures=(files.card[1].name, files.card[2].name), factors=factors, warnings=warnings,
-                          license=license, datasets=datasets, base_model=base_model)
+                          license=opts.license, datasets=opts.datasets, base_model=opts.base_model)
         with atomic_path(files.card[0]) as tmp:
             tmp.write_text(text)
         written.append(files.card[0])
@@ -533,58 +574,33 @@ def export_run(
 def export_encoding(
     run_dir: str | os.PathLike,
     out: str | os.PathLike,
+    options: ExportOptions | None = None,
     /,
     *,
-    dim: int,
-    rank: int | None = None,
-    layout: str = "plain",
-    format: str | None = None,  # noqa: A002 - mirrors the --format flag
-    factors: bool = False,
-    basis: str = "pad",
-    seed: int = 0,
-    dtype: str = "float32",
-    card: bool = True,
     force: bool = False,
-    method: str = "classical",
-    smacof_max_iter: int = 300,
-    smacof_tol: float = 1e-6,
-    **options: Any,
+    row_norm: float | None = None,
+    **overrides: Any,
 ) -> ExportResult:
-    """Export the MDS encoding of a run folder as an (n, dim) position table (see the
-    module docstring): :func:`export_run` of :func:`load_run`.
+    """Export the MDS encoding of a run folder (written by ``posstats run`` / ``posstats
+    analyze``) as an (n, dim) position table: :func:`export_run` of :func:`load_run`, with
+    the same options."""
+    return export_run(load_run(run_dir), out, options, force=force, row_norm=row_norm, **overrides)
 
-    Args:
-        run_dir: a folder written by ``posstats run`` / ``posstats analyze``.
-        out: the file to write (``.safetensors``, ``.npy`` or ``.pt``).
-        dim: model width d.
-        rank: low-rank r <= dim (default: min(dim, coordinates in the run)).
-        layout: ``bert`` | ``gpt2`` | ``plain`` (the key name).
-        format: ``safetensors`` | ``npy`` | ``pt`` (default: from the suffix).
-        factors: also write ``A`` (n x r) and ``W`` (d x r); needs ``rank``.
-        basis: ``pad`` | ``random`` (the orthonormal ``W``); seed: for ``random``.
-        dtype: ``float32`` (default) or ``float64``.
-        card: write ``README.md`` and two figures next to ``out``.
-        force: replace existing files, and export a table of noise (no component above sampling noise)
-            anyway, with a warning.
-        method: ``classical`` (the run's classical-MDS coordinates) or ``smacof`` (those
-            refined at rank r by stress majorisation, :func:`posstats.geometry.encodings.mds_smacof`:
-            lower stress at the same width; needs every used position's distances, so
-            n <= 16,384).
-        smacof_max_iter, smacof_tol: the SMACOF stopping rule.
-        options: of :func:`export_run`: ``rows`` (a table for a model with that many
-            positions: the first rows; more than the corpus has is refused), ``prefix`` (put
-            before the key: ``bert.`` for ``BertForMaskedLM``, ``transformer.`` for
-            ``GPT2LMHeadModel``), ``min_tokens`` (rows counted from fewer tokens are warned
-            about, in the result and the card; default 10) and ``strict`` (refuse instead),
-            ``license``, ``datasets``, ``base_model`` (the card's Hugging Face metadata).
 
-    Raises:
-        InputError / PosstatsError: a missing or non-contiguous run, rank > dim or above the
-        coordinates available, an existing file without ``force``, an unknown option.
-    """
-    return export_run(load_run(run_dir), out, dim=dim, rank=rank, layout=layout, format=format, factors=factors,
-                      basis=basis, seed=seed, dtype=dtype, card=card, force=force, method=method,
-                      smacof_max_iter=smacof_max_iter, smacof_tol=smacof_tol, **options)
+def _options(options: ExportOptions | None, overrides: dict[str, Any]) -> ExportOptions:
+    """``options`` (default :class:`ExportOptions`) with ``overrides`` replacing fields; a
+    width is required."""
+    names = {d.name for d in declared_options(ExportOptions)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        msg = f"export_run() got an unknown option {unknown[0]!r}; options are {', '.join(sorted(names))}"
+        raise TypeError(msg)
+    if "datasets" in overrides:
+        overrides = {**overrides, "datasets": tuple(overrides["datasets"])}
+    opts = dataclasses.replace(options or ExportOptions(), **overrides)
+    if opts.dim is None:
+        raise OptionError("give the model width {dim}")
+    return opts
 
 
 def _save_named(plot: Any, path: Path) -> Path:

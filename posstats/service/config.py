@@ -47,9 +47,10 @@ from typing import Any
 
 from posstats.analysis import AnalysisConfig
 from posstats.corpus.remote import check_storage_options, parse_value
-from posstats.errors import PosstatsError, did_you_mean
+from posstats.errors import OptionError, PosstatsError, did_you_mean
 from posstats.ids import validate_run_id
 from posstats.options import SAME, declared_options
+from posstats.reports.export import ExportOptions
 from posstats.service.pipeline_store import is_url
 from posstats.service.schedule import parse_cron, parse_interval, time_zone
 
@@ -105,8 +106,6 @@ _FIRST_GEOMETRY_KEYS = frozenset({"dims", "encodings", "min_occupancy", "rank_rt
                                   "noise_floor", "distances", "held_out", "smacof_limit"})
 FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
 DOCUMENT_UNITS = ("line", "paragraph", "file")  # posstats.corpus.readers.DOCUMENT_UNITS (not imported: config stays light)
-LAYOUTS = ("bert", "gpt2", "plain")
-EXPORT_FORMATS = ("safetensors", "npy", "pt")
 
 
 @dataclass(frozen=True)
@@ -189,11 +188,13 @@ def _json_default(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _geometry_keys() -> dict[str, Key]:
-    """``[geometry]``: every option of :class:`~posstats.analysis.AnalysisConfig` the pipeline
-    takes, generated from its declaration (:mod:`posstats.options`), so the two cannot drift."""
+def _option_keys(cls: type, /) -> dict[str, Key]:
+    """A table's keys: every option of the options dataclass ``cls`` that the pipeline takes
+    (``[geometry]``: :class:`~posstats.analysis.AnalysisConfig`; ``[export]``:
+    :class:`~posstats.reports.export.ExportOptions`), generated from its declaration
+    (:mod:`posstats.options`), so the two cannot drift."""
     keys = {}
-    for d in declared_options(AnalysisConfig):
+    for d in declared_options(cls):
         if not d.option.pipeline:
             continue
         default = d.default if d.option.config_default == SAME else d.option.config_default
@@ -250,7 +251,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "geometry_retries": Key("int", 2, "times Ray reruns a geometry task whose worker died", nullable=False,
                                 check=_ge(0)),
     },
-    "geometry": _geometry_keys(),
+    "geometry": _option_keys(AnalysisConfig),
     "diff": {
         "level": Key("float", 0.05, "family-wise level of the per-position change decisions against the previous "
                      "latest run", nullable=False, check=lambda v: None if 0 < v < 1 else "must be in (0, 1)"),
@@ -262,18 +263,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              check=_ge(2)),
     },
     "export": {
-        "dim": Key("int", None, "model width D of the exported table (default: the largest geometry dim)",
+        **_option_keys(ExportOptions),
+        "dim": Key("int", None, "model width D of the exported table (default: the largest [geometry] dims)",
                    check=_ge(1)),
-        "rank": Key("int", None, "rank r <= D (default: min(D, MDS coordinates))", check=_ge(1)),
-        "layout": Key("str", "plain", "bert, gpt2 or plain (the tensor's name)", nullable=False, check=_one_of(LAYOUTS)),
-        "format": Key("str", "safetensors", "safetensors, npy or pt", nullable=False, check=_one_of(EXPORT_FORMATS)),
-        "dtype": Key("str", "float32", "float32 or float64", nullable=False, check=_one_of(("float32", "float64"))),
-        "basis": Key("str", "pad", "pad or random (the orthonormal map W)", nullable=False, check=_one_of(("pad", "random"))),
-        "method": Key("str", "classical", "classical or smacof", nullable=False, check=_one_of(("classical", "smacof"))),
         "name": Key("str", "positions", "file stem of the table in export/", nullable=False,
                     check=lambda v: None if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v) and ".." not in v
                     else "must be a plain file stem (letters, digits, . _ -)"),
-        "card": Key("bool", True, "write the model card README.md and its figures", nullable=False),
     },
     "schedule": {
         "every": Key("str", None, "default interval of 'posstats schedule' (e.g. 6h, 30m, 1h30m)", check=_every),
@@ -626,6 +621,11 @@ def _check_consistency(values: Mapping[str, Mapping[str, Any]], origin: str) -> 
         dim = exp["dim"] if exp["dim"] is not None else max(values["geometry"]["dims"])
         if exp["rank"] > dim:
             raise PosstatsError(f"{origin}[export] rank {exp['rank']} exceeds the table width {dim}")
+    try:  # the rules between export options (factors need a rank, a prefix's form), as the library checks them
+        ExportOptions(**{d.name: tuple(v) if isinstance(v := exp[d.name], list) else v
+                         for d in declared_options(ExportOptions) if d.option.pipeline})
+    except OptionError as exc:
+        raise PosstatsError(f"{origin}[export] {exc}") from None
     if sch["every"] and sch["cron"]:
         raise PosstatsError(f"{origin}[schedule] give either every or cron, not both")
 
