@@ -13,10 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from posstats.corpus.inputs import CountInputs, count_inputs
-from posstats.corpus.readers import DOCUMENT_UNITS, FORMATS, document_note
+from posstats.corpus.inputs import CountInputs, CountOptions, InputOptions, count_inputs
+from posstats.corpus.readers import document_note
 from posstats.corpus.remote import MAX_OPTION_DEPTH, check_storage_options, parse_value
-from posstats.counting.counts import MODES
 from posstats.errors import PosstatsError
 from posstats.options import declared_options
 
@@ -133,36 +132,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
                    help="fsspec option of URL inputs (VALUE in TOML syntax; dotted keys nest), e.g. "
                         "client_kwargs.endpoint_url=http://127.0.0.1:9000; repeatable. fsspec's own "
                         "FSSPEC_<PROTOCOL>_<OPTION> variables and the cloud credential chains apply too")
-    g.add_argument("--format", choices=FORMATS, default=None,
-                   help="input format (default: guessed from each file's suffix: .parquet/.arrow, "
-                        ".jsonl/.json, .txt/.md (text, see --document-per), .csv/.tsv, folder = HF dataset)")
-    g.add_argument("--document-per", choices=DOCUMENT_UNITS, default=None,
-                   help="what one document is in a text file: a line, a paragraph (lines up to a blank line) or "
-                        "the whole file (default by suffix: paragraph for .md, line for .txt; printed when counting)")
-    g.add_argument("--column", metavar="NAME", help="column holding token ids (a list of ints per row)")
-    g.add_argument("--text-column", metavar="NAME",
-                   help="column holding raw text, tokenised with --tokenizer (not needed for .txt files)")
-    g.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
-                   help="a Hugging Face tokenizer.json (padding and truncation are switched off)")
-    g.add_argument("--hf-streaming", action="store_true", help="stream HF datasets instead of caching them")
-    g.add_argument("--split", metavar="NAME",
-                   help="the split of a Hugging Face DatasetDict folder (required when it has several)")
-    c = parser.add_argument_group("counting")
-    c.add_argument("--positions", type=int, default=512, metavar="N",
-                   help="number of positions n (window length); default 512")
-    c.add_argument("--vocab-size", type=int, metavar="V",
-                   help="vocabulary size (default: the tokenizer's; required with --column and no tokenizer)")
-    c.add_argument("--exclude-tokens", type=int_list, metavar="ID,ID",
-                   help="token ids removed before positions are assigned (default: the tokenizer's "
-                        "special tokens, or none); pass '' to keep everything")
-    c.add_argument("--mode", choices=MODES, default="truncate",
-                   help="truncate: first n tokens of each document (default); chunk: consecutive "
-                        "windows of n; pack: documents concatenated (per file) and cut into windows of n")
-    c.add_argument("--separator", type=int, metavar="ID", help="pack mode: token id inserted between documents")
-    c.add_argument("--memory-budget", type=float, default=4.0, metavar="GiB",
-                   help="count into a dense n x V array while 8*n*V bytes fit this budget and the corpus has at least "
-                        "n*V/8 tokens; sort each position's tokens otherwise, buffering up to half the budget of "
-                        "token ids between sorts (same counts; files are stored by size) (default 4)")
+    add_options(parser, InputOptions)  # declared once in posstats.corpus.inputs
+    add_options(parser, CountOptions)
 
 
 def print_document_note(args: argparse.Namespace, /) -> None:
@@ -175,22 +146,8 @@ def print_document_note(args: argparse.Namespace, /) -> None:
 
 def count_inputs_from_args(args: argparse.Namespace, /) -> CountInputs:
     """:func:`posstats.corpus.inputs.count_inputs` of the flags of :func:`add_input_args`."""
-    return count_inputs(
-        inputs=tuple(args.input),
-        format=args.format,
-        column=args.column,
-        text_column=args.text_column,
-        tokenizer=args.tokenizer,
-        hf_streaming=args.hf_streaming,
-        split=getattr(args, "split", None),
-        storage_options=storage_options(getattr(args, "storage_option", None) or []),
-        positions=args.positions,
-        vocab_size_=args.vocab_size,
-        exclude_tokens=args.exclude_tokens,
-        mode=args.mode,
-        separator=args.separator,
-        document_per=getattr(args, "document_per", None),
-    )
+    return count_inputs(tuple(args.input), options_from_args(InputOptions, args), options_from_args(CountOptions, args),
+                        storage_options=storage_options(getattr(args, "storage_option", None) or []))
 
 
 def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> None:

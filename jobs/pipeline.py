@@ -334,11 +334,8 @@ def _local_tokenizer(run: _Run) -> str | None:
 def _resolve_count_inputs(cfg: PipelineConfig, inputs: list[str], tokenizer: str | None) -> CountInputs:
     """What to count: ``[input]`` reader options and ``[count]`` spec on local ``inputs``
     (:func:`posstats.corpus.inputs.count_inputs`)."""
-    i, c = cfg.values["input"], cfg.values["count"]
-    return count_inputs(inputs=inputs, format=i["format"], column=i["column"], text_column=i["text_column"],
-                        tokenizer=tokenizer, positions=c["positions"], vocab_size_=c["vocab_size"],
-                        exclude_tokens=c["exclude_tokens"], mode=c["mode"], separator=c["separator"],
-                        document_per=i.get("document_per"))
+    reading, counting = cfg.input_options(), cfg.count_options()
+    return count_inputs(inputs, dataclasses.replace(reading, tokenizer=tokenizer), counting)
 
 
 def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
@@ -351,7 +348,7 @@ def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
         workers=run.cfg.ray.workers,
         skip_bad_shards=c["skip_bad_shards"],
         shard_bytes=None if c["shard_size_mib"] is None else max(1, int(c["shard_size_mib"] * 2**20)),
-        dense_budget=int(c["memory_budget_gib"] * 2**30),
+        dense_budget=run.cfg.count_options().budget_bytes,
         show_progress=False,
         shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
     )

@@ -1,7 +1,9 @@
 """Options declared once: a dataclass field with its help, choices, bounds and unit, from
 which the command line, the pipeline's TOML schema and ``to_dict`` are generated.
 
-An options dataclass (:class:`posstats.analysis.AnalysisConfig`) writes each option as::
+An options dataclass (:class:`posstats.analysis.AnalysisConfig`,
+:class:`posstats.reports.export.ExportOptions`, :class:`posstats.corpus.inputs.InputOptions`,
+:class:`posstats.corpus.inputs.CountOptions`) writes each option as::
 
     null_replicates: int = option(39, help="shuffled null corpora ...", metavar="R", minimum=1)
 
@@ -49,6 +51,9 @@ class Option:
             library's default", for a long list).
         flag: the command line's name when it is not ``--name-with-dashes`` (``--dataset``).
         repeat: the flag is given once per value of a list (``--dataset a --dataset b``).
+        key: the config's name when it is not the field's (``memory_budget_gib``).
+        config_kind: the config's kind when it says more than the annotation (``url``: a
+            path read relative to the config file, or a URL).
         limit: refuses work but never changes a result: left out of the result's record
             (``to_dict``) and of the pipeline's result key.
     """
@@ -68,6 +73,8 @@ class Option:
     limit: bool = False
     flag: str | None = None
     repeat: bool = False
+    key: str | None = None
+    config_kind: str | None = None
 
 
 @dataclass(frozen=True)

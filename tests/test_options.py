@@ -1,7 +1,8 @@
 """Each option declared once (issue #29): the analysis options of AnalysisConfig generate the
 flags of analyze / run / diff, the pipeline's [geometry] table and to_dict; the export
-options of ExportOptions generate the flags of export and the pipeline's [export] table;
-this file compares them so that they cannot drift."""
+options of ExportOptions the flags of export and the pipeline's [export] table; InputOptions
+and CountOptions the input and counting flags of count / run and the pipeline's [input] and
+[count] tables. This file compares them so that they cannot drift."""
 
 from __future__ import annotations
 
@@ -141,3 +142,62 @@ def test_a_pipeline_export_key_reaches_the_export():
     assert isinstance(opts, ExportOptions)
     assert (opts.dim, opts.rank, opts.rows, opts.prefix, opts.datasets, opts.min_tokens, opts.seed, opts.layout) == (
         8, 2, 6, "bert.", ("wiki",), 4, 3, "plain")
+
+
+def _counting_declared():
+    from posstats.corpus.inputs import CountOptions, InputOptions
+
+    return {"input": declared_options(InputOptions), "count": declared_options(CountOptions)}
+
+
+@pytest.mark.parametrize("command", ["count", "run"])
+def test_the_input_and_counting_flags_are_the_declaration(command):
+    actions = _actions(command)
+    for d in [*_counting_declared()["input"], *_counting_declared()["count"]]:
+        action = actions[d.name]
+        assert action.option_strings == [d.flag], d.name
+        if d.kind == "bool":
+            assert isinstance(action, argparse._StoreTrueAction), d.name
+            continue
+        assert action.default == d.default, d.name
+        assert (tuple(action.choices) if action.choices else None) == d.choices, d.name
+        assert action.help.replace("%%", "%").startswith(d.option.help), d.name
+
+
+def test_the_pipeline_input_and_count_tables_are_the_declaration():
+    manual = {"input": {"paths", "storage_options"}, "count": {"shard_size_mib", "skip_bad_shards"}}
+    for table, declared in _counting_declared().items():
+        wanted = {d.option.key or d.name: d for d in declared if d.option.pipeline}
+        assert set(SCHEMA[table]) == set(wanted) | manual[table], table
+        assert all(d.option.why_not for d in declared if not d.option.pipeline)
+        for name, d in wanted.items():
+            key = SCHEMA[table][name]
+            assert key.kind == (d.option.config_kind or d.kind) and key.help == d.option.help, name
+            assert key.default == d.default, name
+    assert "memory_budget_gib" in SCHEMA["count"]  # the config's name says its unit
+    assert SCHEMA["input"]["tokenizer"].kind == "url"  # read relative to the config file
+
+
+def test_pipeline_input_and_count_keys_reach_the_count():
+    from posstats.corpus.inputs import CountOptions, InputOptions
+
+    cfg = parse_config({"store": {"url": "/tmp/s"}, "input": {"paths": ["/tmp/x"], "column": "ids", "format": "jsonl"},
+                        "count": {"vocab_size": 10, "positions": 16, "exclude_tokens": [], "memory_budget_gib": 0.5}})
+    assert cfg.input_options() == InputOptions(column="ids", format="jsonl")
+    counting = cfg.count_options()
+    assert counting == CountOptions(positions=16, vocab_size=10, exclude_tokens=(), memory_budget=0.5)
+    assert counting.budget_bytes == 2**29
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"positions": 0}, "positions must be >= 1; got 0"),
+    ({"mode": "slide"}, "mode must be one of truncate, chunk, pack; got 'slide'"),
+    ({"separator": 3}, "separator only applies in pack mode"),
+    ({"memory_budget": 0.0}, "memory_budget must be > 0; got 0.0"),
+])
+def test_count_options_refuse_by_the_declared_rule(kwargs, message):
+    from posstats.corpus.inputs import CountOptions
+    from posstats.errors import OptionError
+
+    with pytest.raises(OptionError, match=message.replace("(", r"\(")):
+        CountOptions(**kwargs)

@@ -373,10 +373,13 @@ def test_submit_refuses_credentials_before_contacting_the_cluster(tmp_path, caps
 
 
 def test_document_per_is_an_input_key_with_the_readers_choices(tmp_path):
-    from posstats.corpus.readers import DOCUMENT_UNITS
-    from posstats.service.config import DOCUMENT_UNITS as CONFIG_UNITS
+    from posstats.corpus.inputs import CountOptions, InputOptions
+    from posstats.corpus.readers import DOCUMENT_UNITS, FORMATS
+    from posstats.counting.counts import MODES
+    from posstats.options import declared_options
 
-    assert CONFIG_UNITS == DOCUMENT_UNITS
+    choices = {d.name: d.choices for cls in (InputOptions, CountOptions) for d in declared_options(cls)}
+    assert (choices["document_per"], choices["format"], choices["mode"]) == (DOCUMENT_UNITS, FORMATS, MODES)
     ok = load_config(write(tmp_path, MINIMAL.replace('column = "ids"', 'column = "ids"\ndocument_per = "paragraph"')))
     assert ok.values["input"]["document_per"] == "paragraph"
     assert load_config(write(tmp_path, MINIMAL, "q.toml")).values["input"]["document_per"] is None

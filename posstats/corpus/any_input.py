@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.corpus.inputs import count_inputs
+from posstats.corpus.inputs import CountOptions, InputOptions, count_inputs
 from posstats.corpus.source import count_corpus
 from posstats.corpus.tokenizer import (
     as_tokenizer,
@@ -163,10 +163,11 @@ def count(
                 raise InputError("for files, give tokenizer= as the path of a tokenizer.json or a model name in the local "
                                  "Hugging Face cache (its file is recorded with the counts)")
             tokenizer = found
-        inputs = count_inputs(inputs=[os.fspath(p) for p in paths], column=column, text_column=text_column,
-                              tokenizer=os.fspath(tokenizer) if tokenizer is not None else None, split=split,
-                              positions=positions, vocab_size_=vocab_size, exclude_tokens=exclude_tokens, mode=mode,
-                              separator=separator)
+        reading = InputOptions(column=column, text_column=text_column, split=split,
+                               tokenizer=os.fspath(tokenizer) if tokenizer is not None else None)
+        counting = CountOptions(positions=positions, vocab_size=vocab_size, mode=mode, separator=separator,
+                                exclude_tokens=None if exclude_tokens is None else tuple(exclude_tokens))
+        inputs = count_inputs([os.fspath(p) for p in paths], reading, counting)
         return count_corpus(inputs.source, inputs.spec, metadata=inputs.metadata, show_progress=show_progress)
     tok = _tokenizer(tokenizer)
     if vocab_size is None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posstats.analysis import AnalysisConfig
+from posstats.corpus.inputs import CountOptions, InputOptions
 from posstats.corpus.remote import check_storage_options, parse_value
 from posstats.errors import OptionError, PosstatsError, did_you_mean
 from posstats.ids import validate_run_id
@@ -99,13 +100,10 @@ _VALUE_SECRETS = (
 CREDENTIALS_HINT = ("give the cluster its own credentials instead (an IAM role / IRSA, a mounted secret, the "
                     "environment of the RayCluster spec or of the Ray worker processes): see 'Credentials' in "
                     "docs/service.md")
-MODES = ("truncate", "chunk", "pack")
 # [geometry] keys of the first configs: always in the result key. Those added since count only
 # when set to something else than their default, so that a store's runs keep their keys.
 _FIRST_GEOMETRY_KEYS = frozenset({"dims", "encodings", "min_occupancy", "rank_rtol", "mds_method", "seed",
                                   "noise_floor", "distances", "held_out", "smacof_limit"})
-FORMATS = ("parquet", "jsonl", "hf", "text", "csv")
-DOCUMENT_UNITS = ("line", "paragraph", "file")  # posstats.corpus.readers.DOCUMENT_UNITS (not imported: config stays light)
 
 
 @dataclass(frozen=True)
@@ -198,8 +196,15 @@ def _option_keys(cls: type, /) -> dict[str, Key]:
         if not d.option.pipeline:
             continue
         default = d.default if d.option.config_default == SAME else d.option.config_default
-        keys[d.name] = Key(d.kind, default, d.option.help, nullable=default is None, check=d.check)
+        keys[d.option.key or d.name] = Key(d.option.config_kind or d.kind, default, d.option.help,
+                                           nullable=default is None, check=d.check)
     return keys
+
+
+def _options_of(cls: type, table: Mapping[str, Any], /) -> Any:
+    """``cls(...)`` from a table of :func:`_option_keys` (lists as tuples)."""
+    return cls(**{d.name: tuple(v) if isinstance(v := table[d.option.key or d.name], list) else v
+                  for d in declared_options(cls) if d.option.pipeline})
 
 
 SCHEMA: dict[str, dict[str, Key]] = {
@@ -218,24 +223,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "input": {
         "paths": Key("url_list", None, "input files, folders (HF datasets) or globs; local or s3://...", required=True,
                      check=_nonempty),
-        "format": Key("str", None, "input format (default: guessed from each suffix)", check=_one_of(FORMATS)),
-        "column": Key("str", None, "column of token ids (a list of ints per row)"),
-        "text_column": Key("str", None, "column of raw text, tokenised with 'tokenizer'"),
-        "tokenizer": Key("url", None, "a Hugging Face tokenizer.json (local or s3://...)"),
+        **_option_keys(InputOptions),
         "storage_options": Key("table", {}, "fsspec options for remote inputs"),
-        "document_per": Key("str", None, "text files: one document per line, paragraph or file (default by suffix: "
-                            "paragraph for .md, line for .txt)", check=_one_of(DOCUMENT_UNITS)),
     },
     "count": {
-        "positions": Key("int", 512, "number of positions n", nullable=False, check=_ge(1)),
-        "vocab_size": Key("int", None, "vocabulary size V (default: the tokenizer's)", check=_ge(1)),
-        "mode": Key("str", "truncate", "truncate, chunk or pack (THEORY.md section 1)", nullable=False,
-                    check=_one_of(MODES)),
-        "exclude_tokens": Key("int_list", None, "token ids removed before positions are assigned (default: the "
-                              "tokenizer's special tokens, or none); [] keeps everything"),
-        "separator": Key("int", None, "pack mode: token id between documents", check=_ge(0)),
-        "memory_budget_gib": Key("float", 4.0, "dense n x V arrays per process while 8nV bytes fit", nullable=False,
-                                 check=_ge(0, strict=True)),
+        **_option_keys(CountOptions),
         "shard_size_mib": Key("float", None, "target shard size: JSONL / text files above it are cut into line "
                               "ranges, Parquet row groups joined up to it (default: the run store's, else 2-4 "
                               "shards per worker within 16-256)", check=_ge(0, strict=True)),
@@ -331,6 +323,14 @@ class PipelineConfig:
         g = self.values["geometry"]
         return AnalysisConfig(**{k: tuple(v) if isinstance(v, list | tuple) else v
                                  for k, v in g.items() if v is not None})
+
+    def input_options(self) -> InputOptions:
+        """``[input]``'s reader options (generated from :class:`InputOptions`)."""
+        return _options_of(InputOptions, self.values["input"])
+
+    def count_options(self) -> CountOptions:
+        """``[count]``'s spec and memory budget (generated from :class:`CountOptions`)."""
+        return _options_of(CountOptions, self.values["count"])
 
     def export_dim(self) -> int:
         """``[export] dim``, else the largest ``[geometry] dims``."""
