@@ -908,6 +908,8 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
         "scale_ci95": list(st.scale_ci95),
         "pearson_ci95": list(st.pearson_ci95),
         "stress_pairs": st.pairs,
+        "stress_interval": ("sampled pairs: the 95 % interval covers the error of sampling pairs, not the corpus' own "
+                            "sampling noise (docs/calibration.md)"),
         "min_separation_method": sep_method,
         **_details_entry(enc),
     }
