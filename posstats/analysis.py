@@ -46,7 +46,7 @@ from posstats.estimates.permutation import permutation_null
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import split_noise_floor
-from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, standout_positions, verdict
+from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, Verdict, standout_positions, verdict
 from posstats.geometry.diagnostics import (
     corpus_diagnostics,
     min_separation,
@@ -403,8 +403,13 @@ class Analysis:
         report.update({k: v for k, v in self.sections.items() if k not in report})
         report["diagnostics"]["h1"]["distances"] = report["geometry"]["distances"] if "geometry" in report else "plugin"
         answer = verdict(report, self.standout)
-        report["diagnostics"]["h1"].update(nonstationary=answer["non_stationary"], test=answer["non_stationary_test"])
-        return {"verdict": answer, **report}
+        report["diagnostics"]["h1"].update(nonstationary=answer.non_stationary, test=answer.non_stationary_test)
+        return {"verdict": answer.to_dict(), **report}
+
+    def verdict(self) -> Verdict:
+        """The report's decisions, typed (:class:`posstats.estimates.verdict.Verdict`):
+        ``analysis.verdict().components_above_noise``; ``report()["verdict"]`` is its JSON."""
+        return Verdict.from_dict(self.report()["verdict"])
 
 
 _HELLINGER_CONVENTION = "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]"

@@ -77,8 +77,8 @@ def test_planted_positions_stand_out_whatever_the_rank_test_says():
     assert out["z_threshold"] == standout_threshold(500) == 5.0
     # the verdict reports them even when no MDS component stands above the null
     v = verdict({"null": {"method": "shuffle", "components_above_null": 0}}, out)
-    assert v["standout_positions"]["count"] == 6
-    assert v["non_stationary"] is True and v["positions_distinguishable"] is True
+    assert v.standout_positions["count"] == 6
+    assert v.non_stationary is True and v.positions_distinguishable is True
 
 
 def test_standout_threshold_is_bonferroni_with_a_floor():
@@ -97,13 +97,13 @@ def test_verdict_gates_components_on_non_stationarity():
     null = {"method": "shuffle", "components_above_null": 2}
     homog = {"method": "permutation", "rejected": False, "level": 0.025, "p_value": 0.4, "replicates": 39}
     v = verdict({"null": null, "homogeneity": homog}, quiet)
-    assert v["components_above_noise"] == 0 and v["non_stationary"] is False and v["positions_distinguishable"] is False
+    assert v.components_above_noise == 0 and v.non_stationary is False and v.positions_distinguishable is False
     v = verdict({"null": null, "homogeneity": {**homog, "rejected": True, "p_value": 0.025}}, quiet)
-    assert v["components_above_noise"] == 2 and v["non_stationary"] is True
-    assert "homogeneity" in v["non_stationary_test"] and "standout" in v["non_stationary_test"]
+    assert v.components_above_noise == 2 and v.non_stationary is True
+    assert "homogeneity" in v.non_stationary_test and "standout" in v.non_stationary_test
     v = verdict({"null": {"method": "mp", "components_above_null": 1}}, {"count": 3})
-    assert v["components_above_noise"] == 1 and v["non_stationary"] is True
-    assert verdict({}, None)["non_stationary"] is None
+    assert v.components_above_noise == 1 and v.non_stationary is True
+    assert verdict({}, None).non_stationary is None
 
 
 def test_best_encodings_ties_by_interval_overlap():
@@ -362,3 +362,21 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     first, *rest = answer_sentences({"verdict": v2, "positions": {"used": 64}})
     assert first.startswith("Token distributions change across positions")
     assert any("does not fit better" in s for s in rest)
+
+
+def test_the_verdict_is_typed_and_its_json_round_trips():
+    """analyze() decides once, in a Verdict; report.json's verdict is its to_dict(), and
+    from_dict reads it back to an equal Verdict."""
+    import json
+
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.estimates.verdict import Verdict
+    from posstats.testing import known_corpus
+
+    analysis = analyze(known_corpus("planted", 32, tokens=2000, seed=1).counts,
+                       AnalysisConfig(dims=(2,), encodings=("sinusoidal", "alibi"), held_out="off"))
+    v = analysis.verdict()
+    assert isinstance(v, Verdict) and v.components_above_noise >= 1 and v.positions_distinguishable is True
+    assert v.standout_positions["positions"] == [0, 1, 2, 3]
+    doc = json.loads(json.dumps(analysis.report()["verdict"]))
+    assert Verdict.from_dict(doc) == v and v.to_dict() == doc

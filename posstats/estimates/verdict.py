@@ -40,6 +40,7 @@ positions one distribution) is at most 5 %, split between two tests of that one 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,7 @@ __all__ = [
     "FAMILY_LEVEL",
     "MIN_WINDOWS",
     "STANDOUT_Z",
+    "Verdict",
     "best_encodings",
     "caveats",
     "non_stationarity",
@@ -413,10 +415,83 @@ def fitted_better(best: list[dict[str, Any]], /, *, non_stationary: bool | None,
             if b["best"].split(":")[0] in FITTED_ENCODINGS and b.get("fixed") not in b["tied_with"]]
 
 
-def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[str, Any]:
-    """The report's ``verdict`` section from its ``null``, ``homogeneity``, ``noise``,
-    ``geometry``, ``corpus`` and ``encodings`` entries and the :func:`standout_positions`
-    result (decisions withheld, None, when :func:`withheld_reason` says so)."""
+@dataclass(frozen=True)
+class Verdict:
+    """The report's decisions, typed; ``report.json``'s ``verdict`` is :meth:`to_dict`.
+
+    Attributes:
+        withheld: why no decision is made (too few windows), else None.
+        caveats: what the decisions assume that the data cannot check, one sentence each.
+        non_stationary: the positions' distributions differ (either test rejects); None
+            when withheld. ``positions_distinguishable`` is the same answer.
+        non_stationary_test: the test that decided, in words.
+        components_above_noise: MDS components above the null (0 unless non-stationary);
+            None without a null or when withheld.
+        null_method, noise_floor, distances: how (the null, a noise floor estimated, the
+            distances: ``bias_corrected`` or ``plugin``).
+        standout_positions: :func:`standout_positions`' entry, or None.
+        structure: ``none``, ``positions`` or ``widespread`` (:func:`structure_kind`).
+        best_encodings: per width, the best encoding and the ones tied with it
+            (:func:`best_encodings`).
+        fitted_better_at: widths where an encoding fitted to the counts beats every fixed one.
+        sweeps: per swept encoding parameter, the best value per width.
+        held_out_best: the held-out scores' best per width, or None.
+    """
+
+    withheld: str | None
+    caveats: tuple[str, ...]
+    non_stationary: bool | None
+    non_stationary_test: str
+    components_above_noise: int | None
+    null_method: str | None
+    noise_floor: bool
+    distances: str
+    standout_positions: dict[str, Any] | None
+    structure: str
+    best_encodings: tuple[dict[str, Any], ...]
+    fitted_better_at: tuple[int, ...]
+    sweeps: tuple[dict[str, Any], ...]
+    held_out_best: Any = None
+
+    @property
+    def positions_distinguishable(self) -> bool | None:
+        """Whether positions carry distinguishable distributions: the non-stationarity answer."""
+        return self.non_stationary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (``report.json``'s ``verdict``), keys in the report's order."""
+        return {
+            "withheld": self.withheld,
+            "caveats": list(self.caveats),
+            "non_stationary": self.non_stationary,
+            "non_stationary_test": self.non_stationary_test,
+            "positions_distinguishable": self.positions_distinguishable,
+            "components_above_noise": self.components_above_noise,
+            "null_method": self.null_method,
+            "noise_floor": self.noise_floor,
+            "distances": self.distances,
+            "standout_positions": self.standout_positions,
+            "structure": self.structure,
+            "best_encodings": list(self.best_encodings),
+            "fitted_better_at": list(self.fitted_better_at),
+            "sweeps": list(self.sweeps),
+            "held_out_best": self.held_out_best,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], /) -> Verdict:
+        """A verdict read back from ``report.json`` (keys a report of this version writes)."""
+        return cls(doc.get("withheld"), tuple(doc.get("caveats") or ()), doc.get("non_stationary"),
+                   str(doc.get("non_stationary_test") or ""), doc.get("components_above_noise"), doc.get("null_method"),
+                   bool(doc.get("noise_floor")), str(doc.get("distances") or "plugin"), doc.get("standout_positions"),
+                   str(doc.get("structure") or ""), tuple(doc.get("best_encodings") or ()),
+                   tuple(doc.get("fitted_better_at") or ()), tuple(doc.get("sweeps") or ()), doc.get("held_out_best"))
+
+
+def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdict:
+    """The report's decisions from its ``null``, ``homogeneity``, ``noise``, ``geometry``,
+    ``corpus`` and ``encodings`` entries and the :func:`standout_positions` result
+    (decisions withheld, None, when :func:`withheld_reason` says so)."""
     null = report.get("null") or {}
     noise = report.get("noise") or {}
     withheld = withheld_reason(report)
@@ -432,23 +507,22 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> dict[
     held_out = report.get("held_out") or {}
     best = best_encodings(report.get("encodings") or [])
     used = int((report.get("positions") or {}).get("used") or 0)
-    return {
-        "withheld": withheld,
-        "caveats": caveats(report),
-        "non_stationary": non_stationary,
-        "non_stationary_test": test,
-        "positions_distinguishable": non_stationary,
-        "components_above_noise": above,
-        "null_method": null.get("method"),
-        "noise_floor": bool(noise.get("estimated")),
-        "distances": "bias_corrected" if corrected else "plugin",
-        "standout_positions": standout,
-        "structure": structure_kind(non_stationary, standout, used, withheld=withheld),
-        "best_encodings": best,
-        "fitted_better_at": fitted_better(best, non_stationary=non_stationary, above=above),
-        "sweeps": [
+    return Verdict(
+        withheld=withheld,
+        caveats=tuple(caveats(report)),
+        non_stationary=non_stationary,
+        non_stationary_test=test,
+        components_above_noise=above,
+        null_method=null.get("method"),
+        noise_floor=bool(noise.get("estimated")),
+        distances="bias_corrected" if corrected else "plugin",
+        standout_positions=standout,
+        structure=structure_kind(non_stationary, standout, used, withheld=withheld),
+        best_encodings=tuple(best),
+        fitted_better_at=tuple(fitted_better(best, non_stationary=non_stationary, above=above)),
+        sweeps=tuple(
             {"spec": sw["spec"], "parameter": sw["parameter"], "best": best_sweep_values(sw, report.get("encodings") or [])}
             for sw in (report.get("config") or {}).get("sweeps") or []
-        ],
-        "held_out_best": held_out.get("best"),
-    }
+        ),
+        held_out_best=held_out.get("best"),
+    )
