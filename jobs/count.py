@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -149,6 +149,8 @@ class JobOptions:
         reduce_delay: test hook: seconds each reduce range sleeps before summing.
         dashboard: start the dashboard with an embedded Ray (about 2 s of start-up).
         shuffle_seed: test hook: dispatch shards in a seeded random order.
+        executor: ``ray`` (a pool of actors) or ``local`` (the same steps, one at a time,
+            in this process: no Ray, same store, markers, resume and refresh).
     """
 
     store: str
@@ -165,10 +167,13 @@ class JobOptions:
     reduce_delay: float = 0.0
     dashboard: bool = False
     shuffle_seed: int | None = None
+    executor: Literal["ray", "local"] = "ray"
 
     def __post_init__(self) -> None:
         if self.run_id is not None:
             validate_run_id(self.run_id)  # it names files and folders in the store
+        if self.executor not in ("ray", "local"):
+            raise PosstatsError(f"executor must be ray or local, got {self.executor!r}")
 
 
 def _log(message: str) -> None:
@@ -222,10 +227,10 @@ class CountWorker:
         return self._buffer
 
     def where(self) -> dict[str, Any]:
-        """pid, hostname and Ray node id of this actor."""
-        import ray
-
-        return {"pid": os.getpid(), "hostname": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id()}
+        """pid, hostname and Ray node id of this actor (``local`` in the local executor)."""
+        ray = sys.modules.get("ray")  # never imported by the local executor
+        node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else "local"
+        return {"pid": os.getpid(), "hostname": socket.gethostname(), "node_id": node}
 
     def count(self, shard: dict[str, Any]) -> dict[str, Any]:
         """Count one shard unless its marker exists; return a summary (status counted,
@@ -306,8 +311,97 @@ class _Tally:
     stop: bool = False
 
 
-class _Engine:
-    """The Ray side of a run: connection, actor pool, scheduling, tree reduce."""
+class _Reduce:
+    """The range reduce, the same on every executor: its steps (check a partial, sum a
+    position range, assemble the ranges) run through the executor's ``run_tasks``."""
+
+    opts: JobOptions
+    worker_args: dict[str, Any]
+    workers: int
+
+    def run_tasks(self, tasks: list[tuple[str, tuple]], *, what: str) -> list[Any]:
+        raise NotImplementedError
+
+    def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path) -> dict:
+        """Range reduce (module docstring): check every item, sum each position range on
+        an actor, assemble the ranges into ``final_dir``.
+
+        Returns the final summary (with ``ranges``), or ``{"corrupt": [...]}`` (every
+        corrupt partial; nothing summed)."""
+        t = time.perf_counter()
+        checks = self.run_tasks([("check", (str(p),)) for p, _ in items], what="partial check")
+        corrupt = [c for c in checks if c]
+        if corrupt:
+            return {"corrupt": corrupt}
+        check_s, t = time.perf_counter() - t, time.perf_counter()
+        scratch.mkdir(parents=True, exist_ok=True)
+        spec = CountSpec.from_metadata(self.worker_args["spec"])
+        placed, windows, tokens = stitch(items, spec)  # pack-stream pieces rotated into place (headers only)
+        item_bytes = sum(counts_file(p).stat().st_size for p, _ in items)
+        parts = self.opts.ranges or max(RANGES_PER_WORKER * self.workers, -(-item_bytes // RANGE_BYTES))
+        ranges = row_ranges(spec.positions, parts)
+        tasks = [("sum_range", (placed, a, b, str(scratch / f"range-{j:05d}.safetensors")))
+                 for j, (a, b) in enumerate(ranges)]
+        summaries = self.run_tasks(tasks, what="range reduce")
+        ranges_s, t = time.perf_counter() - t, time.perf_counter()
+        summary = self.run_tasks([("assemble", (summaries, placed, str(final_dir), (windows, tokens)))],
+                                 what="reduce")[0]
+        summary.update(ranges=len(ranges), check_s=check_s, ranges_s=ranges_s, assemble_s=time.perf_counter() - t)
+        return summary
+
+
+class _LocalEngine(_Reduce):
+    """The local executor: the steps of a Ray run (count a shard into a partial and its
+    marker; check, range-sum, assemble), one at a time in this process by one
+    :class:`CountWorker`; the same store, markers, resume and refresh, no Ray."""
+
+    def __init__(self, opts: JobOptions, worker_args: dict[str, Any]) -> None:
+        self.opts = opts
+        self.worker_args = worker_args
+        self.worker: CountWorker | None = None
+        self.started_ray = False
+        self.startup_s = 0.0
+        self.actors_s = 0.0
+        self.workers = 1
+
+    def __enter__(self) -> _LocalEngine:
+        t = time.perf_counter()
+        self.worker = CountWorker(**self.worker_args)
+        self.actors_s = time.perf_counter() - t
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.worker = None
+
+    def count(self, todo: list[Shard], *, bar: Any) -> tuple[dict[str, dict], list[dict]]:
+        """Count ``todo`` in order; stop at the first bad shard unless skipping. Returns
+        (results by shard id, bad shards), as :meth:`_Engine.count`."""
+        assert self.worker is not None
+        tally = _Tally()
+        t0 = time.perf_counter()
+        for shard in todo:
+            res = self.worker.count(shard.to_dict())
+            if res["status"] == "bad":
+                tally.bad.append({"shard_id": shard.shard_id, "path": shard.path, "label": shard.label(),
+                                  "error": res["error"]})
+                if not self.opts.skip_bad_shards:
+                    break
+                continue
+            tally.results[shard.shard_id] = res
+            tally.tokens += res["tokens"] if res["status"] == "counted" else 0
+            bar.update(1)
+            bar.set_postfix_str(f"{tally.tokens:,} tok counted, {tally.tokens / max(time.perf_counter() - t0, 1e-9):,.0f} "
+                                "tok/s", refresh=False)
+        return tally.results, tally.bad
+
+    def run_tasks(self, tasks: list[tuple[str, tuple]], *, what: str) -> list[Any]:
+        """Run the worker's method calls ``(name, args)`` in order; return their results."""
+        assert self.worker is not None
+        return [getattr(self.worker, name)(*args) for name, args in tasks]
+
+
+class _Engine(_Reduce):
+    """The Ray executor: connection, actor pool, scheduling; the range reduce on the actors."""
 
     def __init__(self, opts: JobOptions, worker_args: dict[str, Any]) -> None:
         self.opts = opts
@@ -490,32 +584,8 @@ class _Engine:
                 queue.appendleft(k)
         return results
 
-    def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path) -> dict:
-        """Range reduce (module docstring): check every item, sum each position range on
-        an actor, assemble the ranges into ``final_dir``.
 
-        Returns the final summary (with ``ranges``), or ``{"corrupt": [...]}`` (every
-        corrupt partial; nothing summed)."""
-        t = time.perf_counter()
-        checks = self.run_tasks([("check", (str(p),)) for p, _ in items], what="partial check")
-        corrupt = [c for c in checks if c]
-        if corrupt:
-            return {"corrupt": corrupt}
-        check_s, t = time.perf_counter() - t, time.perf_counter()
-        scratch.mkdir(parents=True, exist_ok=True)
-        spec = CountSpec.from_metadata(self.worker_args["spec"])
-        placed, windows, tokens = stitch(items, spec)  # pack-stream pieces rotated into place (headers only)
-        item_bytes = sum(counts_file(p).stat().st_size for p, _ in items)
-        parts = self.opts.ranges or max(RANGES_PER_WORKER * len(self.actors), -(-item_bytes // RANGE_BYTES))
-        ranges = row_ranges(spec.positions, parts)
-        tasks = [("sum_range", (placed, a, b, str(scratch / f"range-{j:05d}.safetensors")))
-                 for j, (a, b) in enumerate(ranges)]
-        summaries = self.run_tasks(tasks, what="range reduce")
-        ranges_s, t = time.perf_counter() - t, time.perf_counter()
-        summary = self.run_tasks([("assemble", (summaries, placed, str(final_dir), (windows, tokens)))],
-                                 what="reduce")[0]
-        summary.update(ranges=len(ranges), check_s=check_s, ranges_s=ranges_s, assemble_s=time.perf_counter() - t)
-        return summary
+_Executor = _Engine | _LocalEngine  # the two executors of the counting steps
 
 
 # ----------------------------------------------------------------------------- driver
@@ -697,7 +767,7 @@ def _start_record(store: RunStore, run_id: str, command: str, inputs: Sequence[s
     return record
 
 
-def _count_todo(run: _Run, engine: _Engine) -> _Counted:
+def _count_todo(run: _Run, engine: _Executor) -> _Counted:
     """Count the shards to count; raise at a bad shard unless skipping them."""
     with _progress(len(run.plan.shards), run.opts.show_progress) as bar:
         bar.update(len(run.plan.done_ids))
@@ -754,7 +824,7 @@ def _drop_corrupt(store: RunStore, corrupt: list[dict], by_id: dict[str, Shard],
     return recount
 
 
-def _recount_corrupt(run: _Run, engine: _Engine, counted: _Counted, corrupt: list[dict], *, last: bool) -> None:
+def _recount_corrupt(run: _Run, engine: _Executor, counted: _Counted, corrupt: list[dict], *, last: bool) -> None:
     """Delete the corrupt partials and count their shards again (raises on the last attempt)."""
     recount = _drop_corrupt(run.store, corrupt, run.plan.by_id, run.plan.removed, last=last)
     if not recount:
@@ -769,7 +839,7 @@ def _recount_corrupt(run: _Run, engine: _Engine, counted: _Counted, corrupt: lis
             raise InputError(more_bad[0]["error"])
 
 
-def _reduce(run: _Run, engine: _Engine, counted: _Counted, result_dir: Path) -> tuple[dict[str, Any], str]:
+def _reduce(run: _Run, engine: _Executor, counted: _Counted, result_dir: Path) -> tuple[dict[str, Any], str]:
     """Reduce into ``result_dir``: incrementally or in full (:meth:`RunStore.reduce_items`);
     once more after recounting corrupt partials. Returns (final summary, mode)."""
     plan, store = run.plan, run.store
@@ -790,7 +860,8 @@ def _count_and_reduce(run: _Run, worker_args: dict[str, Any]) -> tuple[_Counted,
     Returns (counted, final reduce summary, mode, result folder, engine timings).
     """
     try:
-        with _Engine(run.opts, worker_args) as engine:
+        executor = _LocalEngine if run.opts.executor == "local" else _Engine
+        with executor(run.opts, worker_args) as engine:
             _log(
                 f"{run.command} {run.run_id}: {len(run.plan.shards)} shard(s) in {len(run.files)} input(s) "
                 f"(shard size {format_bytes(run.plan.shard_bytes)}), "
@@ -954,7 +1025,8 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
 # ----------------------------------------------------------------------------- CLI glue
 
 
-def options_from_args(args: argparse.Namespace, *, default_store: str | None) -> JobOptions:
+def options_from_args(args: argparse.Namespace, *, default_store: str | None,
+                      executor: Literal["ray", "local"] = "ray") -> JobOptions:
     """JobOptions from the ``--ray`` flags (see :func:`posstats.jobs.flags.add_ray_args`)."""
     if args.run_id is not None:
         validate_run_id(args.run_id)
@@ -977,25 +1049,40 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None) ->
         out=os.path.abspath(args.out) if getattr(args, "out", None) else None,
         shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
         reduce_delay=float(os.environ.get(REDUCE_DELAY_ENV, "0") or 0),
+        executor=executor,
     )
 
 
+def uses_store(args: argparse.Namespace, /) -> bool:
+    """Whether a count without ``--ray`` asks for the counting steps and their store (then
+    run by the local executor): ``--store``, ``--run-id``, ``--skip-bad-shards`` or
+    ``--shard-size`` given."""
+    return bool(getattr(args, "store", None) or getattr(args, "run_id", None) or getattr(args, "skip_bad_shards", False)
+                or getattr(args, "shard_size", None) is not None)
+
+
 def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: bool = True,
-             ray: JobOptions | None = None) -> tuple[PositionalCounts | None, dict[str, Any]]:
+             steps: JobOptions | None = None) -> tuple[PositionalCounts | None, dict[str, Any]]:
     """Count ``inputs`` into ``stage`` (the files of a counts folder but ``count.json``:
     ``config.json`` and the counts file); return the counts (None unless ``keep`` and in
-    this process) and their ``count.json`` record. The one entry of every count, with two
-    executors: in this process (``ray`` None: :func:`posstats.runs.counts_folder.count_in_process`,
-    one pass over whole files) or as a Ray job over shards with resumable, incremental
-    partials in the run store ``ray.store`` (:func:`count_job`; the counts stay on disk,
-    never in the driver's memory). Both give bit-identical counts."""
-    if ray is None:
+    this process) and their ``count.json`` record. The one entry of every count:
+
+    - ``steps`` None: one pass over whole files in this process
+      (:func:`posstats.runs.counts_folder.count_in_process`, the fastest on one machine);
+    - ``steps``: the counting steps over shards, each a partial and its completion marker
+      in the run store ``steps.store`` (resumable, refreshable), then the range reduce
+      (:func:`count_job`), run by ``steps.executor``: a pool of Ray actors or, ``local``,
+      one at a time in this process. The counts stay on disk, never in the driver's memory.
+
+    Every way gives bit-identical counts."""
+    if steps is None:
         return count_in_process(inputs, stage, budget_bytes=budget_bytes, keep=keep)
     files = inputs.source.files()
-    ray_config = {"store": os.path.abspath(ray.store), "run_id": ray.run_id, "address": ray.address,
-                  "workers": ray.workers, "skip_bad_shards": ray.skip_bad_shards, "shard_bytes": ray.shard_bytes}
+    ray_config = {"store": os.path.abspath(steps.store), "run_id": steps.run_id, "address": steps.address,
+                  "workers": steps.workers, "skip_bad_shards": steps.skip_bad_shards, "shard_bytes": steps.shard_bytes,
+                  "executor": steps.executor}
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files, ray=ray_config))
-    summary = count_job(inputs.source, inputs.spec, inputs.metadata, ray)
+    summary = count_job(inputs.source, inputs.spec, inputs.metadata, steps)
     link_or_copy(summary.pop("counts_path"), stage / summary["counts_file"])  # the result is never rewritten
     return None, summary
 
@@ -1004,10 +1091,14 @@ def run(args: argparse.Namespace, /) -> int:
     """``posstats count`` (``--ray`` or not) and ``python -m posstats.jobs.count`` (always on
     Ray): count into ``--out`` through :func:`count_to`, print one line (or ``--json``)."""
     on_ray = getattr(args, "ray", True)  # the job entrypoint has no --ray switch: it is the Ray job
-    ray = options_from_args(args, default_store=os.path.join(args.out, "store")) if on_ray else None  # checks --run-id first
+    steps = None
+    if on_ray or uses_store(args):  # checks --run-id first
+        steps = options_from_args(args, default_store=os.path.join(args.out, "store"),
+                                  executor="ray" if on_ray else "local")
     inputs = count_inputs_from_args(args)
     budget = args.memory_budget * 2**30
-    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False, ray=ray)[1])
+    summary = publish_counts(args.out, lambda stage: count_to(inputs, stage, budget_bytes=budget, keep=False,
+                                                              steps=steps)[1])
     print(count_line(summary, positions=args.positions, out=args.out))
     print_json(args, summary)
     print_document_note(args)
@@ -1054,7 +1145,7 @@ def refresh_to(args: argparse.Namespace) -> dict[str, Any]:
     if args.memory_budget is None:
         manifest = RunStore(os.path.abspath(args.store)).manifest() or {}
         args.memory_budget = manifest.get("dense_budget", 4 * 2**30) / 2**30
-    opts = options_from_args(args, default_store=None)
+    opts = options_from_args(args, default_store=None, executor="local" if getattr(args, "local", False) else "ray")
     summary, ctx = refresh_job(args.store, opts, inputs=args.input, tokenizer=args.tokenizer,
                                storage_options=storage_options(getattr(args, "storage_option", None) or []))
     _print_refresh(args.store, summary)

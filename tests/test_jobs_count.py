@@ -182,7 +182,44 @@ def ray_address(ray_session):
 def test_ray_flags_need_ray(tmp_path, capsys):
     rc = posstats_cli("count", *count_flags(str(REPO / "data" / "fortunes-sample.jsonl")), "--workers", 2, "--out", tmp_path)
     assert rc == 2
-    assert capsys.readouterr().err.strip() == "posstats: error: --workers only apply with --ray"
+    assert capsys.readouterr().err.strip().startswith("posstats: error: --workers only apply with --ray")
+
+
+def test_the_local_executor_runs_the_same_steps_without_ray(tmp_path, fortune_ids, capsys):
+    """posstats count --store without --ray: the counting steps (shard -> partial + marker,
+    range reduce) in this process: the same files and bit-identical counts as the one-pass
+    count, markers in the store, a rerun that counts nothing, a refresh (--local) that
+    recounts only what changed and equals a full recount; Ray is never imported."""
+    import sys
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, lo in (("a", 0), ("b", 600), ("c", 1200)):
+        write_parquet(data / f"{name}.parquet", fortune_ids[lo : lo + 600], row_group_size=200)
+    flags = count_flags(str(data / "*.parquet"))
+    assert posstats_cli("count", *flags, "--out", tmp_path / "single") == 0
+    had_ray = "ray" in sys.modules
+    out, store = tmp_path / "out", tmp_path / "store"
+    assert posstats_cli("count", *ROW_GROUP_SHARDS, *flags, "--store", store, "--out", out) == 0
+    assert had_ray or "ray" not in sys.modules  # the local executor never imports ray
+    assert_same_output(tmp_path / "single", out)
+    record = json.loads((out / "count.json").read_text())["ray"]
+    assert (record["shards"], record["shards_counted"], record["workers"], record["ray_startup_s"]) == (9, 9, 1, 0.0)
+    assert json.loads((out / "config.json").read_text())["ray"]["executor"] == "local"
+    assert len(RunStore(store).done_ids()) == 9  # a partial and its marker per shard
+    capsys.readouterr()
+    assert posstats_cli("count", *ROW_GROUP_SHARDS, *flags, "--store", store, "--out", out) == 0  # resumed: all cached
+    record = json.loads((out / "count.json").read_text())["ray"]
+    assert (record["shards_counted"], record["shards_cached"]) == (0, 9)
+
+    (data / "a.parquet").unlink()
+    write_parquet(data / "d.parquet", fortune_ids[2000:2600], row_group_size=300)
+    assert posstats_cli("refresh", "--store", store, "--local", "--out", out) == 0
+    assert "reused 6 shard(s), added 2, removed 3" in capsys.readouterr().out
+    full = count_corpus(CorpusSource(inputs=(str(data / "*.parquet"),), column="input_ids"),
+                        CountSpec(48, V, "chunk", (0, 100, 101, 102, 103)), show_progress=False)
+    assert_counts_equal(load_counts(out), full)
+    assert had_ray or "ray" not in sys.modules
 
 
 # ----------------------------------------------------------------------------- exactness

@@ -30,6 +30,11 @@ resumable run store (OUT/store by default):
   posstats count --ray --input 'shards/*.parquet' --column input_ids --vocab-size 50257 \\
       --positions 1024 --out runs/counts                  # embedded local Ray, one worker per CPU
   posstats count --ray --address 127.0.0.1:6379 --workers 8 ...   # join a running cluster
+
+the same counting steps in this process, no Ray (a resumable, refreshable store; slower than
+the one-pass default, which keeps nothing between runs):
+  posstats count --store runs/store --input 'shards/*.parquet' --column input_ids --vocab-size 50257 \
+      --positions 1024 --out runs/counts
 """
 
 
@@ -51,11 +56,10 @@ def _check_ray_args(args: argparse.Namespace) -> None:
         return
     given = [flag for flag, value in (("--address", getattr(args, "address", None)),
                                       ("--workers", getattr(args, "workers", None)),
-                                      ("--store", getattr(args, "store", None)),
-                                      ("--run-id", getattr(args, "run_id", None)),
-                                      ("--skip-bad-shards", getattr(args, "skip_bad_shards", False))) if value]
+                                      ("--dashboard", getattr(args, "dashboard", False))) if value]
     if given:
-        raise PosstatsError(f"{', '.join(given)} only apply with --ray")
+        raise PosstatsError(f"{', '.join(given)} only apply with --ray (--store, --run-id, --skip-bad-shards and "
+                            "--shard-size without --ray run the same counting steps in this process)")
 
 
 def run(args: argparse.Namespace) -> int:

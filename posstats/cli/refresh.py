@@ -41,12 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dense n x V arrays per process while 8*n*V bytes fit this budget (default: the value "
                         "the store was counted with)")
     add_ray_args(p, switch=False)
+    p.add_argument("--local", action="store_true",
+                   help="run the counting steps in this process (the local executor) instead of on Ray")
     p.set_defaults(func=run)
     # --store is required here (the group added it as optional)
     for action in p._actions:
         if action.dest == "store":
             action.required = True
-            action.help = "the run store to refresh (made by 'posstats count --ray')"
+            action.help = "the run store to refresh (made by 'posstats count --ray' or 'posstats count --store')"
 
 
 def run(args: argparse.Namespace) -> int:
