@@ -34,8 +34,8 @@ Prints one JSON object with two tables, each row with its uncertainty:
    RMSE of the reported estimate, the mean noise share of the summed distances
    (``null.distance_noise``) and how often the report's caveat about it is shown.
 
-Not here yet (issue #28): N = 1e5 in the decision
-table, and the coverage of the other intervals.
+N = 1e5 runs with ``--tokens 100000`` (docs/calibration.md has its row). Not here yet
+(issue #28): the coverage of intervals other than the exact stress's.
 """
 
 from __future__ import annotations
