@@ -339,6 +339,18 @@ def test_cli_export_end_to_end(run_dir, tmp_path, capsys):
 # ----------------------------------------------------------------------------- real models (transformers as the oracle)
 
 
+def _tiny_model(transformers, head: str, n: int, width: int, folder):
+    """A one-layer BERT or GPT-2 head class with n positions of width ``width``, saved in
+    ``folder``; returns (its config, the folder)."""
+    if head.startswith("Bert"):
+        config = transformers.BertConfig(vocab_size=50, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=n)
+    else:
+        config = transformers.GPT2Config(vocab_size=50, n_embd=width, n_layer=1, n_head=2, n_positions=n)
+    getattr(transformers, head)(config).save_pretrained(str(folder))
+    return config, folder
+
+
 def _load_checked(model, path, key):
     """Load an exported table with strict=False and check, as the card says, that its key matched."""
     from safetensors.torch import load_file
@@ -393,13 +405,7 @@ def test_for_model_fills_rows_width_layout_prefix_and_matches_the_norm(run_dir, 
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     n, width = 20, 16
-    if head.startswith("Bert"):
-        config = transformers.BertConfig(vocab_size=50, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=32, max_position_embeddings=n)
-    else:
-        config = transformers.GPT2Config(vocab_size=50, n_embd=width, n_layer=1, n_head=2, n_positions=n)
-    folder = tmp_path / "model"
-    getattr(transformers, head)(config).save_pretrained(str(folder))
+    config, folder = _tiny_model(transformers, head, n, width, tmp_path / "model")
     own = getattr(transformers, head).from_pretrained(str(folder)).state_dict()[param].numpy()
     out = tmp_path / "pos.safetensors"
     assert main(["export", str(run_dir), "--for-model", str(folder), "--match-norm", "--rank", "2", "--out", str(out)]) == 0
@@ -518,13 +524,7 @@ def test_known_corpora_end_to_end_planted_exports_its_components_stationary_is_r
     from posstats.testing import known_corpus
 
     n, width = 32, 16
-    if head == "BertModel":
-        config = transformers.BertConfig(vocab_size=50, hidden_size=width, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=32, max_position_embeddings=n)
-    else:
-        config = transformers.GPT2Config(vocab_size=50, n_embd=width, n_layer=1, n_head=2, n_positions=n)
-    folder = tmp_path / "model"
-    getattr(transformers, head)(config).save_pretrained(str(folder))
+    config, folder = _tiny_model(transformers, head, n, width, tmp_path / "model")
     for kind in ("planted", "stationary"):
         save_counts(known_corpus(kind, n, tokens=2000, vocab=500, seed=5).counts, tmp_path / f"{kind}-counts")
         assert main(["analyze", "--counts", str(tmp_path / f"{kind}-counts"), "--dims", "2,8", "--encodings", "mds",
