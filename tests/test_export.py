@@ -542,3 +542,19 @@ def test_known_corpora_end_to_end_planted_exports_its_components_stationary_is_r
     assert main(["export", str(tmp_path / "stationary"), "--for-model", str(folder), "--out", str(refused)]) == 2
     assert "no MDS component stands above sampling noise" in capsys.readouterr().err
     assert not refused.exists()
+
+
+def test_fewer_components_than_the_width_are_embedded_or_refused_as_the_user_chooses(run_dir, tmp_path, capsys):
+    """The run has fewer components above noise than --dim 16: by default they are embedded
+    in the 16-wide table (pad); --require-full-rank refuses it and writes nothing."""
+    above = json.loads((run_dir / "report.json").read_text())["verdict"]["components_above_noise"]
+    assert 1 <= above < 16
+    res = export_encoding(run_dir, tmp_path / "p.safetensors", dim=16, card=False)
+    assert res.table.shape[1] == 16 and int(res.metadata["rank"]) == above
+    assert np.count_nonzero(np.abs(res.table[:, above:]) > 0) == 0  # the rest of the width is padding
+    out = tmp_path / "r.safetensors"
+    assert main(["export", str(run_dir), "--dim", "16", "--require-full-rank", "--no-card", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"would hold {above} component(s)" in err and "--require-full-rank refuses that" in err
+    assert not out.exists()
+    assert main(["export", str(run_dir), "--dim", str(above), "--require-full-rank", "--no-card", "--out", str(out)]) == 0

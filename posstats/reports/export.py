@@ -134,6 +134,10 @@ class ExportOptions:
         None, group="options", config_default="safetensors", help="file format (default: from the file's suffix)")
     factors: bool = option(False, group="options",
                            help="also write the low-rank factors A (n x r) and W (D x r); needs the rank given")
+    require_full_rank: bool = option(
+        False, group="options",
+        help="refuse a table whose rank r (the components above sampling noise, or the rank given) is below its "
+             "width D; by default the r components are embedded in the D-wide table")
     basis: Literal["pad", "random"] = option(
         "pad", group="options", help="the orthonormal map W: zero padding or a seeded random orthonormal basis")
     seed: int = option(0, group="options", minimum=0, help="seed of the random basis", pipeline=False,
@@ -532,6 +536,10 @@ def export_run(
     if warnings and opts.strict:
         raise InputError(f"{run.directory}: {warnings[0]}")
     r, rank_rule, rank_warnings = _export_rank(run, dim=dim, rank=rank, force=force)
+    if r < int(dim) and opts.require_full_rank:
+        raise OptionError(f"{run.directory}: the table would hold {r} component(s) ({rank_rule}) in width {{dim}} "
+                          f"{dim}, and {{require_full_rank}} refuses that (give {{dim}} {r}, or leave "
+                          "{require_full_rank} off to embed them)")
     warnings = [*warnings, *rank_warnings]
     files = _output_files(out, fmt, factors=factors, card=card, force=force)
     a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
