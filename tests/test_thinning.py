@@ -66,9 +66,9 @@ def test_split_floor_equals_the_parts_floor_of_the_same_split(parts, block):
     materialised parts of the same split (h, q, gamma, bias, and the analytic edge)."""
     syn = synthetic_counts(300, 2000, tokens=np.linspace(4000, 200, 300), rank=2, seed=3)
     c = syn.counts.matrix
-    got = split_noise_floor(c, parts=parts, seed=9, block=block)
+    got = split_noise_floor(c, parts=parts, seed=9, block=block, quarters=True)
     ref_parts = _parts_by_same_split(c, parts, 9, block)
-    ref = noise_floor(ref_parts)
+    ref = noise_floor(ref_parts, quarters=True)
     np.testing.assert_allclose(got.split_half, ref.split_half, rtol=1e-10)
     np.testing.assert_allclose(got.gamma, ref.gamma, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.bias, ref.bias, rtol=1e-9)
@@ -77,6 +77,22 @@ def test_split_floor_equals_the_parts_floor_of_the_same_split(parts, block):
         np.testing.assert_allclose(got.split_quarter, ref.split_quarter, rtol=1e-10)
     assert got.method == ref.method and got.source == "token split" and ref.source == "parts"
     np.testing.assert_allclose(mp_edge([], got), mp_edge(ref_parts, ref), rtol=1e-9)
+
+
+def test_quarters_are_computed_only_on_request_and_change_nothing_else():
+    """The analysis' noise floor skips the quarter distances and gamma (report-only
+    diagnostics of the old power-law fit): h, the bias, the column noise and the analytic
+    edge are the same as with them; gamma is NaN (null in the report) and q None."""
+    syn = synthetic_counts(200, 1500, tokens=np.linspace(3000, 300, 200), rank=2, seed=4)
+    c = syn.counts.matrix
+    full = split_noise_floor(c, parts=4, seed=2, quarters=True)
+    lean = split_noise_floor(c, parts=4, seed=2)
+    np.testing.assert_array_equal(lean.split_half, full.split_half)
+    np.testing.assert_array_equal(lean.bias, full.bias)
+    np.testing.assert_array_equal(lean.column_noise, full.column_noise)
+    assert mp_edge([], lean) == mp_edge([], full)
+    assert lean.split_quarter is None and np.isnan(lean.gamma).all() and np.isfinite(full.gamma).any()
+    assert lean.to_dict()["gamma"] == {"min": None, "median": None, "mean": None, "max": None}
 
 
 def test_split_floor_matches_the_true_bias_of_one_distribution():

@@ -30,8 +30,10 @@ bias at every N (:mod:`posstats.estimates.sampling_variance`: the UMVUE of ``Var
 sqrt(X)``); the parts no longer enter it (method ``unbiased-variance``). An earlier version
 fitted a power law ``beta(N) = c N^-gamma`` to the split halves and quarters, which
 over-corrected by 1-18 % and drifted with N; :func:`fitted_bias` keeps that fit for
-comparison (the calibration benchmark prints both), and the split-half distance ``h_i``
-and the quarters' ``gamma`` stay in the report as diagnostics.
+comparison (the calibration benchmark prints both). The split-half distance ``h_i`` stays
+in the report as a diagnostic (and feeds the analytic null's column noise); the quarters'
+distances and ``gamma``, which only that old fit read, are computed on request
+(``quarters=True``), not by the analysis: they were about 40 % of its noise floor's time.
 
 **Bias-corrected distances.** ``D_c[i, j] = max(D[i, j] - b_i - b_j, 0)`` off the
 diagonal, 0 on it (:func:`corrected_squared_distances`). Classical MDS of the unclipped
@@ -170,8 +172,10 @@ class NoiseFloor:
         positions: (m,) 0-based positions (rows of the parts) described.
         occupancy: (m,) tokens of the whole corpus at each position (sum of the parts).
         split_half: (m,) ``h_i = d_H^2`` between the two halves (NaN where a half is empty).
-        split_quarter: (m,) mean ``d_H^2`` between two of four parts, or None (two parts).
-        gamma: (m,) fitted decay exponent of the bias (1 for first-order).
+        split_quarter: (m,) mean ``d_H^2`` between two of four parts, or None (two parts, or
+            not asked for).
+        gamma: (m,) decay exponent of the old power-law fit (1 for two parts; NaN unless
+            the quarters were asked for).
         bias: (m,) ``b_i``, the expected sampling contribution of position i's own estimate
             to every plug-in ``d_H^2(i, j)`` of the whole corpus.
         method: ``"unbiased-variance"`` (the bias from the counts; module doc).
@@ -226,13 +230,14 @@ class NoiseFloor:
         return out
 
 
-def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) -> NoiseFloor:
+def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None, quarters: bool = False) -> NoiseFloor:
     """Split-half noise floor and per-position bias ``b_i`` from 2 or 4 parts of a corpus.
 
     Args:
         parts: 2 (halves) or 4 (quarters) :class:`PositionalCounts` of the same spec whose
             sum is the corpus (see the module docstring for how ``b_i`` is estimated).
         positions: rows to describe (default: every position).
+        quarters: with 4 parts, also the quarter distances and ``gamma`` (diagnostics).
 
     Returns:
         :class:`NoiseFloor`.
@@ -249,7 +254,7 @@ def noise_floor(parts: Sequence[PositionalCounts], /, *, positions: Any = None) 
     def d2_of(a: tuple[int, ...], b: tuple[int, ...]) -> np.ndarray:
         return _paired_d2(_union(mats, a), _union(mats, b))
 
-    split = split_half(d2_of, sizes)
+    split = split_half(d2_of, sizes, quarters=quarters)
     total = sp.csr_array(total)
     total.sum_duplicates()
     row_of = np.repeat(np.arange(total.shape[0]), np.diff(total.indptr))
@@ -347,9 +352,10 @@ def _halves(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
     return SplitHalf(d2_of((0,), (1,)), None, np.ones(na.size), na, nb, "halves-first-order")
 
 
-def _quarters(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
+def _quarters(d2_of: PairedDistance, sizes: np.ndarray, *, quarters: bool = True) -> SplitHalf:
     """Four parts (sizes (4, m)): ``h`` averaged over both pairings into halves, ``q`` over
-    the six quarter pairs, and ``gamma`` solving ``q / h`` per position (1 where undefined)."""
+    the six quarter pairs, and ``gamma`` solving ``q / h`` per position (1 where undefined);
+    without ``quarters``, ``q`` is None and ``gamma`` NaN (neither computed)."""
     hs, nas, nbs = [], [], []
     for (a0, a1), (b0, b1) in _HALF_PAIRINGS:
         hs.append(d2_of((a0, a1), (b0, b1)))
@@ -358,6 +364,8 @@ def _quarters(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
     with np.errstate(invalid="ignore"), _quiet_nan_mean():
         h = np.nanmean(hs, axis=0)
         na, nb = np.mean(nas, axis=0), np.mean(nbs, axis=0)
+        if not quarters:
+            return SplitHalf(h, None, np.full(h.size, np.nan), na, nb, "quarters")
         q = np.nanmean([d2_of((a,), (b,)) for a, b in _QUARTER_PAIRS], axis=0)
     qsizes = np.stack([np.stack([sizes[a], sizes[b]]) for a, b in _QUARTER_PAIRS])  # (6, 2, m)
     ok = np.isfinite(h) & np.isfinite(q) & (q > 0) & np.all(sizes > 0, axis=0)
@@ -367,10 +375,11 @@ def _quarters(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
     return SplitHalf(h, q, gamma, na, nb, "quarters")
 
 
-def split_half(d2_of: PairedDistance, sizes: np.ndarray) -> SplitHalf:
+def split_half(d2_of: PairedDistance, sizes: np.ndarray, *, quarters: bool = True) -> SplitHalf:
     """Split-half statistics of 2 or 4 parts with ``sizes`` (K, m) tokens per part and
-    position; ``d2_of`` gives the paired distances between unions of parts."""
-    return _halves(d2_of, sizes) if sizes.shape[0] == 2 else _quarters(d2_of, sizes)
+    position; ``d2_of`` gives the paired distances between unions of parts; ``quarters``
+    (4 parts): also the quarter distances and ``gamma`` of the old power-law fit."""
+    return _halves(d2_of, sizes) if sizes.shape[0] == 2 else _quarters(d2_of, sizes, quarters=quarters)
 
 
 UNBIASED_METHOD = "unbiased-variance"

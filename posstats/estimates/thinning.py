@@ -111,6 +111,7 @@ def split_noise_floor(
     positions: Any = None,
     block: int = BLOCK_ENTRIES,
     show_progress: bool | None = None,
+    quarters: bool = False,
 ) -> NoiseFloor:
     """The noise floor of the (m, V) counts ``rows`` from a random split of their tokens.
 
@@ -123,6 +124,8 @@ def split_noise_floor(
         positions: (m,) positions the rows stand for (default ``0..m-1``).
         block: stored entries thinned at a time.
         show_progress: a bar over the blocks (None: on a terminal).
+        quarters: with 4 parts, also the quarter distances and the old power law's
+            ``gamma`` (report-only diagnostics; otherwise None / NaN).
 
     Returns:
         :class:`~posstats.estimates.noise.NoiseFloor` with ``source = "token split"`` and
@@ -151,7 +154,7 @@ def split_noise_floor(
             a, b = int(c.indptr[lo]), int(c.indptr[hi])
             lengths = np.diff(c.indptr[lo : hi + 1])
             blk = _Block(thin(c.data[a:b], parts, rng), np.repeat(np.arange(hi - lo), lengths), hi - lo)
-            split = split_half(blk.d2, blk.sizes)
+            split = split_half(blk.d2, blk.sizes, quarters=quarters)
             block_occ = blk.sizes.sum(axis=0)
             bias, fell = entries_sampling_variance(c.data[a:b], blk.row_of, block_occ), 0
             for name, value in (("h", split.h), ("q", split.q), ("gamma", split.gamma), ("na", split.na),
@@ -167,7 +170,7 @@ def split_noise_floor(
         positions=np.arange(m, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64),
         occupancy=occ,
         split_half=fields["h"],
-        split_quarter=fields["q"] if parts == 4 else None,
+        split_quarter=fields["q"] if parts == 4 and quarters else None,
         gamma=fields["gamma"],
         bias=fields["bias"],
         method=method,
