@@ -42,6 +42,7 @@ class Option:
         group: the heading it is listed under on ``--help``.
         metavar: the value's name on ``--help`` (default: the kind's).
         minimum: the smallest value allowed (``strict``: values must exceed it).
+        maximum: the largest value allowed (a config value that sets a loop count is bounded).
         unit: what the number counts (``positions``, ``GiB``), shown in the help.
         const: the value of the bare flag (``--noise-floor`` alone means ``on``).
         parse: the command line's parser of the text (default: the kind's).
@@ -62,6 +63,7 @@ class Option:
     group: str = "analysis"
     metavar: str | None = None
     minimum: float | None = None
+    maximum: float | None = None
     strict: bool = False
     unit: str | None = None
     const: Any = None
@@ -102,6 +104,9 @@ class Declared:
             return None if self.nullable else "must be given"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(str, self.choices))}"
+        hi = self.option.maximum
+        if hi is not None and not self.kind.endswith("_list") and value > hi:
+            return f"must be <= {hi:g}"
         lo = self.option.minimum
         if lo is None:
             return None

@@ -558,3 +558,25 @@ def test_fewer_components_than_the_width_are_embedded_or_refused_as_the_user_cho
     assert f"would hold {above} component(s)" in err and "--require-full-rank refuses that" in err
     assert not out.exists()
     assert main(["export", str(run_dir), "--dim", str(above), "--require-full-rank", "--no-card", "--out", str(out)]) == 0
+
+
+def test_card_fields_and_loop_counts_from_untrusted_config_are_bounded(run_dir, tmp_path):
+    """The pipeline's [export] table is untrusted: a card field with a newline or of any
+    length, too many datasets, or a SMACOF iteration count without bound is refused in one
+    line; a base model name with quotes stays a string literal in the card's snippet."""
+    from posstats.reports.export import ExportOptions
+
+    for bad, match in (({"license": "mit\nevil: 1"}, "license must be printable text"),
+                       ({"base_model": "x" * 300}, "base_model must be printable text of at most 256"),
+                       ({"datasets": ("d",) * 65}, "datasets names at most 64"),
+                       ({"smacof_max_iter": 10**9}, r"smacof_max_iter must be <= 100000")):
+        with pytest.raises(InputError, match=match):
+            ExportOptions(dim=8, **bad)
+    name = 'org/m"); import os; os.system("x'
+    export_encoding(run_dir, tmp_path / "p.safetensors", dim=8, rank=2, layout="gpt2", base_model=name)
+    card = (tmp_path / "README.md").read_text()
+    snippet = next(line for line in card.splitlines() if ".from_pretrained(" in line)
+    assert snippet.endswith(f"from_pretrained({json.dumps(name)})")
+    import ast
+
+    ast.parse(snippet.split(" = ", 1)[1])  # one call with one string argument, nothing else

@@ -109,6 +109,8 @@ SMACOF_POSITION_LIMIT = 16_384
 
 
 _MODEL = "for a real model"
+_CARD_TEXT_LIMIT = 256  # a model card field (license, dataset, base model): printable, bounded
+_CARD_DATASETS_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ class ExportOptions:
         "classical", group="options",
         help="classical MDS coordinates, or their SMACOF refinement at rank r: lower stress at the same width "
              "(classical MDS minimises strain, not stress)")
-    smacof_max_iter: int = option(300, group="options", metavar="K", minimum=1, help="SMACOF iteration cap")
+    smacof_max_iter: int = option(300, group="options", metavar="K", minimum=1, maximum=100_000,
+                                  help="SMACOF iteration cap")
     smacof_tol: float = option(1e-6, group="options", metavar="TOL", minimum=0.0, strict=True,
                                help="SMACOF stops when the relative stress decrease is below TOL")
     rows: int | None = option(
@@ -180,6 +183,13 @@ class ExportOptions:
             raise OptionError(msg)
         if self.factors and self.rank is None:
             raise OptionError("the low-rank factors ({factors}) need {rank}")
+        for name, text in (("license", self.license), ("base_model", self.base_model),
+                           *(("datasets", d) for d in self.datasets)):
+            if text is not None and (len(text) > _CARD_TEXT_LIMIT or not text.isprintable()):
+                raise OptionError(f"{{{name}}} must be printable text of at most {_CARD_TEXT_LIMIT} characters; "
+                                  f"got {text[:40]!r}")
+        if len(self.datasets) > _CARD_DATASETS_LIMIT:
+            raise OptionError(f"{{datasets}} names at most {_CARD_DATASETS_LIMIT} datasets; got {len(self.datasets)}")
         _check_prefix(self.prefix or "")
 
 
@@ -782,8 +792,8 @@ def _transformers_usage(*, file_name: str, key: str, layout: str, base_model: st
         "```python",
         "from safetensors.torch import load_file",
         f"from transformers import {cls}",
-        f'model = {cls}.from_pretrained("{source}")',
-        f'result = model.load_state_dict(load_file("{file_name}"), strict=False)',
+        f"model = {cls}.from_pretrained({json.dumps(source)})",  # a quoted literal, whatever the name holds
+        f"result = model.load_state_dict(load_file({json.dumps(file_name)}), strict=False)",
         'assert not result.unexpected_keys, result.unexpected_keys  # the key matched a parameter of the model',
         "```",
         "",
