@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SAME", "Declared", "Option", "declared_options", "option", "option_values"]
+__all__ = ["SAME", "Declared", "Option", "declared_options", "first_problem", "option", "option_values"]
 
 SAME = "same"  # Option.config_default: the TOML default is the dataclass's
 
@@ -158,3 +158,15 @@ def option_values(obj: Any, /, *, limits: bool = True) -> dict[str, Any]:
     ``limits=False`` leaves out the options that only refuse work."""
     return {d.name: (list(v) if isinstance(v := getattr(obj, d.name), tuple) else v)
             for d in declared_options(type(obj)) if limits or not d.option.limit}
+
+
+def first_problem(obj: Any, /) -> str | None:
+    """The first declared option of a dataclass instance that breaks its rule (kind of a
+    switch, choices, bounds), as an :class:`~posstats.errors.OptionError` template
+    (``"{dim} must be >= 1; got 0"``), else None."""
+    for d in declared_options(type(obj)):
+        value = getattr(obj, d.name)
+        wrong = d.check(value) if d.kind != "bool" else (None if isinstance(value, bool) else "must be true or false")
+        if wrong:
+            return f"{{{d.name}}} {wrong}; got {value!r}"
+    return None

@@ -25,7 +25,7 @@ from posstats.corpus.tokenizer import (
 )
 from posstats.counting.counts import CountSpec
 from posstats.errors import OptionError
-from posstats.options import declared_options, option
+from posstats.options import first_problem, option
 
 __all__ = ["CountInputs", "CountOptions", "InputOptions", "count_inputs"]
 
@@ -34,11 +34,9 @@ _INPUT, _COUNTING = "input corpus", "counting"
 
 def _checked(obj: Any) -> None:
     """Every declared option of ``obj`` against its rule (kind, choices, bounds)."""
-    for d in declared_options(type(obj)):
-        value = getattr(obj, d.name)
-        wrong = d.check(value) if d.kind != "bool" else (None if isinstance(value, bool) else "must be true or false")
-        if wrong:
-            raise OptionError(f"{{{d.name}}} {wrong}; got {value!r}")
+    problem = first_problem(obj)
+    if problem:
+        raise OptionError(problem)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.geometry.stress import stress_report
-from posstats.options import declared_options, option
+from posstats.options import declared_options, first_problem, option
 from posstats.reports.plots import lowrank_figure, png_bytes, spectrum_figure
 from posstats.reports.spectrum_view import (
     explained_label,
@@ -173,11 +173,9 @@ class ExportOptions:
                                     help="the model the table is for, for the model card and its snippet")
 
     def __post_init__(self) -> None:
-        for d in declared_options(type(self)):
-            value = getattr(self, d.name)
-            wrong = d.check(value) if d.kind != "bool" else (None if isinstance(value, bool) else "must be true or false")
-            if wrong:
-                raise OptionError(f"{{{d.name}}} {wrong}; got {value!r}")
+        problem = first_problem(self)
+        if problem:
+            raise OptionError(problem)
         if self.rank is not None and self.dim is not None and self.rank > self.dim:
             msg = f"{{rank}} {self.rank} exceeds {{dim}} {self.dim}: a rank-r table needs width d >= r"
             raise OptionError(msg)
