@@ -218,8 +218,11 @@ def test_failures_are_reported_clearly(ray_head, corpus_config):
     wrong.write_text("0" * 64)
     r = posstats("submit", "--address", url, "--token-file", wrong, "--config", config)
     assert r.returncode == 2 and "refused the token" in r.stderr, r.stderr
-    # nobody listening
-    r = posstats("status", "raysubmit_x", "--address", f"http://127.0.0.1:{free_port()}")
+    # nobody listening: a port we hold bound but never listen on refuses connections, and nothing
+    # else (a Ray worker's own server, say) can take it while the command runs
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        r = posstats("status", "raysubmit_x", "--address", f"http://127.0.0.1:{held.getsockname()[1]}")
     assert r.returncode == 2 and "cannot reach the Ray job server" in r.stderr, r.stderr
     # an unknown job
     r = posstats("logs", "raysubmit_nope", "--address", url, "--token-file", token_file)
