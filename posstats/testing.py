@@ -313,7 +313,7 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
     (and of the second component where ``mix > 0``), never an n x V array."""
     cdf = np.cumsum(corpus.base)
     cdf /= cdf[-1]
-    rows, cols = [], []
+    blocks = []
     step = max(1, (1 << 24) // max(tokens, 1))
     for lo in range(0, n, step):
         hi = min(n, lo + step)
@@ -327,10 +327,11 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
                 k = int(np.flatnonzero(corpus.planted == i)[0])
                 first = corpus.base.size - corpus.block * corpus.planted.size + k * corpus.block
                 draws[r, second[r]] = first + rng.integers(0, corpus.block, int(second[r].sum()))
-        rows.append(np.repeat(np.arange(lo, hi), tokens))
-        cols.append(draws.reshape(-1))
-    r, c = np.concatenate(rows), np.concatenate(cols)
-    m = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, c)), shape=(n, corpus.base.size))
+        r = np.repeat(np.arange(hi - lo), tokens)
+        block = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, draws.reshape(-1))), shape=(hi - lo, corpus.base.size))
+        block.sum_duplicates()  # a block at a time: memory of the counts, not of the draws
+        blocks.append(block)
+    m = sp.csr_array(sp.vstack(blocks, format="csr"))
     m.sum_duplicates()
     return m
 

@@ -9,14 +9,16 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   ``p`` itself would give (:func:`null_distance_to_pool`: Poisson moments of ``sqrt X``,
   series for small ``N p_v``, expansions above 50, the variance conditioned on the sample's
   size). In the sparse regime that expectation is far above 0 (most tokens are unseen):
-  comparing with it, not with 0, is what keeps noise from standing out. A position stands
-  out when ``z_i = (d_i - E d) / sd`` exceeds ``max(5, Phi^-1(1 - 0.025 / m))`` (a
-  Bonferroni bound over the m positions, never below 5: the tails of ``d`` are heavier than
-  normal at small N). The pool then leaves out the most extreme positions (those above
-  the threshold and above half the largest new z) and the test is repeated until no new
-  position stands out (at most 32 rounds): a few very different positions (say the first
-  tokens of every document) would otherwise shift the pool and make every other position
-  differ from it. Reported whatever the rank test says.
+  comparing with it, not with 0, is what keeps noise from standing out. The pool leaves
+  out the most extreme positions (normal ``z_i = (d_i - E d) / sd`` above the threshold and
+  above half the largest new z) and the test is repeated until no new position stands out
+  (at most 32 rounds): a few very different positions (say the first tokens of every
+  document) would otherwise shift the pool and make every other position differ from it.
+  A position then stands out when its *calibrated* z, ``Phi^-1(1 - P_null(d >= d_i))``
+  with the tail from a conditional saddlepoint (:mod:`posstats.estimates.saddlepoint`; the
+  normal tail is several times too light where it is read), exceeds
+  ``max(5, Phi^-1(1 - 0.025 / m))``: a Bonferroni bound over the m positions, never below 5.
+  Reported whatever the rank test says.
 - **Homogeneity** (the report's ``homogeneity`` section, level 2.5 %): the permutation test
   of :mod:`posstats.estimates.permutation` on ``sum_i N_i d_i``, powerful where many
   positions move a little (a drift), where no single one stands out. Computed with the
@@ -49,6 +51,7 @@ from scipy.special import gammaln, ndtri
 
 from posstats.counting.counts import MIN_WINDOWS, too_few_windows
 from posstats.counting.rows import row_blocks
+from posstats.estimates.saddlepoint import calibrated_z
 from posstats.geometry.encodings import FITTED_ENCODINGS
 
 __all__ = [
@@ -247,6 +250,8 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
         # lifts every other z, and leaving out all that cross the threshold at once
         # oscillates (the pool left would be the deepest, rarest positions)
         pooled_out |= fresh & (z >= max(threshold, 0.5 * float(z[fresh].max())))
+    # the normal z above picks what leaves the pool; the decision reads the saddlepoint's tail
+    z = calibrated_z(z, occ, s_pool**2, mean, sd)
     out = z > threshold
     picked = positions[out]
     return {
@@ -256,8 +261,8 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
         "z_threshold": threshold,
         "max_z": float(np.max(z)) if z.size else 0.0,
         "family_level": FAMILY_LEVEL,
-        "rule": ("z_i = (d_H^2(mu_i, pool) - E_null) / sd_null > max(5, Phi^-1(1 - 0.025 / m)), the null being N_i "
-                 "tokens drawn from the pool"),
+        "rule": ("z_i = Phi^-1(1 - P_null(d >= d_H^2(mu_i, pool))) > max(5, Phi^-1(1 - 0.025 / m)), the null being N_i "
+                 "tokens drawn from the pool, its tail by a conditional saddlepoint"),
     }
 
 

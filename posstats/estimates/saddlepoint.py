@@ -1,0 +1,229 @@
+"""Tail probabilities of a position's distance to the pool: a conditional saddlepoint.
+
+The standout test (:mod:`posstats.estimates.verdict`) asks whether a position whose ``N``
+tokens give ``d = d_H^2(mu_hat, p)`` could be ``N`` tokens drawn from the pool ``p``. With
+``a_v = sqrt(p_v)``, ``d = 2 - 2 W / sqrt(N)`` where ``W = sum_v a_v sqrt(X_v)`` and
+``X ~ Multinomial(N, p)``. The normal law with the exact first two moments is too light in
+the tail that matters (large ``d``, small ``W``): on stationary corpora (V = 5,000, Zipf 1.1)
+``z > 4`` happened 3.3 times (N = 200) and 2.9 times (N = 2,000) as often as the normal law
+says, and at N = 200 ``z > 5`` 13 times as often; with a Bonferroni threshold over 131,072
+positions (z = 5.08) a stationary corpus then "had" a standout position in about one run of
+five.
+
+Here the tail comes from the double saddlepoint approximation of Skovgaard (1987) to the
+conditional law of ``W`` given ``T = sum_v X_v = N``, the ``X_v`` independent
+``Poisson(N p_v)`` (conditioned on their total they are the multinomial exactly):
+
+- ``K(s, t) = sum_v log E exp(s a_v sqrt(X_v) + t X_v)``, the joint cumulant generating
+  function of ``(W, T)``, each term a series over the Poisson mass (:class:`JointCgf`);
+- ``(s^, t^)`` solves ``grad K = (w, N)`` (the minimum of the convex ``K - s w - t N``); the
+  denominator's saddlepoint is ``(0, 0)``, since ``E T = N``;
+- ``r = sgn(s^) sqrt(-2 [K(s^, t^) - s^ w - t^ N])``, ``u = s^ sqrt(det K''(s^, t^) / N)``;
+- ``P(W <= w | T = N) ~ Phi(r*)`` with ``r* = r + log(u / r) / r`` (Barndorff-Nielsen's
+  form of the Lugannani-Rice/Skovgaard tail: the same order of accuracy, always a
+  probability).
+
+References: I. M. Skovgaard, "Saddlepoint expansions for conditional distributions",
+J. Appl. Prob. 24 (1987); R. W. Butler, *Saddlepoint Approximations with Applications*
+(2007), sections 1.2 and 4.2.
+
+The result is expressed as a *calibrated z*, ``z* = Phi^-1(1 - P(d_null >= d))``, so the
+threshold and the report keep their meaning. Solving per position would cost a saddlepoint
+per row; :func:`calibrated_z` tabulates ``z* - z`` on a grid of normal z (1.5 to 12) and
+occupancies and interpolates (the correction is smooth in both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln
+
+__all__ = ["JointCgf", "calibrated_z", "lower_tail_z"]
+
+Z_GRID = np.array([1.5, 2.5, 3.5, 4.5, 5.5, 7.0, 9.0, 12.0])
+_CELLS = 1 << 21  # series terms held at a time (a chunk of distinct means x its window)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    a: np.ndarray  # (U,) sqrt(p_v) of distinct pool probabilities
+    mult: np.ndarray  # (U,) how many tokens share it
+    k: np.ndarray  # (U, L) the counts each term's series runs over
+    root_k: np.ndarray  # (U, L) sqrt(k)
+    log_pmf: np.ndarray  # (U, L) log Poisson(k; N p_v)
+
+
+class JointCgf:
+    """``K(s, t)`` of ``(W, T) = (sum_v sqrt(p_v) sqrt(X_v), sum_v X_v)`` with independent
+    ``X_v ~ Poisson(N p_v)``, and its gradient and Hessian.
+
+    Each ``v`` contributes ``log sum_k Poisson(k; N p_v) exp(s sqrt(p_v k) + t k)``, the sum
+    over a window of ``N p_v +- (20 sqrt(N p_v) + 10)`` counts (the tilts the tail needs move
+    the mass by a few standard deviations); tokens sharing ``p_v`` (the pool's rare counts)
+    are computed once.
+
+    Args:
+        p: (V,) the pool's distribution (zeros are dropped; renormalised).
+        tokens: N.
+    """
+
+    def __init__(self, p: np.ndarray, tokens: float, /) -> None:
+        p = np.asarray(p, dtype=np.float64)
+        p = p[p > 0] / p.sum()
+        values, mult = np.unique(p, return_counts=True)
+        lam = tokens * values
+        spread = 20.0 * np.sqrt(lam)
+        lo = np.maximum(np.floor(lam - spread - 10.0), 0.0)
+        width = (np.ceil(lam + spread + 10.0) - lo + 1).astype(np.int64)
+        order = np.argsort(width, kind="stable")
+        self.tokens = float(tokens)
+        self.chunks: list[_Chunk] = []
+        start = 0
+        while start < order.size:
+            stop = start + 1
+            first = width[order[start]]
+            while (stop < order.size and (stop - start + 1) * width[order[stop]] <= _CELLS
+                   and width[order[stop]] <= 1.25 * first + 8):  # little padding: windows of similar size
+                stop += 1
+            rows = order[start:stop]
+            span = int(width[rows].max())
+            k = lo[rows, None] + np.arange(span, dtype=np.float64)[None, :]
+            lam_r = lam[rows, None]
+            log_pmf = k * np.log(lam_r) - lam_r - gammaln(k + 1.0)
+            self.chunks.append(_Chunk(np.sqrt(values[rows]), mult[rows].astype(np.float64), k, np.sqrt(k), log_pmf))
+            start = stop
+
+    def __call__(self, s: float, t: float, /) -> tuple[float, np.ndarray, np.ndarray]:
+        """``(K, grad K (2,), Hessian (2, 2))`` at ``(s, t)``."""
+        value = 0.0
+        grad = np.zeros(2)
+        hess = np.zeros((2, 2))
+        for c in self.chunks:
+            x = c.a[:, None] * c.root_k
+            h = c.log_pmf + s * x + t * c.k
+            top = h.max(axis=1)
+            e = np.exp(h - top[:, None])
+            total = e.sum(axis=1)
+            q = e / total[:, None]
+            ex, ek = (q * x).sum(axis=1), (q * c.k).sum(axis=1)
+            exk = (q * x * c.k).sum(axis=1)
+            ekk = (q * c.k * c.k).sum(axis=1)
+            value += float(c.mult @ (top + np.log(total)))
+            grad += (float(c.mult @ ex), float(c.mult @ ek))
+            vxx = c.mult @ (c.a**2 * ek - ex**2)  # E x^2 = a^2 E k
+            vxk = c.mult @ (exk - ex * ek)
+            vkk = c.mult @ (ekk - ek**2)
+            hess += np.array([[vxx, vxk], [vxk, vkk]])
+        return value, grad, hess
+
+
+def _saddlepoint(cgf: JointCgf, w: float, start: np.ndarray, /) -> tuple[np.ndarray, float, np.ndarray] | None:
+    """Minimise ``F(s, t) = K(s, t) - s w - t N`` by damped Newton from ``start``:
+    ``((s^, t^), F(s^, t^), K''(s^, t^))``, or None where it does not converge (``w``
+    outside the support's interior)."""
+    target = np.array([w, cgf.tokens])
+    x = np.array(start, dtype=np.float64)
+    value, grad, hess = cgf(*x)
+    f = value - x @ target
+    for _ in range(60):
+        g = grad - target
+        try:
+            step = -np.linalg.solve(hess, g)
+        except np.linalg.LinAlgError:
+            return None
+        decrement = float(-g @ step)
+        if not math.isfinite(decrement):
+            return None
+        if decrement < 1e-14:
+            return x, f, hess
+        size = 1.0
+        while size > 1e-8:
+            trial = x + size * step
+            v2, g2, h2 = cgf(*trial)
+            f2 = v2 - trial @ target
+            if math.isfinite(f2) and f2 <= f - 1e-4 * size * decrement:
+                x, f, grad, hess = trial, f2, g2, h2
+                break
+            size *= 0.5
+        else:
+            return (x, f, hess) if decrement < 1e-10 else None
+    return None
+
+
+def lower_tail_z(cgf: JointCgf, w: float, /, *, start: np.ndarray | None = None) -> tuple[float, np.ndarray] | None:
+    """The calibrated z of ``W = w`` in its lower tail given ``T = N``: ``-r*`` with
+    ``P(W <= w | T = N) ~ Phi(r*)`` (module docstring), and the saddlepoint (a warm start
+    for the next, nearby ``w``); None where no saddlepoint is found."""
+    found = _saddlepoint(cgf, w, np.zeros(2) if start is None else start)
+    if found is None:
+        return None
+    (s, _), f, hess = found
+    if s >= 0 or f >= 0:
+        return None  # w is not below the mean: not a lower tail
+    r = -math.sqrt(-2.0 * f)
+    det = float(np.linalg.det(hess))
+    if det <= 0:
+        return None
+    u = s * math.sqrt(det / cgf.tokens)
+    r_star = r + math.log(u / r) / r
+    return -r_star, found[0]
+
+
+def calibrated_z(z: np.ndarray, occupancy: np.ndarray, p: np.ndarray, mean: np.ndarray, sd: np.ndarray,
+                 /, *, nodes: int = 8) -> np.ndarray:
+    """(m,) the calibrated z of every row: ``z + delta(z, N)``, ``delta`` the saddlepoint's
+    correction tabulated on :data:`Z_GRID` (up to the largest z) at up to ``nodes``
+    occupancies a factor >= 2 apart, log-spaced, and interpolated linearly in z and in log N.
+    Below z = 1.5 the correction fades linearly to 0 at z = 0; above z = 12 it stays the
+    correction at 12; where a saddlepoint is not found, the previous grid point's.
+
+    Args:
+        z: (m,) the normal z, ``(d - mean) / sd`` of each row.
+        occupancy: (m,) N of each row.
+        p: (V,) the pool.
+        mean, sd: (m,) the null mean and sd of ``d`` each z was computed with.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    occ = np.maximum(np.asarray(occupancy, dtype=np.float64), 1.0)
+    if z.size == 0 or float(z.max()) <= 0.0:
+        return z.copy()
+    grid = Z_GRID[: int(np.searchsorted(Z_GRID, float(z.max()))) + 1]
+    lo, hi = float(occ.min()), float(occ.max())
+    count = min(nodes, 1 + math.ceil(math.log(hi / lo) / math.log(2.0))) if hi > 2.0 * lo else 1
+    at = np.geomspace(lo, hi, count) if count > 1 else np.array([math.sqrt(lo * hi)])
+    delta = np.zeros((at.size, grid.size))
+    for g, (tokens, (m_g, s_g)) in enumerate(zip(at, _node_moments(at, occ, mean, sd), strict=True)):
+        cgf = JointCgf(p, tokens)
+        start = None
+        for j, zz in enumerate(grid):
+            d = m_g + zz * s_g
+            out = lower_tail_z(cgf, math.sqrt(tokens) * (1.0 - d / 2.0), start=start) if d < 2.0 else None
+            if out is None:
+                delta[g, j] = delta[g, j - 1] if j else 0.0
+                continue
+            delta[g, j], start = out[0] - zz, out[1]
+    per_node = np.empty((at.size, z.size))
+    for g in range(at.size):
+        inside = np.interp(z, grid, delta[g])
+        per_node[g] = np.where(z < grid[0], delta[g, 0] * np.clip(z, 0.0, None) / grid[0], inside)
+    if at.size == 1:
+        return z + per_node[0]
+    x, xs = np.log(occ), np.log(at)
+    j = np.clip(np.searchsorted(xs, x) - 1, 0, xs.size - 2)
+    frac = np.clip((x - xs[j]) / (xs[j + 1] - xs[j]), 0.0, 1.0)
+    rows = np.arange(z.size)
+    return z + (1 - frac) * per_node[j, rows] + frac * per_node[j + 1, rows]
+
+
+def _node_moments(nodes: np.ndarray, occ: Any, mean: Any, sd: Any) -> list[tuple[float, float]]:
+    """The null mean and sd of ``d`` at each node, read off the rows' (interpolated in log N
+    from the rows nearest in occupancy; exact where a row has the node's occupancy)."""
+    occ, mean, sd = (np.asarray(a, dtype=np.float64) for a in (occ, mean, sd))
+    order = np.argsort(occ, kind="stable")
+    lx = np.log(occ[order])
+    return [(float(np.interp(math.log(n), lx, mean[order])), float(np.interp(math.log(n), lx, sd[order]))) for n in nodes]
+
