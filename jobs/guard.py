@@ -29,7 +29,7 @@ from posstats.errors import (
 from posstats.memory import available_memory, format_bytes, memory_hint
 from posstats.processes import describe_stop, exit_status, terminable
 
-from .output import OPTION_FLAGS, routed_stdout
+from .output import CONFIG_NAMES, OPTION_FLAGS, routed_stdout
 
 __all__ = ["error_text", "explain_failure", "run_guarded"]
 
@@ -70,8 +70,17 @@ def error_text(exc: PosstatsError, args: argparse.Namespace, /) -> str:
     """The one line of a user error: an :class:`~posstats.errors.OptionError` names the
     command's flags (``--dims``) where the library names parameters (``dims``)."""
     if isinstance(exc, OptionError):
-        return exc.naming(getattr(args, OPTION_FLAGS, None) or {})
+        names = {**(getattr(args, CONFIG_NAMES, None) or {}), **(getattr(args, OPTION_FLAGS, None) or {})}
+        return exc.naming(_Flags(names))
     return str(exc)
+
+
+class _Flags(dict):
+    """{parameter: flag}; any other parameter reads as ``--its-name`` (the flag of the command
+    that sets it: ``dims`` of an export's error names the analysis' ``--dims``)."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super().get(key, "--" + str(key).replace("_", "-"))
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -29,9 +29,10 @@ from posstats.memory import format_bytes
 from posstats.progress import set_quiet
 from posstats.storage import jsontext
 
-__all__ = ["OPTION_FLAGS", "ArgumentParser", "add_output_args", "print_json", "routed_stdout"]
+__all__ = ["CONFIG_NAMES", "OPTION_FLAGS", "ArgumentParser", "add_output_args", "print_json", "routed_stdout"]
 
 OPTION_FLAGS = "option_flags"  # the parsed namespace's {parameter name: flag} (ArgumentParser)
+CONFIG_NAMES = "config_names"  # {parameter name: "[table] key"} of a command configured by a pipeline TOML
 
 # the stdout a --json document goes to while the command's own prints go to stderr
 _JSON_STREAM: list[IO[str]] = []

@@ -83,14 +83,20 @@ from posstats.drift import (
 )
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import join_inside
-from posstats.reports.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.options import declared_options
-from posstats.reports.export import STRESS_POSITION_LIMIT, ExportOptions, export_run, nothing_to_export
+from posstats.reports.analysis_folder import ANALYSIS_FILES, write_analysis
+from posstats.reports.export import (
+    STRESS_POSITION_LIMIT,
+    ExportOptions,
+    export_run,
+    nothing_to_export,
+)
 from posstats.reports.html import render_html_report
 from posstats.runs.run_folder import RunData, load_run, with_distances
 from posstats.service.config import (
     PipelineConfig,
     apply_overrides,
+    config_names,
     dumps_toml,
     load_config,
     refuse_secrets,
@@ -110,7 +116,7 @@ from posstats.storage.publish import link_or_copy
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job
 from .guard import run_guarded
-from .output import ArgumentParser, add_output_args, print_json
+from .output import CONFIG_NAMES, ArgumentParser, add_output_args, print_json
 
 __all__ = [
     "add_pipeline_args",
@@ -819,6 +825,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser, *, ray_address: bool = Tr
     ``ray_address=False`` leaves out ``--address`` (``posstats submit`` uses that flag for
     the job server; a submitted job joins the cluster it runs on)."""
     parser.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML configuration")
+    parser.set_defaults(**{CONFIG_NAMES: config_names()})  # errors name the file's keys ([geometry] dims)
     g = parser.add_argument_group("overrides (win over the file)")
     g.add_argument("--run-id", metavar="ID",
                    help="name of the run (letters, digits, . _ -); rerun an id to resume it (default: the file's "

@@ -37,7 +37,7 @@ except ImportError as exc:  # torch is an optional extra
 
 from safetensors import safe_open
 
-from posstats.errors import InputError
+from posstats.errors import InputError, OptionError
 from posstats.reports.export import FACTOR_KEYS, LAYOUT_KEYS
 
 __all__ = ["MDSPositionalEmbedding", "read_export"]
@@ -229,8 +229,8 @@ class MDSPositionalEmbedding(nn.Module):
         tensors, metadata = read_export(path)
         has_factors = all(k in tensors for k in FACTOR_KEYS)
         if low_rank and not has_factors:
-            msg = f"{path}: no low-rank factors ({', '.join(FACTOR_KEYS)}); export with --rank R --factors"
-            raise InputError(msg)
+            msg = f"{path}: no low-rank factors ({', '.join(FACTOR_KEYS)}); export with a {{rank}} and {{factors}}"
+            raise OptionError(msg)
         cast = (lambda t: t.to(dtype)) if dtype is not None else (lambda t: t)
         if has_factors and low_rank is not False:
             a, w = (cast(tensors[k]) for k in FACTOR_KEYS)

@@ -109,3 +109,20 @@ def test_library_errors_name_parameters_and_the_cli_names_flags(tmp_path, capsys
                "--noise-floor", "off"])
     assert rc == 2
     assert "the analytic null (--null mp) needs a noise floor (not --noise-floor off)" in capsys.readouterr().err
+
+
+def test_an_error_names_each_option_as_the_users_interface_spells_it():
+    """The same OptionError reads with the command's own flags, the flag of the command that
+    sets an option it lacks (export naming the analysis' --dims), or, for a command configured
+    by a pipeline TOML, the file's keys ([geometry] dims) where it has no flag."""
+    from posstats.cli import build_parser
+    from posstats.errors import OptionError
+    from posstats.jobs.guard import error_text
+
+    exc = OptionError("re-analyse with larger {dims}, or use another {store} ({null_replicates})")
+    assert str(exc) == "re-analyse with larger dims, or use another store (null_replicates)"
+    export = build_parser(["export"]).parse_args(["export", "run", "--out", "x.safetensors", "--dim", "8"])
+    assert error_text(exc, export) == "re-analyse with larger --dims, or use another --store (--null-replicates)"
+    pipeline = build_parser(["pipeline"]).parse_args(["pipeline", "--config", "p.toml"])
+    assert error_text(exc, pipeline) == ("re-analyse with larger [geometry] dims, or use another --store "
+                                         "([geometry] null_replicates)")

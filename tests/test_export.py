@@ -241,7 +241,7 @@ def test_rank_above_stored_coordinates(run_dir, tmp_path):
 
 def test_non_contiguous_positions_are_refused(tmp_path):
     gappy = analysed_run(tmp_path, empty=(5,), name="gappy")
-    with pytest.raises(InputError, match=r"position 5 is unoccupied.*--positions 5"):
+    with pytest.raises(InputError, match=r"position 5 is unoccupied.*positions 5 or a lower min_occupancy"):
         export_encoding(gappy, tmp_path / "x.safetensors", dim=8)
 
 
@@ -250,15 +250,19 @@ def test_gap_at_position_0_suggests_no_empty_context(tmp_path):
     gappy = analysed_run(tmp_path, empty=(0,), name="gap0")
     with pytest.raises(InputError, match=r"position 0 is unoccupied") as info:
         export_encoding(gappy, tmp_path / "x.safetensors", dim=8, rank=2)
-    assert "--positions" not in str(info.value)
+    assert "positions 0" not in str(info.value)
 
 
-def test_bucketed_run_is_refused_as_such(tmp_path):
+def test_bucketed_run_is_refused_as_such(tmp_path, capsys):
     """Bucket rows are ranges of positions: the refusal says so and suggests re-running without buckets."""
     bucketed = analysed_run(tmp_path, name="bucketed", dims="2,8", extra=("--buckets", "fixed:3"))
-    with pytest.raises(InputError, match=r"bucketed \(--buckets fixed:3\).*without --buckets") as info:
+    with pytest.raises(InputError, match=r"bucketed \(buckets fixed:3\).*without buckets") as info:
         export_encoding(bucketed, tmp_path / "x.safetensors", dim=8, rank=2)
-    assert "--positions 0" not in str(info.value)
+    assert "positions 0" not in str(info.value) and "--" not in str(info.value)  # parameters, not flags
+    # the command line names flags, also those of another command (the analysis' --buckets)
+    assert main(["export", str(bucketed), "--out", str(tmp_path / "x.safetensors"), "--dim", "8", "--rank", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "bucketed (--buckets fixed:3)" in err and "without --buckets" in err and "(with --positions P" in err, err
     assert not (tmp_path / "x.safetensors").exists()
 
 

@@ -4,6 +4,7 @@ refuses the second run; a SIGKILLed one does not). Sums and storage choice: test
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -139,7 +140,10 @@ def test_store_is_bound_to_one_configuration(tmp_path):
     with pytest.raises(PosstatsError) as info:
         store.bind(other)
     assert str(info.value).startswith(f"run store {tmp_path} holds counts of another configuration (spec: ")
-    assert str(info.value).endswith("; use another --store")
+    assert str(info.value).endswith("; use another store")  # the library names the parameter
+    from posstats.jobs.guard import error_text  # the command line names its flag
+
+    assert error_text(info.value, argparse.Namespace()).endswith("; use another --store")
 
 
 def test_publish_keeps_only_the_named_result(tmp_path):

@@ -167,11 +167,11 @@ class _Lock:
                 os.close(fd)
                 msg = (
                     f"run store {self.path.parent} is in use by {describe_lock_holder(holder or None)}; "
-                    f"wait for it to finish, or use another --store"
+                    f"wait for it to finish, or use another {{store}}"
                 )
                 if not held:
                     msg += f" (no flock on this file system: delete {self.path} if that run is dead)"
-                raise PosstatsError(msg) from None
+                raise OptionError(msg) from None
             # No flock here and the holder is dead on this host: take over (pid rule).
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(self.info) + "\n").encode(), 0)
@@ -234,8 +234,8 @@ class RunStore:
             old, new = current.get("config", {}), config
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             detail = "; ".join(f"{k}: {old.get(k)!r} in the store, {new.get(k)!r} now" for k in diff)
-            msg = f"run store {self.root} holds counts of another configuration ({detail}); use another --store"
-            raise PosstatsError(msg)
+            msg = f"run store {self.root} holds counts of another configuration ({detail}); use another {{store}}"
+            raise OptionError(msg)
         return current
 
     # -- lock ----------------------------------------------------------------------
@@ -487,8 +487,8 @@ def refresh_source(store: str, /, *, inputs: Sequence[str] | None = None, tokeni
     rs = RunStore(os.path.abspath(store))
     stored, manifest = rs.config(), rs.manifest()
     if stored is None or manifest is None:
-        msg = f"{store}: not a run store with a finished count (run 'posstats count --ray --store {store}' first)"
-        raise PosstatsError(msg)
+        msg = f"{store}: not a run store with a finished count (count into it first: posstats count with this {{store}})"
+        raise OptionError(msg)
     cfg = stored["config"]
     metadata = dict(cfg.get("metadata", {}))
     tok_path = tokenizer or stored.get("tokenizer_path")

@@ -258,20 +258,20 @@ def _check_contiguous(run: RunData) -> None:
     config = run.report.get("config") or {}
     buckets = config.get("buckets", "none")
     if buckets not in (None, "none"):
-        msg = (f"{run.directory}: the run is bucketed (--buckets {buckets}): its {m:,} rows are ranges of positions, "
-               f"not positions, and a model needs one row per position 0..n-1: re-run the analysis without --buckets "
-               f"(with --positions P for the first P positions only)")
-        raise InputError(msg)
+        msg = (f"{run.directory}: the run is bucketed ({{buckets}} {buckets}): its {m:,} rows are ranges of positions, "
+               f"not positions, and a model needs one row per position 0..n-1: re-run the analysis without {{buckets}} "
+               f"(with {{positions}} P for the first P positions only)")
+        raise OptionError(msg)
     gap = int(np.flatnonzero(pos != np.arange(m))[0]) if m else 0
     mo = config.get("min_occupancy", 1)
     # A shorter context (--positions gap) helps only when the positions before the gap can be exported: at least 2.
-    shorter = f"--positions {gap} or " if gap >= 2 else ""
+    shorter = f"{{positions}} {gap} or " if gap >= 2 else ""
     msg = (
         f"{run.directory}: the MDS encoding covers positions {int(pos[0]) if m else '-'}..{int(pos[-1]) if m else '-'} "
-        f"with gaps (position {gap} is unoccupied or below --min-occupancy {mo}); a model needs a row for "
-        f"every position 0..n-1: re-run the analysis with {shorter}a lower --min-occupancy"
+        f"with gaps (position {gap} is unoccupied or below {{min_occupancy}} {mo}); a model needs a row for "
+        f"every position 0..n-1: re-run the analysis with {shorter}a lower {{min_occupancy}}"
     )
-    raise InputError(msg)
+    raise OptionError(msg)
 
 
 def _check_prefix(prefix: str) -> None:
@@ -292,7 +292,7 @@ def _rows(run: RunData, rows: int | None) -> RunData:
         raise OptionError(msg)
     if rows > m:
         msg = (f"{{rows}} {rows}: {run.directory} has positions 0..{m - 1} only; a model with {rows} positions needs "
-               f"counts of {rows} positions (posstats count --positions {rows})")
+               f"counts of {rows} positions (count with {{positions}} {rows})")
         raise OptionError(msg)
     held = run.distances[:rows, :rows] if run.distances is not None else None
     return dataclasses.replace(run, positions=run.positions[:rows], encoding=run.encoding[:rows], distances=held)
@@ -345,7 +345,7 @@ def _export_rank(run: RunData, *, dim: int, rank: int | None, force: bool = Fals
     k = run.encoding.shape[1]
     if rank is not None and rank > k:
         msg = (f"{{rank}} {rank} exceeds the {k} MDS coordinates stored in {run.directory}/mds.safetensors "
-               "(re-analyse with larger --dims)")
+               "(re-analyse with larger {dims})")
         raise OptionError(msg)
     informative = informative_rank(run.report)
     if rank is not None:

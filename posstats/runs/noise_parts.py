@@ -142,12 +142,12 @@ def parts_from_store(store: str | os.PathLike, /, *, parts: int = 4, dense_budge
     manifest = rs.manifest()
     record = rs.config()
     if manifest is None or record is None:
-        msg = f"run store {store} has no finished count (no manifest.json); count with 'posstats count --ray' first"
-        raise PosstatsError(msg)
+        msg = f"run store {store} has no finished count (no manifest.json); count into it first (posstats count with this {{store}})"
+        raise OptionError(msg)
     ids = sorted(manifest.get("shard_ids", []))
     if len(ids) < 2:
-        msg = f"run store {store} holds {len(ids)} shard(s); a noise floor needs at least two (count with a smaller --shard-size)"
-        raise PosstatsError(msg)
+        msg = f"run store {store} holds {len(ids)} shard(s); a noise floor needs at least two (count with a smaller {{shard_size}})"
+        raise OptionError(msg)
     k = int(parts) if len(ids) >= int(parts) else 2
     spec = CountSpec.from_metadata(record["config"]["spec"])
     # pack-mode shards are pieces of one stream, placed (rotated) by stitching them all

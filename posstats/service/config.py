@@ -761,6 +761,17 @@ def dumps_toml(data: Mapping[str, Any], /) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def config_names() -> dict[str, str]:
+    """{parameter: its place in the pipeline's TOML} (``dims`` -> ``[geometry] dims``,
+    ``store`` -> ``[store] url``, ``shard_size`` -> ``[count] shard_size_mib``): how an
+    :class:`~posstats.errors.OptionError` names options to a pipeline's user."""
+    names = {"store": "[store] url", "shard_size": "[count] shard_size_mib", "paths": "[input] paths"}
+    for table, cls in (("geometry", AnalysisConfig), ("export", ExportOptions), ("input", InputOptions),
+                       ("count", CountOptions)):
+        names.update({d.name: f"[{table}] {d.option.key or d.name}" for d in declared_options(cls) if d.option.pipeline})
+    return names
+
+
 def schema_rows() -> list[tuple[str, str, str, str]]:
     """(table.key, kind, default, help) for every key: the docs table."""
     rows = [("run_id", "str", "-", TOP_LEVEL["run_id"].help)]
