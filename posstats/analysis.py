@@ -131,6 +131,8 @@ class AnalysisConfig:
             the data exceeds all of them: level 1 / (R + 1), 2.5 % with the default 39).
         bootstrap: shard-bootstrap replicates (0 = off; the caller supplies the partials).
         corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).
+        encoding_triples: above ``monotonicity_exact_limit`` rows: triples for each encoding's
+            monotonicity (200,000: a 95 % interval of at most +-0.0022).
         tokenizer: tokenizer.json for re-reading a text corpus by document parity (noise
             floor / bootstrap without a run store); default: the one recorded when counting.
         smacof_limit: geometry rows above which ``mds-smacof`` (O(m^2) per iteration, about
@@ -205,6 +207,10 @@ class AnalysisConfig:
         why_not="needs the per-shard partials of a counting store (posstats analyze --store)")
     corpus_triples: int = option(200_000, help="sampled path: triples for the corpus' own monotonicity",
                                  metavar="T", minimum=1, unit="triples", group=_LONG)
+    encoding_triples: int = option(
+        200_000, help="above --monotonicity-exact-limit positions: triples for each encoding's monotonicity (the "
+                      "report gives its 95 % interval, at most +-0.0022 at 200,000)",
+        metavar="T", minimum=1, unit="triples", group=_LONG)
     tokenizer: str | None = option(
         None, help="tokenizer.json for re-reading a text corpus by document parity", cli=False, pipeline=False,
         why_not="set by analyze's --tokenizer with --reread or --bootstrap; the pipeline's is [input] tokenizer")
@@ -894,7 +900,8 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
     """The report entry of one encoding on the sampled path: stress ``st`` with its 95 %
     intervals, separation (exact or an upper bound) and monotonicity."""
     sep_value, sep_pair, sep_method = _large_min_separation(enc.matrix, sampled)
-    mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+    mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit,
+                                  samples=config.encoding_triples, seed=config.seed)
     return {
         "name": enc.name,
         "dim": int(dim),
@@ -1226,7 +1233,8 @@ def _evaluate(
     enc = make_encoding(spec, positions, dim, mds=mds, distances=distances, occupancy=occupancy, context=context)
     s = stress_report(enc.matrix, distances)
     sep = min_separation(enc.matrix)
-    mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit, seed=config.seed)
+    mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit,
+                                  samples=config.encoding_triples, seed=config.seed)
     return {
         "name": enc.name,
         "dim": int(dim),
