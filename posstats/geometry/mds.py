@@ -50,6 +50,7 @@ the basis is whatever the solver returns (deterministic for a given input and me
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -912,6 +913,9 @@ def _wanted_residuals(theta: np.ndarray, top: float, tol: float, noise_level: fl
     return need
 
 
+_DGKS = 1 / math.sqrt(2.0)  # a column that keeps this share of its norm is orthogonal after one pass
+
+
 def _block_lanczos(
     matmat: Any, dim: int, k: int, *, block: int, tol: float, seed: int, xp: types.ModuleType, max_dim: int,
     progress: Any = None, noise_level: float | None = None, noise_residual: float | None = None,
@@ -945,8 +949,15 @@ def _block_lanczos(
         a = q.T @ w
         a = 0.5 * (a + a.T)
         w -= q @ a
-        for _ in range(2):  # classical Gram-Schmidt twice: orthogonal to eps
+        # classical Gram-Schmidt against the whole basis, once more only where a column lost
+        # more than 1 - 1/sqrt(2) of its norm (the DGKS criterion, as ARPACK): orthogonal to eps
+        before = xp.sqrt(xp.sum(w * w, axis=0))
+        for _ in range(2):
             w -= basis[:, :m] @ (basis[:, :m].T @ w)
+            after = xp.sqrt(xp.sum(w * w, axis=0))
+            if bool(xp.all(after >= _DGKS * before)):
+                break
+            before = after
         q_next, r = xp.linalg.qr(w)
         a_blocks.append(to_numpy(a))
         r_host = to_numpy(r)
