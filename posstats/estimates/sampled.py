@@ -44,6 +44,7 @@ import scipy.sparse as sp
 
 from posstats.geometry.diagnostics import Monotonicity, _as_positions, _monotonicity
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
+from posstats.geometry.mds import thread_map
 
 __all__ = [
     "SampledGeometry",
@@ -261,15 +262,18 @@ class SampledGeometry:
         if keys.size < i.size:
             # Repeated pairs (common when n is small): each distinct pair once.
             return self.squared(keys // self.n, keys % self.n)[inverse.reshape(-1)]
-        out = np.empty(i.size, dtype=np.float64)
-        for a in range(0, i.size, _PAIR_CHUNK):
+        def chunk(a: int) -> np.ndarray:
             ii, jj = i[a : a + _PAIR_CHUNK], j[a : a + _PAIR_CHUNK]
             d2 = np.maximum(2.0 - 2.0 * self.s.row_dots(ii, jj), 0.0)
             d2[ii == jj] = 0.0
             small = np.flatnonzero((d2 < self.refine_below) & (ii != jj))
             if small.size:
                 d2[small] = hellinger_sq_pairs(self.counts, ii[small], jj[small])
-            out[a : a + _PAIR_CHUNK] = d2
+            return d2
+
+        # chunks of pairs on the cores' threads (the sparse row products release the GIL)
+        parts = thread_map(chunk, range(0, i.size, _PAIR_CHUNK))
+        out = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
         if self.bias is not None:
             out = np.maximum(out - self.bias[i] - self.bias[j], 0.0)
             out[i == j] = 0.0

@@ -480,6 +480,15 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def thread_map(fn: Any, items: Any, /) -> list[Any]:
+    """``[fn(x) for x in items]`` on the products' thread pool (one thread per core the
+    process may use; numpy and scipy's sparse kernels release the GIL), in order."""
+    items = list(items)
+    if len(items) <= 1 or product_threads() <= 1:
+        return [fn(x) for x in items]
+    return list(_pool().map(fn, items))
+
+
 def _forget_pool() -> None:
     global _POOL  # noqa: PLW0603 - a forked child has the pool object but not its threads
     _POOL = None
