@@ -28,6 +28,8 @@ of the analytic null (:func:`posstats.estimates.noise.mp_edge`).
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from posstats.estimates.noise import (
     usable_rows,
 )
 from posstats.estimates.sampling_variance import entries_sampling_variance
+from posstats.geometry.mds import thread_pool
 from posstats.progress import progress
 
 __all__ = ["BLOCK_ENTRIES", "split_noise_floor", "thin"]
@@ -146,26 +149,42 @@ def split_noise_floor(
     occ = np.zeros(m, dtype=np.int64)
     column_noise = np.zeros(vocab, dtype=np.float64)
     fallback = 0
-    method = ""
     halves = ((0, 2), (1, 3)) if parts == 4 else ((0,), (1,))
     blocks = row_blocks(c.indptr, int(block))
+
+    def reduce(lo: int, hi: int, thinned: np.ndarray) -> tuple[int, int, dict[str, Any], np.ndarray, np.ndarray]:
+        a, b = int(c.indptr[lo]), int(c.indptr[hi])
+        lengths = np.diff(c.indptr[lo : hi + 1])
+        blk = _Block(thinned, np.repeat(np.arange(hi - lo), lengths), hi - lo)
+        split = split_half(blk.d2, blk.sizes, quarters=quarters)
+        block_occ = blk.sizes.sum(axis=0)
+        bias = entries_sampling_variance(c.data[a:b], blk.row_of, block_occ)
+        values = {"h": split.h, "q": split.q, "gamma": split.gamma, "na": split.na, "nb": split.nb, "bias": bias}
+        return lo, hi, values, block_occ, _column_noise(blk, halves, split.h, bias, c.indices[a:b], vocab)
+
+    def collect(done: tuple[int, int, dict[str, Any], np.ndarray, np.ndarray]) -> None:
+        nonlocal column_noise
+        lo, hi, values, block_occ, noise = done
+        for name, value in values.items():
+            if value is not None:
+                fields[name][lo:hi] = value
+        occ[lo:hi] = block_occ.astype(np.int64)
+        column_noise += noise  # in block order: the same sums as one thread's
+        bar.update(int(c.indptr[hi]) - int(c.indptr[lo]))
+
+    # The thinning draws stay on this thread, in block order (the results depend only on
+    # the seed); each block's distances and bias run on the products' pool meanwhile, at
+    # most two blocks ahead (memory: a few thinned blocks).
+    pending: deque[Future[Any]] = deque()
     with progress(total=int(c.indptr[-1]), desc="noise floor", unit="entry", enabled=show_progress) as bar:
         for lo, hi in blocks:
-            a, b = int(c.indptr[lo]), int(c.indptr[hi])
-            lengths = np.diff(c.indptr[lo : hi + 1])
-            blk = _Block(thin(c.data[a:b], parts, rng), np.repeat(np.arange(hi - lo), lengths), hi - lo)
-            split = split_half(blk.d2, blk.sizes, quarters=quarters)
-            block_occ = blk.sizes.sum(axis=0)
-            bias, fell = entries_sampling_variance(c.data[a:b], blk.row_of, block_occ), 0
-            for name, value in (("h", split.h), ("q", split.q), ("gamma", split.gamma), ("na", split.na),
-                                ("nb", split.nb), ("bias", bias)):
-                if value is not None:
-                    fields[name][lo:hi] = value
-            occ[lo:hi] = block_occ.astype(np.int64)
-            fallback += fell
-            method = UNBIASED_METHOD
-            column_noise += _column_noise(blk, halves, split.h, bias, c.indices[a:b], vocab)
-            bar.update(b - a)
+            thinned = thin(c.data[int(c.indptr[lo]) : int(c.indptr[hi])], parts, rng)
+            pending.append(thread_pool().submit(reduce, lo, hi, thinned))
+            if len(pending) > 2:
+                collect(pending.popleft().result())
+        while pending:
+            collect(pending.popleft().result())
+    method = UNBIASED_METHOD if blocks else ""
     return NoiseFloor(
         positions=np.arange(m, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64),
         occupancy=occ,

@@ -480,6 +480,12 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def thread_pool() -> ThreadPoolExecutor:
+    """The products' thread pool (one thread per core the process may use), for work that
+    overlaps a sequential step (:func:`posstats.estimates.thinning.split_noise_floor`)."""
+    return _pool()
+
+
 def thread_map(fn: Any, items: Any, /) -> list[Any]:
     """``[fn(x) for x in items]`` on the products' thread pool (one thread per core the
     process may use; numpy and scipy's sparse kernels release the GIL), in order."""
