@@ -200,3 +200,19 @@ def test_explained_curve_says_what_its_shares_are_of():
     np.testing.assert_allclose(explained_share(lam, complete), [0.25, 0.4, 0.5])
     p = plots.spectrum_figure(lam, explained_share(lam, truncated), explained_label=explained_label(lam, truncated))
     assert _lines(p.figure, "cumulative share of the top 3 components' variance")
+
+
+def test_long_scatters_draw_evenly_spaced_positions_and_say_so():
+    from posstats.reports.plots import SCATTER_POINTS, encoding_scatter3d_figure, encoding_scatter_figure
+
+    n = SCATTER_POINTS * 3 + 7
+    enc = np.arange(n * 3, dtype=np.float64).reshape(n, 3)
+    for make in (encoding_scatter_figure, encoding_scatter3d_figure):
+        plot = make(enc, np.arange(n))
+        shown = plot.figure.axes[0].collections[0]
+        colours = np.asarray(shown.get_array())
+        assert colours.size == SCATTER_POINTS and colours[0] == 0 and colours[-1] == n - 1
+        assert np.all(np.diff(colours) > 0)
+        assert f"{SCATTER_POINTS:,} of the {n:,} positions drawn" in plot.caption
+    small = encoding_scatter_figure(enc[:50], np.arange(50))
+    assert np.asarray(small.figure.axes[0].collections[0].get_array()).size == 50 and "drawn" not in small.caption
