@@ -356,13 +356,25 @@ def markov_packed_counts(n: int, /, *, windows: int, stay: float = 0.5, vocab: i
     cdf = np.cumsum(_zipf(vocab, exponent, 1.0))
     cdf /= cdf[-1]
     total = int(n) * int(windows)
-    fresh = np.searchsorted(cdf, rng.random(total), side="right")
-    repeat = rng.random(total) < stay
-    repeat[0] = False
-    source = np.maximum.accumulate(np.where(repeat, 0, np.arange(total)))  # the last fresh draw at or before t
-    tokens = fresh[source]
-    position = np.arange(total) % int(n)
-    matrix = sp.csr_array((np.ones(total, dtype=np.int64), (position, tokens)), shape=(int(n), vocab))
+    step = 1 << 24  # tokens at a time: the same draws as one call, in the memory of a block
+    fresh = np.concatenate([np.searchsorted(cdf, rng.random(min(step, total - a)), side="right").astype(np.int32)
+                            for a in range(0, total, step)])
+    matrix = sp.csr_array((int(n), vocab), dtype=np.int64)
+    last = -1  # the previous block's last token
+    for a in range(0, total, step):
+        b = min(total, a + step)
+        repeat = rng.random(b - a) < stay
+        if a == 0:
+            repeat[0] = False
+        # the last fresh draw at or before t (index -1: the token that ended the previous block)
+        source = np.maximum.accumulate(np.where(repeat, -1, np.arange(b - a)))
+        tokens = np.where(source >= 0, fresh[a:b][np.maximum(source, 0)], last)
+        last = int(tokens[-1])
+        position = np.arange(a, b) % int(n)
+        block = sp.csr_array((np.ones(b - a, dtype=np.int64), (position, tokens)), shape=(int(n), vocab))
+        block.sum_duplicates()
+        matrix = matrix + block
+    matrix = sp.csr_array(matrix)
     matrix.sum_duplicates()
     spec = CountSpec(positions=int(n), vocab_size=vocab, mode="pack")
     return PositionalCounts(spec, matrix, int(windows), int(windows), total, "",
