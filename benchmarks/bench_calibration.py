@@ -167,6 +167,9 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                     claims = _claims(analyze(counts, cfg).report())
                     for k in keys:
                         tally[k] += int(claims[k])
+                    # one line per corpus as it finishes: a long cell (n = 131,072) is not lost whole
+                    print(f"  n={n} N={N} {kind} seed {seed_k}: {json.dumps({k: claims[k] for k in keys})}",
+                          file=sys.stderr, flush=True)
                 row[kind] = {k: _proportion(c, runs) for k, c in tally.items()}
             row["seconds"] = round(time.perf_counter() - t, 1)
             rows.append(row)
