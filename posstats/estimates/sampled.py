@@ -49,14 +49,34 @@ from posstats.geometry.mds import thread_map
 __all__ = [
     "SampledGeometry",
     "SampledStress",
+    "pair_chunks",
     "sample_pairs",
     "sampled_monotonicity",
     "stress_from_pairs",
 ]
 
 _Z95 = 1.959963984540054
-# Pairs whose row dot products are formed at a time (two gathered sparse row blocks).
+# Pairs whose row dot products are formed at a time (two gathered sparse row blocks), and
+# the stored entries those rows may hold together.
 _PAIR_CHUNK = 1 << 13
+_CHUNK_ENTRIES = 1 << 23
+
+
+def pair_chunks(cost: np.ndarray, budget: int, most: int, /) -> list[tuple[int, int]]:
+    """Consecutive ``[a, b)`` ranges of pairs, each of at most ``most`` pairs whose ``cost``
+    (stored entries gathered) sums to at most ``budget``, or a single pair above it.
+
+    >>> pair_chunks(np.array([3, 3, 3, 10, 1]), 6, 8)
+    [(0, 2), (2, 3), (3, 4), (4, 5)]
+    """
+    out, a, total = [], 0, np.cumsum(cost)
+    while a < cost.size:
+        base = total[a - 1] if a else 0
+        b = int(np.searchsorted(total, base + budget, side="right"))
+        b = min(max(b, a + 1), a + most, cost.size)
+        out.append((a, b))
+        a = b
+    return out
 
 
 def sample_pairs(n: int, m: int, /, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -241,6 +261,7 @@ class SampledGeometry:
     def __init__(self, counts: Any, /, *, bias: Any = None, refine_below: float = 1e-6, seed: int = 0,
                  sqrt: Any = None) -> None:
         self.counts = sp.csr_array(counts) if not sp.issparse(counts) else counts
+        self.row_entries = np.diff(sp.csr_array(self.counts).indptr).astype(np.int64)  # (n,) stored entries per row
         self.s = _CSRDots(_sqrt_rows(self.counts)) if sqrt is None else sqrt
         self.n = int(self.s.shape[0])
         self.bias = None if bias is None else np.nan_to_num(np.asarray(bias, dtype=np.float64), nan=0.0)
@@ -262,8 +283,8 @@ class SampledGeometry:
         if keys.size < i.size:
             # Repeated pairs (common when n is small): each distinct pair once.
             return self.squared(keys // self.n, keys % self.n)[inverse.reshape(-1)]
-        def chunk(a: int) -> np.ndarray:
-            ii, jj = i[a : a + _PAIR_CHUNK], j[a : a + _PAIR_CHUNK]
+        def chunk(bounds: tuple[int, int]) -> np.ndarray:
+            ii, jj = i[bounds[0] : bounds[1]], j[bounds[0] : bounds[1]]
             d2 = np.maximum(2.0 - 2.0 * self.s.row_dots(ii, jj), 0.0)
             d2[ii == jj] = 0.0
             small = np.flatnonzero((d2 < self.refine_below) & (ii != jj))
@@ -271,8 +292,10 @@ class SampledGeometry:
                 d2[small] = hellinger_sq_pairs(self.counts, ii[small], jj[small])
             return d2
 
-        # chunks of pairs on the cores' threads (the sparse row products release the GIL)
-        parts = thread_map(chunk, range(0, i.size, _PAIR_CHUNK))
+        # chunks of pairs on the cores' threads (the sparse row products release the GIL),
+        # each gathering at most _CHUNK_ENTRIES stored entries: dense early rows of a
+        # truncate-mode corpus would otherwise gather gigabytes per chunk
+        parts = thread_map(chunk, pair_chunks(self.row_entries[i] + self.row_entries[j], _CHUNK_ENTRIES, _PAIR_CHUNK))
         out = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
         if self.bias is not None:
             out = np.maximum(out - self.bias[i] - self.bias[j], 0.0)
