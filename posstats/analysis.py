@@ -264,7 +264,7 @@ class AnalysisConfig:
             raise PosstatsError(msg)
         for name, low in (("min_occupancy", 1), ("monotonicity_exact_limit", 0), ("exact_limit", 2),
                           ("stress_max_pairs", 1), ("null_replicates", 0), ("bootstrap", 0), ("corpus_triples", 1),
-                          ("smacof_limit", 0), ("max_encodings", 1)):
+                          ("encoding_triples", 1), ("smacof_limit", 0), ("max_encodings", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 msg = f"{name.replace('_', ' ')} must be an integer >= {low}, got {value!r}"
@@ -312,6 +312,11 @@ class AnalysisConfig:
         if self.smacof_limit < 0:
             msg = f"the SMACOF limit must be >= 0 positions, got {self.smacof_limit}"
             raise PosstatsError(msg)
+        for name in ("corpus_triples", "encoding_triples"):  # a config value sizes three index arrays
+            if getattr(self, name) > _MAX_TRIPLES:
+                msg = (f"{{{name}}} {getattr(self, name)} is above {_MAX_TRIPLES:,} (three int64 arrays of that "
+                       "length; 200,000 already gives a 95 % interval of +-0.0022)")
+                raise OptionError(msg)
         if self.null_replicates > _MAX_NULL_REPLICATES:
             msg = (f"{{null_replicates}} {self.null_replicates} is above {_MAX_NULL_REPLICATES} (each one is a shuffled "
                    "corpus and, up to 1,024 rows, an m x m eigensolve)")
@@ -1037,6 +1042,7 @@ def _large_min_separation(p: np.ndarray, sampled: Any) -> tuple[float, tuple[int
 
 
 _MAX_NULL_REPLICATES = 999  # a config value bounds a loop: 999 gives p-values down to 0.001
+_MAX_TRIPLES = 20_000_000  # sampled monotonicity triples (corpus or encoding): 480 MB of indices
 _EIGEN_REPLICATE_ROWS = 1024  # above this many rows the rank test uses 19 of the shuffled corpora
 
 

@@ -126,3 +126,20 @@ def test_an_error_names_each_option_as_the_users_interface_spells_it():
     pipeline = build_parser(["pipeline"]).parse_args(["pipeline", "--config", "p.toml"])
     assert error_text(exc, pipeline) == ("re-analyse with larger [geometry] dims, or use another --store "
                                          "([geometry] null_replicates)")
+
+
+def test_triples_are_bounded_before_any_work(tmp_path, capsys):
+    """--encoding-triples / --corpus-triples size three index arrays: refused in one line
+    (naming the flag) outside [1, 20,000,000]; the same bound holds for the library."""
+    from posstats.analysis import AnalysisConfig
+    from posstats.errors import PosstatsError
+
+    with pytest.raises(PosstatsError, match="encoding_triples 20000001 is above 20,000,000"):
+        AnalysisConfig(encoding_triples=20_000_001)
+    assert main(_count_args(tmp_path / "c")) == 0
+    capsys.readouterr()
+    for flag, value, text in (("--encoding-triples", "0", "encoding triples must be an integer >= 1, got 0"),
+                              ("--corpus-triples", "100000000", "--corpus-triples 100000000 is above 20,000,000")):
+        rc = main(["analyze", "--counts", str(tmp_path / "c"), "--out", str(tmp_path / "a"), flag, value])
+        assert rc == 2 and text in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
