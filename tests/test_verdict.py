@@ -380,3 +380,24 @@ def test_the_verdict_is_typed_and_its_json_round_trips():
     assert v.standout_positions["positions"] == [0, 1, 2, 3]
     doc = json.loads(json.dumps(analysis.report()["verdict"]))
     assert Verdict.from_dict(doc) == v and v.to_dict() == doc
+
+
+def test_encodings_tied_at_every_width_are_named_once():
+    """When the same fixed encodings are within noise of each other at every width, the
+    answer says so once instead of naming a 'best' per width; otherwise it names each best
+    with what is tied with it."""
+    from posstats.reports.summary import answer_sentences
+
+    def sentence(best):
+        v = {"structure": "positions", "non_stationary": True, "components_above_noise": 1,
+             "standout_positions": {"count": 1, "ranges": "0"}, "best_encodings": best, "fitted_better_at": []}
+        return next(s for s in answer_sentences({"verdict": v, "positions": {"used": 8}}) if s.startswith("Among"))
+
+    tied = [{"dim": 2, "fixed": "alibi", "fixed_tied_with": ["rope", "sinusoidal"]},
+            {"dim": 16, "fixed": "sinusoidal", "fixed_tied_with": ["alibi", "rope"]}]
+    assert sentence(tied) == ("Among encodings used without fitting, alibi, rope and sinusoidal fit this geometry "
+                              "equally well within noise at every width tried (d = 2, 16): choose among them on other grounds.")
+    apart = [{"dim": 2, "fixed": "alibi", "fixed_tied_with": ["rope"]},
+             {"dim": 16, "fixed": "sinusoidal", "fixed_tied_with": []}]
+    assert sentence(apart) == ("Among encodings used without fitting, the best fit is alibi at d = 2, tied within noise "
+                               "with rope; sinusoidal at d = 16.")

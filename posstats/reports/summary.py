@@ -86,6 +86,12 @@ def _encoding_sentence(v: dict[str, Any]) -> str | None:
         ties = sorted({t for b in mine for t in b.get("fixed_tied_with") or []} - {name})
         return [b["dim"] for b in mine], (f", tied within noise with {', '.join(ties)}" if ties else "")
 
+    tied_sets = {frozenset({b["fixed"], *(b.get("fixed_tied_with") or [])}) for b in rows}
+    if len(tied_sets) == 1 and len(tied := next(iter(tied_sets))) > 1:  # the same encodings tie at every width
+        listed = sorted(tied)
+        return (f"Among encodings used without fitting, {', '.join(listed[:-1])} and {listed[-1]} fit this geometry "
+                f"equally well within noise at every width tried ({_dims([b['dim'] for b in rows])}): choose among "
+                "them on other grounds.")
     if len(names) == 1:
         dims, tie = group(names[0])
         return (f"Among encodings used without fitting, {names[0]} fits this geometry best at every width tried "
