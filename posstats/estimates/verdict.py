@@ -16,7 +16,8 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   document) would otherwise shift the pool and make every other position differ from it.
   A position then stands out when its *calibrated* z, ``Phi^-1(1 - P_null(d >= d_i))``
   with the tail from a conditional saddlepoint (:mod:`posstats.estimates.saddlepoint`; the
-  normal tail is several times too light where it is read), exceeds
+  normal tail is several times too light where it is read; tabulated, and solved per row
+  within [-0.5, +1] of the threshold), exceeds
   ``max(5, Phi^-1(1 - 0.025 / m))``: a Bonferroni bound over the m positions, never below 5.
   Reported whatever the rank test says.
 - **Homogeneity** (the report's ``homogeneity`` section, level 2.5 %): the permutation test
@@ -51,7 +52,7 @@ from scipy.special import gammaln, ndtri
 
 from posstats.counting.counts import MIN_WINDOWS, too_few_windows
 from posstats.counting.rows import row_blocks
-from posstats.estimates.saddlepoint import calibrated_z
+from posstats.estimates.saddlepoint import calibrated_z, solved_near
 from posstats.geometry.encodings import FITTED_ENCODINGS
 
 __all__ = [
@@ -251,7 +252,8 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
         # oscillates (the pool left would be the deepest, rarest positions)
         pooled_out |= fresh & (z >= max(threshold, 0.5 * float(z[fresh].max())))
     # the normal z above picks what leaves the pool; the decision reads the saddlepoint's tail
-    z = calibrated_z(z, occ, s_pool**2, mean, sd)
+    z_normal, z = z, calibrated_z(z, occ, s_pool**2, mean, sd)
+    z, _ = solved_near(z, z_normal, occ, s_pool**2, mean, sd, threshold=threshold)
     out = z > threshold
     picked = positions[out]
     return {
@@ -262,7 +264,7 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
         "max_z": float(np.max(z)) if z.size else 0.0,
         "family_level": FAMILY_LEVEL,
         "rule": ("z_i = Phi^-1(1 - P_null(d >= d_H^2(mu_i, pool))) > max(5, Phi^-1(1 - 0.025 / m)), the null being N_i "
-                 "tokens drawn from the pool, its tail by a conditional saddlepoint"),
+                 "tokens drawn from the pool, its tail by a conditional saddlepoint (solved per row near the threshold)"),
     }
 
 
