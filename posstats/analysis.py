@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import time
@@ -70,6 +71,7 @@ from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
 from posstats.options import option, option_values
 from posstats.progress import progress
+from posstats.report import Report
 
 __all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
 
@@ -396,8 +398,9 @@ class Analysis:
     hellinger_summary: dict[str, Any] | None = None
     standout: dict[str, Any] | None = None
 
-    def report(self) -> dict[str, Any]:
-        """The ``report.json`` document (see README.md for the schema)."""
+    def report(self) -> Report:
+        """The report (:class:`posstats.report.Report`; ``report.json`` is its
+        :meth:`~posstats.report.Report.to_dict`, documented in docs/report.md)."""
         report = {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "posstats", "version": __version__},
@@ -415,12 +418,12 @@ class Analysis:
         report["diagnostics"]["h1"]["distances"] = report["geometry"]["distances"] if "geometry" in report else "plugin"
         answer = verdict(report, self.standout)
         report["diagnostics"]["h1"].update(nonstationary=answer.non_stationary, test=answer.non_stationary_test)
-        return {"verdict": answer.to_dict(), **report}
+        return dataclasses.replace(Report.from_dict({"verdict": answer.to_dict(), **report}), verdict=answer)
 
     def verdict(self) -> Verdict:
         """The report's decisions, typed (:class:`posstats.estimates.verdict.Verdict`):
         ``analysis.verdict().components_above_noise``; ``report()["verdict"]`` is its JSON."""
-        return Verdict.from_dict(self.report()["verdict"])
+        return self.report().verdict
 
 
 _HELLINGER_CONVENTION = "d_H^2 = sum_v (sqrt mu_i - sqrt mu_j)^2, in [0, 2]"

@@ -159,6 +159,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("corpus", "geometry"),                                  # reading inputs; distances, MDS, encodings
     ("memory", "baselines"),                                 # memory planning; architecture baselines
     ("estimates",),                                          # noise, nulls, intervals, the verdict
+    ("report",),                                             # the analysis report, typed
     ("analysis", "testing"),                                 # counts -> analysis; simulated corpora
     ("runs",),                                               # run folders read back; counting to a folder
     ("audit",),                                              # a checkpoint's positions scored against a run

@@ -75,7 +75,7 @@ def side_geometry(side: Side, config: Any = None, *, show_progress: bool | None 
         r = side.run
         return SideGeometry(r.report, r.positions, r.encoding, r.eigenvalues)
     analysis = analyze(load_counts(side.counts_path, compact=True), config, show_progress=show_progress)
-    return SideGeometry(analysis.report(), np.asarray(analysis.positions), analysis.mds.encoding, analysis.mds.eigenvalues)
+    return SideGeometry(analysis.report().to_dict(), np.asarray(analysis.positions), analysis.mds.encoding, analysis.mds.eigenvalues)
 
 
 def _rounded(values: np.ndarray, digits: int = 7) -> list[float | None]:

@@ -73,7 +73,7 @@ def write_analysis(
         The run in memory, ``report`` as written.
     """
     stage = Path(stage)
-    report = analysis.report()
+    report = analysis.report().to_dict()
     if run_id is not None:
         report["run_id"] = run_id
     report["inputs"] = dict(inputs or {})
