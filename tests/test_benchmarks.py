@@ -52,6 +52,23 @@ def test_bench_analysis_small(tmp_path):
     assert rope["baseline"]["returncode"] == 0
 
 
+def test_bench_analysis_pipeline_small(tmp_path):
+    """The pipeline case at a tiny size, once per geometry_cpus value: every stage's time,
+    the export refused for a table of noise counts as completed (its README says why)."""
+    import pytest
+
+    pytest.importorskip("ray")
+    r = run_bench("bench_analysis.py", "--cases", "pipeline", "--billion-tokens", "200000", "--billion-files", "2",
+                  "--positions", "128", "--geometry-cpus", "1,2", "--dir", str(tmp_path / "corpus"), "--baselines", "none")
+    assert r["errors"] == []
+    first, (second,) = r["pipeline"], r["pipeline"]["with_geometry_cpus"]
+    assert (first["geometry_cpus"], second["geometry_cpus"]) == (1.0, 2.0)
+    for run in (first, second):
+        assert run["targets"]["completed"] and run["export_skipped"].startswith("nothing to export")
+        assert all(run["stages_s"][s] is not None for s in ("count", "geometry", "report", "export"))
+        assert run["report"]["components_above_noise"] == 0
+
+
 def test_bench_drift_small(tmp_path):
     """bench_drift.py end to end at a tiny size: nothing changed between two samples, exactly
     positions 4 and 5 between 4 and 6 planted opening tokens."""
