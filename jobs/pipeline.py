@@ -553,7 +553,8 @@ def _write_export(run_data: RunData, out: Path, *, file: str, options: ExportOpt
     empty = nothing_to_export(run_data, rank=options.rank)
     if empty:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "README.md").write_text(f"# No position table\n\n{empty[0].upper()}{empty[1:]}.\n")
+        advice = "" if "positive eigenvalue" in empty else "; set `[export] rank = R` in the pipeline config to export R components anyway"
+        (out / "README.md").write_text(f"# No position table\n\n{empty[0].upper()}{empty[1:]}{advice}.\n")
         return {"file": None, "skipped": empty}
     res = export_run(run_data, out / file, options, force=True)
     m = res.metadata

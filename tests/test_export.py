@@ -126,7 +126,7 @@ def test_default_export_keeps_the_components_above_noise(run_dir, tmp_path):
     assert any(f"the last {k - above} fit noise" in w for w in full.warnings)
 
 
-def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path):
+def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path, capsys):
     """A stationary corpus: the verdict finds no component above noise, so the default
     export refuses (its table would be noise) with one line naming --force; --force (or
     --rank R) exports anyway, with a warning; the CLI says so on the terminal."""
@@ -139,8 +139,8 @@ def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path):
     assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2,8", "--encodings", "mds",
                  "--out", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"]["components_above_noise"] == 0
-    with pytest.raises(InputError, match="no MDS component stands above sampling noise.*pass --force.*--rank R"):
-        export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, card=False)
+    with pytest.raises(InputError, match="no MDS component stands above sampling noise.*pass force.*rank R"):
+        export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, card=False)  # the API names parameters
     assert not (tmp_path / "p.safetensors").exists()
     res = export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, rank=2, card=False)
     assert res.metadata["rank"] == "2" and any("fit noise" in w for w in res.warnings)
@@ -148,6 +148,7 @@ def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path):
     assert forced.metadata["rank_rule"].startswith("width (--force") and any("--force" in w for w in forced.warnings)
     assert main(["export", str(tmp_path / "run"), "--dim", "8", "--no-card", "--out", str(tmp_path / "c.safetensors")]) == 2
     assert not (tmp_path / "c.safetensors").exists()
+    assert "pass --force to export it anyway (or --rank R for R components)" in capsys.readouterr().err  # the CLI flags
 
 
 def test_random_basis_keeps_distances(run_dir, tmp_path):

@@ -174,6 +174,7 @@ def test_no_component_above_noise_exports_a_readme_not_a_table(setup, capsys):
     assert not (root / "runs/quiet/export/positions.safetensors").exists()
     readme = (root / "runs/quiet/export/README.md").read_text()
     assert "no MDS component stands above sampling noise" in readme
+    assert "`[export] rank = R`" in readme and "--force" not in readme  # the pipeline's own key, not a flag
 
 
 def test_rerun_is_idempotent_and_refreshes_are_incremental(setup, capsys):

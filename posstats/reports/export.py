@@ -486,7 +486,7 @@ def nothing_to_export(run: RunData, /, *, rank: int | None = None, force: bool =
                 "positional structure beyond sampling noise), so the table would be all zeros")
     if rank is None and not force and informative_rank(run.report) == 0:
         return ("nothing to export: no MDS component stands above sampling noise (the verdict), so every column "
-                "would fit noise; pass --force to export it anyway (or --rank R for R components)")
+                "would fit noise")
     return None
 
 
@@ -537,6 +537,8 @@ def export_run(
     short = _short_rows(run, rows=rows)
     run = _rows(run, rows)
     empty = nothing_to_export(run, rank=rank, force=force)
+    if empty and informative_rank(run.report) == 0 and np.any(np.asarray(run.eigenvalues) > 0):
+        raise OptionError(f"{run.directory}: {empty}; pass {{force}} to export it anyway (or {{rank}} R for R components)")
     if empty:
         raise InputError(f"{run.directory}: {empty}")
     thin_meta, warnings = _thin_rows(run, min_tokens=opts.min_tokens)
