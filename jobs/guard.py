@@ -27,7 +27,7 @@ from posstats.errors import (
     os_error_kind,
 )
 from posstats.memory import available_memory, format_bytes, memory_hint
-from posstats.processes import describe_stop, exit_status, terminable
+from posstats.processes import describe_stop, exit_status, one_malloc_arena, terminable
 
 from .output import CONFIG_NAMES, OPTION_FLAGS, routed_stdout
 
@@ -47,7 +47,9 @@ def run_guarded(func: Callable[[Any], int | None], args: argparse.Namespace, /) 
     URL is a local path wherever a command takes one (:func:`local_file_urls`); ``-q``,
     ``-v`` and ``--json`` apply around the command (:func:`posstats.jobs.output.routed_stdout`). SIGTERM
     and SIGHUP unwind like Ctrl-C (:mod:`posstats.processes`): exit status 128 + signal.
+    The process keeps one malloc arena (:func:`posstats.processes.one_malloc_arena`).
     """
+    one_malloc_arena()
     try:
         with warnings.catch_warnings(), terminable(), routed_stdout(args):
             warnings.showwarning = _show_warning

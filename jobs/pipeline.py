@@ -83,6 +83,7 @@ from posstats.drift import (
 )
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import join_inside
+from posstats.processes import one_malloc_arena
 from posstats.options import declared_options
 from posstats.reports.analysis_folder import ANALYSIS_FILES, write_analysis
 from posstats.reports.export import (
@@ -570,6 +571,7 @@ def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options
     stages named in ``out_dirs`` (``report``, ``export``; ``options`` holds their keywords
     and the export's file name). Every folder is emptied first (a retried task starts
     clean). Returns each stage's marker info."""
+    one_malloc_arena()  # the products' threads would each keep a heap of freed blocks
     outs = {stage: _fresh_folder(Path(d)) for stage, d in out_dirs.items()}
     write_json_atomic(outs["geometry"] / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
     if delay:

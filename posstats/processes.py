@@ -14,11 +14,18 @@ it waits (``ray.get``), so the exception is raised there too.
 
 ``ray.init`` installs a SIGTERM handler of its own (``sys.exit``); :func:`reinstall` puts
 ours back (:func:`posstats.jobs.connect.connect_ray` calls it after joining or starting Ray).
+
+:func:`one_malloc_arena` keeps glibc from giving each thread a heap of its own: the
+analysis' product threads otherwise leave freed blocks in their own arenas, which the
+process keeps (the 200 M-token analysis at 131,072 positions peaked at 4.29 GB on 2 threads
+against 3.49 GB on one; with one arena 3.95 GB, and no slower).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import threading
@@ -30,6 +37,7 @@ __all__ = [
     "Terminated",
     "describe_stop",
     "exit_status",
+    "one_malloc_arena",
     "pid_alive",
     "process_gone",
     "process_start_ticks",
@@ -160,3 +168,22 @@ def reinstall() -> None:
     if _ACTIVE[0] and threading.current_thread() is threading.main_thread():
         for s in SIGNALS:
             signal.signal(s, _raise)
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def one_malloc_arena() -> bool:
+    """Limit glibc's malloc to one arena in this process, as ``MALLOC_ARENA_MAX=1`` would
+    (module docstring); call it before the threads start (the entrypoints do). Returns
+    whether it took effect (False off glibc, or where ``MALLOC_ARENA_MAX`` is already set:
+    the user's choice stands)."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, 1))

@@ -577,3 +577,20 @@ def test_read_only_store_fails_clearly_and_stays_readable(good_store, capsys):
         assert "latest: good" in capsys.readouterr().out
     assert_nothing_lost(root, before, latest)
     print(f"\nread-only store: {line[:160]}; status still reads it; nothing changed")
+
+
+def test_one_malloc_arena_in_a_fresh_process_and_the_users_setting_stands():
+    """The entrypoints limit glibc's malloc to one arena (freed blocks of the products'
+    threads otherwise stay in per-thread heaps: +0.3 GB at 200 M tokens, +3.8 GB at 1 B);
+    a MALLOC_ARENA_MAX the user set is left alone. Off glibc it is a no-op."""
+    import platform
+
+    code = ("from posstats.processes import one_malloc_arena\n"
+            "print(one_malloc_arena())\n")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert first.stdout.strip() == str(glibc)
+    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "MALLOC_ARENA_MAX": "4"}, check=True)
+    assert kept.stdout.strip() == "False"
