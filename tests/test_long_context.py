@@ -143,7 +143,7 @@ def test_sampled_path_agrees_with_the_exact_path(planted, noise, distances):
     assert sampled.distances is None and sampled.mds.method == "lanczos"
     np.testing.assert_allclose(sampled.mds.eigenvalues[:8], exact.mds.eigenvalues[:8], rtol=1e-8)
     r = sampled.report()
-    json.dumps(r)
+    json.dumps(r.to_dict())  # every value JSON-ready
     assert r["geometry"]["stress_method"] == "sampled" and r["geometry"]["distances"] == distances
     assert r["hellinger"]["method"] == "sampled" and r["diagnostics"]["h1"]["method"] == "sampled_upper_bound"
     assert r["diagnostics"]["a3"]["method"] == "sampled"
