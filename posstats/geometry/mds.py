@@ -514,7 +514,17 @@ def _row_block_views(m: sp.csr_array, threads: int) -> list[tuple[int, int, sp.c
     for a, b in zip(edges[:-1], edges[1:], strict=True):
         lo, hi = int(m.indptr[a]), int(m.indptr[b])
         ptr = (m.indptr[a : b + 1] - lo).astype(m.indptr.dtype, copy=False)
-        out.append((a, b, sp.csr_array((m.data[lo:hi], m.indices[lo:hi], ptr), shape=(b - a, m.shape[1]), copy=False)))
+        out.append((a, b, _csr_view(m.data[lo:hi], m.indices[lo:hi], ptr, (b - a, m.shape[1]))))
+    return out
+
+
+def _csr_view(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple[int, int], /) -> sp.csr_array:
+    """A CSR array over these (canonical) arrays, never a copy of them. scipy's constructor
+    copies an array that is a view of less than half its base (``_prune_array``, even with
+    ``copy=False``): the second row block of a 2-thread operator was a copy of half the
+    counts' entries (+2.9 GB at 1 B tokens, n = 131,072)."""
+    out = sp.csr_array(shape, dtype=data.dtype)
+    out.data, out.indices, out.indptr = data, indices, indptr
     return out
 
 
