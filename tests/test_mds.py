@@ -185,7 +185,9 @@ def test_operator_row_blocks_are_views_and_multiply_like_the_whole(threads, monk
         assert np.shares_memory(blk.data, op.rest.data) and np.shares_memory(blk.indices, op.rest.indices)
         np.testing.assert_array_equal(blk.toarray(), op.rest[a:b].toarray())
     x, y = rng.random((25, 4)), rng.random((counts.shape[0], 4))
-    op._blocks = blocks
+    op._blocks, op._blocks_t = blocks, mds_module._transposed_views(blocks)
+    for (a, b, blk), (_, _, t) in zip(blocks, op._blocks_t, strict=True):  # transposes are views too
+        assert np.shares_memory(t.data, blk.data) and t.shape == (25, b - a)
     whole = mds_module._SplitSqrt(counts, split=False)
     whole._blocks = None
     np.testing.assert_allclose(op.apply(x), whole.apply(x), rtol=1e-13, atol=1e-15)

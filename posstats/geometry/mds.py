@@ -518,14 +518,21 @@ def _row_block_views(m: sp.csr_array, threads: int) -> list[tuple[int, int, sp.c
     return out
 
 
-def _csr_view(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple[int, int], /) -> sp.csr_array:
-    """A CSR array over these (canonical) arrays, never a copy of them. scipy's constructor
-    copies an array that is a view of less than half its base (``_prune_array``, even with
-    ``copy=False``): the second row block of a 2-thread operator was a copy of half the
-    counts' entries (+2.9 GB at 1 B tokens, n = 131,072)."""
-    out = sp.csr_array(shape, dtype=data.dtype)
+def _csr_view(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple[int, int], /,
+              *, fmt: str = "csr") -> Any:
+    """A CSR (or, ``fmt="csc"``, CSC) array over these canonical arrays, never a copy of
+    them. scipy's constructor, which ``.T`` also calls, copies an array that is a view of
+    less than half its base (``_prune_array``, even with ``copy=False``): the second row
+    block of a 2-thread operator was a copy of half the counts' entries (+2.9 GB at 1 B
+    tokens, n = 131,072), and its transpose would be copied at every product."""
+    out = (sp.csc_array if fmt == "csc" else sp.csr_array)(shape, dtype=data.dtype)
     out.data, out.indices, out.indptr = data, indices, indptr
     return out
+
+
+def _transposed_views(blocks: list[tuple[int, int, sp.csr_array]], /) -> list[tuple[int, int, Any]]:
+    """``(a, b, m[a:b]^T)`` as CSC views over each block's arrays (:func:`_csr_view`)."""
+    return [(a, b, _csr_view(m.data, m.indices, m.indptr, (m.shape[1], m.shape[0]), fmt="csc")) for a, b, m in blocks]
 
 
 class _RowBlocks:
@@ -851,6 +858,7 @@ class _SplitSqrt:
             self.dense, self.mean, self.heavy = parts.dense, mean, heavy
             self.rest = sp.csr_array((ldata, lind, lptr), shape=(n, v))
             self._blocks = _row_block_views(self.rest, product_threads())
+            self._blocks_t = _transposed_views(self._blocks)
             return
         csp = get_cupy_sparse()
         self.dense = xp_.asarray(parts.dense)
@@ -886,7 +894,8 @@ class _SplitSqrt:
         blocks = getattr(self, "_blocks", None)
         if not blocks or len(blocks) == 1:
             return self.xp.asarray(self.rest.T @ y)
-        partial = list(_pool().map(lambda blk: blk[2].T @ y[blk[0] : blk[1]], blocks))
+        blocks = getattr(self, "_blocks_t", None) or _transposed_views(blocks)
+        partial = list(_pool().map(lambda blk: blk[2] @ y[blk[0] : blk[1]], blocks))
         out = partial[0]
         for part in partial[1:]:
             out += part
