@@ -1,6 +1,7 @@
 """Benchmark the GPU (cupy) geometry paths against numpy, in one process, on one corpus.
 
     python benchmarks/bench_gpu_geometry.py [--n 8192 --vocab 50257 --k 64 --docs 2000]
+    python benchmarks/bench_gpu_geometry.py --counts DIR [--k 64]
 
 Two timings, each numpy then cupy on the same seeded counts (``bench_mds.make_counts``:
 Zipf tokens, log-normal document lengths, drifting topics):
@@ -10,6 +11,16 @@ Zipf tokens, log-normal document lengths, drifting topics):
   copied to the GPU, the result copied back; both copies are timed).
 - ``lanczos``: the top-``k`` classical MDS by block Lanczos on the implicit operator
   (``classical_mds(method="lanczos", xp=cupy)``, as ``jobs/eigensolve.py --device gpu``).
+
+``--counts DIR`` (a folder ``posstats count`` wrote, e.g. the 200 M-token counts at
+n = 131,072 of ``bench_long_count.py``) replaces both by what the long-context analysis does
+on them (the dense (n, n) matrix does not fit there):
+
+- ``operator``: building the centred square-root operator :func:`sqrt_operator` (host:
+  one sparse part sharing the counts' indices; GPU: the split parts copied to the device).
+- ``products``: one block product ``S_c (S_c^T X)`` with ``X`` of shape (n, ``--k``), the
+  step every eigensolver and noise-floor pass repeats; agreement is the largest relative
+  column difference.
 
 Each row reports wall seconds (best of ``--repeats``, after one untimed warm-up run on the
 GPU so that kernel compilation is not timed), the speed-up numpy / cupy, and agreement:
@@ -34,7 +45,8 @@ from bench_mds import make_counts  # noqa: E402
 
 from posstats.geometry.backend import get_cupy, gpu_available, to_numpy  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
-from posstats.geometry.mds import classical_mds  # noqa: E402
+from posstats.counting.io import load_counts  # noqa: E402
+from posstats.geometry.mds import classical_mds, sqrt_operator  # noqa: E402
 
 
 def _best(fn, repeats: int) -> tuple[float, object]:
@@ -83,6 +95,33 @@ def bench_lanczos(counts, cp, k: int, tol: float, repeats: int) -> dict:
             "max_residual_gpu": float(to_numpy(r_gpu.residuals).max())}
 
 
+def bench_products(counts, cp, k: int, repeats: int, seed: int) -> dict:
+    """The square-root operator and its block product ``S_c (S_c^T X)``, host against GPU."""
+    t0 = time.perf_counter()
+    op_cpu = sqrt_operator(counts)
+    build_cpu = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    op_gpu = sqrt_operator(counts, xp=cp)
+    cp.cuda.Stream.null.synchronize()
+    build_gpu = time.perf_counter() - t0
+    x = np.random.default_rng(seed).standard_normal((counts.shape[0], k))
+    x_gpu = cp.asarray(x)
+
+    def on_gpu():
+        y = op_gpu.apply(op_gpu.apply_t(x_gpu))
+        cp.cuda.Stream.null.synchronize()
+        return y
+
+    cpu_s, y_cpu = _best(lambda: op_cpu.apply(op_cpu.apply_t(x)), repeats)
+    on_gpu()  # warm-up
+    gpu_s, y_gpu = _best(on_gpu, repeats)
+    y_gpu = to_numpy(y_gpu)
+    rel = np.linalg.norm(y_cpu - y_gpu, axis=0) / np.maximum(np.linalg.norm(y_cpu, axis=0), 1e-300)
+    return {"operator": {"numpy_s": round(build_cpu, 3), "cupy_s": round(build_gpu, 3)},
+            "products": {"k": k, "numpy_s": round(cpu_s, 3), "cupy_s": round(gpu_s, 3),
+                         "speedup": round(cpu_s / gpu_s, 2), "max_rel_column_diff": float(rel.max())}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8192, help="positions (rows)")
@@ -92,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tol", type=float, default=1e-8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--counts", default=None, help="a counts folder: time the square-root operator's products on it instead")
     args = ap.parse_args(argv)
     try:
         cp = get_cupy()
@@ -102,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_gpu_geometry: cupy is installed but no CUDA device answers", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    counts = make_counts(args.n, args.vocab, seed=args.seed, docs=args.docs, topics=24)
+    if args.counts:
+        counts = load_counts(args.counts, compact=True).matrix
+    else:
+        counts = make_counts(args.n, args.vocab, seed=args.seed, docs=args.docs, topics=24)
     keep = np.flatnonzero(np.asarray(counts.sum(axis=1)).ravel() > 0)
     counts = counts[keep]
     out = {
@@ -113,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         "cupy": cp.__version__,
         "n_occupied": int(counts.shape[0]), "V": args.vocab, "nnz": int(counts.nnz),
         "build_s": round(time.perf_counter() - t0, 3),
-        "hellinger": bench_hellinger(counts, cp, args.repeats),
-        "lanczos": bench_lanczos(counts, cp, args.k, args.tol, args.repeats),
     }
+    if args.counts:
+        out.update(counts_folder=args.counts, **bench_products(counts, cp, args.k, args.repeats, args.seed))
+    else:
+        out.update(hellinger=bench_hellinger(counts, cp, args.repeats),
+                   lanczos=bench_lanczos(counts, cp, args.k, args.tol, args.repeats))
     print(json.dumps(out, indent=2))
     return 0
 

@@ -44,7 +44,7 @@ import scipy.sparse as sp
 
 from posstats.geometry.diagnostics import Monotonicity, _as_positions, _monotonicity
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
-from posstats.geometry.mds import thread_map
+from posstats.geometry.mds import product_threads, thread_map
 
 __all__ = [
     "SampledGeometry",
@@ -57,9 +57,22 @@ __all__ = [
 
 _Z95 = 1.959963984540054
 # Pairs whose row dot products are formed at a time (two gathered sparse row blocks), and
-# the stored entries those rows may hold together.
+# the stored entries the rows of all chunks in flight (one a thread) may hold together:
+# a gathered entry costs about 30 bytes until its chunk is summed, so 2**24 entries keep the
+# step near 0.5 GB whatever the core count (with 2**23 a chunk, 16 threads held 2.4 GB more
+# than 2 did at 200 M tokens, n = 131,072). A chunk never gets fewer than 2**20.
 _PAIR_CHUNK = 1 << 13
-_CHUNK_ENTRIES = 1 << 23
+_ENTRIES_IN_FLIGHT = 1 << 24
+_CHUNK_ENTRIES_MIN = 1 << 20
+
+
+def _chunk_entries(threads: int, /) -> int:
+    """Stored entries one chunk of pairs may gather when ``threads`` chunks run at once.
+
+    >>> _chunk_entries(2), _chunk_entries(16), _chunk_entries(64)
+    (8388608, 1048576, 1048576)
+    """
+    return max(_CHUNK_ENTRIES_MIN, _ENTRIES_IN_FLIGHT // max(1, int(threads)))
 
 
 def pair_chunks(cost: np.ndarray, budget: int, most: int, /) -> list[tuple[int, int]]:
@@ -293,9 +306,10 @@ class SampledGeometry:
             return d2
 
         # chunks of pairs on the cores' threads (the sparse row products release the GIL),
-        # each gathering at most _CHUNK_ENTRIES stored entries: dense early rows of a
-        # truncate-mode corpus would otherwise gather gigabytes per chunk
-        parts = thread_map(chunk, pair_chunks(self.row_entries[i] + self.row_entries[j], _CHUNK_ENTRIES, _PAIR_CHUNK))
+        # together gathering at most _ENTRIES_IN_FLIGHT stored entries: dense early rows of
+        # a truncate-mode corpus would otherwise gather gigabytes per chunk
+        budget = _chunk_entries(product_threads())
+        parts = thread_map(chunk, pair_chunks(self.row_entries[i] + self.row_entries[j], budget, _PAIR_CHUNK))
         out = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
         if self.bias is not None:
             out = np.maximum(out - self.bias[i] - self.bias[j], 0.0)
