@@ -551,12 +551,13 @@ def _write_export(run_data: RunData, out: Path, *, file: str, options: ExportOpt
     """The export stage's files in ``out`` (the table ``file`` and its card); its marker info.
     A run with nothing to export (no positive eigenvalue, or no component above sampling
     noise without ``[export] rank``) gets a README saying why instead."""
-    empty = nothing_to_export(run_data, rank=options.rank)
-    if empty:
+    refusal = nothing_to_export(run_data, rank=options.rank)
+    if refusal:
         out.mkdir(parents=True, exist_ok=True)
-        advice = "" if "positive eigenvalue" in empty else "; set `[export] rank = R` in the pipeline config to export R components anyway"
-        (out / "README.md").write_text(f"# No position table\n\n{empty[0].upper()}{empty[1:]}{advice}.\n")
-        return {"file": None, "skipped": empty}
+        advice = "; set `[export] rank = R` in the pipeline config to export R components anyway" if refusal.overridable else ""
+        reason = refusal.reason
+        (out / "README.md").write_text(f"# No position table\n\n{reason[0].upper()}{reason[1:]}{advice}.\n")
+        return {"file": None, "skipped": reason}
     res = export_run(run_data, out / file, options, force=True)
     m = res.metadata
     return {"file": file, "key": res.key, "n": m["n"], "d": m["d"], "rank": m["rank"], "stress": m["stress"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -22,6 +23,7 @@ from posstats.reports.export import (
     FACTOR_KEYS,
     LAYOUT_KEYS,
     export_encoding,
+    nothing_to_export,
     orthonormal_basis,
 )
 from posstats.runs.run_folder import load_run, run_distances
@@ -139,6 +141,13 @@ def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path, cap
     assert main(["analyze", "--counts", str(tmp_path / "counts"), "--dims", "2,8", "--encodings", "mds",
                  "--out", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"]["components_above_noise"] == 0
+    run = load_run(tmp_path / "run")
+    refusal = nothing_to_export(run)
+    assert refusal is not None and refusal.overridable and "above sampling noise" in refusal.reason
+    assert nothing_to_export(run, rank=2) is None and nothing_to_export(run, force=True) is None
+    zeros = dataclasses.replace(run, eigenvalues=np.zeros_like(run.eigenvalues))
+    flat = nothing_to_export(zeros, rank=2, force=True)  # all zeros: nothing overrides it
+    assert flat is not None and not flat.overridable and "no positive eigenvalue" in flat.reason
     with pytest.raises(InputError, match="no MDS component stands above sampling noise.*pass force.*rank R"):
         export_encoding(tmp_path / "run", tmp_path / "p.safetensors", dim=8, card=False)  # the API names parameters
     assert not (tmp_path / "p.safetensors").exists()

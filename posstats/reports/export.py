@@ -477,16 +477,32 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     return tradeoff, written
 
 
-def nothing_to_export(run: RunData, /, *, rank: int | None = None, force: bool = False) -> str | None:
+@dataclass(frozen=True)
+class ExportRefusal:
+    """Why a run has no table to export.
+
+    Attributes:
+        reason: one clause, lower case ("nothing to export: ...").
+        overridable: True when the table would only fit noise (no component above sampling
+            noise): an explicit rank or ``force`` exports it anyway. False when there is no
+            positive eigenvalue (the table would be all zeros whatever is asked).
+    """
+
+    reason: str
+    overridable: bool
+
+
+def nothing_to_export(run: RunData, /, *, rank: int | None = None, force: bool = False) -> ExportRefusal | None:
     """Why the run has no table to export, or None: its MDS spectrum has no positive
     eigenvalue (every corpus distance is 0), or, without an explicit ``rank`` or ``force``,
     its verdict finds no component above sampling noise (a table of noise)."""
     if not np.any(np.asarray(run.eigenvalues) > 0):
-        return ("nothing to export: the MDS spectrum has no positive eigenvalue (every corpus distance is 0, no "
-                "positional structure beyond sampling noise), so the table would be all zeros")
+        return ExportRefusal("nothing to export: the MDS spectrum has no positive eigenvalue (every corpus distance is "
+                             "0, no positional structure beyond sampling noise), so the table would be all zeros",
+                             overridable=False)
     if rank is None and not force and informative_rank(run.report) == 0:
-        return ("nothing to export: no MDS component stands above sampling noise (the verdict), so every column "
-                "would fit noise")
+        return ExportRefusal("nothing to export: no MDS component stands above sampling noise (the verdict), so every "
+                             "column would fit noise", overridable=True)
     return None
 
 
@@ -536,11 +552,12 @@ def export_run(
     _check_contiguous(run)
     short = _short_rows(run, rows=rows)
     run = _rows(run, rows)
-    empty = nothing_to_export(run, rank=rank, force=force)
-    if empty and informative_rank(run.report) == 0 and np.any(np.asarray(run.eigenvalues) > 0):
-        raise OptionError(f"{run.directory}: {empty}; pass {{force}} to export it anyway (or {{rank}} R for R components)")
-    if empty:
-        raise InputError(f"{run.directory}: {empty}")
+    refusal = nothing_to_export(run, rank=rank, force=force)
+    if refusal and refusal.overridable:
+        raise OptionError(f"{run.directory}: {refusal.reason}; pass {{force}} to export it anyway (or {{rank}} R for R "
+                          "components)")
+    if refusal:
+        raise InputError(f"{run.directory}: {refusal.reason}")
     thin_meta, warnings = _thin_rows(run, min_tokens=opts.min_tokens)
     warnings = [*short, *warnings]
     if warnings and opts.strict:
