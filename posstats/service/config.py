@@ -237,9 +237,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "ray": {
         "address": Key("str", None, "Ray cluster to join (default: $RAY_ADDRESS, else an embedded local Ray)"),
         "workers": Key("int", None, "counting actors (default: one per CPU of the cluster)", check=_ge(1)),
-        "geometry_cpus": Key("float", 1.0, "CPUs reserved by the geometry task, whose products use that many threads "
-                             "(2 on the 2-core VM: 1 B tokens in 496 s instead of 786 s but a "
-                             "13.7 GB peak instead of 9.9 GB, docs/benchmarks.md)", nullable=True, check=_ge(0)),
+        "geometry_cpus": Key("float", None, "CPUs reserved by the geometry task, whose products use that many "
+                             "threads (default: every CPU of the largest node that is free; on the 2-core VM "
+                             "2 CPUs analyse 1 B tokens in 426 s instead of 736-851 s with 1, at 10.4 GB "
+                             "instead of 9.9 GB, docs/benchmarks.md)", nullable=True, check=_ge(0)),
         "geometry_retries": Key("int", 2, "times Ray reruns a geometry task whose worker died", nullable=False,
                                 check=_ge(0)),
     },
