@@ -25,7 +25,8 @@ peak RSS of every process):
   size). Reports the cost and the in-sample against held-out scaled stress of MDS.
 - ``pipeline``: 1 B tokens (40 files, ``--billion-tokens``) through ``posstats pipeline``
   (count -> reduce -> geometry -> report -> export) on the embedded Ray with 2 workers,
-  pack mode, default analysis, once per ``--geometry-cpus`` value (``[ray] geometry_cpus``;
+  pack mode, default analysis, once per ``--geometry-cpus`` value (``[ray] geometry_cpus``,
+  ``default`` leaving the key out;
   the first run is the baseline of the others). Targets (issue #31): <= 6 min end to end
   to report.html and the export (a table, or the README of an export refused for a table
   of noise), no process above 4 GB; the time of every stage (from its marker) and the
@@ -241,8 +242,7 @@ mode = "pack"
 
 [ray]
 workers = {workers}
-geometry_cpus = {geometry_cpus}
-
+{geometry_cpus}
 [export]
 dim = 768
 layout = "gpt2"
@@ -260,16 +260,18 @@ def case_pipeline(ctx: dict) -> dict:
     return out
 
 
-def _pipeline_run(ctx: dict, cpus: float) -> dict:
-    """One pipeline run with ``[ray] geometry_cpus = cpus``: wall time, every stage's time
-    (from its marker), every process' peak, the verdict's facts and the targets."""
-    args, work = ctx["args"], ctx["work"] / f"pipeline-cpus-{cpus:g}"
+def _pipeline_run(ctx: dict, cpus: float | None) -> dict:
+    """One pipeline run with ``[ray] geometry_cpus = cpus`` (None: the pipeline's default):
+    wall time, every stage's time (from its marker), every process' peak, the verdict's facts
+    and the targets."""
+    args = ctx["args"]
+    work = ctx["work"] / ("pipeline-cpus-default" if cpus is None else f"pipeline-cpus-{cpus:g}")
     work.mkdir(parents=True, exist_ok=True)
     root = ctx["roots"]["pipeline"]
     config = work / "pipeline.toml"
     config.write_text(PIPELINE_TOML.format(store=work / "store", work=work / "pipeline-work", inputs=root / "*.parquet",
                                            positions=args.positions, vocab=args.vocab, workers=args.workers,
-                                           geometry_cpus=cpus))
+                                           geometry_cpus="" if cpus is None else f"geometry_cpus = {cpus}\n"))
     cmd = [sys.executable, "-m", "posstats.cli", "pipeline", "--config", str(config), "--run-id", "bench"]
     t = run_measured(cmd, work, "pipeline", sample_s=args.sample_s, env=ctx["env"])
     run = work / "store" / "runs" / "bench"
@@ -313,14 +315,18 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--billion-tokens", type=float, default=1e9, help="tokens of the pipeline case")
     ap.add_argument("--billion-files", type=int, default=40)
     ap.add_argument("--workers", type=int, default=2, help="Ray workers of the pipeline case")
-    ap.add_argument("--geometry-cpus", default="1", help="pipeline case: comma-separated [ray] geometry_cpus values, "
-                    "one run each (the first is the baseline)")
+    ap.add_argument("--geometry-cpus", default="default", help="pipeline case: comma-separated [ray] geometry_cpus "
+                    "values, one run each (the first is the baseline); 'default' leaves the key out (every free CPU "
+                    "of the largest node)")
     ap.add_argument("--sample-s", type=float, default=0.5, help="ps sampling interval")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a fresh temp dir, removed)")
     args = ap.parse_args()
     args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
     args.baseline_list = [b.strip() for b in args.baselines.split(",") if b.strip() and b.strip() != "none"]
-    args.geometry_cpus = [float(c) for c in args.geometry_cpus.split(",") if c.strip()]
+    try:
+        args.geometry_cpus = [None if c.strip() == "default" else float(c) for c in args.geometry_cpus.split(",") if c.strip()]
+    except ValueError:
+        ap.error(f"--geometry-cpus: numbers or 'default', got {args.geometry_cpus!r}")
     if set(args.case_list) - set(CASES) or set(args.baseline_list) - {"plugin", "reread", "strict"}:
         ap.error(f"cases from {sorted(CASES)}, baselines from plugin, reread, strict")
     return args
