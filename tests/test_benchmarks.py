@@ -108,3 +108,20 @@ def test_bench_calibration_small():
         assert set(cov["best_encoding"]) == {"d=2", "d=16"}
         for outcome in cov["best_encoding"].values():
             assert outcome["right"]["count"] + outcome["wrong"]["count"] == 1 and outcome["sharp"]["count"] <= 1
+
+
+def test_bench_sqrt_estimators_small():
+    """bench_sqrt_estimators.py at a tiny size: the falling-factorial terms are unbiased for
+    p^k (checked against the exact binomial sum), the plug-in's self-bias dwarfs its
+    far-pair remainder, and the JSON has every (N, estimator, pair) row."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from bench_sqrt_estimators import moments
+
+    n, p = 50, np.array([0.01, 0.2, 0.7])
+    c = np.arange(n + 1)
+    np.testing.assert_allclose(moments(c * (c - 1) / (n * (n - 1)), p, n)[0], p**2, rtol=1e-10)
+    r = run_bench("bench_sqrt_estimators.py", "--tokens", "200", "--vocab", "300", "--estimators", "4:4")
+    assert [(row["N"], row["estimator"]) for row in r["rows"]] == [(200, "plugin"), (200, "polynomial c0=4 K=4")]
+    base = r["rows"][0]["drift_16_apart"]
+    assert base["bias"] > 10 * abs(base["remainder"]) and base["sd"] > 0
