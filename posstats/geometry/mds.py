@@ -570,10 +570,8 @@ class _RowBlocks:
 
     def __init__(self, m: sp.csr_array, /, *, threads: int | None = None) -> None:
         threads = product_threads() if threads is None else int(threads)
-        parts = max(1, min(threads, m.nnz // _THREADED_NNZ, m.shape[0]))
-        cuts = np.searchsorted(m.indptr, np.linspace(0, m.nnz, parts + 1)[1:-1])
-        edges = [0, *sorted({int(c) for c in cuts} - {0, m.shape[0]}), m.shape[0]]
-        self.blocks = [m[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        # views over m's arrays (slicing m[a:b] would copy a block under half its entries)
+        self.blocks = [blk for _, _, blk in _row_block_views(m, threads)]
         self.shape = m.shape
 
     def __matmul__(self, x: np.ndarray) -> np.ndarray:
