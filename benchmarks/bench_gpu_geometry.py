@@ -17,10 +17,12 @@ n = 131,072 of ``bench_long_count.py``) replaces both by what the long-context a
 on them (the dense (n, n) matrix does not fit there):
 
 - ``operator``: building the centred square-root operator :func:`sqrt_operator` (host:
-  one sparse part sharing the counts' indices; GPU: the split parts copied to the device).
-- ``products``: one block product ``S_c (S_c^T X)`` with ``X`` of shape (n, ``--k``), the
-  step every eigensolver and noise-floor pass repeats; agreement is the largest relative
-  column difference.
+  one sparse part sharing the counts' indices; GPU: the split parts made on the host and
+  copied to the device) and ``copied_s``: the host operator copied as it is
+  (``to_device``, what ``posstats analyze --device gpu`` does).
+- ``products`` / ``products_copied``: one block product ``S_c (S_c^T X)`` with ``X`` of
+  shape (n, ``--k``), the step every eigensolver and noise-floor pass repeats, on the split
+  and on the copied GPU operator; agreement is the largest relative column difference.
 
 Each row reports wall seconds (best of ``--repeats``, after one untimed warm-up run on the
 GPU so that kernel compilation is not timed), the speed-up numpy / cupy, and agreement:
@@ -104,22 +106,31 @@ def bench_products(counts, cp, k: int, repeats: int, seed: int) -> dict:
     op_gpu = sqrt_operator(counts, xp=cp)
     cp.cuda.Stream.null.synchronize()
     build_gpu = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    op_copy = op_cpu.to_device(cp)
+    cp.cuda.Stream.null.synchronize()
+    copy_gpu = time.perf_counter() - t0
     x = np.random.default_rng(seed).standard_normal((counts.shape[0], k))
     x_gpu = cp.asarray(x)
 
-    def on_gpu():
-        y = op_gpu.apply(op_gpu.apply_t(x_gpu))
-        cp.cuda.Stream.null.synchronize()
-        return y
+    def on_gpu(op):
+        def run():
+            y = op.apply(op.apply_t(x_gpu))
+            cp.cuda.Stream.null.synchronize()
+            return y
+        run()  # warm-up
+        return _best(run, repeats)
 
     cpu_s, y_cpu = _best(lambda: op_cpu.apply(op_cpu.apply_t(x)), repeats)
-    on_gpu()  # warm-up
-    gpu_s, y_gpu = _best(on_gpu, repeats)
-    y_gpu = to_numpy(y_gpu)
-    rel = np.linalg.norm(y_cpu - y_gpu, axis=0) / np.maximum(np.linalg.norm(y_cpu, axis=0), 1e-300)
-    return {"operator": {"numpy_s": round(build_cpu, 3), "cupy_s": round(build_gpu, 3)},
-            "products": {"k": k, "numpy_s": round(cpu_s, 3), "cupy_s": round(gpu_s, 3),
-                         "speedup": round(cpu_s / gpu_s, 2), "max_rel_column_diff": float(rel.max())}}
+    out = {"operator": {"numpy_s": round(build_cpu, 3), "cupy_s": round(build_gpu, 3),
+                        "copied_s": round(copy_gpu, 3)}}
+    for name, op in (("products", op_gpu), ("products_copied", op_copy)):
+        gpu_s, y_gpu = on_gpu(op)
+        y_gpu = to_numpy(y_gpu)
+        rel = np.linalg.norm(y_cpu - y_gpu, axis=0) / np.maximum(np.linalg.norm(y_cpu, axis=0), 1e-300)
+        out[name] = {"k": k, "numpy_s": round(cpu_s, 3), "cupy_s": round(gpu_s, 3),
+                     "speedup": round(cpu_s / gpu_s, 2), "max_rel_column_diff": float(rel.max())}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,7 @@ from posstats.geometry.encodings import (
     parse_encoding_spec,
     split_encoding_list,
 )
+from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
@@ -85,6 +86,8 @@ NoiseFloorChoice = Literal["auto", "on", "off"]
 NullChoice = Literal["auto", "shuffle", "mp", "none"]
 HeldOutChoice = Literal["auto", "on", "off"]
 MDS_METHODS: tuple[str, ...] = get_args(MdsMethod)
+Device = Literal["auto", "cpu", "gpu"]
+DEVICES: tuple[str, ...] = get_args(Device)
 DISTANCE_MATRICES: tuple[str, ...] = get_args(DistanceMatrix)
 NOISE_FLOOR_CHOICES: tuple[str, ...] = get_args(NoiseFloorChoice)
 NULL_CHOICES: tuple[str, ...] = get_args(NullChoice)
@@ -116,6 +119,8 @@ class AnalysisConfig:
             interval has at most this half-width (or ``stress_max_pairs``).
         stress_max_pairs: sampled path: the most pairs drawn.
         lanczos_tol: tolerance of the block Lanczos solver (relative to the top eigenvalue).
+        device: ``auto`` | ``cpu`` | ``gpu``: where the sampled path's Lanczos products run
+            (:func:`mds_device`); ``auto`` uses a GPU when cupy finds one.
         buckets: ``none``, ``fixed:W`` or ``log:P`` (:mod:`posstats.counting.buckets`): the geometry
             runs over buckets of pooled counts, represented by their midpoints.
         distances: ``auto``, ``plugin`` or ``corrected`` (the bias-corrected
@@ -182,6 +187,12 @@ class AnalysisConfig:
         1e-3, help="with the analytic null: eigenpairs inside the noise bulk are computed to this share of the "
                    "null's edge as an absolute residual, the others to the Lanczos tolerance (0: every pair to "
                    "it; docs/long-context.md)", metavar="S", minimum=0, group=_LONG)
+    device: Device = option(
+        "auto", group=_LONG, pipeline=False,
+        why_not="the pipeline's geometry task asks Ray for CPUs only, and Ray hides GPUs from such a task",
+        help="where the long-context MDS (block Lanczos above --exact-limit rows) multiplies: gpu (cupy, the "
+             "posstats[gpu] extra; the square-root operator is copied to the device, about 24 bytes a non-zero), "
+             "cpu, or auto: gpu when cupy finds a CUDA device. The results agree to rounding")
     buckets: str = option("none", help="pool positions into buckets: fixed:W (W positions each) or log:P (P per "
                                        "doubling)", metavar="none|fixed:W|log:P", group=_LONG)
     distances: DistanceMatrix = option(
@@ -257,6 +268,8 @@ class AnalysisConfig:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
         self._check_long_context_options()
+        if self.device == "gpu":
+            mds_device(self.device)  # no GPU: refused before any work
 
     def _check_numbers(self) -> None:
         """Seeds, counts and tolerances in their ranges (NaN, negative seeds, ... refused in
@@ -310,6 +323,9 @@ class AnalysisConfig:
             raise OptionError(msg)
         if self.held_out not in HELD_OUT_CHOICES:
             msg = f"unknown held-out setting {self.held_out!r}; choose one of {', '.join(HELD_OUT_CHOICES)}"
+            raise PosstatsError(msg)
+        if self.device not in DEVICES:
+            msg = f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}"
             raise PosstatsError(msg)
         if self.smacof_limit < 0:
             msg = f"the SMACOF limit must be >= 0 positions, got {self.smacof_limit}"
@@ -488,6 +504,7 @@ def _spectrum_entry(mds: MDSResult, *, rtol: float, null: dict[str, Any] | None)
         method=mds.method,
         solver_tol=mds.tol,
         max_residual=float(np.max(mds.residuals)) if mds.residuals.size else 0.0,
+        device=mds.device,
     )
     if mds.noise_level is not None:  # the bulk below it was computed to noise_residual only
         spectrum.update(noise_level=mds.noise_level, noise_residual=mds.noise_residual)
@@ -956,6 +973,21 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
     return edge - shift, config.lanczos_noise_share * edge
 
 
+def mds_device(choice: str, /) -> Any:
+    """The array namespace of the long-context Lanczos products for ``device=choice``:
+    cupy for ``gpu`` (refused in one line when cupy or a CUDA device is missing) and for
+    ``auto`` when :func:`~posstats.geometry.backend.gpu_available`, else None (the host)."""
+    if choice == "cpu" or (choice == "auto" and not gpu_available()):
+        return None
+    try:
+        cp = get_cupy()
+    except ImportError as exc:
+        raise OptionError(f"{{device}} gpu: {exc}") from None
+    if not gpu_available():
+        raise OptionError("{device} gpu: cupy is installed but no CUDA device answers (auto or cpu runs on the host)")
+    return cp
+
+
 def _sampled_geometry(
     g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
     *, noise_level: tuple[float, float] | None = None,
@@ -966,16 +998,21 @@ def _sampled_geometry(
     m = len(g.positions)
     t = time.perf_counter()
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
-    with progress(desc="MDS (Lanczos)", unit="products", enabled=show_progress) as bar:
+    gpu = mds_device(config.device)
+    products = op.to_device(gpu) if gpu is not None and op is not g.rows else op  # a dense input moves in classical_mds
+    with progress(desc=f"MDS (Lanczos{', GPU' if gpu else ''})", unit="products", enabled=show_progress) as bar:
 
         def report(products: int, residual: float) -> None:
             bar.update(products - bar.n)
             bar.set_postfix_str(f"residual {residual:.1e} (target {config.lanczos_tol:.0e})", refresh=False)
 
         level, residual = noise_level if noise_level is not None else (None, None)
-        mds = classical_mds(op, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
+        mds = classical_mds(products, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
                             seed=config.seed, diagonal=bias, progress=report, noise_level=level,
-                            noise_residual=residual)
+                            noise_residual=residual, xp=gpu)
+    del products  # the device copy: freed once the pool lets go of it
+    if gpu is not None:
+        gpu.get_default_memory_pool().free_all_blocks()
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -106,6 +106,25 @@ def test_lanczos_bias_corrected_operator_matches_dense(xp, planted):
     np.testing.assert_allclose(dense.eigenvalues, lam[:12], rtol=0, atol=1e-10 * lam[0])
 
 
+@pytest.mark.gpu
+def test_host_operator_copied_to_the_gpu_gives_the_same_products(cupy, planted):
+    """to_device copies the host operator (one sparse part and, built on the device, its
+    transpose): the same products and total variance, on the GPU, the host copy intact."""
+    c = planted.counts.matrix
+    host = sqrt_operator(c)
+    gpu = host.to_device(cupy)
+    x = np.random.default_rng(0).normal(size=(c.shape[1], 9))
+    y = np.random.default_rng(1).normal(size=(c.shape[0], 9))
+    sx, sty = gpu.apply(cupy.asarray(x)), gpu.apply_t(cupy.asarray(y))
+    assert array_namespace(sx, sty) is cupy
+    np.testing.assert_allclose(to_numpy(sx), host.apply(x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(to_numpy(sty), host.apply_t(y), rtol=1e-12, atol=1e-12)
+    assert gpu.total_variance() == host.total_variance() and gpu.shape == host.shape
+    assert host.row_dots(np.array([0]), np.array([1])).shape == (1,)  # the host operator still works
+    with pytest.raises(TypeError, match="host"):
+        gpu.to_device(cupy)
+
+
 def test_lanczos_on_a_dense_input_matches_sparse(xp, planted):
     sparse = classical_mds(planted.counts.matrix, k=16, method="lanczos", tol=1e-10)
     dense = classical_mds(xp.asarray(planted.counts.to_dense().matrix), k=16, method="lanczos", tol=1e-10)
@@ -160,6 +179,38 @@ def test_sampled_path_agrees_with_the_exact_path(planted, noise, distances):
             assert e_s["min_separation_method"] == "exact"
             np.testing.assert_allclose(e_s["min_separation"], e_exact["min_separation"], rtol=1e-6)
     assert r["diagnostics"]["h1"]["min_distance"] >= exact.report()["diagnostics"]["h1"]["min_distance"]
+
+
+def test_device_option_is_checked_before_any_work(monkeypatch):
+    """device: auto falls back to the host without a GPU; gpu without one is refused when
+    the config is made (not after counting and the noise floor); unknown names too."""
+    import posstats.analysis as analysis_module
+
+    monkeypatch.setattr(analysis_module, "gpu_available", lambda: False)
+    assert analysis_module.mds_device("auto") is None and analysis_module.mds_device("cpu") is None
+    with pytest.raises(PosstatsError, match="device gpu: .*(no CUDA device|not installed)"):
+        AnalysisConfig(device="gpu")
+    with pytest.raises(PosstatsError, match="unknown device 'tpu'"):
+        AnalysisConfig(device="tpu")
+
+
+@pytest.mark.gpu
+def test_sampled_path_on_the_gpu_equals_the_host(cupy, planted):
+    """device=gpu moves only the Lanczos products: the same eigenvalues (to rounding), the
+    same encodings and verdict; the report says where the MDS ran."""
+    base = dict(dims=(2, 8), encodings=("mds", "sinusoidal"), stress_halfwidth=4e-3, corpus_triples=20_000,
+                exact_limit=300, held_out="off")
+    host = analyze(planted.counts, AnalysisConfig(device="cpu", **base))
+    gpu = analyze(planted.counts, AnalysisConfig(device="gpu", **base))
+    assert host.mds.device == "cpu" and gpu.mds.device == "gpu"
+    np.testing.assert_allclose(gpu.mds.eigenvalues, host.mds.eigenvalues, rtol=1e-9)
+    np.testing.assert_allclose(np.abs(gpu.mds.encoding[:, :4]), np.abs(host.mds.encoding[:, :4]), atol=1e-7)
+    rh, rg = host.report(), gpu.report()
+    assert rg["spectrum"]["device"] == "gpu" and rh["spectrum"]["device"] == "cpu"
+    vh, vg = rh["verdict"], rg["verdict"]
+    for key in ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions"):
+        assert vg[key] == vh[key], key
+    assert [b["best"] for b in vg["best_encodings"]] == [b["best"] for b in vh["best_encodings"]]
 
 
 def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):

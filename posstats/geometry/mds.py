@@ -205,6 +205,7 @@ class MDSResult:
         noise_level, noise_residual: ``lanczos`` with a noise level: eigenvalues below
             ``noise_level - noise_residual`` (inside the sampling-noise bulk) were computed
             to the absolute residual ``noise_residual`` only, the others to ``tol``.
+        device: ``"gpu"`` when the solver's products ran on cupy arrays, else ``"cpu"``.
     """
 
     eigenvalues: np.ndarray
@@ -216,6 +217,7 @@ class MDSResult:
     residuals: np.ndarray
     noise_level: float | None = None
     noise_residual: float | None = None
+    device: Literal["cpu", "gpu"] = "cpu"
 
     def spectrum(self, *, rtol: float = 1e-10) -> Spectrum:
         """:func:`spectrum_summary` of the eigenvalues; ``total_variance`` is the
@@ -234,6 +236,7 @@ class MDSResult:
             "method": self.method,
             "tol": float(self.tol),
             "residuals": [float(x) for x in self.residuals],
+            "device": self.device,
         }
         if self.noise_level is not None:
             out["noise_level"] = float(self.noise_level)
@@ -402,6 +405,7 @@ def _dense_mds(counts: Any, *, k: int | None, tol: float, diagonal: Any = None, 
         method="dense",
         tol=float(tol),
         residuals=to_numpy(resid).astype(np.float64),
+        device="cpu" if xp is np else "gpu",
     )
 
 
@@ -883,13 +887,37 @@ class _SplitSqrt:
             self._blocks = _row_block_views(self.rest, product_threads())
             self._blocks_t = _transposed_views(self._blocks)
             return
-        csp = get_cupy_sparse()
-        self.dense = xp_.asarray(parts.dense)
+        self._to_gpu(parts.dense, (ldata, lind, lptr), mean, heavy)
+
+    def _to_gpu(self, dense: np.ndarray, csr: tuple[np.ndarray, np.ndarray, np.ndarray], mean: np.ndarray,
+                heavy: np.ndarray) -> None:
+        """Place the parts on the GPU (``self.xp`` is cupy): the CSR rest with int32 indices
+        and, built there (cuSPARSE csr2csc), its transpose, so that ``S_c^T Y`` is a plain
+        CSR product instead of a transposed one."""
+        xp_, csp = self.xp, get_cupy_sparse()
+        data, indices, indptr = csr
+        self.dense = xp_.asarray(dense)
         self.rest = csp.csr_matrix(
-            (xp_.asarray(ldata), xp_.asarray(lind.astype(np.int32)), xp_.asarray(lptr.astype(np.int32))), shape=(n, v)
-        )
+            (xp_.asarray(data), xp_.asarray(indices.astype(np.int32, copy=False)),
+             xp_.asarray(indptr.astype(np.int32, copy=False))), shape=self.shape)
+        self._rest_t = self.rest.T.tocsr()
         self.mean = xp_.asarray(mean)
         self.heavy = xp_.asarray(heavy)
+
+    def to_device(self, xp: types.ModuleType, /) -> _SplitSqrt:
+        """This host operator's copy on the GPU (``xp`` cupy), for the eigensolver's products:
+        the arrays are copied as they are (about 12 bytes a non-zero and the transpose's
+        as many again on the device), nothing is recomputed. The host operator stays
+        usable (:meth:`row_dots` needs it)."""
+        if self.xp is not np or self.rest is None:
+            msg = "to_device copies a sparse operator that lives on the host"
+            raise TypeError(msg)
+        out = object.__new__(_SplitSqrt)
+        out.xp, out.shape, out._total = xp, self.shape, self._total
+        out.occupancy, out.heavy_columns, out.light_nnz = self.occupancy, self.heavy_columns, self.light_nnz
+        rest = self.rest
+        out._to_gpu(self.dense, (rest.data, rest.indices, rest.indptr), self.mean, self.heavy)
+        return out
 
     def total_variance(self) -> float:
         """``trace(B) = ||S_c||_F^2``."""
@@ -923,7 +951,7 @@ class _SplitSqrt:
         """``rest^T @ y``: on the host, ``rest[a:b]^T y[a:b]`` per row block on threads,
         summed, in column chunks (:func:`_column_chunk`)."""
         if self.xp is not np:
-            return self.xp.asarray(self.rest.T @ y)
+            return self._rest_t @ y
         blocks = self._blocks_t
 
         def chunk(yc: np.ndarray) -> np.ndarray:
@@ -1119,4 +1147,5 @@ def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diag
         residuals=np.asarray(resid, dtype=np.float64),
         noise_level=None if noise_level is None else float(noise_level),
         noise_residual=None if noise_residual is None else float(noise_residual),
+        device="cpu" if xp is np else "gpu",
     )
