@@ -10,7 +10,7 @@ Mode ``chunk``, so every token is counted.
 
 Measured, all in this process and on this machine:
 
-* ``in_process``: :func:`posstats.corpus.source.count_corpus` (read + kernel, dense), tokens/s;
+* ``in_process``: :func:`posstats.corpus.count_step.count_corpus` (read + kernel, dense), tokens/s;
 * ``ray_startup_s``: ``ray.init(num_cpus=2, include_dashboard=False)``, the fixed cost
   (workers at niceness 0, as in the embedded Ray of ``posstats count --ray``; Ray's
   default of 15 lets every other program on a shared machine starve the actors);
@@ -49,7 +49,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts
 
@@ -85,7 +86,8 @@ def load_average() -> list[float]:
 _BUSY = "import time; t = time.perf_counter(); x = 0\nfor i in range(20_000_000): x += i\nprint(time.perf_counter() - t)"
 _COUNT = """
 import sys, time
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 t = time.perf_counter()
 count_corpus(CorpusSource(inputs=tuple(sys.argv[3:]), column="input_ids"),

@@ -13,7 +13,7 @@ What runs where:
   :func:`posstats.corpus.shards.auto_shard_bytes`), holds the run store's lock and schedules shards
   biggest first on a pool of counting actors, one task in flight per actor;
 * each :class:`CountWorker` actor reads its shards itself, counts them with the core
-  kernel (:func:`posstats.corpus.shards.accumulate_shard`) and persists each partial plus its
+  kernel (:func:`posstats.corpus.count_step.accumulate_shard`) and persists each partial plus its
   completion marker to the run store (:class:`posstats.corpus.shard_store.RunStore`); it returns a
   small summary, never an array;
 * a range reduce on the same actors sums the partials: every partial is first checked
@@ -62,11 +62,11 @@ from posstats.corpus.shard_store import (
 )
 from posstats.corpus.shards import (
     Shard,
-    accumulate_shard,
     partial_is_dense,
     plan_shards,
     shard_bytes_for,
 )
+from posstats.corpus.count_step import accumulate_shard
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec, PositionalCounts
@@ -997,7 +997,7 @@ def count_job(source: CorpusSource, spec: CountSpec, metadata: dict[str, str], o
     Returns the summary of ``count.json`` (files, sequences, windows, tokens_counted,
     positions_occupied, storage, counts_file, seconds, tokens_per_s, fingerprint),
     ``counts_path`` (the result's counts file in the store) and ``ray`` (run id, shard
-    numbers, bad shards, timings). The counts equal :func:`posstats.corpus.source.count_corpus`
+    numbers, bad shards, timings). The counts equal :func:`posstats.corpus.count_step.count_corpus`
     exactly (with ``dense_budget`` = its memory budget, even the storage kind).
 
     Raises:

@@ -29,10 +29,11 @@ from posstats.corpus.shards import (
     MIN_AUTO_SHARD_BYTES,
     auto_shard_bytes,
     corpus_bytes,
-    count_shard,
     plan_shards,
 )
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.count_step import count_shard
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import counts_file, load_counts, save_counts

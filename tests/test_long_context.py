@@ -15,8 +15,10 @@ import scipy.sparse as sp
 from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.corpus.shard_store import RunStore
-from posstats.corpus.shards import count_shard, plan_shards
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.shards import plan_shards
+from posstats.corpus.count_step import count_shard
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import save_counts

@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posstats.corpus.shard_store import RunStore
-from posstats.corpus.shards import count_shard, plan_shards
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.shards import plan_shards
+from posstats.corpus.count_step import count_shard
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
 from posstats.errors import PosstatsError

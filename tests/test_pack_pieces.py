@@ -8,8 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus.shards import count_shard, plan_shards
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.shards import plan_shards
+from posstats.corpus.count_step import count_shard
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts, save_counts
 from posstats.counting.pack import stitch

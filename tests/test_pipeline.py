@@ -21,7 +21,8 @@ from safetensors.numpy import load_file
 
 from posstats.analysis import analyze
 from posstats.cli import main as cli
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts
 from posstats.service.config import load_config

@@ -35,7 +35,8 @@ import pytest
 from mounts import mounted
 from safetensors import safe_open
 
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts
 from posstats.service.pipeline_store import STAGES, Store

@@ -20,13 +20,14 @@ import pytest
 
 from posstats.corpus.readers import guess_format, read_token_batches, resolve_inputs
 from posstats.corpus.remote import absolute, hub_dataset, is_url, local_path
-from posstats.corpus.shards import count_shard, plan_shards
+from posstats.corpus.shards import plan_shards
+from posstats.corpus.count_step import count_shard
 from posstats.corpus.source import (
     CorpusSource,
-    count_corpus,
     estimated_tokens,
     file_fingerprint,
 )
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.errors import InputError, PosstatsError
 

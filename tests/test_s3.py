@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts
 from posstats.errors import PosstatsError

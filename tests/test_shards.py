@@ -25,11 +25,12 @@ from posstats.corpus.shards import (
     MIN_AUTO_SHARD_BYTES,
     Shard,
     auto_shard_bytes,
-    count_shard,
     plan_shards,
     read_shard,
 )
-from posstats.corpus.source import CorpusSource, count_corpus, file_fingerprint
+from posstats.corpus.count_step import count_shard
+from posstats.corpus.source import CorpusSource, file_fingerprint
+from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer, special_token_ids
 from posstats.counting.counts import CountSpec, combine_fingerprints
 from posstats.counting.io import load_counts, save_counts

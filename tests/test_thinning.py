@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from posstats.corpus.source import CorpusSource, count_corpus
+from posstats.corpus.source import CorpusSource
+from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.rows import row_blocks
 from posstats.estimates.noise import mp_edge, noise_floor

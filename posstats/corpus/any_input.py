@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from posstats.corpus.inputs import CountOptions, InputOptions, count_inputs
-from posstats.corpus.source import count_corpus
+from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import (
     as_tokenizer,
     load_tokenizer,

@@ -2,8 +2,8 @@
 
 A shard is a piece of one input path that can be read on its own. :func:`plan_shards`
 cuts a corpus into shards; :func:`read_shard` reads one into :class:`TokenBatch` es and
-:func:`count_shard` counts it. The counts of all shards of a corpus add up exactly to the
-single-process :func:`posstats.corpus.source.count_corpus` (THEORY section 1: counts are
+:func:`posstats.corpus.count_step.count_shard` counts it. The counts of all shards of a corpus add up exactly to the
+single-process :func:`posstats.corpus.count_step.count_corpus` (THEORY section 1: counts are
 additive; the shards partition the documents).
 
 Kinds of shard (``Shard.kind``):
@@ -93,11 +93,9 @@ __all__ = [
     "KINDS",
     "MIN_AUTO_SHARD_BYTES",
     "Shard",
-    "accumulate_shard",
     "auto_shard_bytes",
     "corpus_bytes",
     "shard_bytes_for",
-    "count_shard",
     "partial_is_dense",
     "plan_file",
     "plan_shards",
@@ -620,85 +618,3 @@ def partial_is_dense(spec: CountSpec, shard: Shard, /, *, dense_budget: int = DE
     """Whether to count ``shard`` into a dense ``n x V`` array (else by sorting each position's tokens):
     :meth:`CountSpec.prefers_dense` with an estimated token count of ``size_hint / 4``."""
     return spec.prefers_dense(dense_budget, shard.size_hint // 4)
-
-
-def count_shard(
-    shard: Shard,
-    source: CorpusSource,
-    spec: CountSpec,
-    /,
-    *,
-    tokenizer: Any = None,
-    dense: bool | None = None,
-    dense_budget: int = DEFAULT_DENSE_BUDGET,
-    metadata: dict[str, str] | None = None,
-    out: np.ndarray | None = None,
-) -> PositionalCounts:
-    """Exact partial counts of one shard (:func:`accumulate_shard`, then its result);
-    their fingerprint is :attr:`Shard.fingerprint`. ``out``: a reusable int64 ``(n, V)``
-    buffer for a dense count (ignored when sparse); the result then shares it, so save or
-    copy the result before the next shard."""
-    acc = accumulate_shard(shard, source, spec, tokenizer=tokenizer, dense=dense, dense_budget=dense_budget,
-                           metadata=metadata, out=out)
-    return acc.result(copy=False)  # the accumulator ends here: no n x V copy
-
-
-def accumulate_shard(
-    shard: Shard,
-    source: CorpusSource,
-    spec: CountSpec,
-    /,
-    *,
-    tokenizer: Any = None,
-    dense: bool | None = None,
-    dense_budget: int = DEFAULT_DENSE_BUDGET,
-    metadata: dict[str, str] | None = None,
-    out: np.ndarray | None = None,
-) -> CountAccumulator:
-    """Count one shard; return the accumulator (to save with
-    :func:`posstats.counting.io.save_accumulated`, or its result).
-
-    Args:
-        dense: force dense or sparse accumulation; None uses :func:`partial_is_dense`.
-        out: a reusable int64 ``(n, V)`` buffer for a dense count (ignored when sparse).
-
-    Raises:
-        InputError: bad content; the message names the file and row (or row group / line)
-            and ends with the shard (``[shard ...]``). Also when the input changed (size or
-            modification time) since the shard was planned, so that a partial always holds
-            the content its id names.
-
-    A pack-mode shard of part of an input is counted as a piece of the input's stream; its
-    metadata carries :func:`posstats.counting.pack.piece_metadata` for the reduce to place it.
-    """
-    piece = spec.mode == "pack" and not shard.is_whole_input
-    if dense is None:
-        dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
-    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, fingerprint=shard.fingerprint, metadata=metadata,
-                           out=out if dense else None)
-    if piece:
-        acc.start_piece(shard.path, first=shard.index == 0)
-    try:
-        _check_unchanged(shard, source)
-        for batch in prefetched(read_shard(shard, source, tokenizer=tokenizer)):
-            acc.add(batch)
-        _check_unchanged(shard, source)  # a partial must be the content its id names
-    except InputError as exc:
-        msg = f"{exc} [shard: {shard.label()}]"
-        raise InputError(msg) from exc
-    if piece:
-        path = shard.path if is_url(shard.path) else os.path.abspath(shard.path)
-        acc.metadata.update(piece_metadata(path, shard.input_fingerprint, shard.index, shard.count, acc.piece()))
-    acc.compact()
-    return acc
-
-
-def _check_unchanged(shard: Shard, source: CorpusSource) -> None:
-    try:
-        current = file_fingerprint(shard.path, source.storage_options)
-    except OSError as exc:
-        msg = f"{shard.path}: cannot read ({exc.strerror or exc})"
-        raise InputError(msg) from exc
-    if current != shard.input_fingerprint:
-        msg = f"{shard.path}: changed since the shards were planned (size or modification time); run again"
-        raise InputError(msg)

@@ -37,7 +37,7 @@ from posstats.counting.counts import (
 from posstats.errors import InputError
 from posstats.progress import progress
 
-__all__ = ["CorpusSource", "accumulate_corpus", "count_corpus", "estimated_tokens", "file_fingerprint"]
+__all__ = ["CorpusSource", "estimated_tokens", "file_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -155,74 +155,3 @@ def _estimated_url_tokens(path: str, column: str | None, storage_options: Mappin
         return int(info.get("size") or 0) // 4
     except (pa.ArrowException, OSError, InputError):
         return 0  # the reader reports what is wrong with the file
-
-
-def count_corpus(
-    source: CorpusSource,
-    spec: CountSpec,
-    /,
-    *,
-    dense: bool | None = None,
-    dense_budget: int = DEFAULT_DENSE_BUDGET,
-    metadata: dict[str, str] | None = None,
-    show_progress: bool | None = None,
-    expected_tokens: int | None = None,
-) -> PositionalCounts:
-    """Count every file of ``source`` under ``spec`` in this process: exact int64 counts
-    (:func:`accumulate_corpus`, then its :meth:`~CountAccumulator.result`)."""
-    acc = accumulate_corpus(source, spec, dense=dense, dense_budget=dense_budget, metadata=metadata,
-                            show_progress=show_progress, expected_tokens=expected_tokens)
-    return acc.result(copy=False)
-
-
-def accumulate_corpus(
-    source: CorpusSource,
-    spec: CountSpec,
-    /,
-    *,
-    dense: bool | None = None,
-    dense_budget: int = DEFAULT_DENSE_BUDGET,
-    metadata: dict[str, str] | None = None,
-    show_progress: bool | None = None,
-    expected_tokens: int | None = None,
-    files: Sequence[str] | None = None,
-) -> CountAccumulator:
-    """Count every file of ``source`` under ``spec`` in this process; return the
-    accumulator (its :meth:`~CountAccumulator.result`, or its
-    :meth:`~CountAccumulator.blocks` to write them without one CSR array).
-
-    ``dense`` forces a kernel; None picks it with :meth:`CountSpec.prefers_dense` from
-    ``dense_budget`` (which also sizes the sparse kernel's token buffer) and the expected
-    tokens (:func:`estimated_tokens`), which also give the progress bar its total (tokens/s and an ETA; ``expected_tokens`` when the caller
-    has estimated them already: a remote footer is not fetched twice). Batches are read
-    one step ahead on a thread (:func:`~posstats.corpus.prefetch.prefetched`). The
-    fingerprint combines each file's (:func:`file_fingerprint`). Raises
-    :class:`InputError` for an empty corpus. ``files``: the inputs as the caller resolved
-    them already (default: :meth:`CorpusSource.files`; a remote listing is not repeated).
-    """
-    files = list(files) if files is not None else source.files()
-    tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
-    expected = expected_tokens
-    if expected is None:
-        expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
-    if dense is None:
-        dense = spec.prefers_dense(dense_budget, expected)
-    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata)
-
-    def batches():
-        for i, path in enumerate(files):
-            for batch in source.read([path], tokenizer):
-                yield i, batch
-
-    with progress(total=expected or None, desc="counting", unit="tok", enabled=show_progress) as bar:
-        for i, batch in prefetched(batches()):
-            bar.set_postfix_str(f"file {i + 1}/{len(files)}", refresh=False)
-            bar.update(acc.add(batch))
-        for path in files:
-            acc.fingerprint = combine_fingerprints(acc.fingerprint, file_fingerprint(path, source.storage_options))
-        bar.set_postfix_str("sorting counts", refresh=True)
-        acc.compact()
-    if acc.sequences == 0:
-        msg = f"empty corpus: no sequences in {', '.join(files)}"
-        raise InputError(msg)
-    return acc

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from posstats.corpus.inputs import CountInputs
-from posstats.corpus.source import accumulate_corpus, estimated_tokens
+from posstats.corpus.source import estimated_tokens
+from posstats.corpus.count_step import accumulate_corpus
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import (
     COUNTS_FILES,

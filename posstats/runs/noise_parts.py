@@ -87,7 +87,7 @@ def count_parts(
 
     Row (document) r of every input file goes to part ``r mod parts``; each part is counted
     by its own :class:`~posstats.counting.counts.CountAccumulator` under ``spec``. Outside ``pack``
-    mode the parts sum exactly to :func:`posstats.corpus.source.count_corpus`; in ``pack`` mode
+    mode the parts sum exactly to :func:`posstats.corpus.count_step.count_corpus`; in ``pack`` mode
     each part packs its own documents (see the module docstring).
 
     Args:
