@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 import socket
 import sys
@@ -113,8 +112,6 @@ __all__ = [
     "refresh_job",
 ]
 
-SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"  # test hook: seconds each shard sleeps mid-count
-REDUCE_DELAY_ENV = "POSSTATS_TEST_REDUCE_DELAY"  # test hook: seconds each reduce range sleeps first
 MAX_SHARD_ATTEMPTS = 3  # actor losses tolerated per shard or reduce task (after Ray's own retries)
 RANGE_BYTES = 64 * 2**20  # partial bytes read per reduce range (bounds an actor's memory)
 RANGES_PER_WORKER = 8  # small ranges keep a range's sums in cache: 16 ranges reduce 202 M tokens 1.9x faster than 4
@@ -145,10 +142,7 @@ class JobOptions:
             more when the partials exceed ``RANGE_BYTES`` per range.
         show_progress: progress bar on stderr (None: only on a terminal).
         out: output folder recorded in the manifest (``posstats refresh`` writes there).
-        shard_delay: test hook: seconds each shard sleeps after counting, before saving.
-        reduce_delay: test hook: seconds each reduce range sleeps before summing.
         dashboard: start the dashboard with an embedded Ray (about 2 s of start-up).
-        shuffle_seed: test hook: dispatch shards in a seeded random order.
         executor: ``ray`` (a pool of actors) or ``local`` (the same steps, one at a time,
             in this process: no Ray, same store, markers, resume and refresh).
     """
@@ -163,10 +157,7 @@ class JobOptions:
     ranges: int | None = None
     show_progress: bool | None = None
     out: str | None = None
-    shard_delay: float = 0.0
-    reduce_delay: float = 0.0
     dashboard: bool = False
-    shuffle_seed: int | None = None
     executor: Literal["ray", "local"] = "ray"
 
     def __post_init__(self) -> None:
@@ -202,8 +193,6 @@ class CountWorker:
         metadata: dict[str, str],
         dense_budget: int,
         cwd: str,
-        shard_delay: float = 0.0,
-        reduce_delay: float = 0.0,
     ) -> None:
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative input paths mean what they mean to the driver
@@ -212,8 +201,6 @@ class CountWorker:
         self.spec = CountSpec.from_metadata(spec)
         self.metadata = dict(metadata)
         self.dense_budget = int(dense_budget)
-        self.shard_delay = float(shard_delay)
-        self.reduce_delay = float(reduce_delay)
         use_tokenizer = self.source.column is None and self.source.tokenizer
         self.tokenizer = load_tokenizer(self.source.tokenizer) if use_tokenizer else None
         self._buffer = None  # one n x V int64 array for all dense shards of this actor
@@ -249,8 +236,6 @@ class CountWorker:
                                    out=self._dense_buffer(s))
         except PosstatsError as exc:
             return {"status": "bad", "shard_id": s.shard_id, "error": str(exc), **who}
-        if self.shard_delay:
-            time.sleep(self.shard_delay)
         seconds = time.perf_counter() - t
         t = time.perf_counter()
         marker = self.store.write_partial(s, acc, seconds=round(seconds, 6), **who)
@@ -271,8 +256,6 @@ class CountWorker:
         """Rows ``[start, stop)`` of the signed sum into the range file ``out``; a note
         ``<out>.started.json`` says which process took it (diagnostics)."""
         write_json_atomic(f"{out}.started.json", {"started": _stamp(), "start": start, "stop": stop, **self.where()})
-        if self.reduce_delay:
-            time.sleep(self.reduce_delay)
         # the engine checked every item (check) before handing out ranges
         return sum_row_range(items, self.spec, start, stop, out, verified=True)
 
@@ -664,8 +647,6 @@ def _worker_args(store: RunStore, source: CorpusSource, spec: CountSpec, metadat
         "metadata": metadata,
         "dense_budget": opts.dense_budget,
         "cwd": os.getcwd(),
-        "shard_delay": opts.shard_delay,
-        "reduce_delay": opts.reduce_delay,
     }
 
 
@@ -733,10 +714,7 @@ def _plan(store: RunStore, source: CorpusSource, spec: CountSpec, opts: JobOptio
     planned = sorted(by_id)
     done_ids = {sid for sid in planned if store.is_done(sid)}
     todo = [by_id[sid] for sid in planned if sid not in done_ids]
-    if opts.shuffle_seed is not None:
-        random.Random(opts.shuffle_seed).shuffle(todo)
-    else:
-        todo.sort(key=lambda s: (-s.size_hint, s.shard_id))  # biggest first: balanced finish
+    todo.sort(key=lambda s: (-s.size_hint, s.shard_id))  # biggest first: balanced finish
     old_ids = set(previous.get("shard_ids", [])) if previous else set()
     added = sorted(set(planned) - old_ids)
     removed = sorted(old_ids - set(planned))
@@ -1047,8 +1025,6 @@ def options_from_args(args: argparse.Namespace, *, default_store: str | None,
         shard_bytes=None if args.shard_size is None else max(1, int(args.shard_size * 2**20)),
         dense_budget=int(args.memory_budget * 2**30),
         out=os.path.abspath(args.out) if getattr(args, "out", None) else None,
-        shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
-        reduce_delay=float(os.environ.get(REDUCE_DELAY_ENV, "0") or 0),
         executor=executor,
     )
 

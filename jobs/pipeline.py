@@ -43,9 +43,6 @@ This module also holds the client side of Ray's Job Submission SDK used by
 ``posstats submit / status / logs`` (:func:`submit_job`, :func:`job_status`,
 :func:`job_logs`), so that ``posstats.cli`` never imports Ray itself.
 
-Test hooks (environment): ``POSSTATS_TEST_SHARD_DELAY`` (seconds each shard sleeps, see
-:mod:`posstats.jobs.count`) and ``POSSTATS_TEST_GEOMETRY_DELAY`` (seconds the geometry task sleeps
-after it starts).
 """
 
 from __future__ import annotations
@@ -131,8 +128,6 @@ __all__ = [
     "submit_job",
 ]
 
-GEOMETRY_DELAY_ENV = "POSSTATS_TEST_GEOMETRY_DELAY"
-SHARD_DELAY_ENV = "POSSTATS_TEST_SHARD_DELAY"
 
 
 def _log(message: str) -> None:
@@ -347,7 +342,7 @@ def _resolve_count_inputs(cfg: PipelineConfig, inputs: list[str], tokenizer: str
 
 def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
     """The counting job's options from ``[count]`` / ``[ray]`` (MiB / GiB to bytes), its
-    store ``counts_store`` and the shard-delay test hook."""
+    store ``counts_store``."""
     c = run.cfg.values["count"]
     return JobOptions(
         store=counts_store,
@@ -357,7 +352,6 @@ def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
         shard_bytes=None if c["shard_size_mib"] is None else max(1, int(c["shard_size_mib"] * 2**20)),
         dense_budget=run.cfg.count_options().budget_bytes,
         show_progress=False,
-        shard_delay=float(os.environ.get(SHARD_DELAY_ENV, "0") or 0),
     )
 
 
@@ -565,7 +559,7 @@ def _write_export(run_data: RunData, out: Path, *, file: str, options: ExportOpt
 
 
 def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options: Mapping[str, Any],
-                  run_id: str, counts_ref: str, delay: float = 0.0) -> dict[str, Any]:
+                  run_id: str, counts_ref: str) -> dict[str, Any]:
     """The geometry stage's body (runs as a Ray task): analyse ``counts`` (the reduce stage's,
     or its folder) once and, from that analysis in memory, write the geometry folder
     (mds.safetensors, report.json, report.md, analysis-config.json) and those of the later
@@ -575,8 +569,6 @@ def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options
     one_malloc_arena()  # the products' threads would each keep a heap of freed blocks
     outs = {stage: _fresh_folder(Path(d)) for stage, d in out_dirs.items()}
     write_json_atomic(outs["geometry"] / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
-    if delay:
-        time.sleep(delay)
     counts = load_counts(counts, compact=True)
     analysis = analyze(counts, config)
     run_data = write_analysis(outs["geometry"], analysis, inputs={"counts": counts_ref}, run_id=run_id, html=False)
@@ -615,9 +607,8 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
     rc = run.cfg.values["ray"]
     cpus = rc["geometry_cpus"] if rc["geometry_cpus"] is not None else _largest_node_cpus(ray)
     task = ray.remote(task_body).options(num_cpus=cpus, max_retries=rc["geometry_retries"], retry_exceptions=False)
-    delay = float(os.environ.get(GEOMETRY_DELAY_ENV, "0") or 0)
     counts_ref = run.store.display(run.store.stage_rel(run.run_id, "reduce"))
-    ref = task.remote(counts, out_dirs, run.cfg.analysis_config(), options, run.run_id, counts_ref, delay)
+    ref = task.remote(counts, out_dirs, run.cfg.analysis_config(), options, run.run_id, counts_ref)
     try:
         out = ray.get(ref)
     except RayTaskError as exc:

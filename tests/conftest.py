@@ -1,9 +1,13 @@
 """Shared fixtures: offline Hugging Face settings, paths to bundled data, one Ray session,
-and the array backends (``xp``: numpy always, cupy where a CUDA device answers)."""
+the array backends (``xp``: numpy always, cupy where a CUDA device answers) and the test
+hooks (``test_hooks``: delays inside posstats' steps, :mod:`tests._hooks.posstats_test_hooks`)."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -15,6 +19,48 @@ from posstats.geometry.backend import get_cupy, gpu_available
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 SHARED = REPO.parent / "shared"  # present in CI and on the team's machines, not in users' clones
+HOOKS = REPO / "tests" / "_hooks"
+
+# Every process this session starts (posstats commands, Ray workers) runs the test hooks
+# (tests/_hooks/sitecustomize.py); set before the shared Ray starts its workers.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(HOOKS), *filter(None, [os.environ.get("PYTHONPATH")])])
+os.environ.setdefault("POSSTATS_TEST_HOOKS_FILE", os.path.join(tempfile.mkdtemp(prefix="posstats-test-hooks-"),
+                                                               "hooks.json"))
+sys.path.insert(0, str(HOOKS))
+import posstats_test_hooks  # noqa: E402
+
+posstats_test_hooks.install()
+
+
+class HookDelays:
+    """Delays inside posstats' steps for the processes of this session, the shared Ray's
+    workers included (they read the hooks file at each call)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def set(self, **delays: float) -> None:
+        """``shard_delay``, ``reduce_delay`` and ``geometry_delay`` in seconds."""
+        unknown = set(delays) - set(posstats_test_hooks.ENV)
+        if unknown:
+            raise ValueError(f"unknown test hooks {sorted(unknown)}")
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(delays, f)
+        os.replace(tmp, self.path)
+
+    def clear(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+@pytest.fixture()
+def test_hooks():
+    """:class:`HookDelays` of this session; cleared after the test."""
+    hooks = HookDelays(os.environ[posstats_test_hooks.FILE_ENV])
+    hooks.clear()
+    yield hooks
+    hooks.clear()
 
 
 @pytest.fixture(autouse=True)

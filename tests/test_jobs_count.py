@@ -11,6 +11,7 @@ import functools
 import gzip
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -311,10 +312,21 @@ def test_cli_ray_hf_dataset_equals_single_process(ray_session, hf_dataset, tmp_p
     "workers, seed, mode, budget",
     [(1, None, "truncate", 4 * 2**30), (2, 7, "chunk", 1024), (2, 3, "pack", 4 * 2**30)],
 )
-def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_dir, tmp_path, workers, seed, mode, budget):
+def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_dir, tmp_path, workers, seed, mode, budget,
+                                                         monkeypatch):
     """Parquet row groups and JSONL line ranges together; a tiny budget forces sparse
     partials, sums and result (as it does single-process)."""
+    import posstats.jobs.count as count_module
     from posstats.jobs.count import JobOptions, count_job
+
+    planned = count_module._plan
+
+    def shuffled(*args, **kwargs):  # dispatch the shards in a seeded random order
+        plan = planned(*args, **kwargs)
+        random.Random(seed).shuffle(plan.todo)
+        return plan
+
+    monkeypatch.setattr(count_module, "_plan", shuffled)
 
     jsonl = tmp_path / "extra.jsonl"
     table = pq.read_table(parquet_dir / "part-3.parquet")
@@ -325,7 +337,7 @@ def test_counts_do_not_depend_on_workers_order_or_budget(ray_session, parquet_di
     spec = CountSpec(48, V, mode, (0, 100, 101, 102, 103), 102 if mode == "pack" else None)
     dense = spec.positions * V * 8 <= budget
     ref = count_corpus(source, spec, dense=dense, show_progress=False)
-    opts = JobOptions(store=str(tmp_path / "store"), workers=workers, shuffle_seed=seed, dense_budget=budget,
+    opts = JobOptions(store=str(tmp_path / "store"), workers=workers, dense_budget=budget,
                       shard_bytes=30_000, ranges=5, show_progress=False)
     summary = count_job(source, spec, {}, opts)
     got = load_counts(summary["counts_path"])
@@ -353,12 +365,13 @@ def small_parquet(tmp_path, fortune_ids):
 
 
 @pytest.mark.ray
-def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tmp_path):
+def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tmp_path, test_hooks):
     from posstats.jobs.count import JobOptions
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
-    opts = JobOptions(store=str(store), shard_bytes=1, workers=2, shard_delay=1.0, show_progress=False)
+    test_hooks.set(shard_delay=1.0)
+    opts = JobOptions(store=str(store), shard_bytes=1, workers=2, show_progress=False)
     thread, outcome = count_job_in_thread(source, spec, opts)
 
     def counting_now():
@@ -378,11 +391,12 @@ def test_actor_killed_mid_shard_is_recounted_once(ray_session, small_parquet, tm
 
 
 @pytest.mark.ray
-def test_driver_killed_mid_run_resumes_with_the_same_run_id(ray_address, small_parquet, tmp_path):
+def test_driver_killed_mid_run_resumes_with_the_same_run_id(ray_address, small_parquet, tmp_path, test_hooks):
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
     args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--run-id", "resume-me", "--workers", 2]
-    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="0.7"),
+    test_hooks.set(shard_delay=0.7)  # the shared Ray's workers sleep
+    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: len(markers(out / "store")) >= 2, timeout=150, what="two finished shards")
@@ -395,6 +409,7 @@ def test_driver_killed_mid_run_resumes_with_the_same_run_id(ray_address, small_p
     record = json.loads((out / "store" / "runs" / "resume-me.json").read_text())
     assert record["status"] == "running"  # the driver never got to say otherwise
 
+    test_hooks.clear()
     rerun = subprocess.run(job_cmd(ray_address, *args), cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert re.search(r"resuming run resume-me: (\d+)/8 shard\(s\) already counted", rerun.stderr)
@@ -460,11 +475,12 @@ def test_token_id_out_of_range_fails_with_shard_and_row(ray_session, tmp_path, f
 
 
 @pytest.mark.ray
-def test_second_run_on_a_locked_store_refuses(ray_address, small_parquet, tmp_path):
+def test_second_run_on_a_locked_store_refuses(ray_address, small_parquet, tmp_path, test_hooks):
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
     args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--workers", 2]
-    first = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_SHARD_DELAY="1.5"),
+    test_hooks.set(shard_delay=1.5)  # the shared Ray's workers sleep
+    first = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         lock = out / "store" / "lock"
@@ -561,14 +577,15 @@ def _reducing_now(store: Path):
 
 
 @pytest.mark.ray
-def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_parquet, tmp_path):
+def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_parquet, tmp_path, test_hooks):
     """A real SIGKILL of the actor summing a position range: Ray restarts it, the range is
     summed again, and the total is the single-process count; no shard is recounted."""
     from posstats.jobs.count import JobOptions
 
     _, source, spec, ref = small_parquet
     store = tmp_path / "store"
-    opts = JobOptions(store=str(store), shard_bytes=1, workers=2, reduce_delay=1.5, ranges=4, show_progress=False)
+    test_hooks.set(reduce_delay=1.5)
+    opts = JobOptions(store=str(store), shard_bytes=1, workers=2, ranges=4, show_progress=False)
     thread, outcome = count_job_in_thread(source, spec, opts)
     note, pid = wait_for(lambda: _reducing_now(store), timeout=120, what="a range being reduced")
     os.kill(pid, signal.SIGKILL)
@@ -579,11 +596,12 @@ def test_actor_killed_during_the_range_reduce_is_survived(ray_session, small_par
 
 
 @pytest.mark.ray
-def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address, small_parquet, tmp_path):
+def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address, small_parquet, tmp_path, test_hooks):
     root, _, _, ref = small_parquet
     out = tmp_path / "out"
     args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--run-id", "reduce-me", "--workers", 2]
-    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(POSSTATS_TEST_REDUCE_DELAY="1.5"),
+    test_hooks.set(reduce_delay=1.5)  # the shared Ray's workers sleep
+    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: _reducing_now(out / "store"), timeout=150, what="a range being reduced")
@@ -593,6 +611,7 @@ def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address,
         driver.kill()
     assert len(markers(out / "store")) == 8 and not (out / "count.json").exists()
 
+    test_hooks.clear()
     rerun = subprocess.run(job_cmd(ray_address, *args), cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     info = json.loads((out / "count.json").read_text())["ray"]
@@ -651,3 +670,22 @@ def test_ray_counts_markdown_paragraphs_like_the_single_process(ray_session, tmp
     assert json.loads((tmp_path / "single" / "count.json").read_text())["sequences"] == 300
     assert posstats_cli("count", *flags, "--document-per", "line", "--out", tmp_path / "lines") == 0
     assert json.loads((tmp_path / "lines" / "count.json").read_text())["sequences"] > 300
+
+
+@pytest.mark.ray
+def test_the_test_hooks_reach_the_shared_workers(ray_session, test_hooks):
+    """The delays the kill tests rely on (tests/_hooks): a worker of the shared Ray runs
+    the hooks (its PYTHONPATH) and reads the session's hooks file at each call."""
+
+    @ray_session.remote
+    def probe() -> tuple[bool, float]:
+        import posstats_test_hooks
+
+        from posstats.corpus.shard_store import RunStore
+
+        return bool(getattr(RunStore.write_partial, "__posstats_test_hook__", False)), posstats_test_hooks.delay("shard_delay")
+
+    test_hooks.set(shard_delay=0.5)
+    assert ray_session.get(probe.remote()) == (True, 0.5)
+    test_hooks.clear()
+    assert ray_session.get(probe.remote()) == (True, 0.0)

@@ -187,7 +187,7 @@ def _geometry_started(work: Path, run_id: str):
 
 
 @pytest.mark.slow
-def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gcs_address):
+def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gcs_address, test_hooks):
     rng = random.Random(SEED)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -215,7 +215,6 @@ def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gc
     rng.shuffle(plan)
     kills: list[dict] = []
     runs = 1  # the clean run
-    delays = {"POSSTATS_TEST_SHARD_DELAY": "0.25", "POSSTATS_TEST_GEOMETRY_DELAY": "0.7"}
     with LatestWatcher(store) as watcher:
         for i, target in enumerate(plan):
             # new modification times: every shard gets a new id, so every run counts (and can be killed counting)
@@ -227,7 +226,8 @@ def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gc
             started = time.time() - 1
             t0 = time.monotonic()
             log = open(tmp_path / f"{run_id}.log", "w")  # noqa: SIM115 - closed below
-            driver = subprocess.Popen(driver_cmd(config, run_id, gcs_address), cwd=REPO, env=driver_env(**delays),
+            test_hooks.set(shard_delay=0.25, geometry_delay=0.7)  # in the shared Ray's workers
+            driver = subprocess.Popen(driver_cmd(config, run_id, gcs_address), cwd=REPO, env=driver_env(),
                                       stdout=log, stderr=subprocess.STDOUT)
             kill = {"run": run_id, "target": target}
             try:
@@ -262,6 +262,7 @@ def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gc
                 driver.kill()
                 log.close()
             runs += 1
+            test_hooks.clear()
             if target.startswith("driver"):
                 if kill.get("killed"):
                     assert rc == -signal.SIGKILL

@@ -58,11 +58,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from posstats.corpus.prefetch import prefetched
 from posstats.corpus.readers import (
     ReaderSpec,
     arrow_batches,
@@ -78,13 +76,7 @@ from posstats.corpus.readers import (
 from posstats.corpus.remote import hub_dataset, is_url, open_url, url_info
 from posstats.corpus.source import CorpusSource, file_fingerprint
 from posstats.corpus.tokenizer import load_tokenizer
-from posstats.counting.counts import (
-    DEFAULT_DENSE_BUDGET,
-    CountAccumulator,
-    CountSpec,
-    PositionalCounts,
-)
-from posstats.counting.pack import piece_metadata
+from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec
 from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, PosstatsError
 

@@ -15,7 +15,6 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from posstats.corpus.prefetch import prefetched
 from posstats.corpus.readers import read_token_batches, resolve_inputs
 from posstats.corpus.remote import (
     hub_dataset,
@@ -25,17 +24,8 @@ from posstats.corpus.remote import (
     url_filesystem,
     url_info,
 )
-from posstats.corpus.tokenizer import load_tokenizer
-from posstats.counting.counts import (
-    DEFAULT_DENSE_BUDGET,
-    CountAccumulator,
-    CountSpec,
-    PositionalCounts,
-    combine_fingerprints,
-    fingerprint_of,
-)
+from posstats.counting.counts import fingerprint_of
 from posstats.errors import InputError
-from posstats.progress import progress
 
 __all__ = ["CorpusSource", "estimated_tokens", "file_fingerprint"]
 
