@@ -78,7 +78,7 @@ from posstats.drift import (
     write_diff,
     write_skipped,
 )
-from posstats.errors import InputError, PosstatsError
+from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.ids import join_inside
 from posstats.processes import one_malloc_arena
 from posstats.options import declared_options
@@ -605,10 +605,13 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
                "export_file": _export_file(run.cfg)}
     counts = str(run.stage_local("reduce"))  # read by the task: the driver never holds the counts
     rc = run.cfg.values["ray"]
-    cpus = rc["geometry_cpus"] if rc["geometry_cpus"] is not None else _largest_node_cpus(ray)
-    task = ray.remote(task_body).options(num_cpus=cpus, max_retries=rc["geometry_retries"], retry_exceptions=False)
+    config = run.cfg.analysis_config()
+    gpus = _geometry_gpus(ray, config.device)
+    cpus = rc["geometry_cpus"] if rc["geometry_cpus"] is not None else _largest_node_cpus(ray, with_gpu=gpus > 0)
+    task = ray.remote(task_body).options(num_cpus=cpus, num_gpus=gpus, max_retries=rc["geometry_retries"],
+                                         retry_exceptions=False)
     counts_ref = run.store.display(run.store.stage_rel(run.run_id, "reduce"))
-    ref = task.remote(counts, out_dirs, run.cfg.analysis_config(), options, run.run_id, counts_ref)
+    ref = task.remote(counts, out_dirs, config, options, run.run_id, counts_ref)
     try:
         out = ray.get(ref)
     except RayTaskError as exc:
@@ -621,13 +624,26 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
     return {"positions_used": out["geometry"]["positions_used"], "rank": out["geometry"]["rank"]}
 
 
-def _largest_node_cpus(ray: Any) -> float:
-    """What the geometry task reserves by default: the CPUs of the largest alive node, but
-    no more than the cluster has free now (the counting actors are gone by then; whatever
-    else holds CPUs is never waited on), at least 1. Ray sets the worker's OMP_NUM_THREADS
-    to them, and the sparse products run on that many threads
-    (:func:`posstats.geometry.mds.product_threads`)."""
-    cpus = [float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
+def _geometry_gpus(ray: Any, device: str) -> float:
+    """The GPUs the geometry task asks for: 1 when ``[geometry] device`` lets it use one
+    (``auto`` or ``gpu``) and the cluster has one, else 0 (Ray hides the GPUs from a task
+    that asks for none). ``gpu`` on a cluster without a GPU is refused before the task."""
+    if device == "cpu":
+        return 0.0
+    has_gpu = float(ray.cluster_resources().get("GPU", 0.0)) >= 1.0
+    if device == "gpu" and not has_gpu:
+        raise OptionError("{device} gpu: the Ray cluster has no GPU (auto or cpu analyse on its CPUs)")
+    return 1.0 if has_gpu else 0.0
+
+
+def _largest_node_cpus(ray: Any, *, with_gpu: bool = False) -> float:
+    """What the geometry task reserves by default: the CPUs of the largest alive node (with
+    a GPU, when the task asks for one: it must fit on such a node), but no more than the
+    cluster has free now (the counting actors are gone by then; whatever else holds CPUs
+    is never waited on), at least 1. Ray sets the worker's OMP_NUM_THREADS to them, and the
+    sparse products run on that many threads (:func:`posstats.geometry.mds.product_threads`)."""
+    cpus = [float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")
+            and (not with_gpu or float(node.get("Resources", {}).get("GPU", 0)) >= 1)]
     largest = max([c for c in cpus if c > 0], default=1.0)
     free = float(ray.available_resources().get("CPU", 0.0))
     return float(max(1.0, min(largest, int(free))))

@@ -188,8 +188,7 @@ class AnalysisConfig:
                    "null's edge as an absolute residual, the others to the Lanczos tolerance (0: every pair to "
                    "it; docs/long-context.md)", metavar="S", minimum=0, group=_LONG)
     device: Device = option(
-        "auto", group=_LONG, pipeline=False,
-        why_not="the pipeline's geometry task asks Ray for CPUs only, and Ray hides GPUs from such a task",
+        "auto", group=_LONG, limit=True,
         help="where the long-context MDS (block Lanczos above --exact-limit rows) multiplies: gpu (cupy, the "
              "posstats[gpu] extra; the square-root operator is copied to the device, about 24 bytes a non-zero), "
              "cpu, or auto: gpu when cupy finds a CUDA device. The results agree to rounding")
@@ -268,8 +267,6 @@ class AnalysisConfig:
             msg = f"the minimum occupancy must be >= 1, got {self.min_occupancy}"
             raise PosstatsError(msg)
         self._check_long_context_options()
-        if self.device == "gpu":
-            mds_device(self.device)  # no GPU: refused before any work
 
     def _check_numbers(self) -> None:
         """Seeds, counts and tolerances in their ranges (NaN, negative seeds, ... refused in
@@ -647,7 +644,8 @@ def analyze(
     report says ``stress_method: sampled``.
 
     Raises:
-        OptionError: fewer than two positions reach the minimum occupancy (an InputError).
+        OptionError: fewer than two positions reach the minimum occupancy (an InputError);
+            ``device="gpu"`` without cupy or a CUDA device.
         PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
     """
     if not isinstance(counts, PositionalCounts):
@@ -658,6 +656,8 @@ def analyze(
         msg = f"analyze()'s config must be an AnalysisConfig, got {type(config).__name__}"
         raise TypeError(msg)
     config = config or AnalysisConfig()
+    if config.device == "gpu":
+        mds_device(config.device)  # no GPU here: refused before any work
     timings: dict[str, float] = {}
     sections: dict[str, Any] = {}
     g = _geometry_rows(counts, config)

@@ -55,8 +55,8 @@ class Option:
         key: the config's name when it is not the field's (``memory_budget_gib``).
         config_kind: the config's kind when it says more than the annotation (``url``: a
             path read relative to the config file, or a URL).
-        limit: refuses work but never changes a result: left out of the result's record
-            (``to_dict``) and of the pipeline's result key.
+        limit: refuses work, or decides where it runs, but never changes a result: left out
+            of the result's record (``to_dict``) and of the pipeline's result key.
     """
 
     help: str

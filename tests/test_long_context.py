@@ -183,17 +183,21 @@ def test_sampled_path_agrees_with_the_exact_path(planted, noise, distances):
     assert r["diagnostics"]["h1"]["min_distance"] >= exact.report()["diagnostics"]["h1"]["min_distance"]
 
 
-def test_device_option_is_checked_before_any_work(monkeypatch):
-    """device: auto falls back to the host without a GPU; gpu without one is refused when
-    the config is made (not after counting and the noise floor); unknown names too."""
+def test_device_option_is_checked_before_any_work(monkeypatch, planted):
+    """device: auto falls back to the host without a GPU; gpu without one is refused as the
+    analysis starts (not after the noise floor; a config naming gpu may be made on a
+    pipeline driver without one); unknown names when the config is made."""
     import posstats.analysis as analysis_module
 
     monkeypatch.setattr(analysis_module, "gpu_available", lambda: False)
     assert analysis_module.mds_device("auto") is None and analysis_module.mds_device("cpu") is None
+    config = AnalysisConfig(device="gpu")
+    monkeypatch.setattr(analysis_module, "_geometry_rows", lambda *a: pytest.fail("work started"))
     with pytest.raises(PosstatsError, match="device gpu: .*(no CUDA device|not installed)"):
-        AnalysisConfig(device="gpu")
+        analyze(planted.counts, config)
     with pytest.raises(PosstatsError, match="unknown device 'tpu'"):
         AnalysisConfig(device="tpu")
+    assert "device" not in config.to_dict()  # where the products ran is not part of the result
 
 
 @pytest.mark.gpu

@@ -337,6 +337,27 @@ def test_schedule_refuses_bad_time_zones(tmp_path, capsys):
     assert not (tmp_path / "store").exists()  # refused before touching the store
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_the_geometry_task_multiplies_where_the_config_says(setup, capsys, device, request):
+    """[geometry] device: the long-context path (here above exact_limit = 8 rows) runs its
+    Lanczos products on the GPU the task asked Ray for, or on the CPUs; report.json says
+    where. gpu on a cluster without a GPU is refused before the geometry task."""
+    tmp_path, _, _ = setup
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(
+        "[geometry]\n", f'[geometry]\nexact_limit = 8\nheld_out = "off"\ndevice = "{device}"\n'))
+    has_gpu = request.getfixturevalue("ray_session").cluster_resources().get("GPU", 0) >= 1
+    if device == "gpu" and has_gpu:
+        request.getfixturevalue("cupy")
+    rc, out, err = run_cli(capsys, "pipeline", "--config", config, "--run-id", f"on-{device}")
+    if device == "gpu" and not has_gpu:
+        assert rc == 2 and "[geometry] device gpu: the Ray cluster has no GPU" in err
+        return
+    assert rc == 0, err
+    report = json.loads((tmp_path / f"store/runs/on-{device}/geometry/report.json").read_text())
+    assert report["spectrum"]["method"] == "lanczos" and report["spectrum"]["device"] == device
+
+
 def test_a_corpus_with_no_positional_structure_completes_without_a_table(tmp_path, ray_session, capsys):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
