@@ -178,7 +178,22 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     return rows
 
 
-def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted")) -> list[dict]:
+def _noise_share(report: dict) -> float:
+    """The share of the summed distances that noise alone reaches: the shuffle null's, else
+    the one the interval's withholding read from the pairs (the ``none: sampling noise
+    alone gives x%`` reason), else 0 (no entry withheld)."""
+    share = ((report.get("null") or {}).get("distance_noise") or {}).get("share")
+    if share is not None:
+        return float(share)
+    for e in report["encodings"]:
+        why = str(e.get("stress_interval", ""))
+        if why.startswith("none: sampling noise alone gives"):
+            return float(why.split("gives ")[1].split("%")[0]) / 100
+    return 0.0
+
+
+def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted"),
+                   exact_limit: int | None = None) -> list[dict]:
     """How often the report's 95 % interval on an encoding's exact scaled stress (the
     jackknife of :mod:`posstats.estimates.jackknife`) covers that encoding's scaled stress
     against the true distances (target 90-99 %, over the intervals the report gives: none
@@ -187,12 +202,19 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     positions identical: most pairs below their noise). ``best_encoding``: per width, how
     often the verdict's best (with the encodings tied with it) holds the encoding that is
     best on the true distances (``right``), names another one alone (``wrong``), and
-    names the true best alone (``sharp``)."""
+    names the true best alone (``sharp``).
+
+    Above 2,048 positions the intervals are the pair-sample jackknife's
+    (:mod:`posstats.estimates.pair_jackknife`) and the null is the analytic edge (the pairs
+    then give the noise share); ``exact_limit`` below n puts the stress on the sampled path
+    (the truth is still the stress over all pairs)."""
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.stress import stress_report
 
-    cfg = AnalysisConfig(dims=(2, 16), encodings=("sinusoidal", "alibi", "random"), held_out="off", null="shuffle",
-                         null_replicates=19)
+    extra = {} if exact_limit is None else {"exact_limit": exact_limit}
+    cfg = (AnalysisConfig(dims=(2, 16), encodings=("sinusoidal", "alibi", "random"), held_out="off", null="shuffle",
+                          null_replicates=19, **extra) if n <= 2048 else
+           AnalysisConfig(dims=(2, 16), encodings=("sinusoidal", "alibi", "random"), held_out="off", null="mp", **extra))
     i, j = np.triu_indices(n, 1)
     rows = []
     for kind in kinds:
@@ -208,13 +230,17 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
                 truth_d[i, j] = np.sqrt(kc.true_d2(i, j))
                 truth_d += truth_d.T
                 report = analyze(kc.counts, cfg).report()
-                shares.append(report["null"]["distance_noise"]["share"])
+                shares.append(_noise_share(report))
                 true_by_dim: dict[int, dict[str, float]] = {}
                 for e in report["encodings"]:
                     truth = stress_report(make_encoding(e["name"], np.arange(n), e["dim"]).matrix, truth_d).scaled_stress
                     true_by_dim.setdefault(int(e["dim"]), {})[e["name"]] = truth
                     key = f"{e['name']}@{e['dim']}"
                     given = str(e.get("stress_interval", "")).startswith("jackknife")
+                    if n > 2048:
+                        print(f"    {kind} N={N} seed {30_000 + seed} {key}: {e['scaled_stress']:.5f} "
+                              f"{e['scaled_stress_ci95'] if given else e.get('scaled_stress_tie_range')} truth {truth:.5f}",
+                              file=sys.stderr, flush=True)
                     withheld.setdefault(key, []).append(int(not given))
                     if given:
                         lo, hi = e["scaled_stress_ci95"]
@@ -252,6 +278,12 @@ def main() -> None:
                                                   "the distance table uses the first)")
     p.add_argument("--skip-distances", action="store_true", help="leave out the distance table")
     p.add_argument("--coverage-seeds", type=int, default=30, help="drift and planted corpora per row of the coverage table (default 30; 0 leaves it out)")
+    p.add_argument("--coverage-positions", type=int, default=None,
+                   help="n of the coverage table (default: the first --positions); above 2,048 the pair-sample jackknife")
+    p.add_argument("--coverage-exact-limit", type=int, default=None,
+                   help="geometry rows above which the coverage table's stress is sampled (default: the analysis')")
+    p.add_argument("--coverage-kinds", default="drift,planted", help="corpora of the coverage table (default drift,planted)")
+    p.add_argument("--skip-decisions", action="store_true", help="leave out the decision table")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]
@@ -266,8 +298,10 @@ def main() -> None:
         "setup": {"vocab": 5000, "zipf": 1.1, "positions": positions, "tokens_per_position": tokens,
                   "seeds_stationary": seeds, "seeds_power": power_seeds, "seeds_distances": pair_seeds},
         "distances": [] if args.skip_distances else distance_table(tokens, pair_seeds, positions[0]),
-        "decisions": decision_table(tokens, seeds, power_seeds, positions),
-        "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds, positions[0]) if args.coverage_seeds else [],
+        "decisions": [] if args.skip_decisions else decision_table(tokens, seeds, power_seeds, positions),
+        "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds,
+                                   args.coverage_positions or positions[0], tuple(args.coverage_kinds.split(",")),
+                                   exact_limit=args.coverage_exact_limit) if args.coverage_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))

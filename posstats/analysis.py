@@ -43,8 +43,15 @@ from posstats.estimates.noise import (
     noise_floor,
     null_rank,
 )
+from posstats.estimates.pair_jackknife import (
+    MAX_CORRECTION_SDS,
+    draw_jackknife_pairs,
+    pair_jackknife_interval,
+    pair_noise_share,
+    pair_replicates,
+)
 from posstats.estimates.permutation import permutation_null
-from posstats.estimates.sampled import SampledGeometry
+from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import split_noise_floor
 from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, Verdict, standout_positions, verdict
@@ -613,6 +620,8 @@ class _Geometry:
     hellinger_summary: dict[str, Any] | None
     distances: np.ndarray | None = None
     flat: bool = False  # every corpus distance is 0: no encoding is scored (stress would be 0/0)
+    # the sampled path: the stress jackknife's pairs (i, j) and their corpus distances h
+    jackknife_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def analyze(
@@ -677,9 +686,9 @@ def analyze(
                                       distances=geometry.distances)
     if null is not None:
         sections["null"] = null
-    if geometry.encodings and not large:
+    if geometry.encodings:
         t = time.perf_counter()
-        _stress_intervals(geometry.encodings, g, corrected=bias is not None, config=config,
+        _stress_intervals(geometry, g, corrected=bias is not None, config=config,
                           noise_share=((null or {}).get("distance_noise") or {}).get("share"), show_progress=show_progress)
         timings["stress_intervals"] = time.perf_counter() - t
     if homogeneity is not None:
@@ -797,18 +806,27 @@ def _exact_geometry(
 _JACKKNIFE_LIMIT = 2048  # geometry rows up to which exact stresses get jackknife intervals
 _JACKKNIFE_SMACOF_LIMIT = 128  # ... and SMACOF is refitted on every replicate (O(m^2) per iteration)
 _JACKKNIFE_MIN_OCCUPANCY = 20  # a row this full keeps a token in every replicate (P(empty) <= 0.1^20)
+_THIN_ROWS = f"none: a geometry row has fewer than {_JACKKNIFE_MIN_OCCUPANCY} tokens (--min-occupancy raises the floor)"
 
 
-def _stress_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: bool, config: AnalysisConfig,
+def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: AnalysisConfig,
                       noise_share: float | None, show_progress: bool | None) -> None:
-    """Jackknife intervals on the exact stresses (:func:`_jackknife_intervals`), given as 95 %
-    intervals only while sampling noise alone stays below ``DISTANCE_NOISE_CAVEAT`` of the
-    summed distances (``null.distance_noise.share``). Above it the stresses lean toward
-    the noise and the intervals cover far less than 95 % (docs/calibration.md: 28-58 % on
-    planted corpora), so the entry's ``*_ci95`` stay zero-width and the jackknife's range
-    moves to ``scaled_stress_tie_range``: the verdict still calls encodings within it tied
-    (no winner named inside the sampling spread), nothing prints it as an interval."""
-    _jackknife_intervals(results, g, corrected=corrected, config=config, show_progress=show_progress)
+    """Jackknife intervals on the stresses: up to ``_JACKKNIFE_LIMIT`` rows the delete-a-group
+    jackknife with refits (:func:`_jackknife_intervals`), above it the pair-sample jackknife
+    of the fixed encodings (:func:`_pair_intervals`), given as 95 % intervals only while
+    sampling noise alone stays below ``DISTANCE_NOISE_CAVEAT`` of the summed distances
+    (``null.distance_noise.share``, or the pairs' own share where no shuffle null gave it).
+    Above it the stresses lean toward the noise and the intervals cover far less than 95 %
+    (docs/calibration.md: 28-58 % on planted corpora), so the entry's ``*_ci95`` stay
+    zero-width and the jackknife's range moves to ``scaled_stress_tie_range``: the verdict
+    still calls encodings within it tied (no winner named inside the sampling spread),
+    nothing prints it as an interval."""
+    results = geometry.encodings
+    if geometry.jackknife_pairs is None and len(g.positions) <= _JACKKNIFE_LIMIT:
+        _jackknife_intervals(results, g, corrected=corrected, config=config, show_progress=show_progress)
+    else:
+        noise_share = _pair_intervals(geometry, g, corrected=corrected, config=config, noise_share=noise_share,
+                                      show_progress=show_progress)
     if noise_share is None or noise_share < DISTANCE_NOISE_CAVEAT:
         return
     why = (f"none: sampling noise alone gives {min(noise_share, 1.0):.0%} of the summed distances "
@@ -830,14 +848,9 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
     ``_JACKKNIFE_LIMIT`` rows or with rows of fewer than ``_JACKKNIFE_MIN_OCCUPANCY``
     tokens, nor for SMACOF above ``_JACKKNIFE_SMACOF_LIMIT`` rows."""
     m = len(g.positions)
-    why = None
-    if m > _JACKKNIFE_LIMIT:
-        why = f"none: {m:,} geometry rows > {_JACKKNIFE_LIMIT:,} (a jackknife recomputes the m x m distances 10 times)"
-    elif float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY:
-        why = f"none: a geometry row has fewer than {_JACKKNIFE_MIN_OCCUPANCY} tokens (--min-occupancy raises the floor)"
-    if why:
+    if float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY:
         for e in results:
-            e["stress_interval"] = why
+            e["stress_interval"] = _THIN_ROWS
         return
     jobs = [(dim, spec) for dim, spec in encoding_jobs(config, m)
             if m <= _JACKKNIFE_SMACOF_LIMIT or not family_of(spec).quadratic]
@@ -872,6 +885,92 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
             continue
         e["stress_ci95"], e["scaled_stress_ci95"] = raw, scaled
         e["stress_interval"] = f"jackknife, {JACKKNIFE_GROUPS} random token groups, cut to the quantity's range"
+
+
+def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: AnalysisConfig,
+                    noise_share: float | None, show_progress: bool | None) -> float | None:
+    """Above ``_JACKKNIFE_LIMIT`` rows: token-noise intervals on the stresses of the fixed
+    encodings from the pair-sample jackknife (:mod:`posstats.estimates.pair_jackknife`), on
+    the exact path around the exact stress, on the sampled path around the sampled one
+    with its pair-sampling error added. Fitted encodings (the replicates would have to
+    refit them) get none: their pair-sampling interval, if any, moves to
+    ``scaled_stress_tie_range``. Returns the noise share the intervals are judged by: the
+    null's, else the pairs' own (:func:`posstats.estimates.pair_jackknife.pair_noise_share`)."""
+    results = geometry.encodings
+    m = len(g.positions)
+    sampled = geometry.jackknife_pairs is not None
+    fitted_why = (f"none: a fitted encoding is refitted by the jackknife only on the exact path up to {_JACKKNIFE_LIMIT:,} geometry rows "
+                  "(its interval would leave out its own fit to the noise)")
+    jobs = list(zip(encoding_jobs(config, m), results, strict=True))
+    fixed = [(dim, spec, e) for (dim, spec), e in jobs if not family_of(spec).fitted]
+    for (_, spec), e in jobs:
+        if family_of(spec).fitted:
+            if sampled:
+                e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
+                e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
+            e["stress_interval"] = fitted_why
+    thin = float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY
+    if thin:
+        for _, _, e in fixed:
+            e["stress_interval"] = _THIN_ROWS
+    rows = sp.csr_array(g.rows, dtype=np.int64) if not sp.issparse(g.rows) else sp.csr_array(g.rows)
+    rows.sum_duplicates()
+    if sampled:
+        i, j, h = geometry.jackknife_pairs
+    else:
+        i, j = draw_jackknife_pairs(m, entries_per_row=rows.nnz / m, seed=config.seed)
+        h = geometry.distances[i, j]
+    if noise_share is None:
+        noise_share = pair_noise_share(rows, i, j, h, corrected=corrected, seed=config.seed)
+    if thin or not fixed:
+        return noise_share
+    e_of = {(dim, e["name"]): _encoding_pair_distances_of(spec, dim, g, i, j) for dim, spec, e in fixed}
+    full = {key: stress_from_pairs(x, h) for key, x in e_of.items()}
+
+    def statistic(h_r: np.ndarray) -> dict[tuple[int, str, str], float]:
+        out = {}
+        for key, x in e_of.items():
+            rep = stress_from_pairs(x, h_r)
+            out[(*key, "stress")], out[(*key, "scaled_stress")] = rep.stress, rep.scaled_stress
+        return out
+
+    with progress(total=JACKKNIFE_GROUPS, desc="stress intervals", unit="replicate", enabled=show_progress) as bar:
+        reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update)
+    for dim, _, e in fixed:
+        key = (dim, e["name"])
+        sd = {q: (e[f"{q}_ci95"][1] - e[f"{q}_ci95"][0]) / (2 * _Z95) if sampled else 0.0
+              for q in ("stress", "scaled_stress")}
+        raw = pair_jackknife_interval(e["stress"], full[key].stress, reps[(*key, "stress")], pair_sd=sd["stress"],
+                                      bounds=(0.0, math.inf))
+        scaled = pair_jackknife_interval(e["scaled_stress"], full[key].scaled_stress, reps[(*key, "scaled_stress")],
+                                         pair_sd=sd["scaled_stress"], bounds=(0.0, 1.0))
+        if raw.interval is None or scaled.interval is None:
+            e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0; the zero-width "
+                                    "interval is the estimate")
+            continue
+        if not scaled.trusted:  # judged on the scaled stress, the quantity the verdict compares
+            e["scaled_stress_tie_range"] = scaled.interval
+            e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
+            e["stress_interval"] = (f"none: the jackknife's bias correction of the scaled stress ({scaled.correction:+.2g}) "
+                                    f"is {abs(scaled.correction) / scaled.sd:.1f} of its standard deviations "
+                                    f"(> {MAX_CORRECTION_SDS:g}): pairs inside their noise leave a bias it does not "
+                                    "remove (docs/calibration.md); the range only decides ties")
+            continue
+        e["stress_ci95"], e["scaled_stress_ci95"] = raw.interval, scaled.interval
+        e["stress_interval"] = (f"jackknife, {JACKKNIFE_GROUPS} random deletions of a tenth of the tokens, on "
+                                f"{i.size:,} sampled pairs" + (" plus the stress's own pair sampling" if sampled
+                                                               else "") + ", cut to the quantity's range")
+    return noise_share
+
+
+_Z95 = 1.959963984540054
+
+
+def _encoding_pair_distances_of(spec: str, dim: int, g: _Rows, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``|p_i - p_j|`` of a fixed encoding over the pairs."""
+    p = np.asarray(make_encoding(spec, g.positions, dim, occupancy=g.occupancy, context=g.context).matrix,
+                   dtype=np.float64)
+    return _encoding_pair_distances(p, i, j)
 
 
 # ----------------------------------------------------------------------------- sampled path
@@ -942,6 +1041,10 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
         "stress_method": "sampled",
         "stress_ci95": list(st.stress_ci95),
         "scaled_stress_ci95": list(st.scaled_stress_ci95),
+        # the error of sampling pairs alone (the corpus' own sampling noise is added by the
+        # stress intervals' jackknife, which replaces the two above)
+        "stress_pairs_ci95": list(st.stress_ci95),
+        "scaled_stress_pairs_ci95": list(st.scaled_stress_ci95),
         "scale_ci95": list(st.scale_ci95),
         "pearson_ci95": list(st.pearson_ci95),
         "stress_pairs": st.pairs,
@@ -1046,7 +1149,9 @@ def _sampled_geometry(
             results.append(_sampled_entry(dim, enc, st, sampled, g.positions, config))
             bar.update(1)
     timings["encodings"] = time.perf_counter() - t
-    return _Geometry(mds, diagnostics, results, summary)
+    # the stress intervals' pairs, drawn while the square-root rows are held
+    i, j = draw_jackknife_pairs(m, entries_per_row=float(np.mean(sampled.row_entries)), seed=config.seed)
+    return _Geometry(mds, diagnostics, results, summary, jackknife_pairs=(i, j, sampled.distances(i, j)))
 
 
 def _mean_interval(x: np.ndarray) -> list[float]:

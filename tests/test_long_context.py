@@ -170,13 +170,17 @@ def test_sampled_path_agrees_with_the_exact_path(planted, noise, distances):
     assert r["diagnostics"]["a3"]["method"] == "sampled"
     for e_exact, e_s in zip(exact.report()["encodings"], r["encodings"], strict=True):
         assert e_s["stress_method"] == "sampled" and e_exact["stress_method"] == "exact"
-        lo, hi = e_s["scaled_stress_ci95"]
+        # the pair-sampling intervals (the stress intervals add the corpus' token noise)
+        lo, hi = e_s["scaled_stress_pairs_ci95"]
         assert hi - lo <= 2 * 4e-3 + 1e-12
         # 95 % intervals: allow a little slack so 12 intervals do not flake together
         slack = 0.5 * (hi - lo)
         assert lo - slack <= e_exact["scaled_stress"] <= hi + slack
-        lo, hi = e_s["stress_ci95"]
+        lo, hi = e_s["stress_pairs_ci95"]
         assert lo - (hi - lo) <= e_exact["stress"] <= hi + (hi - lo)
+        if e_s["name"] == "mds":  # fitted: no 95 % interval, the pairs' range decides ties
+            assert e_s["scaled_stress_ci95"] == [e_s["scaled_stress"]] * 2
+            assert e_s["scaled_stress_tie_range"] == e_s["scaled_stress_pairs_ci95"]
         if e_s["dim"] <= 8:
             assert e_s["min_separation_method"] == "exact"
             np.testing.assert_allclose(e_s["min_separation"], e_exact["min_separation"], rtol=1e-6)

@@ -135,6 +135,15 @@ def _interval(e: dict[str, Any], report: dict[str, Any]) -> tuple[list[float] | 
     return None, None
 
 
+def _why_none(e: dict[str, Any]) -> str:
+    """Why a report entry has no scaled-stress interval: its own reason (``stress_interval``:
+    fitted above the jackknife's limit, noise, ...), else the exact stress's."""
+    why = str(e.get("stress_interval") or "")
+    if why.startswith("none:"):
+        return why
+    return "none (exact stress over all pairs: analyse with --bootstrap B for intervals)"
+
+
 def _noisy_sides(a: SideGeometry, b: SideGeometry) -> str | None:
     """Why stress intervals cannot be compared: a side whose distances are at least
     ``DISTANCE_NOISE_CAVEAT`` noise (its report's ``null.distance_noise.share``), whose
@@ -165,7 +174,7 @@ def _encodings_entry(a: SideGeometry, b: SideGeometry) -> list[dict[str, Any]]:
         if noisy:
             exceeds, interval = None, noisy
         elif ia is None or ib is None:
-            exceeds, interval = None, "none (exact stress over all pairs: analyse with --bootstrap B for intervals)"
+            exceeds, interval = None, _why_none(ea if ia is None else eb)
         else:
             exceeds, interval = bool(ia[1] < ib[0] or ib[1] < ia[0]), kind_a
         out.append({

@@ -1,0 +1,300 @@
+"""Token-noise intervals on stress from a fixed sample of pairs: a random delete-d jackknife.
+
+Up to 2,048 geometry rows an encoding's stress gets its interval from the delete-a-group
+jackknife of :mod:`posstats.estimates.jackknife`, which recomputes the m x m distances and
+refits the fitted encodings ten times. Above that this module measures the same sampling
+noise of the corpus (its tokens) on a fixed sample of pairs, for encodings that are not
+refitted (the fixed ones: sinusoidal, RoPE, ALiBi, ...).
+
+**Replicates.** Replicate r keeps every token independently with probability ``1 - f``
+(``f = 1/K``, ``K = 10``): the kept counts are ``Binomial(C[i, v], 1 - f)``, drawn one
+replicate at a time (no K x nnz split is ever held: at 10^8 stored counts that would be
+8 GB). Each replicate recomputes the per-position bias ``b_i`` from its own counts, the
+corrected distances of the P pairs, and the statistic on them. This is the delete-d
+jackknife (Shao and Wu 1989; Shao and Tu 1995, section 2.3) with randomly chosen deleted
+sets (Shao 1989): with ``d / n = f``,
+
+    var = (1 - f) / f * mean_r (theta_r - theta_.)^2,      bias = (1 - f) / f * (theta_. - theta),
+
+which at ``f = 1/K`` with ``K`` replicates are the formulas of the grouped jackknife
+(:func:`posstats.estimates.jackknife.jackknife_interval`, ``(K - 1) / K sum_g``); the
+interval uses Student's t with ``K - 1`` degrees of freedom as there.
+
+**Pairs.** Row i's noise reaches a stress through the pairs that contain it. With P pairs
+drawn uniformly, a row is in ``2 P / m`` of them on average, and the variance of the stress
+of P pairs is at least that of all pairs: ``1 + m / (2 P)`` times it when a row's noise
+moves all its pairs alike (the rows' weights vary as Poisson counts do), more when it moves
+each pair its own way (what P pairs do not average out). The interval is therefore never
+narrower than one on all pairs. ``P = 4 m`` (1.125 times at most in the first case), fewer
+when the pairs' rows would gather more than ``2^28`` stored entries a replicate (about 4 s
+here), but never fewer than m (:func:`jackknife_pairs`).
+
+**The interval** (:func:`pair_jackknife_interval`): the reported estimate (exact over all
+pairs, or sampled) is shifted by the jackknife's bias measured on the P pairs, ``theta_J =
+theta - (K - 1) (theta_. - theta_P)`` with ``theta_P`` the full data's value on those pairs,
+and given ``+- t_{K-1, 0.975} sqrt(sd_tokens^2 + sd_pairs^2)``: a sampled estimate also
+carries the error of its own pair sample (``sd_pairs``), independent of the tokens'.
+
+**When the bias correction is too large to trust** (:data:`MAX_CORRECTION_SDS`). The
+jackknife removes a bias of order 1/N. Pairs whose true ``d_H^2`` lies within the noise of
+its estimate add another one: ``sqrt(max(d^2_hat, 0))`` there is biased by the order of the
+noise's square root (order ``N^-1/2``), of which a 1/N extrapolation removes about half. It
+does not shrink with the number of positions while the standard deviation does, so at
+thousands of positions it dominates an encoding whose stress is small: on a drift at
+n = 4,096, N = 20,000, ALiBi's scaled stress 0.0087 was corrected to 0.0073 (sd 0.00007)
+against a truth of 0.0068. An interval is therefore given only while the correction
+``|theta - theta_J|`` is at most ``MAX_CORRECTION_SDS`` of the interval's standard
+deviation; above, the analysis gives none and keeps the range for ties (docs/calibration.md).
+
+**Noise share** (:func:`pair_noise_share`): the share of the summed distances that
+sampling noise alone reaches, for the analysis' rule that withholds intervals at 10 % or
+more (docs/calibration.md). Up to 4,096 rows the shuffle null gives it; above, the rows of
+a few thousand pairs are redrawn from the pooled distribution with their own occupancies
+(a stationary corpus with the data's margins: the shuffle null's law, drawn with
+replacement, which at these sizes is the same), pushed through the data's estimator, and
+their summed distances divided by the data's on the same pairs.
+
+The tokens of one document are dependent; a token split treats them as independent, so
+with dependent tokens these intervals are too narrow (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.stats import t as student_t
+
+from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_sd
+from posstats.estimates.sampled import SampledGeometry, sample_pairs
+from posstats.estimates.sampling_variance import position_sampling_variance
+
+__all__ = [
+    "MAX_CORRECTION_SDS",
+    "PAIR_ENTRIES_BUDGET",
+    "PairInterval",
+    "draw_jackknife_pairs",
+    "SHARE_PAIRS",
+    "jackknife_pairs",
+    "pair_jackknife_interval",
+    "pair_noise_share",
+    "pair_replicates",
+    "thinned_rows",
+]
+
+PAIR_ENTRIES_BUDGET = 1 << 28
+MAX_CORRECTION_SDS = 2.0
+SHARE_PAIRS = 4096
+_TOKENS_PER_DRAW = 1 << 24  # null tokens drawn at a time (their int64 row and token ids: 256 MiB)
+
+
+def jackknife_pairs(m: int, /, *, entries_per_row: float = 0.0, budget: int = PAIR_ENTRIES_BUDGET) -> int:
+    """Pairs the replicates are computed on: ``4 m``, or as many as gather ``budget``
+    stored entries (a pair gathers its two rows) when that is fewer, and at least m
+    (module docstring).
+
+    >>> jackknife_pairs(4096), jackknife_pairs(131_072, entries_per_row=763.0)
+    (16384, 175907)
+    """
+    m = int(m)
+    if entries_per_row <= 0:
+        return 4 * m
+    return int(min(4 * m, max(m, budget // (2.0 * entries_per_row))))
+
+
+def thinned_rows(rows: sp.csr_array, keep: float, rng: np.random.Generator, /) -> sp.csr_array:
+    """``Binomial(C[i, v], keep)`` of every stored count, on the counts' own pattern (kept
+    zeros stay stored: they add nothing to a row dot product or a variance).
+
+    Args:
+        rows: (m, V) canonical integer CSR counts.
+        keep: the probability that a token is kept, in (0, 1].
+        rng: the randomness.
+
+    Returns:
+        (m, V) int64 CSR sharing ``rows``' index arrays.
+    """
+    if not 0.0 < keep <= 1.0:
+        msg = f"keep must be in (0, 1], got {keep}"
+        raise ValueError(msg)
+    data = rng.binomial(np.asarray(rows.data, dtype=np.int64), keep)
+    out = sp.csr_array((data, rows.indices, rows.indptr), shape=rows.shape)
+    out.has_canonical_format = True  # the pattern is the input's, which was canonical
+    return out
+
+
+def pair_replicates(
+    rows: Any,
+    i: np.ndarray,
+    j: np.ndarray,
+    statistic: Callable[[np.ndarray], Mapping[Any, float]],
+    /,
+    *,
+    corrected: bool,
+    replicates: int = JACKKNIFE_GROUPS,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[Any, np.ndarray]:
+    """``statistic`` of the pairs' corpus distances ``d_H`` in ``replicates`` corpora that
+    each keep every token with probability ``1 - 1/replicates`` (module docstring).
+
+    Args:
+        rows: (m, V) integer counts, every row occupied (sparse or dense).
+        i, j: (P,) the pairs, row indices.
+        statistic: maps the (P,) distances ``d_H`` of one replicate to named values.
+        corrected: distances bias-corrected by each replicate's own ``b``
+            (:func:`posstats.estimates.sampling_variance.position_sampling_variance`).
+        replicates: K >= 2; each deletes a fraction 1 / K.
+        seed: seeds the thinning.
+        progress: called with 1 after each replicate.
+
+    Returns:
+        ``{name: (K,) replicate values}``.
+    """
+    if replicates < 2:
+        msg = f"a delete-d jackknife needs at least 2 replicates, got {replicates}"
+        raise ValueError(msg)
+    c = sp.csr_array(rows, dtype=np.int64) if not sp.issparse(rows) else sp.csr_array(rows)
+    c.sum_duplicates()
+    keep = 1.0 - 1.0 / replicates
+    out: dict[Any, list[float]] = {}
+    for r in range(replicates):
+        kept = thinned_rows(c, keep, np.random.default_rng([seed, 13, r]))
+        bias = position_sampling_variance(kept) if corrected else None
+        h = SampledGeometry(kept, bias=bias).distances(i, j)
+        del kept
+        for name, value in statistic(h).items():
+            out.setdefault(name, []).append(float(value))
+        if progress is not None:
+            progress(1)
+    return {name: np.asarray(v) for name, v in out.items()}
+
+
+@dataclass(frozen=True)
+class PairInterval:
+    """A pair-sample jackknife interval (:func:`pair_jackknife_interval`).
+
+    Attributes:
+        interval: ``[low, high]`` cut to the quantity's range, or None when it lies
+            entirely outside it.
+        correction: ``estimate - theta_J``, the jackknife's bias estimate.
+        sd: ``sqrt(sd_J^2 + pair_sd^2)``.
+    """
+
+    interval: list[float] | None
+    correction: float
+    sd: float
+
+    @property
+    def trusted(self) -> bool:
+        """The correction is at most :data:`MAX_CORRECTION_SDS` standard deviations
+        (module docstring)."""
+        return abs(self.correction) <= MAX_CORRECTION_SDS * self.sd
+
+
+def pair_jackknife_interval(
+    estimate: float,
+    on_pairs: float,
+    replicates: Any,
+    /,
+    *,
+    pair_sd: float = 0.0,
+    level: float = 0.95,
+    bounds: tuple[float, float] | None = None,
+) -> PairInterval:
+    """``theta_J -+ t_{K-1} sqrt(sd_J^2 + pair_sd^2)`` around ``theta_J = estimate - (K - 1)
+    (mean(replicates) - on_pairs)`` (module docstring).
+
+    Args:
+        estimate: the reported value (exact, or sampled from its own pairs).
+        on_pairs: the full data's value on the jackknife's pairs.
+        replicates: (K,) the replicates' values on those pairs (:func:`pair_replicates`).
+        pair_sd: the standard error of ``estimate`` from sampling its pairs (0 when exact).
+        level: two-sided level.
+        bounds: the range the quantity can take; the interval is cut to it, and is None
+            when it lies entirely outside (as :func:`posstats.estimates.jackknife.jackknife_interval`).
+
+    Returns:
+        :class:`PairInterval` (interval, correction, sd).
+    """
+    x = np.asarray(replicates, dtype=np.float64).ravel()
+    k = x.size
+    correction = (k - 1) * (float(x.mean()) - float(on_pairs))
+    centre = float(estimate) - correction
+    sd = float(np.hypot(jackknife_sd(x), pair_sd))
+    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * sd
+    lo, hi = centre - half, centre + half
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+        if lo > hi:
+            return PairInterval(None, correction, sd)
+    return PairInterval([lo, hi], correction, sd)
+
+
+def _pooled_null_rows(occupancy: np.ndarray, pooled: np.ndarray, rng: np.random.Generator) -> sp.csr_array:
+    """(r, V) counts: row k holds ``occupancy[k]`` tokens drawn from ``pooled / sum(pooled)``,
+    drawn in blocks of rows of at most ``_TOKENS_PER_DRAW`` tokens."""
+    cdf = np.cumsum(pooled, dtype=np.float64)
+    cdf /= cdf[-1]
+    vocab = pooled.size
+    blocks = []
+    lo = 0
+    ends = np.cumsum(occupancy)
+    while lo < occupancy.size:
+        start = ends[lo] - occupancy[lo]
+        hi = max(lo + 1, int(np.searchsorted(ends, start + _TOKENS_PER_DRAW, side="right")))
+        occ = occupancy[lo:hi]
+        tokens = np.minimum(np.searchsorted(cdf, rng.random(int(occ.sum())), side="right"), vocab - 1)
+        row_of = np.repeat(np.arange(hi - lo), occ)
+        block = sp.csr_array((np.ones(tokens.size, dtype=np.int64), (row_of, tokens)), shape=(hi - lo, vocab))
+        block.sum_duplicates()
+        blocks.append(block)
+        lo = hi
+    return sp.csr_array(sp.vstack(blocks, format="csr"))
+
+
+def pair_noise_share(
+    rows: Any,
+    i: np.ndarray,
+    j: np.ndarray,
+    h: np.ndarray,
+    /,
+    *,
+    corrected: bool,
+    pairs: int = SHARE_PAIRS,
+    seed: int = 0,
+) -> float | None:
+    """The share of the pairs' summed distances that sampling noise alone reaches: the
+    first ``pairs`` pairs' distances in a stationary corpus with the data's occupancies and
+    pooled distribution (module docstring), over the data's ``h`` on the same pairs. None
+    when the data's sum is 0.
+
+    Args:
+        rows: (m, V) integer counts.
+        i, j: (P,) pairs; ``h``: (P,) their corpus distances ``d_H`` (plug-in or corrected,
+            as ``corrected`` says).
+        corrected: the null's distances corrected by its own ``b``.
+        pairs: how many of the pairs (the first) are redrawn.
+        seed: seeds the draw.
+    """
+    c = sp.csr_array(rows)
+    i, j, h = i[:pairs], j[:pairs], np.asarray(h[:pairs], dtype=np.float64)
+    data = float(h.sum())
+    if not data > 0:
+        return None
+    touched, inverse = np.unique(np.concatenate([i, j]), return_inverse=True)
+    occupancy = np.asarray(c.sum(axis=1)).ravel().astype(np.int64)[touched]
+    pooled = np.asarray(c.sum(axis=0)).ravel().astype(np.float64)
+    null = _pooled_null_rows(occupancy, pooled, np.random.default_rng([seed, 17]))
+    bias = position_sampling_variance(null) if corrected else None
+    ii, jj = inverse[: i.size], inverse[i.size :]
+    return float(SampledGeometry(null, bias=bias).distances(ii, jj).sum()) / data
+
+
+def draw_jackknife_pairs(m: int, /, *, entries_per_row: float = 0.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The jackknife's :func:`jackknife_pairs` pairs of m rows, uniform over i < j."""
+    count = jackknife_pairs(m, entries_per_row=entries_per_row)
+    return sample_pairs(m, count, rng=np.random.default_rng([seed, 19]))
