@@ -894,8 +894,11 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
     the exact path around the exact stress, on the sampled path around the sampled one
     with its pair-sampling error added. Fitted encodings (the replicates would have to
     refit them) get none: their pair-sampling interval, if any, moves to
-    ``scaled_stress_tie_range``. Returns the noise share the intervals are judged by: the
-    null's, else the pairs' own (:func:`posstats.estimates.pair_jackknife.pair_noise_share`)."""
+    ``scaled_stress_tie_range``. Where the noise share reaches ``DISTANCE_NOISE_CAVEAT`` no
+    interval will be given (:func:`_stress_intervals`), and the range for ties is computed
+    on the first m/8 pairs only (their rows are fewer: at 202 M tokens, n = 131,072, about
+    a third of the time). Returns the noise share the intervals are judged by: the null's,
+    else the pairs' own (:func:`posstats.estimates.pair_jackknife.pair_noise_share`)."""
     results = geometry.encodings
     m = len(g.positions)
     sampled = geometry.jackknife_pairs is not None
@@ -914,7 +917,7 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
         for _, _, e in fixed:
             e["stress_interval"] = _THIN_ROWS
     rows = sp.csr_array(g.rows, dtype=np.int64) if not sp.issparse(g.rows) else sp.csr_array(g.rows)
-    rows.sum_duplicates()
+    rows.sum_duplicates()  # a no-op on canonical counts (no copy)
     if sampled:
         i, j, h = geometry.jackknife_pairs
     else:
@@ -924,6 +927,13 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
         noise_share = pair_noise_share(rows, i, j, h, corrected=corrected, seed=config.seed)
     if thin or not fixed:
         return noise_share
+    noisy = noise_share is not None and noise_share >= DISTANCE_NOISE_CAVEAT
+    if noisy:
+        # no 95 % interval will be given, only a range for ties: on the first m/8 pairs (a
+        # uniform sample too), whose rows are fewer; a range wider than on 4 m pairs, which
+        # only calls more encodings tied
+        count = min(i.size, max(m // 8, 1024))
+        i, j, h = i[:count], j[:count], h[:count]
     e_of = {(dim, e["name"]): _encoding_pair_distances_of(spec, dim, g, i, j) for dim, spec, e in fixed}
     full = {key: stress_from_pairs(x, h) for key, x in e_of.items()}
 
@@ -948,7 +958,9 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
             e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0; the zero-width "
                                     "interval is the estimate")
             continue
-        if not scaled.trusted:  # judged on the scaled stress, the quantity the verdict compares
+        # judged on the scaled stress, the quantity the verdict compares; where noise withholds
+        # every interval (_stress_intervals) that is the reason given
+        if not scaled.trusted and not noisy:
             e["scaled_stress_tie_range"] = scaled.interval
             e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
             e["stress_interval"] = (f"none: the jackknife's bias correction of the scaled stress ({scaled.correction:+.2g}) "

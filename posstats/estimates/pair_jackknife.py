@@ -88,7 +88,8 @@ __all__ = [
 PAIR_ENTRIES_BUDGET = 1 << 28
 MAX_CORRECTION_SDS = 2.0
 SHARE_PAIRS = 4096
-_TOKENS_PER_DRAW = 1 << 24  # null tokens drawn at a time (their int64 row and token ids: 256 MiB)
+_TOKENS_PER_DRAW = 1 << 24
+_THIN_BLOCK = 1 << 22  # counts thinned at a time  # null tokens drawn at a time (their int64 row and token ids: 256 MiB)
 
 
 def jackknife_pairs(m: int, /, *, entries_per_row: float = 0.0, budget: int = PAIR_ENTRIES_BUDGET) -> int:
@@ -115,12 +116,14 @@ def thinned_rows(rows: sp.csr_array, keep: float, rng: np.random.Generator, /) -
         rng: the randomness.
 
     Returns:
-        (m, V) int64 CSR sharing ``rows``' index arrays.
+        (m, V) CSR of ``rows``' integer type, sharing its index arrays.
     """
     if not 0.0 < keep <= 1.0:
         msg = f"keep must be in (0, 1], got {keep}"
         raise ValueError(msg)
-    data = rng.binomial(np.asarray(rows.data, dtype=np.int64), keep)
+    data = np.empty_like(rows.data)  # the counts' own integer type: no int64 copy of 1e8 counts
+    for a in range(0, data.size, _THIN_BLOCK):
+        data[a : a + _THIN_BLOCK] = rng.binomial(rows.data[a : a + _THIN_BLOCK], keep)
     out = sp.csr_array((data, rows.indices, rows.indptr), shape=rows.shape)
     out.has_canonical_format = True  # the pattern is the input's, which was canonical
     return out
@@ -158,7 +161,11 @@ def pair_replicates(
         msg = f"a delete-d jackknife needs at least 2 replicates, got {replicates}"
         raise ValueError(msg)
     c = sp.csr_array(rows, dtype=np.int64) if not sp.issparse(rows) else sp.csr_array(rows)
-    c.sum_duplicates()
+    c.sum_duplicates()  # a no-op on canonical counts (no copy)
+    touched, inverse = np.unique(np.concatenate([i, j]), return_inverse=True)
+    if touched.size < c.shape[0]:  # only the pairs' rows are thinned and square-rooted
+        c = c[touched]
+        i, j = inverse[: i.size], inverse[i.size :]
     keep = 1.0 - 1.0 / replicates
     out: dict[Any, list[float]] = {}
     for r in range(replicates):

@@ -132,11 +132,33 @@ def position_sampling_variance(rows: Any, /, *, multinomial: bool = True) -> np.
     if sp.issparse(rows):
         csr = sp.csr_array(rows)
         csr.sum_duplicates()
-        data = np.asarray(csr.data)
-        row_of = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+        return _csr_sampling_variance(csr, multinomial=multinomial)
     else:
         dense = np.asarray(rows)
         row_of, col = np.nonzero(dense)
         data = dense[row_of, col]
     occupancy = np.bincount(row_of, weights=data, minlength=rows.shape[0])
     return np.nan_to_num(entries_sampling_variance(data, row_of, occupancy, multinomial=multinomial), nan=0.0)
+
+
+_ENTRIES_PER_BLOCK = 1 << 22  # stored counts per block of rows (a few float64 temporaries of 32 MiB)
+
+
+def _csr_sampling_variance(csr: sp.csr_array, /, *, multinomial: bool) -> np.ndarray:
+    """:func:`position_sampling_variance` of canonical CSR counts, a block of rows at a time
+    (whole-matrix temporaries would be several arrays of one entry per stored count: about
+    5 GB at 1.2e8 entries)."""
+    m = csr.shape[0]
+    out = np.zeros(m, dtype=np.float64)
+    indptr = np.asarray(csr.indptr, dtype=np.int64)
+    lo = 0
+    while lo < m:
+        hi = max(lo + 1, int(np.searchsorted(indptr, indptr[lo] + _ENTRIES_PER_BLOCK, side="right")) - 1)
+        hi = min(hi, m)
+        a, b = int(indptr[lo]), int(indptr[hi])
+        data = np.asarray(csr.data[a:b])
+        row_of = np.repeat(np.arange(hi - lo), np.diff(indptr[lo : hi + 1]))
+        occupancy = np.bincount(row_of, weights=data, minlength=hi - lo)
+        out[lo:hi] = np.nan_to_num(entries_sampling_variance(data, row_of, occupancy, multinomial=multinomial), nan=0.0)
+        lo = hi
+    return out
