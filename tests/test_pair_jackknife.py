@@ -17,7 +17,7 @@ from posstats.estimates.pair_jackknife import (
     pair_jackknife_interval,
     pair_noise_share,
     pair_replicates,
-    thinned_rows,
+    token_groups,
 )
 from posstats.estimates.sampled import SampledGeometry, sample_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
@@ -26,17 +26,16 @@ from posstats.geometry.stress import stress_report
 from posstats.testing import known_corpus
 
 
-def test_thinning_keeps_the_pattern_and_the_expected_share_of_tokens():
-    rows = sp.csr_array(np.array([[5000, 0, 300], [0, 4000, 100]]))
-    before = rows.data.copy()
-    kept = thinned_rows(rows, 0.9, np.random.default_rng(0))
-    np.testing.assert_array_equal(rows.data, before)  # the input is untouched
-    assert np.shares_memory(kept.indices, rows.indices) and np.shares_memory(kept.indptr, rows.indptr)
-    assert np.all(kept.data <= rows.data)
-    # Binomial(9,400, 0.9): mean 8,460, sd 29
-    assert abs(kept.data.sum() - 8460) < 5 * 29
-    with pytest.raises(ValueError, match="keep must be in"):
-        thinned_rows(rows, 0.0, np.random.default_rng(0))
+def test_token_groups_split_every_count_and_leave_the_input():
+    counts = np.array([5000, 300, 4000, 100, 0, 1], dtype=np.int32)
+    before = counts.copy()
+    groups = list(token_groups(counts, 10, np.random.default_rng(0)))
+    np.testing.assert_array_equal(counts, before)
+    assert len(groups) == 10 and all(g.dtype == counts.dtype and np.all(g >= 0) for g in groups)
+    np.testing.assert_array_equal(np.sum(groups, axis=0), counts)  # a partition of the tokens
+    # each group is Binomial(count, 1/10) marginally: 500 +- 21 of the first count
+    first = np.array([g[0] for g in groups])
+    assert np.all(np.abs(first - 500) < 5 * 21.2)
 
 
 def test_pairs_follow_the_rows_and_the_gathering_budget():
