@@ -969,7 +969,7 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
                                     "remove (docs/calibration.md); the range only decides ties")
             continue
         e["stress_ci95"], e["scaled_stress_ci95"] = raw.interval, scaled.interval
-        e["stress_interval"] = (f"jackknife, {JACKKNIFE_GROUPS} random deletions of a tenth of the tokens, on "
+        e["stress_interval"] = (f"jackknife, {JACKKNIFE_GROUPS} random token groups, on "
                                 f"{i.size:,} sampled pairs" + (" plus the stress's own pair sampling" if sampled
                                                                else "") + ", cut to the quantity's range")
     return noise_share
