@@ -688,8 +688,12 @@ def analyze(
         sections["null"] = null
     if geometry.encodings:
         t = time.perf_counter()
-        _stress_intervals(geometry, g, corrected=bias is not None, config=config,
-                          noise_share=((null or {}).get("distance_noise") or {}).get("share"), show_progress=show_progress)
+        share = _stress_intervals(geometry, g, corrected=bias is not None, config=config,
+                                  noise_share=((null or {}).get("distance_noise") or {}).get("share"),
+                                  show_progress=show_progress)
+        if null is not None and share is not None and "distance_noise" not in null:
+            # no shuffle null (the analytic edge): the share the intervals were judged by
+            null["distance_noise"] = {"share": share, "method": "pairs (rows redrawn from the pooled distribution)"}
         timings["stress_intervals"] = time.perf_counter() - t
     if homogeneity is not None:
         sections["homogeneity"] = homogeneity
@@ -810,7 +814,7 @@ _THIN_ROWS = f"none: a geometry row has fewer than {_JACKKNIFE_MIN_OCCUPANCY} to
 
 
 def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: AnalysisConfig,
-                      noise_share: float | None, show_progress: bool | None) -> None:
+                      noise_share: float | None, show_progress: bool | None) -> float | None:
     """Jackknife intervals on the stresses: up to ``_JACKKNIFE_LIMIT`` rows the delete-a-group
     jackknife with refits (:func:`_jackknife_intervals`), above it the pair-sample jackknife
     of the fixed encodings (:func:`_pair_intervals`), given as 95 % intervals only while
@@ -820,7 +824,7 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
     (docs/calibration.md: 28-58 % on planted corpora), so the entry's ``*_ci95`` stay
     zero-width and the jackknife's range moves to ``scaled_stress_tie_range``: the verdict
     still calls encodings within it tied (no winner named inside the sampling spread),
-    nothing prints it as an interval."""
+    nothing prints it as an interval. Returns the noise share the intervals were judged by."""
     results = geometry.encodings
     if geometry.jackknife_pairs is None and len(g.positions) <= _JACKKNIFE_LIMIT:
         _jackknife_intervals(results, g, corrected=corrected, config=config, show_progress=show_progress)
@@ -828,7 +832,7 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
         noise_share = _pair_intervals(geometry, g, corrected=corrected, config=config, noise_share=noise_share,
                                       show_progress=show_progress)
     if noise_share is None or noise_share < DISTANCE_NOISE_CAVEAT:
-        return
+        return noise_share
     why = (f"none: sampling noise alone gives {min(noise_share, 1.0):.0%} of the summed distances "
            f"(>= {DISTANCE_NOISE_CAVEAT:.0%}): a 95 % interval would cover well below 95 % (docs/calibration.md); "
            "the jackknife's range (scaled_stress_tie_range) only decides ties")
@@ -837,6 +841,7 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
             e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
             e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
             e["stress_interval"] = why
+    return noise_share
 
 
 def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: bool, config: AnalysisConfig,

@@ -125,3 +125,14 @@ def test_intervals_above_the_limit_cover_and_say_how(path, monkeypatch):
                 lo, hi = e["scaled_stress_ci95"]
                 covered += int(lo <= _truth(kc, n, "sinusoidal", 2) <= hi)
     assert given >= 10 and covered >= given - 3, (covered, given)
+
+
+def test_the_pairs_noise_share_reaches_the_report_and_the_verdict():
+    """With the analytic edge (no shuffled corpora) the share the intervals were judged by is
+    reported as null.distance_noise, and a stationary corpus gets the verdict's caveat."""
+    cfg = AnalysisConfig(dims=(2,), encodings=("sinusoidal",), held_out="off", null="mp", exact_limit=32)
+    r = analyze(known_corpus("stationary", 64, tokens=2000, seed=3).counts, cfg).report()
+    noise = r["null"]["distance_noise"]
+    assert noise["method"].startswith("pairs") and noise["share"] > 0.5
+    assert r["encodings"][0]["stress_interval"].startswith("none: sampling noise alone gives")
+    assert any("null.distance_noise" in c for c in r["verdict"]["caveats"])
