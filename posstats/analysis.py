@@ -911,16 +911,13 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
                   "(its interval would leave out its own fit to the noise)")
     jobs = list(zip(encoding_jobs(config, m), results, strict=True))
     fixed = [(dim, spec, e) for (dim, spec), e in jobs if not family_of(spec).fitted]
+    thin = float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY
     for (_, spec), e in jobs:
-        if family_of(spec).fitted:
-            if sampled:
+        if family_of(spec).fitted or thin:
+            if sampled:  # the pairs' interval leaves out the token noise: a range for ties only
                 e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
                 e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
-            e["stress_interval"] = fitted_why
-    thin = float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY
-    if thin:
-        for _, _, e in fixed:
-            e["stress_interval"] = _THIN_ROWS
+            e["stress_interval"] = fitted_why if family_of(spec).fitted else _THIN_ROWS
     rows = sp.csr_array(g.rows, dtype=np.int64) if not sp.issparse(g.rows) else sp.csr_array(g.rows)
     rows.sum_duplicates()  # a no-op on canonical counts (no copy)
     if sampled:

@@ -136,3 +136,14 @@ def test_the_pairs_noise_share_reaches_the_report_and_the_verdict():
     assert noise["method"].startswith("pairs") and noise["share"] > 0.5
     assert r["encodings"][0]["stress_interval"].startswith("none: sampling noise alone gives")
     assert any("null.distance_noise" in c for c in r["verdict"]["caveats"])
+
+
+def test_thin_rows_get_no_interval_on_the_sampled_path():
+    """A row of fewer than 20 tokens could be emptied by a replicate: no jackknife, and the
+    pairs' interval (which leaves out the token noise) becomes a tie range, not a 95 % one."""
+    cfg = AnalysisConfig(dims=(2,), encodings=("sinusoidal",), held_out="off", null="none", exact_limit=32)
+    r = analyze(known_corpus("drift", 64, tokens=15, seed=4).counts, cfg).report()
+    e = r["encodings"][0]
+    assert e["stress_interval"].startswith("none: a geometry row has fewer than 20 tokens")
+    assert e["scaled_stress_ci95"] == [e["scaled_stress"]] * 2
+    assert e["scaled_stress_tie_range"] == e["scaled_stress_pairs_ci95"]
