@@ -79,9 +79,9 @@ from posstats.estimates.sampling_variance import position_sampling_variance
 __all__ = [
     "MAX_CORRECTION_SDS",
     "PAIR_ENTRIES_BUDGET",
+    "SHARE_PAIRS",
     "PairInterval",
     "draw_jackknife_pairs",
-    "SHARE_PAIRS",
     "jackknife_pairs",
     "pair_jackknife_interval",
     "pair_noise_share",
@@ -92,8 +92,8 @@ __all__ = [
 PAIR_ENTRIES_BUDGET = 1 << 28
 MAX_CORRECTION_SDS = 2.0
 SHARE_PAIRS = 4096
-_TOKENS_PER_DRAW = 1 << 24
-_THIN_BLOCK = 1 << 22  # counts thinned at a time  # null tokens drawn at a time (their int64 row and token ids: 256 MiB)
+_TOKENS_PER_DRAW = 1 << 24  # null tokens drawn at a time (their int64 row and token ids: 256 MiB)
+_THIN_BLOCK = 1 << 22  # counts split into groups at a time
 
 
 def jackknife_pairs(m: int, /, *, entries_per_row: float = 0.0, budget: int = PAIR_ENTRIES_BUDGET) -> int:
