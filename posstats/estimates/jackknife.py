@@ -89,11 +89,14 @@ def jackknife_sd(replicates: Any, /) -> float:
 
 
 def jackknife_interval(
-    estimate: float, replicates: Any, /, *, level: float = 0.95, bounds: tuple[float, float] | None = None
+    estimate: float, replicates: Any, /, *, level: float = 0.95, bounds: tuple[float, float] | None = None,
+    on_replicates_data: float | None = None, extra_sd: float = 0.0,
 ) -> list[float] | None:
-    """``theta_J -+ t_{K-1} sd`` (:func:`jackknife_sd`) at the two-sided ``level``, centred on
-    the bias-corrected ``theta_J = estimate - (K - 1) (theta_(.) - estimate)`` (module
-    docstring).
+    """``theta_J -+ t_{K-1} sqrt(sd^2 + extra_sd^2)`` (sd: :func:`jackknife_sd`) at the
+    two-sided ``level``, centred on the bias-corrected ``theta_J = estimate - (K - 1)
+    (theta_(.) - reference)`` (module docstring), ``reference`` being the full data's value
+    on what the replicates were computed on (``on_replicates_data``; the estimate itself
+    by default).
 
     ``bounds=(lo, hi)``: the range the quantity can take (scaled stress: [0, 1]); the
     interval is cut to it, which keeps its coverage (the truth lies in the range). An
@@ -102,8 +105,9 @@ def jackknife_interval(
     """
     x = np.asarray(replicates, dtype=np.float64).ravel()
     k = x.size
-    centre = float(estimate) - (k - 1) * (float(x.mean()) - float(estimate))
-    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * jackknife_sd(x)
+    reference = float(estimate) if on_replicates_data is None else float(on_replicates_data)
+    centre = float(estimate) - (k - 1) * (float(x.mean()) - reference)
+    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * float(np.hypot(jackknife_sd(x), extra_sd))
     lo, hi = centre - half, centre + half
     if bounds is not None:
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])

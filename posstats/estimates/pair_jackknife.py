@@ -70,9 +70,8 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.stats import t as student_t
 
-from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_sd
+from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_interval, jackknife_sd
 from posstats.estimates.sampled import SampledGeometry, sample_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
 
@@ -242,17 +241,10 @@ def pair_jackknife_interval(
         :class:`PairInterval` (interval, correction, sd).
     """
     x = np.asarray(replicates, dtype=np.float64).ravel()
-    k = x.size
-    correction = (k - 1) * (float(x.mean()) - float(on_pairs))
-    centre = float(estimate) - correction
-    sd = float(np.hypot(jackknife_sd(x), pair_sd))
-    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * sd
-    lo, hi = centre - half, centre + half
-    if bounds is not None:
-        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
-        if lo > hi:
-            return PairInterval(None, correction, sd)
-    return PairInterval([lo, hi], correction, sd)
+    interval = jackknife_interval(estimate, x, level=level, bounds=bounds, on_replicates_data=on_pairs,
+                                  extra_sd=pair_sd)
+    return PairInterval(interval, (x.size - 1) * (float(x.mean()) - float(on_pairs)),
+                        float(np.hypot(jackknife_sd(x), pair_sd)))
 
 
 def _pooled_null_rows(occupancy: np.ndarray, pooled: np.ndarray, rng: np.random.Generator) -> sp.csr_array:
