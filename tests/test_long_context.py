@@ -278,6 +278,20 @@ def test_cli_noise_floor_buckets_and_sampled_stress(tmp_path, monkeypatch):
     assert all(e["stress_method"] == "sampled" and len(e["scaled_stress_ci95"]) == 2 for e in r["encodings"])
     assert r["noise"]["parts"] == 4 and len(r["noise"]["positions"]) == 24
     assert r["positions"]["occupancy_summary"]["max"] == 3000
+    # stress intervals on the sampled path of a real corpus: none for the fitted encoding (its
+    # pairs' range decides ties), the token-noise jackknife or a stated reason for the fixed one,
+    # judged by the pairs' noise share, which the report carries
+    share = r["null"]["distance_noise"]["share"]
+    assert r["null"]["distance_noise"]["method"].startswith("pairs") and share > 0
+    for e in r["encodings"]:
+        how = e["stress_interval"]
+        assert e["scaled_stress_pairs_ci95"][0] < e["scaled_stress_pairs_ci95"][1]
+        if e["name"] == "mds":
+            assert how.startswith("none: a fitted encoding") and e["scaled_stress_ci95"] == [e["scaled_stress"]] * 2
+        elif share >= 0.1:
+            assert how.startswith("none: sampling noise alone gives") and "scaled_stress_tie_range" in e
+        else:
+            assert how.startswith(("jackknife, 10 random token groups, on", "none: the jackknife's bias")), how
 
 
 def test_cli_store_gives_parts_and_bootstrap_units(tmp_path, monkeypatch):
