@@ -178,5 +178,5 @@ def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> Non
                    help="target shard size: uncompressed JSONL / text files larger than this are cut into line "
                         "ranges, consecutive Parquet row groups (uncompressed) joined up to it; HF datasets are "
                         "cut by Arrow file (default: the size the run store recorded at its first run, else two "
-                        "to four shards per worker, within 16-256 MiB); smaller shards cost time but give a shard "
-                        "bootstrap and a store's noise floor more parts")
+                        "to four shards per worker, within 16-256 MiB); smaller shards cost time but give a "
+                        "store's noise floor more parts")

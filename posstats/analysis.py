@@ -23,7 +23,6 @@ from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.rows import select_rows
 from posstats.errors import OptionError, PosstatsError
-from posstats.estimates.bootstrap import shard_bootstrap
 from posstats.estimates.held_out import (
     HELD_OUT_AUTO_LIMIT,
     HELD_OUT_CHOICES,
@@ -143,12 +142,13 @@ class AnalysisConfig:
             (auto: shuffle up to 4096 rows, else mp when a noise floor exists).
         null_replicates: shuffled null corpora (the rank and homogeneity tests reject when
             the data exceeds all of them: level 1 / (R + 1), 2.5 % with the default 39).
-        bootstrap: shard-bootstrap replicates (0 = off; the caller supplies the partials).
+        bootstrap: withdrawn; only 0 is accepted (the shard bootstrap's intervals covered no
+            truth on corpora of known distributions: docs/calibration.md).
         corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).
         encoding_triples: above ``monotonicity_exact_limit`` rows: triples for each encoding's
             monotonicity (200,000: a 95 % interval of at most +-0.0022).
         tokenizer: tokenizer.json for re-reading a text corpus by document parity (noise
-            floor / bootstrap without a run store); default: the one recorded when counting.
+            floor without a run store); default: the one recorded when counting.
         smacof_limit: geometry rows above which ``mds-smacof`` (O(m^2) per iteration, about
             3 s per width at 1024 rows) is left out of the scored encodings, with a note in
             the report (``skipped_encodings``).
@@ -221,9 +221,10 @@ class AnalysisConfig:
         39, help="shuffled null corpora; the rank and homogeneity tests reject when the corpus exceeds all R "
                  "(level 1/(R+1): 2.5 % at 39)", metavar="R", minimum=1, group=_LONG)
     bootstrap: int = option(
-        0, help="shard-bootstrap replicates for intervals on eigenvalues, rank and stress (0: off)", metavar="B",
+        0, help="withdrawn: the shard bootstrap's 95 % intervals covered none of 1,020 known truths "
+                "(docs/calibration.md); only 0 is accepted. Stress intervals are given by default", metavar="B",
         minimum=0, group=_LONG, pipeline=False,
-        why_not="needs the per-shard partials of a counting store (posstats analyze --store)")
+        why_not="withdrawn (docs/calibration.md, 'The shard bootstrap, withdrawn')")
     corpus_triples: int = option(200_000, help="sampled path: triples for the corpus' own monotonicity",
                                  metavar="T", minimum=1, unit="triples", group=_LONG)
     encoding_triples: int = option(
@@ -232,7 +233,7 @@ class AnalysisConfig:
         metavar="T", minimum=1, unit="triples", group=_LONG)
     tokenizer: str | None = option(
         None, help="tokenizer.json for re-reading a text corpus by document parity", cli=False, pipeline=False,
-        why_not="set by analyze's --tokenizer with --reread or --bootstrap; the pipeline's is [input] tokenizer")
+        why_not="set by analyze's --tokenizer with --reread; the pipeline's is [input] tokenizer")
     smacof_limit: int = option(
         1024, help="score mds-smacof (a default encoding) only up to M positions: it costs O(M^2) per iteration, "
                    "about 3 s per width at 1024", metavar="M", minimum=0, unit="positions", group=_LONG)
@@ -343,8 +344,14 @@ class AnalysisConfig:
             msg = (f"{{null_replicates}} {self.null_replicates} is above {_MAX_NULL_REPLICATES} (each one is a shuffled "
                    "corpus and, up to 1,024 rows, an m x m eigensolve)")
             raise OptionError(msg)
-        if self.null_replicates < 1 or self.bootstrap < 0:
-            msg = f"need {{null_replicates}} >= 1 and {{bootstrap}} >= 0, got {self.null_replicates} and {self.bootstrap}"
+        if self.null_replicates < 1:
+            msg = f"need {{null_replicates}} >= 1, got {self.null_replicates}"
+            raise OptionError(msg)
+        if self.bootstrap != 0:
+            msg = (f"{{bootstrap}} {self.bootstrap}: the shard bootstrap was withdrawn. On corpora sampled from known "
+                   "distributions its 95 % intervals (eigenvalues, rank, mean d_H, stress) covered the truth in 0 of "
+                   "1,020 cases (docs/calibration.md, 'The shard bootstrap, withdrawn'); the stress intervals the report "
+                   "gives by default are the calibrated ones")
             raise OptionError(msg)
 
     def to_dict(self) -> dict[str, Any]:
@@ -399,7 +406,7 @@ class Analysis:
         diagnostics: corpus diagnostics (H1, A3) as a JSON-ready dict.
         encodings: one JSON-ready dict per (dimension, encoding).
         timings: seconds per step.
-        sections: further report sections (geometry, noise, null, bootstrap, buckets).
+        sections: further report sections (geometry, noise, null, buckets).
         hellinger_summary: the ``hellinger`` report entry when it is not computed from
             ``distances`` (sampled path, bias-corrected distances).
         standout: the positions that stand out from the pooled distribution
@@ -631,7 +638,6 @@ def analyze(
     *,
     show_progress: bool | None = None,
     parts: Any = None,
-    partials: Any = None,
 ) -> Analysis:
     """Run the geometry and encoding analysis of THEORY sections 2-7 on ``counts``.
 
@@ -642,7 +648,6 @@ def analyze(
         parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
             parity, :mod:`posstats.estimates.noise`), for the noise floor; None: the counted
             tokens are split at random (:mod:`posstats.estimates.thinning`).
-        partials: per-shard partial counts, for ``config.bootstrap``.
 
     Up to ``config.exact_limit`` geometry rows the (m, m) squared distances
     ``D = hellinger_sq(rows)`` are computed once and shared by the MDS, the stress, the
@@ -655,7 +660,7 @@ def analyze(
     Raises:
         OptionError: fewer than two positions reach the minimum occupancy (an InputError);
             ``device="gpu"`` without cupy or a CUDA device.
-        PosstatsError: a noise floor or bootstrap without the parts/partials it needs.
+        PosstatsError: a noise floor without the parts it needs.
     """
     if not isinstance(counts, PositionalCounts):
         msg = (f"analyze() takes PositionalCounts (posstats.load_counts(folder) reads them), got "
@@ -697,8 +702,6 @@ def analyze(
         timings["stress_intervals"] = time.perf_counter() - t
     if homogeneity is not None:
         sections["homogeneity"] = homogeneity
-    if config.bootstrap > 0:
-        sections["bootstrap"] = _bootstrap_section(partials, g, geometry.mds, null, config, timings)
     skipped = flat_skipped_encodings(config) if geometry.flat else skipped_encodings(config, len(g.index))
     if skipped:
         sections["skipped_encodings"] = skipped
@@ -1056,11 +1059,12 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
         "stress_ci95": list(st.stress_ci95),
         "scaled_stress_ci95": list(st.scaled_stress_ci95),
         # the error of sampling pairs alone (the corpus' own sampling noise is added by the
-        # stress intervals' jackknife, which replaces the two above)
+        # stress intervals' jackknife, which replaces the two above); the optimal scale and
+        # Pearson r have only these (not intervals on their truth: docs/calibration.md)
         "stress_pairs_ci95": list(st.stress_ci95),
         "scaled_stress_pairs_ci95": list(st.scaled_stress_ci95),
-        "scale_ci95": list(st.scale_ci95),
-        "pearson_ci95": list(st.pearson_ci95),
+        "scale_pairs_ci95": list(st.scale_ci95),
+        "pearson_pairs_ci95": list(st.pearson_ci95),
         "stress_pairs": st.pairs,
         "stress_interval": ("sampled pairs: the 95 % interval covers the error of sampling pairs, not the corpus' own "
                             "sampling noise (docs/calibration.md)"),
@@ -1291,50 +1295,6 @@ def _distance_noise_entry(perm: Any, distances: np.ndarray) -> dict[str, Any]:
         "replicates": int(perm.null_distance_sums.size),
         "share": share,
     }
-
-
-def _bootstrap_section(
-    partials: Any,
-    g: _Rows,
-    mds: MDSResult,
-    null: dict[str, Any] | None,
-    config: AnalysisConfig,
-    timings: dict[str, float],
-) -> dict[str, Any]:
-    """Shard-bootstrap intervals for eigenvalues, rank and stress (:mod:`posstats.estimates.bootstrap`)."""
-    if not partials or len(partials) < 2:
-        msg = ("a shard bootstrap ({bootstrap}) needs per-shard partial counts (a counting store: posstats analyze "
-               "--store DIR, or counts with a config.json to re-read)")
-        raise OptionError(msg)
-    t = time.perf_counter()
-    index, positions, context = g.index, g.positions, g.context
-    geo_partials = [bucket_counts(p, g.buckets) for p in partials] if g.buckets is not None else list(partials)
-    encodings: dict[str, Any] = {}
-    for dim, spec in encoding_jobs(config, len(index)):
-        parsed = parse_encoding_spec(spec)
-        if "distances" in family_of(parsed).needs:
-            continue
-        if parsed.name in ("mds", "mds-lowrank"):
-            rank = int(dict(parsed.params).get("rank") or dim) if parsed.name == "mds-lowrank" else dim
-            encodings[f"{parsed.canonical}@{dim}"] = min(rank, len(index) - 1)
-        else:
-            encodings[f"{parsed.canonical}@{dim}"] = make_encoding(spec, positions, dim, mds=mds, context=context).matrix
-    threshold = None
-    if null is not None and null.get("threshold") is not None and null.get("eigenvalue_scale") == "plugin":
-        threshold = float(null["threshold"])
-    res = shard_bootstrap(
-        geo_partials,
-        replicates=config.bootstrap,
-        k=min(16, len(index) - 1),
-        positions=index,
-        encodings=encodings if len(index) <= min(config.exact_limit, 4096) else {},
-        rank_rtol=config.rank_rtol,
-        null_threshold=threshold,
-        distance_limit=min(config.exact_limit, 4096),
-        seed=config.seed,
-    )
-    timings["bootstrap"] = time.perf_counter() - t
-    return res.to_dict()
 
 
 def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config: AnalysisConfig,

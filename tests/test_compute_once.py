@@ -24,7 +24,7 @@ from posstats.geometry.mds import classical_mds
 # modules that import a distance entry point, loaded before the spy replaces the name in
 # every loaded module that holds it
 MODULES = ("posstats.analysis", "posstats.geometry.mds", "posstats.runs.run_folder", "posstats.audit",
-           "posstats.estimates.bootstrap", "posstats.estimates.noise", "posstats.estimates.sampled")
+           "posstats.estimates.noise", "posstats.estimates.sampled")
 ENTRY_POINTS = ("hellinger_sq", "hellinger", "sqrt_distributions")
 
 # report.json of 'posstats run' on the sample, --positions 64, default analysis options with the noise floor off, as

@@ -294,9 +294,10 @@ def test_cli_noise_floor_buckets_and_sampled_stress(tmp_path, monkeypatch):
             assert how.startswith(("jackknife, 10 random token groups, on", "none: the jackknife's bias")), how
 
 
-def test_cli_store_gives_parts_and_bootstrap_units(tmp_path, monkeypatch):
+def test_cli_store_gives_parts_and_refuses_the_withdrawn_bootstrap(tmp_path, monkeypatch, capsys):
     """posstats analyze --store: the run store's shards are the noise-floor parts (by rank
-    parity) and the bootstrap's resampling units."""
+    parity); --bootstrap (withdrawn: its intervals did not cover) is refused in one line
+    that says why, before anything is written."""
     monkeypatch.chdir(REPO)
     source = CorpusSource(inputs=(str(REPO / "data/fortunes-sample.jsonl"),), text_column="text", tokenizer=GPT2)
     spec = CountSpec(24, 50257, "truncate", (50256,))
@@ -309,12 +310,17 @@ def test_cli_store_gives_parts_and_bootstrap_units(tmp_path, monkeypatch):
     store.publish({"shard_ids": sorted(s.shard_id for s in shards), "fingerprint": ""})
     save_counts(count_corpus(source, spec), tmp_path / "counts")
     out = tmp_path / "an"
-    rc = main(["analyze", "--counts", str(tmp_path / "counts"), "--store", str(store.root), "--dims", "2",
-               "--encodings", "mds,sinusoidal", "--noise-floor", "--bootstrap", "8", "--out", str(out)])
-    assert rc == 0
+    args = ["analyze", "--counts", str(tmp_path / "counts"), "--store", str(store.root), "--dims", "2",
+            "--encodings", "mds,sinusoidal", "--noise-floor", "--out", str(out)]
+    assert main([*args, "--bootstrap", "8"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bootstrap 8: the shard bootstrap was withdrawn" in err[0] and "0 of 1,020" in err[0]
+    assert not out.exists()
+    assert main(args) == 0
     r = json.loads((out / "report.json").read_text())
-    assert r["noise"]["parts"] == 4 and r["bootstrap"]["shards"] == len(shards) >= 8
-    assert len(r["bootstrap"]["eigenvalues_ci95"]) > 0 and "sinusoidal@2" in r["bootstrap"]["scaled_stress_ci95"]
+    assert r["noise"]["parts"] == 4 and len(shards) >= 8 and "bootstrap" not in r
+    with pytest.raises(PosstatsError, match="shard bootstrap was withdrawn"):  # the API refuses it too
+        AnalysisConfig(bootstrap=8)
 
 
 def test_cli_bad_long_context_options(tmp_path, capsys):

@@ -22,8 +22,8 @@ def add_analysis_args(parser: argparse.ArgumentParser) -> None:
 
 def analysis_config(args: argparse.Namespace) -> AnalysisConfig:
     """An :class:`AnalysisConfig` from parsed analysis flags (the tokenizer only where a
-    corpus is re-read: ``--reread`` or ``--bootstrap``)."""
-    tokenizer = getattr(args, "tokenizer", None) if (getattr(args, "reread", False) or args.bootstrap) else None
+    corpus is re-read: ``--reread``)."""
+    tokenizer = getattr(args, "tokenizer", None) if getattr(args, "reread", False) else None
     return options_from_args(AnalysisConfig, args, tokenizer=tokenizer)
 
 

@@ -38,12 +38,12 @@ bias-corrected, and the summary opens with the verdict: how many MDS components 
 above sampling noise, which positions stand out, which encodings fit best beyond their
 intervals. --noise-floor off and --distances plugin give the plain plug-in geometry.
 
-  posstats analyze --counts runs/counts --buckets log:8 --bootstrap 200 --out runs/analysis
+  posstats analyze --counts runs/counts --buckets log:8 --out runs/analysis
 
 Other splits for the noise floor: the shards of a Ray run store (--store), explicit part
 counts (--parts), or the corpus re-read and split by document parity (--reread; keeps the
-tokens of one long document together in chunk and pack mode). The bootstrap resamples the
-shards of --store or of the store recorded by 'posstats count --ray', else re-reads.
+tokens of one long document together in chunk and pack mode). --bootstrap is withdrawn
+(its intervals did not cover the truth: docs/calibration.md).
 """
 
 
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_analysis_args(p)
     p.add_argument("--store", metavar="DIR",
                    help="Ray run store of the counts: its shards give the noise-floor parts (by shard-id rank "
-                        "parity) and the bootstrap's resampling units")
+                        "parity)")
     p.add_argument("--parts", metavar="DIR,DIR[,DIR,DIR]",
                    help="2 or 4 count folders whose sum is the corpus, for the noise floor")
     p.add_argument("--reread", action="store_true",

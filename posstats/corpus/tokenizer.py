@@ -174,7 +174,7 @@ def check_tokenizer(
     """Check that the tokenizer file ``path`` is the one existing counts were made with.
 
     Every command that takes a tokenizer together with existing counts (``analyze``
-    re-reading the corpus for a noise floor or bootstrap, ``refresh`` adding shards to a
+    re-reading the corpus for a noise floor, ``refresh`` adding shards to a
     run store) calls this before using it: counts and text tokenised by another tokenizer
     would mix two vocabularies without any error.
 

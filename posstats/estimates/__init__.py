@@ -1,1 +1,1 @@
-"""Honest estimates at long context: the split-half noise floor, the shard bootstrap, sampled stress."""
+"""Honest estimates at long context: the split-half noise floor, jackknife intervals, sampled stress."""

@@ -106,17 +106,14 @@ def analyze_to(
 
     The noise floor splits the counted tokens at random, unless its parts are asked for:
     from ``store`` / ``parts_dirs``, or (``reread``) the corpus named in the config.json of
-    ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity; the bootstrap
-    takes the shards of ``store`` or of the recorded store, else re-reads
+    ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity
     (:func:`posstats.runs.noise_parts.corpus_parts`). ``report.json`` records
     ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report.
     """
-    parts = partials = None
-    given_parts = config.noise_floor != "off" and bool(store or parts_dirs or reread)
-    if given_parts or config.bootstrap > 0:
-        parts, partials = corpus_parts(counts, noise_floor=given_parts, noise_parts=config.noise_parts,
-                                       bootstrap=config.bootstrap, tokenizer=config.tokenizer, store=store,
-                                       parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
-    result = analyze(counts, config, parts=parts, partials=partials)
+    parts = None
+    if config.noise_floor != "off" and bool(store or parts_dirs or reread):
+        parts = corpus_parts(counts, noise_floor=True, noise_parts=config.noise_parts, tokenizer=config.tokenizer,
+                             store=store, parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
+    result = analyze(counts, config, parts=parts)
     inputs = {"counts": str(Path(counts_path).resolve()) if counts_path else None}
     return write_analysis(stage, result, inputs=inputs, name=name)

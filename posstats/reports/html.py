@@ -21,12 +21,13 @@ those the analysis computed when the run holds them, else recomputed from the co
 so: an m x m matrix of every position would not fit); the heatmap shows at most
 ``max_heatmap`` x ``max_heatmap`` of them.
 
-Uncertainty, drawn when the report has it: ``spectrum.eigenvalues_ci95`` (or
-``bootstrap.eigenvalues_ci95``), a list of ``[low, high]`` per eigenvalue; a noise floor
-``noise_floor`` (or ``bootstrap.noise_floor``), a number on the eigenvalue scale or an
-object whose ``eigenvalue`` entry is; ``encodings[].stress_ci95`` /
+Uncertainty, drawn when the report has it: ``spectrum.eigenvalues_ci95``, a list of
+``[low, high]`` per eigenvalue; a noise floor ``noise_floor``, a number on the eigenvalue
+scale or an object whose ``eigenvalue`` entry is; ``encodings[].stress_ci95`` /
 ``scaled_stress_ci95``; ``encodings[].monotonicity_ci95`` (always present). Every other
-entry of ``bootstrap`` / ``noise_floor`` is listed as a table.
+entry of ``noise_floor`` is listed as a table. (The ``bootstrap`` section of reports
+written before the shard bootstrap was withdrawn is not drawn: its intervals did not
+cover, docs/calibration.md.)
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def _tradeoff_rows(trade: list[dict[str, Any]], report: dict[str, Any], *, n: in
 
 def _uncertainty_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
-    for top in ("noise_floor", "bootstrap"):
+    for top in ("noise_floor",):
         node = report.get(top)
         if node is None:
             continue
@@ -263,7 +264,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     plots = [occupancy_figure(positions_info.get("occupancy", []), min_occupancy=int(positions_info.get("min_occupancy", 1)))]
     plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m, kind=_distances_name(report)))
     plots.append(spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, report), rank=report.get("spectrum", {}).get("rank"),
-                                 eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95", "bootstrap.eigenvalues_ci95"),
+                                 eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95"),
                                  noise_floor=noise_threshold(report),
                                  explained_label=explained_label(run.eigenvalues, report)))
     plots.append(encoding_scatter_figure(run.encoding, run.positions))

@@ -211,7 +211,7 @@ def spectrum_figure(
         eigenvalues: (k,) descending eigenvalues of B.
         explained: (k,) cumulative explained variance.
         rank: the numerical rank (vertical line).
-        eigenvalue_ci: optional (k, 2) bootstrap 95 % intervals of the eigenvalues.
+        eigenvalue_ci: optional (k, 2) 95 % intervals of the eigenvalues.
         noise_floor: optional eigenvalue level below which components are noise.
         explained_label: the legend of the cumulative curve (what its shares are of).
     """

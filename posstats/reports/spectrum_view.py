@@ -51,9 +51,8 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     """The eigenvalue level above which components count as structure, on the scale of the
     report's eigenvalues: the null's threshold (``null.threshold``; the ``mp`` edge is on
     the plug-in scale, so with corrected eigenvalues the mean bias it was compared after,
-    ``null.eigenvalue_shift``, is taken off), else an explicit ``noise_floor`` /
-    ``bootstrap.noise_floor`` (a number, or an object with an ``eigenvalue``); None when
-    the report has none."""
+    ``null.eigenvalue_shift``, is taken off), else an explicit ``noise_floor`` (a number,
+    or an object with an ``eigenvalue``); None when the report has none."""
     null = report.get("null") or {}
     threshold = null.get("threshold")
     if isinstance(threshold, (int, float)) and math.isfinite(threshold):
@@ -62,8 +61,6 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
             return float(threshold) - float(shift) if isinstance(shift, (int, float)) else None
         return float(threshold)
     nf = report.get("noise_floor")
-    if nf is None:
-        nf = (report.get("bootstrap") or {}).get("noise_floor")
     if isinstance(nf, dict):
         nf = nf.get("eigenvalue")
     return float(nf) if isinstance(nf, (int, float)) else None

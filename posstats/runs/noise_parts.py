@@ -1,19 +1,14 @@
-"""The corpus in parts, for the noise floor and the shard bootstrap of an analysis: the
-parts are read out of a run store or re-read out of the corpus here, so that the estimates
-themselves (:mod:`posstats.estimates`) take counts, never stores.
+"""The corpus in parts, for the noise floor of an analysis: the parts are read out of a run
+store or re-read out of the corpus here, so that the estimates themselves
+(:mod:`posstats.estimates`) take counts, never stores.
 
 By default the split-half noise floor needs no parts at all: it splits the counted
 tokens at random (:mod:`posstats.estimates.thinning`). :func:`corpus_parts` finds parts
-when the user asks for another split, and the bootstrap's resampling units:
-
-- noise floor: explicit part count folders (``parts_dirs``); else the Ray run store given
-  (``store``): parts by shard-id rank parity; else, with ``reread``, the corpus named in
-  the counting ``config.json``, re-read with the tokenizer the counts were made with
-  (checked by hash) and split by document parity into ``noise_parts`` parts; else none
-  (the token split).
-- bootstrap (:mod:`posstats.estimates.bootstrap`): the shards' partials of ``store`` or of
-  the store the counting ``config.json`` records; else the corpus re-read as
-  :data:`BOOTSTRAP_DOCUMENT_PARTS` document-parity parts.
+when the user asks for another split: explicit part count folders (``parts_dirs``); else
+the Ray run store given (``store``): parts by shard-id rank parity; else, with ``reread``,
+the corpus named in the counting ``config.json``, re-read with the tokenizer the counts
+were made with (checked by hash) and split by document parity into ``noise_parts`` parts;
+else none (the token split).
 
 A store's pack-mode shards are pieces of one stream: their partials are placed where they
 sit in it (:func:`posstats.counting.pack.stitch`), so they sum to the store's result.
@@ -39,15 +34,13 @@ from posstats.counting.counts import (
     PositionalCounts,
     combine_fingerprints,
 )
-from posstats.counting.io import counts_file, load_counts, load_header
+from posstats.counting.io import counts_file, load_counts
 from posstats.counting.pack import stitch
 from posstats.counting.ranges import placed_sum
-from posstats.counting.reduce import load_partial
 from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, OptionError, PosstatsError
 
 __all__ = [
-    "BOOTSTRAP_DOCUMENT_PARTS",
     "count_parts",
     "parts_from_store",
     "corpus_config",
@@ -55,10 +48,7 @@ __all__ = [
     "describe_counts",
     "find_tokenizer",
     "reread_parts",
-    "store_partials",
 ]
-
-BOOTSTRAP_DOCUMENT_PARTS = 16  # resampling units when the corpus is re-read (no run store)
 
 
 def _take_rows(batch: Any, parity: int, parts: int) -> Any:
@@ -236,7 +226,7 @@ def reread_parts(
             changed since it was counted (fingerprints differ).
     """
     if not cfg or "inputs" not in cfg:
-        msg = ("the noise floor / bootstrap needs the corpus in parts: give {store} (Ray run store) or {parts}, "
+        msg = ("the noise floor needs the corpus in parts: give {store} (Ray run store) or {parts}, "
                "or analyse counts whose folder has the config.json written by 'posstats count'")
         raise OptionError(msg)
     tok_path = find_tokenizer(cfg, override=tokenizer)
@@ -253,53 +243,24 @@ def reread_parts(
     return list(out)
 
 
-def store_partials(store: str | os.PathLike, /) -> list[PositionalCounts]:
-    """Every shard's partial counts of a Ray run store, in shard-id order, each placed
-    where its shard sits in the corpus (pack-mode pieces rotated into the stream)."""
-    rs = RunStore(store)
-    manifest = rs.manifest() or {}
-    items = [(str(rs.partial_dir(sid)), 1) for sid in sorted(manifest.get("shard_ids", []))]
-    if not items:
-        return []
-    spec = load_partial(items[0][0]).spec
-    placements, _, _ = stitch(items, spec)
-    out = []
-    for (path, _), placement in zip(items, placements):
-        header = load_header(path)
-        matrix = placed_sum([placement], spec, 0, spec.positions)
-        out.append(PositionalCounts(spec, matrix, header.sequences, header.windows, int(matrix.sum()),
-                                    header.fingerprint, dict(header.metadata)))
-    return out
-
-
-def _recorded_store(cfg: dict[str, Any] | None) -> str | None:
-    """The run store a counting ``config.json`` records (``posstats count --ray``), if it exists."""
-    ray = (cfg or {}).get("ray")
-    if isinstance(ray, dict) and ray.get("store") and Path(ray["store"]).is_dir():
-        return ray["store"]
-    return None
-
-
 def corpus_parts(
     counts: PositionalCounts,
     /,
     *,
     noise_floor: bool = False,
     noise_parts: int = 4,
-    bootstrap: int = 0,
     tokenizer: str | None = None,
     store: str | os.PathLike | None = None,
     parts_dirs: Sequence[str | os.PathLike] | None = None,
     reread: bool = False,
     places: Sequence[Place] = (),
-) -> tuple[tuple[PositionalCounts, ...] | list[PositionalCounts] | None, list[PositionalCounts] | None]:
-    """(noise parts, bootstrap partials) of the corpus of ``counts`` (module docstring).
+) -> tuple[PositionalCounts, ...] | list[PositionalCounts] | None:
+    """The noise floor's parts of the corpus of ``counts`` (module docstring).
 
     Args:
         counts: the analysed counts.
         noise_floor: find ``noise_parts`` (2 or 4) parts for the noise floor, if asked
             for by ``parts_dirs``, ``store`` or ``reread`` (else None: the token split).
-        bootstrap: replicates of the shard bootstrap (> 0: find the partials).
         tokenizer: tokenizer.json for re-reading a text corpus (default: the recorded one).
         store: a Ray run store of the counts.
         parts_dirs: 2 or 4 count folders whose sum is the corpus (noise floor only).
@@ -308,11 +269,11 @@ def corpus_parts(
             first found wins; the last given one is the counts, for messages.
 
     Returns:
-        ``(parts or None, partials or None)``.
+        The parts, or None (the analysis then splits the counted tokens).
     """
     cfg = corpus_config(*places)
     where = next((p for p in reversed(places) if p is not None), None)
-    parts = partials = None
+    parts = None
     if noise_floor:
         if parts_dirs:
             parts = tuple(load_counts(d) for d in parts_dirs)
@@ -322,8 +283,4 @@ def corpus_parts(
             parts = parts_from_store(store, parts=noise_parts)
         elif reread:
             parts = reread_parts(counts, cfg, parts=noise_parts, tokenizer=tokenizer, counts_path=where)
-    store = store if store is not None else _recorded_store(cfg)
-    if bootstrap > 0:
-        partials = (store_partials(store) if store
-                    else reread_parts(counts, cfg, parts=BOOTSTRAP_DOCUMENT_PARTS, tokenizer=tokenizer, counts_path=where))
-    return parts, partials
+    return parts

@@ -189,7 +189,8 @@ def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: 
 _REPORT_SECTIONS: dict[str, type | tuple[type, ...]] = {
     "schema_version": int, "tool": dict, "created": str, "config": dict, "corpus": dict, "positions": dict,
     "hellinger": dict, "diagnostics": dict, "spectrum": dict, "encodings": list, "timings_s": dict, "noise": dict,
-    "geometry": dict, "null": dict, "held_out": dict, "inputs": dict, "verdict": dict, "bootstrap": dict,
+    "geometry": dict, "null": dict, "held_out": dict, "inputs": dict, "verdict": dict,
+    "bootstrap": dict,  # reports written before the shard bootstrap was withdrawn
     "buckets": dict, "skipped_encodings": list, "run_id": str,
 }
 _NUMBER_LISTS = (("positions", "occupancy"), ("spectrum", "eigenvalues"), ("noise", "bias_per_position"))
