@@ -311,8 +311,13 @@ def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gc
 # ----------------------------------------------------------------------------- soak
 
 
+# scheduled refreshes in the soak: CI-sized by default (about 15 s each here);
+# POSSTATS_SOAK_RUNS=20 runs the full soak of docs/service.md
+SOAK_RUNS = int(os.environ.get("POSSTATS_SOAK_RUNS", "10"))
+
+
 @pytest.mark.slow
-def test_soak_twenty_scheduled_refreshes_on_a_growing_corpus(tmp_path, gcs_address):
+def test_soak_scheduled_refreshes_on_a_growing_corpus(tmp_path, gcs_address):
     rng = random.Random(SEED + 1)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -346,17 +351,17 @@ def test_soak_twenty_scheduled_refreshes_on_a_growing_corpus(tmp_path, gcs_addre
     with LatestWatcher(store) as watcher:
         try:
             sched = subprocess.run([sys.executable, "-m", "posstats.cli", "schedule", "--config", str(config), "--every",
-                                    "1s", "--runs", "20", "--address", gcs_address], cwd=REPO, env=driver_env(),
+                                    "1s", "--runs", str(SOAK_RUNS), "--address", gcs_address], cwd=REPO, env=driver_env(),
                                    capture_output=True, text=True, timeout=900)
         finally:
             stop.set()
             grower.join()
     seconds = time.monotonic() - t0
     assert sched.returncode == 0, sched.stdout[-3000:] + sched.stderr[-3000:]
-    assert "schedule done: 20 run(s), 20 ok, 0 failed" in sched.stdout
+    assert f"schedule done: {SOAK_RUNS} run(s), {SOAK_RUNS} ok, 0 failed" in sched.stdout
     assert watcher.violations == []
     run_ids = store.run_ids()
-    assert len(run_ids) == 20 and all(r.startswith("sched-") for r in run_ids)
+    assert len(run_ids) == SOAK_RUNS and all(r.startswith("sched-") for r in run_ids)
     previous_files: set[str] = set()
     previous_end = ""
     counted_now = []
@@ -382,8 +387,8 @@ def test_soak_twenty_scheduled_refreshes_on_a_growing_corpus(tmp_path, gcs_addre
         assert log.rstrip().endswith("# exit status 0") and f"run {rid} complete" in log
     assert store.latest()["run_id"] == run_ids[-1]
     grew = len(previous_files)
-    assert grew >= 15  # the corpus grew during the soak
-    print(f"\nsoak: 20 scheduled refreshes in {seconds:.0f} s, corpus grew from 1 to {grew} files "
+    assert grew >= SOAK_RUNS * 3 // 4  # the corpus grew during the soak (a file after every run)
+    print(f"\nsoak: {SOAK_RUNS} scheduled refreshes in {seconds:.0f} s, corpus grew from 1 to {grew} files "
           f"({added['n']} written), shards counted per run {counted_now}; every result == full recount; "
           f"latest read {watcher.reads} times, never partial")
 
