@@ -34,6 +34,7 @@ from posstats.estimates.jackknife import (
     JACKKNIFE_GROUPS,
     delete_group_replicates,
     jackknife_interval,
+    overshoot_tie_range,
 )
 from posstats.estimates.noise import (
     bias_can_matter,
@@ -888,8 +889,9 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
         raw = jackknife_interval(e["stress"], reps[(*key, "stress")], bounds=(0.0, math.inf))
         scaled = jackknife_interval(e["scaled_stress"], reps[(*key, "scaled_stress")], bounds=(0.0, 1.0))
         if raw is None or scaled is None:
+            e["scaled_stress_tie_range"] = overshoot_tie_range(e["scaled_stress"], reps[(*key, "scaled_stress")])
             e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0 (its 1/N extrapolation "
-                                    "overshoots for this encoding); the zero-width interval is the estimate")
+                                    "overshoots a stress within its noise of 0); scaled_stress_tie_range only decides ties")
             continue
         e["stress_ci95"], e["scaled_stress_ci95"] = raw, scaled
         e["stress_interval"] = f"jackknife, {JACKKNIFE_GROUPS} random token groups, cut to the quantity's range"
@@ -960,8 +962,10 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
         scaled = pair_jackknife_interval(e["scaled_stress"], full[key].scaled_stress, reps[(*key, "scaled_stress")],
                                          pair_sd=sd["scaled_stress"], bounds=(0.0, 1.0))
         if raw.interval is None or scaled.interval is None:
-            e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0; the zero-width "
-                                    "interval is the estimate")
+            e["scaled_stress_tie_range"] = overshoot_tie_range(e["scaled_stress"], reps[(*key, "scaled_stress")],
+                                                               extra_sd=sd["scaled_stress"])
+            e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0 (a stress within its "
+                                    "noise of 0); scaled_stress_tie_range only decides ties")
             continue
         # judged on the scaled stress, the quantity the verdict compares; where noise withholds
         # every interval (_stress_intervals) that is the reason given
@@ -1022,7 +1026,9 @@ def _sampled_diagnostics(sampled: SampledGeometry, positions: np.ndarray, config
 
 
 def _sampled_hellinger_entry(sampled: SampledGeometry, *, corrected: bool) -> dict[str, Any]:
-    """The ``hellinger`` report entry from the sampled pairs' d_H, with a 95 % interval of the mean."""
+    """The ``hellinger`` report entry from the sampled pairs' d_H, with the 95 % interval of
+    their mean from sampling the pairs (``mean_pairs_ci95``: not the token noise, nor the
+    bias of near-zero corrected distances; not an interval on the true mean)."""
     h = sampled.h
     lo, hi = _mean_interval(h)
     return {
@@ -1031,7 +1037,7 @@ def _sampled_hellinger_entry(sampled: SampledGeometry, *, corrected: bool) -> di
         "pairs": int(h.size),
         "min": float(h.min()),
         "mean": float(h.mean()),
-        "mean_ci95": [lo, hi],
+        "mean_pairs_ci95": [lo, hi],
         "max": float(h.max()),
         "distances": "bias_corrected" if corrected else "plugin",
     }
@@ -1317,7 +1323,7 @@ def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config:
         split = "tokens at random"
     jobs = encoding_jobs(config, m)
     exact = m <= config.exact_limit
-    with progress(total=(len(jobs) + 2 if exact else 3) + (bias is not None), desc="held out", unit="step", enabled=show_progress) as bar:
+    with progress(total=(len(jobs) + 3 if exact else 3) + (bias is not None), desc="held out", unit="step", enabled=show_progress) as bar:
 
         def step(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)

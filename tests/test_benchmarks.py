@@ -82,7 +82,7 @@ def test_bench_drift_small(tmp_path):
 def test_bench_calibration_small():
     """bench_calibration.py at a tiny size: both tables, every estimate with its uncertainty."""
     r = run_bench("bench_calibration.py", "--tokens", "2000", "--seeds", "2", "--power-seeds", "1", "--pair-seeds", "2",
-                  "--coverage-seeds", "1", "--positions", "64")
+                  "--coverage-seeds", "1", "--held-out-seeds", "1", "--positions", "64")
     assert r["benchmark"] == "calibration"
     names = {row["pairs"] for row in r["distances"]}
     assert names == {"identical", "planted_vs_base", "drift_1_apart", "drift_4_apart", "drift_16_apart", "drift_ends"}
@@ -108,6 +108,10 @@ def test_bench_calibration_small():
         assert set(cov["best_encoding"]) == {"d=2", "d=16"}
         for outcome in cov["best_encoding"].values():
             assert outcome["right"]["count"] + outcome["wrong"]["count"] == 1 and outcome["sharp"]["count"] <= 1
+    assert [row["kind"] for row in r["held_out"]] == ["drift", "planted"]
+    for held in r["held_out"]:  # every held-out score's range scored against its large-sample truth
+        assert 1 <= held["all_ranges_hold_truth"]["of"] == len(held["range_holds_truth"]) <= 10  # overshoots: none
+        assert set(held["best_encoding"]) == {"d=2", "d=16"} and set(held["estimate_bias"]) >= {"mds@2", "alibi@16"}
 
 
 def test_bench_sqrt_estimators_small():

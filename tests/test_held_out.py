@@ -109,14 +109,53 @@ def test_halves_come_from_the_noise_floors_parts_when_given():
     assert h["tokens"] == [int(quarters[0].sum() + quarters[2].sum()), int(quarters[1].sum() + quarters[3].sum())]
 
 
-def test_above_the_exact_limit_held_out_stress_is_sampled_with_intervals():
+def test_above_the_exact_limit_held_out_stress_is_sampled_and_its_pairs_range_decides_ties():
     config = AnalysisConfig(dims=(2, 8), exact_limit=20, held_out="on", encodings=("mds", "sinusoidal"),
                             stress_halfwidth=0.02)
     h = analyze(_counts(_planted(n=40, tokens=4000)), config, show_progress=False).report()["held_out"]
     assert h["stress_method"] == "sampled" and len(h["encodings"]) == 4
     for e in h["encodings"]:
-        lo, hi = e["held_out_scaled_stress_ci95"]
+        lo, hi = e["held_out_scaled_stress_tie_range"]  # the pairs' range: it leaves out the token noise
         assert lo < e["held_out_scaled_stress"] < hi and hi - lo < 0.1
+        assert e["held_out_scaled_stress_ci95"] == [e["held_out_scaled_stress"]] * 2
+        assert e["held_out_interval"].startswith("none: above the exact limit the held-out stress is sampled")
+
+
+def test_exact_held_out_scores_get_the_jackknife_range_for_ties():
+    """Each exact held-out score gets the joint jackknife's range (both halves' tokens, the
+    fitted encodings refitted): its spread matches the scores' spread over independent
+    corpora, and encodings within it are called tied in the held-out best."""
+    config = AnalysisConfig(dims=(2,), encodings=("mds", "mds-smacof", "sinusoidal"), held_out="on", null="none")
+    scores, widths = [], []
+    for seed in range(12):
+        h = analyze(_counts(_planted(n=24, v=200, tokens=4000, seed=seed)), config, show_progress=False).report()["held_out"]
+        e = {x["name"]: x for x in h["encodings"]}
+        sin = e["sinusoidal"]
+        assert sin["held_out_interval"].startswith("jackknife range (10 random token groups of each half")
+        assert sin["held_out_scaled_stress_ci95"] == [sin["held_out_scaled_stress"]] * 2
+        lo, hi = sin["held_out_scaled_stress_tie_range"]
+        scores.append(sin["held_out_scaled_stress"])
+        widths.append(hi - lo)
+        best = h["best"][0]  # mds and SMACOF fit a 1-D line equally well: within each other's range
+        assert {best["best"], *best["tied_with"]} >= {"mds", "mds-smacof"}, best
+    # width = 2 t_9 sd: the jackknife's sd against the scores' own spread (12 corpora: the
+    # sample sd is within a factor 1.6 of the truth with probability > 0.99)
+    ratio = np.median(widths) / (2 * 2.262) / np.std(scores, ddof=1)
+    assert 1 / 2.5 < ratio < 2.5, ratio
+
+
+def test_held_out_ranges_are_not_given_for_thin_rows_nor_smacof_above_its_limit(monkeypatch):
+    import posstats.estimates.held_out as held_out_module
+
+    thin = held_out_scores(_noise(n=10, v=30, tokens=15), _noise(n=10, v=30, tokens=15, seed=1), np.arange(10),
+                           [(2, "sinusoidal")], exact=True, split="test")
+    assert thin["encodings"][0]["held_out_interval"].startswith("none: a row of one half has fewer than 20 tokens")
+    monkeypatch.setattr(held_out_module, "JACKKNIFE_SMACOF_ROWS", 8)
+    rows = _planted(n=12, v=100, tokens=2000)
+    a, b = token_halves(rows, seed=0)
+    got = held_out_scores(a, b, np.arange(12), [(2, "mds-smacof"), (2, "sinusoidal")], exact=True, split="test")
+    why = {e["name"]: e["held_out_interval"] for e in got["encodings"]}
+    assert why["mds-smacof"] == "none: SMACOF is not refitted above 8 rows" and why["sinusoidal"].startswith("jackknife")
 
 
 def test_held_out_auto_off_and_a_position_empty_in_one_half(monkeypatch):

@@ -13,6 +13,7 @@ from posstats.estimates.jackknife import (
     delete_group_replicates,
     jackknife_interval,
     jackknife_sd,
+    overshoot_tie_range,
 )
 from posstats.geometry.encodings import make_encoding
 from posstats.geometry.stress import stress_report
@@ -36,6 +37,11 @@ def test_interval_is_cut_to_the_range_or_refused():
     # replicates far above the estimate: the 1/N extrapolation lands below 0, entirely
     assert jackknife_interval(0.01, np.array([0.05, 0.051, 0.049, 0.05]), bounds=(0.0, 1.0)) is None
     assert jackknife_interval(0.01, np.array([0.05, 0.051, 0.049, 0.05]))[1] < 0  # unbounded: as computed
+    # then the range for ties runs from 0 to the estimate plus the interval's half-width
+    x = np.array([0.05, 0.051, 0.049, 0.05])
+    half = student_t.ppf(0.975, 3) * jackknife_sd(x)
+    assert overshoot_tie_range(0.01, x) == [0.0, pytest.approx(0.01 + half)]
+    assert overshoot_tie_range(0.01, x, extra_sd=0.003)[1] == pytest.approx(0.01 + student_t.ppf(0.975, 3) * np.hypot(jackknife_sd(x), 0.003))
 
 
 def test_replicates_leave_out_one_group_and_never_touch_the_input():

@@ -37,7 +37,7 @@ from scipy.stats import t as student_t
 
 from posstats.estimates.thinning import thin
 
-__all__ = ["JACKKNIFE_GROUPS", "delete_group_replicates", "jackknife_interval", "jackknife_sd"]
+__all__ = ["JACKKNIFE_GROUPS", "delete_group_replicates", "jackknife_interval", "jackknife_sd", "overshoot_tie_range"]
 
 JACKKNIFE_GROUPS = 10
 
@@ -114,3 +114,20 @@ def jackknife_interval(
         if lo > hi:
             return None
     return [lo, hi]
+
+
+def overshoot_tie_range(estimate: float, replicates: Any, /, *, level: float = 0.95,
+                        extra_sd: float = 0.0) -> list[float]:
+    """The range for ties of a quantity in ``[0, inf)`` whose bias-corrected interval lies
+    below 0 (:func:`jackknife_interval` gave None: the 1/N extrapolation overshot a value
+    near 0): ``[0, estimate + t_{K-1} sqrt(sd^2 + extra_sd^2)]`` (``extra_sd``: as in
+    :func:`jackknife_interval`). Such a value is within its noise of 0; another
+    encoding whose range reaches into this one's is tied with it, and none is named best
+    on the point estimate alone.
+
+    >>> overshoot_tie_range(0.002, [0.003] * 9 + [0.0031])[0]
+    0.0
+    """
+    x = np.asarray(replicates, dtype=np.float64).ravel()
+    half = float(student_t.ppf(0.5 + level / 2, x.size - 1)) * float(np.hypot(jackknife_sd(x), extra_sd))
+    return [0.0, float(estimate) + half]
