@@ -80,7 +80,7 @@ __all__ = [
 
 HELD_OUT_CHOICES = ("auto", "on", "off")
 HELD_OUT_AUTO_LIMIT = 4096  # geometry rows up to which ``auto`` scores held out (exact, two m x m matrices)
-JACKKNIFE_ROWS = 2048  # rows up to which held-out scores get jackknife intervals (10 dense refits)
+JACKKNIFE_ROWS = 2048  # rows up to which held-out scores get the jackknife's range (10 dense refits)
 JACKKNIFE_SMACOF_ROWS = 128  # ... and SMACOF is refitted on every replicate (O(m^2) per iteration)
 JACKKNIFE_MIN_TOKENS = 20  # a half's row this full keeps a token in every replicate (P(empty) <= 0.1^20)
 
@@ -194,7 +194,7 @@ def held_out_scores(
     entries = score(a, b, positions, jobs, biases=biases, context=context, seed=seed, step=step,
                     stress_halfwidth=stress_halfwidth, stress_max_pairs=stress_max_pairs, lanczos_tol=lanczos_tol)
     if exact:
-        step("held out: jackknife intervals")
+        step("held out: jackknife ranges")
         held_out_intervals(a, b, positions, jobs, entries, corrected=bias_of is not None, context=context, seed=seed)
     else:  # the pairs' intervals leave out the token noise: a range for ties only
         for e in entries:
@@ -257,7 +257,7 @@ def held_out_intervals(
     m = positions.size
     thin_rows = min(float(np.min(_row_sums(a))), float(np.min(_row_sums(b)))) < JACKKNIFE_MIN_TOKENS
     if m > JACKKNIFE_ROWS or thin_rows:
-        why = (f"none: held-out intervals are computed up to {JACKKNIFE_ROWS:,} rows (10 refits of the m x m MDS)"
+        why = (f"none: held-out ranges are computed up to {JACKKNIFE_ROWS:,} rows (10 refits of the m x m MDS)"
                if m > JACKKNIFE_ROWS else
                f"none: a row of one half has fewer than {JACKKNIFE_MIN_TOKENS} tokens (a replicate could empty it)")
         for e in entries:
