@@ -162,10 +162,11 @@ def test_run_forms_the_matrix_once_and_reports_the_numbers_it_did(tmp_path, data
     assert_each_once(spy, corpus_rows(out))
     report = json.loads((out / "report.json").read_text())
     # the corpus, the 39 shuffled null corpora, the 10 jackknife replicates, the two held-out
-    # halves; the sample's plug-in distances are mostly noise, so the jackknife only decides ties
+    # halves and the held-out jackknife's 10 replicates of each; the sample's plug-in
+    # distances are mostly noise, so the jackknife only decides ties
     assert report["null"]["distance_noise"]["share"] >= 0.1
     assert all(e["stress_interval"].startswith("none: sampling noise") for e in report["encodings"])
-    assert len(spy.calls) == 1 + 39 + 10 + 2
+    assert len(spy.calls) == 1 + 39 + 10 + 2 + 2 * 10
     check_expected(report)
 
 
