@@ -168,6 +168,18 @@ def test_run_forms_the_matrix_once_and_reports_the_numbers_it_did(tmp_path, data
     assert all(e["stress_interval"].startswith("none: sampling noise") for e in report["encodings"])
     assert len(spy.calls) == 1 + 39 + 10 + 2 + 2 * 10
     check_expected(report)
+    # held out on real text: every score has the jackknife's range for ties (or says why not),
+    # never a 95 % interval, and the held-out best's ties are exactly the overlapping ranges
+    held = report["held_out"]["encodings"]
+    for e in held:
+        assert e["held_out_scaled_stress_ci95"] == [e["held_out_scaled_stress"]] * 2
+        assert e["held_out_interval"].startswith(("jackknife range (10 random token groups", "none: the jackknife"))
+        assert len(e["held_out_scaled_stress_tie_range"]) == 2
+    for row in report["verdict"]["held_out_best"]:
+        at = sorted((e for e in held if e["dim"] == row["dim"]), key=lambda e: e["held_out_scaled_stress"])
+        reach = at[0]["held_out_scaled_stress_tie_range"][1]
+        assert row["best"] == at[0]["name"]
+        assert set(row["tied_with"]) == {e["name"] for e in at[1:] if e["held_out_scaled_stress_tie_range"][0] <= reach * (1 + 1e-9)}
 
 
 def test_analyze_report_and_export_each_form_the_matrix_once(tmp_path, data_dir, spy, capsys):

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_interval, overshoot_tie_range
+from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_interval, overshoot_tie_range, without_group
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.estimates.pair_jackknife import token_groups
 from posstats.estimates.sampled import SampledGeometry
@@ -218,13 +218,6 @@ def _csr(rows: Any) -> sp.csr_array:
     return c
 
 
-def _without(c: sp.csr_array, group: np.ndarray) -> sp.csr_array:
-    """``c`` minus one token group (same pattern), zeros dropped."""
-    kept = sp.csr_array((c.data - group, c.indices.copy(), c.indptr.copy()), shape=c.shape)
-    kept.eliminate_zeros()
-    return kept
-
-
 def held_out_intervals(
     a: Any,
     b: Any,
@@ -269,7 +262,7 @@ def held_out_intervals(
     rng_a, rng_b = np.random.default_rng([seed, 0x4A41]), np.random.default_rng([seed, 0x4A42])
     reps: list[list[float]] = [[] for _ in jobs]
     for group_a, group_b in zip(token_groups(ca.data, groups, rng_a), token_groups(cb.data, groups, rng_b), strict=True):
-        ka, kb = _without(ca, group_a), _without(cb, group_b)
+        ka, kb = without_group(ca, group_a), without_group(cb, group_b)
         bias_a = position_sampling_variance(ka) if corrected else None
         d2a, da = _distances(ka, bias_a)
         _, db = _distances(kb, position_sampling_variance(kb) if corrected else None)

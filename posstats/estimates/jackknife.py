@@ -37,7 +37,8 @@ from scipy.stats import t as student_t
 
 from posstats.estimates.thinning import thin
 
-__all__ = ["JACKKNIFE_GROUPS", "delete_group_replicates", "jackknife_interval", "jackknife_sd", "overshoot_tie_range"]
+__all__ = ["JACKKNIFE_GROUPS", "delete_group_replicates", "jackknife_interval", "jackknife_sd", "overshoot_tie_range",
+           "without_group"]
 
 JACKKNIFE_GROUPS = 10
 
@@ -72,13 +73,20 @@ def delete_group_replicates(
     parts = thin(c.data, groups, np.random.default_rng([seed, 7]))  # (K, nnz)
     out: dict[Any, list[float]] = {}
     for g in range(groups):
-        kept = sp.csr_array((c.data - parts[g], c.indices.copy(), c.indptr.copy()), shape=c.shape)
-        kept.eliminate_zeros()
+        kept = without_group(c, parts[g])
         for name, value in statistic(kept).items():
             out.setdefault(name, []).append(float(value))
         if progress is not None:
             progress(1)
     return {name: np.asarray(v) for name, v in out.items()}
+
+
+def without_group(counts: sp.csr_array, group: np.ndarray, /) -> sp.csr_array:
+    """Canonical CSR ``counts`` less one token group (``group``: (nnz,) on the same
+    pattern), as a new matrix (the input's arrays untouched), zeros dropped."""
+    kept = sp.csr_array((counts.data - group, counts.indices.copy(), counts.indptr.copy()), shape=counts.shape)
+    kept.eliminate_zeros()
+    return kept
 
 
 def jackknife_sd(replicates: Any, /) -> float:
