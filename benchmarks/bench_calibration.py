@@ -19,7 +19,8 @@ Prints one JSON object with two tables, each row with its uncertainty:
    decision reads them) at each n of ``--positions`` and each N:
    - ``stationary`` corpora (every position the base distribution, ``--seeds`` of them):
      the fraction in which the report claims structure (components above noise, any
-     standout, "positions distinguishable", "non-stationary"), target <= 5 %;
+     standout, "positions distinguishable", "non-stationary", an encoding named better
+     than another at some width: ``best_named``), target <= 5 %;
    - ``planted`` corpora (positions 0-3 mixed with a private block, ``--power-seeds``):
      "distinguishable", standouts exactly {0, 1, 2, 3}, components above noise;
    - ``drift`` corpora: "non-stationary", components above noise;
@@ -150,12 +151,21 @@ def _claims(report: dict) -> dict[str, bool]:
         "distinguishable": bool(v.get("positions_distinguishable")),
         "non_stationary": bool(v.get("non_stationary")),
         "standouts_exactly_planted": sorted(standouts) == [0, 1, 2, 3],
+        # an encoding named better than another at some width (in-sample or held out):
+        # a claim of structure, false on a stationary corpus
+        "best_named": any(len(row["tied_with"]) + 1 < _row_width(report, row["dim"])
+                          for row in [*v.get("best_encodings") or [], *v.get("held_out_best") or []]),
     }
 
 
+def _row_width(report: dict, dim: int) -> int:
+    """How many encodings the report scored at width ``dim``."""
+    return sum(int(e["dim"]) == dim for e in report.get("encodings") or [])
+
+
 _TALLIED = {
-    "stationary": ("components_above_noise", "any_standout", "distinguishable", "non_stationary"),
-    "pack_markov": ("components_above_noise", "any_standout", "distinguishable", "non_stationary"),
+    "stationary": ("components_above_noise", "any_standout", "distinguishable", "non_stationary", "best_named"),
+    "pack_markov": ("components_above_noise", "any_standout", "distinguishable", "non_stationary", "best_named"),
     "planted": ("distinguishable", "standouts_exactly_planted", "components_above_noise"),
     "drift": ("non_stationary", "components_above_noise"),
 }
@@ -277,7 +287,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
 
 def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted")) -> list[dict]:
     """Section 4 of the module docstring: the held-out jackknife ranges against the truth."""
-    from posstats.estimates.verdict import best_encodings
+    from posstats.estimates.verdict import best_encodings, held_out_row
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.mds import classical_mds
     from posstats.geometry.stress import stress_report
@@ -309,9 +319,7 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
                 if e.get("held_out_scaled_stress_tie_range") and str(e.get("held_out_interval")).startswith("jackknife"):
                     lo, hi = e["held_out_scaled_stress_tie_range"]
                     hits.setdefault(key, []).append(int(lo <= t <= hi))
-            named_rows = best_encodings([{"name": e["name"], "dim": e["dim"], "scaled_stress": e["held_out_scaled_stress"],
-                                          "scaled_stress_tie_range": e.get("held_out_scaled_stress_tie_range")}
-                                         for e in entries])
+            named_rows = best_encodings([held_out_row(e) for e in entries])
             for row in named_rows:
                 at = {name: t for (name, dim), t in truth.items() if dim == row["dim"]}
                 lowest = {name for name, t in at.items() if t <= min(at.values()) + 1e-6}

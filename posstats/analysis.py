@@ -20,7 +20,7 @@ from scipy.spatial import cKDTree
 
 from posstats import __version__
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
-from posstats.counting.counts import PositionalCounts
+from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.rows import select_rows
 from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.held_out import (
@@ -54,7 +54,14 @@ from posstats.estimates.permutation import permutation_null
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import split_noise_floor
-from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, Verdict, standout_positions, verdict
+from posstats.estimates.verdict import (
+    DISTANCE_NOISE_CAVEAT,
+    NO_STRUCTURE_INTERVAL,
+    Verdict,
+    non_stationarity,
+    standout_positions,
+    verdict,
+)
 from posstats.geometry.diagnostics import (
     corpus_diagnostics,
     min_separation,
@@ -692,11 +699,18 @@ def analyze(
                                       distances=geometry.distances)
     if null is not None:
         sections["null"] = null
+    t = time.perf_counter()
+    standout = standout_positions(g.rows, g.positions)
+    timings["standout"] = time.perf_counter() - t
+    # the verdict ties every encoding when no test found structure (estimates.verdict):
+    # then no interval or range is computed for comparing them
+    compared = not (non_stationarity(homogeneity, standout)[0] is False
+                    or too_few_windows(counts.spec.mode, counts.windows))
     if geometry.encodings:
         t = time.perf_counter()
         share = _stress_intervals(geometry, g, corrected=bias is not None, config=config,
                                   noise_share=((null or {}).get("distance_noise") or {}).get("share"),
-                                  show_progress=show_progress)
+                                  show_progress=show_progress, compared=compared)
         if null is not None and share is not None and "distance_noise" not in null:
             # no shuffle null (the analytic edge): the share the intervals were judged by
             null["distance_noise"] = {"share": share, "method": "pairs (rows redrawn from the pooled distribution)"}
@@ -707,12 +721,9 @@ def analyze(
     if skipped:
         sections["skipped_encodings"] = skipped
     held_out = ({"skipped": FLAT_REASON} if geometry.flat and config.held_out != "off" else
-                _held_out_section(g, geo_parts, bias, config, timings, show_progress))
+                _held_out_section(g, geo_parts, bias, config, timings, show_progress, compared=compared))
     if held_out is not None:
         sections["held_out"] = held_out
-    t = time.perf_counter()
-    standout = standout_positions(g.rows, g.positions)
-    timings["standout"] = time.perf_counter() - t
     return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
                     timings, sections, geometry.hellinger_summary, standout)
 
@@ -818,8 +829,10 @@ _THIN_ROWS = f"none: a geometry row has fewer than {_JACKKNIFE_MIN_OCCUPANCY} to
 
 
 def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: AnalysisConfig,
-                      noise_share: float | None, show_progress: bool | None) -> float | None:
-    """Jackknife intervals on the stresses: up to ``_JACKKNIFE_LIMIT`` rows the delete-a-group
+                      noise_share: float | None, show_progress: bool | None, compared: bool = True) -> float | None:
+    """Jackknife intervals on the stresses (none when not ``compared``: no test found
+    structure, the verdict ties every encoding and a stress against a geometry of
+    identical positions has no truth to cover; :func:`_uncompared`): up to ``_JACKKNIFE_LIMIT`` rows the delete-a-group
     jackknife with refits (:func:`_jackknife_intervals`), above it the pair-sample jackknife
     of the fixed encodings (:func:`_pair_intervals`), given as 95 % intervals only while
     sampling noise alone stays below ``DISTANCE_NOISE_CAVEAT`` of the summed distances
@@ -830,6 +843,8 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
     still calls encodings within it tied (no winner named inside the sampling spread),
     nothing prints it as an interval. Returns the noise share the intervals were judged by."""
     results = geometry.encodings
+    if not compared:
+        return _uncompared(geometry, g, corrected=corrected, config=config, noise_share=noise_share)
     if geometry.jackknife_pairs is None and len(g.positions) <= _JACKKNIFE_LIMIT:
         _jackknife_intervals(results, g, corrected=corrected, config=config, show_progress=show_progress)
     else:
@@ -923,13 +938,7 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
                 e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
                 e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
             e["stress_interval"] = fitted_why if family_of(spec).fitted else _THIN_ROWS
-    rows = sp.csr_array(g.rows, dtype=np.int64) if not sp.issparse(g.rows) else sp.csr_array(g.rows)
-    rows.sum_duplicates()  # a no-op on canonical counts (no copy)
-    if sampled:
-        i, j, h = geometry.jackknife_pairs
-    else:
-        i, j = draw_jackknife_pairs(m, entries_per_row=rows.nnz / m, seed=config.seed)
-        h = geometry.distances[i, j]
+    rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
     if noise_share is None:
         noise_share = pair_noise_share(rows, i, j, h, corrected=corrected, seed=config.seed)
     if thin or not fixed:
@@ -985,6 +994,38 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
 
 
 _Z95 = 1.959963984540054
+
+
+def _jackknife_pair_sample(geometry: _Geometry, g: _Rows,
+                           config: AnalysisConfig) -> tuple[sp.csr_array, np.ndarray, np.ndarray, np.ndarray]:
+    """The canonical int64 CSR rows and the pair-sample jackknife's pairs ``i, j`` with their
+    corpus distances ``h``: the sampled geometry's own, else drawn (:func:`draw_jackknife_pairs`)
+    and read from the exact distances."""
+    rows = sp.csr_array(g.rows, dtype=np.int64) if not sp.issparse(g.rows) else sp.csr_array(g.rows)
+    rows.sum_duplicates()  # a no-op on canonical counts (no copy)
+    if geometry.jackknife_pairs is not None:
+        i, j, h = geometry.jackknife_pairs
+    else:
+        i, j = draw_jackknife_pairs(len(g.positions), entries_per_row=rows.nnz / len(g.positions), seed=config.seed)
+        h = geometry.distances[i, j]
+    return rows, i, j, h
+
+
+def _uncompared(geometry: _Geometry, g: _Rows, *, corrected: bool, config: AnalysisConfig,
+                noise_share: float | None) -> float | None:
+    """Stress entries when no test found structure: no interval (``stress_interval`` says
+    why); on the sampled path the pairs' interval, which leaves out the token noise, stays
+    as the range for ties. Above ``_JACKKNIFE_LIMIT`` rows the noise share (for the report's
+    caveat) still comes from the pairs when no null gave it. Returns the noise share."""
+    for e in geometry.encodings:
+        if geometry.jackknife_pairs is not None:
+            e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
+            e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
+        e["stress_interval"] = NO_STRUCTURE_INTERVAL
+    if noise_share is None and (geometry.jackknife_pairs is not None or len(g.positions) > _JACKKNIFE_LIMIT):
+        rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
+        noise_share = pair_noise_share(rows, i, j, h, corrected=corrected, seed=config.seed)
+    return noise_share
 
 
 def _encoding_pair_distances_of(spec: str, dim: int, g: _Rows, i: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -1304,10 +1345,11 @@ def _distance_noise_entry(perm: Any, distances: np.ndarray) -> dict[str, Any]:
 
 
 def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config: AnalysisConfig,
-                      timings: dict[str, float], show_progress: bool | None) -> dict[str, Any] | None:
+                      timings: dict[str, float], show_progress: bool | None, *, compared: bool = True) -> dict[str, Any] | None:
     """The ``held_out`` section (:mod:`posstats.estimates.held_out`): halves from the
     parts the noise floor used, else from a random split of the counted tokens; None when
-    ``config.held_out`` leaves it out (``auto`` above its row limit: the section says so)."""
+    ``config.held_out`` leaves it out (``auto`` above its row limit: the section says so).
+    Without ``compared`` (no structure found) the scores get no jackknife ranges."""
     m = len(g.index)
     if config.held_out == "off":
         return None
@@ -1323,7 +1365,7 @@ def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config:
         split = "tokens at random"
     jobs = encoding_jobs(config, m)
     exact = m <= config.exact_limit
-    with progress(total=(len(jobs) + 3 if exact else 3) + (bias is not None), desc="held out", unit="step", enabled=show_progress) as bar:
+    with progress(total=(len(jobs) + 2 + compared if exact else 3) + (bias is not None), desc="held out", unit="step", enabled=show_progress) as bar:
 
         def step(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
@@ -1337,7 +1379,7 @@ def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config:
         section = held_out_scores(a, b, g.positions, jobs, exact=exact, split=split, bias_of=bias_of,
                                   context=g.context, seed=config.seed, stress_halfwidth=config.stress_halfwidth,
                                   stress_max_pairs=config.stress_max_pairs, lanczos_tol=config.lanczos_tol,
-                                  progress=step)
+                                  progress=step, ranges=compared)
     timings["held_out"] = time.perf_counter() - t
     return section
 

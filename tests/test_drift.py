@@ -291,8 +291,10 @@ def test_diff_at_131072_positions_reads_block_by_block(tmp_path, monkeypatch):
     d = json.loads((tmp_path / "d" / "diff.json").read_text())
     assert d["positions"]["changed"] == [0, 1, 2] and d["positions"]["tested"] == 131072
     assert max(widest) <= 4096 and len(widest) >= 2 * 32
-    # P_MDS is fitted: above 2,048 rows its stress has no 95 % interval (token noise unmeasured)
-    assert d["encodings"][0]["interval"].startswith("none: a fitted encoding") and d["encodings"][0]["exceeds_interval"] is None
+    # no 95 % interval on P_MDS' stress: A shows no structure of its own (the verdict ties every
+    # encoding), and a fitted encoding above 2,048 rows would have none either (token noise unmeasured)
+    assert d["encodings"][0]["interval"].startswith(("none: no test found", "none: a fitted encoding"))
+    assert d["encodings"][0]["exceeds_interval"] is None
     assert len(d["mds_drift"]["drift"]) == 131072
 
 

@@ -129,11 +129,18 @@ def test_intervals_above_the_limit_cover_and_say_how(path, monkeypatch):
 
 def test_the_pairs_noise_share_reaches_the_report_and_the_verdict():
     """With the analytic edge (no shuffled corpora) the share the intervals were judged by is
-    reported as null.distance_noise, and a stationary corpus gets the verdict's caveat."""
+    reported as null.distance_noise, and a noisy corpus gets the verdict's caveat: a
+    stationary one (no interval computed: no structure found, every encoding tied) and a
+    drift at N = 2,000 (share about 0.16: the jackknife's interval withheld for noise)."""
     cfg = AnalysisConfig(dims=(2,), encodings=("sinusoidal",), held_out="off", null="mp", exact_limit=32)
     r = analyze(known_corpus("stationary", 64, tokens=2000, seed=3).counts, cfg).report()
     noise = r["null"]["distance_noise"]
     assert noise["method"].startswith("pairs") and noise["share"] > 0.5
+    assert r["verdict"]["non_stationary"] is False
+    assert r["encodings"][0]["stress_interval"].startswith("none: no test found positional structure")
+    assert any("null.distance_noise" in c for c in r["verdict"]["caveats"])
+    r = analyze(known_corpus("drift", 64, tokens=2000, seed=3).counts, cfg).report()
+    assert r["verdict"]["non_stationary"] is True and 0.1 <= r["null"]["distance_noise"]["share"] < 0.5
     assert r["encodings"][0]["stress_interval"].startswith("none: sampling noise alone gives")
     assert any("null.distance_noise" in c for c in r["verdict"]["caveats"])
 
@@ -142,7 +149,9 @@ def test_thin_rows_get_no_interval_on_the_sampled_path():
     """A row of fewer than 20 tokens could be emptied by a replicate: no jackknife, and the
     pairs' interval (which leaves out the token noise) becomes a tie range, not a 95 % one."""
     cfg = AnalysisConfig(dims=(2,), encodings=("sinusoidal",), held_out="off", null="none", exact_limit=32)
-    r = analyze(known_corpus("drift", 64, tokens=15, seed=4).counts, cfg).report()
+    # strong planted rows: structure the standout test finds at 15 tokens a row
+    r = analyze(known_corpus("planted", 64, tokens=15, strength=0.9, vocab=50, seed=4).counts, cfg).report()
+    assert r["verdict"]["non_stationary"] is True
     e = r["encodings"][0]
     assert e["stress_interval"].startswith("none: a geometry row has fewer than 20 tokens")
     assert e["scaled_stress_ci95"] == [e["scaled_stress"]] * 2

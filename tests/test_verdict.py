@@ -401,3 +401,46 @@ def test_encodings_tied_at_every_width_are_named_once():
              {"dim": 16, "fixed": "sinusoidal", "fixed_tied_with": []}]
     assert sentence(apart) == ("Among encodings used without fitting, the best fit is alibi at d = 2, tied within noise "
                                "with rope; sinusoidal at d = 16.")
+
+
+def test_best_encodings_all_tied_names_no_winner():
+    """With ``all_tied`` (no structure found) every encoding of a width is tied with the
+    best, fixed ones with the best fixed one, and no runner-up is left; the scores stay."""
+    enc = [
+        {"name": "mds", "dim": 2, "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11]},
+        {"name": "rope", "dim": 2, "scaled_stress": 0.50, "scaled_stress_ci95": [0.49, 0.51]},
+        {"name": "alibi", "dim": 2, "scaled_stress": 0.90},
+        {"name": "mds", "dim": 4, "scaled_stress": 0.02},
+    ]
+    plain, tied = best_encodings(enc), best_encodings(enc, all_tied=True)
+    assert plain[0]["tied_with"] == [] and plain[0]["next"]["name"] == "rope"  # far apart: a winner without the gate
+    assert tied[0]["best"] == "mds" and tied[0]["tied_with"] == ["alibi", "rope"] and tied[0]["next"] is None
+    assert tied[0]["fixed"] == "rope" and tied[0]["fixed_tied_with"] == ["alibi"]
+    assert tied[0]["scaled_stress"] == 0.10 and tied[0]["best_fixed"]["name"] == "rope"
+    assert tied[1]["tied_with"] == [] and tied[1]["next"] is None  # alone at its width: nothing to tie
+
+
+def test_verdict_names_no_best_encoding_without_structure():
+    """Gatekeeping: when neither test rejects, the verdict ties every encoding (in-sample,
+    held out and in sweeps), since a lower stress then only measures a fit to the noise;
+    once a test rejects, the intervals decide as before."""
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.testing import known_corpus
+
+    config = AnalysisConfig(dims=(2, 8), encodings=("mds", "sinusoidal", "alibi", "rope:theta=100|10000"),
+                            held_out="on")
+    r = analyze(known_corpus("stationary", 64, tokens=2_000, seed=3).counts, config).report()
+    v = r["verdict"]
+    assert v["non_stationary"] is False
+    names = {e["name"] for e in r["encodings"] if e["dim"] == 2}
+    for row in v["best_encodings"]:
+        assert {row["best"], *row["tied_with"]} == names and row["next"] is None
+    for row in v["held_out_best"]:
+        held = {e["name"] for e in r["held_out"]["encodings"] if e["dim"] == row["dim"]}
+        assert {row["best"], *row["tied_with"]} == held
+    (sweep,) = v["sweeps"]
+    for row in sweep["best"]:
+        assert sorted([row["best"], *row["tied_with"]]) == [100, 10000]
+    planted = analyze(known_corpus("planted", 64, tokens=20_000, seed=3).counts, config).report()["verdict"]
+    assert planted["non_stationary"] is True
+    assert any(row["next"] is not None for row in planted["best_encodings"])  # a winner beyond noise is named

@@ -60,7 +60,7 @@ from posstats.estimates.pair_jackknife import token_groups
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import thin
-from posstats.estimates.verdict import best_encodings
+from posstats.estimates.verdict import NO_STRUCTURE_INTERVAL, best_encodings, held_out_row
 from posstats.geometry.encodings import family_of, make_encoding
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds, sqrt_operator
@@ -148,6 +148,7 @@ def held_out_scores(
     stress_max_pairs: int = 20_000_000,
     lanczos_tol: float = 1e-8,
     progress: Callable[[str], None] | None = None,
+    ranges: bool = True,
 ) -> dict[str, Any]:
     """Every (width, encoding) of ``jobs`` built from half ``a`` and scored on ``a`` and ``b``.
 
@@ -161,6 +162,8 @@ def held_out_scores(
             a half's rows (its noise floor); None: plug-in distances.
         context: the counts' n (RoPE variants that depend on it).
         progress: called with a short label before each step.
+        ranges: the exact path's jackknife ranges for ties (:func:`held_out_intervals`);
+            False when no test found structure (the verdict then ties every encoding).
 
     Returns:
         The report's ``held_out`` section: ``split``, ``positions`` (used, left out),
@@ -193,7 +196,10 @@ def held_out_scores(
     score = _exact_scores if exact else _sampled_scores
     entries = score(a, b, positions, jobs, biases=biases, context=context, seed=seed, step=step,
                     stress_halfwidth=stress_halfwidth, stress_max_pairs=stress_max_pairs, lanczos_tol=lanczos_tol)
-    if exact:
+    if exact and not ranges:
+        for e in entries:
+            e["held_out_interval"] = NO_STRUCTURE_INTERVAL
+    elif exact:
         step("held out: jackknife ranges")
         held_out_intervals(a, b, positions, jobs, entries, corrected=bias_of is not None, context=context, seed=seed)
     else:  # the pairs' intervals leave out the token noise: a range for ties only
@@ -204,10 +210,7 @@ def held_out_scores(
                                       "range (held_out_scaled_stress_tie_range) leaves out the token noise; it only "
                                       "decides ties")
     section["encodings"] = entries
-    section["best"] = best_encodings([{"name": e["name"], "dim": e["dim"], "scaled_stress": e["held_out_scaled_stress"],
-                                       "scaled_stress_ci95": e["held_out_scaled_stress_ci95"],
-                                       "scaled_stress_tie_range": e.get("held_out_scaled_stress_tie_range")}
-                                      for e in entries])
+    section["best"] = best_encodings([held_out_row(e) for e in entries])
     return section
 
 

@@ -36,13 +36,17 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   stress and those whose 95 % interval overlaps its interval (a tie: their difference is
   not larger than the intervals); and the same on held-out counts, when the analysis
   scored them (:mod:`posstats.estimates.held_out`: fitted encodings graded on the half of
-  the corpus they were not fitted to).
+  the corpus they were not fitted to). Gatekept like the components: when neither test
+  rejects (or the verdict is withheld), every encoding of a width is tied with its best,
+  in-sample, held out and in sweeps; a fitted encoding's lower stress then only measures
+  its fit to the noise (docs/calibration.md, "Best encodings on stationary corpora").
 
 :func:`verdict` assembles the report's ``verdict`` section from these.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +63,11 @@ __all__ = [
     "DISTANCE_NOISE_CAVEAT",
     "FAMILY_LEVEL",
     "MIN_WINDOWS",
+    "NO_STRUCTURE_INTERVAL",
     "STANDOUT_Z",
     "Verdict",
     "best_encodings",
+    "held_out_row",
     "caveats",
     "non_stationarity",
     "null_distance_to_pool",
@@ -288,27 +294,32 @@ def _runner(e: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if e is None else {"name": e["name"], "scaled_stress": e["scaled_stress"], "scaled_stress_ci95": _ci95(e)}
 
 
-def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
+def best_encodings(encodings: list[dict[str, Any]], /, *, all_tied: bool = False) -> list[dict[str, Any]]:
     """Per width: the encoding with the lowest scaled stress and the ones tied with it (their
     95 % scaled-stress intervals overlap, or the jackknife ranges that stand in for
     intervals noise withheld; exact stress without either is a point); how far
     ahead it is: the runner-up (``next``, the best encoding not tied with it) and the best
     fixed encoding (``best_fixed``: not fitted to the counts, unlike MDS and SMACOF), each
     with its scaled stress and interval, or None; ``fixed`` names the best fixed encoding
-    (also when it is the best overall) and ``fixed_tied_with`` the fixed ones tied with it."""
+    (also when it is the best overall) and ``fixed_tied_with`` the fixed ones tied with it.
+
+    ``all_tied``: every encoding of a width is tied with its best (``next`` is None), as the
+    verdict has it when no test found positional structure (:func:`verdict`): the stresses
+    then differ by how each encoding fits sampling noise, and naming a winner would be a
+    claim of structure that the gatekeeping order does not allow."""
     out = []
     for dim in sorted({int(e["dim"]) for e in encodings}):
         entries = sorted((e for e in encodings if int(e["dim"]) == dim), key=lambda e: e["scaled_stress"])
         best = entries[0]
         lo, hi = _interval(best)
-        reach = hi + _TIE_RTOL * max(abs(hi), 1e-300)  # equal up to rounding counts as tied
+        reach = math.inf if all_tied else hi + _TIE_RTOL * max(abs(hi), 1e-300)  # equal up to rounding counts as tied
         tied = {e["name"] for e in entries[1:] if _interval(e)[0] <= reach} - {best["name"]}
         after = next((e for e in entries[1:] if e["name"] not in tied and e["name"] != best["name"]), None)
         fixed_entries = [e for e in entries if e["name"].split(":")[0] not in FITTED_ENCODINGS]
         fixed = fixed_entries[0] if fixed_entries else None
         fixed_tied: set[str] = set()
         if fixed is not None:
-            fixed_reach = _interval(fixed)[1] * (1 + _TIE_RTOL) + _TIE_RTOL * 1e-300
+            fixed_reach = math.inf if all_tied else _interval(fixed)[1] * (1 + _TIE_RTOL) + _TIE_RTOL * 1e-300
             fixed_tied = {e["name"] for e in fixed_entries[1:] if _interval(e)[0] <= fixed_reach} - {fixed["name"]}
         out.append({"dim": dim, "best": best["name"], "scaled_stress": best["scaled_stress"], "scaled_stress_ci95": _ci95(best),
                     "tied_with": sorted(tied), "next": _runner(after),
@@ -317,14 +328,29 @@ def best_encodings(encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
     return out
 
 
-def best_sweep_values(sweep: dict[str, Any], encodings: list[dict[str, Any]], /) -> list[dict[str, Any]]:
+def held_out_row(e: dict[str, Any], /) -> dict[str, Any]:
+    """A held-out entry (``held_out.encodings``) as :func:`best_encodings` reads one: its
+    held-out scaled stress, interval and range for ties."""
+    return {"name": e["name"], "dim": e["dim"], "scaled_stress": e["held_out_scaled_stress"],
+            "scaled_stress_ci95": e["held_out_scaled_stress_ci95"],
+            "scaled_stress_tie_range": e.get("held_out_scaled_stress_tie_range")}
+
+
+NO_STRUCTURE_INTERVAL = ("none: no test found positional structure (verdict.non_stationary is false, or the verdict "
+                         "is withheld), so the verdict ties every encoding; against positions of one distribution a "
+                         "stress has no true value to cover")
+
+
+def best_sweep_values(sweep: dict[str, Any], encodings: list[dict[str, Any]], /, *,
+                      all_tied: bool = False) -> list[dict[str, Any]]:
     """Per width, the swept value whose member has the lowest scaled stress, and the values
-    tied with it (overlapping 95 % intervals), among the members of one sweep
+    tied with it (overlapping 95 % intervals; every value with ``all_tied``, as in
+    :func:`best_encodings`), among the members of one sweep
     (:func:`posstats.geometry.encodings.encoding_sweeps`)."""
     value_of = {name: (v, tuple(sorted(o.items()))) for name, v, o in zip(sweep["members"], sweep["values"], sweep["others"], strict=True)}
     members = [e for e in encodings if e["name"] in value_of]
     out = []
-    for row in best_encodings(members):
+    for row in best_encodings(members, all_tied=all_tied):
         value, others = value_of[row["best"]]
         tied = [value_of[name][0] for name in row["tied_with"]]
         out.append({"dim": row["dim"], "best": value, "others": dict(others), "scaled_stress": row["scaled_stress"],
@@ -439,7 +465,7 @@ class Verdict:
         standout_positions: :func:`standout_positions`' entry, or None.
         structure: ``none``, ``positions`` or ``widespread`` (:func:`structure_kind`).
         best_encodings: per width, the best encoding and the ones tied with it
-            (:func:`best_encodings`).
+            (:func:`best_encodings`; all of them when no test found structure).
         fitted_better_at: widths where an encoding fitted to the counts beats every fixed one.
         sweeps: per swept encoding parameter, the best value per width.
         held_out_best: the held-out scores' best per width, or None.
@@ -512,7 +538,12 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
         above = 0  # gatekeeping: components are claimed only once homogeneity is rejected
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
     held_out = report.get("held_out") or {}
-    best = best_encodings(report.get("encodings") or [])
+    # gatekeeping again: no encoding is named best over another unless a test found structure
+    no_structure = non_stationary is False or bool(withheld)
+    best = best_encodings(report.get("encodings") or [], all_tied=no_structure)
+    held_out_best = held_out.get("best")
+    if held_out_best and no_structure:
+        held_out_best = best_encodings([held_out_row(e) for e in held_out.get("encodings") or []], all_tied=True)
     used = int((report.get("positions") or {}).get("used") or 0)
     return Verdict(
         withheld=withheld,
@@ -528,8 +559,9 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
         best_encodings=tuple(best),
         fitted_better_at=tuple(fitted_better(best, non_stationary=non_stationary, above=above)),
         sweeps=tuple(
-            {"spec": sw["spec"], "parameter": sw["parameter"], "best": best_sweep_values(sw, report.get("encodings") or [])}
+            {"spec": sw["spec"], "parameter": sw["parameter"],
+             "best": best_sweep_values(sw, report.get("encodings") or [], all_tied=no_structure)}
             for sw in (report.get("config") or {}).get("sweeps") or []
         ),
-        held_out_best=held_out.get("best"),
+        held_out_best=held_out_best,
     )
