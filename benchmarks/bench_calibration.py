@@ -154,7 +154,7 @@ def _claims(report: dict) -> dict[str, bool]:
         # an encoding named better than another at some width (in-sample or held out):
         # a claim of structure, false on a stationary corpus
         "best_named": any(len(row["tied_with"]) + 1 < _row_width(report, row["dim"])
-                          for row in [*v.get("best_encodings") or [], *v.get("held_out_best") or []]),
+                          for row in [*(v.get("best_encodings") or []), *(v.get("held_out_best") or [])]),
     }
 
 

@@ -92,8 +92,9 @@ def test_bench_calibration_small():
         assert row["plugin"]["mean_error"] > 0  # the plug-in is biased upward
     (dec,) = r["decisions"]
     claims = dec["stationary"]
-    assert set(claims) == {"components_above_noise", "any_standout", "distinguishable", "non_stationary"}
+    assert set(claims) == {"components_above_noise", "any_standout", "distinguishable", "non_stationary", "best_named"}
     assert all(c["of"] == 2 and c["ci95"][0] <= c["rate"] <= c["ci95"][1] for c in claims.values())
+    assert claims["best_named"]["count"] <= claims["non_stationary"]["count"]  # gatekept: no structure, no winner
     assert set(dec["planted"]) == {"distinguishable", "standouts_exactly_planted", "components_above_noise"}
     assert dec["drift"]["non_stationary"]["of"] == 1
     assert [row["kind"] for row in r["coverage"]] == ["drift", "planted"]
