@@ -441,6 +441,11 @@ def test_verdict_names_no_best_encoding_without_structure():
     (sweep,) = v["sweeps"]
     for row in sweep["best"]:
         assert sorted([row["best"], *row["tied_with"]]) == [100, 10000]
+    from posstats.reports.summary import verdict_items
+
+    items = dict(verdict_items(r))
+    assert items["best fit"].startswith("none named: no test found positional structure")
+    assert items["held out"].startswith("none named") and "no base named: every value is tied" in items["sweep"]
     planted = analyze(known_corpus("planted", 64, tokens=20_000, seed=3).counts, config).report()["verdict"]
     assert planted["non_stationary"] is True
     assert any(row["next"] is not None for row in planted["best_encodings"])  # a winner beyond noise is named

@@ -211,15 +211,24 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     else:
         second = "no single position stands out from the pooled distribution"
     fits = []
+    # the verdict ties every encoding when no test found structure (estimates.verdict)
+    gated = bool(v.get("withheld")) or v.get("non_stationary") is False
     for b in v.get("best_encodings", []):
-        tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
-        fits.append(f"d={b['dim']}: {b['best']} {_score(b)}{tie}{_margin(b)}")
+        tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] and not gated else ""
+        fits.append(f"d={b['dim']}: {b['best']} {_score(b)}{tie}{'' if gated else _margin(b)}")
     items = [("verdict", first), ("positions", second)]
-    if fits:
+    if fits and gated:
+        items.append(("best fit", "none named: no test found positional structure, so every encoding is tied at every "
+                                  "width (their stresses measure fits to sampling noise); lowest scaled stress "
+                                  + "; ".join(fits)))
+    elif fits:
         noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
         items.append(("best fit", "scaled stress " + "; ".join(fits) + noise_only))
     held = report.get("held_out") or {}
-    if v.get("held_out_best"):
+    if v.get("held_out_best") and gated:
+        items.append(("held out", "none named: every encoding is tied (no structure found); fitted on one half of "
+                                  f"the corpus ({held.get('split')}), scored on the other"))
+    elif v.get("held_out_best"):
         rows = []
         for b in v["held_out_best"]:
             tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
@@ -229,6 +238,9 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         items.append(("held out", "; ".join(rows) + f"; fitted on one half of the corpus ({held.get('split')}), "
                                                      "scored on the other" + noise_only))
     for sw in v.get("sweeps") or []:
+        if gated:
+            items.append(("sweep", f"{sw['spec']}: no {sw['parameter']} named: every value is tied (no structure found)"))
+            continue
         rows = []
         for b in sw["best"]:
             tie = f" (tied: {', '.join(_fmt_value(t) for t in b['tied_with'])})" if b["tied_with"] else ""
