@@ -216,3 +216,19 @@ def test_long_scatters_draw_evenly_spaced_positions_and_say_so():
         assert f"{SCATTER_POINTS:,} of the {n:,} positions drawn" in plot.caption
     small = encoding_scatter_figure(enc[:50], np.arange(50))
     assert np.asarray(small.figure.axes[0].collections[0].get_array()).size == 50 and "drawn" not in small.caption
+
+
+def test_sweep_figure_stars_no_value_without_structure():
+    """``star=False`` (the verdict found no structure and ties every value): no starred
+    point, and the caption says why; by default each width's lowest value is starred."""
+    sweep = {"spec": "rope:type=linear,factor=2|4", "parameter": "factor", "values": [2.0, 4.0],
+             "members": ["rope:type=linear:factor=2", "rope:type=linear:factor=4"], "others": [{}, {}]}
+    entries = [{"name": f"rope:type=linear:factor={f}", "dim": 2, "scaled_stress": 0.1 * f} for f in (2, 4)]
+
+    def stars(p):
+        return [ln for ax in p.figure.axes for ln in ax.get_lines() if ln.get_marker() == "*"]
+
+    starred, plain = plots.sweep_figure(sweep, entries), plots.sweep_figure(sweep, entries, star=False)
+    assert len(stars(starred)) == 1 and list(stars(starred)[0].get_xdata()) == [2.0]
+    assert stars(plain) == [] and "no star, since no test found positional structure" in plain.caption
+    assert plain.caption.endswith(".") and plain.caption.count(". ") == 0

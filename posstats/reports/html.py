@@ -273,8 +273,10 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     entries = report.get("encodings", [])
     if entries:
         plots.append(stress_by_dim_figure(entries))
+        v = report.get("verdict") or {}
+        named = not (v.get("withheld") or v.get("non_stationary") is False)  # the verdict ties every value otherwise
         for i, sweep in enumerate((report.get("config") or {}).get("sweeps") or []):
-            plots.append(sweep_figure(sweep, entries, index=i))
+            plots.append(sweep_figure(sweep, entries, index=i, star=named))
     plots.append(lowrank_figure(trade, n=m, width=width, stress_positions=len(idx), informative=informative_rank(report)))
     if entries:
         plots.append(monotonicity_figure(entries, corpus_rate=_corpus_a3(report).get("rate")))

@@ -417,7 +417,8 @@ def stress_by_dim_figure(entries: Sequence[dict[str, Any]], /) -> Plot:
     return Plot("stress_by_dim", "Stress against width", caption, fig)
 
 
-def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *, index: int = 0) -> Plot:
+def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *, index: int = 0,
+                 star: bool = True) -> Plot:
     """Scaled stress against a swept parameter (``--encodings 'rope:type=yarn,factor=8|16|32'``),
     one line per width (and per value of any other swept key), with 95 % intervals.
 
@@ -426,6 +427,8 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
             ``values``, ``members``, ``others``).
         entries: ``report.json`` ``encodings[]`` objects.
         index: the sweep's number (the file stem is ``sweep_<index>``).
+        star: star each line's lowest value; False when no test found positional structure
+            (the verdict then ties every value, and the caption says so).
     """
     by_name = {str(e["name"]): e for e in entries}
     lines: dict[tuple[int, str], list[tuple[float, dict[str, Any]]]] = {}
@@ -450,7 +453,7 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
                 label=f"d={dim}" + (f" ({label})" if label else "") + (": all equal" if flat else ""))
         ax.vlines(x, ci[:, 0], ci[:, 1], color=color, lw=1.0,
                   label="95 % interval (jackknife: around the bias-corrected estimate)" if i == 0 and np.any(ci[:, 1] > ci[:, 0]) else None)
-        if not flat:
+        if star and not flat:
             best = int(np.argmin(y))
             ax.plot([x[best]], [y[best]], marker="*", ms=13, color=color, markeredgecolor="black", zorder=5)
         xs.extend(x.tolist())
@@ -466,12 +469,16 @@ def sweep_figure(sweep: dict[str, Any], entries: Sequence[dict[str, Any]], /, *,
     ax.set_ylabel("scaled stress")
     ax.legend(fontsize=8, loc="best")
     missing = [m for m in sweep["members"] if m not in by_name]
+    if star:
+        guide = (f"look for the star, which marks the {sweep['parameter']} whose encoding best reproduces the corpus "
+                 "geometry at that width (none where every value gives the same stress, such as a width whose pairs the "
+                 "scaling leaves unchanged); values whose intervals overlap the star's cannot be told apart by this corpus")
+    else:
+        guide = (f"look for no winner: there is no star, since no test found positional structure and no "
+                 f"{sweep['parameter']} fits better than another (the differences are fits to sampling noise)")
     caption = (
         f"Scaled stress of {sweep['spec']} against {sweep['parameter']}, one line per width, with 95 % intervals: "
-        f"look for the star, which marks the {sweep['parameter']} whose encoding best reproduces the corpus geometry "
-        "at that width (none where every value gives the same stress, such as a width whose pairs the scaling leaves "
-        "unchanged); values whose intervals overlap the star's cannot be told apart by this corpus"
-        + (f" ({len(missing)} member(s) not in this report)" if missing else "") + "."
+        + guide + (f" ({len(missing)} member(s) not in this report)" if missing else "") + "."
     )
     return Plot(f"sweep_{index}", f"Stress against {sweep['parameter']}", caption, fig)
 
