@@ -38,6 +38,20 @@ def test_token_groups_split_every_count_and_leave_the_input():
     assert np.all(np.abs(first - 500) < 5 * 21.2)
 
 
+def test_token_groups_give_single_tokens_uniform_groups():
+    """Counts of 1 take a uniform group label (the multinomial law of one token): each of
+    10 groups holds 1/10 of 100,000 single tokens (sd 95), and every count, single or not,
+    is split exactly; more groups than an int8 label holds still partition."""
+    counts = np.r_[np.ones(100_000, dtype=np.int64), np.full(1_000, 7, dtype=np.int64)]
+    groups = np.array(list(token_groups(counts, 10, np.random.default_rng(3))))
+    np.testing.assert_array_equal(groups.sum(axis=0), counts)
+    assert set(np.unique(groups[:, :100_000])) == {0, 1}
+    assert np.all(np.abs(groups[:, :100_000].sum(axis=1) - 10_000) < 5 * 95)
+    many = np.array(list(token_groups(counts[:5_000], 200, np.random.default_rng(4))))
+    np.testing.assert_array_equal(many.sum(axis=0), counts[:5_000])
+    assert np.all(np.abs(many.sum(axis=1) - 25) < 5 * 5)  # Binomial(5,000, 1/200): sd 5
+
+
 def test_pairs_follow_the_rows_and_the_gathering_budget():
     assert jackknife_pairs(4096) == 4 * 4096
     assert jackknife_pairs(100_000, entries_per_row=10.0) == 400_000

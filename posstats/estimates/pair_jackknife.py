@@ -126,6 +126,10 @@ def token_groups(counts: np.ndarray, groups: int, rng: np.random.Generator, /) -
     group at a time: group g is ``Binomial(rest, 1 / (groups - g))`` of what no earlier
     group took (module docstring). The groups sum to ``counts``; only the rest is held.
 
+    A count of 1 (most stored counts of a sparse corpus) takes one uniform group label
+    instead: the same multinomial law, one draw instead of K binomial ones, held as one
+    byte per count (the binomial draws were most of the split's time).
+
     Args:
         counts: (nnz,) non-negative integer counts (not modified).
         groups: K >= 1.
@@ -134,10 +138,18 @@ def token_groups(counts: np.ndarray, groups: int, rng: np.random.Generator, /) -
     Yields:
         K arrays of the counts' shape and type.
     """
-    rest = counts.copy()
+    label_type = np.int8 if groups <= np.iinfo(np.int8).max else np.int32
+    label = np.full(counts.shape, -1, dtype=label_type)  # -1: not a single token
+    single = counts == 1
+    label[single] = rng.integers(0, groups, size=int(np.count_nonzero(single)), dtype=label_type)
+    del single
+    multi = np.flatnonzero(counts > 1)
+    rest = counts[multi]  # a copy: what no earlier group took
     for g in range(groups):
-        group = _binomial(rest, 1.0 / (groups - g), rng)  # the last group takes the rest
-        rest -= group
+        part = _binomial(rest, 1.0 / (groups - g), rng)  # the last group takes the rest
+        rest -= part
+        group = (label == g).astype(counts.dtype)
+        group[multi] = part
         yield group
 
 
