@@ -435,6 +435,7 @@ def test_verdict_names_no_best_encoding_without_structure():
     names = {e["name"] for e in r["encodings"] if e["dim"] == 2}
     for row in v["best_encodings"]:
         assert {row["best"], *row["tied_with"]} == names and row["next"] is None
+    assert r["held_out"]["best"] == v["held_out_best"]  # the section's own best is gatekept too
     for row in v["held_out_best"]:
         held = {e["name"] for e in r["held_out"]["encodings"] if e["dim"] == row["dim"]}
         assert {row["best"], *row["tied_with"]} == held

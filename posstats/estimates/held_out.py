@@ -163,7 +163,8 @@ def held_out_scores(
         context: the counts' n (RoPE variants that depend on it).
         progress: called with a short label before each step.
         ranges: the exact path's jackknife ranges for ties (:func:`held_out_intervals`);
-            False when no test found structure (the verdict then ties every encoding).
+            False when no test found structure: no ranges, and ``best`` ties every
+            encoding, as the verdict does.
 
     Returns:
         The report's ``held_out`` section: ``split``, ``positions`` (used, left out),
@@ -210,7 +211,7 @@ def held_out_scores(
                                       "range (held_out_scaled_stress_tie_range) leaves out the token noise; it only "
                                       "decides ties")
     section["encodings"] = entries
-    section["best"] = best_encodings([held_out_row(e) for e in entries])
+    section["best"] = best_encodings([held_out_row(e) for e in entries], all_tied=not ranges)
     return section
 
 
