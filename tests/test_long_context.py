@@ -158,7 +158,7 @@ def test_sampled_path_agrees_with_the_exact_path(planted, noise, distances):
     exact values computed below the limit, MDS agrees, and the report says what was done;
     with plug-in distances, and with the default (a noise floor, bias-corrected distances)."""
     base = dict(dims=(2, 8), encodings=("mds", "sinusoidal", "random"), stress_halfwidth=4e-3, corpus_triples=20_000,
-                null="none", noise_floor=noise)
+                null="none", noise_floor=noise, held_out="off")
     exact = analyze(planted.counts, AnalysisConfig(**base))
     sampled = analyze(planted.counts, AnalysisConfig(exact_limit=300, **base))
     assert sampled.distances is None and sampled.mds.method == "lanczos"
@@ -225,7 +225,9 @@ def test_sampled_path_on_the_gpu_equals_the_host(cupy, planted):
 
 def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):
     parts = split_counts(planted.counts, parts=4, seed=5)
-    cfg = AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal"), noise_floor=True, distances="corrected")
+    # the null and the held-out scores are beside the point here (they cost a minute at 700 rows)
+    cfg = AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal"), noise_floor=True, distances="corrected",
+                         null="none", held_out="off")
     a = analyze(planted.counts, cfg, parts=parts)
     nf = noise_floor(parts)
     expected = np.sqrt(corrected_squared_distances(hellinger_sq(planted.counts.matrix), nf.bias))
@@ -241,7 +243,8 @@ def test_bias_corrected_pipeline_uses_the_corrected_matrix(planted):
     with pytest.raises(PosstatsError, match="noise floor"):
         AnalysisConfig(distances="corrected", noise_floor="off")
     # without parts: the counted tokens are split at random
-    r = analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds",), noise_floor=True)).report()
+    r = analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds",), noise_floor=True, null="none",
+                                               held_out="off")).report()
     assert r["noise"]["source"] == "token split" and r["geometry"]["distances"] == "bias_corrected"
 
 
@@ -257,7 +260,7 @@ def test_buckets_in_the_pipeline(planted):
 
 
 def test_null_rank_in_the_report(planted):
-    r = analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds",))).report()
+    r = analyze(planted.counts, AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")).report()
     assert r["null"]["method"] == "shuffle" and r["null"]["replicates"] == 39 and r["null"]["level"] == 0.025
     assert r["spectrum"]["components_above_null"] == 4
 
