@@ -832,8 +832,8 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
                       noise_share: float | None, show_progress: bool | None, compared: bool = True) -> float | None:
     """Jackknife intervals on the stresses (none when not ``compared``: no test found
     structure, the verdict ties every encoding and a stress against a geometry of
-    identical positions has no truth to cover; :func:`_uncompared`): up to ``_JACKKNIFE_LIMIT`` rows the delete-a-group
-    jackknife with refits (:func:`_jackknife_intervals`), above it the pair-sample jackknife
+    identical positions has no truth to cover; :func:`_uncompared`): up to
+    ``_JACKKNIFE_LIMIT`` rows the delete-a-group jackknife with refits (:func:`_jackknife_intervals`), above it the pair-sample jackknife
     of the fixed encodings (:func:`_pair_intervals`), given as 95 % intervals only while
     sampling noise alone stays below ``DISTANCE_NOISE_CAVEAT`` of the summed distances
     (``null.distance_noise.share``, or the pairs' own share where no shuffle null gave it).
