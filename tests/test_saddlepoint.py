@@ -191,3 +191,50 @@ def test_rows_near_the_threshold_are_solved_one_by_one():
     capped, count = solved_near(table, z, occ, p, mean, sd, threshold=5.4, limit=1)
     assert count == 1 and np.count_nonzero(capped != table) == 1
     assert table[2] > 5.4 > solved[2]  # at a threshold of 5.4 the table alone would call it a standout
+
+
+def test_wide_windows_summed_on_a_stride_give_the_same_cgf(monkeypatch):
+    """A token's series wider than MAX_TERMS counts is summed every h-th count, weighted by
+    h: with the limit lowered to 512 (N p_v up to 1e4 on strides of up to 8, 12 or more
+    terms per standard deviation) K, its gradient and Hessian equal the full sums to 1e-9,
+    and a row of 1e12 tokens builds and evaluates in a moment (it held 3e7 terms a token)."""
+    import time
+
+    from posstats.estimates import saddlepoint
+
+    p = 1.0 / (np.arange(200) + 2.7) ** 1.1
+    p /= p.sum()
+    full = saddlepoint.JointCgf(p, 1e5)
+    assert max(c.k.shape[1] for c in full.chunks) <= saddlepoint.MAX_TERMS  # every term at stride 1 here
+    monkeypatch.setattr(saddlepoint, "MAX_TERMS", 512)
+    strided = saddlepoint.JointCgf(p, 1e5)
+    assert max(np.diff(c.k, axis=1).max() for c in strided.chunks) >= 8  # the head is strided
+    for s, t in ((0.0, 0.0), (-0.5, 1e-4), (-2.0, -3e-4)):
+        for a, b in zip(full(s, t), strided(s, t), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-9 * max(float(np.max(np.abs(a))), 1.0))
+    monkeypatch.undo()
+    t0 = time.perf_counter()
+    huge = saddlepoint.JointCgf(np.array([0.5, 0.5]), 1e12)
+    value, grad, _ = huge(0.0, 0.0)
+    assert time.perf_counter() - t0 < 5.0 and max(c.k.shape[1] for c in huge.chunks) <= saddlepoint.MAX_TERMS
+    np.testing.assert_allclose(grad[1], 1e12, rtol=1e-9)  # E T = N
+    assert abs(value) < 1e-6  # K(0, 0) = log 1
+
+
+def test_log_poisson_is_exact_at_large_means():
+    """Loader's form above 1e5 agrees with the direct one where both are exact (lam = 1e5,
+    1e6: direct terms ~1e7, error ~1e-9), and at lam = 5e11 it sums to 1 over the window
+    (the direct form's terms reach 1e13 there and cancel to an error of about 1e-3)."""
+    from scipy.special import gammaln
+
+    from posstats.estimates.saddlepoint import _log_poisson
+
+    for lam in (1e5, 1e6):
+        k = lam + np.arange(-2000.0, 2000.0, 7.0)
+        direct = k * np.log(lam) - lam - gammaln(k + 1.0)
+        np.testing.assert_allclose(_log_poisson(k, np.full_like(k, lam)), direct, rtol=0, atol=1e-7)
+    lam = 5e11
+    step = 1000.0
+    k = lam + np.arange(-20 * np.sqrt(lam), 20 * np.sqrt(lam), step)
+    total = float(np.exp(_log_poisson(k, np.full_like(k, lam))).sum() * step)
+    assert abs(total - 1.0) < 1e-9
