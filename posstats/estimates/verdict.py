@@ -39,7 +39,7 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   the corpus they were not fitted to). Gatekept like the components: when neither test
   rejects (or the verdict is withheld), every encoding of a width is tied with its best,
   in-sample, held out and in sweeps; a fitted encoding's lower stress then only measures
-  its fit to the noise (docs/calibration.md, "Best encodings on stationary corpora").
+  its fit to the noise (docs/calibration.md, "Why best encodings are gatekept too").
 
 :func:`verdict` assembles the report's ``verdict`` section from these.
 """
@@ -67,8 +67,8 @@ __all__ = [
     "STANDOUT_Z",
     "Verdict",
     "best_encodings",
-    "held_out_row",
     "caveats",
+    "held_out_row",
     "non_stationarity",
     "null_distance_to_pool",
     "position_ranges",
