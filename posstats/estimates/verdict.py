@@ -66,6 +66,7 @@ __all__ = [
     "NO_STRUCTURE_INTERVAL",
     "STANDOUT_Z",
     "Verdict",
+    "all_tied",
     "best_encodings",
     "caveats",
     "held_out_row",
@@ -336,6 +337,12 @@ def held_out_row(e: dict[str, Any], /) -> dict[str, Any]:
             "scaled_stress_tie_range": e.get("held_out_scaled_stress_tie_range")}
 
 
+def all_tied(verdict_doc: dict[str, Any], /) -> bool:
+    """Whether a verdict (``report.json``'s ``verdict``) ties every encoding: no test found
+    structure, or the verdict is withheld (:func:`best_encodings`' ``all_tied``)."""
+    return bool(verdict_doc.get("withheld")) or verdict_doc.get("non_stationary") is False
+
+
 NO_STRUCTURE_INTERVAL = ("none: no test found positional structure (verdict.non_stationary is false, or the verdict "
                          "is withheld), so the verdict ties every encoding; against positions of one distribution a "
                          "stress has no true value to cover")
@@ -539,7 +546,7 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
     corrected = (report.get("geometry") or {}).get("distances") == "bias_corrected"
     held_out = report.get("held_out") or {}
     # gatekeeping again: no encoding is named best over another unless a test found structure
-    no_structure = non_stationary is False or bool(withheld)
+    no_structure = all_tied({"withheld": withheld, "non_stationary": non_stationary})
     best = best_encodings(report.get("encodings") or [], all_tied=no_structure)
     held_out_best = held_out.get("best")
     if held_out_best and no_structure:

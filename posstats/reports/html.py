@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from posstats import __version__
+from posstats.estimates.verdict import all_tied
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.reports.export import informative_rank
 from posstats.reports.page import CSS, esc, figure_html, html_table, num, write_figures
@@ -273,8 +274,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     entries = report.get("encodings", [])
     if entries:
         plots.append(stress_by_dim_figure(entries))
-        v = report.get("verdict") or {}
-        named = not (v.get("withheld") or v.get("non_stationary") is False)  # the verdict ties every value otherwise
+        named = not all_tied(report.get("verdict") or {})  # the verdict ties every value otherwise
         for i, sweep in enumerate((report.get("config") or {}).get("sweeps") or []):
             plots.append(sweep_figure(sweep, entries, index=i, star=named))
     plots.append(lowrank_figure(trade, n=m, width=width, stress_positions=len(idx), informative=informative_rank(report)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posstats.estimates.verdict import fitted_better, structure_kind
+from posstats.estimates.verdict import all_tied, fitted_better, structure_kind
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
@@ -211,8 +211,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     else:
         second = "no single position stands out from the pooled distribution"
     fits = []
-    # the verdict ties every encoding when no test found structure (estimates.verdict)
-    gated = bool(v.get("withheld")) or v.get("non_stationary") is False
+    gated = all_tied(v)  # no test found structure: the verdict ties every encoding
     for b in v.get("best_encodings", []):
         tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] and not gated else ""
         fits.append(f"d={b['dim']}: {b['best']} {_score(b)}{tie}{'' if gated else _margin(b)}")
