@@ -311,9 +311,9 @@ def test_random_kills_leave_only_complete_runs_equal_to_a_clean_run(tmp_path, gc
 # ----------------------------------------------------------------------------- soak
 
 
-# scheduled refreshes in the soak: CI-sized by default (about 15 s each here);
+# scheduled refreshes in the soak: CI-sized by default (6, about 12 s each here);
 # POSSTATS_SOAK_RUNS=20 runs the full soak of docs/service.md
-SOAK_RUNS = int(os.environ.get("POSSTATS_SOAK_RUNS", "10"))
+SOAK_RUNS = int(os.environ.get("POSSTATS_SOAK_RUNS", "6"))
 
 
 @pytest.mark.slow
