@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.stats import t as student_t
+from scipy.special import stdtrit
 
 from posstats.estimates.thinning import thin
 
@@ -115,7 +115,7 @@ def jackknife_interval(
     k = x.size
     reference = float(estimate) if on_replicates_data is None else float(on_replicates_data)
     centre = float(estimate) - (k - 1) * (float(x.mean()) - reference)
-    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * float(np.hypot(jackknife_sd(x), extra_sd))
+    half = float(stdtrit(k - 1, 0.5 + level / 2)) * float(np.hypot(jackknife_sd(x), extra_sd))
     lo, hi = centre - half, centre + half
     if bounds is not None:
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
@@ -137,5 +137,5 @@ def overshoot_tie_range(estimate: float, replicates: Any, /, *, level: float = 0
     0.0
     """
     x = np.asarray(replicates, dtype=np.float64).ravel()
-    half = float(student_t.ppf(0.5 + level / 2, x.size - 1)) * float(np.hypot(jackknife_sd(x), extra_sd))
+    half = float(stdtrit(x.size - 1, 0.5 + level / 2)) * float(np.hypot(jackknife_sd(x), extra_sd))
     return [0.0, float(estimate) + half]

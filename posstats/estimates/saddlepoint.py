@@ -48,8 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln
-from scipy.stats import poisson
+from scipy.special import gammaln, xlogy
 
 __all__ = ["MAX_TERMS", "JointCgf", "calibrated_z", "importance_tail", "lower_tail_z", "solved_near"]
 
@@ -89,6 +88,14 @@ def _log_poisson(k: np.ndarray, lam: np.ndarray, /) -> np.ndarray:
     stirlerr = 1.0 / (12.0 * kl) - 1.0 / (360.0 * kl**3) + 1.0 / (1260.0 * kl**5)
     out[large] = -0.5 * np.log(2.0 * np.pi * kl) - stirlerr - ll * ((1.0 + u) * np.log1p(u) - u)
     return out
+
+
+def _poisson_logpmf(k: Any, lam: Any, /) -> np.ndarray:
+    """``log Poisson(k; lam) = xlogy(k, lam) - lam - log k!`` for any k >= 0 and lam >= 0
+    (the formula of ``scipy.stats.poisson.logpmf``, whose import adds 0.8 s to every
+    command's start)."""
+    k = np.asarray(k, dtype=np.float64)
+    return xlogy(k, lam) - lam - gammaln(k + 1.0)
 
 
 class JointCgf:
@@ -347,11 +354,11 @@ def importance_tail(p: np.ndarray, tokens: int, w: float, /, *, samples: int = 2
     rare[big] = False
     left = tokens - t_sum
     if rare.any():
-        log_weight += np.where(left >= 0, poisson.logpmf(np.maximum(left, 0), float(lam[rare].sum())), -np.inf)
+        log_weight += np.where(left >= 0, _poisson_logpmf(np.maximum(left, 0), float(lam[rare].sum())), -np.inf)
         w_sum += _rare_part(p[rare], np.maximum(left, 0), rng)
     else:
         log_weight = np.where(left == 0, log_weight, -np.inf)
-    terms = np.where(w_sum <= w, np.exp(log_weight - poisson.logpmf(tokens, tokens)), 0.0)
+    terms = np.where(w_sum <= w, np.exp(log_weight - _poisson_logpmf(tokens, tokens)), 0.0)
     return float(terms.mean()), float(terms.std() / math.sqrt(samples))
 
 
