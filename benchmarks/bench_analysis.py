@@ -36,8 +36,12 @@ Baselines, measured in the same run on the same counts (``--baselines``):
 
 - ``plugin``: ``posstats analyze --noise-floor off --distances plugin`` (what analyze did
   by default before: no noise estimate, plug-in rank and non-stationarity);
-- ``strict``: ``--lanczos-noise-share 0`` (every eigenpair to the Lanczos tolerance, the
-  noise bulk included: what the MDS cost before its accuracy followed the null);
+- ``strict``: ``--lanczos-noise-share 0 --untested-lanczos-noise-share 0`` (every eigenpair
+  to the Lanczos tolerance, the noise bulk included: what the MDS cost before its accuracy
+  followed the null);
+- ``tested``: ``--untested-stress-halfwidth 0.001 --untested-lanczos-noise-share 0.001``
+  (the accuracy of a tested geometry even when no test can find structure: what analyze
+  did before the fifteenth session; ``geometry.untested``, docs/long-context.md);
 - ``reread``: ``--noise-floor on --reread`` (the noise floor from the corpus re-read and
   split by document parity: the earlier honest path, 5.8 min and 19 GB at this size);
 - ``cpu``: ``--device cpu`` (the host's Lanczos products: on a machine with a GPU the
@@ -119,6 +123,7 @@ def _facts(report: dict | None) -> dict:
         "best_encodings": [(b["dim"], b["best"], b["tied_with"]) for b in v["best_encodings"]],
         "scaled_stress": {f"{e['name']}@{e['dim']}": round(e["scaled_stress"], 6) for e in report["encodings"]},
         "lanczos": {k: report["spectrum"].get(k) for k in ("max_residual", "noise_level", "noise_residual", "device")},
+        "untested": report["geometry"].get("untested"),
         "top_eigenvalues": [round(x, 6) for x in report["spectrum"].get("eigenvalues", [])[:4]],
         "timings_s": report["timings_s"],
     }
@@ -129,7 +134,8 @@ def _baselines(ctx: dict, counts: Path, label: str) -> dict:
     for name in ctx["args"].baseline_list:
         extra = {"plugin": ("--noise-floor", "off", "--distances", "plugin"),
                  "reread": ("--noise-floor", "on", "--reread"),
-                 "strict": ("--lanczos-noise-share", "0"),
+                 "strict": ("--lanczos-noise-share", "0", "--untested-lanczos-noise-share", "0"),
+                 "tested": ("--untested-stress-halfwidth", "0.001", "--untested-lanczos-noise-share", "0.001"),
                  "cpu": ("--device", "cpu")}[name]
         measured, report = analyze(ctx, counts, f"{label}-{name}", *extra)
         out[name] = {**measured, "options": " ".join(extra), **_facts(report)}
@@ -307,7 +313,7 @@ CASES = {"stationary": case_stationary, "planted": case_planted, "pipeline": cas
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="stationary,planted", help="comma-separated: stationary,planted,pipeline,rope,held_out")
-    ap.add_argument("--baselines", default="plugin", help="comma-separated: plugin,reread,strict,cpu (or none)")
+    ap.add_argument("--baselines", default="plugin", help="comma-separated: plugin,reread,strict,tested,cpu (or none)")
     ap.add_argument("--dir", default="/tmp/posstats-bench-long", help="stationary corpus (planted: DIR-planted)")
     ap.add_argument("--tokens", type=float, default=2.02e8)
     ap.add_argument("--files", type=int, default=8)
@@ -330,8 +336,8 @@ def parse_args() -> argparse.Namespace:
         args.geometry_cpus = [None if c.strip() == "default" else float(c) for c in args.geometry_cpus.split(",") if c.strip()]
     except ValueError:
         ap.error(f"--geometry-cpus: numbers or 'default', got {args.geometry_cpus!r}")
-    if set(args.case_list) - set(CASES) or set(args.baseline_list) - {"plugin", "reread", "strict", "cpu"}:
-        ap.error(f"cases from {sorted(CASES)}, baselines from plugin, reread, strict, cpu")
+    if set(args.case_list) - set(CASES) or set(args.baseline_list) - {"plugin", "reread", "strict", "tested", "cpu"}:
+        ap.error(f"cases from {sorted(CASES)}, baselines from plugin, reread, strict, tested, cpu")
     return args
 
 

@@ -202,6 +202,14 @@ class AnalysisConfig:
         1e-3, help="with the analytic null: eigenpairs inside the noise bulk are computed to this share of the "
                    "null's edge as an absolute residual, the others to the Lanczos tolerance (0: every pair to "
                    "it; docs/long-context.md)", metavar="S", minimum=0, group=_LONG)
+    untested_stress_halfwidth: float = option(
+        5e-3, help="sampled path, when no test can find structure (the analytic null has no homogeneity test "
+                   "and the standout test found none, or the verdict is withheld: every encoding is then tied "
+                   "whatever the geometry): the sampled stress half-width (docs/long-context.md)", metavar="H",
+        minimum=0, strict=True, group=_LONG)
+    untested_lanczos_noise_share: float = option(
+        0.03, help="sampled path, when no test can find structure (as for --untested-stress-halfwidth): the "
+                   "Lanczos noise share", metavar="S", minimum=0, group=_LONG)
     device: Device = option(
         "auto", group=_LONG, limit=True,
         help="where the long-context MDS (block Lanczos above --exact-limit rows) multiplies: gpu (cupy, the "
@@ -299,7 +307,8 @@ class AnalysisConfig:
                 raise PosstatsError(msg)
         for name, ok, rule in (("rank_rtol", lambda v: 0 <= v < 1, "in [0, 1)"),
                                ("lanczos_tol", lambda v: 0 < v < 1, "in (0, 1)"),
-                               ("stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)")):
+                               ("stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)"),
+                               ("untested_stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
                 msg = f"{name.replace('_', ' ')} must be a number {rule}, got {value!r}"
@@ -690,18 +699,24 @@ def analyze(
     bias = noise.bias if (noise is not None and config.distances in ("auto", "corrected")) else None
     large = len(g.index) > config.exact_limit
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
+    t = time.perf_counter()
+    standout = standout_positions(g.rows, g.positions)  # before the geometry: it may decide its accuracy
+    timings["standout"] = time.perf_counter() - t
     if large:
-        geometry = _sampled_geometry(g, bias, config, timings, show_progress,
-                                     noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index)))
+        untested = _untested(config, len(g.index), noise, standout, counts)
+        if untested:  # every encoding will be tied: the stresses and the noise bulk are descriptive
+            sections["geometry"]["untested"] = {"reason": untested,
+                                                "stress_halfwidth": config.untested_stress_halfwidth,
+                                                "lanczos_noise_share": config.untested_lanczos_noise_share}
+        geometry = _sampled_geometry(g, bias, config, timings, show_progress, untested=untested is not None,
+                                     noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index),
+                                                              untested=untested is not None))
     else:
         geometry = _exact_geometry(g, bias, config, timings, show_progress)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances)
     if null is not None:
         sections["null"] = null
-    t = time.perf_counter()
-    standout = standout_positions(g.rows, g.positions)
-    timings["standout"] = time.perf_counter() - t
     # the verdict ties every encoding when no test found structure (estimates.verdict):
     # then no interval or range is computed for comparing them
     compared = not (non_stationarity(homogeneity, standout)[0] is False
@@ -1120,25 +1135,50 @@ def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positi
     }
 
 
+def _null_choice(config: AnalysisConfig, m: int, noise: Any) -> str:
+    """The null the analysis of ``m`` geometry rows draws: ``config.null``, with ``auto``
+    resolved (the shuffled corpora up to :data:`_NULL_SHUFFLE_LIMIT` rows, else the analytic
+    edge when a noise floor exists, else none)."""
+    if config.null != "auto":
+        return config.null
+    return "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
+
+
+def _untested(config: AnalysisConfig, m: int, noise: Any, standout: dict[str, Any] | None,
+              counts: PositionalCounts) -> str | None:
+    """Why no test of the analysis can find positional structure, known before the
+    geometry, or None. The verdict then ties every encoding whatever the MDS and the
+    stresses come out as (:func:`posstats.estimates.verdict.all_tied`): without the shuffle
+    null there is no homogeneity test, so non-stationarity rests on the standout test, and
+    it found no position (or the verdict is withheld for too few windows)."""
+    if _null_choice(config, m, noise) == "shuffle":
+        return None
+    withheld = too_few_windows(counts.spec.mode, counts.windows)
+    if withheld:
+        return f"the verdict is withheld: {withheld}"
+    if standout is None or int(standout.get("count") or 0) > 0:
+        return None
+    return "no standout position, and no homogeneity test without the shuffle null"
+
+
 def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: AnalysisConfig,
-                 m: int) -> tuple[float, float] | None:
+                 m: int, *, untested: bool = False) -> tuple[float, float] | None:
     """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
     before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
     plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
-    are computed to the absolute residual ``config.lanczos_noise_share x edge`` only; None
-    (every pair to ``lanczos_tol``) otherwise."""
-    if not config.lanczos_noise_share:
+    are computed to the absolute residual ``share x edge`` only, with share
+    ``config.lanczos_noise_share`` (``untested_lanczos_noise_share`` when no test can find
+    structure: :func:`_untested`); None (every pair to ``lanczos_tol``) otherwise."""
+    share = config.untested_lanczos_noise_share if untested else config.lanczos_noise_share
+    if not share:
         return None
-    choice = config.null
-    if choice == "auto":
-        choice = "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
-    if choice != "mp" or noise is None:
+    if _null_choice(config, m, noise) != "mp" or noise is None:
         return None
     edge = mp_edge(geo_parts, noise)
     if not math.isfinite(edge) or edge <= 0:
         return None
     shift = float(np.nanmean(bias)) if bias is not None else 0.0
-    return edge - shift, config.lanczos_noise_share * edge
+    return edge - shift, share * edge
 
 
 def mds_device(choice: str, /) -> Any:
@@ -1158,11 +1198,12 @@ def mds_device(choice: str, /) -> Any:
 
 def _sampled_geometry(
     g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
-    *, noise_level: tuple[float, float] | None = None,
+    *, noise_level: tuple[float, float] | None = None, untested: bool = False,
 ) -> _Geometry:
     """The geometry above ``exact_limit``: no m x m matrix (see :func:`analyze`). With a
     ``noise_level`` (:func:`_noise_level`), the eigenpairs inside the noise bulk are
-    computed to its residual only."""
+    computed to its residual only. ``untested`` (:func:`_untested`): the stresses are drawn
+    to ``config.untested_stress_halfwidth``."""
     m = len(g.positions)
     t = time.perf_counter()
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
@@ -1186,14 +1227,15 @@ def _sampled_geometry(
     t = time.perf_counter()
     sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
     encodings = _sampled_encodings(g, mds, config)
+    halfwidth = config.untested_stress_halfwidth if untested else config.stress_halfwidth
     with progress(desc="sampled stress", unit="pair", enabled=show_progress) as bar:
 
         def drawn(pairs: int, aim: int, widest: float) -> None:
             bar.total = max(aim, pairs)
             bar.update(pairs - bar.n)
-            bar.set_postfix_str(f"widest half-width {widest:.1e} (target {config.stress_halfwidth:.0e})", refresh=True)
+            bar.set_postfix_str(f"widest half-width {widest:.1e} (target {halfwidth:.0e})", refresh=True)
 
-        stresses = sampled.stress([e.matrix for _, e in encodings], target_halfwidth=config.stress_halfwidth,
+        stresses = sampled.stress([e.matrix for _, e in encodings], target_halfwidth=halfwidth,
                                   max_pairs=config.stress_max_pairs, progress=drawn)
     timings["sampled_stress"] = time.perf_counter() - t
 
@@ -1281,9 +1323,7 @@ def _null_section(
     None without a shuffle null). With the exact path's (m, m) ``distances`` the null also
     says which share of their sum sampling noise alone reaches (``distance_noise``)."""
     m = len(g.index)
-    choice = config.null
-    if choice == "auto":
-        choice = "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
+    choice = _null_choice(config, m, noise)
     if choice == "none":
         return None, None
     t = time.perf_counter()

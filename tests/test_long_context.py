@@ -29,7 +29,7 @@ from posstats.geometry.encodings import make_encoding
 from posstats.geometry.hellinger import hellinger, hellinger_sq
 from posstats.geometry.mds import _SplitSqrt, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
-from posstats.testing import split_counts, synthetic_counts
+from posstats.testing import known_corpus, split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2 = str(REPO / "data/tokenizers/gpt2.tokenizer.json")
@@ -185,6 +185,41 @@ def test_sampled_path_agrees_with_the_exact_path(planted, noise, distances):
             assert e_s["min_separation_method"] == "exact"
             np.testing.assert_allclose(e_s["min_separation"], e_exact["min_separation"], rtol=1e-6)
     assert r["diagnostics"]["h1"]["min_distance"] >= exact.report()["diagnostics"]["h1"]["min_distance"]
+
+
+def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
+    """Sampled path with the analytic null (no homogeneity test): when the standout test
+    finds no position, no test can find structure and the verdict ties every encoding
+    whatever the geometry, so the stresses are drawn to ``untested_stress_halfwidth`` and
+    the noise bulk to ``untested_lanczos_noise_share`` (the report says so and why); a
+    corpus with standouts gets the full accuracy; the verdict is the one the full accuracy
+    gives."""
+    base = dict(dims=(2, 8), encodings=("mds", "sinusoidal"), held_out="off", exact_limit=300, null="mp")
+    stationary = known_corpus("stationary", 400, tokens=2000, seed=3).counts
+    fast = analyze(stationary, AnalysisConfig(**base)).report()
+    untested = fast["geometry"]["untested"]
+    assert untested["reason"].startswith("no standout position") and untested["stress_halfwidth"] == 5e-3
+    edge = fast["null"]["threshold"]
+    assert fast["spectrum"]["noise_residual"] == pytest.approx(0.03 * edge, rel=1e-12)
+    for e in fast["encodings"]:
+        lo, hi = e["scaled_stress_pairs_ci95"]
+        assert hi - lo <= 2 * 5e-3 and e["stress_pairs"] < 400_000  # the initial 200,000 pairs suffice
+    full = analyze(stationary, AnalysisConfig(untested_stress_halfwidth=1e-3, untested_lanczos_noise_share=1e-3,
+                                              **base)).report()
+    assert full["spectrum"]["noise_residual"] == pytest.approx(1e-3 * edge, rel=1e-12)
+    assert full["encodings"][0]["stress_pairs"] > 2 * fast["encodings"][0]["stress_pairs"]
+    for key in ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions"):
+        assert fast["verdict"][key] == full["verdict"][key], key
+    assert all(row["tied_with"] for row in fast["verdict"]["best_encodings"])  # every encoding tied
+    for a, b in zip(fast["encodings"], full["encodings"], strict=True):  # the same stresses within both ranges
+        assert abs(a["scaled_stress"] - b["scaled_stress"]) <= 5e-3 + 1e-3
+
+    planted = known_corpus("planted", 400, tokens=2000, seed=3).counts
+    tested = analyze(planted, AnalysisConfig(**base)).report()
+    assert "untested" not in tested["geometry"] and tested["verdict"]["standout_positions"]["count"] == 4
+    assert tested["spectrum"]["noise_residual"] == pytest.approx(1e-3 * tested["null"]["threshold"], rel=1e-12)
+    lo, hi = tested["encodings"][0]["scaled_stress_pairs_ci95"]
+    assert hi - lo <= 2 * 1e-3
 
 
 def test_device_option_is_checked_before_any_work(monkeypatch, planted):
