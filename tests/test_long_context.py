@@ -29,6 +29,7 @@ from posstats.geometry.encodings import make_encoding
 from posstats.geometry.hellinger import hellinger, hellinger_sq
 from posstats.geometry.mds import _SplitSqrt, classical_mds, sqrt_operator
 from posstats.geometry.stress import stress_report
+from posstats.reports.summary import verdict_items
 from posstats.testing import known_corpus, split_counts, synthetic_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,12 +212,15 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
     for key in ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions"):
         assert fast["verdict"][key] == full["verdict"][key], key
     assert all(row["tied_with"] for row in fast["verdict"]["best_encodings"])  # every encoding tied
+    said = dict(verdict_items(fast))["accuracy"]  # the summary, markdown and HTML say why and how far
+    assert said.startswith("descriptive: no standout position") and "+-0.005" in said and "0.03 of the null's edge" in said
     for a, b in zip(fast["encodings"], full["encodings"], strict=True):  # the same stresses within both ranges
         assert abs(a["scaled_stress"] - b["scaled_stress"]) <= 5e-3 + 1e-3
 
     planted = known_corpus("planted", 400, tokens=2000, seed=3).counts
     tested = analyze(planted, AnalysisConfig(**base)).report()
     assert "untested" not in tested["geometry"] and tested["verdict"]["standout_positions"]["count"] == 4
+    assert "accuracy" not in dict(verdict_items(tested))
     assert tested["spectrum"]["noise_residual"] == pytest.approx(1e-3 * tested["null"]["threshold"], rel=1e-12)
     lo, hi = tested["encodings"][0]["scaled_stress_pairs_ci95"]
     assert hi - lo <= 2 * 1e-3

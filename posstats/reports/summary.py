@@ -245,6 +245,11 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
             tie = f" (tied: {', '.join(_fmt_value(t) for t in b['tied_with'])})" if b["tied_with"] else ""
             rows.append(f"d={b['dim']}: {sw['parameter']}={_fmt_value(b['best'])}{tie}")
         items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
+    untested = (report.get("geometry") or {}).get("untested")
+    if untested:
+        items.append(("accuracy", f"descriptive: {untested['reason']}, so every encoding is tied whatever the "
+                                  f"geometry; stresses sampled to +-{untested['stress_halfwidth']:g}, the MDS noise "
+                                  f"bulk to {untested['lanczos_noise_share']:g} of the null's edge (docs/long-context.md)"))
     items.append(("distances", _noise_clause(report)))
     items += [("caveat", c) for c in v.get("caveats") or []]
     return items
