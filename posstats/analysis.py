@@ -308,7 +308,9 @@ class AnalysisConfig:
         for name, ok, rule in (("rank_rtol", lambda v: 0 <= v < 1, "in [0, 1)"),
                                ("lanczos_tol", lambda v: 0 < v < 1, "in (0, 1)"),
                                ("stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)"),
-                               ("untested_stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)")):
+                               ("untested_stress_halfwidth", lambda v: 0 < v < 1, "in (0, 1)"),
+                               ("lanczos_noise_share", lambda v: 0 <= v < 1, "in [0, 1)"),
+                               ("untested_lanczos_noise_share", lambda v: 0 <= v < 1, "in [0, 1)")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
                 msg = f"{name.replace('_', ' ')} must be a number {rule}, got {value!r}"

@@ -217,6 +217,9 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
     for a, b in zip(fast["encodings"], full["encodings"], strict=True):  # the same stresses within both ranges
         assert abs(a["scaled_stress"] - b["scaled_stress"]) <= 5e-3 + 1e-3
 
+    for key in ("lanczos_noise_share", "untested_lanczos_noise_share"):  # refused when the config is made
+        with pytest.raises(PosstatsError, match=f"{key.replace('_', ' ')} must be a number in \\[0, 1\\), got -1"):
+            AnalysisConfig(**{key: -1.0})
     planted = known_corpus("planted", 400, tokens=2000, seed=3).counts
     tested = analyze(planted, AnalysisConfig(**base)).report()
     assert "untested" not in tested["geometry"] and tested["verdict"]["standout_positions"]["count"] == 4
