@@ -2,6 +2,7 @@
 
     python -m posstats.jobs.eigensolve --counts runs/counts --k 64 --out runs/mds [--address ADDR]
         [--tol 1e-8] [--block 8] [--device auto|cpu|gpu] [--min-occupancy K] [--buckets log:8]
+        [--memory-budget GiB | --ranges K]
 
 One :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1`` when
 ``ray.cluster_resources()`` has a GPU, else ``num_cpus=1``) reads the counts and calls
@@ -11,18 +12,38 @@ GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
 ``OUT/mds.safetensors`` (positions, eigenvalues, encoding, residuals); the driver writes
 ``OUT/eigensolve.json`` last: eigenvalues, the tolerance, the largest residual
 ``||A x - theta x|| / theta_1`` (a check, not an estimate), device and seconds.
+
+With ``--memory-budget GiB`` (or ``--ranges K``) no process holds the whole counts: the rows
+are cut into K position ranges of about equal stored counts, K large enough that one
+range's square roots fit the budget (20 bytes a stored count while a range is read, 12
+kept), and one :class:`jobs.ranges.RangeWorker` actor per range reads only its rows. The
+driver runs the same block Lanczos on :class:`posstats.geometry.ranged.RangedSqrt`, whose
+products gather (n_r, b) rows and sum (V, b) partials from the actors. The summary adds
+``ranges`` (each range's positions, stored counts, bytes held, pid and peak memory) and the
+driver's peak memory. Ranges run on CPUs (``--device auto`` or ``cpu``) with ``--buckets none``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from posstats.counting.io import counts_file, load_header, load_indptr
+from posstats.geometry.mds import classical_mds
+from posstats.geometry.ranged import PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
+from posstats.runs.run_folder import MDS_FILE, write_mds
 
 from posstats.errors import PosstatsError
 from posstats.storage import jsontext
+from posstats.storage.jsontext import write_json_atomic
 
-from .hellinger import add_common_args, run_job
+from .hellinger import add_common_args, connect, run_job
 from .output import ArgumentParser
+from .ranges import ActorRanges, peak_rss_bytes, start_range_workers
 
 __all__ = ["build_parser", "main"]
 
@@ -34,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-8, help="residual tolerance relative to the top eigenvalue (default 1e-8)")
     p.add_argument("--block", type=int, default=8, help="Lanczos block size (default 8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--memory-budget", type=float, metavar="GiB",
+                   help="hold the counts in position ranges, one Ray actor each, with at most this much per range "
+                        "(default: one actor holds them whole)")
+    p.add_argument("--ranges", type=int, metavar="K",
+                   help="at least this many position ranges, one Ray actor each (with or without --memory-budget)")
     return p
 
 
@@ -42,7 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1:
         print(f"posstats: error: --k must be >= 1, got {args.k}", file=sys.stderr)
         return 2
+    ranged = args.memory_budget is not None or args.ranges is not None
+    problem = _ranged_problem(args) if ranged else None
+    if problem:
+        print(f"posstats: error: {problem}", file=sys.stderr)
+        return 2
     try:
+        if ranged:
+            summary = run_ranged(args)
+            print(jsontext.dumps(summary))
+            return 0
         summary = run_job(
             args,
             "eigensolve",
@@ -58,6 +93,78 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(jsontext.dumps(summary))
     return 0
+
+
+
+def _ranged_problem(args: argparse.Namespace) -> str | None:
+    """Why the ranged eigensolve cannot run with these options, or None."""
+    if args.memory_budget is not None and not args.memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
+        return (f"--memory-budget {args.memory_budget} GiB leaves nothing for the counts: each range's process needs "
+                f"about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
+    if args.ranges is not None and args.ranges < 1:
+        return f"--ranges must be >= 1, got {args.ranges}"
+    if args.buckets != "none":
+        return f"--memory-budget / --ranges hold position ranges and need --buckets none, got --buckets {args.buckets}"
+    if args.device == "gpu":
+        return "--memory-budget / --ranges run their ranges on CPUs; use --device auto or cpu (or drop them for one GPU actor)"
+    return None
+
+
+def _range_count(args: argparse.Namespace, stored: int) -> int:
+    """K: at least ``--ranges``, and enough that one range's build fits ``--memory-budget``."""
+    at_least = args.ranges or 1
+    if args.memory_budget is None:
+        return at_least
+    return ranges_for_budget(stored, int(args.memory_budget * 2**30), at_least=at_least)
+
+
+def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
+    """The eigensolve over position ranges held by Ray actors; writes OUT/mds.safetensors,
+    then OUT/eigensolve.json last; returns the summary."""
+    import ray
+
+    path = counts_file(args.counts)  # a missing or foreign path fails here, before any actor starts
+    header = load_header(path)
+    t = time.perf_counter()
+    started = connect(args.address)
+    actors: list[Any] = []
+    try:
+        indptr = load_indptr(path)
+        stored = int(indptr[-1]) if indptr is not None else header.positions * header.vocab_size
+        bounds = file_ranges(path, _range_count(args, stored))
+        actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy)
+        loaded = time.perf_counter() - t
+        op = RangedSqrt(ActorRanges(actors))
+        mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed)
+        positions, _ = op.held()
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_mds(out / MDS_FILE, positions, mds, fingerprint=header.fingerprint, residuals=True,
+                  metadata={"device": "cpu", "ranges": str(len(bounds))})
+        ranges = ray.get([a.where.remote() for a in actors])
+        summary = {
+            "positions_used": int(positions.size),
+            "k": int(mds.eigenvalues.size),
+            "device": "cpu",
+            "tol": float(args.tol),
+            "max_residual": float(mds.residuals.max()),
+            "converged": bool(mds.residuals.max() <= 10 * args.tol),
+            "total_variance": float(mds.total_variance),
+            "eigenvalues": [float(x) for x in mds.eigenvalues],
+            "memory_budget_bytes": None if args.memory_budget is None else int(args.memory_budget * 2**30),
+            "ranges": ranges,
+            "largest_range_peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranges),
+            "driver_peak_rss_bytes": peak_rss_bytes(),
+            "load_seconds": round(loaded, 3),
+            "seconds": round(time.perf_counter() - t, 3),
+        }
+        write_json_atomic(out / "eigensolve.json", summary)
+        return summary
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        if started:
+            ray.shutdown()
 
 
 if __name__ == "__main__":

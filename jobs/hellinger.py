@@ -48,6 +48,7 @@ from posstats.storage.publish import atomic_path
 
 from .connect import connect_ray
 from .output import ArgumentParser
+from .ranges import peak_rss_bytes
 
 __all__ = ["GeometryWorker", "build_parser", "connect", "main", "start_worker"]
 
@@ -135,6 +136,7 @@ class GeometryWorker:
             "total_variance": float(mds.total_variance),
             "eigenvalues": [float(x) for x in mds.eigenvalues],
             "seconds": round(time.perf_counter() - t, 3),
+            "peak_rss_bytes": peak_rss_bytes(),
         }
 
 

@@ -55,6 +55,43 @@ def test_eigensolve_job_matches_dense_eigh(ray_session, counts_dir, tmp_path):
     np.testing.assert_allclose(t["encoding"][:, :3], dense.encoding[:, :3], rtol=0, atol=1e-8)
 
 
+def test_ranged_eigensolve_job_holds_ranges_apart_and_matches_dense_eigh(ray_session, counts_dir, tmp_path):
+    from posstats.jobs.eigensolve import main
+
+    path, counts = counts_dir
+    stored = int(counts.matrix.nnz)
+    out = tmp_path / "r"
+    assert main(["--counts", str(path), "--out", str(out), "--k", "16", "--tol", "1e-10",
+                 "--memory-budget", "0.5", "--ranges", "3"]) == 0
+    summary = json.loads((out / "eigensolve.json").read_text())
+    ranges = summary["ranges"]
+    assert len(ranges) == 3 and len({r["pid"] for r in ranges}) == 3  # three processes
+    assert [r["start"] for r in ranges] == [0, ranges[0]["stop"], ranges[1]["stop"]] and ranges[-1]["stop"] == 400
+    assert sum(r["stored"] for r in ranges) == stored and sum(r["positions"] for r in ranges) == 400
+    assert all(r["bytes_held"] <= summary["memory_budget_bytes"] for r in ranges)
+    assert summary["converged"] and summary["max_residual"] <= 1e-10 and summary["k"] == 16
+    t = load_file(str(out / "mds.safetensors"))
+    dense = classical_mds(counts.matrix, k=16, method="dense")
+    np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-12 * dense.eigenvalues[0])
+    np.testing.assert_allclose(t["encoding"][:, :3], dense.encoding[:, :3], rtol=0, atol=1e-8)
+    np.testing.assert_array_equal(t["positions"], np.arange(400))
+
+
+def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir, tmp_path, capsys):
+    from posstats.jobs.eigensolve import main
+
+    path, _ = counts_dir
+    base = ["--counts", str(path), "--out", str(tmp_path / "o"), "--k", "4"]
+    for extra, said in ((["--ranges", "2", "--buckets", "log:8"], "--buckets none"),
+                        (["--ranges", "2", "--device", "gpu"], "CPUs"),
+                        (["--memory-budget", "0.1"], "leaves nothing for the counts"),
+                        (["--ranges", "0"], ">= 1")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
 def test_jobs_report_bad_input(ray_session, tmp_path, capsys):
     from posstats.jobs.eigensolve import main
 

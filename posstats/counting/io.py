@@ -464,11 +464,13 @@ def load_indptr(path: str | os.PathLike, /) -> np.ndarray | None:
         return f.get_tensor("indptr").astype(np.int64) if "indptr" in f.keys() else None
 
 
-def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool = True) -> sp.csr_array:
+def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool = True,
+              dtype: Any = np.int64) -> sp.csr_array:
     """Rows ``[start, stop)`` of saved counts as an int64 CSR array of shape
     ``(stop - start, V)``, reading only those rows of a safetensors counts file.
     ``check=False`` skips the structural and sign checks of the rows (for files already
-    verified against a checksum)."""
+    verified against a checksum). ``dtype=None`` keeps a sparse file's stored integer type
+    (the narrowest that holds its counts: half or a quarter of int64's memory)."""
     path = counts_file(path)
     if path.name.endswith(".parquet"):
         return sp.csr_array(_load_parquet(path).to_sparse().matrix[start:stop])
@@ -486,7 +488,8 @@ def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool 
             # (safetensors refuses an empty slice at the end of a tensor)
             indices = f.get_slice("indices")[lo:hi] if hi > lo else np.zeros(0, np.int32)
             data = f.get_slice("data")[lo:hi] if hi > lo else np.zeros(0, np.int64)
-            rows = _csr_from(path, bounds - lo, indices, data, (stop - start, V), check=check)
+            rows = _csr_from(path, bounds - lo, indices, data, (stop - start, V), check=check,
+                             dtype=data.dtype if dtype is None else dtype)
     if check:
         _check_nonnegative(rows, path)
     return rows

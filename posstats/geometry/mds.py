@@ -267,7 +267,10 @@ def classical_mds(
 
     Args:
         counts: (n, V) counts of the *occupied* positions (every row sum > 0): numpy or
-            cupy array, or scipy sparse (kept sparse throughout the iterative method).
+            cupy array, or scipy sparse (kept sparse throughout the iterative method);
+            ``lanczos`` also takes a prebuilt operator (:func:`sqrt_operator`, or
+            :class:`posstats.geometry.ranged.RangedSqrt` whose position ranges are held
+            apart, by threads here or by Ray actors).
         k: number of leading eigenpairs. None means all n (dense method only). ``dense``
             clamps k to n. ``iterative`` clamps k to ``min(n, V) - 2`` (ARPACK needs
             k < dim - 1 for a reliable restart); since ``rank(B) <= min(n - 1, V)`` at most
@@ -337,7 +340,7 @@ def classical_mds(
     if k is None:
         msg = f"the {method} method needs k (the number of leading eigenpairs)"
         raise ValueError(msg)
-    if isinstance(counts, _SplitSqrt) and method != "lanczos":
+    if _is_operator(counts) and method != "lanczos":
         msg = f"a prebuilt sqrt_operator needs method='lanczos'; got {method!r}"
         raise ValueError(msg)
     if (noise_level is None) != (noise_residual is None) or (noise_residual is not None and not noise_residual > 0):
@@ -582,6 +585,36 @@ class _RowBlocks:
         if len(self.blocks) == 1:
             return self.blocks[0] @ x
         return np.concatenate(list(_pool().map(lambda b: b @ x, self.blocks)))
+
+
+def blocks_times(blocks: list[tuple[int, int, Any]], x: np.ndarray, vocab: int, /) -> np.ndarray:
+    """``m @ x`` (rows, b) for a CSR ``m`` given as its row blocks ``(a, b, m[a:b])``
+    (:func:`_row_block_views`): the blocks on threads (scipy releases the GIL), in column
+    chunks whose (``vocab``, b) block stays in cache (:func:`_column_chunk`)."""
+
+    def chunk(xc: np.ndarray) -> np.ndarray:
+        if len(blocks) == 1:
+            return blocks[0][2] @ xc
+        return np.concatenate(list(_pool().map(lambda blk: blk[2] @ xc, blocks)))
+
+    return _in_column_chunks(chunk, x, _column_chunk(vocab))
+
+
+def blocks_t_times(blocks_t: list[tuple[int, int, Any]], y: np.ndarray, vocab: int, /) -> np.ndarray:
+    """``m^T @ y`` (vocab, b) from the transposed row blocks ``(a, b, m[a:b]^T)``
+    (:func:`_transposed_views`): ``m[a:b]^T y[a:b]`` per block on threads, summed, in
+    column chunks (:func:`_column_chunk`)."""
+
+    def chunk(yc: np.ndarray) -> np.ndarray:
+        if len(blocks_t) == 1:
+            return blocks_t[0][2] @ yc
+        partial = list(_pool().map(lambda blk: blk[2] @ yc[blk[0] : blk[1]], blocks_t))
+        out = partial[0]
+        for part in partial[1:]:
+            out += part
+        return out
+
+    return _in_column_chunks(chunk, y, _column_chunk(vocab))
 
 
 def _single_blas_thread() -> contextlib.AbstractContextManager[Any]:
@@ -934,36 +967,16 @@ class _SplitSqrt:
         return out
 
     def _rest_times(self, x: Any) -> Any:
-        """``rest @ x``: on the host, row blocks on threads (scipy releases the GIL), in
-        column chunks (:func:`_column_chunk`)."""
+        """``rest @ x``: on the host, row blocks on threads (:func:`blocks_times`)."""
         if self.xp is not np:
             return self.rest @ x
-        blocks = self._blocks
-
-        def chunk(xc: np.ndarray) -> np.ndarray:
-            if len(blocks) == 1:
-                return blocks[0][2] @ xc
-            return np.concatenate(list(_pool().map(lambda blk: blk[2] @ xc, blocks)))
-
-        return _in_column_chunks(chunk, x, _column_chunk(self.shape[1]))
+        return blocks_times(self._blocks, x, self.shape[1])
 
     def _rest_t_times(self, y: Any) -> Any:
-        """``rest^T @ y``: on the host, ``rest[a:b]^T y[a:b]`` per row block on threads,
-        summed, in column chunks (:func:`_column_chunk`)."""
+        """``rest^T @ y``: on the host, row blocks on threads (:func:`blocks_t_times`)."""
         if self.xp is not np:
             return self._rest_t @ y
-        blocks = self._blocks_t
-
-        def chunk(yc: np.ndarray) -> np.ndarray:
-            if len(blocks) == 1:
-                return blocks[0][2] @ yc
-            partial = list(_pool().map(lambda blk: blk[2] @ yc[blk[0] : blk[1]], blocks))
-            out = partial[0]
-            for part in partial[1:]:
-                out += part
-            return out
-
-        return _in_column_chunks(chunk, y, _column_chunk(self.shape[1]))
+        return blocks_t_times(self._blocks_t, y, self.shape[1])
 
     def apply(self, x: Any) -> Any:
         """``S_c x`` for x of shape (V, b)."""
@@ -1095,9 +1108,16 @@ def sqrt_operator(counts: Any, /, *, xp: types.ModuleType | None = None, split: 
     return _SplitSqrt(counts, xp=xp, split=split)
 
 
+def _is_operator(x: Any, /) -> bool:
+    """True for a prebuilt centred square-root operator (:func:`sqrt_operator`, or
+    :class:`posstats.geometry.ranged.RangedSqrt` over ranges held apart): an object with
+    ``shape``, ``xp``, ``apply``, ``apply_t`` and ``total_variance``."""
+    return all(hasattr(x, name) for name in ("xp", "apply", "apply_t", "total_variance"))
+
+
 def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None,
                  progress: Any = None, noise_level: float | None = None, noise_residual: float | None = None) -> MDSResult:
-    op = counts if isinstance(counts, _SplitSqrt) else _SplitSqrt(counts, xp=xp)
+    op = counts if _is_operator(counts) else _SplitSqrt(counts, xp=xp)
     xp = op.xp
     n, v = op.shape
     n_side = diagonal is not None or n <= v

@@ -1,0 +1,125 @@
+"""Position ranges of saved counts held by Ray actors, for an eigensolve whose memory per
+process is bounded whatever the corpus size (issue #31).
+
+The driver cuts the counts' rows into K ranges of about equal stored counts
+(:func:`posstats.geometry.ranged.file_ranges`), K large enough that one range's square
+roots fit ``--memory-budget`` (:func:`posstats.geometry.ranged.ranges_for_budget`). Each
+:class:`RangeWorker` actor reads only its rows (:func:`posstats.geometry.ranged.load_sqrt_range`)
+and answers the products of :class:`posstats.geometry.ranged.RangedSqrt`; the driver runs the
+library's block Lanczos on that operator. Per product only (V, b) and (n_r, b) blocks move.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from posstats.geometry.ranged import load_sqrt_range
+
+__all__ = ["ActorRanges", "RangeWorker", "peak_rss_bytes", "start_range_workers"]
+
+# Arrays at least this large go to the object store once per call, not once per actor.
+_PUT_BYTES = 1 << 16
+
+
+def peak_rss_bytes() -> int:
+    """This process' peak resident memory in bytes (``ru_maxrss``, KiB on Linux)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class RangeWorker:
+    """An actor holding rows ``[start, stop)`` of saved counts as a
+    :class:`posstats.geometry.ranged.SqrtRange` (one product thread)."""
+
+    def __init__(self, cwd: str) -> None:
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
+        self.range: Any = None
+        self.bounds = (0, 0)
+
+    def load(self, counts_path: str, start: int, stop: int, min_occupancy: int) -> dict[str, Any]:
+        """Read and hold the range; return what it holds and this process' peak memory."""
+        self.range = load_sqrt_range(counts_path, start, stop, min_occupancy=min_occupancy, threads=1)
+        self.bounds = (int(start), int(stop))
+        return self.where()
+
+    def where(self) -> dict[str, Any]:
+        """The range, its positions and stored counts, bytes held, pid, host, peak RSS."""
+        r = self.range
+        return {
+            "start": self.bounds[0],
+            "stop": self.bounds[1],
+            "positions": 0 if r is None else int(r.shape[0]),
+            "stored": 0 if r is None else int(r.s.nnz),
+            "bytes_held": 0 if r is None else r.nbytes,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+
+    def held(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.range.held()
+
+    def stats(self) -> tuple[np.ndarray, int]:
+        return self.range.stats()
+
+    def centred_frobenius_sq(self, mean: np.ndarray) -> float:
+        return self.range.centred_frobenius_sq(mean)
+
+    def times(self, x: np.ndarray) -> np.ndarray:
+        return self.range.times(x)
+
+    def t_times(self, y: np.ndarray) -> np.ndarray:
+        return self.range.t_times(y)
+
+
+class ActorRanges:
+    """:class:`posstats.geometry.ranged.RangeRunner` over :class:`RangeWorker` actors: every
+    call goes to all of them at once; an array shared by several calls is put once."""
+
+    def __init__(self, actors: Sequence[Any], /) -> None:
+        self.actors = list(actors)
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def call(self, method: str, args: Sequence[tuple[Any, ...]] | None = None, /) -> list[Any]:
+        import ray
+
+        if args is None:
+            return ray.get([getattr(a, method).remote() for a in self.actors])
+        placed: dict[int, Any] = {}
+
+        def ref(x: Any) -> Any:
+            if isinstance(x, np.ndarray) and x.nbytes >= _PUT_BYTES:
+                if id(x) not in placed:
+                    placed[id(x)] = ray.put(x)
+                return placed[id(x)]
+            return x
+
+        return ray.get([getattr(a, method).remote(*[ref(x) for x in call]) for a, call in zip(self.actors, args, strict=True)])
+
+
+def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, min_occupancy: int) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One :class:`RangeWorker` per range, each loading its rows (all at once); returns
+    (actors, what each holds). When there are more ranges than the cluster's CPUs, each
+    actor asks for a share of a CPU so that all of them can be placed."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    share = min(1.0, math.floor(100 * cpus / max(len(bounds), 1)) / 100) or 0.01
+    cls = ray.remote(RangeWorker).options(num_cpus=share)
+    actors = [cls.remote(os.getcwd()) for _ in bounds]
+    try:
+        held = ray.get([a.load.remote(counts_path, int(lo), int(hi), int(min_occupancy)) for a, (lo, hi) in zip(actors, bounds, strict=True)])
+    except BaseException:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        raise
+    return actors, held

@@ -1,0 +1,307 @@
+"""The centred square-root operator over position ranges held apart (issue #31).
+
+``S_c = S - 1 m^T`` (n x V, ``S_iv = sqrt(C_iv / occ_i)``, ``m`` the column means) with the
+rows of ``S`` cut into K position ranges ``r = [a_r, b_r)``. Each range's rows ``S_r`` are
+held by one :class:`SqrtRange`: in this process (:class:`LocalRanges`, the ranges on
+threads) or in a Ray actor each (``jobs.eigensolve --memory-budget``), so that no process
+holds every non-zero. The products the eigensolver needs are assembled from the ranges::
+
+    S_c X   = [S_r X]_r  -  1 (m^T X)          each range returns its (n_r, b) rows
+    S_c^T Y = sum_r S_r^T Y_r  -  m (1^T Y)    each range returns a (V, b) partial sum
+
+so only (V, b) and (n_r, b) blocks move between processes. ``m = sum_r colsum(S_r) / n``
+takes one pass over the ranges before the first product, and the trace of the Gram matrix
+``||S_c||_F^2 = sum_r [sum_stored (s_iv - m_v)^2 + (n_r - stored_rv) m_v^2]`` one more (the
+two-pass column variance of :func:`posstats.geometry.mds.sqrt_operator`, no cancellation).
+
+:class:`RangedSqrt` has the interface of :func:`posstats.geometry.mds.sqrt_operator`'s
+operator that :func:`posstats.geometry.mds.classical_mds` (``method="lanczos"``) uses, so the
+block Lanczos, its tolerances and the bias-corrected ``diagonal`` are one code path whether
+the counts sit in one array or in many processes. The results equal the in-process
+operator's to rounding (the same sums in another order).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from posstats.counting.counts import csr_row_sums
+from posstats.counting.io import load_header, load_indptr, load_rows
+
+from .mds import (
+    _canonical_counts,
+    _check_count_values,
+    _csr_view,
+    _row_block_views,
+    _sqrt_sharing_pattern,
+    _transposed_views,
+    blocks_t_times,
+    blocks_times,
+    product_threads,
+    thread_map,
+)
+
+__all__ = [
+    "BYTES_PER_STORED_COUNT",
+    "PROCESS_BASELINE_BYTES",
+    "LocalRanges",
+    "RangeRunner",
+    "RangedSqrt",
+    "SqrtRange",
+    "balanced_ranges",
+    "file_ranges",
+    "load_sqrt_range",
+    "local_ranges",
+    "ranges_for_budget",
+]
+
+# Bytes one stored count takes while a range is built: the file's value (2 or 4 bytes) and
+# index as read, the int32 index and the float64 square root (SqrtRange keeps 12: the
+# square root and the index). Measured: 15 bytes a stored count above the process'
+# baseline (a range of 6.3e7 uint16 counts of the 202 M-token benchmark peaked at 1.11 GB).
+BYTES_PER_STORED_COUNT = 16
+# What a range's process holds besides its range: the interpreter, numpy, scipy and, in
+# an actor, Ray's worker (about 170 MB measured), with room for the product blocks.
+PROCESS_BASELINE_BYTES = 256 << 20
+
+
+_CHUNK = 1 << 22  # stored counts per step of a pass over a range's arrays
+
+
+def _stored_per_column(indices: np.ndarray, vocab: int, /) -> np.ndarray:
+    """(V,) int64 stored entries per column, counted ``_CHUNK`` indices at a time
+    (``np.bincount`` of the whole int32 array would make an int64 copy of it first)."""
+    out = np.zeros(int(vocab), dtype=np.int64)
+    for a in range(0, int(indices.size), _CHUNK):
+        out += np.bincount(indices[a : a + _CHUNK], minlength=int(vocab))
+    return out
+
+
+class SqrtRange:
+    """Rows ``[start, start + n_r)`` of ``S = sqrt(C / occ)``, uncentred, as CSR, with the
+    products one range contributes to :class:`RangedSqrt`.
+
+    Args:
+        counts: (n_r, V) counts of occupied positions (every row sum > 0), scipy sparse or
+            dense; integer or float, finite and non-negative.
+        positions: (n_r,) the rows' positions in the whole corpus (for the caller; default
+            ``start + arange(n_r)``).
+        threads: threads for this range's products (default: the cores this process may
+            use; a Ray actor gets its ``num_cpus``).
+
+    Memory: 12 bytes per stored count (float64 square root, int32 column index) plus the
+    (V,) column sums; the counts' own values are not kept.
+    """
+
+    def __init__(self, counts: Any, /, *, positions: Any = None, threads: int | None = None) -> None:
+        c = _canonical_counts(counts if sp.issparse(counts) else sp.csr_array(np.asarray(counts)))
+        _check_count_values(c)
+        n_r, v = (int(x) for x in c.shape)
+        if c.indices.dtype != np.int32 and v < 2**31:
+            c = sp.csr_array((c.data, c.indices.astype(np.int32), c.indptr), shape=c.shape)
+        parts = _sqrt_sharing_pattern(c) if c.indices.dtype == np.int32 else None
+        if parts is None:  # V >= 2**31: a vocabulary no tokenizer has
+            msg = f"a vocabulary of {v} ids needs int64 column indices, which a range does not support"
+            raise ValueError(msg)
+        indptr = parts.light_indptr
+        if parts.light_data.size < 2**31:
+            indptr = indptr.astype(np.int32)
+        self.shape = (n_r, v)
+        self.positions = np.arange(n_r, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
+        if self.positions.shape != (n_r,):
+            msg = f"positions must have shape ({n_r},); got {self.positions.shape}"
+            raise ValueError(msg)
+        self.s = _csr_view(parts.light_data, parts.light_indices, indptr, (n_r, v))
+        self.column_sum = parts.col_sum
+        self.stored_per_column = _stored_per_column(parts.light_indices, v)
+        self.occupancy = parts.occupancy
+        self._blocks = _row_block_views(self.s, product_threads() if threads is None else int(threads))
+        self._blocks_t = _transposed_views(self._blocks)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the square roots, indices, row pointers and per-column sums."""
+        return int(self.s.data.nbytes + self.s.indices.nbytes + self.s.indptr.nbytes
+                   + self.column_sum.nbytes + self.stored_per_column.nbytes + self.occupancy.nbytes)
+
+    def held(self) -> tuple[np.ndarray, np.ndarray]:
+        """((n_r,) positions, (n_r,) float64 occupancy) of the rows this range holds."""
+        return self.positions, self.occupancy
+
+    def stats(self) -> tuple[np.ndarray, int]:
+        """((V,) ``sum_i S_iv`` over this range's rows, n_r)."""
+        return self.column_sum, self.shape[0]
+
+    def centred_frobenius_sq(self, mean: np.ndarray, /) -> float:
+        """``sum_{i in r, v} (S_iv - m_v)^2`` for the global column means ``m`` (V,): the
+        stored entries' squared deviations plus ``m_v^2`` per implicit zero."""
+        data, idx = self.s.data, self.s.indices
+        step = _CHUNK
+        dev_sq = 0.0
+        for a in range(0, int(data.size), step):
+            dv = data[a : a + step] - mean[idx[a : a + step]]
+            dev_sq += float(np.dot(dv, dv))
+        return dev_sq + float(np.dot(self.shape[0] - self.stored_per_column, mean * mean))
+
+    def times(self, x: np.ndarray, /) -> np.ndarray:
+        """``S_r X`` (n_r, b) for X (V, b)."""
+        return blocks_times(self._blocks, np.ascontiguousarray(x, dtype=np.float64), self.shape[1])
+
+    def t_times(self, y: np.ndarray, /) -> np.ndarray:
+        """``S_r^T Y_r`` (V, b) for this range's rows Y_r (n_r, b)."""
+        return blocks_t_times(self._blocks_t, np.ascontiguousarray(y, dtype=np.float64), self.shape[1])
+
+
+class RangeRunner(Protocol):
+    """Where the ranges live. ``call(method, args)`` runs ``SqrtRange.method`` on every
+    range, in range order, with no arguments (``args=None``) or with ``args[r]`` for range
+    r, and returns the results in range order."""
+
+    def __len__(self) -> int: ...
+
+    def call(self, method: str, args: Sequence[tuple[Any, ...]] | None = None, /) -> list[Any]: ...
+
+
+class LocalRanges:
+    """Ranges held in this process, their products on the products' threads (one thread
+    per range; give each range ``threads=1`` to avoid nesting the pools)."""
+
+    def __init__(self, ranges: Sequence[SqrtRange], /) -> None:
+        if not ranges:
+            msg = "LocalRanges needs at least one range"
+            raise ValueError(msg)
+        self.ranges = list(ranges)
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def call(self, method: str, args: Sequence[tuple[Any, ...]] | None = None, /) -> list[Any]:
+        calls = [()] * len(self.ranges) if args is None else list(args)
+        if len(self.ranges) == 1:
+            return [getattr(self.ranges[0], method)(*calls[0])]
+        return thread_map(lambda rc: getattr(rc[0], method)(*rc[1]), list(zip(self.ranges, calls, strict=True)))
+
+
+class RangedSqrt:
+    """The implicit ``S_c`` (n x V) whose rows are held by ranges (:class:`RangeRunner`),
+    with the products :func:`posstats.geometry.mds.classical_mds` uses (``lanczos``).
+
+    Rows are in range order: row ``i`` of ``S_c X`` is the ``i``-th row over the ranges'
+    rows taken in turn (their positions: :attr:`positions` when every range reports them).
+    """
+
+    xp = np
+
+    def __init__(self, ranges: RangeRunner, /) -> None:
+        self.ranges = ranges
+        stats = ranges.call("stats")
+        rows = np.array([int(r) for _, r in stats], dtype=np.int64)
+        if rows.sum() < 1:
+            msg = "the ranges hold no occupied position"
+            raise ValueError(msg)
+        vocab = {int(np.asarray(col).shape[0]) for col, _ in stats}
+        if len(vocab) != 1:
+            msg = f"the ranges disagree on the vocabulary size: {sorted(vocab)}"
+            raise ValueError(msg)
+        n = int(rows.sum())
+        col_sum = np.zeros(vocab.pop(), dtype=np.float64)
+        for col, _ in stats:
+            col_sum += col
+        self.shape = (n, int(col_sum.shape[0]))
+        self.edges = np.concatenate([[0], np.cumsum(rows)])
+        self.mean = col_sum / n
+        self._total = float(math.fsum(ranges.call("centred_frobenius_sq", [(self.mean,)] * len(ranges))))
+
+    def total_variance(self) -> float:
+        """``trace(B) = ||S_c||_F^2``."""
+        return self._total
+
+    def held(self) -> tuple[np.ndarray, np.ndarray]:
+        """((n,) positions, (n,) occupancy) of the rows, in the operator's row order."""
+        parts = self.ranges.call("held")
+        return (np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts]),
+                np.concatenate([np.asarray(o, dtype=np.float64) for _, o in parts]))
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """``S_c X`` (n, b) for X (V, b)."""
+        out = np.concatenate(self.ranges.call("times", [(x,)] * len(self.ranges)))
+        out -= (self.mean @ x)[None, :]
+        return out
+
+    def apply_t(self, y: np.ndarray) -> np.ndarray:
+        """``S_c^T Y`` (V, b) for Y (n, b)."""
+        e = self.edges
+        parts = self.ranges.call("t_times", [(y[e[r] : e[r + 1]],) for r in range(len(self.ranges))])
+        out = parts[0].copy()
+        for part in parts[1:]:
+            out += part
+        out -= self.mean[:, None] * y.sum(axis=0)[None, :]
+        return out
+
+
+def balanced_ranges(indptr: np.ndarray, parts: int, /) -> list[tuple[int, int]]:
+    """``parts`` (or fewer) consecutive row ranges ``[a, b)`` covering ``0..n`` with about
+    equal stored counts (``indptr``: (n + 1,) CSR row pointers), none empty.
+
+    >>> balanced_ranges(np.array([0, 5, 6, 7, 8, 13]), 2)
+    [(0, 2), (2, 5)]
+    """
+    indptr = np.asarray(indptr, dtype=np.int64)
+    n = int(indptr.size - 1)
+    parts = max(1, min(int(parts), n))
+    cuts = np.searchsorted(indptr, np.linspace(0, int(indptr[-1]), parts + 1)[1:-1], side="left")
+    edges = [0, *sorted({int(c) for c in cuts} - {0, n}), n]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def ranges_for_budget(stored: int, budget_bytes: int, /, *, at_least: int = 1) -> int:
+    """How many ranges keep each range's process within ``budget_bytes``: its baseline
+    (:data:`PROCESS_BASELINE_BYTES`) plus :data:`BYTES_PER_STORED_COUNT` per stored count
+    of its range; and at least ``at_least``.
+
+    >>> ranges_for_budget(10**8, 2 * 10**9), ranges_for_budget(10**8, 10**9, at_least=4)
+    (1, 4)
+
+    Raises:
+        ValueError: a budget that does not exceed the baseline.
+    """
+    room = int(budget_bytes) - PROCESS_BASELINE_BYTES
+    if room <= 0:
+        msg = (f"a memory budget of {int(budget_bytes) / 2**30:.3g} GiB leaves nothing for the counts: each range's "
+               f"process needs about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
+        raise ValueError(msg)
+    return max(int(at_least), math.ceil(int(stored) * BYTES_PER_STORED_COUNT / room), 1)
+
+
+def load_sqrt_range(path: str | os.PathLike, start: int, stop: int, /, *, min_occupancy: int = 1,
+                    threads: int | None = None) -> SqrtRange:
+    """The :class:`SqrtRange` of rows ``[start, stop)`` of a saved counts file, keeping the
+    positions with at least ``min_occupancy`` counted tokens (and at least one), reading
+    only those rows (:func:`posstats.counting.io.load_rows`)."""
+    rows = load_rows(path, int(start), int(stop), dtype=None)  # the stored type, not int64
+    occ = csr_row_sums(rows)
+    keep = np.flatnonzero(occ >= max(1, int(min_occupancy)))
+    return SqrtRange(rows[keep] if keep.size < rows.shape[0] else rows, positions=int(start) + keep, threads=threads)
+
+
+def file_ranges(path: str | os.PathLike, parts: int, /) -> list[tuple[int, int]]:
+    """:func:`balanced_ranges` of a saved sparse counts file's rows (its ``indptr`` only);
+    a dense or Parquet counts file is cut into equal row ranges."""
+    indptr = load_indptr(path)
+    if indptr is None:
+        n = load_header(path).positions
+        indptr = np.arange(n + 1, dtype=np.int64)
+    return balanced_ranges(indptr, parts)
+
+
+def local_ranges(path: str | os.PathLike, parts: int, /, *, min_occupancy: int = 1,
+                 build: Callable[..., SqrtRange] = load_sqrt_range) -> LocalRanges:
+    """``parts`` ranges of a saved counts file held in this process, one product thread each."""
+    bounds = file_ranges(path, parts)
+    return LocalRanges([build(path, a, b, min_occupancy=min_occupancy, threads=1) for a, b in bounds])

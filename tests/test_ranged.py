@@ -1,0 +1,137 @@
+"""posstats.geometry.ranged: the centred square-root operator over position ranges held
+apart equals the one-array operator (products, trace, the block Lanczos with and without
+the bias-corrected diagonal), and ranges are cut and sized as documented."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from posstats.counting.counts import count_sequences
+from posstats.counting.io import save_counts
+from posstats.geometry.hellinger import sqrt_distributions
+from posstats.geometry.mds import classical_mds, sqrt_operator
+from posstats.geometry.ranged import (
+    BYTES_PER_STORED_COUNT,
+    PROCESS_BASELINE_BYTES,
+    LocalRanges,
+    RangedSqrt,
+    SqrtRange,
+    balanced_ranges,
+    file_ranges,
+    load_sqrt_range,
+    local_ranges,
+    ranges_for_budget,
+)
+from posstats.testing import synthetic_counts
+
+
+@pytest.fixture(scope="module")
+def counts():
+    syn = synthetic_counts(300, 2000, tokens=2500, rank=3, strength=0.4, block_tokens=24, seed=3)
+    return sp.csr_array(syn.counts.matrix)
+
+
+def _ranged(c: sp.csr_array, parts: int) -> RangedSqrt:
+    bounds = balanced_ranges(c.indptr, parts)
+    return RangedSqrt(LocalRanges([SqrtRange(c[a:b], positions=np.arange(a, b), threads=1) for a, b in bounds]))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 5])
+def test_products_and_trace_equal_the_explicit_centred_matrix(counts, parts):
+    s = np.asarray(sqrt_distributions(counts.toarray()))
+    sc = s - s.mean(axis=0)[None, :]
+    op = _ranged(counts, parts)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((counts.shape[1], 3)), rng.standard_normal((counts.shape[0], 3))
+    np.testing.assert_allclose(op.apply(x), sc @ x, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(op.apply_t(y), sc.T @ y, rtol=0, atol=1e-12)
+    assert op.total_variance() == pytest.approx(float(np.sum(sc * sc)), rel=1e-13)
+    assert op.shape == counts.shape and len(op.ranges) == parts
+    positions, occupancy = op.held()
+    np.testing.assert_array_equal(positions, np.arange(counts.shape[0]))
+    np.testing.assert_array_equal(occupancy, np.asarray(counts.sum(axis=1)).ravel())
+
+
+@pytest.mark.parametrize("parts", [2, 7])
+def test_lanczos_over_ranges_equals_the_one_array_operator(counts, parts):
+    ref = classical_mds(sqrt_operator(counts), k=12, method="lanczos", tol=1e-10)
+    got = classical_mds(_ranged(counts, parts), k=12, method="lanczos", tol=1e-10)
+    np.testing.assert_allclose(got.eigenvalues, ref.eigenvalues, rtol=0, atol=1e-12 * ref.eigenvalues[0])
+    assert got.total_variance == pytest.approx(ref.total_variance, rel=1e-13)
+    # the leading (well separated) directions, up to the sign convention both apply
+    np.testing.assert_allclose(got.encoding[:, :3], ref.encoding[:, :3], rtol=0, atol=1e-8)
+    bias = np.random.default_rng(1).random(counts.shape[0]) * 1e-3
+    ref_c = classical_mds(counts, k=6, method="lanczos", tol=1e-10, diagonal=bias)
+    got_c = classical_mds(_ranged(counts, parts), k=6, method="lanczos", tol=1e-10, diagonal=bias)
+    np.testing.assert_allclose(got_c.eigenvalues, ref_c.eigenvalues, rtol=0, atol=1e-12 * ref_c.eigenvalues[0])
+    assert got_c.total_variance == pytest.approx(ref_c.total_variance, rel=1e-13)
+
+
+def test_balanced_ranges_cover_every_row_once_with_even_stored_counts():
+    indptr = np.concatenate([[0], np.cumsum(np.random.default_rng(2).integers(1, 50, size=1000))])
+    for parts in (1, 3, 8, 1000, 5000):
+        bounds = balanced_ranges(indptr, parts)
+        assert bounds[0][0] == 0 and bounds[-1][1] == 1000
+        assert all(a < b for a, b in bounds) and all(b == a2 for (_, b), (a2, _) in zip(bounds[:-1], bounds[1:]))
+        assert len(bounds) <= min(parts, 1000)
+        stored = [int(indptr[b] - indptr[a]) for a, b in bounds]
+        # each cut lands on a row boundary within one row (< 50 counts) of its share
+        assert max(stored) - min(stored) <= 2 * 50 or len(bounds) > 100
+
+
+def test_ranges_for_budget_is_the_ceiling_of_the_bytes_over_the_budget():
+    stored = 3 * 10**7
+    full = stored * BYTES_PER_STORED_COUNT
+    assert ranges_for_budget(stored, PROCESS_BASELINE_BYTES + full) == 1
+    assert ranges_for_budget(stored, PROCESS_BASELINE_BYTES + full - 1) == 2
+    assert ranges_for_budget(stored, PROCESS_BASELINE_BYTES + full // 3) == 3
+    assert ranges_for_budget(stored, PROCESS_BASELINE_BYTES + full // 3 - 1) == 4
+    assert ranges_for_budget(stored, PROCESS_BASELINE_BYTES + full, at_least=5) == 5
+    for nothing_left in (0, PROCESS_BASELINE_BYTES):
+        with pytest.raises(ValueError, match="leaves nothing for the counts"):
+            ranges_for_budget(stored, nothing_left)
+
+
+def test_ranges_read_from_a_file_keep_occupied_positions_only(tmp_path):
+    # truncate-mode documents of lengths 1..6 at n = 9: positions 6, 7, 8 stay empty
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(0, 40, size=1 + i % 6).tolist() for i in range(300)]
+    c = count_sequences(docs, positions=9, vocab_size=40)
+    save_counts(c, tmp_path)
+    for parts in (1, 2, 4):
+        runner = local_ranges(tmp_path, parts, min_occupancy=1)
+        op = RangedSqrt(runner)
+        positions, occupancy = op.held()
+        np.testing.assert_array_equal(positions, np.arange(6))
+        np.testing.assert_array_equal(occupancy, c.occupancy()[:6])
+        ref = classical_mds(sp.csr_array(c.matrix)[:6], k=3, method="lanczos", tol=1e-12)
+        got = classical_mds(op, k=3, method="lanczos", tol=1e-12)
+        np.testing.assert_allclose(got.eigenvalues, ref.eigenvalues, rtol=0, atol=1e-12)
+    # min_occupancy drops the thin positions (documents of length >= 5 are a third of them)
+    thin = load_sqrt_range(tmp_path, 0, 9, min_occupancy=int(c.occupancy()[4]))
+    np.testing.assert_array_equal(thin.positions, np.flatnonzero(c.occupancy() >= c.occupancy()[4]))
+    assert len(file_ranges(tmp_path, 3)) == 3
+
+
+def test_a_range_refuses_negative_counts_and_empty_operators():
+    with pytest.raises(ValueError, match="non-negative"):
+        SqrtRange(sp.csr_array(np.array([[1, -1], [2, 0]])))
+    with pytest.raises(ValueError, match="zero occupancy"):
+        SqrtRange(sp.csr_array(np.array([[1, 1], [0, 0]])))
+    with pytest.raises(ValueError, match="at least one range"):
+        LocalRanges([])
+    empty = SqrtRange(sp.csr_array((0, 4), dtype=np.int64))
+    with pytest.raises(ValueError, match="no occupied position"):
+        RangedSqrt(LocalRanges([empty]))
+
+
+def test_an_empty_range_among_others_changes_nothing(counts):
+    empty = SqrtRange(sp.csr_array((0, counts.shape[1]), dtype=np.int64), threads=1)
+    whole = SqrtRange(counts, threads=1)
+    op = RangedSqrt(LocalRanges([empty, whole, empty]))
+    ref = sqrt_operator(counts)
+    x = np.random.default_rng(5).standard_normal((counts.shape[1], 2))
+    np.testing.assert_allclose(op.apply(x), ref.apply(x), rtol=0, atol=1e-12)
+    assert op.total_variance() == pytest.approx(ref.total_variance(), rel=1e-13)
