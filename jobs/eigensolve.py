@@ -4,8 +4,8 @@
         [--tol 1e-8] [--block 8] [--device auto|cpu|gpu] [--min-occupancy K] [--buckets log:8]
         [--memory-budget GiB | --ranges K]
 
-One :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1`` when
-``ray.cluster_resources()`` has a GPU, else ``num_cpus=1``) reads the counts and calls
+On a GPU (``--device gpu``, or ``auto`` on a cluster with one), or with ``--buckets``, one
+:class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1``, else ``num_cpus=1``) reads the counts and calls
 :func:`posstats.geometry.mds.classical_mds` with ``method="lanczos"``: block Lanczos on the implicit
 centred square-root operator, never an n x n matrix and never a densified ``S_c``; on the
 GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
@@ -13,7 +13,9 @@ GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
 ``OUT/eigensolve.json`` last: eigenvalues, the tolerance, the largest residual
 ``||A x - theta x|| / theta_1`` (a check, not an estimate), device and seconds.
 
-With ``--memory-budget GiB`` (or ``--ranges K``) no process holds the whole counts: the rows
+Otherwise, and always with ``--memory-budget GiB`` or ``--ranges K``, no process holds the
+whole counts (and no core is left idle: by default one range per CPU of the cluster, at most
+64): the rows
 are cut into K position ranges of about equal stored counts, K large enough that one
 range's square roots fit the budget (20 bytes a stored count while a range is read, 12
 kept), and one :class:`jobs.ranges.RangeWorker` actor per range reads only its rows. The
@@ -56,10 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=int, default=8, help="Lanczos block size (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--memory-budget", type=float, metavar="GiB",
-                   help="hold the counts in position ranges, one Ray actor each, with at most this much per range "
-                        "(default: one actor holds them whole)")
+                   help="memory per process: cut the counts into position ranges, one Ray actor each, so that each "
+                        "actor stays within it (a 256 MiB baseline plus 16 bytes a stored count; the driver holds the "
+                        "Krylov basis, at most 1 GiB). Default: no budget")
     p.add_argument("--ranges", type=int, metavar="K",
-                   help="at least this many position ranges, one Ray actor each (with or without --memory-budget)")
+                   help="at least this many position ranges, one Ray actor each (with or without --memory-budget; "
+                        "their products run in parallel). Default on CPUs: one per CPU of the cluster, at most 64")
     return p
 
 
@@ -68,32 +72,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1:
         print(f"posstats: error: --k must be >= 1, got {args.k}", file=sys.stderr)
         return 2
-    ranged = args.memory_budget is not None or args.ranges is not None
-    problem = _ranged_problem(args) if ranged else None
+    explicit = args.memory_budget is not None or args.ranges is not None
+    problem = _ranged_problem(args) if explicit else None
     if problem:
         print(f"posstats: error: {problem}", file=sys.stderr)
         return 2
+    started = False
     try:
-        if ranged:
+        counts_file(args.counts)  # a missing or foreign path fails here, before Ray starts
+        started = connect(args.address)
+        if explicit or _ranges_by_default(args):
             summary = run_ranged(args)
-            print(jsontext.dumps(summary))
-            return 0
-        summary = run_job(
-            args,
-            "eigensolve",
-            k=args.k,
-            tol=args.tol,
-            block=args.block,
-            min_occupancy=args.min_occupancy,
-            buckets=args.buckets,
-            seed=args.seed,
-        )
+        else:
+            summary = run_job(args, "eigensolve", k=args.k, tol=args.tol, block=args.block,
+                              min_occupancy=args.min_occupancy, buckets=args.buckets, seed=args.seed)
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
     print(jsontext.dumps(summary))
     return 0
 
+
+def _ranges_by_default(args: argparse.Namespace) -> bool:
+    """Without --memory-budget / --ranges: ranges (one per CPU of the cluster, so that no
+    core is left idle) unless a GPU actor is asked for or available, or --buckets is set."""
+    import ray
+
+    if args.buckets != "none" or args.device == "gpu":
+        return False
+    return args.device == "cpu" or float(ray.cluster_resources().get("GPU", 0)) < 1
+
+
+
+DEFAULT_MAX_RANGES = 64  # ranges a cluster's CPUs ask for without --ranges
 
 
 def _ranged_problem(args: argparse.Namespace) -> str | None:
@@ -110,9 +126,10 @@ def _ranged_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _range_count(args: argparse.Namespace, stored: int) -> int:
-    """K: at least ``--ranges``, and enough that one range's build fits ``--memory-budget``."""
-    at_least = args.ranges or 1
+def _range_count(args: argparse.Namespace, stored: int, cpus: float) -> int:
+    """K: at least ``--ranges`` (default: one per CPU of the cluster, at most
+    :data:`DEFAULT_MAX_RANGES`), and enough that one range's build fits ``--memory-budget``."""
+    at_least = args.ranges or max(1, min(int(cpus), DEFAULT_MAX_RANGES))
     if args.memory_budget is None:
         return at_least
     return ranges_for_budget(stored, int(args.memory_budget * 2**30), at_least=at_least)
@@ -131,7 +148,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
     try:
         indptr = load_indptr(path)
         stored = int(indptr[-1]) if indptr is not None else header.positions * header.vocab_size
-        bounds = file_ranges(path, _range_count(args, stored))
+        bounds = file_ranges(path, _range_count(args, stored, float(ray.cluster_resources().get("CPU", 1))))
         actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy)
         loaded = time.perf_counter() - t
         op = RangedSqrt(ActorRanges(actors))
@@ -155,6 +172,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             "ranges": ranges,
             "largest_range_peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranges),
             "driver_peak_rss_bytes": peak_rss_bytes(),
+            "peak_rss_bytes": max(peak_rss_bytes(), *(r["peak_rss_bytes"] for r in ranges)),
             "load_seconds": round(loaded, 3),
             "seconds": round(time.perf_counter() - t, 3),
         }

@@ -49,10 +49,20 @@ def test_eigensolve_job_matches_dense_eigh(ray_session, counts_dir, tmp_path):
     assert main(["--counts", str(path), "--out", str(out), "--k", "16", "--tol", "1e-10", "--buckets", "none"]) == 0
     summary = json.loads((out / "eigensolve.json").read_text())
     assert summary["converged"] and summary["max_residual"] <= 1e-10 and summary["k"] == 16
-    t = load_file(str(out / "mds.safetensors"))
+    assert summary["peak_rss_bytes"] > 2**20  # the largest process' peak, in bytes
+    # on CPUs the default is one range per CPU of the cluster (no core left idle)
+    cpus = int(ray_session.cluster_resources()["CPU"])
+    if ray_session.cluster_resources().get("GPU", 0) < 1:
+        assert len(summary["ranges"]) == min(cpus, 64)
     dense = classical_mds(counts.matrix, k=16, method="dense")
-    np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-12 * dense.eigenvalues[0])
-    np.testing.assert_allclose(t["encoding"][:, :3], dense.encoding[:, :3], rtol=0, atol=1e-8)
+    # --buckets (here one position per bucket) keeps the one actor holding the counts whole
+    one = tmp_path / "one"
+    assert main(["--counts", str(path), "--out", str(one), "--k", "16", "--tol", "1e-10", "--buckets", "fixed:1"]) == 0
+    assert "ranges" not in json.loads((one / "eigensolve.json").read_text())
+    for folder in (out, one):
+        t = load_file(str(folder / "mds.safetensors"))
+        np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-12 * dense.eigenvalues[0])
+        np.testing.assert_allclose(t["encoding"][:, :3], dense.encoding[:, :3], rtol=0, atol=1e-8)
 
 
 def test_ranged_eigensolve_job_holds_ranges_apart_and_matches_dense_eigh(ray_session, counts_dir, tmp_path):
