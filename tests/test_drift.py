@@ -91,6 +91,29 @@ def test_same_distribution_false_alarms_at_most_the_level_and_uniform_p_values()
         assert (pv <= level).mean() <= 1.3 * level + 3 * np.sqrt(level / pv.size)
 
 
+def test_permutation_exceedances_match_the_enumerated_split_law():
+    """The simulated permutation null of one position equals the exact law of a random split
+    of its pooled tokens (every subset of N_a tokens equally likely), within 4 binomial sd."""
+    from itertools import combinations
+
+    from posstats.estimates.two_sample import permutation_exceedances
+
+    a, b = np.array([[3, 1, 0, 1]]), np.array([[0, 2, 2, 1]])
+    pooled = (a + b).ravel()
+    tokens = np.repeat(np.arange(pooled.size), pooled)
+    n_a, n = int(a.sum()), int(pooled.sum())
+
+    def d2(counts_a):
+        return 2.0 - 2.0 * np.sqrt(counts_a * (pooled - counts_a)).sum() / np.sqrt(n_a * (n - n_a))
+
+    observed = d2(a.ravel())
+    splits = [d2(np.bincount(tokens[list(s)], minlength=pooled.size)) for s in combinations(range(n), n_a)]
+    exact = float(np.mean(np.asarray(splits) >= observed - 1e-12))
+    hits, done = permutation_exceedances(sp.csr_array(a), sp.csr_array(b), observed, draws=20_000, seed=3)
+    assert done == 20_000 and 0.05 < exact < 0.95
+    assert abs(hits / done - exact) <= 4 * np.sqrt(exact * (1 - exact) / done)
+
+
 def _planted(effect: float, seed: int, changed: tuple[int, ...] = (5, 17, 40)) -> tuple[np.ndarray, np.ndarray]:
     """A and B from one distribution except at ``changed``, where B's row mixes in ``effect``
     of a distribution concentrated on a few tokens."""
