@@ -14,11 +14,11 @@ GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
 ``||A x - theta x|| / theta_1`` (a check, not an estimate), device and seconds.
 
 Otherwise, and always with ``--memory-budget GiB`` or ``--ranges K``, no process holds the
-whole counts (and no core is left idle: by default one range per CPU of the cluster, at most
-64): the rows
-are cut into K position ranges of about equal stored counts, K large enough that one
-range's square roots fit the budget (20 bytes a stored count while a range is read, 12
-kept), and one :class:`jobs.ranges.RangeWorker` actor per range reads only its rows. The
+whole counts and no core is left idle: the rows are cut into K position ranges of about
+equal stored counts (by default one per CPU of the cluster, at most 64), K large enough
+that each range's process fits the budget (a 256 MiB baseline plus 16 bytes a stored count
+while a range is read, 12 kept), and one :class:`jobs.ranges.RangeWorker` actor per range
+reads only its rows. The
 driver runs the same block Lanczos on :class:`posstats.geometry.ranged.RangedSqrt`, whose
 products gather (n_r, b) rows and sum (V, b) partials from the actors. The summary adds
 ``ranges`` (each range's positions, stored counts, bytes held, pid and peak memory) and the
