@@ -139,6 +139,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
     """The eigensolve over position ranges held by Ray actors; writes OUT/mds.safetensors,
     then OUT/eigensolve.json last; returns the summary."""
     import ray
+    import ray.exceptions
 
     path = counts_file(args.counts)  # a missing or foreign path fails here, before any actor starts
     header = load_header(path)
@@ -151,9 +152,16 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
         bounds = file_ranges(path, _range_count(args, stored, float(ray.cluster_resources().get("CPU", 1))))
         actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy)
         loaded = time.perf_counter() - t
-        op = RangedSqrt(ActorRanges(actors))
-        mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed)
-        positions, _ = op.held()
+        try:
+            op = RangedSqrt(ActorRanges(actors))
+            mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed)
+            positions, _ = op.held()
+        except ValueError as exc:  # no occupied position at --min-occupancy
+            raise PosstatsError(f"{path}: {exc} (at --min-occupancy {args.min_occupancy})") from None
+        except ray.exceptions.RayActorError as exc:
+            msg = (f"a range's actor died ({type(exc).__name__}); if it ran out of memory, give --memory-budget "
+                   "(or a lower one) so that each range is smaller")
+            raise PosstatsError(msg) from None
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         write_mds(out / MDS_FILE, positions, mds, fingerprint=header.fingerprint, residuals=True,

@@ -99,6 +99,10 @@ def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1
+    # no position holds that many tokens: every range is empty
+    assert main(base + ["--ranges", "2", "--min-occupancy", "10000000"]) == 2
+    err = capsys.readouterr().err
+    assert "no occupied position" in err and "--min-occupancy 10000000" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
 
 
