@@ -13,7 +13,7 @@ from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.rows import row_blocks
 from posstats.estimates.noise import mp_edge, noise_floor
-from posstats.estimates.thinning import split_noise_floor, thin
+from posstats.estimates.thinning import _row_sums, split_noise_floor, thin
 from posstats.runs.noise_parts import count_parts
 from posstats.testing import synthetic_counts
 
@@ -123,3 +123,13 @@ def test_token_split_agrees_with_a_document_split_in_truncate_mode():
 def test_split_floor_rejects_other_part_counts():
     with pytest.raises(ValueError, match="2 or 4 parts"):
         split_noise_floor(np.ones((3, 4), dtype=np.int64), parts=3)
+
+
+def test_row_sums_equal_bincount_with_and_without_empty_rows():
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 50, size=(4, 30))
+    for row_of, rows in ((np.repeat(np.arange(6), 5), 6), (np.repeat(np.array([0, 2, 3, 7]), [10, 5, 5, 10]), 9)):
+        expected = np.stack([np.bincount(row_of, weights=xk, minlength=rows) for xk in x])
+        got = _row_sums(x, row_of, rows)
+        assert got.dtype == np.float64 and np.array_equal(got, expected)
+    assert _row_sums(np.zeros((4, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), 3).shape == (4, 3)

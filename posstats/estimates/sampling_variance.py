@@ -111,7 +111,8 @@ def entries_sampling_variance(data: Any, row_of: Any, occupancy: Any, /, *, mult
     """
     row_of = np.asarray(row_of)
     occ = np.asarray(occupancy, dtype=np.float64)
-    counts = np.rint(np.asarray(data)).astype(np.int64)
+    data = np.asarray(data)
+    counts = data.astype(np.int64, copy=False) if data.dtype.kind in "biu" else np.rint(data).astype(np.int64)
     per_count = sqrt_count_variance(counts, total=occ[row_of] if multinomial else None)
     summed = np.bincount(row_of, weights=per_count, minlength=occ.size)
     with np.errstate(divide="ignore", invalid="ignore"):

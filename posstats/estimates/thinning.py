@@ -82,14 +82,16 @@ class _Block:
         self.x = x  # (K, nnz) thinned counts
         self.row_of = row_of  # (nnz,) row of every entry, 0..rows-1
         self.rows = rows
-        self.sizes = np.stack([np.bincount(row_of, weights=xk, minlength=rows) for xk in x])  # (K, rows)
+        self.sizes = _row_sums(x, row_of, rows)  # (K, rows) float64, exact
         self._sqrt: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def sqrt_of(self, which: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(sqrt(C_part / N_part) per entry, N_part per row) of the union of parts ``which``
-        (computed once per union)."""
+        (computed once per union); NaN in the rows where the union is empty."""
         if which not in self._sqrt:
-            counts = self.x[list(which)].sum(axis=0)
+            counts = self.x[which[0]] if len(which) == 1 else self.x[which[0]] + self.x[which[1]]
+            for k in which[2:]:
+                counts = counts + self.x[k]
             n = self.sizes[list(which)].sum(axis=0)
             with np.errstate(divide="ignore", invalid="ignore"):
                 self._sqrt[which] = np.sqrt(counts / n[self.row_of]), n
@@ -97,12 +99,24 @@ class _Block:
 
     def d2(self, a: tuple[int, ...], b: tuple[int, ...]) -> np.ndarray:
         """(rows,) ``d_H^2`` between the unions ``a`` and ``b`` (difference form); NaN where
-        either is empty."""
+        either is empty (the only rows whose entries are NaN, so no entry is scrubbed)."""
         sa, na = self.sqrt_of(a)
         sb, nb = self.sqrt_of(b)
-        out = np.bincount(self.row_of, weights=np.nan_to_num((sa - sb) ** 2), minlength=self.rows)
+        diff = sa - sb
+        diff *= diff
+        out = np.bincount(self.row_of, weights=diff, minlength=self.rows)
         out[(na == 0) | (nb == 0)] = np.nan
         return out
+
+
+def _row_sums(x: np.ndarray, row_of: np.ndarray, rows: int, /) -> np.ndarray:
+    """(K, rows) float64 ``sum`` of each part's counts ``x`` (K, nnz) over the entries of
+    each row (``row_of`` ascending): integer sums by ``reduceat`` when every row has an
+    entry (exact, so equal to a float ``bincount``), else by ``bincount``."""
+    starts = np.searchsorted(row_of, np.arange(rows))
+    if x.shape[1] and rows and np.all(np.diff(np.append(starts, x.shape[1])) > 0):
+        return np.add.reduceat(x, starts, axis=1).astype(np.float64)
+    return np.stack([np.bincount(row_of, weights=xk, minlength=rows) for xk in x])
 
 
 def split_noise_floor(
@@ -210,5 +224,8 @@ def _column_noise(
     sa, _ = blk.sqrt_of(halves[0])
     sb, _ = blk.sqrt_of(halves[1])
     scale = np.where(ok, bias / np.where(ok, h, 1.0), 0.0)
-    weights = np.nan_to_num((sa - sb) ** 2) * scale[blk.row_of]
+    weights = sa - sb
+    weights *= weights
+    weights *= scale[blk.row_of]
+    weights[~ok[blk.row_of]] = 0.0  # rows without a usable h (their entries may be NaN)
     return np.bincount(cols, weights=weights, minlength=vocab)
