@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -300,8 +300,7 @@ def file_ranges(path: str | os.PathLike, parts: int, /) -> list[tuple[int, int]]
     return balanced_ranges(indptr, parts)
 
 
-def local_ranges(path: str | os.PathLike, parts: int, /, *, min_occupancy: int = 1,
-                 build: Callable[..., SqrtRange] = load_sqrt_range) -> LocalRanges:
+def local_ranges(path: str | os.PathLike, parts: int, /, *, min_occupancy: int = 1) -> LocalRanges:
     """``parts`` ranges of a saved counts file held in this process, one product thread each."""
     bounds = file_ranges(path, parts)
-    return LocalRanges([build(path, a, b, min_occupancy=min_occupancy, threads=1) for a, b in bounds])
+    return LocalRanges([load_sqrt_range(path, a, b, min_occupancy=min_occupancy, threads=1) for a, b in bounds])
