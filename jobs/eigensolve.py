@@ -108,7 +108,6 @@ def _ranges_by_default(args: argparse.Namespace) -> bool:
     return args.device == "cpu" or float(ray.cluster_resources().get("GPU", 0)) < 1
 
 
-
 DEFAULT_MAX_RANGES = 64  # ranges a cluster's CPUs ask for without --ranges
 
 
