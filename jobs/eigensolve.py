@@ -109,6 +109,7 @@ def _ranges_by_default(args: argparse.Namespace) -> bool:
 
 
 DEFAULT_MAX_RANGES = 64  # ranges a cluster's CPUs ask for without --ranges
+MAX_RANGES = 1024  # one actor each: more is a mistyped --ranges or a budget far too small
 
 
 def _ranged_problem(args: argparse.Namespace) -> str | None:
@@ -116,8 +117,8 @@ def _ranged_problem(args: argparse.Namespace) -> str | None:
     if args.memory_budget is not None and not args.memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
         return (f"--memory-budget {args.memory_budget} GiB leaves nothing for the counts: each range's process needs "
                 f"about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
-    if args.ranges is not None and args.ranges < 1:
-        return f"--ranges must be >= 1, got {args.ranges}"
+    if args.ranges is not None and not 1 <= args.ranges <= MAX_RANGES:
+        return f"--ranges must be between 1 and {MAX_RANGES} (one Ray actor each), got {args.ranges}"
     if args.buckets != "none":
         return f"--memory-budget / --ranges hold position ranges and need --buckets none, got --buckets {args.buckets}"
     if args.device == "gpu":
@@ -131,7 +132,12 @@ def _range_count(args: argparse.Namespace, stored: int, cpus: float) -> int:
     at_least = args.ranges or max(1, min(int(cpus), DEFAULT_MAX_RANGES))
     if args.memory_budget is None:
         return at_least
-    return ranges_for_budget(stored, int(args.memory_budget * 2**30), at_least=at_least)
+    k = ranges_for_budget(stored, int(args.memory_budget * 2**30), at_least=at_least)
+    if k > MAX_RANGES:
+        msg = (f"--memory-budget {args.memory_budget} GiB would cut {stored:,} stored counts into {k:,} ranges, one Ray "
+               f"actor each (at most {MAX_RANGES}); give a larger budget")
+        raise PosstatsError(msg)
+    return k
 
 
 def run_ranged(args: argparse.Namespace) -> dict[str, Any]:

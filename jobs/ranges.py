@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from posstats.errors import PosstatsError
 from posstats.geometry.ranged import load_sqrt_range
 
 __all__ = ["ActorRanges", "RangeWorker", "peak_rss_bytes", "start_range_workers"]
@@ -111,6 +112,7 @@ def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, 
     (actors, what each holds). When there are more ranges than the cluster's CPUs, each
     actor asks for a share of a CPU so that all of them can be placed."""
     import ray
+    import ray.exceptions
 
     cpus = float(ray.cluster_resources().get("CPU", 1.0))
     share = min(1.0, math.floor(100 * cpus / max(len(bounds), 1)) / 100) or 0.01
@@ -118,8 +120,11 @@ def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, 
     actors = [cls.remote(os.getcwd()) for _ in bounds]
     try:
         held = ray.get([a.load.remote(counts_path, int(lo), int(hi), int(min_occupancy)) for a, (lo, hi) in zip(actors, bounds, strict=True)])
-    except BaseException:
+    except BaseException as exc:
         for a in actors:
             ray.kill(a, no_restart=True)
+        cause = getattr(exc, "cause", None)
+        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, PosstatsError):
+            raise cause from None  # the actor's one-line reason (a damaged file), not Ray's traceback
         raise
     return actors, held

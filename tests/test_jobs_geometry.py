@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 from posstats.counting.io import save_counts
 from posstats.geometry.hellinger import hellinger_sq
@@ -95,10 +96,16 @@ def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir
     for extra, said in ((["--ranges", "2", "--buckets", "log:8"], "--buckets none"),
                         (["--ranges", "2", "--device", "gpu"], "CPUs"),
                         (["--memory-budget", "0.1"], "leaves nothing for the counts"),
-                        (["--ranges", "0"], ">= 1")):
+                        (["--ranges", "0"], "between 1 and 1024")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1
+    assert main(base + ["--ranges", "5000"]) == 2
+    assert "between 1 and 1024" in capsys.readouterr().err
+    # a budget a hair above the per-process baseline would need thousands of actors
+    assert main(base + ["--memory-budget", "0.2500001"]) == 2
+    err = capsys.readouterr().err
+    assert "ranges, one Ray actor each (at most 1024)" in err and err.count("\n") == 1
     # no position holds that many tokens: every range is empty
     assert main(base + ["--ranges", "2", "--min-occupancy", "10000000"]) == 2
     err = capsys.readouterr().err
@@ -126,3 +133,50 @@ def test_gpu_actor_equals_cpu(ray_session, counts_dir, tmp_path):
     g = load_file(str(tmp_path / "g" / "hellinger.safetensors"))["d2"]
     c = load_file(str(tmp_path / "c" / "hellinger.safetensors"))["d2"]
     np.testing.assert_allclose(g, c, rtol=0, atol=1e-12)
+
+
+def test_a_damaged_range_is_refused_in_one_line_naming_the_file(ray_session, counts_dir, tmp_path, capsys):
+    from posstats.counting.io import counts_file
+    from posstats.jobs.eigensolve import main
+
+    path, _ = counts_dir
+    src = counts_file(path)
+    with safe_open(str(src), framework="numpy") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta = dict(f.metadata())
+    tensors["data"] = tensors["data"].astype(np.int32)
+    tensors["data"][-1] = -3  # in the last range only
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file(tensors, str(bad / src.name), metadata=meta)
+    assert main(["--counts", str(bad), "--out", str(tmp_path / "o"), "--k", "4", "--ranges", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(bad) in err and "negative" in err.lower(), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_session, tmp_path):
+    """Real text: the bundled fortunes, BERT WordPiece ids, 64 positions, counted by the CLI;
+    the ranged job's top 8 against the dense eigendecomposition of the same counts."""
+    from pathlib import Path
+
+    from posstats.cli import main as cli
+    from posstats.counting.io import load_counts
+    from posstats.jobs.eigensolve import main
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    counts = tmp_path / "counts"
+    assert cli(["count", "--input", str(data / "fortunes-sample.jsonl"), "--text-column", "text", "--tokenizer",
+                str(data / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
+                "--out", str(counts), "-q"]) == 0
+    out = tmp_path / "mds"
+    assert main(["--counts", str(counts), "--out", str(out), "--k", "8", "--tol", "1e-10", "--ranges", "3"]) == 0
+    summary = json.loads((out / "eigensolve.json").read_text())
+    assert len(summary["ranges"]) == 3 and summary["converged"]
+    c = load_counts(counts)
+    used = c.occupied_positions()
+    dense = classical_mds(c.rows(used), k=8, method="dense")
+    t = load_file(str(out / "mds.safetensors"))
+    np.testing.assert_array_equal(t["positions"], used)
+    np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-11 * dense.eigenvalues[0])
+    np.testing.assert_allclose(t["encoding"][:, :2], dense.encoding[:, :2], rtol=0, atol=1e-7)
