@@ -44,8 +44,8 @@ from posstats.storage import jsontext
 from posstats.storage.jsontext import write_json_atomic
 
 from .hellinger import add_common_args, connect, run_job
-from .output import ArgumentParser
-from .ranges import ActorRanges, peak_rss_bytes, start_range_workers
+from .output import ArgumentParser, peak_rss_bytes
+from .ranges import ActorRanges, start_range_workers
 
 __all__ = ["build_parser", "main"]
 

@@ -47,8 +47,7 @@ from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import atomic_path
 
 from .connect import connect_ray
-from .output import ArgumentParser
-from .ranges import peak_rss_bytes
+from .output import ArgumentParser, peak_rss_bytes
 
 __all__ = ["GeometryWorker", "build_parser", "connect", "main", "start_worker"]
 

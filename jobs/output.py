@@ -29,7 +29,7 @@ from posstats.memory import format_bytes
 from posstats.progress import set_quiet
 from posstats.storage import jsontext
 
-__all__ = ["CONFIG_NAMES", "OPTION_FLAGS", "ArgumentParser", "add_output_args", "print_json", "routed_stdout"]
+__all__ = ["CONFIG_NAMES", "OPTION_FLAGS", "ArgumentParser", "add_output_args", "peak_rss_bytes", "print_json", "routed_stdout"]
 
 OPTION_FLAGS = "option_flags"  # the parsed namespace's {parameter name: flag} (ArgumentParser)
 CONFIG_NAMES = "config_names"  # {parameter name: "[table] key"} of a command configured by a pipeline TOML
@@ -71,7 +71,7 @@ def routed_stdout(args: argparse.Namespace, /) -> Iterator[None]:
         finally:
             if getattr(args, "verbose", False):
                 print(f"posstats: {getattr(args, 'command', None) or 'command'} took "
-                      f"{time.perf_counter() - started:.2f} s, peak memory {format_bytes(_peak_rss())}",
+                      f"{time.perf_counter() - started:.2f} s, peak memory {format_bytes(peak_rss_bytes())}",
                       file=sys.stderr)
 
 
@@ -86,7 +86,7 @@ def print_json(args: argparse.Namespace, document: Any, /, *, indent: int | None
     stream.flush()
 
 
-def _peak_rss() -> int:
+def peak_rss_bytes() -> int:
     """The process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -23,15 +22,12 @@ import numpy as np
 from posstats.errors import PosstatsError
 from posstats.geometry.ranged import load_sqrt_range
 
-__all__ = ["ActorRanges", "RangeWorker", "peak_rss_bytes", "start_range_workers"]
+from .output import peak_rss_bytes
+
+__all__ = ["ActorRanges", "RangeWorker", "start_range_workers"]
 
 # Arrays at least this large go to the object store once per call, not once per actor.
 _PUT_BYTES = 1 << 16
-
-
-def peak_rss_bytes() -> int:
-    """This process' peak resident memory in bytes (``ru_maxrss``, KiB on Linux)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class RangeWorker:
