@@ -33,6 +33,18 @@ def test_non_finite_values_become_null_with_their_paths(tmp_path):
     assert "non_finite" not in strict_loads(jsontext.dumps({"a": 1.0}))
 
 
+def test_arrays_and_numpy_floats_in_lists_keep_their_paths():
+    """The fast paths (whole finite arrays, plain and numpy floats inside lists) name the
+    same non-finite paths and give the same values as the element-by-element walk."""
+    doc = {"a": np.array([1.0, np.nan]), "b": [np.float64(2.0), np.float64("inf"), 3, np.float32(0.5)],
+           "c": np.array([1, 2], dtype=np.int32), "d": np.array([0.25, 1.0]), "e": [True, None, "x", -0.0]}
+    clean, bad = jsontext.finite(doc)
+    assert clean == {"a": [1.0, None], "b": [2.0, None, 3, 0.5], "c": [1, 2], "d": [0.25, 1.0],
+                     "e": [True, None, "x", -0.0]}
+    assert bad == ["a[1]", "b[1]"]
+    assert all(type(x) is float for x in clean["b"] if x is not None and x != 3)
+
+
 json_like = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),

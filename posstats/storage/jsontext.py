@@ -43,6 +43,8 @@ def finite(obj: Any, /, path: str = "") -> tuple[Any, list[str]]:
     if isinstance(obj, np.bool_):
         return bool(obj), []
     if isinstance(obj, np.ndarray):
+        if obj.dtype.kind in "biu" or (obj.dtype.kind == "f" and bool(np.isfinite(obj).all())):
+            return obj.tolist(), []  # nothing to replace: no walk over the elements
         obj = obj.tolist()
     if isinstance(obj, dict):
         out, bad = {}, []
@@ -53,11 +55,21 @@ def finite(obj: Any, /, path: str = "") -> tuple[Any, list[str]]:
     if isinstance(obj, (list, tuple)):
         items, bad = [], []
         for i, v in enumerate(obj):
+            if type(v) in _PLAIN:
+                items.append(v)  # the common cases, without a path string per element
+                continue
+            if type(v) in _FLOATS and math.isfinite(v):
+                items.append(float(v))
+                continue
             item, b = finite(v, f"{path}[{i}]")
             items.append(item)
             bad += b
         return items, bad
     return obj, []
+
+
+_PLAIN = (int, str, bool, type(None))  # exact types: a numpy scalar or a subclass takes the full path
+_FLOATS = (float, np.float64, np.float32)
 
 
 def dumps(obj: Any, /, *, indent: int | None = None, sort_keys: bool = False, note: bool = True) -> str:
