@@ -2,7 +2,7 @@
 
     python -m posstats.jobs.eigensolve --counts runs/counts --k 64 --out runs/mds [--address ADDR]
         [--tol 1e-8] [--block 8] [--device auto|cpu|gpu] [--min-occupancy K] [--buckets log:8]
-        [--memory-budget GiB | --ranges K]
+        [--memory-budget GiB | --ranges K] [--distances plugin|corrected]
 
 On a GPU (``--device gpu``, or ``auto`` on a cluster with one), or with ``--buckets``, one
 :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1``, else ``num_cpus=1``) reads the counts and calls
@@ -23,19 +23,33 @@ driver runs the same block Lanczos on :class:`posstats.geometry.ranged.RangedSqr
 products gather (n_r, b) rows and sum (V, b) partials from the actors. The summary adds
 ``ranges`` (each range's positions, stored counts, bytes held, pid and peak memory) and the
 driver's peak memory. Ranges run on CPUs (``--device auto`` or ``cpu``) with ``--buckets none``.
+
+``--distances corrected`` (ranges only) decomposes the bias-corrected ``B - H diag(b) H``
+that ``posstats analyze`` reports by default: each actor computes its rows' noise floor
+from a random split of their tokens (:func:`posstats.estimates.thinning.range_noise_floor`,
+seeded by ``--seed`` and the range) while it reads them; the driver joins the floors
+(:func:`posstats.estimates.noise.merge_noise_floors`), takes the per-position bias ``b`` as
+the diagonal, the analytic Marchenko-Pastur edge as the noise level (eigenpairs inside
+the noise bulk to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the
+analysis does), and counts the components above that edge. The summary's ``noise`` entry
+gives the edge, the bias and ``components_above_noise``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posstats.counting.io import counts_file, load_header, load_indptr
-from posstats.geometry.mds import classical_mds
+from posstats.estimates.noise import merge_noise_floors, mp_edge, null_rank
+from posstats.geometry.mds import classical_mds, wanted_residuals
 from posstats.geometry.ranged import PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
 from posstats.runs.run_folder import MDS_FILE, write_mds
 
@@ -64,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranges", type=int, metavar="K",
                    help="at least this many position ranges, one Ray actor each (with or without --memory-budget; "
                         "their products run in parallel). Default on CPUs: one per CPU of the cluster, at most 64")
+    p.add_argument("--distances", choices=("plugin", "corrected"), default="plugin",
+                   help="plugin: B of the plug-in distances (default); corrected: the bias-corrected B - H diag(b) H "
+                        "that 'posstats analyze' reports, with each range's noise floor, the analytic noise edge and "
+                        "the components above it (ranges only)")
+    p.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
+                   help="--distances corrected: the random split of each range's tokens into 2 or 4 parts (default 4)")
+    p.add_argument("--lanczos-noise-share", type=float, default=1e-3, metavar="S",
+                   help="--distances corrected: eigenpairs inside the noise bulk to the absolute residual S x the "
+                        "edge, the others to --tol (default 1e-3, as 'posstats analyze'; 0: every pair to --tol)")
     return p
 
 
@@ -72,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1:
         print(f"posstats: error: --k must be >= 1, got {args.k}", file=sys.stderr)
         return 2
-    explicit = args.memory_budget is not None or args.ranges is not None
+    if not 0 <= args.lanczos_noise_share < 1:
+        print(f"posstats: error: --lanczos-noise-share must be in [0, 1), got {args.lanczos_noise_share}", file=sys.stderr)
+        return 2
+    explicit = args.memory_budget is not None or args.ranges is not None or args.distances == "corrected"
     problem = _ranged_problem(args) if explicit else None
     if problem:
         print(f"posstats: error: {problem}", file=sys.stderr)
@@ -119,10 +145,11 @@ def _ranged_problem(args: argparse.Namespace) -> str | None:
                 f"about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
     if args.ranges is not None and not 1 <= args.ranges <= MAX_RANGES:
         return f"--ranges must be between 1 and {MAX_RANGES} (one Ray actor each), got {args.ranges}"
+    which = "--distances corrected" if args.distances == "corrected" else "--memory-budget / --ranges"
     if args.buckets != "none":
-        return f"--memory-budget / --ranges hold position ranges and need --buckets none, got --buckets {args.buckets}"
+        return f"{which} holds position ranges and needs --buckets none, got --buckets {args.buckets}"
     if args.device == "gpu":
-        return "--memory-budget / --ranges run their ranges on CPUs; use --device auto or cpu (or drop them for one GPU actor)"
+        return f"{which} runs on position ranges on CPUs; use --device auto or cpu (or drop it for one GPU actor)"
     return None
 
 
@@ -140,6 +167,45 @@ def _range_count(args: argparse.Namespace, stored: int, cpus: float) -> int:
     return k
 
 
+def _corrected_solve(floor: Any, share: float, /) -> dict[str, Any]:
+    """``classical_mds`` arguments for the bias-corrected operator: the diagonal ``b`` and,
+    with a finite positive analytic edge and ``share > 0``, the noise level (the edge on the
+    corrected scale, ``edge - mean(b)``) and residual ``share x edge``, as
+    :func:`posstats.analysis.analyze` gives them."""
+    out: dict[str, Any] = {"diagonal": np.nan_to_num(np.asarray(floor.bias, dtype=np.float64), nan=0.0)}
+    edge = mp_edge([], floor)
+    if share > 0 and math.isfinite(edge) and edge > 0:
+        out["noise_level"] = edge - float(np.nanmean(floor.bias))
+        out["noise_residual"] = share * edge
+    return out
+
+
+def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /) -> dict[str, Any]:
+    """The summary's ``noise``: the analytic edge, the components above it (eigenvalues
+    compared on the plug-in scale, shifted up by the mean bias, as the analysis does), the
+    bias and the split-half distances."""
+    shift = float(np.nanmean(floor.bias))
+    nr = null_rank(np.asarray(eigenvalues, dtype=np.float64) + shift, method="mp", floor=floor)
+
+    def stats(x: np.ndarray) -> dict[str, float | None]:
+        v = x[np.isfinite(x)]
+        return {"min": float(v.min()), "mean": float(v.mean()), "max": float(v.max())} if v.size else {}
+
+    return {
+        "method": floor.method,
+        "source": floor.source,
+        "parts": int(floor.parts),
+        "edge": float(nr.threshold),
+        "eigenvalue_shift": shift,
+        "components_above_noise": int(nr.components_above_null),
+        "saturated": bool(nr.saturated),
+        "noise_level": solve.get("noise_level"),
+        "noise_residual": solve.get("noise_residual"),
+        "bias_d_h2": stats(np.asarray(floor.bias, dtype=np.float64)),
+        "split_half_d_h2": stats(np.asarray(floor.split_half, dtype=np.float64)),
+    }
+
+
 def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
     """The eigensolve over position ranges held by Ray actors; writes OUT/mds.safetensors,
     then OUT/eigensolve.json last; returns the summary."""
@@ -155,12 +221,19 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
         indptr = load_indptr(path)
         stored = int(indptr[-1]) if indptr is not None else header.positions * header.vocab_size
         bounds = file_ranges(path, _range_count(args, stored, float(ray.cluster_resources().get("CPU", 1))))
-        actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy)
+        corrected = args.distances == "corrected"
+        actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy,
+                                        noise_parts=args.noise_parts if corrected else None, seed=args.seed)
         loaded = time.perf_counter() - t
+        noise: dict[str, Any] | None = None
         try:
             op = RangedSqrt(ActorRanges(actors))
-            mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed)
+            floor = merge_noise_floors(op.ranges.call("noise")) if corrected else None
+            solve = _corrected_solve(floor, args.lanczos_noise_share) if floor is not None else {}
+            mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed, **solve)
             positions, _ = op.held()
+            if floor is not None:
+                noise = _noise_entry(floor, mds.eigenvalues, solve)
         except ValueError as exc:  # no occupied position at --min-occupancy
             raise PosstatsError(f"{path}: {exc} (at --min-occupancy {args.min_occupancy})") from None
         except ray.exceptions.RayActorError as exc:
@@ -178,9 +251,13 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             "device": "cpu",
             "tol": float(args.tol),
             "max_residual": float(mds.residuals.max()),
-            "converged": bool(mds.residuals.max() <= 10 * args.tol),
+            # every pair within 10x of its target: --tol, or inside the noise bulk the noise-matched residual
+            "converged": bool(np.all(mds.residuals <= 10 * wanted_residuals(
+                mds.eigenvalues, abs(float(mds.eigenvalues[0])) or 1.0, args.tol, mds.noise_level, mds.noise_residual))),
             "total_variance": float(mds.total_variance),
             "eigenvalues": [float(x) for x in mds.eigenvalues],
+            "distances": "bias_corrected" if noise is not None else "plugin",
+            **({"noise": noise} if noise is not None else {}),
             "memory_budget_bytes": None if args.memory_budget is None else int(args.memory_budget * 2**30),
             "ranges": ranges,
             "largest_range_peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranges),

@@ -11,6 +11,7 @@ library's block Lanczos on that operator. Per product only (V, b) and (n_r, b) b
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from posstats.errors import PosstatsError
+from posstats.estimates.noise import NoiseFloor
+from posstats.estimates.thinning import range_noise_floor
 from posstats.geometry.ranged import load_sqrt_range
 
 from .output import peak_rss_bytes
@@ -40,9 +43,14 @@ class RangeWorker:
         self.range: Any = None
         self.bounds = (0, 0)
 
-    def load(self, counts_path: str, start: int, stop: int, min_occupancy: int) -> dict[str, Any]:
-        """Read and hold the range; return what it holds and this process' peak memory."""
-        self.range = load_sqrt_range(counts_path, start, stop, min_occupancy=min_occupancy, threads=1)
+    def load(self, counts_path: str, start: int, stop: int, min_occupancy: int, noise_parts: int | None = None,
+             seed: int = 0) -> dict[str, Any]:
+        """Read and hold the range (with its noise floor when ``noise_parts`` is 2 or 4,
+        :func:`posstats.estimates.thinning.range_noise_floor`); return what it holds and
+        this process' peak memory."""
+        noise_of = None if noise_parts is None else functools.partial(range_noise_floor, parts=int(noise_parts),
+                                                                       seed=int(seed))
+        self.range = load_sqrt_range(counts_path, start, stop, min_occupancy=min_occupancy, threads=1, noise_of=noise_of)
         self.bounds = (int(start), int(stop))
         return self.where()
 
@@ -65,6 +73,9 @@ class RangeWorker:
 
     def stats(self) -> tuple[np.ndarray, int]:
         return self.range.stats()
+
+    def noise(self) -> NoiseFloor:
+        return self.range.noise()
 
     def centred_frobenius_sq(self, mean: np.ndarray) -> float:
         return self.range.centred_frobenius_sq(mean)
@@ -103,10 +114,12 @@ class ActorRanges:
         return ray.get([getattr(a, method).remote(*[ref(x) for x in call]) for a, call in zip(self.actors, args, strict=True)])
 
 
-def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, min_occupancy: int) -> tuple[list[Any], list[dict[str, Any]]]:
-    """One :class:`RangeWorker` per range, each loading its rows (all at once); returns
-    (actors, what each holds). When there are more ranges than the cluster's CPUs, each
-    actor asks for a share of a CPU so that all of them can be placed."""
+def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, min_occupancy: int,
+                        noise_parts: int | None = None, seed: int = 0) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One :class:`RangeWorker` per range, each loading its rows (all at once, each with its
+    noise floor when ``noise_parts`` is given); returns (actors, what each holds). When
+    there are more ranges than the cluster's CPUs, each actor asks for a share of a CPU so
+    that all of them can be placed."""
     import ray
     import ray.exceptions
 
@@ -115,7 +128,8 @@ def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, 
     cls = ray.remote(RangeWorker).options(num_cpus=share)
     actors = [cls.remote(os.getcwd()) for _ in bounds]
     try:
-        held = ray.get([a.load.remote(counts_path, int(lo), int(hi), int(min_occupancy)) for a, (lo, hi) in zip(actors, bounds, strict=True)])
+        held = ray.get([a.load.remote(counts_path, int(lo), int(hi), int(min_occupancy), noise_parts, int(seed))
+                        for a, (lo, hi) in zip(actors, bounds, strict=True)])
     except BaseException as exc:
         for a in actors:
             ray.kill(a, no_restart=True)

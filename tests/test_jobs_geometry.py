@@ -3,6 +3,7 @@ cluster has a GPU), results equal to the library's to 1e-12, files written as do
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -11,8 +12,12 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from posstats.counting.io import save_counts
+from posstats.estimates.noise import merge_noise_floors, mp_edge
+from posstats.estimates.sampling_variance import position_sampling_variance
+from posstats.estimates.thinning import range_noise_floor
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
+from posstats.geometry.ranged import local_ranges
 from posstats.testing import synthetic_counts
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -88,6 +93,39 @@ def test_ranged_eigensolve_job_holds_ranges_apart_and_matches_dense_eigh(ray_ses
     np.testing.assert_array_equal(t["positions"], np.arange(400))
 
 
+def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, counts_dir, tmp_path):
+    """--distances corrected: each actor keeps its rows' noise floor; the driver decomposes
+    B - H diag(b) H with b the unbiased per-position bias (equal to dense eigh of it), the
+    bulk to the noise-matched residual, and counts the components above the analytic edge:
+    the edge and the count are those of the same floor computed in this process."""
+    from posstats.jobs.eigensolve import main
+
+    path, counts = counts_dir
+    out = tmp_path / "c"
+    assert main(["--counts", str(path), "--out", str(out), "--k", "8", "--tol", "1e-10", "--ranges", "3",
+                 "--distances", "corrected", "--seed", "2"]) == 0
+    summary = json.loads((out / "eigensolve.json").read_text())
+    noise = summary["noise"]
+    assert summary["distances"] == "bias_corrected" and len(summary["ranges"]) == 3
+    assert noise["source"] == "token split" and noise["parts"] == 4 and noise["edge"] > 0
+    bias = position_sampling_variance(counts.matrix)
+    dense = classical_mds(counts.matrix, k=8, method="dense", diagonal=bias)
+    t = load_file(str(out / "mds.safetensors"))
+    above = np.asarray(summary["eigenvalues"]) > noise["noise_level"] + noise["noise_residual"]
+    # above the edge to --tol; inside the bulk to the residual share x edge (an eigenvalue error below it)
+    np.testing.assert_allclose(t["eigenvalues"][above], dense.eigenvalues[above], rtol=0, atol=1e-9 * dense.eigenvalues[0])
+    np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=noise["noise_residual"])
+    assert summary["converged"]  # each pair within its own target (the bulk's is the noise residual)
+    # the same floor in this process (same cuts, same seed): the same edge, and the count
+    # of the dense eigenvalues above it on the plug-in scale
+    floor = merge_noise_floors(local_ranges(path, 3, noise_of=functools.partial(range_noise_floor, parts=4, seed=2))
+                               .call("noise"))
+    np.testing.assert_allclose(noise["edge"], mp_edge([], floor), rtol=1e-12)
+    expected = int(np.sum(dense.eigenvalues + bias.mean() > mp_edge([], floor)))
+    assert noise["components_above_noise"] == expected and 2 <= expected <= 3  # rank 3 planted, the third weak
+    np.testing.assert_allclose(noise["bias_d_h2"]["mean"], bias.mean(), rtol=1e-12)
+
+
 def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir, tmp_path, capsys):
     from posstats.jobs.eigensolve import main
 
@@ -95,6 +133,9 @@ def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir
     base = ["--counts", str(path), "--out", str(tmp_path / "o"), "--k", "4"]
     for extra, said in ((["--ranges", "2", "--buckets", "log:8"], "--buckets none"),
                         (["--ranges", "2", "--device", "gpu"], "CPUs"),
+                        (["--distances", "corrected", "--buckets", "log:8"], "--distances corrected holds position ranges"),
+                        (["--distances", "corrected", "--device", "gpu"], "--distances corrected runs on position ranges"),
+                        (["--distances", "corrected", "--lanczos-noise-share", "1"], "in [0, 1)"),
                         (["--memory-budget", "0.1"], "leaves nothing for the counts"),
                         (["--ranges", "0"], "between 1 and 1024")):
         assert main(base + extra) == 2

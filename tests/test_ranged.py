@@ -1,8 +1,11 @@
 """posstats.geometry.ranged: the centred square-root operator over position ranges held
 apart equals the one-array operator (products, trace, the block Lanczos with and without
-the bias-corrected diagonal), and ranges are cut and sized as documented."""
+the bias-corrected diagonal), and ranges are cut and sized as documented; each range's
+noise floor joins into the whole's (posstats.estimates.noise.merge_noise_floors)."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -10,6 +13,9 @@ import scipy.sparse as sp
 
 from posstats.counting.counts import count_sequences
 from posstats.counting.io import save_counts
+from posstats.estimates.noise import merge_noise_floors, mp_edge
+from posstats.estimates.sampling_variance import position_sampling_variance
+from posstats.estimates.thinning import range_noise_floor
 from posstats.geometry.hellinger import sqrt_distributions
 from posstats.geometry.mds import classical_mds, sqrt_operator
 from posstats.geometry.ranged import (
@@ -135,3 +141,41 @@ def test_an_empty_range_among_others_changes_nothing(counts):
     x = np.random.default_rng(5).standard_normal((counts.shape[1], 2))
     np.testing.assert_allclose(op.apply(x), ref.apply(x), rtol=0, atol=1e-12)
     assert op.total_variance() == pytest.approx(ref.total_variance(), rel=1e-13)
+
+
+def test_range_noise_floors_join_into_the_whole_corpus_floor(tmp_path):
+    """Each range keeps the noise floor of its rows; joined, the per-row bias is the
+    unbiased one of the whole (no random split: the same at any cut), the occupancies and
+    positions are the whole's, the column noise is the sum of the ranges' (so the analytic
+    edge is the whole's), and one range gives exactly range_noise_floor of every row. The
+    bias-corrected MDS over the ranges equals dense eigh of B - H diag(b) H."""
+    syn = synthetic_counts(240, 1500, tokens=np.linspace(3000, 300, 240), rank=2, strength=0.4, seed=11)
+    save_counts(syn.counts, tmp_path)
+    c = sp.csr_array(syn.counts.matrix)
+    noise_of = functools.partial(range_noise_floor, parts=4, seed=5)
+    whole = range_noise_floor(c, np.arange(240), parts=4, seed=5)
+    one = merge_noise_floors(local_ranges(tmp_path, 1, noise_of=noise_of).call("noise"))
+    for name in ("positions", "occupancy", "split_half", "bias", "column_noise"):
+        np.testing.assert_array_equal(getattr(one, name), getattr(whole, name))
+    runner = local_ranges(tmp_path, 3, noise_of=noise_of)
+    floors = runner.call("noise")
+    joined = merge_noise_floors(floors)
+    np.testing.assert_array_equal(joined.positions, np.arange(240))
+    np.testing.assert_array_equal(joined.occupancy, syn.counts.occupancy())
+    np.testing.assert_allclose(joined.bias, position_sampling_variance(c), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(joined.column_noise, sum(f.column_noise for f in floors), rtol=1e-12)
+    # another split of the same tokens: the edge moves by sampling noise only
+    assert joined.source == "token split" and 0.8 < mp_edge([], joined) / mp_edge([], whole) < 1.25
+    # the three ranges drew three different streams (seeded by their first position)
+    assert not np.array_equal(joined.split_half, whole.split_half)
+    op = RangedSqrt(runner)
+    got = classical_mds(op, k=6, method="lanczos", tol=1e-12, diagonal=joined.bias)
+    ref = classical_mds(c, k=6, method="dense", diagonal=joined.bias)
+    np.testing.assert_allclose(got.eigenvalues, ref.eigenvalues, rtol=0, atol=1e-11 * ref.eigenvalues[0])
+    with pytest.raises(ValueError, match="built without its noise floor"):
+        local_ranges(tmp_path, 2).call("noise")
+    with pytest.raises(ValueError, match="no noise floor"):
+        merge_noise_floors([])
+    other = range_noise_floor(c[:10], np.arange(10), parts=2, seed=5)
+    with pytest.raises(ValueError, match="different kinds"):
+        merge_noise_floors([floors[0], other])

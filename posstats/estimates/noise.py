@@ -94,6 +94,7 @@ __all__ = [
     "bias_can_matter",
     "corrected_squared_distances",
     "fitted_bias",
+    "merge_noise_floors",
     "mp_edge",
     "mp_edge_value",
     "noise_floor",
@@ -607,6 +608,45 @@ def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /) -> float:
     diff.data = diff.data**2 * np.repeat(scale, np.diff(diff.indptr))
     col = np.asarray(diff.sum(axis=0)).ravel()
     return mp_edge_value(floor.bias[idx], col, m)
+
+
+def merge_noise_floors(floors: Sequence[NoiseFloor], /) -> NoiseFloor:
+    """One :class:`NoiseFloor` of the rows of ``floors`` taken in turn (the position ranges
+    of :mod:`posstats.geometry.ranged`): per-row fields concatenated, the column noise
+    ``c_v`` (a sum over rows) summed, so :func:`mp_edge` of the result is the edge of the
+    whole.
+
+    Raises:
+        ValueError: no floor, or floors of different methods, parts or sources.
+    """
+    floors = list(floors)
+    if not floors:
+        msg = "no noise floor to merge"
+        raise ValueError(msg)
+    kinds = {(f.method, int(f.parts), f.source) for f in floors}
+    if len(kinds) != 1:
+        msg = f"noise floors of different kinds cannot be merged: {sorted(kinds)}"
+        raise ValueError(msg)
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(f, name)) for f in floors])
+
+    quarters = [f.split_quarter for f in floors]
+    columns = [f.column_noise for f in floors]
+    first = floors[0]
+    return NoiseFloor(
+        positions=joined("positions").astype(np.int64),
+        occupancy=joined("occupancy"),
+        split_half=joined("split_half"),
+        split_quarter=None if any(q is None for q in quarters) else np.concatenate(quarters),
+        gamma=joined("gamma"),
+        bias=joined("bias"),
+        method=first.method,
+        parts=int(first.parts),
+        fallback=int(sum(int(f.fallback) for f in floors)),
+        source=first.source,
+        column_noise=None if any(c is None for c in columns) else np.sum(columns, axis=0),
+    )
 
 
 def usable_rows(split_half: np.ndarray, bias: np.ndarray) -> np.ndarray:

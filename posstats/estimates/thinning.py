@@ -46,7 +46,7 @@ from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.geometry.mds import thread_pool
 from posstats.progress import progress
 
-__all__ = ["BLOCK_ENTRIES", "split_noise_floor", "thin"]
+__all__ = ["BLOCK_ENTRIES", "range_noise_floor", "split_noise_floor", "thin"]
 
 BLOCK_ENTRIES = 1 << 22  # stored entries thinned at a time (K x 32 MiB of int64 parts)
 
@@ -124,7 +124,7 @@ def split_noise_floor(
     /,
     *,
     parts: int = 4,
-    seed: int = 0,
+    seed: int | np.random.SeedSequence = 0,
     positions: Any = None,
     block: int = BLOCK_ENTRIES,
     show_progress: bool | None = None,
@@ -212,6 +212,20 @@ def split_noise_floor(
         source="token split",
         column_noise=column_noise,
     )
+
+
+def range_noise_floor(counts: Any, positions: Any, /, *, parts: int = 4, seed: int = 0) -> NoiseFloor:
+    """The noise floor of one position range's (n_r, V) occupied counts (the rows of
+    ``positions``, (n_r,)), as :func:`split_noise_floor` with the stream seeded by
+    ``(seed, first position)``: each range draws its own, so the floor joined over ranges
+    (:func:`posstats.estimates.noise.merge_noise_floors`) depends only on the seed and the
+    cuts. Each row's bias ``b_i`` comes from its own counts, not from the split: it is the
+    same whatever the cuts. The split-half distances and the analytic null's column noise
+    (a sum over rows) come from the split."""
+    positions = np.asarray(positions, dtype=np.int64)
+    first = int(positions[0]) if positions.size else 0
+    return split_noise_floor(counts, parts=int(parts), seed=np.random.SeedSequence([int(seed), first]),
+                             positions=positions, show_progress=False)
 
 
 def _column_noise(

@@ -66,7 +66,7 @@ from threadpoolctl import threadpool_limits
 from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
-__all__ = ["MDSResult", "Spectrum", "classical_mds", "gram_in_place", "spectrum_summary"]
+__all__ = ["MDSResult", "Spectrum", "classical_mds", "gram_in_place", "spectrum_summary", "wanted_residuals"]
 
 _COVERAGE_LEVELS = (0.9, 0.95, 0.99, 0.999)
 
@@ -1015,8 +1015,8 @@ def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int)
     return band
 
 
-def _wanted_residuals(theta: np.ndarray, top: float, tol: float, noise_level: float | None,
-                      noise_residual: float | None) -> np.ndarray:
+def wanted_residuals(theta: np.ndarray, top: float, tol: float, noise_level: float | None,
+                     noise_residual: float | None) -> np.ndarray:
     """(k,) residual targets relative to ``top``: ``tol``, or, for Ritz values inside the
     noise bulk (at or below ``noise_level - noise_residual``), ``noise_residual / top``."""
     need = np.full(theta.shape, float(tol))
@@ -1038,7 +1038,7 @@ def _block_lanczos(
     Returns (eigenvalues (k,) host, eigenvectors (dim, k) on xp, residual estimates (k,)
     relative to the largest eigenvalue, operator applications, converged). Each pair
     converges at ``tol``, or, inside the noise bulk, at ``noise_residual``
-    (:func:`_wanted_residuals`).
+    (:func:`wanted_residuals`).
     """
     rng = np.random.default_rng(seed)
     b = max(1, min(int(block), dim))
@@ -1084,7 +1084,7 @@ def _block_lanczos(
             est = np.linalg.norm(r_host @ y[-width:, :], axis=0) / top
             if breakdown:
                 est[:] = 0.0
-            need = _wanted_residuals(theta, top, tol, noise_level, noise_residual)
+            need = wanted_residuals(theta, top, tol, noise_level, noise_residual)
             if progress is not None:
                 progress(applied, float((est / need).max() * tol))
             if np.all(est <= need) or exhausted or breakdown:

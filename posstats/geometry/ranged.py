@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -94,12 +94,16 @@ class SqrtRange:
             ``start + arange(n_r)``).
         threads: threads for this range's products (default: the cores this process may
             use; a Ray actor gets its ``num_cpus``).
+        noise: what the caller derived from the range's counts while they were at hand
+            (the jobs keep its noise floor:
+            :func:`posstats.estimates.thinning.range_noise_floor`); :meth:`noise` returns it.
 
     Memory: 12 bytes per stored count (float64 square root, int32 column index) plus the
     (V,) column sums; the counts' own values are not kept.
     """
 
-    def __init__(self, counts: Any, /, *, positions: Any = None, threads: int | None = None) -> None:
+    def __init__(self, counts: Any, /, *, positions: Any = None, threads: int | None = None,
+                 noise: Any = None) -> None:
         c = _canonical_counts(counts if sp.issparse(counts) else sp.csr_array(np.asarray(counts)))
         _check_count_values(c)
         n_r, v = (int(x) for x in c.shape)
@@ -121,6 +125,7 @@ class SqrtRange:
         self.column_sum = parts.col_sum
         self.stored_per_column = _stored_per_column(parts.light_indices, v)
         self.occupancy = parts.occupancy
+        self.noise_floor = noise
         self._blocks = _row_block_views(self.s, product_threads() if threads is None else int(threads))
         self._blocks_t = _transposed_views(self._blocks)
 
@@ -137,6 +142,14 @@ class SqrtRange:
     def stats(self) -> tuple[np.ndarray, int]:
         """((V,) ``sum_i S_iv`` over this range's rows, n_r)."""
         return self.column_sum, self.shape[0]
+
+    def noise(self) -> Any:
+        """The range's noise floor (given as ``noise``;
+        :func:`posstats.estimates.noise.merge_noise_floors` joins the ranges')."""
+        if self.noise_floor is None:
+            msg = "this range was built without its noise floor (load_sqrt_range(..., noise_of=...))"
+            raise ValueError(msg)
+        return self.noise_floor
 
     def centred_frobenius_sq(self, mean: np.ndarray, /) -> float:
         """``sum_{i in r, v} (S_iv - m_v)^2`` for the global column means ``m`` (V,): the
@@ -280,14 +293,19 @@ def ranges_for_budget(stored: int, budget_bytes: int, /, *, at_least: int = 1) -
 
 
 def load_sqrt_range(path: str | os.PathLike, start: int, stop: int, /, *, min_occupancy: int = 1,
-                    threads: int | None = None) -> SqrtRange:
+                    threads: int | None = None, noise_of: Callable[[Any, np.ndarray], Any] | None = None) -> SqrtRange:
     """The :class:`SqrtRange` of rows ``[start, stop)`` of a saved counts file, keeping the
     positions with at least ``min_occupancy`` counted tokens (and at least one), reading
-    only those rows (:func:`posstats.counting.io.load_rows`)."""
+    only those rows (:func:`posstats.counting.io.load_rows`). With ``noise_of``, the range
+    also keeps ``noise_of(counts, positions)`` of its kept rows (their noise floor),
+    computed before the counts are let go."""
     rows = load_rows(path, int(start), int(stop), dtype=None)  # the stored type, not int64
     occ = csr_row_sums(rows)
     keep = np.flatnonzero(occ >= max(1, int(min_occupancy)))
-    return SqrtRange(rows[keep] if keep.size < rows.shape[0] else rows, positions=int(start) + keep, threads=threads)
+    rows = rows[keep] if keep.size < rows.shape[0] else rows
+    positions = int(start) + keep
+    noise = noise_of(rows, positions) if noise_of is not None and keep.size else None
+    return SqrtRange(rows, positions=positions, threads=threads, noise=noise)
 
 
 def file_ranges(path: str | os.PathLike, parts: int, /) -> list[tuple[int, int]]:
@@ -300,7 +318,10 @@ def file_ranges(path: str | os.PathLike, parts: int, /) -> list[tuple[int, int]]
     return balanced_ranges(indptr, parts)
 
 
-def local_ranges(path: str | os.PathLike, parts: int, /, *, min_occupancy: int = 1) -> LocalRanges:
-    """``parts`` ranges of a saved counts file held in this process, one product thread each."""
+def local_ranges(path: str | os.PathLike, parts: int, /, *, min_occupancy: int = 1,
+                 noise_of: Callable[[Any, np.ndarray], Any] | None = None) -> LocalRanges:
+    """``parts`` ranges of a saved counts file held in this process, one product thread
+    each (each with ``noise_of`` of its counts, as :func:`load_sqrt_range`)."""
     bounds = file_ranges(path, parts)
-    return LocalRanges([load_sqrt_range(path, a, b, min_occupancy=min_occupancy, threads=1) for a, b in bounds])
+    return LocalRanges([load_sqrt_range(path, a, b, min_occupancy=min_occupancy, threads=1, noise_of=noise_of)
+                        for a, b in bounds])
