@@ -33,6 +33,11 @@ the diagonal, the analytic Marchenko-Pastur edge as the noise level (eigenpairs 
 the noise bulk to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the
 analysis does), and counts the components above that edge. The summary's ``noise`` entry
 gives the edge, the bias and ``components_above_noise``.
+
+On ranges the summary also gives ``standout_positions``: the analysis' per-position test
+against the pooled distribution (:func:`posstats.estimates.verdict.standout_test`, the
+same decision as ``posstats analyze``'s), from two reductions over the ranges (the pooled
+counts, recovered exactly from the square roots, and each row's distance to the pool).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import numpy as np
 
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.estimates.noise import merge_noise_floors, mp_edge, null_rank
+from posstats.estimates.verdict import standout_test
 from posstats.geometry.mds import classical_mds, wanted_residuals
 from posstats.geometry.ranged import PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
 from posstats.runs.run_folder import MDS_FILE, write_mds
@@ -228,6 +234,11 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
         noise: dict[str, Any] | None = None
         try:
             op = RangedSqrt(ActorRanges(actors))
+            t_standout = time.perf_counter()
+            held_positions, held_occupancy = op.held()
+            standout = standout_test(held_positions, held_occupancy, pooled_totals=op.count_totals,
+                                     distance_to=op.distance_to)
+            t_standout = time.perf_counter() - t_standout
             floor = merge_noise_floors(op.ranges.call("noise")) if corrected else None
             solve = _corrected_solve(floor, args.lanczos_noise_share) if floor is not None else {}
             mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed, **solve)
@@ -258,6 +269,8 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             "eigenvalues": [float(x) for x in mds.eigenvalues],
             "distances": "bias_corrected" if noise is not None else "plugin",
             **({"noise": noise} if noise is not None else {}),
+            "standout_positions": standout,
+            "standout_seconds": round(t_standout, 3),
             "memory_budget_bytes": None if args.memory_budget is None else int(args.memory_budget * 2**30),
             "ranges": ranges,
             "largest_range_peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranges),

@@ -77,6 +77,12 @@ class RangeWorker:
     def noise(self) -> NoiseFloor:
         return self.range.noise()
 
+    def count_totals(self, keep: np.ndarray) -> np.ndarray:
+        return self.range.count_totals(keep)
+
+    def distance_to(self, s_pool: np.ndarray) -> np.ndarray:
+        return self.range.distance_to(s_pool)
+
     def centred_frobenius_sq(self, mean: np.ndarray) -> float:
         return self.range.centred_frobenius_sq(mean)
 

@@ -15,6 +15,7 @@ from posstats.counting.io import save_counts
 from posstats.estimates.noise import merge_noise_floors, mp_edge
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import range_noise_floor
+from posstats.estimates.verdict import standout_positions
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
 from posstats.geometry.ranged import local_ranges
@@ -124,6 +125,11 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     expected = int(np.sum(dense.eigenvalues + bias.mean() > mp_edge([], floor)))
     assert noise["components_above_noise"] == expected and 2 <= expected <= 3  # rank 3 planted, the third weak
     np.testing.assert_allclose(noise["bias_d_h2"]["mean"], bias.mean(), rtol=1e-12)
+    # the standout test over the ranges: the analysis' own decision on the same counts
+    ref = standout_positions(counts.matrix, np.arange(400))
+    got = summary["standout_positions"]
+    assert got["count"] == ref["count"] and got["positions"] == ref["positions"]
+    np.testing.assert_allclose(got["max_z"], ref["max_z"], rtol=1e-9)
 
 
 def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir, tmp_path, capsys):

@@ -16,6 +16,7 @@ from posstats.counting.io import save_counts
 from posstats.estimates.noise import merge_noise_floors, mp_edge
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import range_noise_floor
+from posstats.estimates.verdict import standout_positions, standout_test
 from posstats.geometry.hellinger import sqrt_distributions
 from posstats.geometry.mds import classical_mds, sqrt_operator
 from posstats.geometry.ranged import (
@@ -30,7 +31,7 @@ from posstats.geometry.ranged import (
     local_ranges,
     ranges_for_budget,
 )
-from posstats.testing import synthetic_counts
+from posstats.testing import known_corpus, synthetic_counts
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +180,22 @@ def test_range_noise_floors_join_into_the_whole_corpus_floor(tmp_path):
     other = range_noise_floor(c[:10], np.arange(10), parts=2, seed=5)
     with pytest.raises(ValueError, match="different kinds"):
         merge_noise_floors([floors[0], other])
+
+
+@pytest.mark.parametrize("parts", [1, 4])
+def test_standout_test_over_ranges_equals_the_one_array_test(parts):
+    """The standout test through the ranges' two reductions (pooled counts recovered from
+    the square roots, distances to the pool) gives the in-process test's answer: the same
+    positions (the planted 0-3), thresholds and z to rounding; the pooled counts exact."""
+    kc = known_corpus("planted", 600, tokens=2000, seed=4)
+    c = sp.csr_array(kc.counts.matrix)
+    op = _ranged(c, parts)
+    keep = np.ones(600, dtype=bool)
+    keep[[0, 1, 2, 3, 17]] = False
+    np.testing.assert_array_equal(op.count_totals(keep), np.asarray(c[keep].sum(axis=0)).ravel())
+    positions, occupancy = op.held()
+    got = standout_test(positions, occupancy, pooled_totals=op.count_totals, distance_to=op.distance_to)
+    ref = standout_positions(c, np.arange(600))
+    assert got["positions"] == ref["positions"] == [0, 1, 2, 3] and got["count"] == 4
+    assert got["z_threshold"] == ref["z_threshold"]
+    np.testing.assert_allclose(got["max_z"], ref["max_z"], rtol=1e-9)

@@ -47,6 +47,7 @@ positions one distribution) is at most 5 %, split between two tests of that one 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,7 @@ __all__ = [
     "null_distance_to_pool",
     "position_ranges",
     "standout_positions",
+    "standout_test",
     "standout_threshold",
     "verdict",
     "withheld_reason",
@@ -99,16 +101,21 @@ def _row_totals(rows: Any) -> tuple[Any, np.ndarray]:
     return c, c.sum(axis=1)
 
 
-def _pool_sqrt(c: Any, keep: np.ndarray) -> np.ndarray:
-    """(V,) ``sqrt(p)`` of the distribution pooled over the rows ``keep`` (bool (m,))."""
+def _pooled_totals(c: Any, keep: np.ndarray) -> np.ndarray:
+    """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (m,))."""
     if sp.issparse(c):
         totals = np.zeros(c.shape[1])
         for lo, hi in row_blocks(c.indptr, _BLOCK):
             a, b = int(c.indptr[lo]), int(c.indptr[hi])
             w = np.repeat(keep[lo:hi], np.diff(c.indptr[lo : hi + 1]))
             totals += np.bincount(c.indices[a:b][w], weights=c.data[a:b][w], minlength=c.shape[1])
-    else:
-        totals = c[keep].sum(axis=0)
+        return totals
+    return c[keep].sum(axis=0)
+
+
+def _pool_sqrt(c: Any, keep: np.ndarray) -> np.ndarray:
+    """(V,) ``sqrt(p)`` of the distribution pooled over the rows ``keep`` (bool (m,))."""
+    totals = _pooled_totals(c, keep)
     return np.sqrt(totals / max(float(totals.sum()), 1.0))
 
 
@@ -243,14 +250,37 @@ def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
         JSON-ready ``{"count", "positions" (the first 64), "ranges", "z_threshold",
         "max_z", "family_level", "rule"}``.
     """
-    positions = np.asarray(positions, dtype=np.int64)
     c, occ = _row_totals(rows)
-    threshold = standout_threshold(c.shape[0])
-    pooled_out = np.zeros(c.shape[0], dtype=bool)  # left out of the pool
+    return standout_test(positions, occ, pooled_totals=lambda keep: _pooled_totals(c, keep),
+                         distance_to=lambda s_pool: _distance_to(c, occ, s_pool))
+
+
+def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[[np.ndarray], np.ndarray],
+                  distance_to: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+    """:func:`standout_positions` of rows held anywhere (in this process, or in position
+    ranges held apart: :class:`posstats.geometry.ranged.RangedSqrt`), through the two
+    reductions it needs.
+
+    Args:
+        positions: (m,) the positions of the rows; ``occupancy``: (m,) their token counts.
+        pooled_totals: ``keep`` (bool (m,)) -> (V,) the tokens of the rows ``keep`` per
+            vocabulary entry.
+        distance_to: ``s_pool`` (V,) -> (m,) plug-in ``d_H^2`` of every row to the
+            distribution whose square root is ``s_pool``.
+
+    Returns:
+        As :func:`standout_positions`.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    occ = np.asarray(occupancy, dtype=np.float64)
+    m = occ.size
+    threshold = standout_threshold(m)
+    pooled_out = np.zeros(m, dtype=bool)  # left out of the pool
     for _ in range(_POOL_ROUNDS):
-        s_pool = _pool_sqrt(c, ~pooled_out)
+        totals = np.asarray(pooled_totals(~pooled_out), dtype=np.float64)
+        s_pool = np.sqrt(totals / max(float(totals.sum()), 1.0))
         mean, sd = null_distance_to_pool(s_pool**2, occ)
-        z = (_distance_to(c, occ, s_pool) - mean) / np.maximum(sd, 1e-300)
+        z = (np.asarray(distance_to(s_pool), dtype=np.float64) - mean) / np.maximum(sd, 1e-300)
         fresh = (z > threshold) & ~pooled_out
         if not fresh.any() or pooled_out.all():
             break

@@ -107,11 +107,13 @@ class SqrtRange:
         c = _canonical_counts(counts if sp.issparse(counts) else sp.csr_array(np.asarray(counts)))
         _check_count_values(c)
         n_r, v = (int(x) for x in c.shape)
-        if c.indices.dtype != np.int32 and v < 2**31:
-            c = sp.csr_array((c.data, c.indices.astype(np.int32), c.indptr), shape=c.shape)
+        if c.indices.dtype != np.int32 and v < 2**31 and c.nnz < 2**31:
+            # scipy keeps one index type for both arrays: the row pointers go to int32 too
+            c = sp.csr_array((c.data, c.indices.astype(np.int32), c.indptr.astype(np.int32)), shape=c.shape)
         parts = _sqrt_sharing_pattern(c) if c.indices.dtype == np.int32 else None
-        if parts is None:  # V >= 2**31: a vocabulary no tokenizer has
-            msg = f"a vocabulary of {v} ids needs int64 column indices, which a range does not support"
+        if parts is None:  # V or one range's stored counts >= 2**31
+            msg = (f"a range of {c.nnz:,} stored counts over {v:,} ids needs int64 indices, which a range does not "
+                   "support (cut the counts into more ranges)")
             raise ValueError(msg)
         indptr = parts.light_indptr
         if parts.light_data.size < 2**31:
@@ -150,6 +152,31 @@ class SqrtRange:
             msg = "this range was built without its noise floor (load_sqrt_range(..., noise_of=...))"
             raise ValueError(msg)
         return self.noise_floor
+
+    def count_totals(self, keep: np.ndarray, /) -> np.ndarray:
+        """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (n_r,)): the counts
+        ``C_iv = occ_i s_iv^2`` recovered from the square roots, summed, and rounded (each
+        term is within 2 eps of an integer, so the sums of up to 2^40 tokens round exactly)."""
+        keep = np.asarray(keep, dtype=bool)
+        weight = np.where(keep, self.occupancy, 0.0)
+        data, idx, indptr = self.s.data, self.s.indices, self.s.indptr
+        out = np.zeros(self.shape[1], dtype=np.float64)
+        lengths = np.diff(indptr)
+        row = 0
+        while row < self.shape[0]:  # rows in blocks of about _CHUNK stored counts
+            stop = int(np.searchsorted(indptr, int(indptr[row]) + _CHUNK, side="right")) - 1
+            stop = min(max(stop, row + 1), self.shape[0])
+            a, b = int(indptr[row]), int(indptr[stop])
+            w = data[a:b] * data[a:b] * np.repeat(weight[row:stop], lengths[row:stop])
+            out += np.bincount(idx[a:b], weights=w, minlength=self.shape[1])
+            row = stop
+        return np.rint(out)
+
+    def distance_to(self, s_pool: np.ndarray, /) -> np.ndarray:
+        """(n_r,) plug-in ``d_H^2 = max(2 - 2 <s_i, s_pool>, 0)`` of every row to the
+        distribution whose square root is ``s_pool`` (V,)."""
+        dots = self.times(np.asarray(s_pool, dtype=np.float64).reshape(-1, 1))[:, 0]
+        return np.maximum(2.0 - 2.0 * dots, 0.0)
 
     def centred_frobenius_sq(self, mean: np.ndarray, /) -> float:
         """``sum_{i in r, v} (S_iv - m_v)^2`` for the global column means ``m`` (V,): the
@@ -240,6 +267,19 @@ class RangedSqrt:
         parts = self.ranges.call("held")
         return (np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts]),
                 np.concatenate([np.asarray(o, dtype=np.float64) for _, o in parts]))
+
+    def count_totals(self, keep: np.ndarray, /) -> np.ndarray:
+        """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (n,), the
+        operator's row order): each range's :meth:`SqrtRange.count_totals`, summed."""
+        e = self.edges
+        parts = self.ranges.call("count_totals", [(np.asarray(keep, dtype=bool)[e[r] : e[r + 1]],)
+                                                  for r in range(len(self.ranges))])
+        return np.sum(parts, axis=0)
+
+    def distance_to(self, s_pool: np.ndarray, /) -> np.ndarray:
+        """(n,) plug-in ``d_H^2`` of every row to the distribution whose square root is
+        ``s_pool`` (:meth:`SqrtRange.distance_to` of each range, in row order)."""
+        return np.concatenate(self.ranges.call("distance_to", [(s_pool,)] * len(self.ranges)))
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``S_c X`` (n, b) for X (V, b)."""
