@@ -80,6 +80,22 @@ class RangeWorker:
     def count_totals(self, keep: np.ndarray) -> np.ndarray:
         return self.range.count_totals(keep)
 
+    def row_entries(self) -> np.ndarray:
+        return self.range.row_entries()
+
+    def rows(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.range.rows(local)
+
+    def count_rows(self, local: np.ndarray) -> Any:
+        return self.range.count_rows(local)
+
+    def row_dots(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        return self.range.row_dots(i, j)
+
+    def dots_with(self, i: np.ndarray, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
+                  j: np.ndarray) -> np.ndarray:
+        return self.range.dots_with(i, data, indices, indptr, j)
+
     def distance_to(self, s_pool: np.ndarray) -> np.ndarray:
         return self.range.distance_to(s_pool)
 

@@ -15,9 +15,11 @@ from posstats.counting.counts import count_sequences
 from posstats.counting.io import save_counts
 from posstats.estimates.noise import merge_noise_floors, mp_edge
 from posstats.estimates.sampling_variance import position_sampling_variance
+from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import range_noise_floor
 from posstats.estimates.verdict import standout_positions, standout_test
-from posstats.geometry.hellinger import sqrt_distributions
+from posstats.geometry import ranged
+from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
 from posstats.geometry.mds import classical_mds, sqrt_operator
 from posstats.geometry.ranged import (
     BYTES_PER_STORED_COUNT,
@@ -199,3 +201,46 @@ def test_standout_test_over_ranges_equals_the_one_array_test(parts):
     assert got["positions"] == ref["positions"] == [0, 1, 2, 3] and got["count"] == 4
     assert got["z_threshold"] == ref["z_threshold"]
     np.testing.assert_allclose(got["max_z"], ref["max_z"], rtol=1e-9)
+
+
+@pytest.mark.parametrize(("parts", "round_entries"), [(1, 1 << 22), (3, 1 << 22), (5, 700)])
+def test_pair_dots_across_ranges_equal_the_one_array_ones(counts, parts, round_entries, monkeypatch):
+    """Row dot products of any pairs (inside one range, across two, in both orders,
+    repeated, i == j) equal the one-array operator's; with a round budget of 700 stored
+    entries (a row or two) the rows move in many steps and the answer is the same. The
+    difference form on counts recovered from the square roots equals the one on the counts."""
+    monkeypatch.setattr(ranged, "PAIR_ROUND_ENTRIES", round_entries)
+    op = _ranged(counts, parts)
+    rng = np.random.default_rng(8)
+    i = np.concatenate([rng.integers(0, 300, 2000), [0, 299, 5, 5]])
+    j = np.concatenate([rng.integers(0, 300, 2000), [299, 0, 5, 5]])
+    ref = sqrt_operator(counts).row_dots(i, j)
+    np.testing.assert_allclose(op.row_dots(i, j), ref, rtol=1e-13, atol=1e-15)
+    np.testing.assert_array_equal(op.row_entries(), np.diff(counts.indptr))
+    np.testing.assert_allclose(op.difference_sq(i[:300], j[:300]), hellinger_sq_pairs(counts, i[:300], j[:300]),
+                               rtol=1e-12, atol=0)
+    assert op.row_dots(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).shape == (0,)
+
+
+def test_sampled_geometry_over_ranges_equals_the_one_array_one(counts):
+    """SampledGeometry on rows held apart (no counts in this process) draws the same pairs
+    and gives the same bias-corrected distances, stresses and monotonicity as on the
+    counts; a pair of identical rows (Gram form below refine_below) goes through the
+    difference form on counts recovered from the ranges: exactly 0."""
+    c = sp.vstack([counts, counts[7]], format="csr")  # row 300 repeats row 7
+    bias = position_sampling_variance(c)
+    op = _ranged(c, 4)
+    ref = SampledGeometry(c, bias=bias, seed=3, sqrt=sqrt_operator(c))
+    got = SampledGeometry(None, bias=bias, seed=3, sqrt=op)
+    i = np.array([7, 300, 0, 150, 299])
+    j = np.array([300, 7, 299, 151, 2])
+    np.testing.assert_allclose(got.squared(i, j), ref.squared(i, j), rtol=1e-12, atol=1e-15)
+    assert got.squared(np.array([7]), np.array([300]))[0] == 0.0
+    enc = np.random.default_rng(2).standard_normal((301, 3))
+    a, b = got.stress([enc], target_halfwidth=1e-2, initial_pairs=5000)[0], ref.stress([enc], target_halfwidth=1e-2,
+                                                                                     initial_pairs=5000)[0]
+    assert a.pairs == b.pairs
+    np.testing.assert_allclose(a.scaled_stress, b.scaled_stress, rtol=1e-12)
+    np.testing.assert_allclose(got.min_sampled()[0], ref.min_sampled()[0], rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="ranged square-root operator"):
+        SampledGeometry(None, sqrt=sqrt_operator(c))

@@ -257,7 +257,9 @@ class SampledGeometry:
 
     Args:
         counts: (n, V) counts of the used positions (scipy sparse or dense numpy), every
-            row occupied.
+            row occupied; None with a ranged ``sqrt`` (rows held apart,
+            :class:`posstats.geometry.ranged.RangedSqrt`: its ``row_dots``, ``row_entries``
+            and ``difference_sq``).
         bias: optional (n,) per-position bias ``b_i`` (:attr:`posstats.estimates.noise.NoiseFloor.bias`):
             distances are then ``sqrt(max(d_H^2 - b_i - b_j, 0))``.
         refine_below: pairs with Gram ``d_H^2`` below this are recomputed by the difference
@@ -273,8 +275,15 @@ class SampledGeometry:
 
     def __init__(self, counts: Any, /, *, bias: Any = None, refine_below: float = 1e-6, seed: int = 0,
                  sqrt: Any = None) -> None:
-        self.counts = sp.csr_array(counts) if not sp.issparse(counts) else counts
-        self.row_entries = np.diff(sp.csr_array(self.counts).indptr).astype(np.int64)  # (n,) stored entries per row
+        if counts is None:  # rows held apart: the operator gives the dots, the entries and the difference form
+            if sqrt is None or not hasattr(sqrt, "difference_sq"):
+                msg = "SampledGeometry needs the counts, or a ranged square-root operator (posstats.geometry.ranged)"
+                raise ValueError(msg)
+            self.counts = None
+            self.row_entries = np.asarray(sqrt.row_entries(), dtype=np.int64)
+        else:
+            self.counts = sp.csr_array(counts) if not sp.issparse(counts) else counts
+            self.row_entries = np.diff(sp.csr_array(self.counts).indptr).astype(np.int64)  # (n,) stored entries per row
         self.s = _CSRDots(_sqrt_rows(self.counts)) if sqrt is None else sqrt
         self.n = int(self.s.shape[0])
         self.bias = None if bias is None else np.nan_to_num(np.asarray(bias, dtype=np.float64), nan=0.0)
@@ -305,11 +314,14 @@ class SampledGeometry:
                 d2[small] = self._refined(ii[small], jj[small])
             return d2
 
-        # chunks of pairs on the cores' threads (the sparse row products release the GIL),
-        # together gathering at most _ENTRIES_IN_FLIGHT stored entries: dense early rows of
-        # a truncate-mode corpus would otherwise gather gigabytes per chunk
-        budget = _chunk_entries(product_threads())
-        parts = thread_map(chunk, pair_chunks(self.row_entries[i] + self.row_entries[j], budget, _PAIR_CHUNK))
+        if self.counts is None:  # ranges held apart: they chunk and run in parallel themselves
+            parts = [chunk((0, i.size))] if i.size else []
+        else:
+            # chunks of pairs on the cores' threads (the sparse row products release the GIL),
+            # together gathering at most _ENTRIES_IN_FLIGHT stored entries: dense early rows of
+            # a truncate-mode corpus would otherwise gather gigabytes per chunk
+            budget = _chunk_entries(product_threads())
+            parts = thread_map(chunk, pair_chunks(self.row_entries[i] + self.row_entries[j], budget, _PAIR_CHUNK))
         out = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
         if self.bias is not None:
             out = np.maximum(out - self.bias[i] - self.bias[j], 0.0)
@@ -319,6 +331,8 @@ class SampledGeometry:
     def _refined(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
         """Difference-form ``d_H^2`` of the pairs, from the counts of their rows only (the
         whole counts would be copied and square-rooted per call: 2.8 GB at 7e7 entries)."""
+        if self.counts is None:
+            return self.s.difference_sq(i, j)
         rows = np.union1d(i, j)
         return hellinger_sq_pairs(self.counts[rows], np.searchsorted(rows, i), np.searchsorted(rows, j))
 

@@ -34,6 +34,7 @@ import scipy.sparse as sp
 from posstats.counting.counts import csr_row_sums
 from posstats.counting.io import load_header, load_indptr, load_rows
 
+from .hellinger import hellinger_sq_pairs
 from .mds import (
     _canonical_counts,
     _check_count_values,
@@ -49,6 +50,7 @@ from .mds import (
 
 __all__ = [
     "BYTES_PER_STORED_COUNT",
+    "PAIR_ROUND_ENTRIES",
     "PROCESS_BASELINE_BYTES",
     "LocalRanges",
     "RangeRunner",
@@ -145,6 +147,10 @@ class SqrtRange:
         """((V,) ``sum_i S_iv`` over this range's rows, n_r)."""
         return self.column_sum, self.shape[0]
 
+    def row_entries(self) -> np.ndarray:
+        """(n_r,) stored entries of every row."""
+        return np.diff(self.s.indptr).astype(np.int64)
+
     def noise(self) -> Any:
         """The range's noise floor (given as ``noise``;
         :func:`posstats.estimates.noise.merge_noise_floors` joins the ranges')."""
@@ -178,6 +184,31 @@ class SqrtRange:
         dots = self.times(np.asarray(s_pool, dtype=np.float64).reshape(-1, 1))[:, 0]
         return np.maximum(2.0 - 2.0 * dots, 0.0)
 
+    def rows(self, local: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(data, indices, indptr)`` of the square-root rows ``local`` (indices into this
+        range), in that order: what another range needs for :meth:`dots_with`."""
+        sub = self.s[np.asarray(local, dtype=np.int64)]
+        return sub.data, sub.indices, sub.indptr
+
+    def count_rows(self, local: np.ndarray, /) -> sp.csr_array:
+        """(len(local), V) int64 counts of the rows ``local``, recovered exactly from the
+        square roots: ``C_iv = rint(occ_i s_iv^2)``."""
+        local = np.asarray(local, dtype=np.int64)
+        sub = self.s[local]
+        counts = np.rint(sub.data * sub.data * np.repeat(self.occupancy[local], np.diff(sub.indptr))).astype(np.int64)
+        return sp.csr_array((counts, sub.indices, sub.indptr), shape=sub.shape)
+
+    def row_dots(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+        """(p,) ``<s_i, s_j>`` of pairs of this range's rows (local indices)."""
+        return _gathered_dots(self.s, np.asarray(i, dtype=np.int64), self.s, np.asarray(j, dtype=np.int64))
+
+    def dots_with(self, i: np.ndarray, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
+                  j: np.ndarray, /) -> np.ndarray:
+        """(p,) ``<s_i, t_j>``: this range's rows ``i`` (local) with rows ``j`` of the
+        square-root rows ``t`` another range gave (:meth:`rows`: data, indices, indptr)."""
+        t = sp.csr_array((data, indices, indptr), shape=(int(np.asarray(indptr).size - 1), self.shape[1]))
+        return _gathered_dots(self.s, np.asarray(i, dtype=np.int64), t, np.asarray(j, dtype=np.int64))
+
     def centred_frobenius_sq(self, mean: np.ndarray, /) -> float:
         """``sum_{i in r, v} (S_iv - m_v)^2`` for the global column means ``m`` (V,): the
         stored entries' squared deviations plus ``m_v^2`` per implicit zero."""
@@ -196,6 +227,28 @@ class SqrtRange:
     def t_times(self, y: np.ndarray, /) -> np.ndarray:
         """``S_r^T Y_r`` (V, b) for this range's rows Y_r (n_r, b)."""
         return blocks_t_times(self._blocks_t, np.ascontiguousarray(y, dtype=np.float64), self.shape[1])
+
+
+# Stored entries of the rows gathered at a time for pair dot products (about 30 bytes each
+# until a chunk is summed): 2**22 keeps a range's pair step near 120 MB.
+_PAIR_GATHER_ENTRIES = 1 << 22
+
+
+def _gathered_dots(a: sp.csr_array, i: np.ndarray, b: sp.csr_array, j: np.ndarray, /) -> np.ndarray:
+    """(p,) ``<a_i, b_j>`` of CSR rows, the pairs taken in chunks whose gathered rows hold at
+    most :data:`_PAIR_GATHER_ENTRIES` stored entries (one pair above it goes alone)."""
+    out = np.empty(i.size, dtype=np.float64)
+    if not i.size:
+        return out
+    cost = np.cumsum(np.diff(a.indptr)[i] + np.diff(b.indptr)[j])
+    start = 0
+    while start < i.size:
+        base = cost[start - 1] if start else 0
+        stop = max(int(np.searchsorted(cost, base + _PAIR_GATHER_ENTRIES, side="right")), start + 1)
+        ii, jj = i[start:stop], j[start:stop]
+        out[start:stop] = np.asarray(a[ii].multiply(b[jj]).sum(axis=1), dtype=np.float64).ravel()
+        start = stop
+    return out
 
 
 class RangeRunner(Protocol):
@@ -281,6 +334,54 @@ class RangedSqrt:
         ``s_pool`` (:meth:`SqrtRange.distance_to` of each range, in row order)."""
         return np.concatenate(self.ranges.call("distance_to", [(s_pool,)] * len(self.ranges)))
 
+    def row_entries(self) -> np.ndarray:
+        """(n,) stored entries of every row, in row order."""
+        return np.concatenate([np.asarray(x, dtype=np.int64) for x in self.ranges.call("row_entries")])
+
+    def row_dots(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+        """(p,) ``<s_i, s_j>`` of the uncentred square-root rows of any pairs (operator row
+        order), without gathering the ranges: pairs inside one range are summed there; for
+        pairs across two, the range holding ``j`` gives those rows (each needed row once a
+        round, at most :data:`PAIR_ROUND_ENTRIES` stored entries a range and round) to the
+        range holding ``i``, all ranges at once. Only the gathered rows move."""
+        i = np.asarray(i, dtype=np.int64).ravel()
+        j = np.asarray(j, dtype=np.int64).ravel()
+        k = len(self.ranges)
+        ri = np.searchsorted(self.edges, i, side="right") - 1
+        rj = np.searchsorted(self.edges, j, side="right") - 1
+        out = np.empty(i.size, dtype=np.float64)
+        same = [np.flatnonzero((ri == r) & (rj == r)) for r in range(k)]
+        parts = self.ranges.call("row_dots", [(i[p] - self.edges[r], j[p] - self.edges[r]) for r, p in enumerate(same)])
+        for p, part in zip(same, parts, strict=True):
+            out[p] = part
+        entries = self.row_entries() if k > 1 else None
+        for shift in range(1, k):  # round by round, range r takes rows from range (r + shift) mod k
+            plans = [_CrossPlan(i, j, ri, rj, r, (r + shift) % k, self.edges, entries) for r in range(k)]
+            for step in range(max(len(plan.chunks) for plan in plans)):
+                # the rows each range gives: the ones its taker needs in this step
+                give = [()] * k
+                for plan in plans:
+                    give[plan.source] = (plan.rows_needed(step),)
+                rows = self.ranges.call("rows", give)
+                args = [plan.dots_args(step, rows[plan.source]) for plan in plans]
+                for plan, got in zip(plans, self.ranges.call("dots_with", args), strict=True):
+                    out[plan.pairs_of(step)] = got
+        return out
+
+    def difference_sq(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+        """(p,) ``d_H^2`` of the pairs by the cancellation-free difference form
+        (:func:`posstats.geometry.hellinger.hellinger_sq_pairs`) on their rows' counts,
+        recovered exactly from the ranges and gathered here: for the few pairs whose Gram
+        form cancels (``d_H^2`` near 0)."""
+        i = np.asarray(i, dtype=np.int64).ravel()
+        j = np.asarray(j, dtype=np.int64).ravel()
+        rows = np.union1d(i, j)
+        owner = np.searchsorted(self.edges, rows, side="right") - 1
+        k = len(self.ranges)
+        pieces = self.ranges.call("count_rows", [(rows[owner == r] - self.edges[r],) for r in range(k)])
+        counts = sp.vstack([sp.csr_array(p) for p in pieces], format="csr")  # rows in ascending order
+        return hellinger_sq_pairs(counts, np.searchsorted(rows, i), np.searchsorted(rows, j))
+
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``S_c X`` (n, b) for X (V, b)."""
         out = np.concatenate(self.ranges.call("times", [(x,)] * len(self.ranges)))
@@ -296,6 +397,61 @@ class RangedSqrt:
             out += part
         out -= self.mean[:, None] * y.sum(axis=0)[None, :]
         return out
+
+
+# Stored entries of the rows one range gives another in one round of RangedSqrt.row_dots
+# (about 12 bytes each as they move): 2**22 keeps a round near 50 MB a range.
+PAIR_ROUND_ENTRIES = 1 << 22
+
+
+class _CrossPlan:
+    """The pairs whose ``i`` lies in range ``taker`` and ``j`` in range ``source``, cut into
+    steps whose distinct ``j`` rows hold at most :data:`PAIR_ROUND_ENTRIES` stored entries."""
+
+    def __init__(self, i: np.ndarray, j: np.ndarray, ri: np.ndarray, rj: np.ndarray, taker: int, source: int,
+                 edges: np.ndarray, entries: np.ndarray) -> None:
+        self.taker, self.source = taker, source
+        sel = np.flatnonzero((ri == taker) & (rj == source))
+        order = np.argsort(j[sel], kind="stable")
+        self.sel = sel[order]  # pairs sorted by j: a step's rows are a run of distinct j
+        self.i_local = i[self.sel] - edges[taker]
+        self.j_local = j[self.sel] - edges[source]
+        self.rows, self.first = np.unique(self.j_local, return_index=True)
+        cost = np.cumsum(entries[self.rows + edges[source]]) if self.rows.size else np.zeros(0, dtype=np.int64)
+        self.chunks: list[tuple[int, int]] = []  # [a, b) over self.rows
+        a = 0
+        while a < self.rows.size:
+            base = cost[a - 1] if a else 0
+            b = max(int(np.searchsorted(cost, base + PAIR_ROUND_ENTRIES, side="right")), a + 1)
+            self.chunks.append((a, b))
+            a = b
+
+    def _pair_span(self, step: int) -> tuple[int, int]:
+        if step >= len(self.chunks):
+            return 0, 0
+        a, b = self.chunks[step]
+        stop = self.first[b] if b < self.rows.size else self.sel.size
+        return int(self.first[a]), int(stop)
+
+    def rows_needed(self, step: int) -> np.ndarray:
+        """The source's local rows this step moves (none once the plan is done)."""
+        if step >= len(self.chunks):
+            return np.zeros(0, dtype=np.int64)
+        a, b = self.chunks[step]
+        return self.rows[a:b]
+
+    def dots_args(self, step: int, rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[Any, ...]:
+        """The taker's :meth:`SqrtRange.dots_with` arguments for this step."""
+        p, q = self._pair_span(step)
+        if p == q:
+            return (np.zeros(0, dtype=np.int64), *rows, np.zeros(0, dtype=np.int64))
+        a, _ = self.chunks[step]
+        return (self.i_local[p:q], *rows, np.searchsorted(self.rows, self.j_local[p:q]) - a)
+
+    def pairs_of(self, step: int) -> np.ndarray:
+        """The positions (in the caller's pair arrays) this step's dots go to."""
+        p, q = self._pair_span(step)
+        return self.sel[p:q]
 
 
 def balanced_ranges(indptr: np.ndarray, parts: int, /) -> list[tuple[int, int]]:
