@@ -2,7 +2,7 @@
 
     python -m posstats.jobs.eigensolve --counts runs/counts --k 64 --out runs/mds [--address ADDR]
         [--tol 1e-8] [--block 8] [--device auto|cpu|gpu] [--min-occupancy K] [--buckets log:8]
-        [--memory-budget GiB | --ranges K] [--distances plugin|corrected]
+        [--memory-budget GiB | --ranges K] [--distances plugin|corrected] [--stress-dims 2,16,64]
 
 On a GPU (``--device gpu``, or ``auto`` on a cluster with one), or with ``--buckets``, one
 :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1``, else ``num_cpus=1``) reads the counts and calls
@@ -37,7 +37,13 @@ gives the edge, the bias and ``components_above_noise``.
 On ranges the summary also gives ``standout_positions``: the analysis' per-position test
 against the pooled distribution (:func:`posstats.estimates.verdict.standout_test`, the
 same decision as ``posstats analyze``'s), from two reductions over the ranges (the pooled
-counts, recovered exactly from the square roots, and each row's distance to the pool).
+counts, recovered exactly from the square roots, and each row's distance to the pool);
+and ``stress``: the sampled stress of P_MDS at each width of ``--stress-dims`` against the
+corpus distances (plug-in or bias-corrected, as ``--distances``), pairs drawn until every
+scaled-stress 95 % interval is within ``--stress-halfwidth``
+(:class:`posstats.estimates.sampled.SampledGeometry` over the ranges: a pair's rows meet in
+the range that holds one of them, so no process gathers the counts). Its intervals cover
+the error of sampling pairs, not the corpus' own sampling noise (docs/long-context.md).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import numpy as np
 
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.estimates.noise import merge_noise_floors, mp_edge, null_rank
+from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
 from posstats.geometry.mds import classical_mds, wanted_residuals
 from posstats.geometry.ranged import PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
@@ -90,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the components above it (ranges only)")
     p.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
                    help="--distances corrected: the random split of each range's tokens into 2 or 4 parts (default 4)")
+    p.add_argument("--stress-dims", default=None, metavar="D,D",
+                   help="ranges: widths of P_MDS whose sampled stress is reported, each at most --k (default: those of "
+                        "2,16,64 up to --k; 'none' leaves the stress out)")
+    p.add_argument("--stress-halfwidth", type=float, default=1e-3, metavar="H",
+                   help="ranges: draw pairs until every scaled-stress 95 %% interval is within +-H (default 1e-3)")
+    p.add_argument("--stress-max-pairs", type=int, default=20_000_000, metavar="P",
+                   help="ranges: the most pairs drawn for the stress (default 20,000,000)")
     p.add_argument("--lanczos-noise-share", type=float, default=1e-3, metavar="S",
                    help="--distances corrected: eigenpairs inside the noise bulk to the absolute residual S x the "
                         "edge, the others to --tol (default 1e-3, as 'posstats analyze'; 0: every pair to --tol)")
@@ -101,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1:
         print(f"posstats: error: --k must be >= 1, got {args.k}", file=sys.stderr)
         return 2
-    if not 0 <= args.lanczos_noise_share < 1:
-        print(f"posstats: error: --lanczos-noise-share must be in [0, 1), got {args.lanczos_noise_share}", file=sys.stderr)
+    problem = _option_problem(args)
+    if problem:
+        print(f"posstats: error: {problem}", file=sys.stderr)
         return 2
     explicit = args.memory_budget is not None or args.ranges is not None or args.distances == "corrected"
     problem = _ranged_problem(args) if explicit else None
@@ -128,6 +143,55 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
     print(jsontext.dumps(summary))
     return 0
+
+
+MAX_STRESS_DIMS = 16  # widths of P_MDS whose stress is sampled: each one's pairs cost the same as the others'
+
+
+def _stress_dims(text: str, /) -> list[int]:
+    """The widths of ``--stress-dims`` ('none': no stress), each >= 1, in the order given.
+
+    >>> _stress_dims("2,16,64"), _stress_dims("none")
+    ([2, 16, 64], [])
+    """
+    if text.strip().lower() == "none":
+        return []
+    try:
+        dims = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--stress-dims takes widths like 2,16,64 or none, got {text!r}") from None
+    if not dims or min(dims) < 1 or len(dims) > MAX_STRESS_DIMS:
+        raise ValueError(f"--stress-dims takes 1 to {MAX_STRESS_DIMS} widths >= 1 (or none), got {text!r}")
+    return dims
+
+
+def _option_problem(args: argparse.Namespace) -> str | None:
+    """Why these option values cannot run, or None."""
+    if not 0 <= args.lanczos_noise_share < 1:
+        return f"--lanczos-noise-share must be in [0, 1), got {args.lanczos_noise_share}"
+    if not 0 < args.stress_halfwidth < 1:
+        return f"--stress-halfwidth must be in (0, 1), got {args.stress_halfwidth}"
+    if args.stress_max_pairs < 1:
+        return f"--stress-max-pairs must be >= 1, got {args.stress_max_pairs}"
+    if args.stress_dims is None:
+        return None
+    try:
+        dims = _stress_dims(args.stress_dims)
+    except ValueError as exc:
+        return str(exc)
+    if dims and max(dims) > args.k:
+        return f"--stress-dims {args.stress_dims}: every width must be at most --k {args.k}"
+    return None
+
+
+DEFAULT_STRESS_DIMS = (2, 16, 64)
+
+
+def _chosen_stress_dims(args: argparse.Namespace, /) -> list[int]:
+    """``--stress-dims``, or by default the widths of :data:`DEFAULT_STRESS_DIMS` up to ``--k``."""
+    if args.stress_dims is None:
+        return [d for d in DEFAULT_STRESS_DIMS if d <= args.k] or [args.k]
+    return _stress_dims(args.stress_dims)
 
 
 def _ranges_by_default(args: argparse.Namespace) -> bool:
@@ -212,6 +276,19 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /) -> dict
     }
 
 
+def _sampled_stress(op: Any, mds: Any, dims: list[int], bias: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The sampled stress of P_MDS at each width against the corpus distances (bias-corrected
+    with ``bias``), over the ranges (:class:`posstats.estimates.sampled.SampledGeometry`)."""
+    if not dims:
+        return []
+    sampled = SampledGeometry(None, bias=bias, seed=args.seed, sqrt=op)
+    results = sampled.stress([mds.encoding[:, :d] for d in dims], target_halfwidth=args.stress_halfwidth,
+                             max_pairs=args.stress_max_pairs)
+    return [{"encoding": "mds", "dim": int(d), **r.to_dict(),
+             "interval": "sampled pairs: the error of sampling pairs, not the corpus' own sampling noise"}
+            for d, r in zip(dims, results, strict=True)]
+
+
 def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
     """The eigensolve over position ranges held by Ray actors; writes OUT/mds.safetensors,
     then OUT/eigensolve.json last; returns the summary."""
@@ -245,6 +322,9 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             positions, _ = op.held()
             if floor is not None:
                 noise = _noise_entry(floor, mds.eigenvalues, solve)
+            t_stress = time.perf_counter()
+            stress = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args)
+            t_stress = time.perf_counter() - t_stress
         except ValueError as exc:  # no occupied position at --min-occupancy
             raise PosstatsError(f"{path}: {exc} (at --min-occupancy {args.min_occupancy})") from None
         except ray.exceptions.RayActorError as exc:
@@ -271,6 +351,8 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             **({"noise": noise} if noise is not None else {}),
             "standout_positions": standout,
             "standout_seconds": round(t_standout, 3),
+            "stress": stress,
+            "stress_seconds": round(t_stress, 3),
             "memory_budget_bytes": None if args.memory_budget is None else int(args.memory_budget * 2**30),
             "ranges": ranges,
             "largest_range_peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranges),

@@ -14,6 +14,7 @@ from safetensors.numpy import load_file, save_file
 from posstats.counting.io import save_counts
 from posstats.estimates.noise import merge_noise_floors, mp_edge
 from posstats.estimates.sampling_variance import position_sampling_variance
+from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import range_noise_floor
 from posstats.estimates.verdict import standout_positions
 from posstats.geometry.hellinger import hellinger_sq
@@ -125,6 +126,13 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     expected = int(np.sum(dense.eigenvalues + bias.mean() > mp_edge([], floor)))
     assert noise["components_above_noise"] == expected and 2 <= expected <= 3  # rank 3 planted, the third weak
     np.testing.assert_allclose(noise["bias_d_h2"]["mean"], bias.mean(), rtol=1e-12)
+    # the sampled stress of P_MDS over the ranges: the library's SampledGeometry on the
+    # counts, same seed, same pairs, same distances (bias-corrected)
+    assert [e["dim"] for e in summary["stress"]] == [2]  # the default widths up to --k 8
+    sampled = SampledGeometry(counts.matrix, bias=bias, seed=2)
+    ref_stress = sampled.stress([t["encoding"][:, :2]], target_halfwidth=1e-3)[0]
+    assert summary["stress"][0]["pairs"] == ref_stress.pairs
+    np.testing.assert_allclose(summary["stress"][0]["scaled_stress"], ref_stress.scaled_stress, rtol=1e-9)
     # the standout test over the ranges: the analysis' own decision on the same counts
     ref = standout_positions(counts.matrix, np.arange(400))
     got = summary["standout_positions"]
@@ -142,6 +150,9 @@ def test_ranged_eigensolve_refuses_what_ranges_cannot_do(ray_session, counts_dir
                         (["--distances", "corrected", "--buckets", "log:8"], "--distances corrected holds position ranges"),
                         (["--distances", "corrected", "--device", "gpu"], "--distances corrected runs on position ranges"),
                         (["--distances", "corrected", "--lanczos-noise-share", "1"], "in [0, 1)"),
+                        (["--ranges", "2", "--stress-dims", "2,8"], "at most --k 4"),
+                        (["--ranges", "2", "--stress-dims", "two"], "widths like 2,16,64"),
+                        (["--ranges", "2", "--stress-halfwidth", "0"], "in (0, 1)"),
                         (["--memory-budget", "0.1"], "leaves nothing for the counts"),
                         (["--ranges", "0"], "between 1 and 1024")):
         assert main(base + extra) == 2
