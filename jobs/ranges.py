@@ -24,6 +24,7 @@ from posstats.errors import PosstatsError
 from posstats.estimates.noise import NoiseFloor
 from posstats.estimates.thinning import range_noise_floor
 from posstats.geometry.ranged import load_sqrt_range
+from posstats.processes import return_freed_memory
 
 from .output import peak_rss_bytes
 
@@ -31,6 +32,15 @@ __all__ = ["ActorRanges", "RangeWorker", "start_range_workers"]
 
 # Arrays at least this large go to the object store once per call, not once per actor.
 _PUT_BYTES = 1 << 16
+
+
+def _noise_floor(counts: Any, positions: np.ndarray, /, *, parts: int, seed: int) -> NoiseFloor:
+    """:func:`posstats.estimates.thinning.range_noise_floor`, then its freed temporaries
+    handed back (:func:`posstats.processes.return_freed_memory`) before the square roots are
+    built: without it a third of the 1 B-token counts peaked at 3.18 GB instead of 2.65 GB."""
+    floor = range_noise_floor(counts, positions, parts=parts, seed=seed)
+    return_freed_memory()
+    return floor
 
 
 class RangeWorker:
@@ -48,8 +58,7 @@ class RangeWorker:
         """Read and hold the range (with its noise floor when ``noise_parts`` is 2 or 4,
         :func:`posstats.estimates.thinning.range_noise_floor`); return what it holds and
         this process' peak memory."""
-        noise_of = None if noise_parts is None else functools.partial(range_noise_floor, parts=int(noise_parts),
-                                                                       seed=int(seed))
+        noise_of = None if noise_parts is None else functools.partial(_noise_floor, parts=int(noise_parts), seed=int(seed))
         self.range = load_sqrt_range(counts_path, start, stop, min_occupancy=min_occupancy, threads=1, noise_of=noise_of)
         self.bounds = (int(start), int(stop))
         return self.where()

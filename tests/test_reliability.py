@@ -592,6 +592,32 @@ def test_read_only_store_fails_clearly_and_stays_readable(good_store, capsys):
     print(f"\nread-only store: {line[:160]}; status still reads it; nothing changed")
 
 
+def test_freed_heap_memory_goes_back_to_the_system():
+    """return_freed_memory after the split-half noise floor (its blocks' temporaries are
+    freed on the products' threads, whose heaps keep them resident): the resident memory
+    falls by more than 100 MiB (369 MiB measured). Off glibc it says it did not run."""
+    import platform
+
+    code = (
+        "from posstats.estimates.thinning import split_noise_floor\n"
+        "from posstats.processes import return_freed_memory\n"
+        "from posstats.testing import synthetic_counts\n"
+        "def rss():\n"
+        "    return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+        "c = synthetic_counts(2000, 5000, tokens=20000, seed=1).counts.matrix\n"
+        "split_noise_floor(c, parts=4, seed=0)\n"
+        "before = rss()\n"
+        "ran = return_freed_memory()\n"
+        "print(ran, before - rss())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if platform.libc_ver()[0] != "glibc" or not sys.platform.startswith("linux"):
+        assert out[0] == "False"
+        return
+    assert out[0] == "True"
+    assert int(out[1]) > 100 * 2**20, f"only {int(out[1]) / 2**20:.0f} MiB returned"
+
+
 def test_one_malloc_arena_in_a_fresh_process_and_the_users_setting_stands():
     """The entrypoints limit glibc's malloc to one arena (freed blocks of the products'
     threads otherwise stay in per-thread heaps: +0.3 GB at 200 M tokens, +3.8 GB at 1 B);
