@@ -11,7 +11,8 @@ centred square-root operator, never an n x n matrix and never a densified ``S_c`
 GPU its products run with cupy / ``cupyx.scipy.sparse`` (float64). It writes
 ``OUT/mds.safetensors`` (positions, eigenvalues, encoding, residuals); the driver writes
 ``OUT/eigensolve.json`` last: eigenvalues, the tolerance, the largest residual
-``||A x - theta x|| / theta_1`` (a check, not an estimate), device and seconds.
+``||A x - theta x|| / theta_1`` (the Lanczos recurrence's, equal to the explicit one up to
+rounding), device and seconds.
 
 Otherwise, and always with ``--memory-budget GiB`` or ``--ranges K``, no process holds the
 whole counts and no core is left idle: the rows are cut into K position ranges of about
