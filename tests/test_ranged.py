@@ -203,7 +203,7 @@ def test_standout_test_over_ranges_equals_the_one_array_test(parts):
     np.testing.assert_allclose(got["max_z"], ref["max_z"], rtol=1e-9)
 
 
-@pytest.mark.parametrize(("parts", "round_entries"), [(1, 1 << 22), (3, 1 << 22), (5, 700)])
+@pytest.mark.parametrize(("parts", "round_entries"), [(1, 1 << 22), (3, 1 << 22), (5, 700), (9, 1 << 22)])
 def test_pair_dots_across_ranges_equal_the_one_array_ones(counts, parts, round_entries, monkeypatch):
     """Row dot products of any pairs (inside one range, across two, in both orders,
     repeated, i == j) equal the one-array operator's; with a round budget of 700 stored

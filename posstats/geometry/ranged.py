@@ -349,14 +349,23 @@ class RangedSqrt:
         k = len(self.ranges)
         ri = np.searchsorted(self.edges, i, side="right") - 1
         rj = np.searchsorted(self.edges, j, side="right") - 1
+        # the pairs of every (range of i, range of j) block, by one sort
+        order = np.argsort(ri * k + rj, kind="stable")
+        starts = np.searchsorted((ri * k + rj)[order], np.arange(k * k + 1))
+
+        def block(taker: int, source: int) -> np.ndarray:
+            b = taker * k + source
+            return order[starts[b] : starts[b + 1]]
+
         out = np.empty(i.size, dtype=np.float64)
-        same = [np.flatnonzero((ri == r) & (rj == r)) for r in range(k)]
+        same = [block(r, r) for r in range(k)]
         parts = self.ranges.call("row_dots", [(i[p] - self.edges[r], j[p] - self.edges[r]) for r, p in enumerate(same)])
         for p, part in zip(same, parts, strict=True):
             out[p] = part
         entries = self.row_entries() if k > 1 else None
         for shift in range(1, k):  # round by round, range r takes rows from range (r + shift) mod k
-            plans = [_CrossPlan(i, j, ri, rj, r, (r + shift) % k, self.edges, entries) for r in range(k)]
+            plans = [_CrossPlan(i, j, block(r, (r + shift) % k), r, (r + shift) % k, self.edges, entries)
+                     for r in range(k)]
             for step in range(max(len(plan.chunks) for plan in plans)):
                 # the rows each range gives: the ones its taker needs in this step
                 give = [()] * k
@@ -405,13 +414,13 @@ PAIR_ROUND_ENTRIES = 1 << 22
 
 
 class _CrossPlan:
-    """The pairs whose ``i`` lies in range ``taker`` and ``j`` in range ``source``, cut into
-    steps whose distinct ``j`` rows hold at most :data:`PAIR_ROUND_ENTRIES` stored entries."""
+    """The pairs ``sel`` (indices into ``i``, ``j``), whose ``i`` lies in range ``taker`` and
+    ``j`` in range ``source``, cut into steps whose distinct ``j`` rows hold at most
+    :data:`PAIR_ROUND_ENTRIES` stored entries."""
 
-    def __init__(self, i: np.ndarray, j: np.ndarray, ri: np.ndarray, rj: np.ndarray, taker: int, source: int,
+    def __init__(self, i: np.ndarray, j: np.ndarray, sel: np.ndarray, taker: int, source: int,
                  edges: np.ndarray, entries: np.ndarray) -> None:
         self.taker, self.source = taker, source
-        sel = np.flatnonzero((ri == taker) & (rj == source))
         order = np.argsort(j[sel], kind="stable")
         self.sel = sel[order]  # pairs sorted by j: a step's rows are a run of distinct j
         self.i_local = i[self.sel] - edges[taker]
