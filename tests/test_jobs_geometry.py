@@ -215,7 +215,8 @@ def test_a_damaged_range_is_refused_in_one_line_naming_the_file(ray_session, cou
 
 def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_session, tmp_path):
     """Real text: the bundled fortunes, BERT WordPiece ids, 64 positions, counted by the CLI;
-    the ranged job's top 8 against the dense eigendecomposition of the same counts."""
+    the ranged job's top 8 against the dense eigendecomposition of the same counts, plug-in
+    and bias-corrected, with the standouts the analysis finds and the stress of P_MDS."""
     from pathlib import Path
 
     from posstats.cli import main as cli
@@ -238,3 +239,16 @@ def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_sess
     np.testing.assert_array_equal(t["positions"], used)
     np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-11 * dense.eigenvalues[0])
     np.testing.assert_allclose(t["encoding"][:, :2], dense.encoding[:, :2], rtol=0, atol=1e-7)
+    # bias-corrected over the same ranges: B - H diag(b) H against dense eigh, and the
+    # standout test the analysis runs on the same rows (the bundled demo finds standouts)
+    corrected = tmp_path / "corrected"
+    assert main(["--counts", str(counts), "--out", str(corrected), "--k", "8", "--tol", "1e-10", "--ranges", "3",
+                 "--distances", "corrected", "--lanczos-noise-share", "0", "--stress-dims", "2,8"]) == 0
+    summary = json.loads((corrected / "eigensolve.json").read_text())
+    bias = position_sampling_variance(c.rows(used))
+    ref = classical_mds(c.rows(used), k=8, method="dense", diagonal=bias)
+    got = load_file(str(corrected / "mds.safetensors"))
+    np.testing.assert_allclose(got["eigenvalues"], ref.eigenvalues, rtol=0, atol=1e-11 * ref.eigenvalues[0])
+    standouts = standout_positions(c.rows(used), used)
+    assert summary["standout_positions"]["positions"] == standouts["positions"] and standouts["count"] > 0
+    assert [e["dim"] for e in summary["stress"]] == [2, 8] and all(0 < e["scaled_stress"] < 1 for e in summary["stress"])
