@@ -313,14 +313,12 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
         try:
             op = RangedSqrt(ActorRanges(actors))
             t_standout = time.perf_counter()
-            held_positions, held_occupancy = op.held()
-            standout = standout_test(held_positions, held_occupancy, pooled_totals=op.count_totals,
-                                     distance_to=op.distance_to)
+            positions, occupancy = op.held()
+            standout = standout_test(positions, occupancy, pooled_totals=op.count_totals, distance_to=op.distance_to)
             t_standout = time.perf_counter() - t_standout
             floor = merge_noise_floors(op.ranges.call("noise")) if corrected else None
             solve = _corrected_solve(floor, args.lanczos_noise_share) if floor is not None else {}
             mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed, **solve)
-            positions, _ = op.held()
             if floor is not None:
                 noise = _noise_entry(floor, mds.eigenvalues, solve)
             t_stress = time.perf_counter()
