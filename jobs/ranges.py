@@ -22,6 +22,7 @@ import numpy as np
 
 from posstats.errors import PosstatsError
 from posstats.estimates.noise import NoiseFloor
+from posstats.estimates.ranged_jackknife import RangeReplicates
 from posstats.estimates.thinning import range_noise_floor
 from posstats.geometry.ranged import load_sqrt_range
 from posstats.processes import one_malloc_arena, return_freed_memory
@@ -52,6 +53,7 @@ class RangeWorker:
             os.chdir(cwd)
         one_malloc_arena()  # arenas made from here on: Ray's own threads already have theirs
         self.range: Any = None
+        self.replicates: RangeReplicates | None = None
         self.bounds = (0, 0)
 
     def load(self, counts_path: str, start: int, stop: int, min_occupancy: int, noise_parts: int | None = None,
@@ -126,13 +128,38 @@ class RangeWorker:
     def t_times(self, y: np.ndarray) -> np.ndarray:
         return self.range.t_times(y)
 
+    def start_replicates(self, groups: int, seed: int) -> None:
+        """Split the range's tokens into the pair jackknife's groups
+        (:class:`posstats.estimates.ranged_jackknife.RangeReplicates`), replacing an earlier split."""
+        self.replicates = None
+        self.replicates = RangeReplicates(self.range, groups=int(groups), seed=int(seed))
+        return_freed_memory()
+
+    def stop_replicates(self) -> None:
+        """Let the split go."""
+        self.replicates = None
+        return_freed_memory()
+
+    def on_replicates(self, method: str, *args: Any) -> Any:
+        """``RangeReplicates.method(*args)`` of the current split (:class:`ActorRanges` with
+        ``via="on_replicates"``); the freed temporaries handed back after it."""
+        if self.replicates is None:
+            msg = "no jackknife split: start_replicates first"
+            raise ValueError(msg)
+        out = getattr(self.replicates, method)(*args)
+        return_freed_memory()
+        return out
+
 
 class ActorRanges:
     """:class:`posstats.geometry.ranged.RangeRunner` over :class:`RangeWorker` actors: every
-    call goes to all of them at once; an array shared by several calls is put once."""
+    call goes to all of them at once; an array shared by several calls is put once. With
+    ``via`` (``"on_replicates"``) a call ``method`` runs ``actor.via(method, ...)``: the
+    runner of the actors' jackknife splits."""
 
-    def __init__(self, actors: Sequence[Any], /) -> None:
+    def __init__(self, actors: Sequence[Any], /, *, via: str | None = None) -> None:
         self.actors = list(actors)
+        self.via = via
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -140,6 +167,8 @@ class ActorRanges:
     def call(self, method: str, args: Sequence[tuple[Any, ...]] | None = None, /) -> list[Any]:
         import ray
 
+        if self.via is not None:
+            method, args = self.via, [(method, *call) for call in ([()] * len(self.actors) if args is None else args)]
         if args is None:
             return ray.get([getattr(a, method).remote() for a in self.actors])
         placed: dict[int, Any] = {}

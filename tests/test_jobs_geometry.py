@@ -252,3 +252,39 @@ def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_sess
     standouts = standout_positions(c.rows(used), used)
     assert summary["standout_positions"]["positions"] == standouts["positions"] and standouts["count"] > 0
     assert [e["dim"] for e in summary["stress"]] == [2, 8] and all(0 < e["scaled_stress"] < 1 for e in summary["stress"])
+
+
+def test_the_pair_jackknife_over_range_actors_is_the_local_one(ray_session, counts_dir):
+    """The actors' jackknife splits (RangeWorker.start_replicates, ActorRanges via
+    on_replicates) give the replicates of the same ranges held in this process."""
+    import ray
+
+    from posstats.counting.io import counts_file
+    from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
+    from posstats.estimates.sampled import sample_pairs
+    from posstats.geometry.ranged import file_ranges
+    from posstats.jobs.ranges import ActorRanges, start_range_workers
+
+    path, counts = counts_dir
+    src = str(counts_file(path))
+    bounds = file_ranges(src, 3)
+    actors, _ = start_range_workers(src, bounds, min_occupancy=1)
+    try:
+        runner = ActorRanges(actors, via="on_replicates")
+        with pytest.raises(ray.exceptions.RayTaskError, match="start_replicates first"):
+            runner.call("next_group")
+        ActorRanges(actors).call("start_replicates", [(4, 21)] * len(actors))
+        i, j = sample_pairs(counts.positions, 900, rng=np.random.default_rng(4))
+
+        def stats(h):
+            return {"mean": float(h.mean()), "max": float(h.max())}
+
+        got = ranged_pair_replicates(runner, i, j, stats, corrected=True, vocab=counts.vocab_size)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    want = ranged_pair_replicates(local_replicates(local_ranges(src, 3), groups=4, seed=21), i, j, stats,
+                                  corrected=True, vocab=counts.vocab_size)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12)
+    assert got["mean"].shape == (4,) and np.unique(got["mean"]).size == 4

@@ -104,6 +104,21 @@ def test_noise_share_is_near_one_without_structure_and_small_with_it():
     assert pair_noise_share(rows, i, j, np.zeros(i.size), corrected=False) is None
 
 
+def test_noise_share_from_the_margins_is_the_one_from_the_rows():
+    """Rows held apart give only their occupancies and pooled counts: the same null, drawn alike."""
+    n = 120
+    i, j = sample_pairs(n, 600, rng=np.random.default_rng(3))
+    rows = sp.csr_array(known_corpus("planted", n, tokens=300, seed=11).counts.matrix, dtype=np.int64)
+    h = SampledGeometry(rows).distances(i, j)
+    from_rows = pair_noise_share(rows, i, j, h, corrected=False, pairs=500, seed=4)
+    from_margins = pair_noise_share(None, i, j, h, corrected=False, pairs=500, seed=4,
+                                    occupancy=rows.sum(axis=1).astype(np.float64), pooled=rows.sum(axis=0))
+    assert from_rows == from_margins
+    assert from_rows != pair_noise_share(rows, i, j, h, corrected=False, pairs=500, seed=5)
+    with pytest.raises(ValueError, match="occupancy and pooled"):
+        pair_noise_share(None, i, j, h, corrected=False, occupancy=rows.sum(axis=1))
+
+
 def _truth(kc, n, name, dim):
     i, j = np.triu_indices(n, 1)
     d = np.zeros((n, n))

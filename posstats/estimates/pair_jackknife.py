@@ -291,6 +291,8 @@ def pair_noise_share(
     corrected: bool,
     pairs: int = SHARE_PAIRS,
     seed: int = 0,
+    occupancy: Any = None,
+    pooled: Any = None,
 ) -> float | None:
     """The share of the pairs' summed distances that sampling noise alone reaches: the
     first ``pairs`` pairs' distances in a stationary corpus with the data's occupancies and
@@ -298,22 +300,31 @@ def pair_noise_share(
     when the data's sum is 0.
 
     Args:
-        rows: (m, V) integer counts.
+        rows: (m, V) integer counts; or None with ``occupancy`` and ``pooled`` (all the
+            null needs: rows held apart give them without being gathered,
+            :class:`posstats.geometry.ranged.RangedSqrt`).
         i, j: (P,) pairs; ``h``: (P,) their corpus distances ``d_H`` (plug-in or corrected,
             as ``corrected`` says).
         corrected: the null's distances corrected by its own ``b``.
         pairs: how many of the pairs (the first) are redrawn.
         seed: seeds the draw.
+        occupancy: (m,) tokens of every row (instead of ``rows``).
+        pooled: (V,) tokens of every vocabulary entry over the rows (instead of ``rows``).
     """
-    c = sp.csr_array(rows)
+    if rows is not None:
+        c = sp.csr_array(rows)
+        occupancy = np.asarray(c.sum(axis=1)).ravel()
+        pooled = np.asarray(c.sum(axis=0)).ravel()
+    elif occupancy is None or pooled is None:
+        msg = "pair_noise_share needs the rows, or their occupancy and pooled counts"
+        raise ValueError(msg)
     i, j, h = i[:pairs], j[:pairs], np.asarray(h[:pairs], dtype=np.float64)
     data = float(h.sum())
     if not data > 0:
         return None
     touched, inverse = np.unique(np.concatenate([i, j]), return_inverse=True)
-    occupancy = np.asarray(c.sum(axis=1)).ravel().astype(np.int64)[touched]
-    pooled = np.asarray(c.sum(axis=0)).ravel().astype(np.float64)
-    null = _pooled_null_rows(occupancy, pooled, np.random.default_rng([seed, 17]))
+    occ = np.rint(np.asarray(occupancy, dtype=np.float64)).astype(np.int64)[touched]
+    null = _pooled_null_rows(occ, np.asarray(pooled, dtype=np.float64), np.random.default_rng([seed, 17]))
     bias = position_sampling_variance(null) if corrected else None
     ii, jj = inverse[: i.size], inverse[i.size :]
     return float(SampledGeometry(null, bias=bias).distances(ii, jj).sum()) / data

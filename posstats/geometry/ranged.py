@@ -60,6 +60,8 @@ __all__ = [
     "file_ranges",
     "load_sqrt_range",
     "local_ranges",
+    "pair_difference_sq",
+    "pair_dots",
     "ranges_for_budget",
 ]
 
@@ -340,56 +342,13 @@ class RangedSqrt:
 
     def row_dots(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
         """(p,) ``<s_i, s_j>`` of the uncentred square-root rows of any pairs (operator row
-        order), without gathering the ranges: pairs inside one range are summed there; for
-        pairs across two, the range holding ``j`` gives those rows (each needed row once a
-        round, at most :data:`PAIR_ROUND_ENTRIES` stored entries a range and round) to the
-        range holding ``i``, all ranges at once. Only the gathered rows move."""
-        i = np.asarray(i, dtype=np.int64).ravel()
-        j = np.asarray(j, dtype=np.int64).ravel()
-        k = len(self.ranges)
-        ri = np.searchsorted(self.edges, i, side="right") - 1
-        rj = np.searchsorted(self.edges, j, side="right") - 1
-        # the pairs of every (range of i, range of j) block, by one sort
-        order = np.argsort(ri * k + rj, kind="stable")
-        starts = np.searchsorted((ri * k + rj)[order], np.arange(k * k + 1))
-
-        def block(taker: int, source: int) -> np.ndarray:
-            b = taker * k + source
-            return order[starts[b] : starts[b + 1]]
-
-        out = np.empty(i.size, dtype=np.float64)
-        same = [block(r, r) for r in range(k)]
-        parts = self.ranges.call("row_dots", [(i[p] - self.edges[r], j[p] - self.edges[r]) for r, p in enumerate(same)])
-        for p, part in zip(same, parts, strict=True):
-            out[p] = part
-        entries = self.row_entries() if k > 1 else None
-        for shift in range(1, k):  # round by round, range r takes rows from range (r + shift) mod k
-            plans = [_CrossPlan(i, j, block(r, (r + shift) % k), r, (r + shift) % k, self.edges, entries)
-                     for r in range(k)]
-            for step in range(max(len(plan.chunks) for plan in plans)):
-                # the rows each range gives: the ones its taker needs in this step
-                give = [()] * k
-                for plan in plans:
-                    give[plan.source] = (plan.rows_needed(step),)
-                rows = self.ranges.call("rows", give)
-                args = [plan.dots_args(step, rows[plan.source]) for plan in plans]
-                for plan, got in zip(plans, self.ranges.call("dots_with", args), strict=True):
-                    out[plan.pairs_of(step)] = got
-        return out
+        order), without gathering the ranges (:func:`pair_dots`)."""
+        return pair_dots(self.ranges, self.edges, i, j)
 
     def difference_sq(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
-        """(p,) ``d_H^2`` of the pairs by the cancellation-free difference form
-        (:func:`posstats.geometry.hellinger.hellinger_sq_pairs`) on their rows' counts,
-        recovered exactly from the ranges and gathered here: for the few pairs whose Gram
-        form cancels (``d_H^2`` near 0)."""
-        i = np.asarray(i, dtype=np.int64).ravel()
-        j = np.asarray(j, dtype=np.int64).ravel()
-        rows = np.union1d(i, j)
-        owner = np.searchsorted(self.edges, rows, side="right") - 1
-        k = len(self.ranges)
-        pieces = self.ranges.call("count_rows", [(rows[owner == r] - self.edges[r],) for r in range(k)])
-        counts = sp.vstack([sp.csr_array(p) for p in pieces], format="csr")  # rows in ascending order
-        return hellinger_sq_pairs(counts, np.searchsorted(rows, i), np.searchsorted(rows, j))
+        """(p,) ``d_H^2`` of the pairs by the cancellation-free difference form, for the few
+        pairs whose Gram form cancels (:func:`pair_difference_sq`)."""
+        return pair_difference_sq(self.ranges, self.edges, i, j)
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``S_c X`` (n, b) for X (V, b)."""
@@ -406,6 +365,64 @@ class RangedSqrt:
             out += part
         out -= self.mean[:, None] * y.sum(axis=0)[None, :]
         return out
+
+
+def pair_dots(ranges: RangeRunner, edges: np.ndarray, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+    """(p,) ``<s_i, s_j>`` of square-root rows of any pairs, the rows held by ``ranges``
+    (``edges``: (K + 1,) their first rows in the callers' row order), without gathering
+    them: pairs inside one range are summed there (its ``row_dots``); for pairs across two,
+    the range holding ``j`` gives those rows (its ``rows``: each needed row once a round,
+    at most :data:`PAIR_ROUND_ENTRIES` stored entries a range and round) to the range
+    holding ``i`` (its ``dots_with``), all ranges at once. Only the gathered rows move.
+
+    The ranges may be :class:`SqrtRange` (the corpus' rows) or anything with those three
+    methods and ``row_entries`` (a jackknife replicate's rows,
+    :class:`posstats.estimates.ranged_jackknife.RangeReplicates`)."""
+    i = np.asarray(i, dtype=np.int64).ravel()
+    j = np.asarray(j, dtype=np.int64).ravel()
+    k = len(ranges)
+    ri = np.searchsorted(edges, i, side="right") - 1
+    rj = np.searchsorted(edges, j, side="right") - 1
+    # the pairs of every (range of i, range of j) block, by one sort
+    order = np.argsort(ri * k + rj, kind="stable")
+    starts = np.searchsorted((ri * k + rj)[order], np.arange(k * k + 1))
+
+    def block(taker: int, source: int) -> np.ndarray:
+        b = taker * k + source
+        return order[starts[b] : starts[b + 1]]
+
+    out = np.empty(i.size, dtype=np.float64)
+    same = [block(r, r) for r in range(k)]
+    parts = ranges.call("row_dots", [(i[p] - edges[r], j[p] - edges[r]) for r, p in enumerate(same)])
+    for p, part in zip(same, parts, strict=True):
+        out[p] = part
+    entries = np.concatenate([np.asarray(x, dtype=np.int64) for x in ranges.call("row_entries")]) if k > 1 else None
+    for shift in range(1, k):  # round by round, range r takes rows from range (r + shift) mod k
+        plans = [_CrossPlan(i, j, block(r, (r + shift) % k), r, (r + shift) % k, edges, entries) for r in range(k)]
+        for step in range(max(len(plan.chunks) for plan in plans)):
+            # the rows each range gives: the ones its taker needs in this step
+            give = [()] * k
+            for plan in plans:
+                give[plan.source] = (plan.rows_needed(step),)
+            rows = ranges.call("rows", give)
+            args = [plan.dots_args(step, rows[plan.source]) for plan in plans]
+            for plan, got in zip(plans, ranges.call("dots_with", args), strict=True):
+                out[plan.pairs_of(step)] = got
+    return out
+
+
+def pair_difference_sq(ranges: RangeRunner, edges: np.ndarray, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
+    """(p,) ``d_H^2`` of the pairs by the cancellation-free difference form
+    (:func:`posstats.geometry.hellinger.hellinger_sq_pairs`) on their rows' counts, which
+    the ranges give (their ``count_rows``) and are gathered here: for the few pairs whose
+    Gram form cancels (``d_H^2`` near 0)."""
+    i = np.asarray(i, dtype=np.int64).ravel()
+    j = np.asarray(j, dtype=np.int64).ravel()
+    rows = np.union1d(i, j)
+    owner = np.searchsorted(edges, rows, side="right") - 1
+    pieces = ranges.call("count_rows", [(rows[owner == r] - edges[r],) for r in range(len(ranges))])
+    counts = sp.vstack([sp.csr_array(p) for p in pieces], format="csr")  # rows in ascending order
+    return hellinger_sq_pairs(counts, np.searchsorted(rows, i), np.searchsorted(rows, j))
 
 
 # Stored entries of the rows one range gives another in one round of RangedSqrt.row_dots
