@@ -61,6 +61,7 @@ import numpy as np
 
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.estimates.noise import merge_noise_floors, mp_edge, null_rank
+from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
 from posstats.geometry.mds import classical_mds, wanted_residuals
@@ -277,17 +278,34 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /) -> dict
     }
 
 
-def _sampled_stress(op: Any, mds: Any, dims: list[int], bias: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _sampled_stress(op: Any, mds: Any, dims: list[int], bias: Any,
+                    args: argparse.Namespace) -> tuple[list[dict[str, Any]], SampledGeometry | None]:
     """The sampled stress of P_MDS at each width against the corpus distances (bias-corrected
-    with ``bias``), over the ranges (:class:`posstats.estimates.sampled.SampledGeometry`)."""
+    with ``bias``), over the ranges (:class:`posstats.estimates.sampled.SampledGeometry`),
+    and the sampled geometry (its pairs), or None without widths."""
     if not dims:
-        return []
+        return [], None
     sampled = SampledGeometry(None, bias=bias, seed=args.seed, sqrt=op)
     results = sampled.stress([mds.encoding[:, :d] for d in dims], target_halfwidth=args.stress_halfwidth,
                              max_pairs=args.stress_max_pairs)
     return [{"encoding": "mds", "dim": int(d), **r.to_dict(),
              "interval": "sampled pairs: the error of sampling pairs, not the corpus' own sampling noise"}
-            for d, r in zip(dims, results, strict=True)]
+            for d, r in zip(dims, results, strict=True)], sampled
+
+
+def _distance_noise(sampled: SampledGeometry | None, op: Any, occupancy: np.ndarray, *, corrected: bool,
+                    seed: int) -> dict[str, Any] | None:
+    """The summary's ``distance_noise``: the share of the sampled pairs' summed distances that
+    sampling noise alone reaches, from the rows' occupancies and pooled counts only
+    (:func:`posstats.estimates.pair_jackknife.pair_noise_share`, as the analysis' null gives
+    it above 4,096 rows); None without sampled pairs."""
+    if sampled is None or not sampled.pairs:
+        return None
+    pooled = op.count_totals(np.ones(occupancy.size, dtype=bool))
+    share = pair_noise_share(None, sampled.i, sampled.j, sampled.h, corrected=corrected, seed=seed,
+                             occupancy=occupancy, pooled=pooled)
+    return {"share": share, "pairs": int(min(sampled.pairs, SHARE_PAIRS)),
+            "method": "pairs (rows redrawn from the pooled distribution)"}
 
 
 def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
@@ -322,7 +340,8 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             if floor is not None:
                 noise = _noise_entry(floor, mds.eigenvalues, solve)
             t_stress = time.perf_counter()
-            stress = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args)
+            stress, sampled = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args)
+            distance_noise = _distance_noise(sampled, op, occupancy, corrected=floor is not None, seed=args.seed)
             t_stress = time.perf_counter() - t_stress
         except ValueError as exc:  # no occupied position at --min-occupancy
             raise PosstatsError(f"{path}: {exc} (at --min-occupancy {args.min_occupancy})") from None
@@ -351,6 +370,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             "standout_positions": standout,
             "standout_seconds": round(t_standout, 3),
             "stress": stress,
+            "distance_noise": distance_noise,
             "stress_seconds": round(t_stress, 3),
             "memory_budget_bytes": None if args.memory_budget is None else int(args.memory_budget * 2**30),
             "ranges": ranges,

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from posstats.counting.io import save_counts
 from posstats.estimates.noise import merge_noise_floors, mp_edge
+from posstats.estimates.pair_jackknife import pair_noise_share
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import range_noise_floor
@@ -133,6 +134,10 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     ref_stress = sampled.stress([t["encoding"][:, :2]], target_halfwidth=1e-3)[0]
     assert summary["stress"][0]["pairs"] == ref_stress.pairs
     np.testing.assert_allclose(summary["stress"][0]["scaled_stress"], ref_stress.scaled_stress, rtol=1e-9)
+    # the noise share of those pairs: the in-process one on the counts (same pairs, same seed)
+    share = pair_noise_share(counts.matrix, sampled.i, sampled.j, sampled.h, corrected=True, seed=2)
+    assert summary["distance_noise"]["share"] == pytest.approx(share, rel=1e-9)
+    assert 0 < share < 0.5  # a planted rank-3 corpus: most of the distance is structure
     # the standout test over the ranges: the analysis' own decision on the same counts
     ref = standout_positions(counts.matrix, np.arange(400))
     got = summary["standout_positions"]
