@@ -86,6 +86,9 @@ class RangeWorker:
     def stats(self) -> tuple[np.ndarray, int]:
         return self.range.stats()
 
+    def read_occupancy(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.range.read_occupancy()
+
     def noise(self) -> NoiseFloor:
         return self.range.noise()
 

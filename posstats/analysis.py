@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -21,6 +23,7 @@ from scipy.spatial import cKDTree
 from posstats import __version__
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts, too_few_windows
+from posstats.counting.io import load_header
 from posstats.counting.rows import select_rows
 from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.held_out import (
@@ -39,6 +42,7 @@ from posstats.estimates.jackknife import (
 from posstats.estimates.noise import (
     bias_can_matter,
     corrected_squared_distances,
+    merge_noise_floors,
     mp_edge,
     noise_floor,
     null_rank,
@@ -51,15 +55,17 @@ from posstats.estimates.pair_jackknife import (
     pair_replicates,
 )
 from posstats.estimates.permutation import permutation_null
+from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
-from posstats.estimates.thinning import split_noise_floor
+from posstats.estimates.thinning import range_noise_floor, split_noise_floor
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
     NO_STRUCTURE_INTERVAL,
     Verdict,
     non_stationarity,
     standout_positions,
+    standout_test,
     verdict,
 )
 from posstats.geometry.diagnostics import (
@@ -82,13 +88,14 @@ from posstats.geometry.encodings import (
 from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, classical_mds, sqrt_operator
+from posstats.geometry.ranged import RangedSqrt, local_ranges
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
 from posstats.options import option, option_values
 from posstats.progress import progress
 from posstats.report import Report
 
-__all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze"]
+__all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze", "analyze_in_ranges", "analyze_ranges"]
 
 SCHEMA_VERSION = 1
 DEFAULT_DIMS = (2, 16, 64)
@@ -430,6 +437,8 @@ class Analysis:
             ``distances`` (sampled path, bias-corrected distances).
         standout: the positions that stand out from the pooled distribution
             (:func:`posstats.estimates.verdict.standout_positions`).
+        occupancy: (n,) tokens at every position, when ``counts`` holds only the header
+            (:func:`analyze_ranges`); None: ``counts.occupancy()``.
     """
 
     counts: PositionalCounts
@@ -443,6 +452,7 @@ class Analysis:
     sections: dict[str, Any] = field(default_factory=dict)
     hellinger_summary: dict[str, Any] | None = None
     standout: dict[str, Any] | None = None
+    occupancy: np.ndarray | None = None
 
     def report(self) -> Report:
         """The report (:class:`posstats.report.Report`; ``report.json`` is its
@@ -453,7 +463,9 @@ class Analysis:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "config": self.config.to_dict(),
             "corpus": _corpus_entry(self.counts),
-            "positions": _positions_entry(self.counts, used=len(self.positions), min_occupancy=self.config.min_occupancy),
+            "positions": _positions_entry(self.counts.positions,
+                                          self.counts.occupancy() if self.occupancy is None else self.occupancy,
+                                          used=len(self.positions), min_occupancy=self.config.min_occupancy),
             "hellinger": self.hellinger_summary if self.hellinger_summary is not None else _hellinger_entry(self.distances),
             "diagnostics": self.diagnostics,
             "spectrum": _spectrum_entry(self.mds, rtol=self.config.rank_rtol, null=self.sections.get("null")),
@@ -507,12 +519,12 @@ def _corpus_entry(c: PositionalCounts) -> dict[str, Any]:
     }
 
 
-def _positions_entry(c: PositionalCounts, *, used: int, min_occupancy: int) -> dict[str, Any]:
-    """The ``positions`` report entry: occupancy (n,) of every position and its summary."""
-    occ = c.occupancy()
+def _positions_entry(requested: int, occ: np.ndarray, *, used: int, min_occupancy: int) -> dict[str, Any]:
+    """The ``positions`` report entry: occupancy ``occ`` (n,) of every position and its summary."""
+    occ = np.asarray(occ)
     occ_used = occ[occ > 0]
     return {
-        "requested": c.positions,
+        "requested": int(requested),
         "occupied": int(np.count_nonzero(occ)),
         "used": used,
         "min_occupancy": min_occupancy,
@@ -555,6 +567,10 @@ class _Rows:
         rows: (m, V) counts of those rows (dense or scipy CSR).
         occupancy: (m,) their occupancies.
         context: the counted sequence length n (RoPE variants that depend on it are built for it).
+        replicates: with ``rows`` a :class:`~posstats.geometry.ranged.RangedSqrt` (the rows
+            held apart, :func:`analyze_ranges`): ``replicates(groups, seed)`` starts every
+            range's jackknife split and returns their runner
+            (:func:`posstats.estimates.ranged_jackknife.ranged_pair_replicates`); else None.
     """
 
     geo: PositionalCounts
@@ -564,6 +580,18 @@ class _Rows:
     rows: Any
     occupancy: np.ndarray
     context: int
+    replicates: Any = None
+
+    @property
+    def ranged(self) -> bool:
+        """The rows are held apart (:class:`~posstats.geometry.ranged.RangedSqrt`)."""
+        return isinstance(self.rows, RangedSqrt)
+
+    def column_totals(self) -> np.ndarray:
+        """(V,) tokens per vocabulary entry over the rows."""
+        if self.ranged:
+            return self.rows.count_totals(np.ones(len(self.index), dtype=bool))
+        return _column_totals(self.rows)
 
 
 def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
@@ -594,11 +622,14 @@ def _noise(
     the counted tokens are split at random (:func:`split_noise_floor`)."""
     rule = None
     if config.noise_floor == "auto":
-        rule = bias_can_matter(g.occupancy, _column_totals(g.rows))
+        rule = bias_can_matter(g.occupancy, g.column_totals())
     if config.noise_floor == "off" or (rule is not None and not rule["noise_floor"]):
         return None, None, ({"estimated": False, "rule": rule} if rule else {"estimated": False, "rule": "off"})
     t = time.perf_counter()
-    if parts is None:
+    if g.ranged:  # each range split its tokens as it read them (posstats.estimates.thinning.range_noise_floor)
+        noise = merge_noise_floors(g.rows.ranges.call("noise"))
+        geo_parts = None
+    elif parts is None:
         noise = split_noise_floor(g.rows, parts=config.noise_parts, seed=config.seed, positions=g.index,
                                   show_progress=show_progress)
         geo_parts = None
@@ -691,9 +722,88 @@ def analyze(
     config = config or AnalysisConfig()
     if config.device == "gpu":
         mds_device(config.device)  # no GPU here: refused before any work
+    return _analysis(counts, config, _geometry_rows(counts, config), parts=parts, show_progress=show_progress)
+
+
+def analyze_ranges(
+    counts: PositionalCounts,
+    rows: RangedSqrt,
+    config: AnalysisConfig | None = None,
+    /,
+    *,
+    replicates: Any,
+    show_progress: bool | None = None,
+) -> Analysis:
+    """:func:`analyze` with the counts' rows held apart, in position ranges (in this process
+    or in Ray actors: :mod:`posstats.geometry.ranged`), so that no process holds every count.
+
+    The same steps and the same report as :func:`analyze`'s sampled path: the ranges' own
+    noise floors, joined (:func:`posstats.estimates.noise.merge_noise_floors`; each range's
+    tokens split with the seed and its first position, so the split-half figures differ
+    from one process' by the randomness of the split, the bias ``b_i`` does not); the
+    standout test, the Lanczos MDS, the sampled stress and diagnostics, the pairs' noise
+    share and the stress intervals' jackknife from reductions and pair products over the
+    ranges.
+
+    Args:
+        counts: the counts' header (:func:`posstats.counting.io.load_header`: spec, totals,
+            fingerprint, metadata; its matrix is not read).
+        rows: the used rows (occupancy >= ``config.min_occupancy``) over ranges that were
+            loaded with their noise floors
+            (:func:`posstats.geometry.ranged.load_sqrt_range` with ``noise_of``).
+        config: options; what needs the counts in one array is refused in one line:
+            buckets, ``device="gpu"``, the exact path (rows up to ``exact_limit``), the shuffle
+            null (up to 4,096 rows), held-out scores (``held_out="on"``).
+        replicates: ``replicates(groups, seed)`` starts every range's jackknife split and
+            returns the runner over them (:func:`posstats.estimates.ranged_jackknife.local_replicates`
+            for ranges in this process; the Ray actors' ``start_replicates``).
+        show_progress: progress bars on stderr (None: only on a terminal).
+    """
+    config = config or AnalysisConfig()
+    positions, occupancy = rows.held()
+    problem = _ranged_problem(config, len(positions))
+    if problem:
+        raise OptionError(problem)
+    g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates)
+    return _analysis(counts, config, g, parts=None, show_progress=show_progress,
+                     occupancy=rows.read_occupancy(counts.positions))
+
+
+def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfig | None = None, /, *,
+                      show_progress: bool | None = None) -> Analysis:
+    """:func:`analyze_ranges` of a saved counts file cut into ``parts`` position ranges held in
+    this process (:func:`posstats.geometry.ranged.local_ranges`, each range with its noise
+    floor), the one code path the Ray actors also run (``jobs.ranges``)."""
+    config = config or AnalysisConfig()
+    noise_of = functools.partial(range_noise_floor, parts=config.noise_parts, seed=config.seed)
+    ranges = local_ranges(path, parts, min_occupancy=config.min_occupancy, noise_of=noise_of)
+    return analyze_ranges(load_header(path), RangedSqrt(ranges), config, show_progress=show_progress,
+                          replicates=lambda groups, seed: local_replicates(ranges, groups=groups, seed=seed))
+
+
+def _ranged_problem(config: AnalysisConfig, m: int, /) -> str | None:
+    """Why :func:`analyze_ranges` cannot analyse ``m`` rows held apart with ``config``, or None."""
+    if m < 2:
+        return (f"{m} position(s) have at least {config.min_occupancy} counted token(s); the geometry needs two or "
+                "more (count more text, or lower {min_occupancy})")
+    if config.buckets != "none":
+        return f"an analysis over position ranges needs {{buckets}} none, got {config.buckets}"
+    if config.device == "gpu":
+        return "{device} gpu: an analysis over position ranges runs on CPUs (auto or cpu)"
+    limit = max(config.exact_limit, _NULL_SHUFFLE_LIMIT if config.null in ("auto", "shuffle") else 0)
+    if m <= limit:
+        return (f"{m:,} geometry rows: an analysis over position ranges serves more than {limit:,} rows (the exact "
+                "path and the shuffle null need the counts in one process); analyse these counts in one process")
+    if config.held_out == "on":
+        return "{held_out} on needs the counts in one process; an analysis over position ranges takes auto or off"
+    return None
+
+
+def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, parts: Any,
+              show_progress: bool | None, occupancy: np.ndarray | None = None) -> Analysis:
+    """The body of :func:`analyze` and :func:`analyze_ranges` on the selected rows ``g``."""
     timings: dict[str, float] = {}
     sections: dict[str, Any] = {}
-    g = _geometry_rows(counts, config)
     if g.buckets is not None:
         sections["buckets"] = {**g.buckets.to_dict(), "occupancy": g.geo.occupancy().tolist(), "used": len(g.index)}
     noise, geo_parts, noise_entry = _noise(parts, g, config, timings, show_progress)
@@ -702,7 +812,7 @@ def analyze(
     large = len(g.index) > config.exact_limit
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
     t = time.perf_counter()
-    standout = standout_positions(g.rows, g.positions)  # before the geometry: it may decide its accuracy
+    standout = _standout(g)  # before the geometry: it may decide its accuracy
     timings["standout"] = time.perf_counter() - t
     if large:
         untested = _untested(config, len(g.index), noise, standout, counts)
@@ -742,7 +852,16 @@ def analyze(
     if held_out is not None:
         sections["held_out"] = held_out
     return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
-                    timings, sections, geometry.hellinger_summary, standout)
+                    timings, sections, geometry.hellinger_summary, standout, occupancy)
+
+
+def _standout(g: _Rows) -> dict[str, Any]:
+    """The standout test (:func:`posstats.estimates.verdict.standout_test`) of the rows: on the
+    counts, or from the ranges' two reductions (pooled counts, distances to the pool)."""
+    if g.ranged:
+        return standout_test(g.positions, g.occupancy, pooled_totals=g.rows.count_totals,
+                             distance_to=g.rows.distance_to)
+    return standout_positions(g.rows, g.positions)
 
 
 # ----------------------------------------------------------------------------- exact path
@@ -957,7 +1076,7 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
             e["stress_interval"] = fitted_why if family_of(spec).fitted else _THIN_ROWS
     rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
     if noise_share is None:
-        noise_share = pair_noise_share(rows, i, j, h, corrected=corrected, seed=config.seed)
+        noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed)
     if thin or not fixed:
         return noise_share
     noisy = noise_share is not None and noise_share >= DISTANCE_NOISE_CAVEAT
@@ -978,7 +1097,11 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
         return out
 
     with progress(total=JACKKNIFE_GROUPS, desc="stress intervals", unit="replicate", enabled=show_progress) as bar:
-        reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update)
+        if g.ranged:
+            reps = ranged_pair_replicates(g.replicates(JACKKNIFE_GROUPS, config.seed), i, j, statistic,
+                                          corrected=corrected, vocab=g.rows.shape[1], progress=bar.update)
+        else:
+            reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update)
     for dim, _, e in fixed:
         key = (dim, e["name"])
         sd = {q: (e[f"{q}_ci95"][1] - e[f"{q}_ci95"][0]) / (2 * _Z95) if sampled else 0.0
@@ -1013,11 +1136,24 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
 _Z95 = 1.959963984540054
 
 
+def _pairs_noise_share(g: _Rows, rows: sp.csr_array | None, i: np.ndarray, j: np.ndarray, h: np.ndarray, *,
+                       corrected: bool, seed: int) -> float | None:
+    """:func:`posstats.estimates.pair_jackknife.pair_noise_share` of the pairs: from the rows,
+    or (held apart) from their occupancies and pooled counts."""
+    if rows is None:
+        return pair_noise_share(None, i, j, h, corrected=corrected, seed=seed, occupancy=g.occupancy,
+                                pooled=g.column_totals())
+    return pair_noise_share(rows, i, j, h, corrected=corrected, seed=seed)
+
+
 def _jackknife_pair_sample(geometry: _Geometry, g: _Rows,
-                           config: AnalysisConfig) -> tuple[sp.csr_array, np.ndarray, np.ndarray, np.ndarray]:
-    """The canonical int64 CSR rows and the pair-sample jackknife's pairs ``i, j`` with their
-    corpus distances ``h``: the sampled geometry's own, else drawn (:func:`draw_jackknife_pairs`)
-    and read from the exact distances."""
+                           config: AnalysisConfig) -> tuple[sp.csr_array | None, np.ndarray, np.ndarray, np.ndarray]:
+    """The canonical int64 CSR rows (None when held apart) and the pair-sample jackknife's
+    pairs ``i, j`` with their corpus distances ``h``: the sampled geometry's own, else drawn
+    (:func:`draw_jackknife_pairs`) and read from the exact distances."""
+    if g.ranged:
+        i, j, h = geometry.jackknife_pairs
+        return None, i, j, h
     rows = sp.csr_array(g.rows, dtype=np.int64) if not sp.issparse(g.rows) else sp.csr_array(g.rows)
     rows.sum_duplicates()  # a no-op on canonical counts (no copy)
     if geometry.jackknife_pairs is not None:
@@ -1041,7 +1177,7 @@ def _uncompared(geometry: _Geometry, g: _Rows, *, corrected: bool, config: Analy
         e["stress_interval"] = NO_STRUCTURE_INTERVAL
     if noise_share is None and (geometry.jackknife_pairs is not None or len(g.positions) > _JACKKNIFE_LIMIT):
         rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
-        noise_share = pair_noise_share(rows, i, j, h, corrected=corrected, seed=config.seed)
+        noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed)
     return noise_share
 
 
@@ -1209,7 +1345,7 @@ def _sampled_geometry(
     m = len(g.positions)
     t = time.perf_counter()
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
-    gpu = mds_device(config.device)
+    gpu = None if g.ranged else mds_device(config.device)
     products = op.to_device(gpu) if gpu is not None and op is not g.rows else op  # a dense input moves in classical_mds
     with progress(desc=f"MDS (Lanczos{', GPU' if gpu else ''})", unit="products", enabled=show_progress) as bar:
 
@@ -1227,7 +1363,10 @@ def _sampled_geometry(
     timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
+    if g.ranged:
+        sampled = SampledGeometry(None, bias=bias, seed=config.seed, sqrt=g.rows)
+    else:
+        sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
     encodings = _sampled_encodings(g, mds, config)
     halfwidth = config.untested_stress_halfwidth if untested else config.stress_halfwidth
     with progress(desc="sampled stress", unit="pair", enabled=show_progress) as bar:
@@ -1398,6 +1537,8 @@ def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config:
     if config.held_out == "auto" and m > HELD_OUT_AUTO_LIMIT:
         return {"skipped": f"{m:,} geometry rows > {HELD_OUT_AUTO_LIMIT:,} (--held-out on scores it: a second MDS "
                            "and stress pass)"}
+    if g.ranged:  # analyze_ranges refuses "on"
+        return {"skipped": "the rows are held apart in position ranges; held-out scores need the counts in one process"}
     t = time.perf_counter()
     if geo_parts is not None and len(geo_parts) >= 2:
         a, b = parts_halves([p.rows(g.index) for p in geo_parts])

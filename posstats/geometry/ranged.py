@@ -101,13 +101,15 @@ class SqrtRange:
         noise: what the caller derived from the range's counts while they were at hand
             (the jobs keep its noise floor:
             :func:`posstats.estimates.thinning.range_noise_floor`); :meth:`noise` returns it.
+        read: ((r,) positions, (r,) occupancies) of every position read for this range, kept
+            or not (:func:`load_sqrt_range`); default the kept rows' own.
 
     Memory: 12 bytes per stored count (float64 square root, int32 column index) plus the
     (V,) column sums; the counts' own values are not kept.
     """
 
     def __init__(self, counts: Any, /, *, positions: Any = None, threads: int | None = None,
-                 noise: Any = None) -> None:
+                 noise: Any = None, read: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         c = _canonical_counts(counts if sp.issparse(counts) else sp.csr_array(np.asarray(counts)))
         _check_count_values(c)
         n_r, v = (int(x) for x in c.shape)
@@ -132,6 +134,7 @@ class SqrtRange:
         self.stored_per_column = _stored_per_column(parts.light_indices, v)
         self.occupancy = parts.occupancy
         self.noise_floor = noise
+        self.read = read if read is not None else (self.positions, np.rint(self.occupancy).astype(np.int64))
         self._blocks = _row_block_views(self.s, product_threads() if threads is None else int(threads))
         self._blocks_t = _transposed_views(self._blocks)
 
@@ -144,6 +147,12 @@ class SqrtRange:
     def held(self) -> tuple[np.ndarray, np.ndarray]:
         """((n_r,) positions, (n_r,) float64 occupancy) of the rows this range holds."""
         return self.positions, self.occupancy
+
+    def read_occupancy(self) -> tuple[np.ndarray, np.ndarray]:
+        """((r,) positions, (r,) int64 occupancies) of every position read from the file for
+        this range, including those left out below the minimum occupancy: the report's
+        occupancy of every position, without the counts."""
+        return self.read
 
     def stats(self) -> tuple[np.ndarray, int]:
         """((V,) ``sum_i S_iv`` over this range's rows, n_r)."""
@@ -322,6 +331,14 @@ class RangedSqrt:
         parts = self.ranges.call("held")
         return (np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts]),
                 np.concatenate([np.asarray(o, dtype=np.float64) for _, o in parts]))
+
+    def read_occupancy(self, positions: int, /) -> np.ndarray:
+        """(positions,) int64 occupancy of every position of the file, kept or not
+        (:meth:`SqrtRange.read_occupancy` of each range; 0 where no range read it)."""
+        out = np.zeros(int(positions), dtype=np.int64)
+        for read, occ in self.ranges.call("read_occupancy"):
+            out[np.asarray(read, dtype=np.int64)] = occ
+        return out
 
     def count_totals(self, keep: np.ndarray, /) -> np.ndarray:
         """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (n,), the
@@ -530,7 +547,8 @@ def load_sqrt_range(path: str | os.PathLike, start: int, stop: int, /, *, min_oc
     rows = rows[keep] if keep.size < rows.shape[0] else rows
     positions = int(start) + keep
     noise = noise_of(rows, positions) if noise_of is not None and keep.size else None
-    return SqrtRange(rows, positions=positions, threads=threads, noise=noise)
+    return SqrtRange(rows, positions=positions, threads=threads, noise=noise,
+                     read=(np.arange(int(start), int(start) + occ.size, dtype=np.int64), np.asarray(occ, dtype=np.int64)))
 
 
 def file_ranges(path: str | os.PathLike, parts: int, /) -> list[tuple[int, int]]:

@@ -1,0 +1,123 @@
+"""posstats.analysis.analyze_ranges: the analysis with the counts' rows held apart in position
+ranges gives analyze's report on the same counts. Everything computed from the counts
+themselves is equal (eigenvalues above the noise, stresses, diagnostics, standouts, the
+bias b_i, occupancies); what rests on a random split of the tokens (the noise floor's
+split-half figures and edge, the jackknife's ranges) is another draw of the same law.
+What needs the counts in one process is refused in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from posstats.analysis import AnalysisConfig, analyze, analyze_in_ranges
+from posstats.counting.io import save_counts
+from posstats.errors import OptionError
+from posstats.testing import known_corpus, synthetic_counts
+
+# the sampled path from 200 rows, the analytic null, no held-out scores; pairs and triples
+# few enough for a test
+CONFIG = AnalysisConfig(exact_limit=200, null="mp", held_out="off", encodings=("mds", "sinusoidal", "rope", "alibi"),
+                        stress_halfwidth=0.01, corpus_triples=20_000, dims=(2, 16))
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """Rank-3 structure over 600 positions, well above the noise."""
+    syn = synthetic_counts(600, 3000, tokens=3000, rank=3, strength=0.4, block_tokens=24, seed=7)
+    path = tmp_path_factory.mktemp("planted")
+    save_counts(syn.counts, path)
+    return path, syn.counts
+
+
+@pytest.fixture(scope="module")
+def both(planted):
+    path, counts = planted
+    return analyze(counts, CONFIG).report().to_dict(), analyze_in_ranges(path, 3, CONFIG).report().to_dict()
+
+
+def _close(got, want):
+    """Equal entries, numbers to 1e-9 relative."""
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, float):
+            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        else:
+            assert got[key] == value, key
+
+
+def test_the_report_over_ranges_is_the_one_in_one_process(both):
+    one, ranged = both
+    assert one["positions"] == ranged["positions"] and one["corpus"] == ranged["corpus"]
+    np.testing.assert_allclose(ranged["noise"]["bias_per_position"], one["noise"]["bias_per_position"], rtol=1e-12)
+    a, b = np.asarray(one["spectrum"]["eigenvalues"]), np.asarray(ranged["spectrum"]["eigenvalues"])
+    above = a > one["spectrum"]["noise_level"] + one["spectrum"]["noise_residual"]
+    assert above.sum() >= 2  # the planted structure: components above the noise
+    np.testing.assert_allclose(b[above], a[above], rtol=1e-8)
+    np.testing.assert_allclose(b, a, rtol=0, atol=2 * max(one["spectrum"]["noise_residual"],
+                                                          ranged["spectrum"]["noise_residual"]))
+    assert ranged["verdict"]["components_above_noise"] == one["verdict"]["components_above_noise"]
+    assert ranged["verdict"]["standout_positions"] == one["verdict"]["standout_positions"]
+    assert ranged["diagnostics"]["h1"] == one["diagnostics"]["h1"]
+    _close(ranged["diagnostics"]["a3"], one["diagnostics"]["a3"])
+    _close(ranged["hellinger"], one["hellinger"])
+    for x, y in zip(one["encodings"], ranged["encodings"], strict=True):
+        assert (x["name"], x["dim"], x["stress_pairs"]) == (y["name"], y["dim"], y["stress_pairs"])
+        for key in ("stress", "scaled_stress"):  # the same pairs and distances; P_MDS's bulk to its residual
+            assert y[key] == pytest.approx(x[key], rel=1e-6, abs=1e-9), (x["name"], x["dim"], key)
+        assert y["stress_interval"].split(",")[0] == x["stress_interval"].split(",")[0]
+    # the random split's figures: another draw, the same scale
+    assert ranged["noise"]["source"] == one["noise"]["source"] == "token split"
+    assert ranged["null"]["threshold"] == pytest.approx(one["null"]["threshold"], rel=0.1)
+    assert "held_out" not in ranged and "held_out" not in one  # off
+
+
+def test_the_noise_share_and_the_jackknife_ran_over_the_ranges(both):
+    one, ranged = both
+    share_one = one["null"]["distance_noise"]["share"]
+    share_ranged = ranged["null"]["distance_noise"]["share"]
+    assert share_ranged == pytest.approx(share_one, rel=1e-9)  # the same pairs, the same null draw
+    ranges = [(e["name"], e["dim"], e.get("scaled_stress_tie_range") or e["scaled_stress_ci95"]) for e in ranged["encodings"]]
+    for (name, dim, (lo, hi)), e in zip(ranges, one["encodings"], strict=True):
+        assert lo <= e["scaled_stress"] + 0.05 and hi >= e["scaled_stress"] - 0.05, (name, dim, lo, hi)
+        assert 0 <= lo <= hi
+
+
+def test_left_out_positions_keep_their_occupancy(planted, tmp_path):
+    """Positions below the minimum occupancy are not held by any range; the report still
+    gives their occupancy (read with the range's rows) and lists them as left out."""
+    kc = known_corpus("stationary", 400, tokens=300, seed=2)
+    counts = kc.counts
+    m = counts.matrix.tolil()
+    m[5, :] = 0
+    m[5, 7] = 3  # 3 tokens: below the minimum of 10
+    m[9, :] = 0  # empty
+    counts = dataclasses.replace(counts, matrix=sp.csr_array(m.tocsr()), tokens=int(m.sum()))
+    save_counts(counts, tmp_path)
+    config = dataclasses.replace(CONFIG, min_occupancy=10, held_out="auto")
+    report = analyze_in_ranges(tmp_path, 2, config).report().to_dict()
+    assert "held apart" in report["held_out"]["skipped"]  # auto: said why, not scored
+    pos = report["positions"]
+    assert pos["occupancy"] == counts.occupancy().tolist() and pos["occupancy"][5] == 3
+    assert pos["left_out"] == [5, 9] and pos["used"] == 398 and pos["occupied"] == 399
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"buckets": "fixed:8"}, "needs buckets none"),
+        ({"device": "gpu"}, "runs on CPUs"),
+        ({"exact_limit": 600}, "600 geometry rows"),
+        ({"null": "auto"}, "more than 4,096 rows"),
+        ({"held_out": "on"}, "held_out on needs the counts"),
+    ],
+)
+def test_what_needs_the_counts_in_one_process_is_refused(planted, options, message):
+    path, _ = planted
+    config = dataclasses.replace(CONFIG, **options)
+    with pytest.raises(OptionError, match=message.replace("{", r"\{").replace("}", r"\}")) as err:
+        analyze_in_ranges(path, 2, config)
+    assert "\n" not in str(err.value)
