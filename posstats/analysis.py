@@ -23,7 +23,7 @@ from scipy.spatial import cKDTree
 from posstats import __version__
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts, too_few_windows
-from posstats.counting.io import load_header
+from posstats.counting.io import counts_file, load_header
 from posstats.counting.rows import select_rows
 from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.held_out import (
@@ -439,6 +439,8 @@ class Analysis:
             (:func:`posstats.estimates.verdict.standout_positions`).
         occupancy: (n,) tokens at every position, when ``counts`` holds only the header
             (:func:`analyze_ranges`); None: ``counts.occupancy()``.
+        counts_source: the counts file the ranges were read from (:func:`analyze_ranges`),
+            where a run reads the rows it needs later (the report's distance sample).
     """
 
     counts: PositionalCounts
@@ -453,6 +455,7 @@ class Analysis:
     hellinger_summary: dict[str, Any] | None = None
     standout: dict[str, Any] | None = None
     occupancy: np.ndarray | None = None
+    counts_source: str | None = None
 
     def report(self) -> Report:
         """The report (:class:`posstats.report.Report`; ``report.json`` is its
@@ -732,6 +735,7 @@ def analyze_ranges(
     /,
     *,
     replicates: Any,
+    counts_source: str | os.PathLike | None = None,
     show_progress: bool | None = None,
 ) -> Analysis:
     """:func:`analyze` with the counts' rows held apart, in position ranges (in this process
@@ -757,6 +761,7 @@ def analyze_ranges(
         replicates: ``replicates(groups, seed)`` starts every range's jackknife split and
             returns the runner over them (:func:`posstats.estimates.ranged_jackknife.local_replicates`
             for ranges in this process; the Ray actors' ``start_replicates``).
+        counts_source: the counts file the ranges read (:attr:`Analysis.counts_source`).
         show_progress: progress bars on stderr (None: only on a terminal).
     """
     config = config or AnalysisConfig()
@@ -765,8 +770,9 @@ def analyze_ranges(
     if problem:
         raise OptionError(problem)
     g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates)
-    return _analysis(counts, config, g, parts=None, show_progress=show_progress,
-                     occupancy=rows.read_occupancy(counts.positions))
+    analysis = _analysis(counts, config, g, parts=None, show_progress=show_progress,
+                         occupancy=rows.read_occupancy(counts.positions))
+    return dataclasses.replace(analysis, counts_source=None if counts_source is None else str(counts_source))
 
 
 def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfig | None = None, /, *,
@@ -778,7 +784,8 @@ def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfi
     noise_of = functools.partial(range_noise_floor, parts=config.noise_parts, seed=config.seed)
     ranges = local_ranges(path, parts, min_occupancy=config.min_occupancy, noise_of=noise_of)
     return analyze_ranges(load_header(path), RangedSqrt(ranges), config, show_progress=show_progress,
-                          replicates=lambda groups, seed: local_replicates(ranges, groups=groups, seed=seed))
+                          replicates=lambda groups, seed: local_replicates(ranges, groups=groups, seed=seed),
+                          counts_source=counts_file(path))
 
 
 def _ranged_problem(config: AnalysisConfig, m: int, /) -> str | None:

@@ -16,6 +16,8 @@ import scipy.sparse as sp
 from posstats.analysis import AnalysisConfig, analyze, analyze_in_ranges
 from posstats.counting.io import save_counts
 from posstats.errors import OptionError
+from posstats.reports.analysis_folder import write_analysis
+from posstats.runs import run_folder
 from posstats.testing import known_corpus, synthetic_counts
 
 # the sampled path from 200 rows, the analytic null, no held-out scores; pairs and triples
@@ -121,3 +123,24 @@ def test_what_needs_the_counts_in_one_process_is_refused(planted, options, messa
     with pytest.raises(OptionError, match=message.replace("{", r"\{").replace("}", r"\}")) as err:
         analyze_in_ranges(path, 2, config)
     assert "\n" not in str(err.value)
+
+
+def test_the_run_of_a_ranged_analysis_reads_only_the_rows_it_needs(planted, both, tmp_path, monkeypatch):
+    """write_analysis of an analysis over ranges: the report's distance sample reads its rows
+    from the counts file (never the whole counts) and equals the in-process run's."""
+    path, counts = planted
+    ranged = analyze_in_ranges(path, 3, CONFIG)
+    one = analyze(counts, CONFIG)
+
+    def whole_counts(*_args, **_kwargs):
+        raise AssertionError("the whole counts were loaded")
+
+    monkeypatch.setattr(run_folder, "load_counts", whole_counts)
+    run = write_analysis(tmp_path / "ranged", ranged, inputs={"counts": "elsewhere"}, html=True, max_positions=150)
+    assert run.counts is None and run.counts_path() == run_folder.counts_file(path)
+    assert (tmp_path / "ranged" / "report.html").stat().st_size > 10_000
+    idx, dist = run_folder.run_distances(run, max_positions=150)
+    ref = run_folder.run_from_analysis(one, one.report().to_dict(), folder=tmp_path / "one")
+    ref_idx, ref_dist = run_folder.run_distances(ref, max_positions=150)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_allclose(dist, ref_dist, rtol=1e-9, atol=1e-12)

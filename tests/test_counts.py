@@ -220,7 +220,7 @@ def test_storage_is_chosen_by_size_not_by_layout(tmp_path, n, seqs, stored, in_m
 
 @pytest.mark.parametrize("n", [3, 40])
 def test_rows_read_as_slices_of_either_storage(tmp_path, n):
-    from posstats.counting.io import load_header, load_rows
+    from posstats.counting.io import load_header, load_rows, load_selected_rows
 
     rng = np.random.default_rng(n)
     seqs = [list(rng.integers(0, 6, size=rng.integers(0, 2 * n))) for _ in range(9)]
@@ -235,6 +235,13 @@ def test_rows_read_as_slices_of_either_storage(tmp_path, n):
     assert (head.spec, head.tokens, head.windows, head.sequences) == (c.spec, c.tokens, c.windows, c.sequences)
     with pytest.raises(ValueError, match="outside"):
         load_rows(tmp_path / "r", 0, n + 1)
+    # any rows, in any order, repeated: only those read
+    for picked in ([n - 1, 0, 1, 0], [1], []):
+        rows = load_selected_rows(tmp_path / "r", picked)
+        assert rows.shape == (len(picked), 6) and rows.dtype == np.int64
+        np.testing.assert_array_equal(rows.toarray(), dense[picked])
+    with pytest.raises(ValueError, match="outside"):
+        load_selected_rows(tmp_path / "r", [0, n])
 
 
 @pytest.mark.parametrize(("big", "stored"), [(2**16 - 1, "U16"), (2**16, "I32"), (-1, "I32"), (2**31 - 1, "I32"), (-(2**31), "I32"), (2**31, "I64"), (-(2**31) - 1, "I64")])

@@ -55,6 +55,7 @@ __all__ = [
     "load_header",
     "load_indptr",
     "load_rows",
+    "load_selected_rows",
     "counts_metadata",
     "index_dtype",
     "save_accumulated",
@@ -493,6 +494,41 @@ def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool 
     if check:
         _check_nonnegative(rows, path)
     return rows
+
+
+def load_selected_rows(path: str | os.PathLike, rows: Any, /) -> sp.csr_array:
+    """(len(rows), V) int64 counts of the given rows of saved counts (any order), reading
+    only those rows of a safetensors counts file (one slice per row: for a few thousand
+    rows of a large file, such as the report's distance sample); a Parquet file is read
+    whole."""
+    rows = np.asarray(rows, dtype=np.int64).ravel()
+    path = counts_file(path)
+    if path.name.endswith(".parquet"):
+        return sp.csr_array(_load_parquet(path).to_sparse().matrix[rows])
+    with _opened(path) as f:
+        n, V = _shape(dict(f.metadata() or {}))
+        if rows.size and not (0 <= int(rows.min()) and int(rows.max()) < n):
+            msg = f"rows {int(rows.min())}..{int(rows.max())} are outside the {n} positions of {path}"
+            raise ValueError(msg)
+        if "counts" in f.keys():
+            dense = f.get_slice("counts")
+            out = sp.csr_array(np.vstack([dense[int(r) : int(r) + 1] for r in rows]).astype(np.int64, copy=False)
+                               if rows.size else np.zeros((0, V), dtype=np.int64))
+        else:
+            indptr = f.get_slice("indptr")[:].astype(np.int64)
+            lengths = indptr[rows + 1] - indptr[rows]
+            indices = np.empty(int(lengths.sum()), dtype=np.int64)
+            data = np.empty(indices.size, dtype=np.int64)
+            at = 0
+            for r, size in zip(rows.tolist(), lengths.tolist(), strict=True):
+                if size:
+                    indices[at : at + size] = f.get_slice("indices")[int(indptr[r]) : int(indptr[r]) + size]
+                    data[at : at + size] = f.get_slice("data")[int(indptr[r]) : int(indptr[r]) + size]
+                    at += size
+            out = _csr_from(path, np.concatenate([[0], np.cumsum(lengths)]), indices, data, (rows.size, V),
+                            check=True, dtype=np.int64)
+    _check_nonnegative(out, path)
+    return out
 
 
 @contextmanager

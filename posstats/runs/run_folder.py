@@ -36,7 +36,7 @@ from safetensors.numpy import save_file
 from posstats.analysis import Analysis
 from posstats.counting.buckets import bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import counts_file, load_counts
+from posstats.counting.io import counts_file, load_counts, load_header, load_selected_rows
 from posstats.errors import InputError
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
@@ -80,6 +80,9 @@ class RunData:
             memory (a run just analysed, or :func:`with_distances`), else None.
         counts: the analysed counts when held in memory, else None (read from the
             run's counts file when needed).
+        counts_source: the counts file to read from when ``counts`` is None (an analysis
+            over position ranges held no counts: :func:`run_from_analysis`); None: the run
+            folder's, else ``report.json`` ``inputs.counts``.
     """
 
     directory: Path
@@ -91,6 +94,7 @@ class RunData:
     files: Path | None = None
     distances: np.ndarray | None = None
     counts: PositionalCounts | None = None
+    counts_source: Path | None = None
 
     @property
     def folder(self) -> Path:
@@ -107,6 +111,8 @@ class RunData:
 
     def counts_path(self) -> Path:
         """The counts of this run: those in the run folder, else ``report.json`` ``inputs.counts``."""
+        if self.counts_source is not None:
+            return counts_file(self.counts_source)
         recorded = (self.report.get("inputs") or {}).get("counts")
         # The folder itself first: while a run is being staged, inputs.counts already names
         # the final folder, which may still hold an older run's counts.
@@ -170,7 +176,9 @@ def write_mds(
 def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: str | os.PathLike) -> RunData:
     """The run an analysis makes, in memory: its ``report`` (as written to ``folder``), MDS
     coordinates, counts and distances: the one matrix the analysis used (plug-in or
-    bias-corrected, ``geometry.distances``; None above the exact limit)."""
+    bias-corrected, ``geometry.distances``; None above the exact limit). An analysis over
+    position ranges holds no counts: the run reads the rows it needs from the counts file
+    the ranges were read from (``analysis.counts_source``)."""
     return RunData(
         directory=Path(folder),
         report=report,
@@ -180,7 +188,8 @@ def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: 
         mds_metadata=_mds_metadata(analysis.mds, analysis.counts.fingerprint),
         files=Path(folder),
         distances=analysis.distances,
-        counts=analysis.counts,
+        counts=analysis.counts if analysis.occupancy is None else None,
+        counts_source=None if analysis.counts_source is None else Path(analysis.counts_source),
     )
 
 
@@ -283,6 +292,26 @@ def _run_counts(run: RunData) -> PositionalCounts:
         return run.counts
     path = run.counts_path()
     counts = load_counts(path)
+    _check_counts_are_the_runs(run, counts, path)
+    return counts
+
+
+def _used_rows(run: RunData, positions: np.ndarray, /) -> Any:
+    """The counts rows of the used ``positions`` as the analysis saw them: from the counts
+    held, else (without buckets) only those rows read from the run's counts file
+    (:func:`posstats.counting.io.load_selected_rows`, checked to be the analysed corpus),
+    else from the whole counts file."""
+    if run.counts is not None or ((run.report.get("config") or {}).get("buckets") or "none") != "none":
+        return _geometry_rows(_run_counts(run), run.report, positions)
+    path = run.counts_path()
+    header = load_header(path)
+    _check_counts_are_the_runs(run, header, path)
+    return load_selected_rows(path, positions)
+
+
+def _check_counts_are_the_runs(run: RunData, counts: PositionalCounts, path: Path, /) -> None:
+    """InputError when ``counts`` (or their header) are not the corpus ``run`` analysed: another
+    fingerprint, or fewer positions than the run used."""
     expected = run.mds_metadata.get("fingerprint") or (run.report.get("corpus") or {}).get("fingerprint")
     if expected and counts.fingerprint and counts.fingerprint != expected:
         msg = (
@@ -293,7 +322,6 @@ def _run_counts(run: RunData) -> PositionalCounts:
     if run.positions.size and int(run.positions.max()) >= counts.positions:
         msg = f"{path}: has {counts.positions} positions but the run used position {int(run.positions.max())}"
         raise InputError(msg)
-    return counts
 
 
 def _geometry_rows(counts: PositionalCounts, report: dict[str, Any], positions: np.ndarray) -> Any:
@@ -328,8 +356,7 @@ def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple
     idx = np.arange(m) if max_positions is None else even_subsample(m, max_positions)
     if run.distances is not None:
         return idx, run.distances if idx.size == m else run.distances[np.ix_(idx, idx)]
-    counts = _run_counts(run)
-    d2 = np.asarray(hellinger_sq(sparse_rows(_geometry_rows(counts, run.report, run.positions[idx]))), dtype=np.float64)
+    d2 = np.asarray(hellinger_sq(sparse_rows(_used_rows(run, run.positions[idx]))), dtype=np.float64)
     if (run.report.get("geometry") or {}).get("distances") == "bias_corrected":
         d2 = corrected_squared_distances(d2, report_bias(run.report, run.positions[idx]))
     return idx, np.sqrt(d2)
