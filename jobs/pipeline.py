@@ -64,12 +64,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import posstats
-from posstats.analysis import analyze
+from posstats.analysis import analyze, analyze_ranges, ranges_refusal
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.remote import is_url, list_objects, object_version_ns
 from posstats.corpus.shard_store import RunStore, config_key, store_config
-from posstats.counting.io import load_counts, load_header
+from posstats.counting.io import counts_file, load_counts, load_header, load_indptr
+from posstats.geometry.ranged import RangedSqrt, file_ranges, ranges_for_budget
 from posstats.drift import (
     check_comparable,
     diff,
@@ -113,6 +116,7 @@ from posstats.storage.publish import link_or_copy
 
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job
+from .ranges import ActorRanges, actor_replicates, start_range_workers
 from .guard import run_guarded
 from .output import CONFIG_NAMES, ArgumentParser, add_output_args, print_json
 
@@ -559,26 +563,70 @@ def _write_export(run_data: RunData, out: Path, *, file: str, options: ExportOpt
 
 
 def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options: Mapping[str, Any],
-                  run_id: str, counts_ref: str) -> dict[str, Any]:
+                  run_id: str, counts_ref: str, ranges: int = 0) -> dict[str, Any]:
     """The geometry stage's body (runs as a Ray task): analyse ``counts`` (the reduce stage's,
     or its folder) once and, from that analysis in memory, write the geometry folder
     (mds.safetensors, report.json, report.md, analysis-config.json) and those of the later
     stages named in ``out_dirs`` (``report``, ``export``; ``options`` holds their keywords
     and the export's file name). Every folder is emptied first (a retried task starts
-    clean). Returns each stage's marker info."""
+    clean). With ``ranges`` > 0 the counts' rows are held by that many Ray actors
+    (:func:`_analysis_over_ranges`), else the task loads them. Returns each stage's marker info."""
     one_malloc_arena()  # the products' threads would each keep a heap of freed blocks
     outs = {stage: _fresh_folder(Path(d)) for stage, d in out_dirs.items()}
     write_json_atomic(outs["geometry"] / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
-    counts = load_counts(counts, compact=True)
-    analysis = analyze(counts, config)
+    if ranges:
+        analysis = _analysis_over_ranges(counts, config, ranges)
+    else:
+        analysis = analyze(load_counts(counts, compact=True), config)
     run_data = write_analysis(outs["geometry"], analysis, inputs={"counts": counts_ref}, run_id=run_id, html=False)
     info = {"geometry": {"positions_used": int(len(analysis.positions)), "rank": run_data.report["spectrum"].get("rank"),
-                         "pid": os.getpid()}}
+                         "pid": os.getpid(), "ranges": int(ranges)}}
     if "report" in outs:
         info["report"] = _write_report(run_data, outs["geometry"], outs["report"], name=run_id, options=options["report"])
     if "export" in outs:
         info["export"] = _write_export(run_data, outs["export"], file=options["export_file"], options=options["export"])
     return info
+
+
+def _analysis_over_ranges(counts: str, config: Any, ranges: int, /) -> Any:
+    """:func:`posstats.analysis.analyze_ranges` of the counts file in ``counts`` cut into
+    ``ranges`` position ranges, each held by a :class:`~jobs.ranges.RangeWorker` actor (with
+    its noise floor), killed once the analysis is done."""
+    import ray
+
+    path = os.path.abspath(counts_file(counts))
+    noise_parts = None if config.noise_floor == "off" else config.noise_parts
+    actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
+                                    noise_parts=noise_parts, seed=config.seed)
+    try:
+        return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config,
+                              replicates=actor_replicates(actors), counts_source=path)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+
+
+def geometry_ranges(counts: str, config: Any, *, chosen: int | None, budget_gib: float, gpus: float) -> int:
+    """How many position ranges the geometry task's analysis holds in Ray actors (0: none,
+    the analysis in the task's own process). ``chosen`` (``[ray] geometry_ranges``) when
+    given; by default as many as keep each range's process within ``budget_gib``
+    (:func:`posstats.geometry.ranged.ranges_for_budget`), 0 when one process fits it, when
+    a GPU analyses, when the counts are dense, or when the analysis needs the counts in one
+    process (buckets, the exact path, the shuffle null, held-out scores; an explicit
+    ``chosen`` is then refused in one line)."""
+    if chosen == 0:
+        return 0
+    indptr = load_indptr(counts_file(counts))
+    rows = int(np.count_nonzero(np.diff(indptr))) if indptr is not None else 0
+    problem = ranges_refusal(config, rows) if indptr is not None else "the counts are stored dense"
+    if chosen is not None:
+        if problem:
+            raise OptionError(f"[ray] geometry_ranges = {chosen}: {problem}")
+        return int(chosen)
+    if problem or gpus > 0:
+        return 0
+    k = ranges_for_budget(int(indptr[-1]), int(budget_gib * 2**30))
+    return k if k > 1 else 0
 
 
 def _unwrap_task_error(exc: BaseException) -> BaseException:
@@ -607,11 +655,16 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
     rc = run.cfg.values["ray"]
     config = run.cfg.analysis_config()
     gpus = _geometry_gpus(ray, config.device)
-    cpus = rc["geometry_cpus"] if rc["geometry_cpus"] is not None else _largest_node_cpus(ray, with_gpu=gpus > 0)
+    ranges = geometry_ranges(counts, config, chosen=rc["geometry_ranges"], gpus=gpus,
+                             budget_gib=run.cfg.values["count"]["memory_budget_gib"])
+    if ranges:  # the range actors do the products: the task itself reserves no CPU they need
+        cpus = 0.0
+    else:
+        cpus = rc["geometry_cpus"] if rc["geometry_cpus"] is not None else _largest_node_cpus(ray, with_gpu=gpus > 0)
     task = ray.remote(task_body).options(num_cpus=cpus, num_gpus=gpus, max_retries=rc["geometry_retries"],
                                          retry_exceptions=False)
     counts_ref = run.store.display(run.store.stage_rel(run.run_id, "reduce"))
-    ref = task.remote(counts, out_dirs, config, options, run.run_id, counts_ref)
+    ref = task.remote(counts, out_dirs, config, options, run.run_id, counts_ref, ranges)
     try:
         out = ray.get(ref)
     except RayTaskError as exc:
@@ -621,7 +674,8 @@ def _stage_geometry(run: _Run, staging: Path) -> dict[str, Any]:
                f"{run.run_id} to resume from the geometry stage")
         raise PosstatsError(msg) from exc
     run.handoff.rendered = {s: (Path(out_dirs[s]), out[s]) for s in later}
-    return {"positions_used": out["geometry"]["positions_used"], "rank": out["geometry"]["rank"]}
+    return {"positions_used": out["geometry"]["positions_used"], "rank": out["geometry"]["rank"],
+            "ranges": out["geometry"]["ranges"]}
 
 
 def _geometry_gpus(ray: Any, device: str) -> float:
@@ -667,8 +721,10 @@ def _resumed_run(run: _Run) -> RunData:
     its folder, the reduce stage's counts and, for up to STRESS_POSITION_LIMIT positions,
     all their distances (what the report and the export then share)."""
     if run.handoff.run_data is None:
-        counts = load_counts(run.stage_local("reduce"))
-        run_data = dataclasses.replace(load_run(run.stage_local("geometry")), counts=counts)
+        # the rows the report and the export need are read from the reduce stage's counts
+        # file (never the whole counts: run_folder.run_distances)
+        counts = counts_file(run.stage_local("reduce"))
+        run_data = dataclasses.replace(load_run(run.stage_local("geometry")), counts_source=counts)
         if run_data.positions.size <= STRESS_POSITION_LIMIT:
             run_data = with_distances(run_data)
         run.handoff.run_data = run_data

@@ -15,7 +15,7 @@ import functools
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from posstats.processes import one_malloc_arena, return_freed_memory
 
 from .output import peak_rss_bytes
 
-__all__ = ["ActorRanges", "RangeWorker", "start_range_workers"]
+__all__ = ["ActorRanges", "RangeWorker", "actor_replicates", "start_range_workers"]
 
 # Arrays at least this large go to the object store once per call, not once per actor.
 _PUT_BYTES = 1 << 16
@@ -184,6 +184,18 @@ class ActorRanges:
             return x
 
         return ray.get([getattr(a, method).remote(*[ref(x) for x in call]) for a, call in zip(self.actors, args, strict=True)])
+
+
+def actor_replicates(actors: Sequence[Any], /) -> Callable[[int, int], ActorRanges]:
+    """``replicates(groups, seed)`` for :func:`posstats.analysis.analyze_ranges`: every
+    actor splits its range's tokens into the jackknife's groups
+    (:meth:`RangeWorker.start_replicates`); returns the runner over those splits."""
+
+    def replicates(groups: int, seed: int) -> ActorRanges:
+        ActorRanges(actors).call("start_replicates", [(int(groups), int(seed))] * len(actors))
+        return ActorRanges(actors, via="on_replicates")
+
+    return replicates
 
 
 def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, min_occupancy: int,

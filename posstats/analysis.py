@@ -95,7 +95,8 @@ from posstats.options import option, option_values
 from posstats.progress import progress
 from posstats.report import Report
 
-__all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze", "analyze_in_ranges", "analyze_ranges"]
+__all__ = ["SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze", "analyze_in_ranges", "analyze_ranges",
+           "ranges_refusal"]
 
 SCHEMA_VERSION = 1
 DEFAULT_DIMS = (2, 16, 64)
@@ -766,7 +767,7 @@ def analyze_ranges(
     """
     config = config or AnalysisConfig()
     positions, occupancy = rows.held()
-    problem = _ranged_problem(config, len(positions))
+    problem = ranges_refusal(config, len(positions))
     if problem:
         raise OptionError(problem)
     g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates)
@@ -788,7 +789,7 @@ def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfi
                           counts_source=counts_file(path))
 
 
-def _ranged_problem(config: AnalysisConfig, m: int, /) -> str | None:
+def ranges_refusal(config: AnalysisConfig, m: int, /) -> str | None:
     """Why :func:`analyze_ranges` cannot analyse ``m`` rows held apart with ``config``, or None."""
     if m < 2:
         return (f"{m} position(s) have at least {config.min_occupancy} counted token(s); the geometry needs two or "

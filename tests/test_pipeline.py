@@ -371,3 +371,50 @@ def test_a_corpus_with_no_positional_structure_completes_without_a_table(tmp_pat
     assert marker["file"] is None and "nothing to export" in marker["skipped"]
     assert "no positional structure" in (tmp_path / "store/runs/flat/export/README.md").read_text()
     assert store.latest()["run_id"] == "flat" and store.latest()["export"] is None
+
+
+def test_the_geometry_task_analyses_over_range_actors(tmp_path, ray_session, capsys):
+    """[ray] geometry_ranges = 3: the analysis runs over three Ray actors holding the counts'
+    rows (analyze_ranges), never loading the counts in the task, and gives the in-process
+    analysis' answer (eigenvalues above the noise, standouts, stresses); report.html and the
+    export are written from it; 0 keeps it in the task; an analysis that needs the counts in
+    one process is refused in one line."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(3)
+    n, vocab = 300, 4000
+    head = rng.integers(0, 8, size=(400, 4))  # 4 planted positions
+    seqs = [np.concatenate([head[d], rng.zipf(1.3, size=int(rng.integers(n, 2 * n))) % vocab]).astype(np.int32).tolist()
+            for d in range(400)]
+    pq.write_table(pa.table({"ids": pa.array(seqs, type=pa.list_(pa.int32()))}), corpus / "s0.parquet")
+
+    def config_with(ranges: int) -> Path:
+        cfg = write_config(tmp_path, ray=f"geometry_ranges = {ranges}")
+        cfg.write_text(cfg.read_text().replace(f"positions = {N}", f"positions = {n}")
+                       .replace(f"vocab_size = {V}", f"vocab_size = {vocab}")
+                       .replace("[geometry]\n", '[geometry]\nexact_limit = 100\nnull = "mp"\nheld_out = "off"\n'
+                                                'stress_halfwidth = 0.01\n'))
+        return cfg
+
+    reports = {}
+    for ranges in (3, 0):
+        rc, out, err = run_cli(capsys, "pipeline", "--config", config_with(ranges), "--run-id", f"r{ranges}")
+        assert rc == 0, err
+        run = tmp_path / f"store/runs/r{ranges}"
+        reports[ranges] = json.loads((run / "geometry/report.json").read_text())
+        assert (run / "report/report.html").stat().st_size > 10_000
+        assert Store(str(tmp_path / "store")).stage_marker(f"r{ranges}", "geometry")["ranges"] == ranges
+    ranged, one = reports[3], reports[0]
+    assert ranged["verdict"]["standout_positions"] == one["verdict"]["standout_positions"]
+    assert set(ranged["verdict"]["standout_positions"]["positions"]) >= {0, 1, 2, 3}
+    assert ranged["verdict"]["components_above_noise"] == one["verdict"]["components_above_noise"] >= 1
+    k = one["verdict"]["components_above_noise"]
+    np.testing.assert_allclose(ranged["spectrum"]["eigenvalues"][:k], one["spectrum"]["eigenvalues"][:k], rtol=1e-8)
+    for x, y in zip(one["encodings"], ranged["encodings"], strict=True):
+        assert y["scaled_stress"] == pytest.approx(x["scaled_stress"], rel=1e-6, abs=1e-9), (x["name"], x["dim"])
+    np.testing.assert_allclose(ranged["noise"]["bias_per_position"], one["noise"]["bias_per_position"], rtol=1e-12)
+    # held-out scores need the counts in one process: refused in one line, before the task
+    cfg = config_with(2)
+    cfg.write_text(cfg.read_text().replace('held_out = "off"', 'held_out = "on"'))
+    rc, out, err = run_cli(capsys, "pipeline", "--config", cfg, "--run-id", "refused")
+    assert rc == 2 and "[ray] geometry_ranges = 2: [geometry] held_out on needs the counts in one process" in err, err

@@ -10,7 +10,7 @@ docs/service.md, and an example is ``deploy/pipeline.example.toml``)::
     [input]      paths (required), format, column | text_column + tokenizer, storage_options, document_per
     [count]      positions, vocab_size, mode, exclude_tokens, separator, memory_budget_gib,
                  shard_size_mib, skip_bad_shards
-    [ray]        address, workers, geometry_cpus, geometry_retries
+    [ray]        address, workers, geometry_cpus, geometry_retries, geometry_ranges
     [geometry]   every option of posstats.analysis.AnalysisConfig (generated from its declaration:
                  dims, encodings, ..., null, null_replicates, buckets, exact_limit, ...) but
                  bootstrap and tokenizer, which say why (posstats.options)
@@ -243,6 +243,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              "instead of 9.9 GB, docs/benchmarks.md)", nullable=True, check=_ge(0)),
         "geometry_retries": Key("int", 2, "times Ray reruns a geometry task whose worker died", nullable=False,
                                 check=_ge(0)),
+        "geometry_ranges": Key("int", None, "position ranges the geometry task's analysis holds in Ray actors, so "
+                               "that no process holds every count (default: as many as keep each range within "
+                               "[count] memory_budget_gib, and none, the analysis in the task's own process, when "
+                               "it fits there; 0: always in the task's process; docs/long-context.md)",
+                               check=_ge(0)),
     },
     "geometry": _option_keys(AnalysisConfig),
     "diff": {
