@@ -773,6 +773,7 @@ def analyze_ranges(
     g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates)
     analysis = _analysis(counts, config, g, parts=None, show_progress=show_progress,
                          occupancy=rows.read_occupancy(counts.positions))
+    analysis.sections["geometry"]["ranges"] = len(rows.ranges)  # the report says the rows were held apart
     return dataclasses.replace(analysis, counts_source=None if counts_source is None else str(counts_source))
 
 
@@ -798,6 +799,8 @@ def ranges_refusal(config: AnalysisConfig, m: int, /) -> str | None:
         return f"an analysis over position ranges needs {{buckets}} none, got {config.buckets}"
     if config.device == "gpu":
         return "{device} gpu: an analysis over position ranges runs on CPUs (auto or cpu)"
+    if config.null == "shuffle":
+        return "{null} shuffle draws shuffled corpora from the counts in one process; over position ranges use auto or mp"
     limit = max(config.exact_limit, _NULL_SHUFFLE_LIMIT if config.null in ("auto", "shuffle") else 0)
     if m <= limit:
         return (f"{m:,} geometry rows: an analysis over position ranges serves more than {limit:,} rows (the exact "

@@ -54,6 +54,9 @@ def _close(got, want):
 def test_the_report_over_ranges_is_the_one_in_one_process(both):
     one, ranged = both
     assert one["positions"] == ranged["positions"] and one["corpus"] == ranged["corpus"]
+    geometry = dict(ranged["geometry"])
+    assert geometry.pop("ranges") == 3 and "ranges" not in one["geometry"]
+    assert geometry == one["geometry"]
     np.testing.assert_allclose(ranged["noise"]["bias_per_position"], one["noise"]["bias_per_position"], rtol=1e-12)
     a, b = np.asarray(one["spectrum"]["eigenvalues"]), np.asarray(ranged["spectrum"]["eigenvalues"])
     above = a > one["spectrum"]["noise_level"] + one["spectrum"]["noise_residual"]
@@ -115,6 +118,7 @@ def test_left_out_positions_keep_their_occupancy(planted, tmp_path):
         ({"exact_limit": 600}, "600 geometry rows"),
         ({"null": "auto"}, "more than 4,096 rows"),
         ({"held_out": "on"}, "held_out on needs the counts"),
+        ({"null": "shuffle"}, "null shuffle draws shuffled corpora"),
     ],
 )
 def test_what_needs_the_counts_in_one_process_is_refused(planted, options, message):
