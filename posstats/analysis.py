@@ -1003,11 +1003,19 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
            f"(>= {DISTANCE_NOISE_CAVEAT:.0%}): a 95 % interval would cover well below 95 % (docs/calibration.md); "
            "the jackknife's range (scaled_stress_tie_range) only decides ties")
     for e in results:
-        if str(e.get("stress_interval", "")).startswith("jackknife"):
+        reason = str(e.get("stress_interval", ""))
+        if reason.startswith("jackknife"):
             e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
             e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
             e["stress_interval"] = why
+        elif reason.startswith(_BELOW_ZERO):
+            # a stress within its noise of 0 (a fit to rounding, such as SMACOF at full width):
+            # its tie range stays; the reason that withholds every interval is the noise's
+            e["stress_interval"] = why
     return noise_share
+
+
+_BELOW_ZERO = "none: the jackknife's bias-corrected interval lies below 0"  # a stress_interval reason
 
 
 def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: bool, config: AnalysisConfig,
@@ -1052,8 +1060,8 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
         scaled = jackknife_interval(e["scaled_stress"], reps[(*key, "scaled_stress")], bounds=(0.0, 1.0))
         if raw is None or scaled is None:
             e["scaled_stress_tie_range"] = overshoot_tie_range(e["scaled_stress"], reps[(*key, "scaled_stress")])
-            e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0 (its 1/N extrapolation "
-                                    "overshoots a stress within its noise of 0); scaled_stress_tie_range only decides ties")
+            e["stress_interval"] = (f"{_BELOW_ZERO} (its 1/N extrapolation overshoots a stress within its noise of 0); "
+                                    "scaled_stress_tie_range only decides ties")
             continue
         e["stress_ci95"], e["scaled_stress_ci95"] = raw, scaled
         e["stress_interval"] = f"jackknife, {JACKKNIFE_GROUPS} random token groups, cut to the quantity's range"
@@ -1124,8 +1132,8 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
         if raw.interval is None or scaled.interval is None:
             e["scaled_stress_tie_range"] = overshoot_tie_range(e["scaled_stress"], reps[(*key, "scaled_stress")],
                                                                extra_sd=sd["scaled_stress"])
-            e["stress_interval"] = ("none: the jackknife's bias-corrected interval lies below 0 (a stress within its "
-                                    "noise of 0); scaled_stress_tie_range only decides ties")
+            e["stress_interval"] = (f"{_BELOW_ZERO} (a stress within its noise of 0); scaled_stress_tie_range only "
+                                    "decides ties")
             continue
         # judged on the scaled stress, the quantity the verdict compares; where noise withholds
         # every interval (_stress_intervals) that is the reason given
