@@ -50,6 +50,7 @@ __all__ = [
     "TensorStream",
     "choose_storage",
     "count_dtype",
+    "check_counts_file",
     "counts_file",
     "load_counts",
     "load_header",
@@ -494,6 +495,40 @@ def load_rows(path: str | os.PathLike, start: int, stop: int, /, *, check: bool 
     if check:
         _check_nonnegative(rows, path)
     return rows
+
+
+_CHECK_BLOCK_ENTRIES = 1 << 24  # stored counts read at a time by check_counts_file
+
+
+def check_counts_file(path: str | os.PathLike, /) -> PositionalCounts:
+    """Every check :func:`load_counts` makes of a counts file (structure, signs, the header's
+    token total), reading a sparse file a block of rows at a time instead of whole
+    (memory: about ``_CHECK_BLOCK_ENTRIES`` stored counts); returns its header
+    (:func:`load_header`). A dense or Parquet file is loaded whole.
+
+    Raises:
+        InputError: naming the file and what is wrong, as :func:`load_counts` does.
+    """
+    path = counts_file(path)
+    indptr = load_indptr(path)
+    if indptr is None:
+        return load_counts(path)
+    header = load_header(path)
+    steps = np.diff(indptr)
+    if indptr.size and (int(indptr[0]) != 0 or bool(np.any(steps < 0))):
+        msg = f"{path}: damaged sparse counts (indptr must be a non-decreasing sequence starting at 0); count again"
+        raise InputError(msg)
+    total, row, n = 0, 0, int(indptr.size - 1)
+    while row < n:
+        stop = min(max(int(np.searchsorted(indptr, int(indptr[row]) + _CHECK_BLOCK_ENTRIES, side="right")) - 1,
+                       row + 1), n)
+        total += int(load_rows(path, row, stop, dtype=None).sum(dtype=np.int64))
+        row = stop
+    if total != header.tokens:
+        msg = (f"{path}: its header says {header.tokens:,} tokens but its counts add up to {total:,}; "
+               "the file was changed after counting: count again")
+        raise InputError(msg)
+    return header
 
 
 def load_selected_rows(path: str | os.PathLike, rows: Any, /) -> sp.csr_array:

@@ -36,7 +36,7 @@ from safetensors.numpy import save_file
 from posstats.analysis import Analysis
 from posstats.counting.buckets import bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import counts_file, load_counts, load_header, load_selected_rows
+from posstats.counting.io import check_counts_file, counts_file, load_counts, load_selected_rows
 from posstats.errors import InputError
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
@@ -299,12 +299,12 @@ def _run_counts(run: RunData) -> PositionalCounts:
 def _used_rows(run: RunData, positions: np.ndarray, /) -> Any:
     """The counts rows of the used ``positions`` as the analysis saw them: from the counts
     held, else (without buckets) only those rows read from the run's counts file
-    (:func:`posstats.counting.io.load_selected_rows`, checked to be the analysed corpus),
-    else from the whole counts file."""
+    (:func:`posstats.counting.io.load_selected_rows`, after the file's checks, a block of rows
+    at a time, and checked to be the analysed corpus), else from the whole counts file."""
     if run.counts is not None or ((run.report.get("config") or {}).get("buckets") or "none") != "none":
         return _geometry_rows(_run_counts(run), run.report, positions)
     path = run.counts_path()
-    header = load_header(path)
+    header = check_counts_file(path)  # every check load_counts makes, a block of rows at a time
     _check_counts_are_the_runs(run, header, path)
     return load_selected_rows(path, positions)
 
