@@ -14,7 +14,8 @@ import pytest
 import scipy.sparse as sp
 
 from posstats.analysis import AnalysisConfig, analyze, analyze_in_ranges
-from posstats.counting.io import save_counts
+from posstats.cli import main as cli
+from posstats.counting.io import load_counts, save_counts
 from posstats.errors import OptionError
 from posstats.reports.analysis_folder import write_analysis
 from posstats.runs import run_folder
@@ -148,3 +149,24 @@ def test_the_run_of_a_ranged_analysis_reads_only_the_rows_it_needs(planted, both
     ref_idx, ref_dist = run_folder.run_distances(ref, max_positions=150)
     np.testing.assert_array_equal(idx, ref_idx)
     np.testing.assert_allclose(dist, ref_dist, rtol=1e-9, atol=1e-12)
+
+
+def test_the_bundled_real_corpus_over_ranges_is_analysed_as_in_one_process(tmp_path, data_dir):
+    """Real text (the bundled fortunes, BERT WordPiece ids, 64 positions, counted by the CLI):
+    over 3 ranges, the analysis finds the positions and components the one-process analysis
+    finds on the same counts, with the same eigenvalues above the noise and stresses."""
+    counts = tmp_path / "counts"
+    assert cli(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text", "--tokenizer",
+                str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
+                "--out", str(counts), "-q"]) == 0
+    config = dataclasses.replace(CONFIG, exact_limit=16, dims=(2, 8))
+    one = analyze(load_counts(counts), config).report().to_dict()
+    ranged = analyze_in_ranges(counts, 3, config).report().to_dict()
+    assert ranged["verdict"]["standout_positions"] == one["verdict"]["standout_positions"]
+    assert one["verdict"]["standout_positions"]["count"] >= 1  # the opening positions of real text
+    k = one["verdict"]["components_above_noise"]
+    assert ranged["verdict"]["components_above_noise"] == k
+    np.testing.assert_allclose(ranged["spectrum"]["eigenvalues"][:k], one["spectrum"]["eigenvalues"][:k], rtol=1e-8)
+    for x, y in zip(one["encodings"], ranged["encodings"], strict=True):
+        assert y["scaled_stress"] == pytest.approx(x["scaled_stress"], rel=1e-6, abs=1e-9), (x["name"], x["dim"])
+    assert ranged["positions"] == one["positions"] and ranged["geometry"]["ranges"] == 3

@@ -14,6 +14,7 @@ import pytest
 
 from posstats.analysis import AnalysisConfig
 from posstats.cli import build_parser
+from posstats.errors import PosstatsError
 from posstats.options import SAME, declared_options
 from posstats.reports.export import ExportOptions
 from posstats.service.config import SCHEMA, parse_config, schema_rows
@@ -201,3 +202,12 @@ def test_count_options_refuse_by_the_declared_rule(kwargs, message):
 
     with pytest.raises(OptionError, match=message.replace("(", r"\(")):
         CountOptions(**kwargs)
+
+
+@pytest.mark.parametrize("value", [-1, 1025])
+def test_geometry_ranges_is_bounded(value):
+    """[ray] geometry_ranges starts one Ray actor per range: a config value cannot ask for more
+    than 1,024 (or a negative count)."""
+    with pytest.raises(PosstatsError, match="geometry_ranges"):
+        parse_config({"store": {"url": "/tmp/s"}, "input": {"paths": ["/tmp/x"], "column": "ids"},
+                      "count": {"vocab_size": 10}, "ray": {"geometry_ranges": value}})

@@ -34,7 +34,7 @@ from posstats.geometry.ranged import LocalRanges, RangeRunner, SqrtRange, pair_d
 
 from .jackknife import JACKKNIFE_GROUPS
 from .pair_jackknife import _binomial
-from .sampled import SampledGeometry
+from .sampled import SampledGeometry, pair_chunks
 from .sampling_variance import position_sampling_variance
 
 __all__ = ["RangeReplicates", "local_replicates", "ranged_pair_replicates"]
@@ -178,24 +178,13 @@ class RangeReplicates:
         """(len(local), V) int64 counts of the current replicate's rows ``local``."""
         return self._kept(local)
 
-    def _chunks(self, cost: np.ndarray, /) -> list[tuple[int, int]]:
-        """Consecutive pair spans whose gathered rows hold about ``_CHUNK`` stored entries."""
-        total = np.cumsum(cost)
-        spans, start = [], 0
-        while start < cost.size:
-            base = total[start - 1] if start else 0
-            stop = max(int(np.searchsorted(total, base + _CHUNK, side="right")), start + 1)
-            spans.append((start, stop))
-            start = stop
-        return spans
-
     def row_dots(self, i: np.ndarray, j: np.ndarray, /) -> np.ndarray:
         """(p,) ``<s'_i, s'_j>`` of pairs of this range's rows (local) in the current replicate."""
         i = np.asarray(i, dtype=np.int64)
         j = np.asarray(j, dtype=np.int64)
         out = np.empty(i.size, dtype=np.float64)
         entries = self.row_entries()
-        for a, b in self._chunks(entries[i] + entries[j]):
+        for a, b in pair_chunks(entries[i] + entries[j], _CHUNK, i.size):
             rows, inverse = np.unique(np.concatenate([i[a:b], j[a:b]]), return_inverse=True)
             s = self._kept_sqrt(rows)
             out[a:b] = np.asarray(s[inverse[: b - a]].multiply(s[inverse[b - a :]]).sum(axis=1)).ravel()
@@ -209,7 +198,7 @@ class RangeReplicates:
         j = np.asarray(j, dtype=np.int64)
         t = sp.csr_array((data, indices, indptr), shape=(int(np.asarray(indptr).size - 1), self.range.shape[1]))
         out = np.empty(i.size, dtype=np.float64)
-        for a, b in self._chunks(self.row_entries()[i]):
+        for a, b in pair_chunks(self.row_entries()[i], _CHUNK, i.size):
             rows, inverse = np.unique(i[a:b], return_inverse=True)
             s = self._kept_sqrt(rows)
             out[a:b] = np.asarray(s[inverse].multiply(t[j[a:b]]).sum(axis=1)).ravel()

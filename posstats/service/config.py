@@ -247,7 +247,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                "that no process holds every count (default: as many as keep each range within "
                                "[count] memory_budget_gib, and none, the analysis in the task's own process, when "
                                "it fits there; 0: always in the task's process; docs/long-context.md)",
-                               check=_ge(0)),
+                               check=lambda v: None if 0 <= v <= 1024 else "must be between 0 and 1024 (one Ray actor "
+                                                                            "per range)"),
     },
     "geometry": _option_keys(AnalysisConfig),
     "diff": {
