@@ -65,7 +65,7 @@ from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
 from posstats.geometry.mds import classical_mds, wanted_residuals
-from posstats.geometry.ranged import PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
+from posstats.geometry.ranged import MAX_RANGES, PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
 from posstats.runs.run_folder import MDS_FILE, write_mds
 
 from posstats.errors import PosstatsError
@@ -207,7 +207,6 @@ def _ranges_by_default(args: argparse.Namespace) -> bool:
 
 
 DEFAULT_MAX_RANGES = 64  # ranges a cluster's CPUs ask for without --ranges
-MAX_RANGES = 1024  # one actor each: more is a mistyped --ranges or a budget far too small
 
 
 def _ranged_problem(args: argparse.Namespace) -> str | None:

@@ -67,12 +67,12 @@ from typing import Any
 import numpy as np
 
 import posstats
-from posstats.analysis import analyze, analyze_ranges, ranges_refusal
+from posstats.analysis import analyze, ranges_refusal
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.remote import is_url, list_objects, object_version_ns
 from posstats.corpus.shard_store import RunStore, config_key, store_config
 from posstats.counting.io import counts_file, load_counts, load_header, load_indptr
-from posstats.geometry.ranged import RangedSqrt, file_ranges, ranges_for_budget
+from posstats.geometry.ranged import ranges_for_budget
 from posstats.drift import (
     check_comparable,
     diff,
@@ -116,7 +116,7 @@ from posstats.storage.publish import link_or_copy
 
 from .connect import connect_ray
 from .count import JobOptions, count_job, refresh_job
-from .ranges import ActorRanges, actor_replicates, start_range_workers
+from .ranges import analyze_over_actors
 from .guard import run_guarded
 from .output import CONFIG_NAMES, ArgumentParser, add_output_args, print_json
 
@@ -570,12 +570,12 @@ def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options
     stages named in ``out_dirs`` (``report``, ``export``; ``options`` holds their keywords
     and the export's file name). Every folder is emptied first (a retried task starts
     clean). With ``ranges`` > 0 the counts' rows are held by that many Ray actors
-    (:func:`_analysis_over_ranges`), else the task loads them. Returns each stage's marker info."""
+    (:func:`jobs.ranges.analyze_over_actors`), else the task loads them. Returns each stage's marker info."""
     one_malloc_arena()  # the products' threads would each keep a heap of freed blocks
     outs = {stage: _fresh_folder(Path(d)) for stage, d in out_dirs.items()}
     write_json_atomic(outs["geometry"] / "started.json", {"pid": os.getpid(), "hostname": socket.gethostname(), "started": utc_now()})
     if ranges:
-        analysis = _analysis_over_ranges(counts, config, ranges)
+        analysis = analyze_over_actors(counts, config, ranges)
     else:
         analysis = analyze(load_counts(counts, compact=True), config)
     run_data = write_analysis(outs["geometry"], analysis, inputs={"counts": counts_ref}, run_id=run_id, html=False)
@@ -586,24 +586,6 @@ def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options
     if "export" in outs:
         info["export"] = _write_export(run_data, outs["export"], file=options["export_file"], options=options["export"])
     return info
-
-
-def _analysis_over_ranges(counts: str, config: Any, ranges: int, /) -> Any:
-    """:func:`posstats.analysis.analyze_ranges` of the counts file in ``counts`` cut into
-    ``ranges`` position ranges, each held by a :class:`~jobs.ranges.RangeWorker` actor (with
-    its noise floor), killed once the analysis is done."""
-    import ray
-
-    path = os.path.abspath(counts_file(counts))
-    noise_parts = None if config.noise_floor == "off" else config.noise_parts
-    actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
-                                    noise_parts=noise_parts, seed=config.seed)
-    try:
-        return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config,
-                              replicates=actor_replicates(actors), counts_source=path)
-    finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
 
 
 def geometry_ranges(counts: str, config: Any, *, chosen: int | None, budget_gib: float, gpus: float) -> int:

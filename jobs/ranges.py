@@ -20,16 +20,18 @@ from typing import Any
 
 import numpy as np
 
+from posstats.analysis import analyze_ranges
+from posstats.counting.io import counts_file, load_header
 from posstats.errors import PosstatsError
 from posstats.estimates.noise import NoiseFloor
 from posstats.estimates.ranged_jackknife import RangeReplicates
 from posstats.estimates.thinning import range_noise_floor
-from posstats.geometry.ranged import load_sqrt_range
+from posstats.geometry.ranged import RangedSqrt, file_ranges, load_sqrt_range
 from posstats.processes import one_malloc_arena, return_freed_memory
 
 from .output import peak_rss_bytes
 
-__all__ = ["ActorRanges", "RangeWorker", "actor_replicates", "start_range_workers"]
+__all__ = ["ActorRanges", "RangeWorker", "actor_replicates", "analyze_over_actors", "start_range_workers"]
 
 # Arrays at least this large go to the object store once per call, not once per actor.
 _PUT_BYTES = 1 << 16
@@ -222,3 +224,25 @@ def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, 
             raise cause from None  # the actor's one-line reason (a damaged file), not Ray's traceback
         raise
     return actors, held
+
+
+def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, *,
+                        show_progress: bool | None = None) -> Any:
+    """:func:`posstats.analysis.analyze_ranges` of a saved counts file (or its folder) cut
+    into ``ranges`` position ranges of about equal stored counts, each held by a
+    :class:`RangeWorker` actor of the connected Ray cluster (with its noise floor unless
+    ``config.noise_floor`` is ``"off"``); the actors are killed once the analysis is done.
+    No process, the caller's included, holds every count. Returns the
+    :class:`posstats.analysis.Analysis`."""
+    import ray
+
+    path = os.path.abspath(counts_file(counts))
+    noise_parts = None if config.noise_floor == "off" else config.noise_parts
+    actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
+                                    noise_parts=noise_parts, seed=config.seed)
+    try:
+        return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config, show_progress=show_progress,
+                              replicates=actor_replicates(actors), counts_source=path)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)

@@ -391,11 +391,11 @@ def encoding_jobs(config: AnalysisConfig, rows: int | None = None) -> list[tuple
     """Every (width, encoding spec) scored, widths ascending: each spec at every width of
     ``config.dims``, except ``hf:`` specs, scored at their model's head dimension only.
     With ``rows`` (the geometry's), ``mds-smacof`` is left out above ``config.smacof_limit``
-    (:func:`skipped_encodings` says so)."""
+    or ``config.exact_limit`` (it needs the m x m distances; :func:`skipped_encodings` says so)."""
     widths = {spec: encoding_dims(spec, config.dims) for spec in config.encodings}
     every = sorted({d for ds in widths.values() for d in ds})
     jobs = [(d, spec) for d in every for spec in config.encodings if d in widths[spec]]
-    if rows is not None and rows > config.smacof_limit:
+    if rows is not None and rows > min(config.smacof_limit, config.exact_limit):
         jobs = [(d, spec) for d, spec in jobs if not family_of(spec).quadratic]
     return jobs
 
@@ -411,11 +411,15 @@ def flat_skipped_encodings(config: AnalysisConfig, /) -> list[dict[str, str]]:
 
 def skipped_encodings(config: AnalysisConfig, rows: int, /) -> list[dict[str, str]]:
     """The report's ``skipped_encodings``: specs :func:`encoding_jobs` leaves out at ``rows``, and why."""
-    if rows <= config.smacof_limit:
+    if rows > config.smacof_limit:
+        reason = (f"SMACOF costs O(m^2) per iteration: {rows:,} geometry rows > --smacof-limit "
+                  f"{config.smacof_limit:,} (raise it to score it)")
+    elif rows > config.exact_limit:
+        reason = (f"SMACOF needs the m x m distances, which the analysis does not form above --exact-limit "
+                  f"{config.exact_limit:,} ({rows:,} geometry rows; raise it to score it)")
+    else:
         return []
-    return [{"spec": spec, "reason": f"SMACOF costs O(m^2) per iteration: {rows:,} geometry rows > --smacof-limit "
-                                      f"{config.smacof_limit:,} (raise it to score it)"}
-            for spec in config.encodings if family_of(spec).quadratic]
+    return [{"spec": spec, "reason": reason} for spec in config.encodings if family_of(spec).quadratic]
 
 
 @dataclass(frozen=True)

@@ -170,3 +170,58 @@ def test_the_bundled_real_corpus_over_ranges_is_analysed_as_in_one_process(tmp_p
     for x, y in zip(one["encodings"], ranged["encodings"], strict=True):
         assert y["scaled_stress"] == pytest.approx(x["scaled_stress"], rel=1e-6, abs=1e-9), (x["name"], x["dim"])
     assert ranged["positions"] == one["positions"] and ranged["geometry"]["ranges"] == 3
+
+
+# CONFIG as `posstats analyze` flags
+FLAGS = ["--exact-limit", "200", "--null", "mp", "--held-out", "off", "--encodings", "mds,sinusoidal,rope,alibi",
+         "--stress-halfwidth", "0.01", "--corpus-triples", "20000", "--dims", "2,16", "-q"]
+
+
+@pytest.mark.ray
+def test_the_command_line_analysis_over_ray_actors_is_the_one_in_one_process(planted, both, tmp_path, ray_session):
+    """``posstats analyze --ranges 3``: three RangeWorker actors hold the rows; the folder
+    and the report are an in-process run's (the one above), with geometry.ranges = 3."""
+    path, _ = planted
+    out = tmp_path / "analysis"
+    assert cli(["analyze", "--counts", str(path), "--out", str(out), "--ranges", "3", *FLAGS]) == 0
+    got = run_folder.load_run(out).report
+    one, _ = both
+    assert got["geometry"]["ranges"] == 3 and got["positions"] == one["positions"]
+    assert got["verdict"]["components_above_noise"] == one["verdict"]["components_above_noise"] >= 2
+    assert got["verdict"]["standout_positions"] == one["verdict"]["standout_positions"]
+    for x, y in zip(one["encodings"], got["encodings"], strict=True):
+        assert y["scaled_stress"] == pytest.approx(x["scaled_stress"], rel=1e-6, abs=1e-9), (x["name"], x["dim"])
+    assert (out / "report.html").stat().st_size > 10_000 and (out / "mds.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ranges", "2", "--buckets", "fixed:8"], "--ranges 2 (2 range(s)): an analysis over position ranges needs"),
+        (["--ranges", "2", "--reread"], "--reread splits the corpus in one process"),
+        (["--ranges", "0"], "--ranges must be between 1 and 1024"),
+        (["--memory-budget", "0.1"], "--memory-budget 0.1 GiB leaves nothing for the counts"),
+        (["--address", "127.0.0.1:1"], "--address names the Ray cluster of --ranges / --memory-budget"),
+    ],
+)
+def test_range_flags_that_cannot_run_are_refused_in_one_line(planted, tmp_path, capsys, flags, message):
+    path, _ = planted
+    out = tmp_path / "analysis"
+    assert cli(["analyze", "--counts", str(path), "--out", str(out), *flags, *FLAGS]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_a_memory_budget_that_one_process_fits_analyses_in_this_process(planted, tmp_path, monkeypatch):
+    """--memory-budget 64: the rule finds one range enough, so no Ray is started."""
+    import posstats.jobs.ranges as ranges_job
+
+    def no_actors(*_args, **_kwargs):
+        raise AssertionError("range actors were started")
+
+    monkeypatch.setattr(ranges_job, "analyze_over_actors", no_actors)
+    path, _ = planted
+    out = tmp_path / "analysis"
+    assert cli(["analyze", "--counts", str(path), "--out", str(out), "--memory-budget", "64", *FLAGS]) == 0
+    assert "ranges" not in run_folder.load_run(out).report["geometry"]

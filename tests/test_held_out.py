@@ -187,6 +187,12 @@ def test_mds_smacof_is_a_default_up_to_its_limit():
     assert "mds-smacof" not in {e["name"] for e in report["encodings"] + report["held_out"]["encodings"]}
     (skip,) = report["skipped_encodings"]
     assert skip["spec"] == "mds-smacof" and "30 geometry rows > --smacof-limit 20" in skip["reason"]
+    # above --exact-limit no m x m distances exist: skipped with that reason, not an error after the MDS
+    report = analyze(counts, AnalysisConfig(dims=(2,), exact_limit=20, null="mp", held_out="off"),
+                     show_progress=False).report()
+    (skip,) = report["skipped_encodings"]
+    assert skip["spec"] == "mds-smacof" and "above --exact-limit 20 (30 geometry rows" in skip["reason"]
+    assert "mds" in {e["name"] for e in report["encodings"]}
 
 
 def test_cli_flags_and_report_files(tmp_path, capsys):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+import numpy as np
 
 from posstats.cli._common import (
     add_analysis_args,
@@ -11,7 +14,11 @@ from posstats.cli._common import (
     print_report,
 )
 from posstats.corpus.tokenizer import check_tokenizer
-from posstats.counting.io import load_counts
+from posstats.analysis import AnalysisConfig, ranges_refusal
+from posstats.counting.io import counts_file, load_counts, load_header, load_indptr
+from posstats.errors import OptionError
+from posstats.geometry.ranged import MAX_RANGES, PROCESS_BASELINE_BYTES, ranges_for_budget
+from posstats.reports.analysis_folder import write_analysis
 from posstats.reports.analysis_folder import analyze_to
 from posstats.runs.noise_parts import describe_counts
 from posstats.storage.publish import staged_output
@@ -44,6 +51,17 @@ Other splits for the noise floor: the shards of a Ray run store (--store), expli
 counts (--parts), or the corpus re-read and split by document parity (--reread; keeps the
 tokens of one long document together in chunk and pack mode). --bootstrap is withdrawn
 (its intervals did not cover the truth: docs/calibration.md).
+
+counts too large for one process (docs/long-context.md, "Analysis over position ranges"):
+  posstats analyze --counts runs/counts --memory-budget 4 --out runs/analysis
+  posstats analyze --counts runs/counts --ranges 8 --address 10.0.0.1:6379 --out runs/analysis
+
+--ranges K cuts the positions into K ranges of about equal stored counts, each held by a
+Ray actor (an embedded Ray on this machine, or the cluster at --address); --memory-budget
+GIB picks K so that each range's process fits GIB, and analyses in this process when one
+fits. Same report (geometry.ranges says K); what needs every count in one process is
+refused in one line: buckets, --device gpu, the exact path, the shuffle null, --held-out
+on, and --store / --parts / --reread.
 """
 
 
@@ -65,11 +83,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
                    help="tokenizer for re-reading a text corpus by document parity (default: the recorded one)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--ranges", type=int, metavar="K",
+                       help=f"hold the counts in K position ranges, one Ray actor each (1-{MAX_RANGES}); default: "
+                            "the whole counts in this process")
+    where.add_argument("--memory-budget", type=float, metavar="GIB",
+                       help="as many ranges (Ray actors) as keep each process within GIB GiB; in this process "
+                            "when one fits")
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="Ray cluster for --ranges / --memory-budget (default: $RAY_ADDRESS, else an embedded Ray "
+                        "on this machine)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = analysis_config(args)
+    ranges = _ranges(args, config)
+    if ranges:
+        return _run_over_ranges(args, config, ranges)
     counts = load_counts(args.counts, compact=True)  # int32 where exact: half the memory of int64
     if args.tokenizer:
         # even when no option re-reads the corpus: a tokenizer given with other counts is a mistake
@@ -78,5 +109,62 @@ def run(args: argparse.Namespace) -> int:
         run_data = analyze_to(counts, config, stage, counts_path=args.counts, name=Path(args.out).name,
                               store=args.store, parts_dirs=[d for d in (args.parts or "").split(",") if d] or None,
                               reread=args.reread)
+    print_report(run_data.report, args, out=args.out)
+    return 0
+
+
+def _ranges(args: argparse.Namespace, config: AnalysisConfig) -> int:
+    """The position ranges the analysis is held in (0: this process) from ``--ranges`` /
+    ``--memory-budget``; an option that needs every count in one process is an
+    :class:`~posstats.errors.OptionError` naming both."""
+    if args.ranges is None and args.memory_budget is None:
+        if args.address:
+            raise OptionError("--address names the Ray cluster of --ranges / --memory-budget; give one of them")
+        return 0
+    flag = f"--ranges {args.ranges}" if args.ranges is not None else f"--memory-budget {args.memory_budget:g}"
+    if args.ranges is not None and not 1 <= args.ranges <= MAX_RANGES:
+        raise OptionError(f"--ranges must be between 1 and {MAX_RANGES} (one Ray actor each), got {args.ranges}")
+    if args.memory_budget is not None and not args.memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
+        raise OptionError(f"--memory-budget {args.memory_budget:g} GiB leaves nothing for the counts: each range's "
+                          f"process needs about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
+    indptr = load_indptr(counts_file(args.counts))
+    if indptr is None:
+        raise OptionError(f"{flag}: {counts_file(args.counts)} holds dense counts; ranges read sparse ones")
+    k = args.ranges or ranges_for_budget(int(indptr[-1]), int(args.memory_budget * 2**30))
+    if args.ranges is None and k < 2:
+        return 0  # one process fits the budget
+    if k > MAX_RANGES:
+        raise OptionError(f"{flag} would cut {int(indptr[-1]):,} stored counts into {k:,} ranges, one Ray actor each "
+                          f"(at most {MAX_RANGES}): give a larger budget")
+    one_process = next((o for o in ("store", "parts", "reread") if getattr(args, o)), None)
+    problem = (f"--{one_process} splits the corpus in one process" if one_process else
+               ranges_refusal(config, int(np.count_nonzero(np.diff(indptr)))))
+    if problem:
+        raise OptionError(f"{flag} ({k} range(s)): {problem}")
+    return k
+
+
+def _run_over_ranges(args: argparse.Namespace, config: AnalysisConfig, ranges: int) -> int:
+    """The analysis over ``ranges`` Ray range actors (:func:`posstats.jobs.ranges.analyze_over_actors`),
+    written as the in-process one is; the driver reads only the counts' header."""
+    from posstats.jobs.connect import connect_ray
+    from posstats.jobs.ranges import analyze_over_actors
+
+    header = load_header(counts_file(args.counts))
+    if args.tokenizer:
+        check_tokenizer(header.metadata, args.tokenizer, counts=describe_counts(args.counts))
+    started, _ = connect_ray(args.address)
+    try:
+        print(f"posstats: analysing {header.positions:,} positions in {ranges} range(s), one Ray actor each",
+              file=sys.stderr)
+        result = analyze_over_actors(args.counts, config, ranges)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    with staged_output(args.out, last=("report.json",)) as stage:
+        run_data = write_analysis(stage, result, inputs={"counts": str(Path(args.counts).resolve())},
+                                  name=Path(args.out).name)
     print_report(run_data.report, args, out=args.out)
     return 0

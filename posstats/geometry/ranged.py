@@ -73,6 +73,8 @@ BYTES_PER_STORED_COUNT = 16
 # What a range's process holds besides its range: the interpreter, numpy, scipy and, in
 # an actor, Ray's worker (about 170 MB measured), with room for the product blocks.
 PROCESS_BASELINE_BYTES = 256 << 20
+# Ranges at most, one Ray actor each: more is a mistyped count or a budget far too small.
+MAX_RANGES = 1024
 
 
 _CHUNK = 1 << 22  # stored counts per step of a pass over a range's arrays

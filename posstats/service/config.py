@@ -49,6 +49,7 @@ from posstats.analysis import AnalysisConfig
 from posstats.corpus.inputs import CountOptions, InputOptions
 from posstats.corpus.remote import check_storage_options, parse_value
 from posstats.errors import OptionError, PosstatsError, did_you_mean
+from posstats.geometry.ranged import MAX_RANGES
 from posstats.ids import validate_run_id
 from posstats.options import SAME, declared_options
 from posstats.reports.export import ExportOptions
@@ -247,8 +248,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                "that no process holds every count (default: as many as keep each range within "
                                "[count] memory_budget_gib, and none, the analysis in the task's own process, when "
                                "it fits there; 0: always in the task's process; docs/long-context.md)",
-                               check=lambda v: None if 0 <= v <= 1024 else "must be between 0 and 1024 (one Ray actor "
-                                                                            "per range)"),
+                               check=lambda v: None if 0 <= v <= MAX_RANGES else f"must be between 0 and {MAX_RANGES} "
+                                                                                  "(one Ray actor per range)"),
     },
     "geometry": _option_keys(AnalysisConfig),
     "diff": {
