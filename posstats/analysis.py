@@ -218,6 +218,10 @@ class AnalysisConfig:
     untested_lanczos_noise_share: float = option(
         0.03, help="sampled path, when no test can find structure (as for --untested-stress-halfwidth): the "
                    "Lanczos noise share", metavar="S", minimum=0, group=_LONG)
+    untested_triples: int = option(
+        40_000, help="sampled path, when no test can find structure (as for --untested-stress-halfwidth): the "
+                     "most triples for the corpus' and each encoding's monotonicity (a 95 % interval of at most "
+                     "+-0.005 at 40,000)", metavar="T", minimum=1, unit="triples", group=_LONG)
     device: Device = option(
         "auto", group=_LONG, limit=True,
         help="where the long-context MDS (block Lanczos above --exact-limit rows) multiplies: gpu (cupy, the "
@@ -308,7 +312,8 @@ class AnalysisConfig:
             raise PosstatsError(msg)
         for name, low in (("min_occupancy", 1), ("monotonicity_exact_limit", 0), ("exact_limit", 2),
                           ("stress_max_pairs", 1), ("null_replicates", 0), ("bootstrap", 0), ("corpus_triples", 1),
-                          ("encoding_triples", 1), ("smacof_limit", 0), ("max_encodings", 1)):
+                          ("encoding_triples", 1), ("untested_triples", 1), ("smacof_limit", 0),
+                          ("max_encodings", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 msg = f"{name.replace('_', ' ')} must be an integer >= {low}, got {value!r}"
@@ -362,7 +367,7 @@ class AnalysisConfig:
         if self.smacof_limit < 0:
             msg = f"the SMACOF limit must be >= 0 positions, got {self.smacof_limit}"
             raise PosstatsError(msg)
-        for name in ("corpus_triples", "encoding_triples"):  # a config value sizes three index arrays
+        for name in ("corpus_triples", "encoding_triples", "untested_triples"):  # each sizes three index arrays
             if getattr(self, name) > _MAX_TRIPLES:
                 msg = (f"{{{name}}} {getattr(self, name)} is above {_MAX_TRIPLES:,} (three int64 arrays of that "
                        "length; 200,000 already gives a 95 % interval of +-0.0022)")
@@ -834,7 +839,9 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
         if untested:  # every encoding will be tied: the stresses and the noise bulk are descriptive
             sections["geometry"]["untested"] = {"reason": untested,
                                                 "stress_halfwidth": config.untested_stress_halfwidth,
-                                                "lanczos_noise_share": config.untested_lanczos_noise_share}
+                                                "lanczos_noise_share": config.untested_lanczos_noise_share,
+                                                **dict(zip(("corpus_triples", "encoding_triples"),
+                                                           _triples(config, untested=True), strict=True))}
         geometry = _sampled_geometry(g, bias, config, timings, show_progress, untested=untested is not None,
                                      noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index),
                                                               untested=untested is not None))
@@ -1227,10 +1234,21 @@ def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list
     return encodings
 
 
-def _sampled_diagnostics(sampled: SampledGeometry, positions: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
-    """The ``diagnostics`` entry from sampled pairs (H1: an upper bound) and triples (A3)."""
+def _triples(config: AnalysisConfig, *, untested: bool) -> tuple[int, int]:
+    """(corpus, encoding) triples of the sampled monotonicity: ``config.corpus_triples`` and
+    ``config.encoding_triples``, at most ``config.untested_triples`` when no test can find
+    structure (:func:`_untested`: the figures are then descriptive)."""
+    if not untested:
+        return config.corpus_triples, config.encoding_triples
+    return min(config.corpus_triples, config.untested_triples), min(config.encoding_triples, config.untested_triples)
+
+
+def _sampled_diagnostics(sampled: SampledGeometry, positions: np.ndarray, config: AnalysisConfig, *,
+                         triples: int) -> dict[str, Any]:
+    """The ``diagnostics`` entry from sampled pairs (H1: an upper bound) and ``triples``
+    sampled triples (A3)."""
     value, pair = sampled.min_sampled()
-    mono = sampled.monotonicity(positions=positions, samples=config.corpus_triples, seed=config.seed)
+    mono = sampled.monotonicity(positions=positions, samples=triples, seed=config.seed)
     return {
         "h1": {
             "min_distance": value,
@@ -1260,12 +1278,14 @@ def _sampled_hellinger_entry(sampled: SampledGeometry, *, corrected: bool) -> di
     }
 
 
-def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positions: np.ndarray, config: AnalysisConfig) -> dict[str, Any]:
+def _sampled_entry(dim: int, enc: Any, st: Any, sampled: SampledGeometry, positions: np.ndarray, config: AnalysisConfig,
+                   *, triples: int) -> dict[str, Any]:
     """The report entry of one encoding on the sampled path: stress ``st`` with its 95 %
-    intervals, separation (exact or an upper bound) and monotonicity."""
+    intervals, separation (exact or an upper bound) and monotonicity (``triples`` sampled
+    triples above ``config.monotonicity_exact_limit`` rows)."""
     sep_value, sep_pair, sep_method = _large_min_separation(enc.matrix, sampled)
     mono = monotonicity_of_encoding(enc.matrix, positions=positions, exact_limit=config.monotonicity_exact_limit,
-                                  samples=config.encoding_triples, seed=config.seed)
+                                  samples=triples, seed=config.seed)
     return {
         "name": enc.name,
         "dim": int(dim),
@@ -1392,6 +1412,7 @@ def _sampled_geometry(
         sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
     encodings = _sampled_encodings(g, mds, config)
     halfwidth = config.untested_stress_halfwidth if untested else config.stress_halfwidth
+    corpus_triples, encoding_triples = _triples(config, untested=untested)
     with progress(desc="sampled stress", unit="pair", enabled=show_progress) as bar:
 
         def drawn(pairs: int, aim: int, widest: float) -> None:
@@ -1406,7 +1427,7 @@ def _sampled_geometry(
     t = time.perf_counter()
     with progress(total=2, desc="corpus diagnostics", unit="step", enabled=show_progress) as bar:
         bar.set_postfix_str("H1 (adjacent and sampled pairs), A3 (sampled triples)", refresh=True)
-        diagnostics = _sampled_diagnostics(sampled, g.positions, config)
+        diagnostics = _sampled_diagnostics(sampled, g.positions, config, triples=corpus_triples)
         bar.update(1)
         bar.set_postfix_str("Hellinger summary", refresh=True)
         summary = _sampled_hellinger_entry(sampled, corrected=bias is not None)
@@ -1417,7 +1438,7 @@ def _sampled_geometry(
     results = []
     with progress(total=len(encodings), desc="encodings", unit="enc", enabled=show_progress) as bar:
         for (dim, enc), st in zip(encodings, stresses, strict=True):
-            results.append(_sampled_entry(dim, enc, st, sampled, g.positions, config))
+            results.append(_sampled_entry(dim, enc, st, sampled, g.positions, config, triples=encoding_triples))
             bar.update(1)
     timings["encodings"] = time.perf_counter() - t
     # the stress intervals' pairs, drawn while the square-root rows are held

@@ -220,7 +220,8 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
     the noise bulk to ``untested_lanczos_noise_share`` (the report says so and why); a
     corpus with standouts gets the full accuracy; the verdict is the one the full accuracy
     gives."""
-    base = dict(dims=(2, 8), encodings=("mds", "sinusoidal"), held_out="off", exact_limit=300, null="mp")
+    base = dict(dims=(2, 8), encodings=("mds", "sinusoidal"), held_out="off", exact_limit=300, null="mp",
+                monotonicity_exact_limit=300)
     stationary = known_corpus("stationary", 400, tokens=2000, seed=3).counts
     fast = analyze(stationary, AnalysisConfig(**base)).report()
     untested = fast["geometry"]["untested"]
@@ -231,7 +232,7 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
         lo, hi = e["scaled_stress_pairs_ci95"]
         assert hi - lo <= 2 * 5e-3 and e["stress_pairs"] < 400_000  # the initial 200,000 pairs suffice
     full = analyze(stationary, AnalysisConfig(untested_stress_halfwidth=1e-3, untested_lanczos_noise_share=1e-3,
-                                              **base)).report()
+                                              untested_triples=200_000, **base)).report()
     assert full["spectrum"]["noise_residual"] == pytest.approx(1e-3 * edge, rel=1e-12)
     assert full["encodings"][0]["stress_pairs"] > 2 * fast["encodings"][0]["stress_pairs"]
     for key in ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions"):
@@ -239,6 +240,15 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
     assert all(row["tied_with"] for row in fast["verdict"]["best_encodings"])  # every encoding tied
     said = dict(verdict_items(fast))["accuracy"]  # the summary, markdown and HTML say why and how far
     assert said.startswith("descriptive: no standout position") and "+-0.005" in said and "0.03 of the null's edge" in said
+    assert (untested["corpus_triples"], untested["encoding_triples"]) == (40_000, 40_000)
+    assert "from 40,000 (corpus) and 40,000 (each encoding) sampled triples" in said
+    a3, full_a3 = fast["diagnostics"]["a3"], full["diagnostics"]["a3"]
+    assert (a3["method"], a3["triples"], full_a3["triples"]) == ("sampled", 40_000, 200_000)
+    assert a3["ci_high"] - a3["ci_low"] <= 2 * 5e-3  # descriptive, as the stresses
+    assert abs(a3["rate"] - full_a3["rate"]) <= a3["ci_high"] - a3["ci_low"]
+    for a, b in zip(fast["encodings"], full["encodings"], strict=True):  # each encoding's, sampled above 300 rows
+        (lo, hi), (full_lo, full_hi) = a["monotonicity_ci95"], b["monotonicity_ci95"]
+        assert 2 * 2.2e-3 < hi - lo <= 2 * 5e-3 and full_hi - full_lo <= 2 * 2.2e-3, a["name"]
     for a, b in zip(fast["encodings"], full["encodings"], strict=True):  # the same stresses within both ranges
         assert abs(a["scaled_stress"] - b["scaled_stress"]) <= 5e-3 + 1e-3
 

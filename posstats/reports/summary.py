@@ -176,6 +176,15 @@ def variance_of(spectrum: dict[str, Any], /) -> str:
     return "of the variance"
 
 
+def _triples_clause(untested: dict[str, Any]) -> str:
+    """", monotonicity from C (corpus) and E (each encoding) triples" of ``geometry.untested``
+    (reports written before the nineteenth session have neither)."""
+    if "corpus_triples" not in untested:
+        return ""
+    return (f", monotonicity from {untested['corpus_triples']:,} (corpus) and {untested['encoding_triples']:,} "
+            "(each encoding) sampled triples")
+
+
 def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     """The verdict as ``(label, sentence)`` pairs (report section ``verdict``): components
     above noise, the positions that stand out, the best-fitting encodings per width, and
@@ -249,7 +258,8 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     if untested:
         items.append(("accuracy", f"descriptive: {untested['reason']}, so every encoding is tied whatever the "
                                   f"geometry; stresses sampled to +-{untested['stress_halfwidth']:g}, the MDS noise "
-                                  f"bulk to {untested['lanczos_noise_share']:g} of the null's edge (docs/long-context.md)"))
+                                  f"bulk to {untested['lanczos_noise_share']:g} of the null's edge"
+                                  f"{_triples_clause(untested)} (docs/long-context.md)"))
     items.append(("distances", _noise_clause(report)))
     items += [("caveat", c) for c in v.get("caveats") or []]
     return items
