@@ -89,6 +89,11 @@ def _signed_sum(blocks: list[sp.csr_array], signs: list[int]) -> sp.csr_array:
     return blocks[0]
 
 
+def _wide(blocks: Sequence[sp.csr_array], /) -> list[sp.csr_array]:
+    """The blocks with int64 counts, for scipy's sums (a narrow type would wrap)."""
+    return [b if b.dtype == np.int64 else b.astype(np.int64) for b in blocks]
+
+
 def sorting_pays(tokens: int, entries: int, items: int, /) -> bool:
     """Whether :func:`sum_by_sorting` of ``items`` CSR arrays holding ``entries`` stored
     counts that sum to ``tokens`` beats scipy's pairwise adds:
@@ -116,6 +121,16 @@ def sum_by_sorting(blocks: Sequence[sp.csr_array], vocab_size: int, /) -> sp.csr
     >>> sum_by_sorting([one] * 16 + [sp.csr_array(np.array([[0, 1, 0], [0, 0, 0]]))], 3).toarray().tolist()
     [[16, 1, 16], [0, 0, 16]]
     """
+    total = _sorted_counts(blocks, vocab_size)
+    indptr = np.zeros(blocks[0].shape[0] + 1, np.int64)
+    np.cumsum(total.row_nnz, out=indptr[1:])
+    return sp.csr_array((total.counts.astype(np.int64), total.tokens.astype(np.int32), indptr),
+                        shape=(blocks[0].shape[0], vocab_size))
+
+
+def _sorted_counts(blocks: Sequence[sp.csr_array], vocab_size: int, /) -> BlockCounts:
+    """:func:`sum_by_sorting` as the counting kernel's :class:`BlockCounts` (first row 0;
+    token ids and counts in their narrow types), before any conversion to a CSR array."""
     m = blocks[0].shape[0]
     row_tokens = [csr_row_sums(b) for b in blocks]  # the tokens each row counts
     lengths = np.sum(row_tokens, axis=0)
@@ -146,10 +161,7 @@ def sum_by_sorting(blocks: Sequence[sp.csr_array], vocab_size: int, /) -> sp.csr
             free += per_row
         rows.sort(axis=1, kind="stable" if dtype.itemsize <= 2 else "quicksort")
         parts.append(row_counts(rows, r0))
-    total = BlockCounts.concatenate(parts)
-    indptr = np.zeros(m + 1, np.int64)
-    np.cumsum(total.row_nnz, out=indptr[1:])
-    return sp.csr_array((total.counts.astype(np.int64), total.tokens.astype(np.int32), indptr), shape=(m, vocab_size))
+    return BlockCounts.concatenate(parts)
 
 
 def _placement(item: Placement | tuple[str | os.PathLike, int]) -> Placement:
@@ -158,14 +170,16 @@ def _placement(item: Placement | tuple[str | os.PathLike, int]) -> Placement:
 
 def _placed_rows(p: Placement, start: int, stop: int, spec: CountSpec, *, check: bool) -> sp.csr_array:
     """Rows ``[start, stop)`` of the placed counts: rows ``(r - shift) mod n`` of the file
-    (two slices where they wrap), minus its dropped separator (:mod:`posstats.counting.pack`)."""
+    (two slices where they wrap), minus its dropped separator (:mod:`posstats.counting.pack`).
+    The counts keep the file's integer type (uint16 for most partials), or int64 where the
+    separator is dropped."""
     n, length = spec.positions, stop - start
     lo = (start - p.shift) % n
     if lo + length <= n:
-        rows = load_rows(p.path, lo, lo + length, check=check)
+        rows = load_rows(p.path, lo, lo + length, check=check, dtype=None)
     else:
-        rows = sp.csr_array(sp.vstack([load_rows(p.path, lo, n, check=check),
-                                       load_rows(p.path, 0, lo + length - n, check=check)], format="csr"))
+        rows = sp.csr_array(sp.vstack([load_rows(p.path, lo, n, check=check, dtype=None),
+                                       load_rows(p.path, 0, lo + length - n, check=check, dtype=None)], format="csr"))
     if p.drop_separator and start <= p.shift < stop:
         one = sp.csr_array(([1], ([p.shift - start], [spec.separator_id])), shape=rows.shape, dtype=np.int64)
         rows = rows - one
@@ -180,6 +194,17 @@ def placed_sum(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec:
     Raises:
         InputError: an item counted under another spec, or unreadable.
     """
+    indptr, indices, data = _range_sum(items, spec, start, stop, check=check)
+    return sp.csr_array((data.astype(np.int64, copy=False), indices.astype(np.int32, copy=False), indptr),
+                        shape=(stop - start, spec.vocab_size))
+
+
+def _range_sum(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
+               /, *, check: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr (stop - start + 1,) int64, token ids, counts) of :func:`placed_sum`'s rows,
+    canonical, no stored zeros, the ids and counts in whatever integer types the sum left
+    them (the sorting sum keeps the items' narrow ones: no int64 copy of a range's counts
+    is made only to be narrowed again when the range is written)."""
     placed = [_placement(item) for item in items]
     blocks = []
     for p in placed:
@@ -191,16 +216,21 @@ def placed_sum(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec:
     added = [b for b, p in zip(blocks, placed) if p.sign > 0]
     removed = [b for b, p in zip(blocks, placed) if p.sign < 0]
     if added and sorting_pays(sum(int(b.data.sum()) for b in added), sum(b.nnz for b in added), len(added)):
-        total = sum_by_sorting(added, spec.vocab_size)
-        if removed:  # a refresh: subtract the removed partials
-            total = sp.csr_array(total - _signed_sum(removed, [1] * len(removed)), dtype=np.int64)
+        summed = _sorted_counts(added, spec.vocab_size)
+        indptr = np.zeros(stop - start + 1, np.int64)
+        np.cumsum(summed.row_nnz, out=indptr[1:])
+        if not removed:  # sorted, unique and positive already
+            return indptr, summed.tokens, summed.counts
+        total = sp.csr_array((summed.counts.astype(np.int64), summed.tokens.astype(np.int32), indptr),
+                             shape=(stop - start, spec.vocab_size))
+        total = sp.csr_array(total - _signed_sum(_wide(removed), [1] * len(removed)), dtype=np.int64)  # a refresh
     elif blocks:
-        total = sp.csr_array(_signed_sum(blocks, [p.sign for p in placed]), dtype=np.int64)
+        total = sp.csr_array(_signed_sum(_wide(blocks), [p.sign for p in placed]), dtype=np.int64)
     else:
         total = sp.csr_array((stop - start, spec.vocab_size), dtype=np.int64)
     total.eliminate_zeros()
     total.sort_indices()
-    return total
+    return total.indptr.astype(np.int64, copy=False), total.indices, total.data
 
 
 def sum_row_range(items: Sequence[Placement | tuple[str | os.PathLike, int]], spec: CountSpec, start: int, stop: int,
@@ -220,14 +250,14 @@ def sum_row_range(items: Sequence[Placement | tuple[str | os.PathLike, int]], sp
         InputError: an item counted under another spec, or unreadable.
     """
     V = spec.vocab_size
-    total = placed_sum(items, spec, start, stop, check=not verified)
-    smallest, largest = (int(total.data.min()), int(total.data.max())) if total.nnz else (0, 0)
+    indptr, indices, data = _range_sum(items, spec, start, stop, check=not verified)
+    smallest, largest = (int(data.min()), int(data.max())) if data.size else (0, 0)
     meta = {"schema": RANGE_SCHEMA, "start": str(start), "stop": str(stop), "vocab_size": str(V)}
     with atomic_path(out) as tmp:  # narrow types: the assembly reads every range file once
-        write_safetensors(tmp, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(index_dtype(V)),
-                                "data": total.data.astype(count_dtype(smallest, largest))}, meta)
-    occupied = int(np.count_nonzero(np.diff(total.indptr)))
-    return {"path": str(out), "start": start, "stop": stop, "nnz": int(total.nnz), "smallest": smallest,
+        write_safetensors(tmp, {"indptr": indptr, "indices": indices.astype(index_dtype(V), copy=False),
+                                "data": data.astype(count_dtype(smallest, largest), copy=False)}, meta)
+    occupied = int(np.count_nonzero(np.diff(indptr)))
+    return {"path": str(out), "start": start, "stop": stop, "nnz": int(data.size), "smallest": smallest,
             "largest": largest, "occupied": occupied}
 
 
