@@ -65,7 +65,7 @@ from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
 from posstats.geometry.mds import classical_mds, wanted_residuals
-from posstats.geometry.ranged import MAX_RANGES, PROCESS_BASELINE_BYTES, RangedSqrt, file_ranges, ranges_for_budget
+from posstats.geometry.ranged import RangedSqrt, file_ranges
 from posstats.runs.run_folder import MDS_FILE, write_mds
 
 from posstats.errors import PosstatsError
@@ -74,7 +74,7 @@ from posstats.storage.jsontext import write_json_atomic
 
 from .hellinger import add_common_args, connect, run_job
 from .output import ArgumentParser, peak_rss_bytes
-from .ranges import ActorRanges, start_range_workers
+from .ranges import ActorRanges, budget_ranges, range_flags_problem, start_range_workers
 
 __all__ = ["build_parser", "main"]
 
@@ -211,11 +211,9 @@ DEFAULT_MAX_RANGES = 64  # ranges a cluster's CPUs ask for without --ranges
 
 def _ranged_problem(args: argparse.Namespace) -> str | None:
     """Why the ranged eigensolve cannot run with these options, or None."""
-    if args.memory_budget is not None and not args.memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
-        return (f"--memory-budget {args.memory_budget} GiB leaves nothing for the counts: each range's process needs "
-                f"about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
-    if args.ranges is not None and not 1 <= args.ranges <= MAX_RANGES:
-        return f"--ranges must be between 1 and {MAX_RANGES} (one Ray actor each), got {args.ranges}"
+    problem = range_flags_problem(args.ranges, args.memory_budget)
+    if problem:
+        return problem
     which = "--distances corrected" if args.distances == "corrected" else "--memory-budget / --ranges"
     if args.buckets != "none":
         return f"{which} holds position ranges and needs --buckets none, got --buckets {args.buckets}"
@@ -230,12 +228,7 @@ def _range_count(args: argparse.Namespace, stored: int, cpus: float) -> int:
     at_least = args.ranges or max(1, min(int(cpus), DEFAULT_MAX_RANGES))
     if args.memory_budget is None:
         return at_least
-    k = ranges_for_budget(stored, int(args.memory_budget * 2**30), at_least=at_least)
-    if k > MAX_RANGES:
-        msg = (f"--memory-budget {args.memory_budget} GiB would cut {stored:,} stored counts into {k:,} ranges, one Ray "
-               f"actor each (at most {MAX_RANGES}); give a larger budget")
-        raise PosstatsError(msg)
-    return k
+    return budget_ranges(args.memory_budget, stored, at_least=at_least)
 
 
 def _corrected_solve(floor: Any, share: float, /) -> dict[str, Any]:

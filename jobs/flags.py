@@ -180,3 +180,4 @@ def add_ray_args(parser: argparse.ArgumentParser, *, switch: bool = True) -> Non
                         "cut by Arrow file (default: the size the run store recorded at its first run, else two "
                         "to four shards per worker, within 16-256 MiB); smaller shards cost time but give a "
                         "store's noise floor more parts")
+

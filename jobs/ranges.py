@@ -22,16 +22,25 @@ import numpy as np
 
 from posstats.analysis import analyze_ranges
 from posstats.counting.io import counts_file, load_header
-from posstats.errors import PosstatsError
+from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.noise import NoiseFloor
 from posstats.estimates.ranged_jackknife import RangeReplicates
 from posstats.estimates.thinning import range_noise_floor
-from posstats.geometry.ranged import RangedSqrt, file_ranges, load_sqrt_range
+from posstats.geometry.ranged import (
+    MAX_RANGES,
+    PROCESS_BASELINE_BYTES,
+    RangedSqrt,
+    file_ranges,
+    load_sqrt_range,
+    ranges_for_budget,
+)
 from posstats.processes import one_malloc_arena, return_freed_memory
 
+from .connect import connect_ray
 from .output import peak_rss_bytes
 
-__all__ = ["ActorRanges", "RangeWorker", "actor_replicates", "analyze_over_actors", "start_range_workers"]
+__all__ = ["ActorRanges", "RangeWorker", "actor_replicates", "analyze_over_actors", "budget_ranges", "range_flags_problem",
+           "start_range_workers"]
 
 # Arrays at least this large go to the object store once per call, not once per actor.
 _PUT_BYTES = 1 << 16
@@ -226,23 +235,55 @@ def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, 
     return actors, held
 
 
-def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, *,
+def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, *, address: str | None = None,
                         show_progress: bool | None = None) -> Any:
     """:func:`posstats.analysis.analyze_ranges` of a saved counts file (or its folder) cut
     into ``ranges`` position ranges of about equal stored counts, each held by a
-    :class:`RangeWorker` actor of the connected Ray cluster (with its noise floor unless
-    ``config.noise_floor`` is ``"off"``); the actors are killed once the analysis is done.
-    No process, the caller's included, holds every count. Returns the
-    :class:`posstats.analysis.Analysis`."""
+    :class:`RangeWorker` actor (with its noise floor unless ``config.noise_floor`` is
+    ``"off"``); the actors are killed once the analysis is done. No process, the caller's
+    included, holds every count. Runs on the Ray this process is connected to, else joins
+    ``address`` (:func:`jobs.connect.connect_ray`: ``$RAY_ADDRESS``, else an embedded Ray,
+    shut down at the end). Returns the :class:`posstats.analysis.Analysis`."""
     import ray
 
-    path = os.path.abspath(counts_file(counts))
-    noise_parts = None if config.noise_floor == "off" else config.noise_parts
-    actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
-                                    noise_parts=noise_parts, seed=config.seed)
+    path = os.path.abspath(counts_file(counts))  # a missing or foreign path fails here, before Ray starts
+    started, _ = connect_ray(address)
     try:
-        return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config, show_progress=show_progress,
-                              replicates=actor_replicates(actors), counts_source=path)
+        noise_parts = None if config.noise_floor == "off" else config.noise_parts
+        actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
+                                        noise_parts=noise_parts, seed=config.seed)
+        try:
+            return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config,
+                                  show_progress=show_progress, replicates=actor_replicates(actors), counts_source=path)
+        finally:
+            for a in actors:
+                ray.kill(a, no_restart=True)
     finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
+        if started:
+            ray.shutdown()
+
+
+def range_flags_problem(ranges: int | None, memory_budget: float | None, /) -> str | None:
+    """Why ``--ranges K`` / ``--memory-budget GIB`` cannot cut counts into position ranges
+    (one Ray actor each: K in 1..MAX_RANGES; a budget above a range process' baseline), or None."""
+    if memory_budget is not None and not memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
+        return (f"--memory-budget {memory_budget:g} GiB leaves nothing for the counts: each range's process needs "
+                f"about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
+    if ranges is not None and not 1 <= ranges <= MAX_RANGES:
+        return f"--ranges must be between 1 and {MAX_RANGES} (one Ray actor each), got {ranges}"
+    return None
+
+
+def budget_ranges(memory_budget: float, stored: int, /, *, at_least: int = 1) -> int:
+    """The ranges (at least ``at_least``) that keep each range's process of ``stored``
+    counts within ``--memory-budget`` GiB (:func:`posstats.geometry.ranged.ranges_for_budget`).
+
+    Raises:
+        OptionError: more than ``MAX_RANGES`` ranges would be needed.
+    """
+    k = ranges_for_budget(stored, int(memory_budget * 2**30), at_least=at_least)
+    if k > MAX_RANGES:
+        msg = (f"--memory-budget {memory_budget:g} GiB would cut {stored:,} stored counts into {k:,} ranges, one Ray "
+               f"actor each (at most {MAX_RANGES}); give a larger budget")
+        raise OptionError(msg)
+    return k

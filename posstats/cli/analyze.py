@@ -8,18 +8,17 @@ from pathlib import Path
 
 import numpy as np
 
+from posstats.analysis import AnalysisConfig, ranges_refusal
 from posstats.cli._common import (
     add_analysis_args,
     analysis_config,
     print_report,
 )
 from posstats.corpus.tokenizer import check_tokenizer
-from posstats.analysis import AnalysisConfig, ranges_refusal
 from posstats.counting.io import counts_file, load_counts, load_header, load_indptr
 from posstats.errors import OptionError
-from posstats.geometry.ranged import MAX_RANGES, PROCESS_BASELINE_BYTES, ranges_for_budget
-from posstats.reports.analysis_folder import write_analysis
-from posstats.reports.analysis_folder import analyze_to
+from posstats.jobs.ranges import analyze_over_actors, budget_ranges, range_flags_problem
+from posstats.reports.analysis_folder import analyze_to, write_analysis
 from posstats.runs.noise_parts import describe_counts
 from posstats.storage.publish import staged_output
 
@@ -85,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--ranges", type=int, metavar="K",
-                       help=f"hold the counts in K position ranges, one Ray actor each (1-{MAX_RANGES}); default: "
-                            "the whole counts in this process")
+                       help="hold the counts in K position ranges, one Ray actor each; default: the whole counts "
+                            "in this process")
     where.add_argument("--memory-budget", type=float, metavar="GIB",
                        help="as many ranges (Ray actors) as keep each process within GIB GiB; in this process "
                             "when one fits")
@@ -122,20 +121,15 @@ def _ranges(args: argparse.Namespace, config: AnalysisConfig) -> int:
             raise OptionError("--address names the Ray cluster of --ranges / --memory-budget; give one of them")
         return 0
     flag = f"--ranges {args.ranges}" if args.ranges is not None else f"--memory-budget {args.memory_budget:g}"
-    if args.ranges is not None and not 1 <= args.ranges <= MAX_RANGES:
-        raise OptionError(f"--ranges must be between 1 and {MAX_RANGES} (one Ray actor each), got {args.ranges}")
-    if args.memory_budget is not None and not args.memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
-        raise OptionError(f"--memory-budget {args.memory_budget:g} GiB leaves nothing for the counts: each range's "
-                          f"process needs about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")
+    problem = range_flags_problem(args.ranges, args.memory_budget)
+    if problem:
+        raise OptionError(problem)
     indptr = load_indptr(counts_file(args.counts))
     if indptr is None:
         raise OptionError(f"{flag}: {counts_file(args.counts)} holds dense counts; ranges read sparse ones")
-    k = args.ranges or ranges_for_budget(int(indptr[-1]), int(args.memory_budget * 2**30))
+    k = args.ranges or budget_ranges(args.memory_budget, int(indptr[-1]))
     if args.ranges is None and k < 2:
         return 0  # one process fits the budget
-    if k > MAX_RANGES:
-        raise OptionError(f"{flag} would cut {int(indptr[-1]):,} stored counts into {k:,} ranges, one Ray actor each "
-                          f"(at most {MAX_RANGES}): give a larger budget")
     one_process = next((o for o in ("store", "parts", "reread") if getattr(args, o)), None)
     problem = (f"--{one_process} splits the corpus in one process" if one_process else
                ranges_refusal(config, int(np.count_nonzero(np.diff(indptr)))))
@@ -147,22 +141,13 @@ def _ranges(args: argparse.Namespace, config: AnalysisConfig) -> int:
 def _run_over_ranges(args: argparse.Namespace, config: AnalysisConfig, ranges: int) -> int:
     """The analysis over ``ranges`` Ray range actors (:func:`posstats.jobs.ranges.analyze_over_actors`),
     written as the in-process one is; the driver reads only the counts' header."""
-    from posstats.jobs.connect import connect_ray
-    from posstats.jobs.ranges import analyze_over_actors
-
     header = load_header(counts_file(args.counts))
     if args.tokenizer:
         check_tokenizer(header.metadata, args.tokenizer, counts=describe_counts(args.counts))
-    started, _ = connect_ray(args.address)
-    try:
+    if not getattr(args, "quiet", False):
         print(f"posstats: analysing {header.positions:,} positions in {ranges} range(s), one Ray actor each",
               file=sys.stderr)
-        result = analyze_over_actors(args.counts, config, ranges)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+    result = analyze_over_actors(args.counts, config, ranges, address=args.address)
     with staged_output(args.out, last=("report.json",)) as stage:
         run_data = write_analysis(stage, result, inputs={"counts": str(Path(args.counts).resolve())},
                                   name=Path(args.out).name)
