@@ -35,6 +35,7 @@ from posstats.geometry.ranged import (
     ranges_for_budget,
 )
 from posstats.processes import one_malloc_arena, return_freed_memory
+from posstats.progress import progress
 
 from .connect import connect_ray
 from .output import peak_rss_bytes
@@ -210,11 +211,13 @@ def actor_replicates(actors: Sequence[Any], /) -> Callable[[int, int], ActorRang
 
 
 def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, min_occupancy: int,
-                        noise_parts: int | None = None, seed: int = 0) -> tuple[list[Any], list[dict[str, Any]]]:
+                        noise_parts: int | None = None, seed: int = 0,
+                        show_progress: bool | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
     """One :class:`RangeWorker` per range, each loading its rows (all at once, each with its
-    noise floor when ``noise_parts`` is given); returns (actors, what each holds). When
-    there are more ranges than the cluster's CPUs, each actor asks for a share of a CPU so
-    that all of them can be placed."""
+    noise floor when ``noise_parts`` is given; a progress bar of the ranges read, on a
+    terminal by default); returns (actors, what each holds). When there are more ranges
+    than the cluster's CPUs, each actor asks for a share of a CPU so that all of them can
+    be placed."""
     import ray
     import ray.exceptions
 
@@ -223,8 +226,15 @@ def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, 
     cls = ray.remote(RangeWorker).options(num_cpus=share)
     actors = [cls.remote(os.getcwd()) for _ in bounds]
     try:
-        held = ray.get([a.load.remote(counts_path, int(lo), int(hi), int(min_occupancy), noise_parts, int(seed))
-                        for a, (lo, hi) in zip(actors, bounds, strict=True)])
+        loads = [a.load.remote(counts_path, int(lo), int(hi), int(min_occupancy), noise_parts, int(seed))
+                 for a, (lo, hi) in zip(actors, bounds, strict=True)]
+        what = "reading ranges" + (" with their noise floors" if noise_parts else "")
+        with progress(total=len(loads), desc=what, unit="range", unit_scale=False, enabled=show_progress) as bar:
+            waiting = list(loads)
+            while waiting:
+                done, waiting = ray.wait(waiting, num_returns=1)
+                bar.update(len(done))
+        held = ray.get(loads)
     except BaseException as exc:
         for a in actors:
             ray.kill(a, no_restart=True)
@@ -251,7 +261,7 @@ def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, 
     try:
         noise_parts = None if config.noise_floor == "off" else config.noise_parts
         actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
-                                        noise_parts=noise_parts, seed=config.seed)
+                                        noise_parts=noise_parts, seed=config.seed, show_progress=show_progress)
         try:
             return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config,
                                   show_progress=show_progress, replicates=actor_replicates(actors), counts_source=path)
