@@ -276,6 +276,8 @@ def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, 
 def range_flags_problem(ranges: int | None, memory_budget: float | None, /) -> str | None:
     """Why ``--ranges K`` / ``--memory-budget GIB`` cannot cut counts into position ranges
     (one Ray actor each: K in 1..MAX_RANGES; a budget above a range process' baseline), or None."""
+    if memory_budget is not None and not math.isfinite(memory_budget):
+        return f"--memory-budget must be a finite number of GiB, got {memory_budget:g}"
     if memory_budget is not None and not memory_budget * 2**30 > PROCESS_BASELINE_BYTES:
         return (f"--memory-budget {memory_budget:g} GiB leaves nothing for the counts: each range's process needs "
                 f"about {PROCESS_BASELINE_BYTES / 2**30:.2g} GiB besides them")

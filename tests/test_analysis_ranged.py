@@ -201,6 +201,7 @@ def test_the_command_line_analysis_over_ray_actors_is_the_one_in_one_process(pla
         (["--ranges", "2", "--reread"], "--reread splits the corpus in one process"),
         (["--ranges", "0"], "--ranges must be between 1 and 1024"),
         (["--memory-budget", "0.1"], "--memory-budget 0.1 GiB leaves nothing for the counts"),
+        (["--memory-budget", "inf"], "--memory-budget must be a finite number of GiB, got inf"),
         (["--address", "127.0.0.1:1"], "--address names the Ray cluster of --ranges / --memory-budget"),
     ],
 )
