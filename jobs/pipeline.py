@@ -54,6 +54,7 @@ import datetime as _dt
 import fnmatch
 import glob as _glob
 import os
+import re
 import shutil
 import socket
 import sys
@@ -955,15 +956,23 @@ def _client(address: str, *, token: str | None = None) -> Any:
 def _client_error(address: str, exc: BaseException) -> str:
     text = str(exc)
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-    if "401" in text or "Authentication required" in text or "Unauthorized" in text:
-        return (f"the Ray job server at {address} requires a token (token authentication): pass --token-file FILE, "
-                f"or set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or ~/.ray/auth_token)")
-    if "403" in text or "Forbidden" in text or "Invalid authentication token" in text:
-        return f"the Ray job server at {address} refused the token (wrong token for this cluster)"
     if isinstance(exc, ConnectionError) or "Failed to connect" in text or "Connection refused" in text:
         return (f"cannot reach the Ray job server at {address} ({first}); is the head running with its dashboard "
                 f"(ray start --head --dashboard-host ...), and is the address its dashboard URL (http://HOST:8265)?")
+    status = _http_status(text.replace(address, ""))  # the address' port may hold "401" or "403"
+    if status == 401 or "Authentication required" in text or "Unauthorized" in text:
+        return (f"the Ray job server at {address} requires a token (token authentication): pass --token-file FILE, "
+                f"or set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or ~/.ray/auth_token)")
+    if status == 403 or "Forbidden" in text or "Invalid authentication token" in text:
+        return f"the Ray job server at {address} refused the token (wrong token for this cluster)"
     return f"Ray job server at {address}: {first}"
+
+
+def _http_status(text: str, /) -> int | None:
+    """The HTTP status 401 or 403 an error text reports as a number of its own (not inside a
+    longer number such as a port: ``:44403``), or None."""
+    found = re.search(r"(?<![\d:.])(401|403)(?![\d.])", text)
+    return int(found.group(1)) if found else None
 
 
 def _call(address: str, fn: Callable[[], Any]) -> Any:

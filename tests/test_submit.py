@@ -347,3 +347,21 @@ def test_no_credential_reaches_the_job_api_or_the_nodes(ray_head, corpus_config)
     shipped = (tmp_path / "store" / "runs" / "cred-1" / "config" / "pipeline.toml").read_text()
     assert "anon = false" in shipped  # the run store's copy of the config is the one that travelled
     print(f"\ncredential test: {time.monotonic() - t0:.1f} s")
+
+
+@pytest.mark.parametrize("port", [44403, 40100, 8265])
+def test_client_errors_are_told_apart_whatever_the_port(port):
+    """A port holding "401" or "403" (``:44403``) is not an HTTP status: an unreachable
+    server is reported as unreachable, and only the server's own 401 / 403 as a token problem
+    (the messages Ray's SDK raises, for this port)."""
+    from jobs.pipeline import _client_error
+
+    url = f"http://127.0.0.1:{port}"
+    unreachable = _client_error(url, ConnectionError(f"Failed to connect to Ray at address: {url}."))
+    assert unreachable.startswith(f"cannot reach the Ray job server at {url}"), unreachable
+    missing = _client_error(url, OSError(f"401 Client Error: Unauthorized for url: {url}/api/version"))
+    assert "requires a token" in missing, missing
+    wrong = _client_error(url, RuntimeError("Request failed with status code 403: Forbidden: Invalid authentication token."))
+    assert "refused the token" in wrong, wrong
+    other = _client_error(url, RuntimeError(f"Request failed with status code 500 at {url}/api/jobs/"))
+    assert other.startswith(f"Ray job server at {url}: Request failed with status code 500"), other
