@@ -25,7 +25,7 @@ from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import counts_file, load_header
 from posstats.counting.rows import select_rows
-from posstats.errors import OptionError, PosstatsError
+from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.estimates.held_out import (
     HELD_OUT_AUTO_LIMIT,
     HELD_OUT_CHOICES,
@@ -771,7 +771,10 @@ def analyze_ranges(
         replicates: ``replicates(groups, seed)`` starts every range's jackknife split and
             returns the runner over them (:func:`posstats.estimates.ranged_jackknife.local_replicates`
             for ranges in this process; the Ray actors' ``start_replicates``).
-        counts_source: the counts file the ranges read (:attr:`Analysis.counts_source`).
+        counts_source: the counts file the ranges read, every row of it
+            (:attr:`Analysis.counts_source`); its header's token total is checked against
+            the rows read (:class:`~posstats.errors.InputError` when they differ), so the
+            file has had every check of :func:`posstats.counting.io.check_counts_file`.
         show_progress: progress bars on stderr (None: only on a terminal).
     """
     config = config or AnalysisConfig()
@@ -779,9 +782,15 @@ def analyze_ranges(
     problem = ranges_refusal(config, len(positions))
     if problem:
         raise OptionError(problem)
+    read = rows.read_occupancy(counts.positions)
+    if counts_source is not None and int(read.sum()) != int(counts.tokens):
+        # the ranges read (and checked) every row of the file: with its token total the file
+        # has had every check of check_counts_file, and the run's readers skip them
+        msg = (f"{counts_source}: its header says {int(counts.tokens):,} tokens but its counts add up to "
+               f"{int(read.sum()):,}; the file was changed after counting: count again")
+        raise InputError(msg)
     g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates)
-    analysis = _analysis(counts, config, g, parts=None, show_progress=show_progress,
-                         occupancy=rows.read_occupancy(counts.positions))
+    analysis = _analysis(counts, config, g, parts=None, show_progress=show_progress, occupancy=read)
     analysis.sections["geometry"]["ranges"] = len(rows.ranges)  # the report says the rows were held apart
     return dataclasses.replace(analysis, counts_source=None if counts_source is None else str(counts_source))
 

@@ -16,10 +16,11 @@ import scipy.sparse as sp
 from posstats.analysis import AnalysisConfig, analyze, analyze_in_ranges
 from posstats.cli import main as cli
 from posstats.counting.io import load_counts, save_counts
-from posstats.errors import OptionError
+from posstats.errors import InputError, OptionError
 from posstats.reports.analysis_folder import write_analysis
 from posstats.runs import run_folder
 from posstats.testing import known_corpus, synthetic_counts
+from tests.test_integrity import TAMPERINGS, _rewrite_counts
 
 # the sampled path from 200 rows, the analytic null, no held-out scores; pairs and triples
 # few enough for a test
@@ -132,7 +133,8 @@ def test_what_needs_the_counts_in_one_process_is_refused(planted, options, messa
 
 def test_the_run_of_a_ranged_analysis_reads_only_the_rows_it_needs(planted, both, tmp_path, monkeypatch):
     """write_analysis of an analysis over ranges: the report's distance sample reads its rows
-    from the counts file (never the whole counts) and equals the in-process run's."""
+    from the counts file (never the whole counts, and without a second check of every row:
+    the ranges checked them and their token total) and equals the in-process run's."""
     path, counts = planted
     ranged = analyze_in_ranges(path, 3, CONFIG)
     one = analyze(counts, CONFIG)
@@ -140,7 +142,11 @@ def test_the_run_of_a_ranged_analysis_reads_only_the_rows_it_needs(planted, both
     def whole_counts(*_args, **_kwargs):
         raise AssertionError("the whole counts were loaded")
 
+    def checked_again(*_args, **_kwargs):
+        raise AssertionError("every row of the counts was checked a second time")
+
     monkeypatch.setattr(run_folder, "load_counts", whole_counts)
+    monkeypatch.setattr(run_folder, "check_counts_file", checked_again)
     run = write_analysis(tmp_path / "ranged", ranged, inputs={"counts": "elsewhere"}, html=True, max_positions=150)
     assert run.counts is None and run.counts_path() == run_folder.counts_file(path)
     assert (tmp_path / "ranged" / "report.html").stat().st_size > 10_000
@@ -149,6 +155,21 @@ def test_the_run_of_a_ranged_analysis_reads_only_the_rows_it_needs(planted, both
     ref_idx, ref_dist = run_folder.run_distances(ref, max_positions=150)
     np.testing.assert_array_equal(idx, ref_idx)
     np.testing.assert_allclose(dist, ref_dist, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("change", "why"), TAMPERINGS)
+def test_a_tampered_counts_file_is_refused_over_ranges(planted, tmp_path, change, why):
+    """Every check of check_counts_file is made by the ranges that read the file: a damaged
+    structure, a repeated id, a header whose token total is not the counts' (what lets the
+    run's readers skip that second pass) is an InputError naming the file."""
+    path, counts = planted
+    save_counts(counts, tmp_path)
+    _rewrite_counts(tmp_path, change)
+    if "positions" in why or "damaged (sparse" in why:  # a header of 40 positions over 600 rows
+        why = f"{why}|rows .* are outside the 40 positions"
+    with pytest.raises(InputError, match=why) as err:
+        analyze_in_ranges(tmp_path, 3, CONFIG)
+    assert str(tmp_path) in str(err.value)
 
 
 def test_the_bundled_real_corpus_over_ranges_is_analysed_as_in_one_process(tmp_path, data_dir):

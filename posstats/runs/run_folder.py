@@ -36,7 +36,7 @@ from safetensors.numpy import save_file
 from posstats.analysis import Analysis
 from posstats.counting.buckets import bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import check_counts_file, counts_file, load_counts, load_selected_rows
+from posstats.counting.io import check_counts_file, counts_file, load_counts, load_header, load_selected_rows
 from posstats.errors import InputError
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.geometry.hellinger import hellinger_sq
@@ -81,8 +81,9 @@ class RunData:
         counts: the analysed counts when held in memory, else None (read from the
             run's counts file when needed).
         counts_source: the counts file to read from when ``counts`` is None (an analysis
-            over position ranges held no counts: :func:`run_from_analysis`); None: the run
-            folder's, else ``report.json`` ``inputs.counts``.
+            over position ranges held no counts: :func:`run_from_analysis`); that analysis
+            read and checked every row of it and its token total, so its readers here check
+            only its header. None: the run folder's, else ``report.json`` ``inputs.counts``.
     """
 
     directory: Path
@@ -304,7 +305,10 @@ def _used_rows(run: RunData, positions: np.ndarray, /) -> Any:
     if run.counts is not None or ((run.report.get("config") or {}).get("buckets") or "none") != "none":
         return _geometry_rows(_run_counts(run), run.report, positions)
     path = run.counts_path()
-    header = check_counts_file(path)  # every check load_counts makes, a block of rows at a time
+    if run.counts_source is not None:  # the analysis over ranges read and checked every row of it
+        header = load_header(path)
+    else:
+        header = check_counts_file(path)  # every check load_counts makes, a block of rows at a time
     _check_counts_are_the_runs(run, header, path)
     return load_selected_rows(path, positions)
 
