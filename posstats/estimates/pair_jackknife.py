@@ -259,11 +259,42 @@ def pair_jackknife_interval(
                         float(np.hypot(jackknife_sd(x), pair_sd)))
 
 
+def _alias_table(weights: np.ndarray, /) -> tuple[np.ndarray, np.ndarray]:
+    """Walker's alias table of the distribution ``weights / sum(weights)`` (V,), by Vose's
+    construction: ``(prob, alias)``, (V,) float64 and int64. A draw takes a uniform column
+    j and a uniform u and is j when ``u < prob[j]``, else ``alias[j]`` (:func:`_alias_draws`):
+    O(1) a draw, where the inverse CDF's binary search over V = 50,257 ids cost 7 s for the
+    62 M tokens of the 1 B-token noise share."""
+    v = int(weights.size)
+    scaled = (weights * (v / float(weights.sum()))).tolist()
+    prob = np.ones(v, dtype=np.float64)
+    alias = np.arange(v, dtype=np.int64)
+    small = [k for k, x in enumerate(scaled) if x < 1.0]
+    large = [k for k, x in enumerate(scaled) if x >= 1.0]
+    while small and large:
+        s, big = small.pop(), large[-1]
+        prob[s], alias[s] = scaled[s], big
+        scaled[big] += scaled[s] - 1.0
+        if scaled[big] < 1.0:
+            small.append(large.pop())
+    return prob, alias  # what is left in either list keeps prob 1 (rounding)
+
+
+def _alias_draws(prob: np.ndarray, alias: np.ndarray, size: int, rng: np.random.Generator, /) -> np.ndarray:
+    """(size,) int64 ids drawn from the distribution of the alias table ``(prob, alias)``
+    (:func:`_alias_table`). One uniform double a draw: its integer part times V is the
+    column, its fraction the coin (37 bits of it at V = 50,257: ample against ``prob``)."""
+    x = rng.random(int(size))
+    x *= prob.size
+    j = x.astype(np.int64)
+    x -= j
+    return np.where(x < prob[j], j, alias[j])
+
+
 def _pooled_null_rows(occupancy: np.ndarray, pooled: np.ndarray, rng: np.random.Generator) -> sp.csr_array:
     """(r, V) counts: row k holds ``occupancy[k]`` tokens drawn from ``pooled / sum(pooled)``,
     drawn in blocks of rows of at most ``_TOKENS_PER_DRAW`` tokens."""
-    cdf = np.cumsum(pooled, dtype=np.float64)
-    cdf /= cdf[-1]
+    prob, alias = _alias_table(np.asarray(pooled, dtype=np.float64))
     vocab = pooled.size
     blocks = []
     lo = 0
@@ -272,7 +303,7 @@ def _pooled_null_rows(occupancy: np.ndarray, pooled: np.ndarray, rng: np.random.
         start = ends[lo] - occupancy[lo]
         hi = max(lo + 1, int(np.searchsorted(ends, start + _TOKENS_PER_DRAW, side="right")))
         occ = occupancy[lo:hi]
-        tokens = np.minimum(np.searchsorted(cdf, rng.random(int(occ.sum())), side="right"), vocab - 1)
+        tokens = _alias_draws(prob, alias, int(occ.sum()), rng)
         row_of = np.repeat(np.arange(hi - lo), occ)
         block = sp.csr_array((np.ones(tokens.size, dtype=np.int64), (row_of, tokens)), shape=(hi - lo, vocab))
         block.sum_duplicates()
