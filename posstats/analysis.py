@@ -612,12 +612,10 @@ class _Rows:
         return _column_totals(self.rows)
 
     def pooled_totals(self, keep: np.ndarray, /) -> np.ndarray:
-        """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (m,)): the held
-        :meth:`column_totals` when that is every row."""
+        """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (m,)) held apart
+        (the standout test's pool): the held :meth:`column_totals` when that is every row."""
         keep = np.asarray(keep, dtype=bool)
-        if bool(keep.all()):
-            return self.column_totals()
-        return self.rows.count_totals(keep) if self.ranged else _column_totals(self.rows[np.flatnonzero(keep)])
+        return self.column_totals() if bool(keep.all()) else self.rows.count_totals(keep)
 
 
 def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
