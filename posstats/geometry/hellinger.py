@@ -288,11 +288,10 @@ def _gram_rows(x: Any, a: int, b: int, xp: types.ModuleType) -> Any:
     is all of it, else only the block's rows are copied."""
     if xp is not np:
         return x[a:b] @ x[a:].T
+    if a == 0 and b == x.shape[0] and x.flags.f_contiguous:
+        return scipy.linalg.blas.dsyrk(1.0, x, trans=0, lower=0)
     m = b - a
     out = np.empty((m, x.shape[0] - a), dtype=np.float64)
-    if a == 0 and b == x.shape[0] and x.flags.f_contiguous:
-        out[:, :] = scipy.linalg.blas.dsyrk(1.0, x, trans=0, lower=0)
-        return out
     rows = np.ascontiguousarray(x[a:b])
     # rows.T is Fortran-ordered, so SYRK gets it without a copy; the result's lower
     # triangle is zero and is discarded by the caller.
