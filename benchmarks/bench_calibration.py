@@ -171,34 +171,46 @@ _TALLIED = {
 }
 
 
-def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int]) -> list[dict]:
+def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int],
+                   kinds: tuple[str, ...] = tuple(_TALLIED), first_seed: int = 0) -> list[dict]:
     """How often the default analysis claims structure in stationary corpora (the
     family-wise false-positive rate, target <= 5 %), and how often it finds it in planted
     and drifting ones (power, target >= 90 % at N >= 2,000), with Clopper-Pearson 95 %
-    intervals."""
+    intervals.
+
+    Corpus ``i`` of kind ``k`` has seed ``10,000 (1 + index of k in _TALLIED) + first_seed + i``,
+    so a long cell (n = 131,072) can be continued by a later run with ``first_seed`` set to
+    the corpora already done, and the two runs' counts added."""
     cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off")
     rows = []
     for n in positions:
         for N in tokens:
             t = time.perf_counter()
             row: dict = {"positions": n, "tokens_per_position": N}
-            for kind, keys in _TALLIED.items():
+            for kind in kinds:
+                keys = _TALLIED[kind]
                 runs = seeds if kind in ("stationary", "pack_markov") else power_seeds
+                if runs == 0:
+                    continue
                 tally = dict.fromkeys(keys, 0)
-                for seed in range(runs):
+                for seed in range(first_seed, first_seed + runs):
                     seed_k = 10_000 * (1 + list(_TALLIED).index(kind)) + seed
                     counts = (markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k) if kind == "pack_markov" else
                               known_corpus(kind, n, tokens=N, seed=seed_k).counts)
-                    claims = _claims(analyze(counts, cfg).report())
+                    t_corpus = time.perf_counter()
+                    report = analyze(counts, cfg).report()
+                    claims = _claims(report)
                     for k in keys:
                         tally[k] += int(claims[k])
                     # one line per corpus as it finishes: a long cell (n = 131,072) is not lost whole
-                    print(f"  n={n} N={N} {kind} seed {seed_k}: {json.dumps({k: claims[k] for k in keys})}",
-                          file=sys.stderr, flush=True)
+                    max_z = (report["verdict"].get("standout_positions") or {}).get("max_z")
+                    print(f"  n={n} N={N} {kind} seed {seed_k}: {json.dumps({k: claims[k] for k in keys})} "
+                          f"max z* {max_z if max_z is None else round(max_z, 2)}, "
+                          f"analysis {time.perf_counter() - t_corpus:.0f} s", file=sys.stderr, flush=True)
                 row[kind] = {k: _proportion(c, runs) for k, c in tally.items()}
             row["seconds"] = round(time.perf_counter() - t, 1)
             rows.append(row)
-            print(f"decisions n={n} N={N}: {json.dumps({k: {kk: vv['count'] for kk, vv in row[k].items()} for k in _TALLIED})}",
+            print(f"decisions n={n} N={N}: {json.dumps({k: {kk: vv['count'] for kk, vv in row[k].items()} for k in kinds if k in row})}",
                   file=sys.stderr)
     return rows
 
@@ -337,6 +349,16 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
     return rows
 
 
+def _kinds(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """The comma-separated kinds of ``--decision-kinds``, each checked against ``_TALLIED``."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in _TALLIED]
+    if unknown or not kinds:
+        parser.error(f"--decision-kinds: unknown kind {unknown[0] if unknown else repr(text)}; "
+                     f"choose from {', '.join(_TALLIED)}")
+    return kinds
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=40, help="stationary corpora per cell of the decision table (default 40)")
@@ -353,6 +375,11 @@ def main() -> None:
                    help="geometry rows above which the coverage table's stress is sampled (default: the analysis')")
     p.add_argument("--coverage-kinds", default="drift,planted", help="corpora of the coverage table (default drift,planted)")
     p.add_argument("--skip-decisions", action="store_true", help="leave out the decision table")
+    p.add_argument("--decision-kinds", default=",".join(_TALLIED),
+                   help=f"corpora of the decision table (default {','.join(_TALLIED)})")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="start each kind's seeds this far in (default 0): continues a long cell "
+                        "that an earlier run stopped, so the two runs' counts add up")
     p.add_argument("--held-out-seeds", type=int, default=20,
                    help="drift and planted corpora of the held-out table (default 20; 0 leaves it out)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
@@ -367,9 +394,11 @@ def main() -> None:
     out = {
         "benchmark": "calibration",
         "setup": {"vocab": 5000, "zipf": 1.1, "positions": positions, "tokens_per_position": tokens,
-                  "seeds_stationary": seeds, "seeds_power": power_seeds, "seeds_distances": pair_seeds},
+                  "seeds_stationary": seeds, "seeds_power": power_seeds, "seeds_distances": pair_seeds,
+                  "decision_kinds": args.decision_kinds.split(","), "first_seed": args.first_seed},
         "distances": [] if args.skip_distances else distance_table(tokens, pair_seeds, positions[0]),
-        "decisions": [] if args.skip_decisions else decision_table(tokens, seeds, power_seeds, positions),
+        "decisions": [] if args.skip_decisions else decision_table(
+            tokens, seeds, power_seeds, positions, _kinds(args.decision_kinds, p), args.first_seed),
         "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds,
                                    args.coverage_positions or positions[0], tuple(args.coverage_kinds.split(",")),
                                    exact_limit=args.coverage_exact_limit) if args.coverage_seeds else [],

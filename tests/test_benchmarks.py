@@ -130,3 +130,8 @@ def test_bench_sqrt_estimators_small():
     assert [(row["N"], row["estimator"]) for row in r["rows"]] == [(200, "plugin"), (200, "polynomial c0=4 K=4")]
     base = r["rows"][0]["drift_16_apart"]
     assert base["bias"] > 10 * abs(base["remainder"]) and base["sd"] > 0
+    for row in r["rows"]:  # the split by the rarer side's count adds up to the remainder
+        for pair in ("drift_ends", "drift_16_apart", "planted_vs_base"):
+            split = row[pair]["remainder_by_rarer_count"]
+            assert set(split) == {"0-1", "1-10", "10-inf"}
+            assert abs(sum(split.values()) - row[pair]["remainder"]) < 5e-5
