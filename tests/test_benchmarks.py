@@ -115,6 +115,19 @@ def test_bench_calibration_small():
         assert set(held["best_encoding"]) == {"d=2", "d=16"} and set(held["estimate_bias"]) >= {"mds@2", "alibi@16"}
 
 
+def test_bench_calibration_continues_a_cell(capsys):
+    """--decision-kinds / --first-seed: only the kinds asked for, seeds from first_seed on
+    (a later run continues a long cell with new corpora, never the ones already counted)."""
+    sys.path.insert(0, str(BENCH))
+    from bench_calibration import decision_table
+
+    (row,) = decision_table([200], 2, 0, [64], ("stationary", "drift"), 5)
+    assert set(row) == {"positions", "tokens_per_position", "stationary", "seconds"}  # drift: 0 power seeds
+    assert row["stationary"]["non_stationary"]["of"] == 2
+    seeds = [line.split("seed ")[1].split(":")[0] for line in capsys.readouterr().err.splitlines() if " seed " in line]
+    assert seeds == ["10005", "10006"]
+
+
 def test_bench_sqrt_estimators_small():
     """bench_sqrt_estimators.py at a tiny size: the falling-factorial terms are unbiased for
     p^k (checked against the exact binomial sum), the plug-in's self-bias dwarfs its
