@@ -268,7 +268,8 @@ class AnalysisConfig:
     held_out: HeldOutChoice = option(
         "auto", help="score every encoding fitted on one half of the corpus against the other half, so MDS and "
                      "SMACOF are not graded on their own training counts (halves: the noise floor's parts, else "
-                     "the tokens split at random); auto: up to 4096 positions", group=_LONG)
+                     "the tokens split at random); auto: up to 2048 positions, where the scores get ranges for ties (on "
+                     "above: without them, on the exact path, the held-out best ties every encoding)", group=_LONG)
     max_encodings: int = option(
         DEFAULT_MAX_ENCODINGS, help="refuse --encodings that expand to more than N encodings (sweeps multiply: "
                                     "a|b|c per key)", metavar="N", minimum=1, limit=True, group=_LONG)
@@ -1599,8 +1600,8 @@ def _held_out_section(g: _Rows, geo_parts: Any, bias: np.ndarray | None, config:
     if config.held_out == "off":
         return None
     if config.held_out == "auto" and m > HELD_OUT_AUTO_LIMIT:
-        return {"skipped": f"{m:,} geometry rows > {HELD_OUT_AUTO_LIMIT:,} (--held-out on scores it: a second MDS "
-                           "and stress pass)"}
+        return {"skipped": f"{m:,} geometry rows > {HELD_OUT_AUTO_LIMIT:,}, the rows up to which held-out scores get "
+                           "their ranges for ties (--held-out on scores it: a second MDS and stress pass)"}
     if g.ranged:  # analyze_ranges refuses "on"
         return {"skipped": "the rows are held apart in position ranges; held-out scores need the counts in one process"}
     t = time.perf_counter()

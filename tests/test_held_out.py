@@ -154,8 +154,22 @@ def test_held_out_ranges_are_not_given_for_thin_rows_nor_smacof_above_its_limit(
     import posstats.estimates.held_out as held_out_module
 
     thin = held_out_scores(_noise(n=10, v=30, tokens=15), _noise(n=10, v=30, tokens=15, seed=1), np.arange(10),
-                           [(2, "sinusoidal")], exact=True, split="test")
+                           [(2, "sinusoidal"), (2, "random")], exact=True, split="test")
     assert thin["encodings"][0]["held_out_interval"].startswith("none: a row of one half has fewer than 20 tokens")
+    # no score has a range, so no point estimate decides: every encoding tied with the best
+    (best,) = thin["best"]
+    assert {best["best"], *best["tied_with"]} == {"sinusoidal", "random"}
+    # rows above the ranges' limit (exact scores, --held-out on): the same, with the reason
+    monkeypatch.setattr(held_out_module, "JACKKNIFE_ROWS", 8)
+    a, b = token_halves(_planted(n=12, v=100, tokens=2000), seed=0)
+    above = held_out_scores(a, b, np.arange(12), [(2, "mds"), (2, "random")], exact=True, split="test")
+    assert all(e["held_out_interval"] == "none: held-out ranges are computed up to 8 rows (10 refits of the m x m "
+               "MDS); without ranges the held-out best ties every encoding" for e in above["encodings"])
+    (best,) = above["best"]
+    assert {best["best"], *best["tied_with"]} == {"mds", "random"}
+    monkeypatch.setattr(held_out_module, "JACKKNIFE_ROWS", 2048)
+    named = held_out_scores(a, b, np.arange(12), [(2, "mds"), (2, "random")], exact=True, split="test")["best"][0]
+    assert (named["best"], named["tied_with"]) == ("mds", [])  # a planted line: told apart within its ranges
     monkeypatch.setattr(held_out_module, "JACKKNIFE_SMACOF_ROWS", 8)
     rows = _planted(n=12, v=100, tokens=2000)
     a, b = token_halves(rows, seed=0)

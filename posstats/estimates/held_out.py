@@ -29,7 +29,9 @@ block-Lanczos solve and both stresses are sampled (:class:`posstats.estimates.sa
 whose pair-sampling range decides ties only), which costs about what the main geometry did again.
 
 **Ranges for ties** (:func:`held_out_intervals`; exact path, up to :data:`JACKKNIFE_ROWS`
-rows, every row of both halves holding at least :data:`JACKKNIFE_MIN_TOKENS` tokens). The
+rows, which is also the ``auto`` limit, every row of both halves holding at least
+:data:`JACKKNIFE_MIN_TOKENS` tokens; where no score has one the held-out best ties every
+encoding). The
 held-out score of an encoding is noisy twice: the fit reads A's noise and the score B's.
 The delete-a-group jackknife of :mod:`posstats.estimates.jackknife` takes both into
 account: each half's tokens are split into 10 random groups, replicate g leaves out group
@@ -79,8 +81,11 @@ __all__ = [
 ]
 
 HELD_OUT_CHOICES = ("auto", "on", "off")
-HELD_OUT_AUTO_LIMIT = 4096  # geometry rows up to which ``auto`` scores held out (exact, two m x m matrices)
 JACKKNIFE_ROWS = 2048  # rows up to which held-out scores get the jackknife's range (10 dense refits)
+# geometry rows up to which ``auto`` scores held out: where the scores get their ranges (above
+# it, exact scores would have none, and the held-out best would tie every encoding)
+HELD_OUT_AUTO_LIMIT = JACKKNIFE_ROWS
+DENSE_MDS_ROWS = 2048  # half A's MDS: every eigenpair (dense) up to here, the widths' top ones (Lanczos) above
 JACKKNIFE_SMACOF_ROWS = 128  # ... and SMACOF is refitted on every replicate (O(m^2) per iteration)
 JACKKNIFE_MIN_TOKENS = 20  # a half's row this full keeps a token in every replicate (P(empty) <= 0.1^20)
 
@@ -211,7 +216,9 @@ def held_out_scores(
                                       "range (held_out_scaled_stress_tie_range) leaves out the token noise; it only "
                                       "decides ties")
     section["encodings"] = entries
-    section["best"] = best_encodings([held_out_row(e) for e in entries], all_tied=not ranges)
+    # an exact score without a range cannot be told from another by its point: no winner
+    unranged = exact and not any(e.get("held_out_scaled_stress_tie_range") for e in entries)
+    section["best"] = best_encodings([held_out_row(e) for e in entries], all_tied=not ranges or unranged)
     return section
 
 
@@ -257,6 +264,7 @@ def held_out_intervals(
         why = (f"none: held-out ranges are computed up to {JACKKNIFE_ROWS:,} rows (10 refits of the m x m MDS)"
                if m > JACKKNIFE_ROWS else
                f"none: a row of one half has fewer than {JACKKNIFE_MIN_TOKENS} tokens (a replicate could empty it)")
+        why += "; without ranges the held-out best ties every encoding"
         for e in entries:
             e["held_out_interval"] = why
         return
@@ -270,7 +278,7 @@ def held_out_intervals(
         bias_a = position_sampling_variance(ka) if corrected else None
         d2a, da = _distances(ka, bias_a)
         _, db = _distances(kb, position_sampling_variance(kb) if corrected else None)
-        mds = classical_mds(ka, k=None, method="dense", seed=seed, diagonal=bias_a, squared_distances=d2a) if fitted else None
+        mds = _half_mds(ka, bias_a, d2a, jobs, seed=seed) if fitted else None
         occupancy = _row_sums(ka)
         for k, ((dim, spec), ok) in enumerate(zip(jobs, refit, strict=True)):
             if ok:
@@ -292,6 +300,17 @@ def held_out_intervals(
                                   "stress such as ALiBi's 55 %: docs/calibration.md)")
 
 
+def _half_mds(rows: Any, bias: np.ndarray | None, d2: np.ndarray, jobs: Sequence[tuple[int, str]], *, seed: int) -> Any:
+    """The classical MDS of a half's rows (m, V) whose plug-in ``d_H^2`` is ``d2`` (m, m):
+    every eigenpair up to :data:`DENSE_MDS_ROWS` rows, above it the top ``max width`` by
+    Lanczos (what the fitted encodings of ``jobs`` read)."""
+    m = d2.shape[0]
+    if m <= DENSE_MDS_ROWS:
+        return classical_mds(rows, k=None, method="dense", seed=seed, diagonal=bias, squared_distances=d2)
+    k = min(max(d for d, _ in jobs), m - 1)
+    return classical_mds(rows, k=k, method="lanczos", seed=seed, diagonal=bias)
+
+
 def _distances(rows: Any, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(squared plug-in d_H^2, d_H as the analysis uses it) of the rows."""
     d2 = hellinger_sq(rows)
@@ -306,12 +325,7 @@ def _exact_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[in
     d2a, da = _distances(a, biases[0])
     _, db = _distances(b, biases[1])
     step("held out: MDS of half A")
-    m = da.shape[0]
-    if m <= 2048:
-        mds = classical_mds(a, k=None, method="dense", seed=seed, diagonal=biases[0], squared_distances=d2a)
-    else:
-        k = min(max(d for d, _ in jobs), m - 1)
-        mds = classical_mds(a, k=k, method="lanczos", seed=seed, diagonal=biases[0])
+    mds = _half_mds(a, biases[0], d2a, jobs, seed=seed)
     occupancy = _row_sums(a)
     entries = []
     for dim, spec in jobs:
