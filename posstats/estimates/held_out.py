@@ -31,8 +31,7 @@ whose pair-sampling range decides ties only), which costs about what the main ge
 **Ranges for ties** (:func:`held_out_intervals`; exact path, up to :data:`JACKKNIFE_ROWS`
 rows, which is also the ``auto`` limit, every row of both halves holding at least
 :data:`JACKKNIFE_MIN_TOKENS` tokens; where no score has one the held-out best ties every
-encoding). The
-held-out score of an encoding is noisy twice: the fit reads A's noise and the score B's.
+encoding). The held-out score of an encoding is noisy twice: the fit reads A's noise and the score B's.
 The delete-a-group jackknife of :mod:`posstats.estimates.jackknife` takes both into
 account: each half's tokens are split into 10 random groups, replicate g leaves out group
 g of A *and* of B, refits the fitted encodings on what is left of A and scores them on
