@@ -223,3 +223,21 @@ def test_cli_flags_and_report_files(tmp_path, capsys):
                  "--smacof-limit", "0", "-q", "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert "held_out" not in report and report["skipped_encodings"][0]["spec"] == "mds-smacof"
+
+
+def test_the_summary_says_why_no_held_out_encoding_is_named():
+    """A non-stationary corpus whose halves hold rows under 20 tokens: its held-out scores
+    get no ranges, and the summary's held-out line names no encoding and says why."""
+    from posstats.testing import known_corpus
+
+    counts = known_corpus("drift", 32, tokens=30, seed=3, vocab=200).counts
+    report = analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal", "alibi"), held_out="on"),
+                     show_progress=False).report()
+    assert report["verdict"]["non_stationary"]  # else the line says "no structure found" instead
+    (best,) = report["verdict"]["held_out_best"]
+    assert {best["best"], *best["tied_with"]} == {"mds", "sinusoidal", "alibi"}
+    text = format_summary(report)
+    assert "homogeneity, p <= 0.025 (no shuffled corpus of 39 reached it)" in text  # the bound, not "p = <="
+    line = next(line for line in text.splitlines() if "held out" in line)
+    assert "none named, every encoding tied: no held-out score has a range for ties (a row of one half has fewer " \
+           "than 20 tokens)" in line

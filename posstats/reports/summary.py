@@ -35,13 +35,14 @@ def _noise_clause(report: dict[str, Any]) -> str:
 
 
 def _p_value(section: dict[str, Any]) -> str:
-    """A Monte Carlo p-value as the bound it is: ``<= 0.025`` at its floor 1 / (R + 1)."""
+    """A Monte Carlo p-value as the bound it is: ``p <= 0.025`` at its floor 1 / (R + 1),
+    else ``p = 0.05``."""
     p, reps = section.get("p_value"), section.get("replicates")
     if p is None:
-        return "-"
+        return "p unknown"
     if reps and p <= 1.0 / (int(reps) + 1) + 1e-12:
-        return f"<= {p:.2g} (no shuffled corpus of {int(reps)} reached it)"
-    return f"{p:.2g}"
+        return f"p <= {p:.2g} (no shuffled corpus of {int(reps)} reached it)"
+    return f"p = {p:.2g}"
 
 
 def _dims(dims: list[int]) -> str:
@@ -215,7 +216,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         second = (f"{so['count']:,} position(s) stand out from the pooled distribution: {so['ranges']}"
                   + (" ..." if so["count"] > len(so.get("positions", [])) and not so["ranges"].endswith("...") else ""))
     elif v.get("non_stationary"):
-        second = (f"the corpus is non-stationary (permutation test of homogeneity, p = "
+        second = (f"the corpus is non-stationary (permutation test of homogeneity, "
                   f"{_p_value(homogeneity)}), but no single position stands out from the pooled distribution")
     else:
         second = "no single position stands out from the pooled distribution"
@@ -236,6 +237,10 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     if v.get("held_out_best") and gated:
         items.append(("held out", "none named: every encoding is tied (no structure found); fitted on one half of "
                                   f"the corpus ({held.get('split')}), scored on the other"))
+    elif v.get("held_out_best") and _held_out_unranged(held):
+        why = held["encodings"][0]["held_out_interval"].removeprefix("none: ").split(" (")[0].split(";")[0]
+        items.append(("held out", f"none named, every encoding tied: no held-out score has a range for ties ({why}); "
+                                  f"fitted on one half of the corpus ({held.get('split')}), scored on the other"))
     elif v.get("held_out_best"):
         rows = []
         for b in v["held_out_best"]:
@@ -281,6 +286,16 @@ def _margin(best: dict[str, Any]) -> str:
     if fixed and (not best.get("next") or fixed["name"] != best["next"]["name"]):
         parts.append(f"best fixed {fixed['name']} {_score(fixed)}")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _held_out_unranged(held: dict[str, Any]) -> bool:
+    """Whether no exact held-out score has a range for ties (above the jackknife's rows, or a
+    half's row too thin): the held-out best then ties every encoding
+    (:func:`posstats.estimates.held_out.held_out_scores`)."""
+    entries = held.get("encodings") or []
+    return (held.get("stress_method") == "exact" and bool(entries)
+            and not any(e.get("held_out_scaled_stress_tie_range") for e in entries)
+            and str(entries[0].get("held_out_interval", "")).startswith("none:"))
 
 
 def _fit_gap(held: dict[str, Any], dim: int, name: str = "mds") -> str:
