@@ -450,3 +450,21 @@ def test_verdict_names_no_best_encoding_without_structure():
     planted = analyze(known_corpus("planted", 64, tokens=20_000, seed=3).counts, config).report()["verdict"]
     assert planted["non_stationary"] is True
     assert any(row["next"] is not None for row in planted["best_encodings"])  # a winner beyond noise is named
+
+
+def test_no_encoding_is_named_on_points_when_no_stress_has_a_range():
+    """Rows too thin for the jackknife (15 tokens each): no stress interval, no range for
+    ties. A drift is still found, but no encoding is named over another and the corpus' own
+    encoding is not recommended for export on its fit to the noise; a caveat says why.
+    Before, MDS was named best alone (0.257 against ALiBi's 0.379) and export recommended."""
+    for seed in range(3):
+        counts = known_corpus("drift", 32, tokens=15, seed=seed, vocab=100).counts
+        report = analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal", "alibi", "random"),
+                                                held_out="off"), show_progress=False).report()
+        v = report["verdict"]
+        assert v["non_stationary"] and v["components_above_noise"] >= 1, seed
+        (best,) = v["best_encodings"]
+        assert {best["best"], *best["tied_with"]} == {"mds", "sinusoidal", "alibi", "random"}, seed
+        assert v["fitted_better_at"] == []
+        assert any(c.startswith("no stress has an interval or a range for ties (a geometry row has fewer than 20 "
+                                "tokens)") for c in v["caveats"])

@@ -445,6 +445,13 @@ def caveats(report: dict[str, Any], /) -> list[str]:
                    "these occupancies, null.distance_noise): every stress is computed from distances of which that "
                    "share is noise, so stresses are biased toward it and no stress interval is given (one would cover far "
                    "less than 95 %); compare encodings only where their stresses differ widely")
+    entries = report.get("encodings") or []
+    if no_stress_ranges(entries):
+        reasons = [str(e.get("stress_interval") or "") for e in entries]
+        reason = next((r for r in reasons if r.startswith("none:") and "fitted encoding" not in r), reasons[0])
+        why = reason.removeprefix("none: ").split(" (")[0]
+        out.append(f"no stress has an interval or a range for ties ({why}), so no encoding is named better than "
+                   "another: in-sample, a fitted encoding's lead would be its fit to the sampling noise")
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
@@ -473,6 +480,18 @@ def structure_kind(non_stationary: bool | None, standout: dict[str, Any] | None,
     if count and used and count > WIDESPREAD_SHARE * used:
         return "widespread"
     return "positions" if count else "gradual"
+
+
+def no_stress_ranges(encodings: list[dict[str, Any]], /) -> bool:
+    """Whether no scored encoding has a stress interval of positive width or a range for
+    ties (``scaled_stress_tie_range``), and at least one says why (``stress_interval``
+    starting ``none:``): the rows were too thin for the jackknife. Comparing such points
+    would name the fitted encodings on their fit to the noise."""
+    def ranged(e: dict[str, Any]) -> bool:
+        lo, hi = e.get("scaled_stress_ci95") or (0.0, 0.0)
+        return bool(e.get("scaled_stress_tie_range")) or hi > lo
+    return (bool(encodings) and not any(ranged(e) for e in encodings)
+            and any(str(e.get("stress_interval") or "").startswith("none:") for e in encodings))
 
 
 def fitted_better(best: list[dict[str, Any]], /, *, non_stationary: bool | None, above: int | None) -> list[int]:
@@ -577,7 +596,10 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
     held_out = report.get("held_out") or {}
     # gatekeeping again: no encoding is named best over another unless a test found structure
     no_structure = all_tied({"withheld": withheld, "non_stationary": non_stationary})
-    best = best_encodings(report.get("encodings") or [], all_tied=no_structure)
+    # and none on points alone: where no stress has an interval or a range for ties (rows
+    # too thin for the jackknife), a fitted encoding's lead is its fit to the noise
+    tie_all = no_structure or no_stress_ranges(report.get("encodings") or [])
+    best = best_encodings(report.get("encodings") or [], all_tied=tie_all)
     held_out_best = held_out.get("best")
     if held_out_best and no_structure:
         held_out_best = best_encodings([held_out_row(e) for e in held_out.get("encodings") or []], all_tied=True)
@@ -597,7 +619,7 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
         fitted_better_at=tuple(fitted_better(best, non_stationary=non_stationary, above=above)),
         sweeps=tuple(
             {"spec": sw["spec"], "parameter": sw["parameter"],
-             "best": best_sweep_values(sw, report.get("encodings") or [], all_tied=no_structure)}
+             "best": best_sweep_values(sw, report.get("encodings") or [], all_tied=tie_all)}
             for sw in (report.get("config") or {}).get("sweeps") or []
         ),
         held_out_best=held_out_best,
