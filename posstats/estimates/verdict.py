@@ -449,9 +449,9 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     if no_stress_ranges(entries):
         reasons = [str(e.get("stress_interval") or "") for e in entries]
         reason = next((r for r in reasons if r.startswith("none:") and "fitted encoding" not in r), reasons[0])
-        why = reason.removeprefix("none: ").split(" (")[0]
-        out.append(f"no stress has an interval or a range for ties ({why}), so no encoding is named better than "
-                   "another: in-sample, a fitted encoding's lead would be its fit to the sampling noise")
+        out.append(f"no stress has an interval or a range for ties: {reason.removeprefix('none: ')}; so no encoding "
+                   "is named better than another (in-sample, a fitted encoding's lead would be its fit to the "
+                   "sampling noise)")
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
