@@ -468,3 +468,9 @@ def test_no_encoding_is_named_on_points_when_no_stress_has_a_range():
         assert v["fitted_better_at"] == []
         assert any(c.startswith("no stress has an interval or a range for ties: a geometry row has fewer than 20 "
                                 "tokens (--min-occupancy raises the floor); so no encoding is named") for c in v["caveats"])
+    # a stationary corpus has no intervals either, because no test found structure: that
+    # reason ties every encoding already, and the caveat is not repeated
+    stationary = analyze(known_corpus("stationary", 32, tokens=2000, seed=0, vocab=300).counts,
+                         AnalysisConfig(dims=(2,), held_out="off"), show_progress=False).report()["verdict"]
+    assert stationary["non_stationary"] is False
+    assert not any(c.startswith("no stress has an interval") for c in stationary["caveats"])

@@ -486,12 +486,15 @@ def no_stress_ranges(encodings: list[dict[str, Any]], /) -> bool:
     """Whether no scored encoding has a stress interval of positive width or a range for
     ties (``scaled_stress_tie_range``), and at least one says why (``stress_interval``
     starting ``none:``): the rows were too thin for the jackknife. Comparing such points
-    would name the fitted encodings on their fit to the noise."""
+    would name the fitted encodings on their fit to the noise. False where the intervals
+    were left out because no test found structure (:data:`NO_STRUCTURE_INTERVAL`: the
+    verdict ties every encoding for that reason already)."""
     def ranged(e: dict[str, Any]) -> bool:
         lo, hi = e.get("scaled_stress_ci95") or (0.0, 0.0)
         return bool(e.get("scaled_stress_tie_range")) or hi > lo
-    return (bool(encodings) and not any(ranged(e) for e in encodings)
-            and any(str(e.get("stress_interval") or "").startswith("none:") for e in encodings))
+    why = [str(e.get("stress_interval") or "") for e in encodings]
+    return (bool(encodings) and not any(ranged(e) for e in encodings) and NO_STRUCTURE_INTERVAL not in why
+            and any(w.startswith("none:") for w in why))
 
 
 def fitted_better(best: list[dict[str, Any]], /, *, non_stationary: bool | None, above: int | None) -> list[int]:
