@@ -313,7 +313,7 @@ def test_halves_of_a_real_line_level_corpus_analyse_without_a_symmetry_error(tmp
 
     from posstats.cli import main
 
-    texts = gzip.open(shared_dir / "corpora" / "fortunes.txt.gz", "rt").read().split("\n%\n")[:20000]
+    texts = gzip.open(shared_dir / "corpora" / "fortunes.txt.gz", "rt").read().split("\n%\n")[:12000]
     for name, part in (("a", texts[1::2]), ("b", texts[0::2])):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
         rc = main(["run", "--input", str(tmp_path / f"{name}.jsonl"), "--text-column", "text", "--tokenizer",
