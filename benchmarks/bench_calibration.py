@@ -222,7 +222,7 @@ def _noise_share(report: dict) -> float:
 
 
 def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted"),
-                   exact_limit: int | None = None) -> list[dict]:
+                   exact_limit: int | None = None, first_seed: int = 0) -> list[dict]:
     """How often the report's 95 % interval on an encoding's exact scaled stress (the
     jackknife of :mod:`posstats.estimates.jackknife`) covers that encoding's scaled stress
     against the true distances (target 90-99 %, over the intervals the report gives: none
@@ -236,7 +236,8 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     Above 2,048 positions the intervals are the pair-sample jackknife's
     (:mod:`posstats.estimates.pair_jackknife`) and the null is the analytic edge (the pairs
     then give the noise share); ``exact_limit`` below n puts the stress on the sampled path
-    (the truth is still the stress over all pairs)."""
+    (the truth is still the stress over all pairs). Corpus ``i`` has seed
+    ``30,000 + first_seed + i``: a later run with ``first_seed`` continues a row."""
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.stress import stress_report
 
@@ -253,7 +254,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
             errors: dict[str, list[float]] = {}
             shares: list[float] = []
             best: dict[str, list[str]] = {}
-            for seed in range(seeds):
+            for seed in range(first_seed, first_seed + seeds):
                 kc = known_corpus(kind, n, tokens=N, seed=30_000 + seed)
                 truth_d = np.zeros((n, n))
                 truth_d[i, j] = np.sqrt(kc.true_d2(i, j))
@@ -297,8 +298,10 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     return rows
 
 
-def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted")) -> list[dict]:
-    """Section 4 of the module docstring: the held-out jackknife ranges against the truth."""
+def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted"),
+                   first_seed: int = 0) -> list[dict]:
+    """Section 4 of the module docstring: the held-out jackknife ranges against the truth
+    (corpus ``i`` has seed ``70,000 + first_seed + i``)."""
     from posstats.estimates.verdict import best_encodings, held_out_row
     from posstats.geometry.encodings import make_encoding
     from posstats.geometry.mds import classical_mds
@@ -313,7 +316,7 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
         hits: dict[str, list[int]] = {}
         errors: dict[str, list[float]] = {}
         best: dict[str, list[str]] = {}
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             kc = known_corpus(kind, n, tokens=N, seed=70_000 + seed)
             d2 = np.zeros((n, n))
             d2[i, j] = kc.true_d2(i, j)
@@ -378,8 +381,9 @@ def main() -> None:
     p.add_argument("--decision-kinds", default=",".join(_TALLIED),
                    help=f"corpora of the decision table (default {','.join(_TALLIED)})")
     p.add_argument("--first-seed", type=int, default=0,
-                   help="start each kind's seeds this far in (default 0): continues a long cell "
-                        "that an earlier run stopped, so the two runs' counts add up")
+                   help="start each kind's seeds this far in, in the decision, coverage and held-out "
+                        "tables (default 0): continues a long cell that an earlier run stopped, so the "
+                        "two runs' counts add up")
     p.add_argument("--held-out-seeds", type=int, default=20,
                    help="drift and planted corpora of the held-out table (default 20; 0 leaves it out)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
@@ -401,9 +405,10 @@ def main() -> None:
             tokens, seeds, power_seeds, positions, _kinds(args.decision_kinds, p), args.first_seed),
         "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds,
                                    args.coverage_positions or positions[0], tuple(args.coverage_kinds.split(",")),
-                                   exact_limit=args.coverage_exact_limit) if args.coverage_seeds else [],
-        "held_out": held_out_table(max(tokens), args.held_out_seeds, args.coverage_positions or positions[0])
-        if args.held_out_seeds else [],
+                                   exact_limit=args.coverage_exact_limit, first_seed=args.first_seed)
+        if args.coverage_seeds else [],
+        "held_out": held_out_table(max(tokens), args.held_out_seeds, args.coverage_positions or positions[0],
+                                   first_seed=args.first_seed) if args.held_out_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))

@@ -117,15 +117,20 @@ def test_bench_calibration_small():
 
 def test_bench_calibration_continues_a_cell(capsys):
     """--decision-kinds / --first-seed: only the kinds asked for, seeds from first_seed on
-    (a later run continues a long cell with new corpora, never the ones already counted)."""
+    (a later run continues a long cell with new corpora, never the ones already counted);
+    the coverage table's seeds too."""
     sys.path.insert(0, str(BENCH))
-    from bench_calibration import decision_table
+    from bench_calibration import coverage_table, decision_table
 
     (row,) = decision_table([200], 2, 0, [64], ("stationary", "drift"), 5)
     assert set(row) == {"positions", "tokens_per_position", "stationary", "seconds"}  # drift: 0 power seeds
     assert row["stationary"]["non_stationary"]["of"] == 2
     seeds = [line.split("seed ")[1].split(":")[0] for line in capsys.readouterr().err.splitlines() if " seed " in line]
     assert seeds == ["10005", "10006"]
+    (cov,) = coverage_table([2000], 1, 64, ("drift",), first_seed=7)  # the coverage rows continue alike
+    assert cov["kind"] == "drift" and cov["tokens_per_position"] == 2000
+    seeds = {line.split("seed ")[1].split()[0] for line in capsys.readouterr().err.splitlines() if " seed " in line}
+    assert seeds == {"30007"}
 
 
 def test_bench_sqrt_estimators_small():
