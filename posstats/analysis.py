@@ -61,6 +61,7 @@ from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import range_noise_floor, split_noise_floor
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
+    NOISE_WITHHELD,
     NO_STRUCTURE_INTERVAL,
     Verdict,
     non_stationarity,
@@ -1041,7 +1042,7 @@ def _stress_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config:
         limit = DISTANCE_NOISE_CAVEAT
     if noise_share is None or noise_share < limit:
         return noise_share
-    why = (f"none: sampling noise alone gives {_share_text(noise_share)} of the summed distances "
+    why = (f"{NOISE_WITHHELD} {_share_text(noise_share)} of the summed distances "
            f"(>= {limit:.0%}): a 95 % interval would cover below 95 % (docs/calibration.md); "
            "the jackknife's range (scaled_stress_tie_range) only decides ties")
     for e in results:

@@ -269,13 +269,21 @@ def test_distance_noise_caveat_by_hand(share, expected):
 
 def test_distance_noise_caveat_end_to_end():
     """A planted corpus (60 of 64 positions identical: half of its summed distances is noise)
-    gets the caveat; a strong drift at N = 20,000 (share about 0.07) does not."""
+    gets the caveat; a strong drift at N = 20,000 (share about 0.07) only the milder one
+    saying why its stresses have no interval (the jackknife over all pairs withholds them
+    from 5 %), and at N = 100,000 (about 0.03) neither."""
     planted = analyze(known_corpus("planted", 64, tokens=2000, seed=3).counts, AnalysisConfig(held_out="off")).report()
     drift = analyze(known_corpus("drift", 64, tokens=20_000, seed=3).counts, AnalysisConfig(held_out="off")).report()
     assert planted["null"]["distance_noise"]["share"] > 0.3
     assert any("sampling noise alone gives" in c for c in planted["verdict"]["caveats"])
+    assert not any(c.startswith("no stress interval is given") for c in planted["verdict"]["caveats"])
     assert drift["null"]["distance_noise"]["share"] < DISTANCE_NOISE_CAVEAT
     assert not any("sampling noise alone gives" in c for c in drift["verdict"]["caveats"])
+    (mild,) = [c for c in drift["verdict"]["caveats"] if c.startswith("no stress interval is given")]
+    assert f"{drift['null']['distance_noise']['share']:.1%}" in mild and "called tied" in mild
+    clean = analyze(known_corpus("drift", 64, tokens=100_000, seed=3).counts, AnalysisConfig(held_out="off")).report()
+    assert clean["null"]["distance_noise"]["share"] < 0.05
+    assert not any("interval" in c or "sampling noise" in c for c in clean["verdict"]["caveats"])
 
 
 def _answer(kind: str, **kwargs) -> list[str]:
