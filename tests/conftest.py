@@ -87,11 +87,13 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray session shared by every test marked ``ray`` (ray.init is slow)."""
+    """One local Ray session shared by every test marked ``ray`` (ray.init is slow); one per
+    pytest-xdist worker. ``address="local"`` always starts this process' own instance: with no
+    address Ray would attach to any cluster found running on the machine (another test's)."""
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'posstats[ray]')")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
