@@ -458,17 +458,23 @@ def test_the_ray_posstats_starts_itself_listens_on_loopback_only(tmp_path):
     try:
         seen: list[dict] = []
 
+        def record(now: list[dict]) -> None:
+            seen.extend(s for s in now if (s["ip"], s["port"]) not in {(x["ip"], x["port"]) for x in seen})
+
         def ray_is_up() -> bool:
-            names = {s["name"] for s in listening_sockets(session_pids({proc.pid}))}
-            return "raylet" in names and "gcs_server" in names
+            now = listening_sockets(session_pids({proc.pid}))
+            names = {s["name"] for s in now}
+            if "raylet" in names and "gcs_server" in names:
+                record(now)  # a later snapshot of a loaded machine can miss a process mid-scan
+                return True
+            return False
 
         _wait_for(ray_is_up, 60, "Ray's listeners", log)
         # the workers and agents of the shards being counted: every listener seen while the
         # job runs (a loaded machine starts them later than an idle one)
         deadline = time.monotonic() + 15
         while proc.poll() is None and time.monotonic() < deadline:
-            now = listening_sockets(session_pids({proc.pid}))
-            seen += [s for s in now if (s["ip"], s["port"]) not in {(x["ip"], x["port"]) for x in seen}]
+            record(listening_sockets(session_pids({proc.pid})))
             if len(seen) >= 6:
                 break
             time.sleep(0.25)
