@@ -37,8 +37,8 @@ from scipy.special import stdtrit
 
 from posstats.estimates.thinning import thin
 
-__all__ = ["JACKKNIFE_GROUPS", "delete_group_replicates", "jackknife_interval", "jackknife_sd", "overshoot_tie_range",
-           "without_group"]
+__all__ = ["JACKKNIFE_GROUPS", "delete_group_replicates", "jackknife_correction", "jackknife_interval", "jackknife_sd",
+           "overshoot_tie_range", "without_group"]
 
 JACKKNIFE_GROUPS = 10
 
@@ -94,6 +94,17 @@ def jackknife_sd(replicates: Any, /) -> float:
     x = np.asarray(replicates, dtype=np.float64).ravel()
     k = x.size
     return float(np.sqrt((k - 1) / k * np.sum((x - x.mean()) ** 2))) if k > 1 else float("nan")
+
+
+def jackknife_correction(estimate: float, replicates: Any, /) -> float:
+    """The jackknife's bias correction ``theta_J - theta_hat = -(K - 1) (theta_(.) - theta_hat)``
+    of K replicate values (module docstring): what :func:`jackknife_interval` moves its centre by.
+
+    >>> round(jackknife_correction(1.0, [1.1] * 10), 12)
+    -0.9
+    """
+    x = np.asarray(replicates, dtype=np.float64).ravel()
+    return -(x.size - 1) * (float(x.mean()) - float(estimate))
 
 
 def jackknife_interval(
