@@ -51,6 +51,7 @@ from posstats.estimates.noise import (
 )
 from posstats.estimates.pair_jackknife import (
     MAX_CORRECTION_SDS,
+    correction_trusted,
     draw_jackknife_pairs,
     pair_jackknife_interval,
     pair_noise_share,
@@ -1131,7 +1132,7 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
         # distances almost exactly, ALiBi on a drift: covered 12 of 26 at n = 512, N = 1e5)
         correction = jackknife_correction(e["scaled_stress"], reps[(*key, "scaled_stress")])
         sd = jackknife_sd(reps[(*key, "scaled_stress")])
-        if not abs(correction) <= MAX_CORRECTION_SDS * sd:
+        if not correction_trusted(correction, sd):
             e["scaled_stress_tie_range"] = scaled
             e["stress_interval"] = _large_correction_reason(correction, sd)
             continue

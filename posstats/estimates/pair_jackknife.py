@@ -80,6 +80,7 @@ __all__ = [
     "PAIR_ENTRIES_BUDGET",
     "SHARE_PAIRS",
     "PairInterval",
+    "correction_trusted",
     "draw_jackknife_pairs",
     "jackknife_pairs",
     "pair_jackknife_interval",
@@ -224,7 +225,13 @@ class PairInterval:
     def trusted(self) -> bool:
         """The correction is at most :data:`MAX_CORRECTION_SDS` standard deviations
         (module docstring)."""
-        return abs(self.correction) <= MAX_CORRECTION_SDS * self.sd
+        return correction_trusted(self.correction, self.sd)
+
+
+def correction_trusted(correction: float, sd: float, /) -> bool:
+    """Whether a jackknife's bias ``correction`` is at most :data:`MAX_CORRECTION_SDS` of
+    the standard deviation ``sd`` (module docstring); False for a NaN sd."""
+    return abs(correction) <= MAX_CORRECTION_SDS * sd
 
 
 def pair_jackknife_interval(
