@@ -127,10 +127,37 @@ def test_bench_calibration_continues_a_cell(capsys):
     assert row["stationary"]["non_stationary"]["of"] == 2
     seeds = [line.split("seed ")[1].split(":")[0] for line in capsys.readouterr().err.splitlines() if " seed " in line]
     assert seeds == ["10005", "10006"]
-    (cov,) = coverage_table([2000], 1, 64, ("drift",), first_seed=7)  # the coverage rows continue alike
+    (cov,) = coverage_table([2000], 1, 64, ("drift",), first_seed=7,  # the coverage rows continue alike
+                            encodings=("mds", "alibi"))
     assert cov["kind"] == "drift" and cov["tokens_per_position"] == 2000
+    assert set(cov["estimate_bias"]) == {"mds@2", "mds@16", "alibi@2", "alibi@16"}
     seeds = {line.split("seed ")[1].split()[0] for line in capsys.readouterr().err.splitlines() if " seed " in line}
     assert seeds == {"30007"}
+
+
+def test_coverage_targets_of_fitted_and_fixed_encodings():
+    """The coverage table's target: a fixed encoding's scaled stress against the true
+    distances; a fitted one's fit made on them. Points on a line: the classical MDS at d = 2
+    reproduces their distances (target 0), SMACOF started from it too, and a fixed encoding
+    scores as stress_report says."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from bench_calibration import _true_scaled_stresses
+
+    from posstats.geometry.encodings import make_encoding
+    from posstats.geometry.stress import stress_report
+
+    x = np.cumsum(np.linspace(0.1, 0.3, 12))
+    d2 = (x[:, None] - x[None, :]) ** 2
+    t = _true_scaled_stresses([("mds", 2), ("mds-smacof", 2), ("sinusoidal", 2)], d2, 1000)
+    assert t[("mds", 2)] < 1e-6 and t[("mds-smacof", 2)] < 1e-3
+    sin = stress_report(make_encoding("sinusoidal", np.arange(12), 2).matrix, np.sqrt(d2)).scaled_stress
+    assert t[("sinusoidal", 2)] == sin > 0.01
+    from bench_calibration import _coverage_corpus
+
+    kc = _coverage_corpus("all_planted", 8, 50, 0)  # every position its own block: every pair far apart
+    assert kc.planted.tolist() == list(range(8)) and kc.mix.min() == 0.05 and kc.mix.max() == 0.3
+    assert kc.true_d2(0, 7)[0] > 0.05 and kc.counts.matrix.shape == (8, 5000 + 20 * 8)
 
 
 def test_bench_sqrt_estimators_small():
