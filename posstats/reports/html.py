@@ -65,8 +65,8 @@ from posstats.reports.spectrum_view import (
 from posstats.reports.summary import (
     GLOSSARY,
     answer_sentences,
+    encoding_note_lines,
     glossary_lines,
-    skipped_lines,
     variance_of,
     verdict_items,
 )
@@ -321,9 +321,9 @@ def _html_page(
     ]
     if entries:
         parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
-    if skipped_lines(report):
+    if encoding_note_lines(report):
         heading = [] if entries else ["<h2>Encodings</h2>"]
-        parts += heading + [f"<p>{_esc(line[0].upper() + line[1:])}</p>" for line in skipped_lines(report)]
+        parts += heading + [f"<p>{_esc(line[0].upper() + line[1:])}</p>" for line in encoding_note_lines(report)]
     if report.get("held_out"):
         parts += ["<h2>Held out</h2>", f"<p>{_esc(_held_out_intro(report))}</p>"]
         if _held_out_rows(report):
@@ -430,7 +430,8 @@ def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots
     lines += _md_table(("quantity", "value"), _key_numbers(report)) + [""]
     if report.get("encodings"):
         lines += _md_table(_ENC_HEADER, _encoding_rows(report)) + [""]
-    lines += [f"{line[0].upper()}{line[1:]}" for line in skipped_lines(report)] + ([""] if skipped_lines(report) else [])
+    notes = encoding_note_lines(report)
+    lines += [f"{line[0].upper()}{line[1:]}" for line in notes] + ([""] if notes else [])
     if report.get("held_out"):
         lines += [f"Held out: {_held_out_intro(report)}", ""]
         if _held_out_rows(report):

@@ -366,7 +366,7 @@ def format_summary(report: dict[str, Any], /) -> str:
     if any(str(e.get("stress_interval", "")).startswith("jackknife") for e in report["encodings"]):
         note += ("; [lo, hi] = 95 % jackknife interval around the bias-corrected estimate (it can exclude the "
                  "estimate; docs/calibration.md)")
-    return "\n".join([*lines, "", *table, *skipped_lines(report), "", note])
+    return "\n".join([*lines, "", *table, *encoding_note_lines(report), "", note])
 
 
 def skipped_lines(report: dict[str, Any], /) -> list[str]:
@@ -375,6 +375,25 @@ def skipped_lines(report: dict[str, Any], /) -> list[str]:
     for entry in report.get("skipped_encodings") or []:
         reasons.setdefault(entry.get("reason", ""), []).append(entry.get("spec", "?"))
     return [f"not scored: {', '.join(specs)}: {reason}" for reason, specs in reasons.items()]
+
+
+def unconverged_lines(report: dict[str, Any], /) -> list[str]:
+    """One line per fitted encoding whose iterative fit (SMACOF) stopped at its iteration
+    cap before its stopping rule held (``fit.converged`` false): its stress is then an
+    upper bound of the fit's (local) minimum."""
+    widths: dict[tuple[str, int], list[str]] = {}
+    for e in report.get("encodings") or []:
+        fit = e.get("fit") or {}
+        if fit.get("converged") is False:
+            widths.setdefault((e["name"], int(fit.get("iterations", 0))), []).append(str(e["dim"]))
+    return [f"not converged: {name} at d = {', '.join(dims)} stopped after {its:,} iterations: its stress is an upper "
+            f"bound of its minimum (`{name.split(':')[0]}:max_iter=N` iterates longer)"
+            for (name, its), dims in widths.items()]
+
+
+def encoding_note_lines(report: dict[str, Any], /) -> list[str]:
+    """The lines under the encodings table: encodings not scored, fits not converged."""
+    return [*skipped_lines(report), *unconverged_lines(report)]
 
 
 def format_markdown(report: dict[str, Any], /) -> str:
@@ -402,5 +421,7 @@ def format_markdown(report: dict[str, Any], /) -> str:
             f"| {e['name']} | {e['dim']} | {_fmt(e['stress'])} | {_fmt(e['scaled_stress'])} | {_fmt(e['scale'])} | "
             f"{_fmt(e['pearson'], '.3f')} | {_fmt(e['min_separation'])} | {mono} |"
         )
-    lines += ["", "Terms:", "", *glossary_lines(markdown=True), ""]
+    notes = encoding_note_lines(report)
+    lines += ["", *(f"{line[0].upper()}{line[1:]}" for line in notes), *([""] if notes else [])]
+    lines += ["Terms:", "", *glossary_lines(markdown=True), ""]
     return "\n".join(lines)
