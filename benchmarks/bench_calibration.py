@@ -270,7 +270,9 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     in-sample estimate converges to. ``best_encoding``: per width, how often the verdict's
     best (with the encodings tied with it) holds an encoding whose target is the lowest
     (targets within 1e-6 count as equal; ``right``), names only others (``wrong``), and
-    names only such encodings (``sharp``).
+    names only such encodings (``sharp``). ``tie_range_holds_truth``: where no interval is
+    given, how often the range kept for ties (``scaled_stress_tie_range``) holds the target
+    (it is no 95 % interval; it decides ties).
 
     Above 2,048 positions the intervals are the pair-sample jackknife's
     (:mod:`posstats.estimates.pair_jackknife`) and the null is the analytic edge (the pairs
@@ -286,6 +288,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     for kind in kinds:
         for N in tokens:
             hits: dict[str, list[int]] = {}
+            range_hits: dict[str, list[int]] = {}
             withheld: dict[str, list[int]] = {}
             errors: dict[str, list[float]] = {}
             shares: list[float] = []
@@ -310,6 +313,9 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
                     if given:
                         lo, hi = e["scaled_stress_ci95"]
                         hits.setdefault(key, []).append(int(lo <= truth <= hi))
+                    elif e.get("scaled_stress_tie_range"):
+                        lo, hi = e["scaled_stress_tie_range"]
+                        range_hits.setdefault(key, []).append(int(lo <= truth <= hi))
                     errors.setdefault(key, []).append(e["scaled_stress"] - truth)
                 for row in report["verdict"]["best_encodings"]:
                     at = {name: t for (name, dim), t in truths.items() if dim == int(row["dim"])}
@@ -320,6 +326,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
             rows.append({"tokens_per_position": N, "positions": n, "kind": kind,
                          "coverage": {k: _proportion(sum(v), len(v)) for k, v in hits.items()},
                          "interval_withheld": {k: _proportion(sum(v), len(v)) for k, v in withheld.items()},
+                         "tie_range_holds_truth": {k: _proportion(sum(v), len(v)) for k, v in range_hits.items()},
                          "best_encoding": {k: {"right": _proportion(sum(x != "wrong" for x in v), len(v)),
                                                "sharp": _proportion(v.count("sharp"), len(v)),
                                                "wrong": _proportion(v.count("wrong"), len(v))} for k, v in best.items()},

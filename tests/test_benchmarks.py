@@ -102,6 +102,8 @@ def test_bench_calibration_small():
     for cov in r["coverage"]:
         # N = 2,000 is noise-dominated (share >= 10 %): the intervals are withheld, none is scored
         assert set(cov["interval_withheld"]) == scored and cov["coverage"] == {}
+        assert set(cov["tie_range_holds_truth"]) == scored  # the withheld intervals' ranges, scored too
+        assert all(r["of"] == 1 for r in cov["tie_range_holds_truth"].values())
         assert all(w["count"] == w["of"] == 1 for w in cov["interval_withheld"].values())
         assert set(cov["estimate_rmse"]) == scored
         assert all(cov["estimate_rmse"][k] >= abs(cov["estimate_bias"][k]) for k in scored)
