@@ -411,7 +411,8 @@ def main() -> None:
     p.add_argument("--coverage-exact-limit", type=int, default=None,
                    help="geometry rows above which the coverage table's stress is sampled (default: the analysis')")
     p.add_argument("--coverage-kinds", default="drift,planted",
-                   help="corpora of the coverage table (default drift,planted; all_planted: every position its own block)")
+                   help="corpora of the coverage and held-out tables (default drift,planted; all_planted: every "
+                        "position its own block)")
     p.add_argument("--coverage-encodings", default=",".join(COVERAGE_ENCODINGS),
                    help=f"encodings of the coverage table (default {','.join(COVERAGE_ENCODINGS)}; add mds,mds-smacof "
                         "for the fitted ones' in-sample intervals, whose target is the fit made on the true distances)")
@@ -447,7 +448,8 @@ def main() -> None:
                                    encodings=tuple(x.strip() for x in args.coverage_encodings.split(",") if x.strip()))
         if args.coverage_seeds else [],
         "held_out": held_out_table(max(tokens), args.held_out_seeds, args.coverage_positions or positions[0],
-                                   first_seed=args.first_seed) if args.held_out_seeds else [],
+                                   tuple(args.coverage_kinds.split(",")), first_seed=args.first_seed)
+        if args.held_out_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))
