@@ -1066,8 +1066,9 @@ _BELOW_ZERO = "none: the jackknife's bias-corrected interval lies below 0"  # a 
 _LARGE_CORRECTION = "none: the jackknife's bias correction"  # ... and how the next one starts
 # a fitted encoding's in-sample stress: covered 57 of 82 (all_planted, n = 64, N = 20,000;
 # 0 of 18 at d = 16), docs/calibration.md "Fitted encodings in-sample"
-_FITTED_IN_SAMPLE = ("none: a fitted encoding's in-sample stress is biased by its fit to the sampling noise, beyond "
-                     "what the jackknife removes (docs/calibration.md); scaled_stress_tie_range only decides ties, "
+_FITTED_IN_SAMPLE = ("none: a fitted encoding's in-sample stress depends on the sampling noise through its fit "
+                     "(the directions MDS keeps among near-equal eigenvalues, SMACOF's iterations) in a way the "
+                     "jackknife does not remove (docs/calibration.md); scaled_stress_tie_range only decides ties, "
                      "and its held-out score compares it on other tokens")
 
 
@@ -1094,8 +1095,8 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
     ``_JACKKNIFE_LIMIT`` rows or with rows of fewer than ``_JACKKNIFE_MIN_OCCUPANCY``
     tokens, nor for SMACOF above ``_JACKKNIFE_SMACOF_LIMIT`` rows, nor where the correction
     of the scaled stress exceeds ``MAX_CORRECTION_SDS`` of its sd (as on the pair-sample
-    path), nor for a fitted encoding (its in-sample stress is biased by its fit to the noise,
-    beyond what the jackknife removes: ``_FITTED_IN_SAMPLE``); the interval is then kept
+    path), nor for a fitted encoding (its in-sample stress depends on the noise through its
+    fit, beyond what the jackknife removes: ``_FITTED_IN_SAMPLE``); the interval is then kept
     as ``scaled_stress_tie_range``, for ties only."""
     m = len(g.positions)
     if float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY:

@@ -184,7 +184,7 @@ def test_the_correction_is_the_intervals_shift():
 
 
 def test_fitted_encodings_in_sample_get_a_range_for_ties_only():
-    """A fitted encoding's in-sample stress is biased by its fit to the noise: on corpora whose
+    """A fitted encoding's in-sample stress depends on the noise through its fit: on corpora whose
     every position has its own block (n = 64, N = 20,000: a geometry of 64 dimensions, all
     pairs far above their noise) its jackknife intervals covered 57 of 82 (0 of 18 at d =
     16), where the fixed encodings' covered 212 of 236. So MDS and SMACOF get a range for
