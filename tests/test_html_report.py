@@ -85,6 +85,22 @@ def test_uncertainty_is_drawn_when_present(run_dir, tmp_path):
     assert "<h2>Uncertainty</h2>" in page and "noise_floor.d_H" in page
     assert "downsampled: an even stride of 10 of the 30 used positions" in page
     assert _images(page)["spectrum"] != (run_dir / "figures" / "spectrum.png").read_bytes()
+    assert "sampling triples alone" not in page  # every monotonicity rate here is exact
+
+
+def test_sampled_monotonicity_intervals_say_what_they_cover(run_dir, tmp_path):
+    """Above 8,192 positions monotonicity rates are sampled: their [lo, hi] (table) and error
+    bars (figure) cover the error of sampling triples alone, and the page says so."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    report = json.loads((copy / "report.json").read_text())
+    e = report["encodings"][0]
+    e["monotonicity_method"], e["monotonicity_ci95"] = "sampled", [e["monotonicity_violation_rate"] - 0.01,
+                                                                    e["monotonicity_violation_rate"] + 0.01]
+    (copy / "report.json").write_text(json.dumps(report))
+    page = html.unescape(write_html_report(copy, max_heatmap=10).read_text())
+    assert "a 95 % Wilson interval for the error of sampling triples alone" in page
+    assert "error bars on sampled rates are 95 % Wilson intervals for the error of sampling triples alone" in page
 
 
 def test_missing_inputs(tmp_path, capsys):

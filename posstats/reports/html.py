@@ -173,6 +173,11 @@ def _corpus_a3(report: dict[str, Any]) -> dict[str, Any]:
     return d.get("a3") or d.get("monotonicity") or {}
 
 
+_SAMPLED_MONOTONICITY = ("[lo, hi] after a sampled monotonicity rate: a 95 % Wilson interval for the error of "
+                         "sampling triples alone (the rate over all triples of these distances), not for the "
+                         "corpus' own sampling noise.")
+
+
 def _encoding_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for e in report.get("encodings", []):
@@ -321,6 +326,8 @@ def _html_page(
     ]
     if entries:
         parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
+        if any(e.get("monotonicity_method") not in (None, "exact") for e in entries):
+            parts.append(f"<p>{_esc(_SAMPLED_MONOTONICITY)}</p>")
     if encoding_note_lines(report):
         heading = [] if entries else ["<h2>Encodings</h2>"]
         parts += heading + [f"<p>{_esc(line[0].upper() + line[1:])}</p>" for line in encoding_note_lines(report)]

@@ -573,9 +573,11 @@ def monotonicity_figure(entries: Sequence[dict[str, Any]], /, *, corpus_rate: fl
     ax.set_xlim(0, max(0.6, float(np.nanmax(rate + hi)) + 0.05) if np.isfinite(rate).any() else 1)
     ax.set_xlabel("monotonicity violation rate")
     fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)
+    bars_note = ("; error bars on sampled rates are 95 % Wilson intervals for the error of sampling triples alone, "
+                 "not for the corpus' own sampling noise" if np.any(lo + hi > 0) else "")
     caption = (
         "Fraction of ordered triples where a farther position is closer in the encoding than a nearer one "
         "(0 = perfectly monotone, 0.5 = random): look for encodings near the corpus' own rate (red dotted), "
-        "which is what the corpus geometry itself does."
+        f"which is what the corpus geometry itself does{bars_note}."
     )
     return Plot("monotonicity", "Monotonicity violation rates", caption, fig)
