@@ -19,7 +19,7 @@ def test_unconverged_fits_are_named_once_per_encoding_with_their_widths():
     ], "skipped_encodings": [{"spec": "mds-smacof", "reason": "above the SMACOF limit"}]}
     assert unconverged_lines(report) == [
         "not converged: mds-smacof at d = 2, 16 stopped after 300 iterations: its stress is an upper bound of "
-        "its minimum (a larger max_iter in its spec, e.g. `mds-smacof:max_iter=3000`, iterates longer)"]
+        "its minimum (a larger max_iter in its spec, e.g. mds-smacof:max_iter=3000, iterates longer)"]
     assert encoding_note_lines(report) == ["not scored: mds-smacof: above the SMACOF limit", *unconverged_lines(report)]
     assert unconverged_lines({"encodings": report["encodings"][2:]}) == []
 

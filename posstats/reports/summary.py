@@ -387,7 +387,7 @@ def unconverged_lines(report: dict[str, Any], /) -> list[str]:
         if fit.get("converged") is False:
             widths.setdefault((e["name"], int(fit.get("iterations", 0))), []).append(str(e["dim"]))
     return [f"not converged: {name} at d = {', '.join(dims)} stopped after {its:,} iterations: its stress is an upper "
-            "bound of its minimum (a larger max_iter in its spec, e.g. `mds-smacof:max_iter=3000`, iterates longer)"
+            "bound of its minimum (a larger max_iter in its spec, e.g. mds-smacof:max_iter=3000, iterates longer)"
             for (name, its), dims in widths.items()]
 
 
