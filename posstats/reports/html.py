@@ -178,11 +178,16 @@ _SAMPLED_MONOTONICITY = ("[lo, hi] after a sampled monotonicity rate: a 95 % Wil
                          "corpus' own sampling noise.")
 
 
+def _sampled_monotonicity(e: dict[str, Any]) -> bool:
+    """Whether an encoding entry's monotonicity rate comes from sampled triples (it then has a Wilson [lo, hi])."""
+    return e.get("monotonicity_method") not in (None, "exact")
+
+
 def _encoding_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for e in report.get("encodings", []):
         mono = _num(e.get("monotonicity_violation_rate"), ".3f")
-        if e.get("monotonicity_method") not in (None, "exact"):
+        if _sampled_monotonicity(e):
             ci = e.get("monotonicity_ci95") or [None, None]
             mono += f" [{_num(ci[0], '.3f')}, {_num(ci[1], '.3f')}]"
         rows.append([e.get("name"), e.get("dim"), _num(e.get("stress")), _num(e.get("scaled_stress")), _num(e.get("scale")),
@@ -326,7 +331,7 @@ def _html_page(
     ]
     if entries:
         parts += ["<h2>Encodings</h2>", _html_table(_ENC_HEADER, _encoding_rows(report))]
-        if any(e.get("monotonicity_method") not in (None, "exact") for e in entries):
+        if any(map(_sampled_monotonicity, entries)):
             parts.append(f"<p>{_esc(_SAMPLED_MONOTONICITY)}</p>")
     if encoding_note_lines(report):
         heading = [] if entries else ["<h2>Encodings</h2>"]
