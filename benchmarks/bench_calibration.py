@@ -242,6 +242,14 @@ def _true_scaled_stresses(names_dims: list[tuple[str, int]], true_d2: np.ndarray
     return out
 
 
+def _true_d2_matrix(corpus, n: int) -> np.ndarray:
+    """(n, n) the true ``d_H^2`` between every two positions of a known corpus (0 on the diagonal)."""
+    i, j = np.triu_indices(n, 1)
+    d2 = np.zeros((n, n))
+    d2[i, j] = corpus.true_d2(i, j)
+    return d2 + d2.T
+
+
 COVERAGE_ENCODINGS = ("sinusoidal", "alibi", "random")
 
 
@@ -283,7 +291,6 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
     cfg = (AnalysisConfig(dims=(2, 16), encodings=encodings, held_out="off", null="shuffle",
                           null_replicates=19, **extra) if n <= 2048 else
            AnalysisConfig(dims=(2, 16), encodings=encodings, held_out="off", null="mp", **extra))
-    i, j = np.triu_indices(n, 1)
     rows = []
     for kind in kinds:
         for N in tokens:
@@ -295,9 +302,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
             best: dict[str, list[str]] = {}
             for seed in range(first_seed, first_seed + seeds):
                 kc = _coverage_corpus(kind, n, N, 30_000 + seed)
-                true_d2 = np.zeros((n, n))
-                true_d2[i, j] = kc.true_d2(i, j)
-                true_d2 += true_d2.T
+                true_d2 = _true_d2_matrix(kc, n)
                 report = analyze(kc.counts, cfg).report()
                 shares.append(_noise_share(report))
                 truths = _true_scaled_stresses([(e["name"], int(e["dim"])) for e in report["encodings"]], true_d2, N)
@@ -348,7 +353,6 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
 
     cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "mds-smacof", "sinusoidal", "alibi", "random"),
                          held_out="on", null="shuffle", null_replicates=19)
-    i, j = np.triu_indices(n, 1)
     rows = []
     for kind in kinds:
         hits: dict[str, list[int]] = {}
@@ -356,9 +360,7 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
         best: dict[str, list[str]] = {}
         for seed in range(first_seed, first_seed + seeds):
             kc = _coverage_corpus(kind, n, N, 70_000 + seed)
-            d2 = np.zeros((n, n))
-            d2[i, j] = kc.true_d2(i, j)
-            d2 += d2.T
+            d2 = _true_d2_matrix(kc, n)
             entries = analyze(kc.counts, cfg).report()["held_out"]["encodings"]
             truth = _true_scaled_stresses([(e["name"], int(e["dim"])) for e in entries], d2, N)
             for e in entries:
