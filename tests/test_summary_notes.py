@@ -33,3 +33,27 @@ def test_a_capped_smacof_is_reported_in_the_text_and_markdown_summaries():
     line = "not converged: mds-smacof:max_iter=2 at d = 2 stopped after 2 iterations"
     assert line in format_summary(report)
     assert line[0].upper() + line[1:] in format_markdown(report)
+
+
+def test_cli_run_on_the_bundled_sample_names_an_unconverged_smacof(tmp_path, data_dir, capsys):
+    """End to end on real text: `posstats run` with SMACOF capped at 5 iterations prints the
+    note, and summary.md and report.html carry it, for exactly the widths whose fit in
+    report.json says it stopped unconverged after 5 iterations."""
+    import html
+    import json
+
+    from posstats.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
+                 "--positions", "48", "--dims", "2,16", "--encodings", "mds-smacof:max_iter=5,sinusoidal",
+                 "--held-out", "off", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    capped = [e for e in report["encodings"] if e["name"].startswith("mds-smacof")]
+    assert [(e["dim"], e["fit"]["iterations"], e["fit"]["converged"]) for e in capped] == [(2, 5, False), (16, 5, False)]
+    line = "not converged: mds-smacof:max_iter=5 at d = 2, 16 stopped after 5 iterations"
+    assert line in printed
+    assert line[0].upper() + line[1:] in (out / "summary.md").read_text()
+    assert line[0].upper() + line[1:] in html.unescape((out / "report.html").read_text())
