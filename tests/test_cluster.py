@@ -420,13 +420,28 @@ def _own_session(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -
                                 start_new_session=True)
 
 
-def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
+def _wait_for(predicate, timeout: float, what: str, log: Path, detail=lambda: "") -> None:
+    """Poll ``predicate`` until it holds; else fail with the log's tail and ``detail()``."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
             return
         time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"timed out waiting for {what}; {detail()}log:\n{log.read_text()[-3000:]}")
+
+
+def describe_processes(pids: list[int]) -> str:
+    """One line per process: pid, parent, state, command line (for a failure message)."""
+    lines = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        lines.append(f"  pid {pid} parent {ppid} state {state}: {cmd[:160]}\n")
+    return "still running:\n" + "".join(lines) if lines else ""
 
 
 def _clean_env() -> dict[str, str]:
@@ -518,7 +533,9 @@ encodings = ["sinusoidal"]
         time.sleep(1.0)
         os.killpg(proc.pid, signum)
         rc = proc.wait(timeout=60)
-        _wait_for(lambda: not session_pids({proc.pid}), 30, "the run's processes to end", log)
+        # Ray's own timeouts (a worker reconnecting to a GCS that is gone) reach 60 s
+        _wait_for(lambda: not session_pids({proc.pid}), 75, "the run's processes to end", log,
+                  detail=lambda: describe_processes(session_pids({proc.pid})))
     finally:
         if proc.poll() is None or session_pids({proc.pid}):
             with contextlib.suppress(ProcessLookupError):
