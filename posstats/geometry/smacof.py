@@ -17,6 +17,18 @@ which is THEORY eq. 4 when all ``w_ij = 1``. Each iteration is one Guttman trans
 which never increases the stress (majorisation). Started from P_MDS(d), the result is at
 least as faithful (in stress) as classical MDS at the same width d.
 
+The transforms converge linearly, slowly where the geometry's trailing eigenvalues are
+nearly equal (thousands of transforms at d = 16 on a corpus whose every position differs).
+By default :func:`smacof` extrapolates them with SQUAREM (Varadhan & Roland 2008, scheme
+S3; an accelerator for any monotone fixed-point map such as an MM/EM step): from X_0,
+X_1 = T(X_0) and X_2 = T(X_1), with r = X_1 - X_0 and v = X_2 - 2 X_1 + X_0, the step
+X' = X_0 - 2 a r + a^2 v with a = -|r| / |v| (clamped to [-64, -1]; a = -1 gives X_2).
+X' is kept only if its stress is at most T(X_0)'s, else a is halved towards -1, so every
+kept iterate is at least as good as one plain transform (a = -1 is two) and the stress
+never increases. After the default 300 transforms it ends about 3 times closer to the
+minimum than plain transforms on the calibration corpora, and where plain transforms
+converge slowly but surely it needs a fraction of them (docs/calibration.md).
+
 Public functions:
 
 - :func:`smacof`: blocked O(n^2 d) iterations on numpy or cupy (one code path), the
@@ -44,6 +56,7 @@ from posstats.errors import InputError
 from posstats.geometry.backend import array_namespace, to_numpy
 
 __all__ = [
+    "ACCELERATIONS",
     "DENSE_SOLVER_LIMIT",
     "STOCHASTIC_THRESHOLD",
     "SmacofResult",
@@ -70,6 +83,13 @@ _GRAM_RECOMPUTE = 1e-8
 
 _Z95 = 1.959963984540054
 
+# SQUAREM's extrapolation length |a| is clamped to [1, _SQUAREM_MAX_STEP] (a longer step
+# than this is rarely accepted, and each rejection costs a transform).
+_SQUAREM_MAX_STEP = 64.0
+
+#: The accelerations :func:`smacof` runs: SQUAREM around the Guttman transforms, or none.
+ACCELERATIONS = ("squarem", "none")
+
 # A stress this small is an exact fit up to rounding (relative distance errors ~1e-10);
 # the relative-decrease rule alone would run on to max_iter through rounding noise.
 _STRESS_FLOOR = 1e-20
@@ -90,9 +110,11 @@ class SmacofResult:
         converged: True when the stopping rule fired before ``max_iter``.
         seconds: wall-clock time of the refinement (validation included).
         history: stress after 0, 1, ..., ``iterations`` steps (``history[0]`` is
-            ``initial_stress``); for the stochastic path, estimated on a fixed monitoring
-            sample of pairs.
+            ``initial_stress``); with SQUAREM, of the start and of each kept iterate (fewer
+            entries than transforms); for the stochastic path, estimated on a fixed
+            monitoring sample of pairs.
         method: ``"blocked"`` or ``"stochastic"``.
+        acceleration: ``"squarem"`` or ``"none"`` (blocked), ``"none"`` (stochastic).
         solver: how ``V^+`` was applied: ``"guttman"`` (unweighted, V^+ = H / n),
             ``"dense"`` (explicit inverse), ``"cg"`` (conjugate gradients), or ``"sgd"``.
         rank: number of refined (non-padding) columns of ``encoding``.
@@ -116,12 +138,14 @@ class SmacofResult:
     stress_ci: tuple[float, float] | None = None
     sampled_pairs: int | None = None
     best_iteration: int | None = None
+    acceleration: str = "none"
 
     def to_dict(self, *, include_encoding: bool = False) -> dict[str, Any]:
         """JSON-ready summary (plain Python values); the encoding only when asked for."""
         n, d = (int(s) for s in self.encoding.shape)
         out: dict[str, Any] = {
             "method": self.method,
+            "acceleration": self.acceleration,
             "solver": self.solver,
             "n": n,
             "dim": d,
@@ -629,6 +653,59 @@ def _guttman_iterations(xp, h, x, w, vplus: _VPlus, *, den: float, block: int, m
         k += 1
 
 
+def _norm(xp, a) -> float:
+    """The Frobenius norm of ``a`` as a Python float (numpy or cupy)."""
+    return float(xp.sqrt(xp.sum(a * a)))
+
+
+def _squarem_iterations(xp, h, x, w, vplus: _VPlus, *, den: float, block: int, max_iter: int, tol: float):
+    """Guttman transforms ``T`` accelerated by SQUAREM (module docstring), from ``x`` (n, d).
+
+    Each cycle from ``x0`` (stress ``s0``, ``x1 = T(x0)`` known) runs ``x2 = T(x1)``, whose
+    pass also gives ``s1 = stress(x1)``; then tries ``x' = x0 - 2 a r + a^2 v`` and keeps it
+    when ``stress(x') <= s1`` (else ``a <- (a - 1) / 2``, and ``a = -1`` once it is within
+    1/2 of it: ``x' = x2``, which majorisation keeps at most ``s1``). The pass at ``x'`` gives
+    its stress and ``T(x')``, the next cycle's ``x1``. The stopping rule
+    (:func:`_has_converged`) reads the kept iterates' stresses.
+
+    Returns:
+        ``(x, history, k, converged)``: the last kept iterate (n, d), the stresses of the
+        start and of every kept iterate, the transforms run k (each costs one pass, the
+        rejected tries included; ``k <= max_iter``), and whether the rule fired.
+    """
+    def transform(y, want: bool):
+        num, by = _pass(xp, h, y, w, block, want_bx=want)
+        return float(num) / den, (_apply_vplus(xp, vplus, by, y) if want else None)
+
+    s0, x1 = transform(x, max_iter >= 1)
+    history, k = [s0], int(x1 is not None)
+    while x1 is not None:
+        s1, x2 = transform(x1, k < max_iter)
+        if x2 is None:  # out of transforms: x1 = T(x0) is the better of the two known
+            history.append(s1)
+            return x1, history, k, _has_converged(history, tol)
+        k += 1
+        r = x1 - x
+        v = x2 - x1 - r
+        nr, nv = _norm(xp, r), _norm(xp, v)
+        a = -min(max(nr / nv, 1.0), _SQUAREM_MAX_STEP) if nv > 0 else -1.0
+        while True:
+            xn = x2 if a == -1.0 else x - (2 * a) * r + (a * a) * v
+            sn, tn = transform(xn, k < max_iter)
+            k += int(tn is not None)
+            if sn <= s1 or a == -1.0:
+                break
+            if tn is None:  # rejected with no transform left: keep x1 = T(x0)
+                xn, sn = x1, s1
+                break
+            a = -1.0 if a > -2.0 else (a - 1) / 2
+        history.append(sn)
+        x, x1 = xn, tn
+        if _has_converged(history, tol):
+            return x, history, k, True
+    return x, history, k, False
+
+
 def smacof(
     distances,
     init,
@@ -637,6 +714,7 @@ def smacof(
     weights=None,
     max_iter: int = 300,
     tol: float = 1e-6,
+    acceleration: str = "squarem",
     block: int = 2048,
     solver: str = "auto",
     cg_tol: float = 1e-10,
@@ -651,11 +729,14 @@ def smacof(
     stress is at most ``initial_stress``; with ``init = P_MDS(d)`` it is at most the
     classical-MDS stress at the same width.
 
-    Stopping rule: stop at the first iteration k >= 1 whose relative decrease
+    Stopping rule: stop at the first iterate k >= 1 whose relative decrease
     ``(stress_{k-1} - stress_k) / stress_{k-1}`` is below ``tol``, or whose stress is below
     1e-20 (an exact fit up to rounding) (``converged=True``), or after ``max_iter``
     transforms (``converged=False``). The returned encoding is the last
     iterate, whose stress is computed exactly (so one pass more than transforms).
+    With ``acceleration="squarem"`` (the default) the iterates are SQUAREM's kept
+    extrapolations (module docstring), each of two or more transforms; ``"none"`` runs
+    plain transforms, one iterate each.
 
     Cost per iteration: O(n^2 d): the upper-triangular ``block x block`` tiles of the
     current distance matrix, each from one GEMM, then B(X) X from two GEMMs per tile
@@ -679,6 +760,9 @@ def smacof(
             their relative placement is arbitrary).
         max_iter: most Guttman transforms.
         tol: relative stress-decrease tolerance of the stopping rule.
+        acceleration: ``"squarem"`` (extrapolate the transforms; never a higher stress than
+            the transforms it ran would reach one at a time from the same iterate) or
+            ``"none"`` (plain transforms, as in de Leeuw & Mair 2009).
         block: tile side (rows and columns per tile).
         solver: ``"auto"``, ``"dense"`` or ``"cg"`` (weighted only).
         cg_tol, cg_maxiter: relative residual and step cap of the CG solver.
@@ -697,13 +781,15 @@ def smacof(
     if max_iter < 0 or not tol >= 0:
         msg = f"max_iter must be >= 0 and tol >= 0; got max_iter={max_iter!r}, tol={tol!r}"
         raise ValueError(msg)
+    if acceleration not in ACCELERATIONS:
+        msg = f"acceleration must be one of {', '.join(ACCELERATIONS)}; got {acceleration!r}"
+        raise ValueError(msg)
     xp, h, x, w = _prepare(distances, init, weights, xp, block)
     solver = _resolve_solver(solver, weighted=w is not None, n=int(h.shape[0]))
     den = _positive_denominator(xp, h, w, block)
     vplus = _make_vplus(xp, w, solver, block=block, cg_tol=cg_tol, cg_maxiter=cg_maxiter)
-    x, history, k, converged = _guttman_iterations(
-        xp, h, x, w, vplus, den=den, block=block, max_iter=max_iter, tol=tol
-    )
+    iterate = _squarem_iterations if acceleration == "squarem" else _guttman_iterations
+    x, history, k, converged = iterate(xp, h, x, w, vplus, den=den, block=block, max_iter=max_iter, tol=tol)
     return SmacofResult(
         encoding=x,
         stress=history[-1],
@@ -715,6 +801,7 @@ def smacof(
         method="blocked",
         solver=solver,
         rank=int(x.shape[1]),
+        acceleration=acceleration,
     )
 
 
@@ -757,6 +844,7 @@ def smacof_lowrank(distances, init, /, rank: int, dim: int, **kwargs) -> SmacofR
         method=res.method,
         solver=res.solver,
         rank=rank,
+        acceleration=res.acceleration,
     )
 
 

@@ -23,7 +23,7 @@ from posstats.geometry.encodings.catalog import (
     pad_columns,
     register,
 )
-from posstats.geometry.smacof import pair_weights, smacof
+from posstats.geometry.smacof import ACCELERATIONS, pair_weights, smacof
 
 __all__ = ["mds_encoding", "mds_lowrank", "mds_smacof"]
 
@@ -63,6 +63,7 @@ def mds_smacof(
     scale: float = 1.0,
     max_iter: int = 300,
     tol: float = 1e-6,
+    acceleration: str = "squarem",
     positions: Any = None,
     occupancy: Any = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -70,8 +71,9 @@ def mds_smacof(
 
     Starts from the first ``r = rank or dim`` classical-MDS coordinates, minimises the
     (weighted) stress ``sum w (e - h)^2 / sum w h^2`` by majorisation
-    (:func:`posstats.geometry.smacof.smacof`; stops when the relative decrease is below ``tol`` or
-    after ``max_iter`` iterations), and embeds the rank-r result in width ``dim`` by zero
+    (:func:`posstats.geometry.smacof.smacof`, its transforms extrapolated by SQUAREM unless
+    ``acceleration="none"``; stops when the relative decrease is below ``tol`` or after
+    ``max_iter`` transforms), and embeds the rank-r result in width ``dim`` by zero
     padding (distances unchanged). ``weights``: see :func:`posstats.geometry.smacof.pair_weights`
     (``occupancy`` down-weights noisy rare positions, ``local`` favours nearby pairs).
 
@@ -92,13 +94,15 @@ def mds_smacof(
         if "occupancy" in weights and occupancy is None:
             raise PosstatsError("mds-smacof:weights=occupancy needs the occupancy per position")
         w = pair_weights(pos, occupancy=occupancy, kind=weights, scale=scale)
-    result = smacof(np.asarray(distances, dtype=np.float64), init, weights=w, max_iter=max_iter, tol=tol)
+    result = smacof(np.asarray(distances, dtype=np.float64), init, weights=w, max_iter=max_iter, tol=tol,
+                    acceleration=acceleration)
     details = {
         "method": "smacof",
         "classical_stress": float(result.initial_stress),
         "stress": float(result.stress),
         "iterations": int(result.iterations),
         "converged": bool(result.converged),
+        "acceleration": acceleration,
         "seconds": float(result.seconds),
         "rank": r,
         "weights": weights,
@@ -130,7 +134,8 @@ def _check_rank(spec: EncodingSpec, dim: int) -> None:
 def _smacof(s: EncodingSpec, pos: np.ndarray, dim: int, inputs: Inputs) -> tuple[np.ndarray, dict[str, Any]]:
     p = s.params
     return mds_smacof(inputs.mds, inputs.distances, dim, rank=p["rank"], weights=p["weights"], scale=p["scale"],
-                      max_iter=p["max_iter"], tol=p["tol"], positions=pos, occupancy=inputs.occupancy)
+                      max_iter=p["max_iter"], tol=p["tol"], acceleration=p["acceleration"], positions=pos,
+                      occupancy=inputs.occupancy)
 
 
 _NEEDS_MDS = frozenset({"mds"})
@@ -142,6 +147,7 @@ register(Family(
     "mds-smacof",
     (Param("rank", int_param, None),
      Param("weights", choice("uniform", "occupancy", "local", "occupancy-local"), "uniform"),
-     Param("scale", float_param, 1.0), Param("max_iter", int_param, 300), Param("tol", float_param, 1e-6)),
+     Param("scale", float_param, 1.0), Param("max_iter", int_param, 300), Param("tol", float_param, 1e-6),
+     Param("acceleration", choice(*ACCELERATIONS), "squarem")),
     order=30, fitted=True, needs=frozenset({"mds", "distances"}), quadratic=True, check=_check_rank, build=_smacof,
 ))
