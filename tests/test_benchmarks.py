@@ -182,3 +182,23 @@ def test_bench_sqrt_estimators_small():
             split = row[pair]["remainder_by_rarer_count"]
             assert set(split) == {"0-1", "1-10", "10-inf"}
             assert abs(sum(split.values()) - row[pair]["remainder"]) < 5e-5
+
+
+def test_bench_smacof_acceleration_table():
+    """bench_smacof's acceleration section at a tiny size: both runs on one budget, gaps
+    measured from the lower of the long runs, SQUAREM's no farther than plain transforms'
+    (every position planted: a geometry where plain transforms crawl)."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from bench_smacof import acceleration_table, true_distances
+
+    h = true_distances("all_planted", 12)
+    assert h.shape == (12, 12) and np.allclose(h, h.T) and np.all(np.diag(h) == 0) and h[0, 1] > 0.2
+    (row,) = acceleration_table((("all_planted", 24, 6),), budget=40, reference_budget=600)
+    assert (row["corpus"], row["n"], row["dim"]) == ("all_planted", 24, 6)
+    floor = row["lowest_stress_found"]
+    for acc in ("none", "squarem"):
+        r = row[acc]
+        assert r["transforms"] <= 40 and r["stress"] >= floor
+        assert abs(r["relative_gap"] - (r["stress"] - floor) / floor) < 1e-12
+    assert row["squarem"]["relative_gap"] < row["none"]["relative_gap"]
