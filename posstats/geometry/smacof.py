@@ -663,8 +663,8 @@ def _squarem_iterations(xp, h, x, w, vplus: _VPlus, *, den: float, block: int, m
 
     Each cycle from ``x0`` (stress ``s0``, ``x1 = T(x0)`` known) runs ``x2 = T(x1)``, whose
     pass also gives ``s1 = stress(x1)``; then tries ``x' = x0 - 2 a r + a^2 v`` and keeps it
-    when ``stress(x') <= s1`` (else ``a <- (a - 1) / 2``, and ``a = -1`` once it is within
-    1/2 of it: ``x' = x2``, which majorisation keeps at most ``s1``). The pass at ``x'`` gives
+    when ``stress(x') <= s1`` (else ``a <- (a - 1) / 2``, or ``a = -1`` from above -2:
+    ``x' = x2``, which majorisation keeps at most ``s1``). The pass at ``x'`` gives
     its stress and ``T(x')``, the next cycle's ``x1``. The stopping rule
     (:func:`_has_converged`) reads the kept iterates' stresses.
 
