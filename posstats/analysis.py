@@ -1013,6 +1013,7 @@ _JACKKNIFE_LIMIT = 2048  # geometry rows up to which exact stresses get jackknif
 # width adds the pairs' sampling error, covered 50 of 50 below DISTANCE_NOISE_CAVEAT.
 JACKKNIFE_NOISE_LIMIT = 0.05
 _JACKKNIFE_SMACOF_LIMIT = 128  # ... and SMACOF is refitted on every replicate (O(m^2) per iteration)
+_SMACOF_NOT_REFITTED = f"none: SMACOF is not refitted above {_JACKKNIFE_SMACOF_LIMIT} rows"
 _JACKKNIFE_MIN_OCCUPANCY = 20  # a row this full keeps a token in every replicate (P(empty) <= 0.1^20)
 _THIN_ROWS = f"none: a geometry row has fewer than {_JACKKNIFE_MIN_OCCUPANCY} tokens (--min-occupancy raises the floor)"
 
@@ -1105,6 +1106,10 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
         return
     jobs = [(dim, spec) for dim, spec in encoding_jobs(config, m)
             if m <= _JACKKNIFE_SMACOF_LIMIT or not family_of(spec).quadratic]
+    if not jobs:  # only SMACOF asked for, above its refit limit
+        for e in results:
+            e["stress_interval"] = _SMACOF_NOT_REFITTED
+        return
     fitted = any(family_of(spec).fitted for _, spec in jobs)
     top = min(m, max(dim for dim, _ in jobs))  # the coordinates the fitted encodings read
 
@@ -1126,7 +1131,7 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
     for (_, spec), e in zip(encoding_jobs(config, m), results, strict=True):
         key = (int(e["dim"]), e["name"])
         if (*key, "stress") not in reps:
-            e["stress_interval"] = f"none: SMACOF is not refitted above {_JACKKNIFE_SMACOF_LIMIT} rows"
+            e["stress_interval"] = _SMACOF_NOT_REFITTED
             continue
         raw = jackknife_interval(e["stress"], reps[(*key, "stress")], bounds=(0.0, math.inf))
         scaled = jackknife_interval(e["scaled_stress"], reps[(*key, "scaled_stress")], bounds=(0.0, 1.0))

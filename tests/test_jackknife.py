@@ -206,3 +206,17 @@ def test_fitted_encodings_in_sample_get_a_range_for_ties_only():
             assert e["stress_interval"].startswith("jackknife") and "scaled_stress_tie_range" not in e
     for row in r["verdict"]["best_encodings"]:  # SMACOF fits best at both widths, outside the others' intervals
         assert row["best"] == "mds-smacof"
+
+
+def test_only_smacof_above_its_refit_limit_gets_the_reason_not_a_crash():
+    """SMACOF alone, on more rows than it is refitted on (128): nothing to jackknife, so
+    every entry says why it has no interval (this raised ValueError on an empty max())."""
+    n = 136
+    kc = known_corpus("planted", n, tokens=20_000, seed=5, planted=np.arange(n), strength=(0.2, 0.3))
+    cfg = AnalysisConfig(dims=(2,), encodings=("mds-smacof",), held_out="off", null="shuffle", null_replicates=19)
+    r = analyze(kc.counts, cfg).report()
+    (e,) = r["encodings"]
+    assert e["name"] == "mds-smacof" and e["stress_interval"].startswith("none: ")
+    assert e["scaled_stress_ci95"] == [e["scaled_stress"]] * 2 and "scaled_stress_tie_range" not in e
+    assert r["null"]["distance_noise"]["share"] < JACKKNIFE_NOISE_LIMIT
+    assert e["stress_interval"] == "none: SMACOF is not refitted above 128 rows"
