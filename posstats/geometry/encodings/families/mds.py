@@ -78,8 +78,8 @@ def mds_smacof(
     (``occupancy`` down-weights noisy rare positions, ``local`` favours nearby pairs).
 
     Returns:
-        (matrix (n x dim) float64, details: classical_stress, stress, iterations,
-        converged, seconds, rank, weights).
+        (matrix (n x dim) float64, details: classical_stress, stress, iterations (Guttman
+        transforms), converged, acceleration, seconds, rank, weights).
     """
 
     dim = check_dim(dim, "mds-smacof")
