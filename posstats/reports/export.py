@@ -151,7 +151,7 @@ class ExportOptions:
         help="classical MDS coordinates, or their SMACOF refinement at rank r: lower stress at the same width "
              "(classical MDS minimises strain, not stress)")
     smacof_max_iter: int = option(300, group="options", metavar="K", minimum=1, maximum=100_000,
-                                  help="SMACOF iteration cap")
+                                  help="SMACOF's cap on Guttman transforms (SQUAREM-accelerated)")
     smacof_tol: float = option(1e-6, group="options", metavar="TOL", minimum=0.0, strict=True,
                                help="SMACOF stops when the relative stress decrease is below TOL")
     rows: int | None = option(
