@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from posstats.geometry.backend import get_cupy, to_numpy
+from posstats.geometry.mds import classical_mds as library_mds
 from posstats.geometry.smacof import smacof, smacof_stress, stochastic_smacof
 
 
@@ -106,16 +107,12 @@ ACCELERATION_CASES = (("all_planted", 64, 16), ("all_planted", 512, 16), ("drift
 
 
 def true_distances(kind: str, n: int, *, seed: int = 1):
-    """(n, n) the true d_H of a known corpus (``all_planted``: every position mixes its own
-    block at a weight in [0.05, 0.3]; else :func:`posstats.testing.known_corpus`'s kind)."""
-    from posstats.testing import known_corpus
+    """(n, n) the true d_H of a known corpus of the calibration benchmark's coverage table
+    (``all_planted``: every position mixes its own block at a weight in [0.05, 0.3]; else
+    :func:`posstats.testing.known_corpus`'s kind)."""
+    from bench_calibration import _coverage_corpus, _true_d2_matrix
 
-    extra = {"planted": np.arange(n), "strength": (0.05, 0.3)} if kind == "all_planted" else {}
-    corpus = known_corpus("planted" if kind == "all_planted" else kind, n, tokens=1, seed=seed, **extra)
-    i, j = np.triu_indices(n, 1)
-    h = np.zeros((n, n))
-    h[i, j] = np.sqrt(corpus.true_d2(i, j))
-    return h + h.T
+    return np.sqrt(_true_d2_matrix(_coverage_corpus(kind, n, 1, seed), n))
 
 
 def acceleration_table(cases=ACCELERATION_CASES, *, budget: int = 300, reference_budget: int = 3000) -> list[dict]:
@@ -124,10 +121,7 @@ def acceleration_table(cases=ACCELERATION_CASES, *, budget: int = 300, reference
     rows = []
     for kind, n, d in cases:
         h = true_distances(kind, n)
-        b = -0.5 * (h**2 - (h**2).mean(0) - (h**2).mean(1)[:, None] + (h**2).mean())
-        w, v = np.linalg.eigh(b)
-        top = np.argsort(w)[::-1][:d]
-        init = v[:, top] * np.sqrt(np.maximum(w[top], 0.0))
+        init = library_mds(np.ones((n, 1)), k=d, method="dense", squared_distances=h**2).encoding[:, :d]
         runs = {acc: smacof(h, init, max_iter=budget, acceleration=acc) for acc in ("none", "squarem")}
         floor = min(smacof(h, init, max_iter=reference_budget, tol=0.0, acceleration=acc).stress
                     for acc in ("none", "squarem"))
