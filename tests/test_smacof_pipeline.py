@@ -82,3 +82,30 @@ def test_cli_reports_and_exports_the_refined_encoding(tmp_path):
     P = load_file(str(table))["position_embeddings"].astype(np.float64)
     assert float(meta["stress"]) == pytest.approx(by[("mds-smacof", 2)]["stress"], rel=1e-3)
     np.testing.assert_array_equal(P[:, 2:], 0.0)
+
+
+def test_cli_run_on_the_bundled_sample_with_and_without_squarem(tmp_path, data_dir):
+    """`posstats run` on the bundled fortunes scoring mds-smacof with SQUAREM (the default)
+    and with plain transforms: each report entry's stress is what the library's smacof gives
+    from the run's own distances and classical MDS, recomputed here, and the pair's stress
+    by brute force over all pairs from that encoding."""
+    from posstats.geometry.smacof import smacof
+    from posstats.runs.run_folder import load_run, with_distances
+
+    out = tmp_path / "demo"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
+                 "--positions", "48", "--dims", "16", "--encodings", "mds-smacof,mds-smacof:acceleration=none",
+                 "--held-out", "off", "-q", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    run = with_distances(load_run(out))
+    h, init = np.asarray(run.distances), np.asarray(run.encoding)[:, :16]
+    iu = np.triu_indices(h.shape[0], 1)
+    for e in report["encodings"]:
+        acceleration = "none" if e["name"].endswith("acceleration=none") else "squarem"
+        assert e["fit"]["acceleration"] == acceleration and e["fit"]["iterations"] <= 300
+        res = smacof(h, init, acceleration=acceleration)
+        x = np.asarray(res.encoding)
+        brute = sum((np.linalg.norm(x[i] - x[j]) - h[i, j]) ** 2 for i, j in zip(*iu)) / (h[iu] ** 2).sum()
+        assert e["stress"] == pytest.approx(res.stress, rel=1e-9) and brute == pytest.approx(res.stress, rel=1e-9)
+        assert e["fit"]["iterations"] == res.iterations
