@@ -63,6 +63,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,7 @@ from posstats.estimates.noise import (  # noqa: E402
     split_half,
 )
 from posstats.estimates.sampling_variance import position_sampling_variance  # noqa: E402
+from posstats.estimates.two_sample import compare_positions  # noqa: E402
 from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
 from posstats.testing import known_corpus, markov_packed_counts, split_counts  # noqa: E402
@@ -388,6 +390,109 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
     return rows
 
 
+# ----------------------------------------------------------------------------- posstats diff
+
+DIFF_NULLS = ("stationary", "drift", "drift_unequal", "pack_markov")
+DIFF_CHANGES = {  # kind -> (changed positions, their mixing weights in B): B moves a share of mass onto new ids
+    "planted": ((0, 1, 2, 3), (0.1, 0.2)),
+    "weak": (tuple(range(8)), (0.005, 0.04)),
+}
+DIFF_KINDS = (*DIFF_NULLS, *DIFF_CHANGES)
+
+
+def _diff_pair(kind: str, n: int, N: int, seed: int) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+    """Corpora A and B for ``posstats diff``, the positions whose distribution truly changed
+    and their true ``d_H^2(mu^A_i, mu^B_i)``.
+
+    - ``stationary`` / ``drift``: two samples of the same ``mu_i`` (N tokens each);
+      ``drift_unequal``: B holds N/4 tokens (a smaller refresh). Nothing changed.
+    - ``pack_markov``: two streams of the same Markov chain, packed into N windows.
+    - ``planted`` / ``weak``: A the base at every position, B mixing a private 20-id block
+      into the changed positions (weights spread evenly over the kind's range)."""
+    none = np.zeros(0, dtype=np.int64)
+    if kind == "pack_markov":
+        return (markov_packed_counts(n, windows=N, stay=0.5, seed=seed).matrix,
+                markov_packed_counts(n, windows=N, stay=0.5, seed=seed + 1).matrix, none, none.astype(float))
+    if kind in DIFF_NULLS:
+        corpus = known_corpus(kind.split("_")[0], n, tokens=N, seed=seed)
+        b = corpus.sample(max(N // 4, 1) if kind == "drift_unequal" else N, seed=seed + 1)
+        return corpus.counts.matrix, b.matrix, none, none.astype(float)
+    changed, strength = DIFF_CHANGES[kind]
+    a = known_corpus("planted", n, tokens=N, planted=changed, strength=0.0, seed=seed)  # the same ids, no block mass
+    b = known_corpus("planted", n, tokens=N, planted=changed, strength=strength, seed=seed + 1)
+    truth = np.array([float(((np.sqrt(a.mu(i)) - np.sqrt(b.mu(i))) ** 2).sum()) for i in changed])
+    return a.counts.matrix, b.counts.matrix, np.asarray(changed, dtype=np.int64), truth
+
+
+def diff_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int],
+               kinds: tuple[str, ...] = DIFF_KINDS, first_seed: int = 0, level: float = 0.05) -> list[dict]:
+    """``posstats diff``'s per-position decisions (:func:`posstats.estimates.two_sample.compare_positions`,
+    the call ``diff`` makes, Holm at ``level``) against known truth, with Clopper-Pearson 95 %
+    intervals:
+
+    - null pairs (``DIFF_NULLS``, ``seeds`` each): the family-wise false-alarm rate (any
+      position called changed; target <= ``level``), and the per-position rates of
+      p <= 0.01 and p <= 0.001 over every tested position (targets 1 % and 0.1 %);
+    - changed pairs (``DIFF_CHANGES``, ``power_seeds`` each): how often exactly the changed
+      positions are named, how often an unchanged one is (a false change), and each changed
+      position's detection rate with its true ``d_H^2``.
+
+    Pair ``i`` of kind ``k`` has seeds ``80,000 + 10,000 k + 2 (first_seed + i)`` (A) and one
+    more (B)."""
+    rows = []
+    for n in positions:
+        for N in tokens:
+            t = time.perf_counter()
+            row: dict = {"positions": n, "tokens_per_position": N, "level": level}
+            for kind in kinds:
+                runs = seeds if kind in DIFF_NULLS else power_seeds
+                if runs == 0:
+                    continue
+                alarms = flagged = exact = tested = p01 = p001 = 0
+                found: np.ndarray | None = None
+                truth = np.zeros(0)
+                for i in range(first_seed, first_seed + runs):
+                    seed = 80_000 + 10_000 * DIFF_KINDS.index(kind) + 2 * i
+                    a, b, changed, truth = _diff_pair(kind, n, N, seed)
+                    test = compare_positions(a, b, level=level)
+                    named = np.flatnonzero(test.changed)
+                    unchanged = np.setdiff1d(np.flatnonzero(test.tested), changed)
+                    alarms += int(np.isin(named, unchanged).any())
+                    flagged += int(named.size)
+                    p = test.p_value[unchanged]
+                    tested += int(p.size)
+                    p01 += int((p <= 0.01).sum())
+                    p001 += int((p <= 0.001).sum())
+                    if changed.size:
+                        exact += int(np.array_equal(named, changed))
+                        hit = np.isin(changed, named).astype(int)
+                        found = hit if found is None else found + hit
+                    print(f"  diff n={n} N={N} {kind} seeds {seed}/{seed + 1}: changed {named[:12].tolist()}"
+                          f"{' ...' if named.size > 12 else ''}", file=sys.stderr, flush=True)
+                cell: dict = {"pairs": runs, "false_alarm": _proportion(alarms, runs),
+                              "p_at_most_0.01": _proportion(p01, tested), "p_at_most_0.001": _proportion(p001, tested)}
+                if kind in DIFF_NULLS:
+                    cell["positions_flagged"] = flagged
+                else:
+                    cell["exactly_the_changed"] = _proportion(exact, runs)
+                    cell["found"] = [{"position": int(pos), "true_d2": round(float(d2), 5), **_proportion(int(k), runs)}
+                                     for pos, d2, k in zip(DIFF_CHANGES[kind][0], truth, found, strict=True)]
+                row[kind] = cell
+            row["seconds"] = round(time.perf_counter() - t, 1)
+            rows.append(row)
+            print(f"diff n={n} N={N}: " + json.dumps({k: v["false_alarm"]["count"] for k, v in row.items()
+                                                     if isinstance(v, dict)}), file=sys.stderr)
+    return rows
+
+
+def _diff_kinds(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in DIFF_KINDS]
+    if unknown or not kinds:
+        parser.error(f"--diff-kinds: unknown kind {unknown[0] if unknown else repr(text)}; choose from {', '.join(DIFF_KINDS)}")
+    return kinds
+
+
 def _kinds(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
     """The comma-separated kinds of ``--decision-kinds``, each checked against ``_TALLIED``."""
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
@@ -427,6 +532,10 @@ def main() -> None:
                         "two runs' counts add up")
     p.add_argument("--held-out-seeds", type=int, default=20,
                    help="drift and planted corpora of the held-out table (default 20; 0 leaves it out)")
+    p.add_argument("--diff-seeds", type=int, default=40,
+                   help="null pairs per cell of the diff table (default 40; 0 leaves it out); changed pairs: --power-seeds")
+    p.add_argument("--diff-kinds", default=",".join(DIFF_KINDS),
+                   help=f"pairs of the diff table (default {','.join(DIFF_KINDS)})")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]
@@ -435,6 +544,7 @@ def main() -> None:
     if args.quick:
         tokens, seeds, power_seeds, pair_seeds = [200, 2000], 4, 2, 4
         args.coverage_seeds = args.held_out_seeds = 2
+        args.diff_seeds = 4
     t = time.perf_counter()
     out = {
         "benchmark": "calibration",
@@ -452,6 +562,8 @@ def main() -> None:
         "held_out": held_out_table(max(tokens), args.held_out_seeds, args.coverage_positions or positions[0],
                                    tuple(args.coverage_kinds.split(",")), first_seed=args.first_seed)
         if args.held_out_seeds else [],
+        "diff": diff_table(tokens, args.diff_seeds, power_seeds, positions, _diff_kinds(args.diff_kinds, p),
+                           args.first_seed) if args.diff_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))

@@ -257,6 +257,16 @@ class KnownCorpus:
 
         return np.array([float(((root(int(a)) - root(int(b))) ** 2).sum()) for a, b in zip(i, j, strict=True)])
 
+    def sample(self, tokens: int, /, *, seed: int) -> PositionalCounts:
+        """Another corpus from the same ``mu_i`` (the same drift permutation too):
+        ``Multinomial(tokens, mu_i)`` per position. Two samples are the null of
+        ``posstats diff``: nothing changed, only the sampling."""
+        n = self.mix.size
+        counts = _multinomial_rows(self, n, int(tokens), np.random.default_rng(seed))
+        total = int(counts.sum())
+        return PositionalCounts(CountSpec(positions=n, vocab_size=self.base.size), counts, int(tokens), int(tokens),
+                                total, "", {"known": f"{self.kind} N={tokens} seed={seed} (resampled)"})
+
 
 def known_corpus(
     kind: str,

@@ -82,8 +82,14 @@ def test_bench_drift_small(tmp_path):
 def test_bench_calibration_small():
     """bench_calibration.py at a tiny size: both tables, every estimate with its uncertainty."""
     r = run_bench("bench_calibration.py", "--tokens", "2000", "--seeds", "2", "--power-seeds", "1", "--pair-seeds", "2",
-                  "--coverage-seeds", "1", "--held-out-seeds", "1", "--positions", "64")
+                  "--coverage-seeds", "1", "--held-out-seeds", "1", "--positions", "64", "--diff-seeds", "2")
     assert r["benchmark"] == "calibration"
+    (diff,) = r["diff"]
+    assert set(diff) == {"positions", "tokens_per_position", "level", "seconds", "stationary", "drift", "drift_unequal",
+                         "pack_markov", "planted", "weak"}
+    assert all(diff[k]["pairs"] == 2 and diff[k]["false_alarm"]["of"] == 2 for k in ("stationary", "drift", "pack_markov"))
+    assert [f["position"] for f in diff["planted"]["found"]] == [0, 1, 2, 3] and diff["planted"]["pairs"] == 1
+    assert [f["position"] for f in diff["weak"]["found"]] == list(range(8))
     names = {row["pairs"] for row in r["distances"]}
     assert names == {"identical", "planted_vs_base", "drift_1_apart", "drift_4_apart", "drift_16_apart", "drift_ends"}
     for row in r["distances"]:
@@ -135,6 +141,36 @@ def test_bench_calibration_continues_a_cell(capsys):
     assert set(cov["estimate_bias"]) == {"mds@2", "mds@16", "alibi@2", "alibi@16"}
     seeds = {line.split("seed ")[1].split()[0] for line in capsys.readouterr().err.splitlines() if " seed " in line}
     assert seeds == {"30007"}
+
+
+def test_diff_table_holds_its_level_and_names_the_planted_changes(capsys):
+    """The diff table's CI-sized cell (n = 64, N = 2,000): 40 null pairs of each kind
+    (identical mu on both sides: stationary, a drift, a drift against a refresh 4 times
+    smaller) and 10 pairs where positions 0-3 changed (true d_H^2 0.10-0.21).
+
+    Tolerances from the binomial: at a family-wise 5 % (4.9 % for 64 independent tests)
+    P(X >= 7 of 40) = 0.004, so at most 6 false alarms per kind; the 2,560 positions' p <= 0.01
+    count has mean <= 25.6 and sd 5.0: at most 46 (4 sd). The changes are found at every
+    pair in the full table (100 of 100 per position); the unchanged 60 positions may still
+    give a false alarm: at most 3 of 10 pairs (P(X >= 4 of 10) = 0.001 at 4.9 %), so at
+    least 7 of 10 name exactly {0, 1, 2, 3}."""
+    sys.path.insert(0, str(BENCH))
+    from bench_calibration import diff_table
+
+    (row,) = diff_table([2000], 40, 10, [64], ("stationary", "drift", "drift_unequal", "planted"))
+    for kind in ("stationary", "drift", "drift_unequal"):
+        cell = row[kind]
+        assert cell["false_alarm"]["of"] == 40 and cell["false_alarm"]["count"] <= 6, (kind, cell)
+        assert cell["p_at_most_0.01"]["of"] == 2560 and cell["p_at_most_0.01"]["count"] <= 46, (kind, cell)
+        assert cell["positions_flagged"] >= cell["false_alarm"]["count"]
+    planted = row["planted"]
+    assert planted["false_alarm"]["count"] <= 3
+    assert planted["exactly_the_changed"]["count"] >= 10 - planted["false_alarm"]["count"]
+    assert all(f["count"] == 10 for f in planted["found"])
+    truths = [f["true_d2"] for f in planted["found"]]
+    assert truths == sorted(truths) and 0.1 < truths[0] and truths[-1] < 0.22  # 2 - 2 sqrt(1 - a), a = 0.1 ... 0.2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "planted seeds" in ln]
+    assert lines[0].startswith("  diff n=64 N=2000 planted seeds 120000/120001: changed [0, 1, 2, 3]")
 
 
 def test_coverage_targets_of_fitted_and_fixed_encodings():
