@@ -221,7 +221,9 @@ class KnownCorpus:
         planted: the planted positions (empty for other kinds).
         mix: (n,) the weight of the second component at each position (block or permuted
             base); 0 where mu_i is the base.
-        permutation: (V,) the permutation of the drift's second component (identity else).
+        permutation: (V,) the drift's relabelling (identity else): its second component gives
+            id ``permutation[v]`` the base probability of id ``v``, the law of a base draw
+            ``v`` written as ``permutation[v]`` (how the corpus is sampled).
     """
 
     counts: PositionalCounts
@@ -236,7 +238,9 @@ class KnownCorpus:
         """(V,) the true distribution of position ``i``."""
         a = float(self.mix[i])
         if self.kind == "drift":
-            return (1.0 - a) * self.base + a * self.base[self.permutation]
+            second = np.empty_like(self.base)
+            second[self.permutation] = self.base  # P(permutation[v]) = base[v]: the sampler's law
+            return (1.0 - a) * self.base + a * second
         out = (1.0 - a) * self.base
         if a and self.kind == "planted":
             k = int(np.flatnonzero(self.planted == i)[0])

@@ -63,6 +63,36 @@ def test_null_moments_expansion_continues_the_exact_values():
     assert var[0] == pytest.approx((pmf * t * t).sum() - (pmf * t).sum() ** 2, rel=0.15)
 
 
+def test_a_known_corpus_resampled_keeps_its_truth():
+    """``KnownCorpus.sample``: another corpus from the same mu_i (the diff table's null), the
+    drift's permutation included: the last position's most frequent token is the one the
+    permutation moves the base's top token to, in both samples, and it is ``mu``'s largest
+    entry there (the truth and the sampler agree); the two samples differ."""
+    from posstats.testing import known_corpus
+
+    corpus = known_corpus("drift", 16, tokens=4000, vocab=300, seed=4)
+    again = corpus.sample(4000, seed=5)
+    assert again.matrix.shape == corpus.counts.matrix.shape and again.spec == corpus.counts.spec
+    assert (np.asarray(again.matrix.sum(axis=1)).ravel() == 4000).all() and again.tokens == 16 * 4000
+    top = int(corpus.permutation[0])  # a base draw of id 0 is written as permutation[0]
+    assert top != 0 and corpus.mu(15).argmax() == top and corpus.mu(0).argmax() == 0
+    for m in (corpus.counts.matrix, again.matrix):
+        rows = m.toarray()
+        assert rows[0].argmax() == 0 and rows[-1].argmax() == top
+    assert (again.matrix != corpus.counts.matrix).nnz > 0
+    quarter = corpus.sample(1000, seed=6)
+    assert (np.asarray(quarter.matrix.sum(axis=1)).ravel() == 1000).all()
+    # halfway (mix 1/2) 400,000 draws follow mu: the plug-in d_H^2 of their frequencies to mu
+    # is about (V - 1) / (4 N) = 1.9e-4 (a chi-square / 4N), while the inverse relabelling
+    # (the law a sampler that disagreed with mu would draw) is far further away
+    mid = known_corpus("drift", 3, tokens=400_000, vocab=300, seed=4)
+    freq = mid.counts.matrix.toarray()[1] / 400_000
+    mu = mid.mu(1)
+    other = 0.5 * mid.base + 0.5 * mid.base[mid.permutation]
+    assert ((np.sqrt(freq) - np.sqrt(mu)) ** 2).sum() < 3 * 299 / (4 * 400_000)
+    assert ((np.sqrt(freq) - np.sqrt(other)) ** 2).sum() > 10 * 299 / (4 * 400_000)
+
+
 def test_holm_steps_down():
     p = np.array([0.001, 0.011, 0.03, 0.9, np.nan])
     assert holm(p, 0.05).tolist() == [True, True, False, False, False]  # 0.03 > 0.05 / 2 stops the steps
