@@ -1,9 +1,9 @@
 """Calibration against known truth (issue "answers a statistician would sign").
 
     python benchmarks/bench_calibration.py [--seeds 40] [--power-seeds 20] [--tokens 200,2000,20000]
-        [--positions 64,512] [--pair-seeds 10] [--coverage-seeds 30] [--skip-distances] [--quick]
+        [--positions 64,512] [--pair-seeds 10] [--coverage-seeds 30] [--diff-seeds 40] [--skip-distances] [--quick]
 
-Prints one JSON object with two tables, each row with its uncertainty:
+Prints one JSON object with five tables, each row with its uncertainty:
 
 1. ``distances``: corpora sampled from known ``mu_i`` (:func:`posstats.testing.known_corpus`:
    V = 5,000, Zipf 1.1, exactly N tokens per position). For each N and pair type (identical
@@ -49,6 +49,14 @@ Prints one JSON object with two tables, each row with its uncertainty:
    the held-out best, with the encodings tied with it, names an encoding whose truth is
    the lowest (``sharp``: only such encodings; ``wrong``: none of them; truths within 1e-6
    count as equal).
+
+5. ``diff``: ``posstats diff``'s per-position decisions (Holm at 5 %) on pairs of corpora at
+   each n and N: null pairs (``--diff-seeds`` each: two samples of a stationary corpus, of a
+   drift, of a drift with B 4 times smaller, two dependent ``pack_markov`` streams) give the
+   family-wise false-alarm rate and the per-position rates of p <= 0.01 and 0.001; changed
+   pairs (``--power-seeds`` each: B plants a block into positions 0-3, true ``d_H^2``
+   0.10-0.21, or weakly into 0-7, 0.005-0.04) give how often exactly the changed positions
+   are named and each one's detection rate with its true ``d_H^2``.
 
 N = 1e5 runs with ``--tokens 100000`` (docs/calibration.md has its row). Not here yet
 (issue #28): intervals on eigenvalues and the mean ``d_H`` (none is reported: the shard
