@@ -23,7 +23,7 @@ from scipy.spatial import cKDTree
 from posstats import __version__
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts, too_few_windows
-from posstats.counting.io import counts_file, load_header
+from posstats.counting.io import DENSE_AS_SPARSE_ENTRIES, counts_file, csr_from_dense, load_header
 from posstats.counting.rows import select_rows
 from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.estimates.held_out import (
@@ -636,10 +636,14 @@ def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
             "the geometry needs two or more (count more text, or lower {min_occupancy})"
         )
         raise OptionError(msg)
+    # large dense counts are held as CSR (every step works on CSR rows: converting the
+    # dense matrix in each went through COO, 16 bytes of coordinates per non-zero)
+    as_sparse = not sel.counts.is_sparse and m * sel.counts.vocab_size >= DENSE_AS_SPARSE_ENTRIES
     need, what, hint = analysis_bytes(m, sel.counts.vocab_size, dims=config.dims, encodings=len(config.encodings),
-                                      exact=m <= config.exact_limit, dense_counts=not sel.counts.is_sparse)
+                                      exact=m <= config.exact_limit, dense_counts=not (sel.counts.is_sparse or as_sparse))
     require_memory(need, what=what, hint=hint, command="analyze")
-    return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, sel.rows(), sel.occupancy(), counts.positions)
+    rows = csr_from_dense(sel.rows(), compact=True) if as_sparse else sel.rows()
+    return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, rows, sel.occupancy(), counts.positions)
 
 
 def _noise(

@@ -218,6 +218,78 @@ def test_storage_is_chosen_by_size_not_by_layout(tmp_path, n, seqs, stored, in_m
     assert not list((tmp_path / "run").glob(".*tmp"))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 9), st.integers(1, 7), st.integers(1, 40), st.booleans(), st.integers(0, 2**40))
+def test_csr_from_dense_is_the_dense_matrix_block_by_block(n, vocab, block, compact, seed):
+    """Any shape (empty rows, an all-zero matrix, blocks of one row or of all), compact or
+    not: the same counts as ``scipy.sparse.csr_array``, in canonical order, int32 ids, and
+    int32 counts only when compact and every count fits."""
+    from posstats.counting.io import csr_from_dense
+
+    rng = np.random.default_rng(seed)
+    dense = rng.integers(0, 4, size=(n, vocab)) * (rng.random((n, vocab)) < 0.4)
+    if n and seed % 3 == 0:
+        dense[rng.integers(0, n)] = 0
+    got = csr_from_dense(dense, compact=compact, block_entries=block)
+    want = sp.csr_array(dense)
+    assert got.shape == (n, vocab) and got.has_canonical_format
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+    assert got.data.dtype == (np.int32 if compact else np.int64)
+    assert got.indices.dtype == np.int32 or got.nnz == 0  # scipy keeps int64 ids on an empty array
+    big = np.array([[0, 2**31], [1, 0]])
+    assert csr_from_dense(big, compact=True).data.dtype == np.int64  # 2**31 does not fit int32: kept exact
+
+
+def test_a_large_dense_counts_file_is_loaded_compact_as_csr(tmp_path, monkeypatch):
+    """``load_counts(compact=True)`` holds a dense file of ``DENSE_AS_SPARSE_ENTRIES`` cells
+    or more as int32 CSR (the analysis' loader: a dense int64 matrix of 131,072 x 5,000 is
+    5.2 GB, and every step made CSR of it again); smaller files and ``compact=False`` keep
+    the dense int64 matrix. The counts are the same either way."""
+    import posstats.counting.io as io
+
+    c = count_sequences([[1, 2, 3], [3, 3], [4, 5, 1]], positions=3, vocab_size=6, mode="chunk", exclude_ids=[0])
+    path = save_counts(c, tmp_path / "run")
+    assert path.name == "counts.safetensors"  # dense on disk
+    assert not load_counts(tmp_path / "run", compact=True).is_sparse  # 18 cells: below the limit
+    monkeypatch.setattr(io, "DENSE_AS_SPARSE_ENTRIES", 18)
+    back = load_counts(tmp_path / "run", compact=True)
+    assert back.is_sparse and back.matrix.dtype == np.int32 and back.equals(c)
+    plain = load_counts(tmp_path / "run")
+    assert not plain.is_sparse and plain.matrix.dtype == np.int64 and plain.equals(c)
+
+
+def test_analysis_of_large_dense_counts_runs_on_csr_rows_with_the_same_answer(monkeypatch):
+    """Dense counts of ``DENSE_AS_SPARSE_ENTRIES`` cells or more are analysed as int32 CSR
+    rows: the same report as the same counts given sparse (the limit lowered here; at its
+    value a dense 131,072 x 5,000 drift went through COO in each step and passed 24 GB)."""
+    import posstats.analysis as analysis
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.testing import known_corpus
+
+    sparse = known_corpus("drift", 40, tokens=300, vocab=200, seed=3).counts
+    dense = sparse.to_dense()
+    cfg = AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal"), held_out="off")
+    seen = []
+    real = analysis._analysis
+
+    def spy(counts, config, g, **kw):
+        seen.append((sp.issparse(g.rows), getattr(g.rows, "dtype", None)))
+        return real(counts, config, g, **kw)
+
+    monkeypatch.setattr(analysis, "_analysis", spy)
+    monkeypatch.setattr(analysis, "DENSE_AS_SPARSE_ENTRIES", 40 * 200)
+    want = analyze(sparse, cfg).report().to_dict()
+    got = analyze(dense, cfg).report().to_dict()
+    assert seen[1] == (True, np.int32)
+    for key in ("spectrum", "verdict", "encodings", "hellinger"):
+        assert got[key] == want[key], key
+    monkeypatch.setattr(analysis, "DENSE_AS_SPARSE_ENTRIES", 40 * 200 + 1)
+    analyze(dense, cfg)
+    assert seen[2] == (False, np.int64)  # below the limit dense rows stay dense
+
+
 @pytest.mark.parametrize("n", [3, 40])
 def test_rows_read_as_slices_of_either_storage(tmp_path, n):
     from posstats.counting.io import load_header, load_rows, load_selected_rows

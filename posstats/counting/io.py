@@ -44,6 +44,7 @@ from posstats.storage.publish import atomic_path, published_dir
 
 __all__ = [
     "COUNTS_FILES",
+    "DENSE_AS_SPARSE_ENTRIES",
     "COUNTS_SCHEMA",
     "SPARSE_FILE",
     "Storage",
@@ -51,6 +52,7 @@ __all__ = [
     "choose_storage",
     "count_dtype",
     "check_counts_file",
+    "csr_from_dense",
     "counts_file",
     "load_counts",
     "load_header",
@@ -197,15 +199,49 @@ def _storage_of(counts: PositionalCounts) -> Storage:
     return choose_storage(counts.spec.positions, counts.spec.vocab_size, nnz, smallest, largest)
 
 
+DENSE_AS_SPARSE_ENTRIES = 1 << 25  # n x V at which the analysis holds dense counts as CSR
+
+
+def csr_from_dense(matrix: np.ndarray, /, *, compact: bool = False, block_entries: int = 1 << 24) -> sp.csr_array:
+    """The non-zeros of a dense ``(n, V)`` count matrix as a CSR array, converted a block of
+    rows (about ``block_entries`` cells) at a time: the temporaries are one block's, never
+    the full matrix's coordinates (``scipy.sparse.csr_array(dense)`` goes through COO and
+    holds two int64 coordinate arrays of every non-zero: 16 bytes each, on top of the data).
+
+    Token ids and row pointers are int32 (int64 from 2**31 ids or stored counts); the counts
+    are int32 when ``compact`` and every count fits (exact, half the memory of int64), else
+    int64.
+
+    >>> csr_from_dense(np.array([[0, 2, 0], [0, 0, 0], [5, 0, 1]]), compact=True).toarray().tolist()
+    [[0, 2, 0], [0, 0, 0], [5, 0, 1]]
+    """
+    matrix = np.asarray(matrix)
+    n, V = (int(x) for x in matrix.shape)
+    step = max(1, int(block_entries) // max(V, 1))
+    fits = compact and (matrix.size == 0 or (int(matrix.min()) >= -(2**31) and int(matrix.max()) < 2**31))
+    data_dtype = np.int32 if fits else np.int64
+    index = np.int32 if V < 2**31 else np.int64
+    per_row = np.zeros(n, dtype=np.int64)
+    data, indices = [], []
+    for lo in range(0, n, step):
+        block = matrix[lo : lo + step]
+        rows, cols = np.nonzero(block)
+        per_row[lo : lo + block.shape[0]] = np.bincount(rows, minlength=block.shape[0])
+        data.append(block[rows, cols].astype(data_dtype))
+        indices.append(cols.astype(index))
+    nnz = int(per_row.sum())
+    if index == np.int32 and nnz >= 2**31:
+        index = np.int64
+    indptr = np.zeros(n + 1, dtype=index)  # scipy keeps the ids' width only when the pointers share it
+    np.cumsum(per_row, out=indptr[1:])
+    return sp.csr_array((np.concatenate(data) if data else np.zeros(0, data_dtype),
+                         np.concatenate(indices).astype(index, copy=False) if indices else np.zeros(0, index), indptr),
+                        shape=(n, V))
+
+
 def _dense_to_csr(matrix: np.ndarray) -> sp.csr_array:
-    """The non-zeros of a dense ``(n, V)`` matrix as a CSR array (rows in order)."""
-    n, V = matrix.shape
-    flat = matrix.reshape(-1)
-    nz = np.flatnonzero(flat)
-    rows = nz // V
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return sp.csr_array((flat[nz], (nz - rows * V), indptr), shape=(n, V))
+    """The non-zeros of a dense ``(n, V)`` matrix as a CSR array (rows in order), int64 counts."""
+    return csr_from_dense(matrix)
 
 
 _CHUNK = 1 << 22  # elements converted at a time while writing (small buffers, reused)
@@ -403,7 +439,9 @@ def load_counts(path: str | os.PathLike, /, *, compact: bool = False, check_tota
 
     ``compact=True`` (sparse files): counts stored as uint16 or int32 are held as int32,
     exact, in half the memory of int64 data (what the analysis of long contexts loads);
-    int64 files stay int64. The counts must add up to the header's ``tokens`` (a file
+    int64 files stay int64. A dense file of :data:`DENSE_AS_SPARSE_ENTRIES` cells or more
+    is then held as CSR too (:func:`csr_from_dense`): a dense int64 matrix of 131,072
+    positions x 5,000 ids is 5.2 GB, and every analysis step turned it into CSR again. The counts must add up to the header's ``tokens`` (a file
     edited after counting is refused); ``check_total=False`` leaves that to the caller
     (:func:`posstats.counting.reduce.load_partial` checks it against its marker)."""
     path = counts_file(path)
@@ -412,7 +450,11 @@ def load_counts(path: str | os.PathLike, /, *, compact: bool = False, check_tota
     with _opened(path) as f:
         meta = dict(f.metadata() or {})
         if "counts" in f.keys():
-            matrix = f.get_tensor("counts").astype(np.int64, copy=False)
+            matrix = f.get_tensor("counts")
+            if compact and matrix.size >= DENSE_AS_SPARSE_ENTRIES:
+                matrix = csr_from_dense(matrix, compact=True)
+            else:
+                matrix = matrix.astype(np.int64, copy=False)
         else:
             data = f.get_tensor("data")
             wide = np.int32 if compact and data.dtype.itemsize <= 4 and data.dtype != np.uint32 else np.int64
