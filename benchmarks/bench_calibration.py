@@ -51,7 +51,8 @@ Prints one JSON object with five tables, each row with its uncertainty:
    count as equal).
 
 5. ``diff``: ``posstats diff``'s per-position decisions (Holm at 5 %) on pairs of corpora at
-   each n and N: null pairs (``--diff-seeds`` each: two samples of a stationary corpus, of a
+   each n of ``--diff-positions`` (default 64, whatever ``--positions`` says: a long cell of
+   the decision table does not sample pairs of its size) and each N: null pairs (``--diff-seeds`` each: two samples of a stationary corpus, of a
    drift, of a drift with B 4 times smaller, two dependent ``pack_markov`` streams) give the
    family-wise false-alarm rate and the per-position rates of p <= 0.01 and 0.001; changed
    pairs (``--power-seeds`` each: B plants a block into positions 0-3, true ``d_H^2``
@@ -555,6 +556,8 @@ def main() -> None:
                         "two runs' counts add up")
     p.add_argument("--held-out-seeds", type=int, default=20,
                    help="drift and planted corpora of the held-out table (default 20; 0 leaves it out)")
+    p.add_argument("--diff-positions", default="64",
+                   help="positions n of the diff table, comma-separated (default 64)")
     p.add_argument("--diff-seeds", type=int, default=40,
                    help="null pairs per cell of the diff table (default 40; 0 leaves it out); changed pairs: --power-seeds")
     p.add_argument("--diff-kinds", default=",".join(DIFF_KINDS),
@@ -585,7 +588,8 @@ def main() -> None:
         "held_out": held_out_table(max(tokens), args.held_out_seeds, args.coverage_positions or positions[0],
                                    tuple(args.coverage_kinds.split(",")), first_seed=args.first_seed)
         if args.held_out_seeds else [],
-        "diff": diff_table(tokens, args.diff_seeds, power_seeds, positions, _diff_kinds(args.diff_kinds, p),
+        "diff": diff_table(tokens, args.diff_seeds, power_seeds, [int(x) for x in args.diff_positions.split(",")],
+                           _diff_kinds(args.diff_kinds, p),
                            args.first_seed) if args.diff_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
