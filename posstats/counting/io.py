@@ -440,9 +440,10 @@ def load_counts(path: str | os.PathLike, /, *, compact: bool = False, check_tota
     ``compact=True`` (sparse files): counts stored as uint16 or int32 are held as int32,
     exact, in half the memory of int64 data (what the analysis of long contexts loads);
     int64 files stay int64. A dense file of :data:`DENSE_AS_SPARSE_ENTRIES` cells or more
-    is then held as CSR too (:func:`csr_from_dense`): a dense int64 matrix of 131,072
-    positions x 5,000 ids is 5.2 GB, and every analysis step turned it into CSR again. The counts must add up to the header's ``tokens`` (a file
-    edited after counting is refused); ``check_total=False`` leaves that to the caller
+    is then held as int32 CSR too (:func:`csr_from_dense`): a dense int64 matrix of
+    131,072 positions x 5,000 ids is 5.2 GB, and every analysis step turned it into CSR
+    again. The counts must add up to the header's ``tokens`` (a file edited after counting
+    is refused); ``check_total=False`` leaves that to the caller
     (:func:`posstats.counting.reduce.load_partial` checks it against its marker)."""
     path = counts_file(path)
     if path.name.endswith(".parquet"):
