@@ -509,21 +509,13 @@ def diff_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[
     return rows
 
 
-def _diff_kinds(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+def _kinds(text: str, parser: argparse.ArgumentParser, known=tuple(_TALLIED), flag: str = "--decision-kinds") -> tuple[str, ...]:
+    """The comma-separated kinds of ``flag``, each checked against ``known`` (a one-line
+    parser error naming the first unknown one)."""
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in DIFF_KINDS]
+    unknown = [k for k in kinds if k not in known]
     if unknown or not kinds:
-        parser.error(f"--diff-kinds: unknown kind {unknown[0] if unknown else repr(text)}; choose from {', '.join(DIFF_KINDS)}")
-    return kinds
-
-
-def _kinds(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
-    """The comma-separated kinds of ``--decision-kinds``, each checked against ``_TALLIED``."""
-    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in _TALLIED]
-    if unknown or not kinds:
-        parser.error(f"--decision-kinds: unknown kind {unknown[0] if unknown else repr(text)}; "
-                     f"choose from {', '.join(_TALLIED)}")
+        parser.error(f"{flag}: unknown kind {unknown[0] if unknown else repr(text)}; choose from {', '.join(known)}")
     return kinds
 
 
@@ -589,7 +581,7 @@ def main() -> None:
                                    tuple(args.coverage_kinds.split(",")), first_seed=args.first_seed)
         if args.held_out_seeds else [],
         "diff": diff_table(tokens, args.diff_seeds, power_seeds, [int(x) for x in args.diff_positions.split(",")],
-                           _diff_kinds(args.diff_kinds, p),
+                           _kinds(args.diff_kinds, p, DIFF_KINDS, "--diff-kinds"),
                            args.first_seed) if args.diff_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
