@@ -261,12 +261,13 @@ class KnownCorpus:
 
         return np.array([float(((root(int(a)) - root(int(b))) ** 2).sum()) for a, b in zip(i, j, strict=True)])
 
-    def sample(self, tokens: int, /, *, seed: int) -> PositionalCounts:
+    def sample(self, tokens: int, /, *, seed: int, sampler: str = "tokens") -> PositionalCounts:
         """Another corpus from the same ``mu_i`` (the same drift permutation too):
-        ``Multinomial(tokens, mu_i)`` per position. Two samples are the null of
-        ``posstats diff``: nothing changed, only the sampling."""
+        ``Multinomial(tokens, mu_i)`` per position, drawn by ``sampler`` (as in
+        :func:`known_corpus`). Two samples are the null of ``posstats diff``: nothing
+        changed, only the sampling."""
         n = self.mix.size
-        counts = _multinomial_rows(self, n, int(tokens), np.random.default_rng(seed))
+        counts = _SAMPLERS[_sampler(sampler)](self, n, int(tokens), np.random.default_rng(seed))
         total = int(counts.sum())
         return PositionalCounts(CountSpec(positions=n, vocab_size=self.base.size), counts, int(tokens), int(tokens),
                                 total, "", {"known": f"{self.kind} N={tokens} seed={seed} (resampled)"})
@@ -284,6 +285,7 @@ def known_corpus(
     strength: Any = (0.1, 0.2),
     block: int = 20,
     seed: int = 0,
+    sampler: str = "tokens",
 ) -> KnownCorpus:
     """A corpus sampled from known ``mu_i`` (:class:`KnownCorpus`), the calibration suite's truth.
 
@@ -296,7 +298,14 @@ def known_corpus(
         planted: the planted positions.
         strength: the planted mixing weights, spread evenly over ``[lo, hi]`` (or one value).
         seed: seeds the sampling (and the drift's permutation).
+        sampler: how each row's ``Multinomial(tokens, mu_i)`` is drawn; both are exact, and
+            the same seed gives different corpora under each. ``tokens`` draws every token
+            (inverse CDF; the suite's figures up to 2026-11-28 used it, and the tests do);
+            ``counts`` draws a row's counts at once by conditional binomials
+            (``numpy.random.Generator.multinomial``): about 10x faster at N = 20,000
+            (30 s instead of 6.5 min for 131,072 positions), for the long cells.
     """
+    _sampler(sampler)
     if kind not in KNOWN_KINDS:
         msg = f"kind must be one of {', '.join(KNOWN_KINDS)}, got {kind!r}"
         raise ValueError(msg)
@@ -315,7 +324,7 @@ def known_corpus(
         perm[:vocab] = rng.permutation(vocab)
     corpus = KnownCorpus(PositionalCounts(CountSpec(n, base.size), sp.csr_array((n, base.size), dtype=np.int64), 0, 0,
                                           0, "", {}), kind, base, planted, mix, perm, block)
-    counts = _multinomial_rows(corpus, n, int(tokens), rng)
+    counts = _SAMPLERS[sampler](corpus, n, int(tokens), rng)
     spec = CountSpec(positions=n, vocab_size=base.size)
     total = int(counts.sum())
     pc = PositionalCounts(spec, counts, int(tokens), int(tokens), total, "", {"known": f"{kind} N={tokens} seed={seed}"})
@@ -348,6 +357,47 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
     m = sp.csr_array(sp.vstack(blocks, format="csr"))
     m.sum_duplicates()
     return m
+
+
+def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator) -> sp.csr_array:
+    """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, each row's counts drawn at once.
+
+    ``mu_i = (1 - a_i) base + a_i second_i`` is a mixture, so a row is ``K ~ Binomial(N,
+    a_i)`` tokens from the second component and ``N - K`` from the base, each a multinomial
+    by conditional binomials (numpy's ``Generator.multinomial``, O(V) a row whatever N);
+    the drift's second component is a base draw relabelled by ``permutation``, a planted
+    one uniform over the position's block. Dense one block of rows at a time (at most
+    2^24 cells), kept as CSR.
+    """
+    vocab = corpus.base.size
+    support = np.flatnonzero(corpus.base)  # numpy gives the last category what rounding leaves: keep it in the support
+    p = corpus.base[support] / corpus.base[support].sum()
+    step = max(1, (1 << 24) // vocab)
+    blocks = []
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        second = rng.binomial(tokens, corpus.mix[lo:hi])
+        rows = np.zeros((hi - lo, vocab), dtype=np.int64)
+        rows[:, support] = rng.multinomial(tokens - second, p)
+        if corpus.kind == "drift":
+            rows[:, corpus.permutation[support]] += rng.multinomial(second, p)  # base draw v counted as permutation[v]
+        elif corpus.kind == "planted":
+            for r in np.flatnonzero(second):
+                k = int(np.flatnonzero(corpus.planted == lo + r)[0])
+                first = vocab - corpus.block * corpus.planted.size + k * corpus.block
+                rows[r, first:first + corpus.block] += rng.multinomial(int(second[r]), np.full(corpus.block, 1.0 / corpus.block))
+        blocks.append(sp.csr_array(rows))
+    return sp.csr_array(sp.vstack(blocks, format="csr"))
+
+
+_SAMPLERS = {"tokens": _multinomial_rows, "counts": _binomial_rows}
+
+
+def _sampler(name: str) -> str:
+    if name not in _SAMPLERS:
+        msg = f"sampler must be one of {', '.join(_SAMPLERS)}, got {name!r}"
+        raise ValueError(msg)
+    return name
 
 
 def markov_packed_counts(n: int, /, *, windows: int, stay: float = 0.5, vocab: int = 5000, exponent: float = 1.1,

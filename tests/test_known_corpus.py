@@ -1,0 +1,86 @@
+"""``posstats.testing.known_corpus``: both samplers draw exactly ``Multinomial(N, mu_i)`` per row.
+
+The calibration suite's truth is ``mu``; a sampler that drew another law (a relabelling
+the wrong way round, a planted block on the wrong ids, a row short of N) would make every
+table in docs/calibration.md measure the wrong thing. Pearson's statistic of a row against
+its own ``mu_i`` has the exact multinomial moments (Haldane 1937)
+
+    E X^2 = K - 1,   Var X^2 = 2 (K - 1) + (sum_v 1 / p_v - K^2 - 2 K + 2) / N
+
+over the K ids of the row's support, so the mean over R rows is tested to 4.5 of its
+standard deviations (a false failure about 1 in 150,000, by the normal limit of a mean
+of hundreds of rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from posstats.testing import known_corpus
+
+
+def _pearson_z(corpus, rows, tokens: int) -> float:
+    """z of the mean Pearson X^2 of ``rows`` against their own ``mu_i``, by the exact moments."""
+    counts = corpus.counts.matrix[rows].toarray()
+    stat, mean, var = 0.0, 0.0, 0.0
+    for r, i in enumerate(rows):
+        mu = corpus.mu(int(i))
+        on = mu > 0
+        assert counts[r, ~on].sum() == 0, f"row {i} has counts where mu is 0"
+        p, k = mu[on], int(on.sum())
+        e = tokens * p
+        stat += float(((counts[r, on] - e) ** 2 / e).sum())
+        mean += k - 1
+        var += 2 * (k - 1) + (float((1 / p).sum()) - k * k - 2 * k + 2) / tokens
+    return (stat - mean) / np.sqrt(var)
+
+
+@pytest.mark.parametrize("sampler", ["tokens", "counts"])
+@pytest.mark.parametrize("kind", ["stationary", "planted", "drift"])
+def test_every_row_is_a_multinomial_of_its_mu(kind, sampler):
+    tokens = 400
+    corpus = known_corpus(kind, 600, tokens=tokens, vocab=200, seed=11, sampler=sampler)
+    m = corpus.counts.matrix
+    assert (np.asarray(m.sum(axis=1)).ravel() == tokens).all() and corpus.counts.tokens == 600 * tokens
+    rows = np.arange(600) if kind != "planted" else np.arange(4)
+    assert abs(_pearson_z(corpus, rows, tokens)) < 4.5
+
+
+@pytest.mark.parametrize("sampler", ["tokens", "counts"])
+def test_the_drift_relabels_the_way_mu_says(sampler):
+    """At the last position the drift is the second component alone: a base draw of id v
+    written as ``permutation[v]``. 200,000 draws there against ``mu`` and against the
+    inverse relabelling (the law of a sampler that had it the wrong way round)."""
+    tokens = 200_000
+    corpus = known_corpus("drift", 2, tokens=tokens, vocab=300, seed=4, sampler=sampler)
+    freq = corpus.counts.matrix.toarray()[1] / tokens
+    inverse = corpus.base[corpus.permutation]
+    assert not np.allclose(inverse, corpus.mu(1))
+    # plug-in d_H^2 of the frequencies to their law: about (V - 1) / (4 N) = 3.7e-4
+    assert ((np.sqrt(freq) - np.sqrt(corpus.mu(1))) ** 2).sum() < 3 * 299 / (4 * tokens)
+    assert ((np.sqrt(freq) - np.sqrt(inverse)) ** 2).sum() > 10 * 299 / (4 * tokens)
+
+
+def test_planted_blocks_land_on_their_own_ids_with_their_weight():
+    """Each planted position puts ``Binomial(N, a_k)`` tokens on its own 20 ids and none on
+    another's: the block mass is within 4.5 binomial sd of ``N a_k``."""
+    tokens = 20_000
+    corpus = known_corpus("planted", 8, tokens=tokens, seed=3, sampler="counts")
+    rows = corpus.counts.matrix.toarray()
+    v = corpus.base.size - 4 * corpus.block
+    for k, i in enumerate(corpus.planted):
+        a = corpus.mix[i]
+        own = rows[i, v + k * corpus.block: v + (k + 1) * corpus.block]
+        assert abs(own.sum() - tokens * a) < 4.5 * np.sqrt(tokens * a * (1 - a))
+        assert rows[i, v:].sum() == own.sum()
+    assert rows[4:, v:].sum() == 0
+
+
+def test_an_unknown_sampler_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="sampler must be one of tokens, counts, got 'fast'"):
+        known_corpus("stationary", 4, tokens=10, sampler="fast")
+    corpus = known_corpus("stationary", 4, tokens=10)
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        corpus.sample(10, seed=1, sampler="fast")
+    assert (np.asarray(corpus.sample(10, seed=1, sampler="counts").matrix.sum(axis=1)).ravel() == 10).all()
