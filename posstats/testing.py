@@ -6,6 +6,11 @@ against it:
 
 - :func:`synthetic_counts`: positional counts with a planted structure of known rank and
   known eigenvalues (a :class:`SyntheticCorpus`).
+- :func:`known_corpus`: counts drawn from chosen distributions ``mu_i`` (stationary,
+  planted positions, a smooth drift) with the truth computed from them (a
+  :class:`KnownCorpus`): the calibration suite's corpora (docs/calibration.md).
+- :func:`markov_packed_counts`: a stationary stream with dependent tokens, packed into
+  windows (the null hypothesis with the dependence of real packed text).
 - :func:`split_counts`: every counted token split independently into parts, i.e.
   independent samples of each position when the tokens are independent (as in a
   generated corpus). The analysis splits counted tokens the same way, streamed
