@@ -208,7 +208,7 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     Corpus ``i`` of kind ``k`` has seed ``10,000 (1 + index of k in _TALLIED) + first_seed + i``,
     so a long cell (n = 131,072) can be continued by a later run with ``first_seed`` set to
     the corpora already done, and the two runs' counts added. ``sampler`` draws the known
-    corpora (:func:`posstats.testing.known_corpus`: ``counts`` is about 10x faster at
+    corpora (:func:`posstats.testing.known_corpus`: ``counts`` is about 5x faster at
     N = 20,000; the same seed is another corpus under each)."""
     cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off")
     rows = []
@@ -560,7 +560,7 @@ def main() -> None:
                    help=f"pairs of the diff table (default {','.join(DIFF_KINDS)})")
     p.add_argument("--sampler", choices=("tokens", "counts"), default="tokens",
                    help="how the decision table's known corpora are drawn (default tokens, as every figure up to "
-                        "2026-11-28; counts: each row's multinomial at once, about 10x faster at N = 20,000; the "
+                        "2026-11-28; counts: each row's multinomial at once, about 5x faster at N = 20,000; the "
                         "same seed is another corpus under each)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
