@@ -208,8 +208,10 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     Corpus ``i`` of kind ``k`` has seed ``10,000 (1 + index of k in _TALLIED) + first_seed + i``,
     so a long cell (n = 131,072) can be continued by a later run with ``first_seed`` set to
     the corpora already done, and the two runs' counts added. ``sampler`` draws the known
-    corpora (:func:`posstats.testing.known_corpus`: ``counts`` is about 5x faster at
-    N = 20,000; the same seed is another corpus under each)."""
+    corpora (:func:`posstats.testing.known_corpus` and
+    :func:`posstats.testing.markov_packed_counts`: ``counts`` is about 5x faster at
+    N = 20,000, and its dependent streams are independent windows; the same seed is
+    another corpus under each)."""
     cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off")
     rows = []
     for n in positions:
@@ -225,7 +227,8 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                 for seed in range(first_seed, first_seed + runs):
                     seed_k = 10_000 * (1 + list(_TALLIED).index(kind)) + seed
                     t_sample = time.perf_counter()
-                    counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k) if kind == "pack_markov"
+                    counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler)
+                                      if kind == "pack_markov"
                                       else known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler).counts)
                     t_corpus = time.perf_counter()
                     report = analyze(counts, cfg).report()
@@ -560,8 +563,9 @@ def main() -> None:
                    help=f"pairs of the diff table (default {','.join(DIFF_KINDS)})")
     p.add_argument("--sampler", choices=("tokens", "counts"), default="tokens",
                    help="how the decision table's known corpora are drawn (default tokens, as every figure up to "
-                        "2026-11-28; counts: each row's multinomial at once, about 5x faster at N = 20,000; the "
-                        "same seed is another corpus under each)")
+                        "2026-11-28; counts: each row's multinomial at once, about 5x faster at N = 20,000, and "
+                        "pack_markov's windows independent chains drawn a row at a time; the same seed is "
+                        "another corpus under each)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]

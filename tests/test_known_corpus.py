@@ -84,3 +84,46 @@ def test_an_unknown_sampler_is_refused_in_one_line():
     with pytest.raises(ValueError, match="sampler must be one of"):
         corpus.sample(10, seed=1, sampler="fast")
     assert (np.asarray(corpus.sample(10, seed=1, sampler="counts").matrix.sum(axis=1)).ravel() == 10).all()
+
+
+def _spaced_z(values: np.ndarray, expected: float) -> float:
+    """z of the mean of ``values`` (one per row, rows 8 apart: nearly independent) against
+    ``expected``, by their own standard error."""
+    return float((values.mean() - expected) / (values.std(ddof=1) / np.sqrt(values.size)))
+
+
+@pytest.mark.parametrize("sampler", ["tokens", "counts"])
+def test_markov_rows_have_the_chain_law(sampler):
+    """``markov_packed_counts``: every row is ``Multinomial(W, p)`` (Pearson's X^2 of rows 8
+    apart, by Haldane's exact moments), and rows ``k`` apart share what the chain keeps.
+
+    Per window, ``P(t_i = v, t_{i+k} = u) = p_v (q delta_uv + (1 - q) p_u)`` with ``q =
+    stay^k``, and windows are independent, so the cross-Pearson statistic
+    ``sum_v (c_i(v) - W p_v)(c_{i+k}(v) - W p_v) / (W p_v)`` has mean ``q (V - 1)``. A stay
+    of 0.6 for 0.7, or lag 2 read as lag 1, is 9 or more standard errors away (measured);
+    the test allows 4.5."""
+    from posstats.testing import _zipf, markov_packed_counts
+
+    vocab, windows, stay, n = 100, 300, 0.7, 1600
+    counts = markov_packed_counts(n, windows=windows, stay=stay, vocab=vocab, seed=21, sampler=sampler)
+    assert counts.spec.mode == "pack" and counts.tokens == n * windows
+    m = counts.matrix.toarray()
+    assert (m.sum(axis=1) == windows).all()
+    p = _zipf(vocab, 1.1, 1.0)
+    rows = np.arange(0, n - 2, 8)
+    e = windows * p
+    pearson = (((m[rows] - e) ** 2) / e).sum(axis=1)
+    var = 2 * (vocab - 1) + (float((1 / p).sum()) - vocab**2 - 2 * vocab + 2) / windows
+    assert abs((pearson.mean() - (vocab - 1)) / np.sqrt(var / rows.size)) < 4.5
+    d = (m - e) / np.sqrt(e)
+    for k in (1, 2):
+        assert abs(_spaced_z((d[rows] * d[rows + k]).sum(axis=1), stay**k * (vocab - 1))) < 4.5
+
+
+def test_markov_refuses_an_unknown_sampler_and_a_bad_stay():
+    from posstats.testing import markov_packed_counts
+
+    with pytest.raises(ValueError, match="sampler must be one of tokens, counts, got 'fast'"):
+        markov_packed_counts(4, windows=3, sampler="fast")
+    with pytest.raises(ValueError, match=r"stay must be in \[0, 1\)"):
+        markov_packed_counts(4, windows=3, stay=1.0)
