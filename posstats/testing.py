@@ -401,9 +401,10 @@ def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Gene
 _SAMPLERS = {"tokens": _multinomial_rows, "counts": _binomial_rows}
 
 
-def _sampler(name: str) -> str:
-    if name not in _SAMPLERS:
-        msg = f"sampler must be one of {', '.join(_SAMPLERS)}, got {name!r}"
+def _sampler(name: str, choices: dict = _SAMPLERS) -> str:
+    """``name`` if it is one of ``choices``, else a one-line ``ValueError``."""
+    if name not in choices:
+        msg = f"sampler must be one of {', '.join(choices)}, got {name!r}"
         raise ValueError(msg)
     return name
 
@@ -494,11 +495,8 @@ def markov_packed_counts(n: int, /, *, windows: int, stay: float = 0.5, vocab: i
     if not 0.0 <= stay < 1.0:
         msg = f"stay must be in [0, 1), got {stay}"
         raise ValueError(msg)
-    if sampler not in _MARKOV_SAMPLERS:
-        msg = f"sampler must be one of {', '.join(_MARKOV_SAMPLERS)}, got {sampler!r}"
-        raise ValueError(msg)
     rng = np.random.default_rng(seed)
-    matrix = _MARKOV_SAMPLERS[sampler](int(n), int(windows), stay, _zipf(vocab, exponent, 1.0), rng)
+    matrix = _MARKOV_SAMPLERS[_sampler(sampler, _MARKOV_SAMPLERS)](int(n), int(windows), stay, _zipf(vocab, exponent, 1.0), rng)
     spec = CountSpec(positions=int(n), vocab_size=vocab, mode="pack")
     return PositionalCounts(spec, matrix, int(windows), int(windows), int(n) * int(windows), "",
                             {"known": f"markov stay={stay} windows={windows} seed={seed} sampler={sampler}"})
