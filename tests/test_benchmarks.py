@@ -238,3 +238,47 @@ def test_bench_smacof_acceleration_table():
         assert r["transforms"] <= 40 and r["stress"] >= floor
         assert abs(r["relative_gap"] - (r["stress"] - floor) / floor) < 1e-12
     assert row["squarem"]["relative_gap"] < row["none"]["relative_gap"]
+
+
+def test_tally_calibration_adds_runs_as_one(tmp_path):
+    """A cell run in two pieces (--first-seed 0 and 1, one corpus each) tallies to the
+    counts of one run of both corpora; a piece counted twice, a run of another benchmark
+    and an empty file are refused with exit 2 and one line naming the file."""
+    sys.path.insert(0, str(BENCH))
+    import tally_calibration
+
+    common = ["--skip-distances", "--coverage-seeds", "0", "--held-out-seeds", "0", "--diff-seeds", "0",
+              "--positions", "64", "--tokens", "2000", "--power-seeds", "1", "--decision-kinds", "stationary,planted"]
+    whole = run_bench("bench_calibration.py", *common, "--seeds", "2", "--power-seeds", "2")
+    paths = []
+    for first in (0, 1):
+        piece = run_bench("bench_calibration.py", *common, "--seeds", "1", "--first-seed", str(first))
+        paths.append(tmp_path / f"piece{first}.json")
+        paths[-1].write_text(json.dumps(piece))
+    rows = tally_calibration.tally([(str(p), json.loads(p.read_text())) for p in paths])
+    assert [(r["kind"], r["corpora"], r["seeds"], r["sampler"]) for r in rows] == [
+        ("planted", 2, "30000-30001", "tokens"), ("stationary", 2, "10000-10001", "tokens")]
+    (row,) = whole["decisions"]
+    for r in rows:
+        assert {d: p["count"] for d, p in r["decisions"].items()} == {d: p["count"] for d, p in row[r["kind"]].items()}
+        assert all(p["of"] == 2 for p in r["decisions"].values())
+    assert rows[0]["decisions"]["standouts_exactly_planted"]["count"] == 2  # N = 2,000: a count that adds, not 0 + 0
+
+    assert tally_calibration.main([str(p) for p in paths] + ["--markdown"]) == 0
+
+    def refused(*files) -> str:
+        out = subprocess.run([sys.executable, str(BENCH / "tally_calibration.py"), *map(str, files)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, out
+        return out.stderr
+
+    assert "corpus seed 10000 (stationary, n = 64, N = 2000, sampler tokens) is already counted" in refused(paths[0], paths[0])
+    (tmp_path / "other.json").write_text(json.dumps({"benchmark": "drift"}))
+    assert "other.json: not a bench_calibration.py run (benchmark: 'drift')" in refused(paths[0], tmp_path / "other.json")
+    (tmp_path / "empty.json").write_text("")
+    assert "empty.json: empty" in refused(tmp_path / "empty.json")
+    bad = json.loads(paths[1].read_text())
+    bad["decisions"][0]["stationary"]["any_standout"]["of"] = 3
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert "bad.json: decisions row 0, stationary any_standout: count 0 of 3, but the setup ran 1 corpora" in refused(
+        tmp_path / "bad.json")
