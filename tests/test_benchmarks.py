@@ -282,3 +282,26 @@ def test_tally_calibration_adds_runs_as_one(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     assert "bad.json: decisions row 0, stationary any_standout: count 0 of 3, but the setup ran 1 corpora" in refused(
         tmp_path / "bad.json")
+
+
+def test_bench_pack_homogeneity_small():
+    """bench_pack_homogeneity.py on the bundled Shakespeare sample: real chunks and their
+    shuffled baseline, each with a rejection count and a z summary; the baseline holds the
+    same tokens (only their positions move)."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from bench_pack_homogeneity import BUNDLED, packed_counts, read_text, token_stream
+
+    r = run_bench("bench_pack_homogeneity.py", "--text", str(BUNDLED), "--positions", "16", "--windows", "200")
+    (cell,) = r["cells"]
+    assert r["benchmark"] == "pack_homogeneity" and r["level"] == 0.025 and cell["positions"] == 16
+    assert cell["chunks"] == r["tokens"] // 3200 >= 10
+    for side in ("real", "baseline_shuffled"):
+        assert cell[side]["rejected"]["of"] == cell["chunks"] and cell[side]["z_sd"] > 0
+
+    ids, vocab = token_stream(read_text(BUNDLED), BENCH.parent / "data" / "tokenizers" / "gpt2.tokenizer.json")
+    real = packed_counts(ids[:3200], 16, vocab)
+    moved = packed_counts(np.random.default_rng(0).permutation(ids[:3200]), 16, vocab)
+    assert real.shape == (16, vocab) and (real.sum(axis=1) == 200).all()  # pack mode: one token a window a row
+    assert (real.sum(axis=0) == moved.sum(axis=0)).all() and (real != moved).nnz > 0
+    assert (real[[3]].toarray().ravel() == np.bincount(ids[3:3200:16], minlength=vocab)).all()

@@ -1,0 +1,133 @@
+"""The homogeneity test on real packed text: a null corpus with the dependence of real text.
+
+    python benchmarks/bench_pack_homogeneity.py [--text PATH] [--positions 16,64,256]
+        [--windows 1000] [--replicates 39] [--tokenizer data/tokenizers/gpt2.tokenizer.json]
+
+In pack mode a corpus is one stream of text cut into windows of n tokens. Documents start
+at offsets unrelated to n, so every position has the same token distribution: the
+verdict's null hypothesis holds, while tokens at nearby positions of a window are
+dependent, as in real text. The permutation test of homogeneity
+(:mod:`posstats.estimates.permutation`, level 1/(R + 1) = 2.5 % at R = 39) assumes
+independent tokens; this measures what dependence does to it.
+
+The text (default ``../shared/corpora/shakespeare.md.gz`` where it exists, else the bundled
+``data/shakespeare-sample.txt``; ``.gz`` read as gzip) is tokenized (GPT-2 BPE) into one
+stream, cut into disjoint chunks of ``--windows`` windows of n tokens, and each chunk's
+(n, V) counts are tested. The baseline, measured in the same run on the same chunks: the
+chunk's tokens shuffled across its positions (independent tokens with the same counts),
+which the test's level covers by construction.
+
+Prints one JSON object: per n, how many chunks the test rejects at its level (with a
+Clopper-Pearson 95 % interval) for the real chunks and the baseline, and the mean and sd of
+``z = (S - mean of the R null S) / their sd``, which would be about 0 and 1 if the
+permutation null described the data. Chunks of one text are not independent replicates
+of a corpus (they share its author and genre), but each is a null corpus of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "corpora" / "shakespeare.md.gz"
+BUNDLED = REPO / "data" / "shakespeare-sample.txt"
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path`` (gzip when it ends in ``.gz``)."""
+    return gzip.open(path, "rt", encoding="utf-8").read() if path.suffix == ".gz" else path.read_text(encoding="utf-8")
+
+
+def token_stream(text: str, tokenizer: Path) -> tuple[np.ndarray, int]:
+    """``(ids, vocab)``: the text as one stream of token ids (1 MB pieces, split at newlines)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.no_padding()
+    tok.no_truncation()
+    pieces, start = [], 0
+    while start < len(text):
+        stop = text.find("\n", start + (1 << 20))
+        stop = len(text) if stop < 0 else stop + 1
+        pieces.append(np.asarray(tok.encode(text[start:stop]).ids, dtype=np.int64))
+        start = stop
+    return np.concatenate(pieces), tok.get_vocab_size()
+
+
+def packed_counts(ids: np.ndarray, n: int, vocab: int) -> sp.csr_array:
+    """(n, vocab) pack-mode counts of ``ids`` (a multiple of n long): row i counts the
+    tokens at place i of each consecutive window of n."""
+    windows = ids.size // n
+    rows = np.tile(np.arange(n), windows)
+    m = sp.csr_array((np.ones(ids.size, dtype=np.int64), (rows, ids[: windows * n])), shape=(n, vocab))
+    m.sum_duplicates()
+    return m
+
+
+def chunk_test(counts: sp.csr_array, replicates: int, rng: np.random.Generator) -> tuple[float, float]:
+    """``(p, z)`` of the homogeneity test on ``counts``: the Monte Carlo p-value against
+    ``replicates`` shuffled corpora and the statistic's z against their mean and sd."""
+    from posstats.estimates.permutation import homogeneity_statistic, monte_carlo_p_value, shuffled_rows
+
+    s = homogeneity_statistic(counts)
+    null = np.array([homogeneity_statistic(shuffled_rows(counts, rng)) for _ in range(replicates)])
+    return monte_carlo_p_value(s, null), float((s - null.mean()) / null.std(ddof=1))
+
+
+def _summary(p: list[float], z: list[float], level: float) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_calibration import _proportion
+
+    z_arr = np.asarray(z)
+    return {"rejected": _proportion(int(np.sum(np.asarray(p) <= level)), len(p)),
+            "z_mean": round(float(z_arr.mean()), 3), "z_sd": round(float(z_arr.std(ddof=1)), 3) if z_arr.size > 1 else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--text", type=Path, default=SHARED if SHARED.exists() else BUNDLED,
+                   help="plain or .gz text (default ../shared/corpora/shakespeare.md.gz, else data/shakespeare-sample.txt)")
+    p.add_argument("--tokenizer", type=Path, default=REPO / "data" / "tokenizers" / "gpt2.tokenizer.json")
+    p.add_argument("--positions", default="16,64,256", help="window lengths n, comma-separated (default 16,64,256)")
+    p.add_argument("--windows", type=int, default=1000, help="windows per chunk (default 1000)")
+    p.add_argument("--replicates", type=int, default=39, help="shuffled corpora per test (default 39: level 2.5 %%)")
+    args = p.parse_args(argv)
+    t = time.perf_counter()
+    ids, vocab = token_stream(read_text(args.text), args.tokenizer)
+    level = 1.0 / (args.replicates + 1)
+    out = {"benchmark": "pack_homogeneity", "text": args.text.name, "tokens": int(ids.size), "vocab": vocab,
+           "windows_per_chunk": args.windows, "replicates": args.replicates, "level": level, "cells": []}
+    for n in (int(x) for x in args.positions.split(",")):
+        size = n * args.windows
+        chunks = ids.size // size
+        real_p, real_z, base_p, base_z = [], [], [], []
+        for k in range(chunks):
+            rng = np.random.default_rng(k)
+            counts = packed_counts(ids[k * size:(k + 1) * size], n, vocab)
+            pk, zk = chunk_test(counts, args.replicates, rng)
+            real_p.append(pk)
+            real_z.append(zk)
+            shuffled = packed_counts(rng.permutation(ids[k * size:(k + 1) * size]), n, vocab)
+            pk, zk = chunk_test(shuffled, args.replicates, rng)
+            base_p.append(pk)
+            base_z.append(zk)
+        cell = {"positions": n, "chunks": chunks}
+        if chunks:
+            cell |= {"real": _summary(real_p, real_z, level), "baseline_shuffled": _summary(base_p, base_z, level)}
+        out["cells"].append(cell)
+        print(f"n={n}: {json.dumps(cell)}", file=sys.stderr, flush=True)
+    out["seconds"] = round(time.perf_counter() - t, 1)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
