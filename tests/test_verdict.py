@@ -15,6 +15,7 @@ from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
+    WINDOW_HOMOGENEITY_CAVEAT,
     best_encodings,
     caveats,
     distance_to_pool,
@@ -104,6 +105,29 @@ def test_verdict_gates_components_on_non_stationarity():
     v = verdict({"null": {"method": "mp", "components_above_null": 1}}, {"count": 3})
     assert v.components_above_noise == 1 and v.non_stationary is True
     assert verdict({}, None).non_stationary is None
+
+
+def test_homogeneity_alone_in_pack_mode_carries_a_caveat():
+    """In pack and chunk mode a non-stationary verdict from the homogeneity test alone (no
+    standout) says the test assumes independent tokens (it rejected 8 % of real packed null
+    chunks at 2.5 %, benchmarks/bench_pack_homogeneity.py); with a standout, in truncate
+    mode, without a rejection or with the verdict withheld it does not."""
+    null = {"method": "shuffle", "components_above_null": 1}
+    rejected = {"method": "permutation", "rejected": True, "level": 0.025, "p_value": 0.025, "replicates": 39}
+
+    def has(mode, homog, standout, windows=1000):
+        report = {"null": null, "homogeneity": homog, "corpus": {"mode": mode, "windows": windows}}
+        v = verdict(report, standout)
+        return WINDOW_HOMOGENEITY_CAVEAT in v.caveats
+
+    assert has("pack", rejected, {"count": 0}) and has("chunk", rejected, {"count": 0})
+    assert has("pack", rejected, None)  # no standout test computed: the homogeneity test alone decided
+    assert not has("pack", rejected, {"count": 2})  # a position stands out: the per-row test, not hit by dependence
+    assert not has("truncate", rejected, {"count": 0})  # independent documents
+    assert not has("pack", {**rejected, "rejected": False, "p_value": 0.4}, {"count": 0})
+    assert not has("pack", rejected, {"count": 0}, windows=5)  # too few windows: the verdict is withheld
+    assert verdict({"null": null, "homogeneity": rejected, "corpus": {"mode": "pack", "windows": 1000}},
+                   {"count": 0}).non_stationary is True  # the caveat qualifies the decision, it does not change it
 
 
 def test_best_encodings_ties_by_interval_overlap():
