@@ -130,6 +130,22 @@ def test_homogeneity_alone_in_pack_mode_carries_a_caveat():
                    {"count": 0}).non_stationary is True  # the caveat qualifies the decision, it does not change it
 
 
+def test_the_answer_hedges_a_gradual_change_found_by_the_homogeneity_test_alone_in_pack_mode():
+    """The report's first sentence says "may change" where the window caveat applies, and
+    states the change where it does not (truncate mode)."""
+    from posstats.reports.summary import answer_sentences
+
+    rejected = {"method": "permutation", "rejected": True, "level": 0.025, "p_value": 0.025, "replicates": 39}
+    for mode, hedged in (("pack", True), ("truncate", False)):
+        report = {"null": {"method": "shuffle", "components_above_null": 0}, "homogeneity": rejected,
+                  "corpus": {"mode": mode, "windows": 1000}, "positions": {"used": 16}}
+        report["verdict"] = verdict(report, {"count": 0}).to_dict()
+        first = answer_sentences(report)[0]
+        assert first.startswith("Token distributions may change gradually" if hedged else
+                                "Token distributions change gradually"), first
+        assert ("dependent text" in first) == hedged
+
+
 def test_best_encodings_ties_by_interval_overlap():
     enc = [
         {"name": "mds", "dim": 2, "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11]},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posstats.estimates.verdict import all_tied, fitted_better, structure_kind
+from posstats.estimates.verdict import WINDOW_HOMOGENEITY_CAVEAT, all_tied, fitted_better, structure_kind
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
@@ -71,6 +71,10 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
                 f"differ from the pooled distribution, and {dims}.")
     if kind == "positions":
         return f"Positions {so['ranges']} carry token distributions of their own, and {dims}."
+    if WINDOW_HOMOGENEITY_CAVEAT in (v.get("caveats") or []):
+        return (f"Token distributions may change gradually across positions: the homogeneity test rejects and no "
+                f"single position stands out, but in pack or chunk mode that test can reject on dependent text alone "
+                f"(see the caveat); {dims}.")
     return (f"Token distributions change gradually across positions (no single position stands out, but the "
             f"homogeneity test rejects) and {dims}.")
 
