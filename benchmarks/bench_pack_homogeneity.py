@@ -2,6 +2,8 @@
 
     python benchmarks/bench_pack_homogeneity.py [--text PATH] [--positions 16,64,256]
         [--windows 1000] [--replicates 39] [--tokenizer data/tokenizers/gpt2.tokenizer.json]
+    python benchmarks/bench_pack_homogeneity.py --markov-stay 0.8 --markov-vocab 256 --streams 100 \
+        --positions 4096 --windows 200
 
 In pack mode a corpus is one stream of text cut into windows of n tokens. Documents start
 at offsets unrelated to n, so every position has the same token distribution: the
@@ -14,8 +16,14 @@ The text (default ``../shared/corpora/shakespeare.md.gz`` where it exists, else 
 ``data/shakespeare-sample.txt``; ``.gz`` read as gzip) is tokenized (GPT-2 BPE) into one
 stream, cut into disjoint chunks of ``--windows`` windows of n tokens, and each chunk's
 (n, V) counts are tested. The baseline, measured in the same run on the same chunks: the
-chunk's tokens shuffled across its positions (independent tokens with the same counts),
-which the test's level covers by construction.
+chunk's tokens shuffled across its positions (independent tokens with the same counts,
+:func:`posstats.estimates.permutation.shuffled_rows`), which the test's level covers by
+construction.
+
+With ``--markov-stay`` the null corpora are ``--streams`` Markov streams instead
+(:func:`posstats.testing.markov_packed_counts`, ``--windows`` independent windows of n
+tokens, each token repeating the previous one with probability ``--markov-stay``, else a
+fresh Zipf(1.1) draw over ``--markov-vocab`` ids; stream k has seed 900,000 + k).
 
 Prints one JSON object: per n, how many chunks the test rejects at its level (with a
 Clopper-Pearson 95 % interval) for the real chunks and the baseline, and the mean and sd of
@@ -72,6 +80,14 @@ def packed_counts(ids: np.ndarray, n: int, vocab: int) -> sp.csr_array:
     return m
 
 
+def markov_corpus(n: int, windows: int, stay: float, vocab: int, k: int) -> sp.csr_array:
+    """Null corpus k of the ``--markov-stay`` mode: (n, vocab) counts of independent Markov windows."""
+    from posstats.testing import markov_packed_counts
+
+    return sp.csr_array(markov_packed_counts(n, windows=windows, stay=stay, vocab=vocab, seed=900_000 + k,
+                                             sampler="counts").matrix)
+
+
 def chunk_test(counts: sp.csr_array, replicates: int, rng: np.random.Generator) -> tuple[float, float]:
     """``(p, z)`` of the homogeneity test on ``counts``: the Monte Carlo p-value against
     ``replicates`` shuffled corpora and the statistic's z against their mean and sd."""
@@ -99,24 +115,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--positions", default="16,64,256", help="window lengths n, comma-separated (default 16,64,256)")
     p.add_argument("--windows", type=int, default=1000, help="windows per chunk (default 1000)")
     p.add_argument("--replicates", type=int, default=39, help="shuffled corpora per test (default 39: level 2.5 %%)")
+    p.add_argument("--markov-stay", type=float, default=None,
+                   help="null corpora from Markov streams with this repeat probability instead of the text")
+    p.add_argument("--markov-vocab", type=int, default=5000, help="the Markov streams' vocabulary (default 5000)")
+    p.add_argument("--streams", type=int, default=100, help="Markov streams per n (default 100)")
     args = p.parse_args(argv)
     t = time.perf_counter()
-    ids, vocab = token_stream(read_text(args.text), args.tokenizer)
+    from posstats.estimates.permutation import shuffled_rows
+
     level = 1.0 / (args.replicates + 1)
-    out = {"benchmark": "pack_homogeneity", "text": args.text.name, "tokens": int(ids.size), "vocab": vocab,
-           "windows_per_chunk": args.windows, "replicates": args.replicates, "level": level, "cells": []}
+    out = {"benchmark": "pack_homogeneity", "windows_per_chunk": args.windows, "replicates": args.replicates,
+           "level": level, "cells": []}
+    if args.markov_stay is None:
+        ids, vocab = token_stream(read_text(args.text), args.tokenizer)
+        out |= {"text": args.text.name, "tokens": int(ids.size), "vocab": vocab}
+    else:
+        out |= {"markov": {"stay": args.markov_stay, "vocab": args.markov_vocab, "streams": args.streams}}
     for n in (int(x) for x in args.positions.split(",")):
         size = n * args.windows
-        chunks = ids.size // size
+        chunks = args.streams if args.markov_stay is not None else ids.size // size
         real_p, real_z, base_p, base_z = [], [], [], []
         for k in range(chunks):
             rng = np.random.default_rng(k)
-            counts = packed_counts(ids[k * size:(k + 1) * size], n, vocab)
+            counts = (markov_corpus(n, args.windows, args.markov_stay, args.markov_vocab, k)
+                      if args.markov_stay is not None else packed_counts(ids[k * size:(k + 1) * size], n, vocab))
             pk, zk = chunk_test(counts, args.replicates, rng)
             real_p.append(pk)
             real_z.append(zk)
-            shuffled = packed_counts(rng.permutation(ids[k * size:(k + 1) * size]), n, vocab)
-            pk, zk = chunk_test(shuffled, args.replicates, rng)
+            pk, zk = chunk_test(shuffled_rows(counts, rng), args.replicates, rng)
             base_p.append(pk)
             base_z.append(zk)
         cell = {"positions": n, "chunks": chunks}

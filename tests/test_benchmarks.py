@@ -299,6 +299,11 @@ def test_bench_pack_homogeneity_small():
     for side in ("real", "baseline_shuffled"):
         assert cell[side]["rejected"]["of"] == cell["chunks"] and cell[side]["z_sd"] > 0
 
+    markov = run_bench("bench_pack_homogeneity.py", "--markov-stay", "0.5", "--streams", "3", "--positions", "32",
+                       "--windows", "50")
+    assert markov["markov"] == {"stay": 0.5, "vocab": 5000, "streams": 3} and markov["cells"][0]["chunks"] == 3
+    assert markov["cells"][0]["real"]["rejected"]["of"] == 3
+
     ids, vocab = token_stream(read_text(BUNDLED), BENCH.parent / "data" / "tokenizers" / "gpt2.tokenizer.json")
     real = packed_counts(ids[:3200], 16, vocab)
     moved = packed_counts(np.random.default_rng(0).permutation(ids[:3200]), 16, vocab)
