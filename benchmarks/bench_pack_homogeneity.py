@@ -48,6 +48,10 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "corpora" / "shakespeare.md.gz"
 BUNDLED = REPO / "data" / "shakespeare-sample.txt"
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_calibration import _proportion  # noqa: E402
+
 
 def read_text(path: Path) -> str:
     """The text of ``path`` (gzip when it ends in ``.gz``)."""
@@ -71,13 +75,13 @@ def token_stream(text: str, tokenizer: Path) -> tuple[np.ndarray, int]:
 
 
 def packed_counts(ids: np.ndarray, n: int, vocab: int) -> sp.csr_array:
-    """(n, vocab) pack-mode counts of ``ids`` (a multiple of n long): row i counts the
-    tokens at place i of each consecutive window of n."""
-    windows = ids.size // n
-    rows = np.tile(np.arange(n), windows)
-    m = sp.csr_array((np.ones(ids.size, dtype=np.int64), (rows, ids[: windows * n])), shape=(n, vocab))
-    m.sum_duplicates()
-    return m
+    """(n, vocab) pack-mode counts of the stream ``ids`` (a multiple of n long), by
+    posstats' own counter: row i counts the tokens at place i of each consecutive window of n."""
+    from posstats.counting.counts import CountAccumulator, CountSpec
+
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="pack"), dense=False)
+    acc.add_sequences([ids])
+    return sp.csr_array(acc.result().matrix)
 
 
 def markov_corpus(n: int, windows: int, stay: float, vocab: int, k: int) -> sp.csr_array:
@@ -99,9 +103,6 @@ def chunk_test(counts: sp.csr_array, replicates: int, rng: np.random.Generator) 
 
 
 def _summary(p: list[float], z: list[float], level: float) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_calibration import _proportion
-
     z_arr = np.asarray(z)
     return {"rejected": _proportion(int(np.sum(np.asarray(p) <= level)), len(p)),
             "z_mean": round(float(z_arr.mean()), 3), "z_sd": round(float(z_arr.std(ddof=1)), 3) if z_arr.size > 1 else None}

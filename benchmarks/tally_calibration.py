@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_calibration import _TALLIED, _proportion  # noqa: E402
 
+from posstats.estimates.verdict import position_ranges  # noqa: E402
+
 
 class TallyError(ValueError):
     """A run that cannot be added: the message names the file and the value."""
@@ -78,18 +80,6 @@ def run_cells(run: dict, name: str) -> list[tuple[tuple, range, dict[str, int]]]
     return out
 
 
-def seed_ranges(seeds: list[int]) -> str:
-    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
-    parts, start = [], None
-    for i, s in enumerate(seeds):
-        if start is None:
-            start = s
-        if i + 1 == len(seeds) or seeds[i + 1] != s + 1:
-            parts.append(f"{start}" if start == s else f"{start}-{s}")
-            start = None
-    return ", ".join(parts)
-
-
 def tally(runs: list[tuple[str, dict]]) -> list[dict]:
     """Add the runs' counts per cell (``(name, run)`` pairs as read from their files).
 
@@ -111,7 +101,7 @@ def tally(runs: list[tuple[str, dict]]) -> list[dict]:
     for (n, N, kind, sampler), cell in sorted(cells.items()):
         total = len(cell["seeds"])
         rows.append({"positions": n, "tokens_per_position": N, "kind": kind, "sampler": sampler,
-                     "corpora": total, "seeds": seed_ranges(sorted(cell["seeds"])),
+                     "corpora": total, "seeds": position_ranges(list(cell["seeds"])),
                      "decisions": {d: _proportion(c, total) for d, c in cell["counts"].items()}})
     return rows
 
