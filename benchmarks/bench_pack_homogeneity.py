@@ -10,7 +10,10 @@ at offsets unrelated to n, so every position has the same token distribution: th
 verdict's null hypothesis holds, while tokens at nearby positions of a window are
 dependent, as in real text. The permutation test of homogeneity
 (:mod:`posstats.estimates.permutation`, level 1/(R + 1) = 2.5 % at R = 39) assumes
-independent tokens; this measures what dependence does to it.
+independent tokens; this measures what dependence does to it, and how the rotation test
+(:mod:`posstats.estimates.rotation`: the same statistic against corpora whose groups of
+windows are rotated, ``--window-groups`` groups as ``posstats count`` counts them) holds
+its level on the same chunks.
 
 The text (default ``../shared/corpora/shakespeare.md.gz`` where it exists, else the bundled
 ``data/shakespeare-sample.txt``; ``.gz`` read as gzip) is tokenized (GPT-2 BPE) into one
@@ -21,14 +24,18 @@ chunk's tokens shuffled across its positions (independent tokens with the same c
 construction.
 
 With ``--markov-stay`` the null corpora are ``--streams`` Markov streams instead
-(:func:`posstats.testing.markov_packed_counts`, ``--windows`` independent windows of n
-tokens, each token repeating the previous one with probability ``--markov-stay``, else a
-fresh Zipf(1.1) draw over ``--markov-vocab`` ids; stream k has seed 900,000 + k).
+(:func:`posstats.testing.markov_stream`: one stream of ``--windows`` windows of n tokens,
+each token repeating the previous one with probability ``--markov-stay``, else a fresh
+Zipf(1.1) draw over ``--markov-vocab`` ids; stream k has seed 900,000 + k). Until
+2026-11-30 these were independent windows (``markov_packed_counts(sampler="counts")``),
+which keep no windows to rotate; a stream's windows continue each other, the harder case
+for the rotation null, which does not keep that link.
 
-Prints one JSON object: per n, how many chunks the test rejects at its level (with a
-Clopper-Pearson 95 % interval) for the real chunks and the baseline, and the mean and sd of
-``z = (S - mean of the R null S) / their sd``, which would be about 0 and 1 if the
-permutation null described the data. Chunks of one text are not independent replicates
+Prints one JSON object: per n, how many chunks each test rejects at its level (with a
+Clopper-Pearson 95 % interval): ``real`` (permutation null), ``real_rotation`` (rotation
+null) and ``baseline_shuffled`` (permutation null on the shuffled chunks), each with the
+mean and sd of ``z = (S - mean of the R null S) / their sd``, which would be about 0 and 1
+if the null described the data. Chunks of one text are not independent replicates
 of a corpus (they share its author and genre), but each is a null corpus of its own.
 """
 
@@ -74,22 +81,39 @@ def token_stream(text: str, tokenizer: Path) -> tuple[np.ndarray, int]:
     return np.concatenate(pieces), tok.get_vocab_size()
 
 
-def packed_counts(ids: np.ndarray, n: int, vocab: int) -> sp.csr_array:
-    """(n, vocab) pack-mode counts of the stream ``ids`` (a multiple of n long), by
-    posstats' own counter: row i counts the tokens at place i of each consecutive window of n."""
+def packed_counts(ids: np.ndarray, n: int, vocab: int, groups: int = 0) -> tuple[sp.csr_array, object]:
+    """``(counts, window groups)`` of the stream ``ids`` (a multiple of n long) in pack
+    mode, by posstats' own counter: row i of the (n, vocab) counts holds the tokens at
+    place i of each consecutive window of n; the window groups (``groups`` > 0, else None)
+    are what ``posstats count --window-groups`` writes."""
     from posstats.counting.counts import CountAccumulator, CountSpec
 
-    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="pack"), dense=False)
+    block = max(1, ids.size // n // groups) if groups else 1  # consecutive windows per block, as posstats count
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="pack"), dense=False, window_groups=groups,
+                           window_block=block)
     acc.add_sequences([ids])
-    return sp.csr_array(acc.result().matrix)
+    window_groups = acc.window_groups()
+    return sp.csr_array(acc.result().matrix), window_groups
 
 
-def markov_corpus(n: int, windows: int, stay: float, vocab: int, k: int) -> sp.csr_array:
-    """Null corpus k of the ``--markov-stay`` mode: (n, vocab) counts of independent Markov windows."""
-    from posstats.testing import markov_packed_counts
+def markov_corpus(n: int, windows: int, stay: float, vocab: int, k: int, groups: int = 0) -> tuple[sp.csr_array, object]:
+    """Null corpus k of the ``--markov-stay`` mode and its window groups (``groups`` > 0):
+    one Markov stream cut into windows (:func:`posstats.testing.markov_stream`, seed
+    900,000 + k), whose windows continue each other."""
+    from posstats.testing import markov_stream
 
-    return sp.csr_array(markov_packed_counts(n, windows=windows, stay=stay, vocab=vocab, seed=900_000 + k,
-                                             sampler="counts").matrix)
+    return packed_counts(markov_stream(n, windows=windows, stay=stay, vocab=vocab, seed=900_000 + k), n, vocab, groups)
+
+
+def rotation_test(counts: sp.csr_array, groups: object, replicates: int, seed: int) -> tuple[float, float]:
+    """``(p, z)`` of the homogeneity test with the rotation null
+    (:func:`posstats.estimates.rotation.rotation_null`, replicate seeds ``[seed, r]``)."""
+    from posstats.estimates.permutation import homogeneity_statistic, monte_carlo_p_value
+    from posstats.estimates.rotation import rotation_null
+
+    s = homogeneity_statistic(counts)
+    null = rotation_null(groups, replicates=replicates, seed=seed)
+    return monte_carlo_p_value(s, null), float((s - null.mean()) / null.std(ddof=1))
 
 
 def chunk_test(counts: sp.csr_array, replicates: int, rng: np.random.Generator) -> tuple[float, float]:
@@ -120,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="null corpora from Markov streams with this repeat probability instead of the text")
     p.add_argument("--markov-vocab", type=int, default=5000, help="the Markov streams' vocabulary (default 5000)")
     p.add_argument("--streams", type=int, default=100, help="Markov streams per n (default 100)")
+    p.add_argument("--window-groups", type=int, default=64,
+                   help="groups of windows of the rotation null (default 64, as posstats count); 0: no rotation test")
     args = p.parse_args(argv)
     t = time.perf_counter()
     from posstats.estimates.permutation import shuffled_rows
@@ -135,20 +161,27 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.positions.split(",")):
         size = n * args.windows
         chunks = args.streams if args.markov_stay is not None else ids.size // size
-        real_p, real_z, base_p, base_z = [], [], [], []
+        real_p, real_z, base_p, base_z, rot_p, rot_z = [], [], [], [], [], []
         for k in range(chunks):
             rng = np.random.default_rng(k)
-            counts = (markov_corpus(n, args.windows, args.markov_stay, args.markov_vocab, k)
-                      if args.markov_stay is not None else packed_counts(ids[k * size:(k + 1) * size], n, vocab))
+            counts, groups = (markov_corpus(n, args.windows, args.markov_stay, args.markov_vocab, k, args.window_groups)
+                              if args.markov_stay is not None
+                              else packed_counts(ids[k * size:(k + 1) * size], n, vocab, args.window_groups))
             pk, zk = chunk_test(counts, args.replicates, rng)
             real_p.append(pk)
             real_z.append(zk)
+            if groups is not None:
+                pk, zk = rotation_test(counts, groups, args.replicates, seed=k)
+                rot_p.append(pk)
+                rot_z.append(zk)
             pk, zk = chunk_test(shuffled_rows(counts, rng), args.replicates, rng)
             base_p.append(pk)
             base_z.append(zk)
         cell = {"positions": n, "chunks": chunks}
         if chunks:
             cell |= {"real": _summary(real_p, real_z, level), "baseline_shuffled": _summary(base_p, base_z, level)}
+            if rot_p:
+                cell["real_rotation"] = _summary(rot_p, rot_z, level)
         out["cells"].append(cell)
         print(f"n={n}: {json.dumps(cell)}", file=sys.stderr, flush=True)
     out["seconds"] = round(time.perf_counter() - t, 1)

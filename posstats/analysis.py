@@ -57,7 +57,8 @@ from posstats.estimates.pair_jackknife import (
     pair_noise_share,
     pair_replicates,
 )
-from posstats.estimates.permutation import permutation_null
+from posstats.estimates.permutation import monte_carlo_p_value, permutation_null
+from posstats.estimates.rotation import rotation_null
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
@@ -721,6 +722,7 @@ def analyze(
     *,
     show_progress: bool | None = None,
     parts: Any = None,
+    window_groups: Any = None,
 ) -> Analysis:
     """Run the geometry and encoding analysis of THEORY sections 2-7 on ``counts``.
 
@@ -731,6 +733,11 @@ def analyze(
         parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
             parity, :mod:`posstats.estimates.noise`), for the noise floor; None: the counted
             tokens are split at random (:mod:`posstats.estimates.thinning`).
+        window_groups: pack-mode counts by window group
+            (:class:`~posstats.counting.window_groups.WindowGroups`, counted with
+            ``counts``): the homogeneity test then draws its null by rotating groups of
+            windows (:mod:`posstats.estimates.rotation`), which keeps the dependence inside
+            windows, instead of shuffling tokens.
 
     Up to ``config.exact_limit`` geometry rows the (m, m) squared distances
     ``D = hellinger_sq(rows)`` are computed once and shared by the MDS, the stress, the
@@ -755,7 +762,8 @@ def analyze(
     config = config or AnalysisConfig()
     if config.device == "gpu":
         mds_device(config.device)  # no GPU here: refused before any work
-    return _analysis(counts, config, _geometry_rows(counts, config), parts=parts, show_progress=show_progress)
+    return _analysis(counts, config, _geometry_rows(counts, config), parts=parts, show_progress=show_progress,
+                     window_groups=window_groups)
 
 
 def analyze_ranges(
@@ -849,7 +857,7 @@ def ranges_refusal(config: AnalysisConfig, m: int, /) -> str | None:
 
 
 def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, parts: Any,
-              show_progress: bool | None, occupancy: np.ndarray | None = None) -> Analysis:
+              show_progress: bool | None, occupancy: np.ndarray | None = None, window_groups: Any = None) -> Analysis:
     """The body of :func:`analyze` and :func:`analyze_ranges` on the selected rows ``g``."""
     timings: dict[str, float] = {}
     sections: dict[str, Any] = {}
@@ -878,6 +886,8 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
         geometry = _exact_geometry(g, bias, config, timings, show_progress)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances)
+    if homogeneity is not None:
+        homogeneity = _window_homogeneity(homogeneity, window_groups, counts, g, config, timings, show_progress)
     if null is not None:
         sections["null"] = null
     # the verdict ties every encoding when no test found structure (estimates.verdict):
@@ -1634,6 +1644,45 @@ def _null_section(
         if distances is not None:
             out["distance_noise"] = _distance_noise_entry(perm, distances)
     return out, homogeneity
+
+
+def _window_homogeneity(homogeneity: dict[str, Any], groups: Any, counts: PositionalCounts, g: _Rows,
+                        config: AnalysisConfig, timings: dict[str, float],
+                        show_progress: bool | None) -> dict[str, Any]:
+    """The ``homogeneity`` section with the null that respects windows where it applies:
+    a pack-mode corpus counted with its window groups, its rows neither bucketed nor held
+    apart. The data's ``S`` is the permutation test's; the null is ``R`` rotated corpora
+    (:func:`posstats.estimates.rotation.rotation_null`), and the permutation test's
+    p-value stays in the section (``permutation_p_value``) for comparison. Elsewhere the
+    section is returned as it is, with ``window_null`` saying why (pack mode only)."""
+    if counts.spec.mode != "pack":
+        return homogeneity
+    why = None
+    if groups is None:
+        why = "no window groups were counted (posstats count --window-groups K in this process, not --ray/--store)"
+    elif g.buckets is not None or g.ranged:
+        why = "the rows are bucketed or held apart"
+    elif groups.positions != counts.positions:
+        why = f"the window groups have {groups.positions} positions, the counts {counts.positions}"
+    if why is not None:
+        return {**homogeneity, "window_null": why}
+    t = time.perf_counter()
+    with progress(total=config.null_replicates, desc="rotated corpora", unit="corpus", enabled=show_progress) as bar:
+        null = rotation_null(groups, rows=g.index, replicates=config.null_replicates, seed=config.seed,
+                             progress=bar.update)
+    timings["rotation_null"] = time.perf_counter() - t
+    observed = float(homogeneity["statistic"])
+    return {
+        **homogeneity,
+        "method": "rotation",
+        "window_groups": int(groups.groups),
+        "null_max": float(np.max(null)),
+        "p_value": monte_carlo_p_value(observed, null),
+        "replicates": int(null.size),
+        "level": 1.0 / (null.size + 1),
+        "rejected": bool(observed > np.max(null)),
+        "permutation_p_value": homogeneity["p_value"],
+    }
 
 
 def _distance_noise_entry(perm: Any, distances: np.ndarray) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.estimates.noise import poisson_rows
 
-__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "split_counts", "synthetic_counts"]
+__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "split_counts", "synthetic_counts"]
 
 
 def split_counts(counts: PositionalCounts, /, *, parts: int = 2, seed: int = 0) -> tuple[PositionalCounts, ...]:
@@ -409,16 +409,14 @@ def _sampler(name: str, choices: dict = _SAMPLERS) -> str:
     return name
 
 
-def _markov_stream_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: np.random.Generator) -> sp.csr_array:
-    """(n, V) CSR: one stream of ``n * windows`` tokens, token by token, cut into windows."""
-    vocab = p.size
+def _markov_stream_blocks(total: int, stay: float, p: np.ndarray, rng: np.random.Generator):
+    """The tokens of one Markov stream of ``total`` tokens (each repeats the previous one
+    with probability ``stay``, else a fresh draw from ``p``), yielded in blocks of 2^24."""
     cdf = np.cumsum(p)
     cdf /= cdf[-1]
-    total = int(n) * int(windows)
     step = 1 << 24  # tokens at a time: the same draws as one call, in the memory of a block
     fresh = np.concatenate([np.searchsorted(cdf, rng.random(min(step, total - a)), side="right").astype(np.int32)
                             for a in range(0, total, step)])
-    matrix = sp.csr_array((int(n), vocab), dtype=np.int64)
     last = -1  # the previous block's last token
     for a in range(0, total, step):
         b = min(total, a + step)
@@ -429,13 +427,35 @@ def _markov_stream_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: n
         source = np.maximum.accumulate(np.where(repeat, -1, np.arange(b - a)))
         tokens = np.where(source >= 0, fresh[a:b][np.maximum(source, 0)], last)
         last = int(tokens[-1])
-        position = np.arange(a, b) % int(n)
-        block = sp.csr_array((np.ones(b - a, dtype=np.int64), (position, tokens)), shape=(int(n), vocab))
+        yield tokens
+
+
+def _markov_stream_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: np.random.Generator) -> sp.csr_array:
+    """(n, V) CSR: one stream of ``n * windows`` tokens, token by token, cut into windows."""
+    vocab = p.size
+    matrix = sp.csr_array((int(n), vocab), dtype=np.int64)
+    a = 0
+    for tokens in _markov_stream_blocks(int(n) * int(windows), stay, p, rng):
+        position = np.arange(a, a + tokens.size) % int(n)
+        a += tokens.size
+        block = sp.csr_array((np.ones(tokens.size, dtype=np.int64), (position, tokens)), shape=(int(n), vocab))
         block.sum_duplicates()
         matrix = matrix + block
     matrix = sp.csr_array(matrix)
     matrix.sum_duplicates()
     return matrix
+
+
+def markov_stream(n: int, /, *, windows: int, stay: float = 0.5, vocab: int = 5000, exponent: float = 1.1,
+                  seed: int = 0) -> np.ndarray:
+    """(n * windows,) int32 token ids: the stream :func:`markov_packed_counts` with
+    ``sampler="tokens"`` counts at the same seed (its pack-mode counts are those), for
+    callers that need the windows themselves (the rotation null's window groups)."""
+    if not 0.0 <= stay < 1.0:
+        msg = f"stay must be in [0, 1), got {stay}"
+        raise ValueError(msg)
+    rng = np.random.default_rng(seed)
+    return np.concatenate(list(_markov_stream_blocks(int(n) * int(windows), stay, _zipf(vocab, exponent, 1.0), rng)))
 
 
 def _markov_window_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: np.random.Generator) -> sp.csr_array:

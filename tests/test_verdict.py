@@ -126,6 +126,10 @@ def test_homogeneity_alone_in_pack_mode_carries_a_caveat():
     assert not has("truncate", rejected, {"count": 0})  # independent documents
     assert not has("pack", {**rejected, "rejected": False, "p_value": 0.4}, {"count": 0})
     assert not has("pack", rejected, {"count": 0}, windows=5)  # too few windows: the verdict is withheld
+    rotation = {**rejected, "method": "rotation", "window_groups": 64}
+    assert not has("pack", rotation, {"count": 0})  # the rotation null keeps windows whole
+    rotated = verdict({"null": null, "homogeneity": rotation, "corpus": {"mode": "pack", "windows": 1000}}, {"count": 0})
+    assert rotated.non_stationary is True and "rotation test of homogeneity" in rotated.non_stationary_test
     assert verdict({"null": null, "homogeneity": rejected, "corpus": {"mode": "pack", "windows": 1000}},
                    {"count": 0}).non_stationary is True  # the caveat qualifies the decision, it does not change it
 

@@ -91,6 +91,20 @@ def count_corpus(
     return acc.result(copy=False)
 
 
+def window_block(expected_tokens: int | None, positions: int, groups: int, /) -> int:
+    """Consecutive windows per block of the window groups: the expected windows over the
+    groups (at least 1), so that each group is about one stretch of the stream and the
+    rotation null breaks the stream only between groups
+    (:mod:`posstats.counting.window_groups`).
+
+    >>> window_block(64_000, 16, 64), window_block(None, 16, 64), window_block(100, 16, 0)
+    (62, 1, 1)
+    """
+    if not expected_tokens or groups < 1:
+        return 1
+    return max(1, int(expected_tokens) // int(positions) // int(groups))
+
+
 def accumulate_corpus(
     source: CorpusSource,
     spec: CountSpec,
@@ -102,6 +116,7 @@ def accumulate_corpus(
     show_progress: bool | None = None,
     expected_tokens: int | None = None,
     files: Sequence[str] | None = None,
+    window_groups: int = 0,
 ) -> CountAccumulator:
     """Count every file of ``source`` under ``spec`` in this process, each a whole-input
     shard through the step (:func:`shard_batches`) into one accumulator; return it (its
@@ -117,6 +132,9 @@ def accumulate_corpus(
     fingerprint combines each input's (:func:`file_fingerprint`). Raises
     :class:`InputError` for an empty corpus. ``files``: the inputs as the caller resolved
     them already (default: :meth:`CorpusSource.files`; a remote listing is not repeated).
+    ``window_groups``: pack mode also counts the windows in that many groups
+    (:meth:`~CountAccumulator.window_groups`), blocks of :func:`window_block` consecutive
+    windows each.
     """
     files = list(files) if files is not None else source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
@@ -126,7 +144,9 @@ def accumulate_corpus(
         expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
-    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata)
+    block = window_block(expected, spec.positions, window_groups)
+    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata, window_groups=window_groups,
+                           window_block=block)
     steps = (zip(itertools.repeat(i), shard_batches(s, source, tokenizer=tokenizer)) for i, s in enumerate(shards))
     with progress(total=expected or None, desc="counting", unit="tok", enabled=show_progress) as bar:
         for i, batch in prefetched(itertools.chain.from_iterable(steps)):

@@ -85,6 +85,11 @@ class CountOptions:
              "concatenated (per file) and cut into windows of n (THEORY.md section 1)")
     separator: int | None = option(None, group=_COUNTING, metavar="ID", minimum=0,
                                    help="pack mode: token id inserted between documents")
+    window_groups: int = option(
+        64, group=_COUNTING, metavar="K", minimum=0,
+        help="pack mode, counted in this process: also count the windows in K groups (OUT/window-groups.safetensors), "
+             "so that analyze tests homogeneity with a null that keeps each window's tokens together (rotation; "
+             "docs/calibration.md); 0: off. About the memory of the tokens again; not with --ray or --store")
     memory_budget: float = option(
         4.0, group=_COUNTING, metavar="GiB", unit="GiB", minimum=0.0, strict=True, key="memory_budget_gib",
         help="count into a dense n x V array while 8*n*V bytes fit this budget and the corpus has at least n*V/8 "
@@ -111,12 +116,15 @@ class CountInputs:
         spec: positions, vocabulary, mode, excluded ids, separator.
         metadata: recorded with the counts (``tokenizer`` name and ``tokenizer_hash``).
         tokenizer: the tokenizer.json path given, if any.
+        window_groups: K of :mod:`posstats.counting.window_groups` (pack mode in this
+            process; 0: none).
     """
 
     source: CorpusSource
     spec: CountSpec
     metadata: dict[str, str] = field(default_factory=dict)
     tokenizer: str | None = None
+    window_groups: int = 0
 
     def record(self, *, command: str, files: Sequence[str] | None = None, **extra: Any) -> dict[str, Any]:
         """The count configuration record (``config.json``): command, inputs, reader
@@ -130,6 +138,7 @@ class CountInputs:
             "tokenizer": self.tokenizer,
             **self.spec.to_metadata(),
             **self.metadata,
+            **({"window_groups": self.window_groups} if self.window_groups and self.spec.mode == "pack" else {}),
             **extra,
         }
 
@@ -190,4 +199,4 @@ def count_inputs(
         document_per=document_per,
     )
     spec = CountSpec(counting.positions, vocab, counting.mode, tuple(exclude or ()), counting.separator)
-    return CountInputs(source, spec, metadata, tokenizer)
+    return CountInputs(source, spec, metadata, tokenizer, counting.window_groups)

@@ -22,6 +22,7 @@ from posstats.counting.blocks import CountBlocks
 from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import SortedKeyCounter, buffer_tokens
 from posstats.counting.tokens import TokenBatch
+from posstats.counting.window_groups import WindowGroupCounter
 from posstats.errors import InputError, OptionError
 
 __all__ = [
@@ -460,7 +461,9 @@ class CountAccumulator:
     counted together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the
     counts. ``buffer_keys`` (sparse only) is how many tokens are buffered before a
     compaction; None: :func:`~posstats.counting.sorted_keys.buffer_tokens` of
-    ``dense_budget`` (half of it in token ids).
+    ``dense_budget`` (half of it in token ids). ``window_groups = K > 0`` (pack mode) also
+    counts the windows in K groups (:mod:`posstats.counting.window_groups`, read with
+    :meth:`window_groups`), for the homogeneity null that respects windows.
 
     >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10), dense=False)
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
@@ -481,6 +484,8 @@ class CountAccumulator:
         fingerprint: str = "",
         metadata: dict[str, str] | None = None,
         out: np.ndarray | None = None,
+        window_groups: int = 0,
+        window_block: int = 1,
     ) -> None:
         self.spec = spec
         n, V = spec.positions, spec.vocab_size
@@ -513,6 +518,9 @@ class CountAccumulator:
         self._pack_len = 0
         self._pack_documents = False  # a document with a kept token was seen in the stream
         self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
+        self._groups = None
+        if window_groups and spec.mode == "pack":
+            self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block)
 
     # -- public -------------------------------------------------------------------
 
@@ -521,7 +529,12 @@ class CountAccumulator:
         _check_ids(batch, self.spec.vocab_size)
         values, offsets = _drop_excluded(batch.values, batch.offsets, self._excluded)
         self.sequences += batch.rows
+        stream = self._pack_source
         values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
+        if self._groups is not None:
+            if self._pack_source != stream:
+                self._groups.end_stream()
+            self._groups.add_windows(values, starts, lengths, head)
         counted = int(lengths.sum()) + (head[1] if head is not None else 0)
         blocks = {"block": self._block, "positions": self.spec.positions, "pad": self._pad}
         if head is not None:
@@ -539,6 +552,14 @@ class CountAccumulator:
     def add_sequences(self, sequences: Iterable, /) -> int:
         """Count Python lists / arrays of token ids (convenience for small inputs)."""
         return self.add(TokenBatch.from_sequences(list(sequences)))
+
+    def window_groups(self) -> Any:
+        """The pack-mode counts by window group
+        (:class:`~posstats.counting.window_groups.WindowGroups`), or None: not pack mode,
+        ``window_groups=0``, or a piece of a stream (:meth:`start_piece`: the stitching
+        keeps no windows). Ends the counting of groups: call once, at the end."""
+        groups, self._groups = self._groups, None
+        return None if groups is None else groups.result()
 
     def header(self) -> PositionalCounts:
         """The totals, fingerprint and metadata of the counts so far, with an all-zero
@@ -642,6 +663,7 @@ class CountAccumulator:
             raise ValueError(msg)
         self._pack_source, self._pack_len, self._pack_documents = source, 0, False
         self._piece = not first
+        self._groups = None  # a piece's windows are cut by the stitching, which keeps no groups
 
     def piece(self) -> dict[str, Any]:
         """What the stitching needs of a piece (:meth:`start_piece`): ``stream`` (tokens of

@@ -20,10 +20,13 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   within [-0.5, +1] of the threshold), exceeds
   ``max(5, Phi^-1(1 - 0.025 / m))``: a Bonferroni bound over the m positions, never below 5.
   Reported whatever the rank test says.
-- **Homogeneity** (the report's ``homogeneity`` section, level 2.5 %): the permutation test
+- **Homogeneity** (the report's ``homogeneity`` section, level 2.5 %): the Monte Carlo test
   of :mod:`posstats.estimates.permutation` on ``sum_i N_i d_i``, powerful where many
   positions move a little (a drift), where no single one stands out. Computed with the
-  shuffle null (up to 4,096 rows by default); above, the standouts alone decide.
+  shuffle null (up to 4,096 rows by default); above, the standouts alone decide. Its null
+  corpora shuffle tokens across positions (``method: permutation``) or, for a pack-mode
+  corpus counted with its window groups, rotate groups of windows (``method: rotation``,
+  :mod:`posstats.estimates.rotation`), which keeps the dependence inside windows.
 - **Non-stationary** (H1 of THEORY.md section 6) and **positions distinguishable**: either
   test rejects. Level <= 2.5 % + 2.5 % = 5 %.
 - **Components above noise**: the MDS eigenvalues above the null
@@ -74,6 +77,7 @@ __all__ = [
     "caveats",
     "held_out_row",
     "homogeneity_alone_in_windows",
+    "homogeneity_test_name",
     "non_stationarity",
     "null_distance_to_pool",
     "position_ranges",
@@ -414,12 +418,20 @@ def non_stationarity(homogeneity: dict[str, Any] | None, standout: dict[str, Any
         return None, "not tested"
     tests = []
     if homogeneity:
-        tests.append(f"permutation test of homogeneity (level {100 * float(homogeneity['level']):.1f} %)")
+        tests.append(f"{homogeneity_test_name(homogeneity)} (level {100 * float(homogeneity['level']):.1f} %)")
     if standouts is not None:
         tests.append(f"standout positions (family-wise {100 * FAMILY_LEVEL:.1f} %)")
     return bool(standouts or homogeneous), "either rejects: " + " or ".join(tests)
 
 
+
+
+def homogeneity_test_name(homogeneity: dict[str, Any], /) -> str:
+    """``"permutation test of homogeneity"`` or, with the null that rotates windows,
+    ``"rotation test of homogeneity (windows kept whole)"``."""
+    if homogeneity.get("method") == "rotation":
+        return "rotation test of homogeneity (windows kept whole)"
+    return "permutation test of homogeneity"
 
 
 WINDOW_HOMOGENEITY_CAVEAT = (
@@ -431,13 +443,16 @@ WINDOW_HOMOGENEITY_CAVEAT = (
 
 def homogeneity_alone_in_windows(report: dict[str, Any], standout: dict[str, Any] | None, /) -> bool:
     """Whether the homogeneity test alone made a ``pack`` or ``chunk`` corpus non-stationary
-    (it rejected, and the :func:`standout_positions` result names no position). Tokens of
-    one window are dependent there; the permutation null treats them as independent, which
-    widens the statistic's spread (measured on real packed text:
-    ``benchmarks/bench_pack_homogeneity.py``)."""
+    with the permutation null (it rejected, and the :func:`standout_positions` result names
+    no position). Tokens of one window are dependent there; the permutation null treats them
+    as independent, which widens the statistic's spread (measured on real packed text:
+    ``benchmarks/bench_pack_homogeneity.py``). The rotation null
+    (:mod:`posstats.estimates.rotation`) keeps windows whole, so its rejection needs no caveat."""
     mode = (report.get("corpus") or {}).get("mode")
-    rejected = bool((report.get("homogeneity") or {}).get("rejected"))
-    return mode in ("pack", "chunk") and rejected and not int((standout or {}).get("count") or 0)
+    homogeneity = report.get("homogeneity") or {}
+    if homogeneity.get("method") == "rotation":
+        return False
+    return mode in ("pack", "chunk") and bool(homogeneity.get("rejected")) and not int((standout or {}).get("count") or 0)
 
 
 def withheld_reason(report: dict[str, Any], /) -> str | None:

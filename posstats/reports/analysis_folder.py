@@ -25,6 +25,7 @@ from typing import Any
 
 from posstats.analysis import Analysis, AnalysisConfig, analyze
 from posstats.counting.counts import PositionalCounts
+from posstats.counting.window_groups_io import load_window_groups
 from posstats.reports.html import render_html_report
 from posstats.reports.summary import format_markdown
 from posstats.runs.noise_parts import corpus_parts
@@ -108,12 +109,16 @@ def analyze_to(
     from ``store`` / ``parts_dirs``, or (``reread``) the corpus named in the config.json of
     ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity
     (:func:`posstats.runs.noise_parts.corpus_parts`). ``report.json`` records
-    ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report.
+    ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report. A
+    pack-mode counts folder with its window groups
+    (:func:`~posstats.counting.window_groups_io.load_window_groups`) gives the homogeneity
+    test its null that respects windows.
     """
     parts = None
     if config.noise_floor != "off" and bool(store or parts_dirs or reread):
         parts = corpus_parts(counts, noise_floor=True, noise_parts=config.noise_parts, tokenizer=config.tokenizer,
                              store=store, parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
-    result = analyze(counts, config, parts=parts)
+    groups = load_window_groups(counts_path, counts) if counts_path and counts.spec.mode == "pack" else None
+    result = analyze(counts, config, parts=parts, window_groups=groups)
     inputs = {"counts": str(Path(counts_path).resolve()) if counts_path else None}
     return write_analysis(stage, result, inputs=inputs, name=name)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from posstats.estimates.verdict import WINDOW_HOMOGENEITY_CAVEAT, all_tied, fitted_better, structure_kind
+from posstats.estimates.verdict import (
+    WINDOW_HOMOGENEITY_CAVEAT,
+    all_tied,
+    fitted_better,
+    homogeneity_test_name,
+    structure_kind,
+)
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
@@ -220,7 +226,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         second = (f"{so['count']:,} position(s) stand out from the pooled distribution: {so['ranges']}"
                   + (" ..." if so["count"] > len(so.get("positions", [])) and not so["ranges"].endswith("...") else ""))
     elif v.get("non_stationary"):
-        second = (f"the corpus is non-stationary (permutation test of homogeneity, "
+        second = (f"the corpus is non-stationary ({homogeneity_test_name(homogeneity)}, "
                   f"{_p_value(homogeneity)}), but no single position stands out from the pooled distribution")
     else:
         second = "no single position stands out from the pooled distribution"

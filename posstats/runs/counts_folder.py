@@ -22,6 +22,7 @@ from posstats.counting.io import (
     save_accumulated,
     save_counts,
 )
+from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, save_window_groups
 from posstats.memory import require_count_memory
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
@@ -55,7 +56,9 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
                      keep: bool = True) -> tuple[PositionalCounts | None, dict[str, Any]]:
     """The local executor of :func:`posstats.jobs.count.count_to` (the one entry of every
     count): count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
-    return the counts and their ``count.json`` record. The kernel is dense only where
+    return the counts and their ``count.json`` record. In pack mode with
+    ``inputs.window_groups`` the counts by window group are written beside them
+    (:func:`~posstats.counting.window_groups_io.save_window_groups`). The kernel is dense only where
     ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size.
     ``keep=False``: sparse counts are written straight from their position blocks
@@ -68,22 +71,29 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
     acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, dense_budget=budget_bytes, metadata=inputs.metadata,
-                            expected_tokens=tokens, files=files)
+                            expected_tokens=tokens, files=files, window_groups=inputs.window_groups)
     seconds = time.perf_counter() - t
+    groups = acc.window_groups()
     if keep:
         counts = acc.result(copy=False)
         path = save_counts(counts, stage)
-        return counts, count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
-    path, header, occupancy = save_accumulated(acc, stage)
-    return None, count_summary(header, files=len(files), counts_file=path.name, seconds=seconds,
-                               occupied=int(np.count_nonzero(occupancy)))
+        summary = count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds)
+    else:
+        path, counts, occupancy = save_accumulated(acc, stage)
+        summary = count_summary(counts, files=len(files), counts_file=path.name, seconds=seconds,
+                                occupied=int(np.count_nonzero(occupancy)))
+        counts = None
+    if groups is not None:
+        save_window_groups(groups, acc.header(), stage)
+        summary["window_groups"] = {"file": WINDOW_GROUPS_FILE, "groups": groups.groups, "windows": groups.windows}
+    return counts, summary
 
 
 def publish_counts(out: str | os.PathLike, count: Callable[[Path], dict[str, Any]], /) -> dict[str, Any]:
     """Run ``count(stage)`` (it writes ``config.json`` and the counts file and returns the
     summary), write ``count.json`` and publish the folder as ``out``; return the summary.
     The other kind of counts file, if ``out`` held one, is dropped."""
-    with staged_output(out, last=(COUNT_MARKER,), replaces=COUNTS_FILES) as stage:
+    with staged_output(out, last=(COUNT_MARKER,), replaces=(*COUNTS_FILES, WINDOW_GROUPS_FILE)) as stage:
         summary = count(stage)
         write_json_atomic(stage / COUNT_MARKER, summary)
     return summary

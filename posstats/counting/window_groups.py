@@ -1,0 +1,188 @@
+"""Pack-mode counts by window group: what a homogeneity null that respects windows needs.
+
+In ``pack`` mode a corpus is one stream cut into windows of n tokens, and nearby tokens of
+a window are dependent (consecutive text). The counts ``C[i, v]`` keep no windows, so a
+null built from them alone (the permutation null, :mod:`posstats.estimates.permutation`)
+treats a window's tokens as independent. Counting the windows in ``K`` groups keeps enough
+of them: window ``w`` (0-based, in stream order, over every stream of the count) goes to
+group ``floor(w / B) mod K``, blocks of B consecutive windows (B: the expected windows
+over K, :func:`posstats.corpus.count_step.window_block`, so that a group is about one
+stretch of the stream), and group ``g`` holds its own counts ``C^g`` (n, V).
+
+Rotating a group's rows by an offset s, ``roll(C^g, s)``, puts the token at stream offset t
+of its blocks at position ``(t + s) mod n``: exactly the counts of those stretches of
+stream cut into windows s tokens later. Every pair of consecutive tokens inside a block
+stays consecutive; only the joins between blocks are cut
+(:mod:`posstats.estimates.rotation`).
+
+A window cut short (the end of a stream, fewer than n tokens) is counted in a last block of
+rows, the *tail*, which no rotation moves: rotations then keep every position's occupancy
+exactly. ``sum_g C^g + tail`` is the corpus' counts (:meth:`WindowGroups.total`).
+
+Storage: one ((K + 1) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i) and
+the tail's rows ``K n + i``. Counting keeps int64 keys ``row V + v`` (8 bytes a token
+buffered, sorted and merged into 16 bytes a non-zero), so it costs about as much memory
+as the tokens buffered plus the non-zeros of the groups (at most the tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from posstats.counting.scipy_sparse import sp
+from posstats.counting.sorted_keys import merge_sorted
+
+__all__ = ["DEFAULT_WINDOW_GROUPS", "WindowGroupCounter", "WindowGroups"]
+
+DEFAULT_WINDOW_GROUPS = 64  # groups of windows rotated apart (docs/calibration.md: 64 keeps the power of one per window)
+_BUFFER_KEYS = 1 << 24  # keys buffered before they are sorted into the held counts
+
+
+@dataclass(frozen=True)
+class WindowGroups:
+    """Counts by window group (module docstring).
+
+    Attributes:
+        groups: K.
+        positions: n.
+        matrix: ((K + 1) n, V) int64 CSR: rows ``g n + i`` count position i of the full
+            windows of group g; rows ``K n + i`` the windows cut short (the tail).
+        windows: full windows counted (over all groups).
+    """
+
+    groups: int
+    positions: int
+    matrix: sp.csr_array
+    windows: int
+
+    @functools.cached_property
+    def _entry_group_position(self) -> tuple[np.ndarray, np.ndarray]:
+        """(group, position) of every stored entry, in storage order (group K: the tail)."""
+        row = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64), np.diff(self.matrix.indptr))
+        return np.divmod(row, self.positions)
+
+    @property
+    def vocab_size(self) -> int:
+        """V."""
+        return int(self.matrix.shape[1])
+
+    def total(self) -> sp.csr_array:
+        """(n, V) int64 CSR: the corpus' counts, ``sum_g C^g + tail``."""
+        return self.rotated(np.zeros(self.groups, dtype=np.int64))
+
+    def rotated(self, shifts: np.ndarray, /) -> sp.csr_array:
+        """(n, V) int64 CSR ``sum_g roll(C^g, s_g) + tail``: group g's row i moved to row
+        ``(i + s_g) mod n``; the tail stays (``shifts``: (K,) integers)."""
+        shifts = np.asarray(shifts, dtype=np.int64)
+        if shifts.shape != (self.groups,):
+            msg = f"rotated() needs one shift per group, {self.groups}; got shape {shifts.shape}"
+            raise ValueError(msg)
+        n = self.positions
+        group, pos = self._entry_group_position
+        moved = group < self.groups
+        pos = pos.copy()
+        pos[moved] = (pos[moved] + shifts[group[moved]]) % n
+        out = sp.csr_array((self.matrix.data.astype(np.int64, copy=False), (pos, self.matrix.indices)),
+                           shape=(n, self.vocab_size))
+        out.sum_duplicates()
+        return out
+
+
+class WindowGroupCounter:
+    """Counts the windows of a pack-mode stream by group (module docstring).
+
+    Fed by :class:`~posstats.counting.counts.CountAccumulator` with the windows it cuts,
+    so both count the same tokens at the same positions: :meth:`add_windows` once a batch,
+    :meth:`end_stream` when a stream ends (the window left open is the tail's).
+    """
+
+    def __init__(self, positions: int, vocab_size: int, /, *, groups: int = DEFAULT_WINDOW_GROUPS,
+                 block: int = 1) -> None:
+        if groups < 1 or block < 1:
+            msg = f"window groups and their block must be >= 1, got {groups} and {block}"
+            raise ValueError(msg)
+        self.positions, self.vocab_size, self.groups = int(positions), int(vocab_size), int(groups)
+        self.block = int(block)
+        self.windows = 0  # full windows committed
+        self._open: list[np.ndarray] = []  # keys (position V + v) of the window still open
+        self._open_len = 0
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+        self._keys = np.zeros(0, dtype=np.int64)
+        self._counts = np.zeros(0, dtype=np.int64)
+
+    def add_windows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                    head: tuple[int, int] | None, /) -> None:
+        """One batch's windows as the accumulator cut them: window k holds
+        ``values[starts[k] + j]`` at position j < ``lengths[k]``; ``head = (phase, skip)``
+        continues the open window at positions ``phase ..`` with ``values[:skip]``. Only
+        the last window may be short (it stays open)."""
+        n, V = self.positions, self.vocab_size
+        values = np.asarray(values, dtype=np.int64)
+        if head is not None:
+            phase, skip = head
+            if phase != self._open_len:
+                msg = f"window groups: a batch continues position {phase} of a window open at {self._open_len}"
+                raise ValueError(msg)
+            self._open.append(np.arange(phase, phase + skip, dtype=np.int64) * V + values[:skip])
+            self._open_len += skip
+            if self._open_len == n:
+                self._commit(np.concatenate(self._open), (self.windows // self.block) % self.groups)
+                self.windows += 1
+                self._open, self._open_len = [], 0
+        starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        full = lengths == n
+        k = int(np.count_nonzero(full))
+        if k and not full[:k].all():
+            msg = "window groups: a short window before a full one"
+            raise ValueError(msg)
+        if k:
+            at = starts[:k, None] + np.arange(n, dtype=np.int64)
+            group = ((self.windows + np.arange(k, dtype=np.int64)) // self.block) % self.groups
+            rows = group[:, None] * n + np.arange(n, dtype=np.int64)
+            self._add_keys((rows * V + values[at]).ravel())
+            self.windows += k
+        if k < lengths.size:
+            if k != lengths.size - 1 or self._open_len:
+                msg = "window groups: more than one window left open"
+                raise ValueError(msg)
+            length = int(lengths[-1])
+            self._open = [np.arange(length, dtype=np.int64) * V + values[starts[-1]:starts[-1] + length]]
+            self._open_len = length
+
+    def end_stream(self) -> None:
+        """The stream ended: its open window (cut short) goes to the tail."""
+        if self._open_len:
+            self._commit(np.concatenate(self._open), self.groups)
+        self._open, self._open_len = [], 0
+
+    def result(self) -> WindowGroups:
+        """The counts so far (the open window counted as the tail's: call at the end)."""
+        self.end_stream()
+        self._compact()
+        n, V = self.positions, self.vocab_size
+        row, col = np.divmod(self._keys, V)
+        indptr = np.zeros((self.groups + 1) * n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(row, minlength=(self.groups + 1) * n), out=indptr[1:])
+        matrix = sp.csr_array((self._counts.copy(), col, indptr), shape=((self.groups + 1) * n, V))
+        return WindowGroups(self.groups, n, matrix, self.windows)
+
+    def _commit(self, position_keys: np.ndarray, group: int) -> None:
+        """Add one window's keys (position V + v) to ``group``'s rows."""
+        self._add_keys(position_keys + group * self.positions * self.vocab_size)
+
+    def _add_keys(self, keys: np.ndarray) -> None:
+        self._buffer.append(keys)
+        self._buffered += keys.size
+        if self._buffered >= _BUFFER_KEYS:
+            self._compact()
+
+    def _compact(self) -> None:
+        if not self._buffer:
+            return
+        new, counts = np.unique(np.concatenate(self._buffer), return_counts=True)
+        self._buffer, self._buffered = [], 0
+        self._keys, self._counts = merge_sorted(self._keys, self._counts, new, counts.astype(np.int64))

@@ -1,0 +1,85 @@
+"""Reading and writing the counts by window group (:mod:`posstats.counting.window_groups`)
+next to the counts they belong to: ``OUT/window-groups.safetensors`` of a counts folder.
+
+The file holds the ((K + 1) n, V) CSR matrix (``indptr``, ``indices``, ``data``) and, as
+metadata, K, n, the full windows, the tokens and the counts' fingerprint; :func:`load_window_groups`
+refuses a file that does not add up to the counts beside it (one line naming the file).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from posstats.counting.counts import PositionalCounts
+from posstats.counting.io import _csr_from, _opened, index_dtype, write_safetensors
+from posstats.counting.window_groups import WindowGroups
+from posstats.errors import InputError
+from posstats.storage.publish import atomic_path, published_dir
+
+__all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_window_groups", "window_groups_file"]
+
+WINDOW_GROUPS_FILE = "window-groups.safetensors"
+_SCHEMA = "posstats.window-groups/1"
+
+
+def save_window_groups(groups: WindowGroups, counts: PositionalCounts, directory: str | os.PathLike, /) -> Path:
+    """Write ``groups`` (counted with ``counts``) as ``directory/window-groups.safetensors``
+    (atomically); return the file."""
+    target = Path(directory) / WINDOW_GROUPS_FILE
+    m = groups.matrix
+    data = m.data.astype(np.int32 if m.nnz == 0 or int(m.data.max()) < 2**31 else np.int64, copy=False)
+    tensors = {"indptr": m.indptr.astype(np.int64, copy=False),
+               "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False), "data": data}
+    meta = {"schema": _SCHEMA, "groups": str(groups.groups), "positions": str(groups.positions),
+            "vocab_size": str(groups.vocab_size), "windows": str(groups.windows), "tokens": str(counts.tokens),
+            "fingerprint": counts.fingerprint}
+    with atomic_path(target) as tmp:
+        write_safetensors(tmp, tensors, meta)
+    return target
+
+
+def window_groups_file(path: str | os.PathLike, /) -> Path | None:
+    """The window-groups file beside the counts at ``path`` (a counts folder or its counts
+    file), or None when there is none."""
+    path = Path(path)
+    folder = published_dir(path) if path.is_dir() else path.parent
+    target = folder / WINDOW_GROUPS_FILE
+    return target if target.is_file() else None
+
+
+def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> WindowGroups | None:
+    """The counts by window group stored beside the counts at ``path``, or None without a
+    file. Raises InputError (naming the file) when it is unreadable or does not belong to
+    ``counts`` (other positions, vocabulary, tokens or fingerprint)."""
+    target = window_groups_file(path)
+    if target is None:
+        return None
+    with _opened(target) as f:
+        meta = dict(f.metadata() or {})
+        if meta.get("schema") != _SCHEMA:
+            msg = f"{target}: schema {meta.get('schema')!r} is not {_SCHEMA!r}; count again"
+            raise InputError(msg)
+        try:
+            k, n, vocab = int(meta["groups"]), int(meta["positions"]), int(meta["vocab_size"])
+            windows, tokens = int(meta["windows"]), int(meta["tokens"])
+        except (KeyError, ValueError) as exc:
+            msg = f"{target}: metadata entry {exc} missing or not an integer; count again"
+            raise InputError(msg) from exc
+        expected = (counts.positions, counts.vocab_size, counts.tokens, counts.fingerprint)
+        found = (n, vocab, tokens, meta.get("fingerprint", ""))
+        if found != expected:
+            msg = (f"{target}: belongs to other counts (positions, vocabulary, tokens, fingerprint {found} against "
+                   f"{expected}); count again")
+            raise InputError(msg)
+        if k < 1:
+            msg = f"{target}: groups = {k}, must be >= 1; count again"
+            raise InputError(msg)
+        matrix = _csr_from(target, f.get_tensor("indptr"), f.get_tensor("indices"), f.get_tensor("data"),
+                           ((k + 1) * n, vocab))
+    if int(matrix.sum()) != tokens:
+        msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
+        raise InputError(msg)
+    return WindowGroups(k, n, matrix, windows)
