@@ -16,7 +16,7 @@ from posstats.counting.window_groups import WindowGroupCounter
 from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, load_window_groups, save_window_groups
 from posstats.errors import InputError
 from posstats.estimates.permutation import homogeneity_statistic, monte_carlo_p_value, shuffled_rows
-from posstats.estimates.rotation import rotation_null
+from posstats.estimates.rotation import rotated_statistic, rotation_null
 
 
 def _pack(stream: np.ndarray, n: int, vocab: int, groups: int, block: int = 1):
@@ -176,3 +176,13 @@ def test_count_and_analyze_use_the_rotation_null_in_pack_mode(tmp_path):
     assert main(["analyze", "--counts", str(tmp_path / "c0"), "--out", str(tmp_path / "a0"), "-q"]) == 0
     section = json.loads((tmp_path / "a0" / "report.json").read_text())["homogeneity"]
     assert section["method"] == "permutation" and "no window groups" in section["window_null"]
+
+
+def test_rotated_statistic_is_the_statistic_of_the_rotated_corpus():
+    rng = np.random.default_rng(5)
+    for n, block in ((9, 3), (300, 1)):  # one row block, and several (2**22 // V rows each)
+        vocab = 40 if n == 9 else 50_000
+        _, wg = _pack(rng.integers(0, vocab, n * 60 + 4), n, vocab, 5, block=block)
+        shifts = rng.integers(0, n, 5)
+        expected = homogeneity_statistic(wg.rotated(shifts))
+        assert rotated_statistic(wg, shifts) == pytest.approx(expected, rel=1e-10)

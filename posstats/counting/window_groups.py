@@ -20,9 +20,7 @@ rows, the *tail*, which no rotation moves: rotations then keep every position's 
 exactly. ``sum_g C^g + tail`` is the corpus' counts (:meth:`WindowGroups.total`).
 
 Storage: one ((K + 1) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i) and
-the tail's rows ``K n + i``. Counting keeps int64 keys ``row V + v`` (8 bytes a token
-buffered, sorted and merged into 16 bytes a non-zero), so it costs about as much memory
-as the tokens buffered plus the non-zeros of the groups (at most the tokens).
+the tail's rows ``K n + i``.
 """
 
 from __future__ import annotations
@@ -33,12 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from posstats.counting.scipy_sparse import sp
-from posstats.counting.sorted_keys import merge_sorted
+from posstats.counting.sorted_keys import SortedKeyCounter, block_positions
 
 __all__ = ["DEFAULT_WINDOW_GROUPS", "WindowGroupCounter", "WindowGroups"]
 
 DEFAULT_WINDOW_GROUPS = 64  # groups of windows rotated apart (docs/calibration.md: 64 keeps the power of one per window)
-_BUFFER_KEYS = 1 << 24  # keys buffered before they are sorted into the held counts
+_BUFFER_KEYS = 1 << 26  # token ids buffered before they are sorted into the held counts (128 MiB as uint16)
 
 
 @dataclass(frozen=True)
@@ -59,10 +57,13 @@ class WindowGroups:
     windows: int
 
     @functools.cached_property
-    def _entry_group_position(self) -> tuple[np.ndarray, np.ndarray]:
-        """(group, position) of every stored entry, in storage order (group K: the tail)."""
-        row = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64), np.diff(self.matrix.indptr))
-        return np.divmod(row, self.positions)
+    def entry_cells(self) -> np.ndarray:
+        """(nnz,) ``i V + v`` of every stored entry (position i within its group), in
+        storage order: int32 where ``n V`` fits, else int64."""
+        n, vocab = self.positions, self.vocab_size
+        dtype = np.int32 if n * vocab < 2**31 else np.int64
+        position = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64) % n, np.diff(self.matrix.indptr))
+        return (position * vocab + self.matrix.indices).astype(dtype)
 
     @property
     def vocab_size(self) -> int:
@@ -81,9 +82,9 @@ class WindowGroups:
             msg = f"rotated() needs one shift per group, {self.groups}; got shape {shifts.shape}"
             raise ValueError(msg)
         n = self.positions
-        group, pos = self._entry_group_position
+        row = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64), np.diff(self.matrix.indptr))
+        group, pos = np.divmod(row, n)
         moved = group < self.groups
-        pos = pos.copy()
         pos[moved] = (pos[moved] + shifts[group[moved]]) % n
         out = sp.csr_array((self.matrix.data.astype(np.int64, copy=False), (pos, self.matrix.indices)),
                            shape=(n, self.vocab_size))
@@ -96,23 +97,29 @@ class WindowGroupCounter:
 
     Fed by :class:`~posstats.counting.counts.CountAccumulator` with the windows it cuts,
     so both count the same tokens at the same positions: :meth:`add_windows` once a batch,
-    :meth:`end_stream` when a stream ends (the window left open is the tail's).
+    :meth:`end_stream` when a stream ends (the window left open is the tail's). The
+    counting is the accumulator's sorting kernel
+    (:class:`~posstats.counting.sorted_keys.SortedKeyCounter`) over ``K + 1`` stacked copies
+    of the positions, each padded to whole position blocks: 2 bytes a token buffered
+    (V < 2**16), 4-12 bytes a non-zero.
     """
 
     def __init__(self, positions: int, vocab_size: int, /, *, groups: int = DEFAULT_WINDOW_GROUPS,
-                 block: int = 1) -> None:
+                 block: int = 1, buffer_keys: int = _BUFFER_KEYS) -> None:
         if groups < 1 or block < 1:
             msg = f"window groups and their block must be >= 1, got {groups} and {block}"
             raise ValueError(msg)
         self.positions, self.vocab_size, self.groups = int(positions), int(vocab_size), int(groups)
         self.block = int(block)
         self.windows = 0  # full windows committed
-        self._open: list[np.ndarray] = []  # keys (position V + v) of the window still open
+        width = block_positions(self.positions, self.vocab_size)
+        self._blocks = -(-self.positions // width)  # position blocks of one group
+        self._padded = self._blocks * width
+        self._sorted = SortedKeyCounter(positions=(self.groups + 1) * self._padded, vocab_size=self.vocab_size,
+                                        buffer_keys=buffer_keys, block=width)
+        self._pad = int(np.iinfo(self._sorted.token_dtype).max)
+        self._open = np.full(self._padded, self._pad, dtype=self._sorted.token_dtype)  # the window still open
         self._open_len = 0
-        self._buffer: list[np.ndarray] = []
-        self._buffered = 0
-        self._keys = np.zeros(0, dtype=np.int64)
-        self._counts = np.zeros(0, dtype=np.int64)
 
     def add_windows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                     head: tuple[int, int] | None, /) -> None:
@@ -120,19 +127,19 @@ class WindowGroupCounter:
         ``values[starts[k] + j]`` at position j < ``lengths[k]``; ``head = (phase, skip)``
         continues the open window at positions ``phase ..`` with ``values[:skip]``. Only
         the last window may be short (it stays open)."""
-        n, V = self.positions, self.vocab_size
-        values = np.asarray(values, dtype=np.int64)
+        n = self.positions
         if head is not None:
             phase, skip = head
             if phase != self._open_len:
                 msg = f"window groups: a batch continues position {phase} of a window open at {self._open_len}"
                 raise ValueError(msg)
-            self._open.append(np.arange(phase, phase + skip, dtype=np.int64) * V + values[:skip])
+            self._open[phase:phase + skip] = values[:skip]
             self._open_len += skip
             if self._open_len == n:
-                self._commit(np.concatenate(self._open), (self.windows // self.block) % self.groups)
+                self._commit(self._open[None, :].copy(), (self.windows // self.block) % self.groups)
                 self.windows += 1
-                self._open, self._open_len = [], 0
+                self._open[:] = self._pad
+                self._open_len = 0
         starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
         full = lengths == n
         k = int(np.count_nonzero(full))
@@ -140,49 +147,41 @@ class WindowGroupCounter:
             msg = "window groups: a short window before a full one"
             raise ValueError(msg)
         if k:
-            at = starts[:k, None] + np.arange(n, dtype=np.int64)
+            rows = np.full((k, self._padded), self._pad, dtype=self._sorted.token_dtype)
+            rows[:, :n] = values[starts[:k, None] + np.arange(n, dtype=np.int64)]
             group = ((self.windows + np.arange(k, dtype=np.int64)) // self.block) % self.groups
-            rows = group[:, None] * n + np.arange(n, dtype=np.int64)
-            self._add_keys((rows * V + values[at]).ravel())
+            cuts = np.flatnonzero(np.diff(group)) + 1  # consecutive windows share a group
+            for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, k]):
+                self._commit(rows[lo:hi], int(group[lo]))
             self.windows += k
         if k < lengths.size:
             if k != lengths.size - 1 or self._open_len:
                 msg = "window groups: more than one window left open"
                 raise ValueError(msg)
             length = int(lengths[-1])
-            self._open = [np.arange(length, dtype=np.int64) * V + values[starts[-1]:starts[-1] + length]]
+            self._open[:length] = values[starts[-1]:starts[-1] + length]
             self._open_len = length
 
     def end_stream(self) -> None:
         """The stream ended: its open window (cut short) goes to the tail."""
         if self._open_len:
-            self._commit(np.concatenate(self._open), self.groups)
-        self._open, self._open_len = [], 0
+            self._commit(self._open[None, :].copy(), self.groups)
+        self._open[:] = self._pad
+        self._open_len = 0
 
     def result(self) -> WindowGroups:
-        """The counts so far (the open window counted as the tail's: call at the end)."""
+        """The counts (the open window counted as the tail's); ends the counter."""
         self.end_stream()
-        self._compact()
-        n, V = self.positions, self.vocab_size
-        row, col = np.divmod(self._keys, V)
-        indptr = np.zeros((self.groups + 1) * n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(row, minlength=(self.groups + 1) * n), out=indptr[1:])
-        matrix = sp.csr_array((self._counts.copy(), col, indptr), shape=((self.groups + 1) * n, V))
+        stacked = self._sorted.to_csr()
+        n = self.positions
+        keep = (np.arange(self.groups + 1, dtype=np.int64)[:, None] * self._padded + np.arange(n)).ravel()
+        matrix = sp.csr_array(stacked[keep]) if self._padded != n else stacked
         return WindowGroups(self.groups, n, matrix, self.windows)
 
-    def _commit(self, position_keys: np.ndarray, group: int) -> None:
-        """Add one window's keys (position V + v) to ``group``'s rows."""
-        self._add_keys(position_keys + group * self.positions * self.vocab_size)
-
-    def _add_keys(self, keys: np.ndarray) -> None:
-        self._buffer.append(keys)
-        self._buffered += keys.size
-        if self._buffered >= _BUFFER_KEYS:
-            self._compact()
-
-    def _compact(self) -> None:
-        if not self._buffer:
-            return
-        new, counts = np.unique(np.concatenate(self._buffer), return_counts=True)
-        self._buffer, self._buffered = [], 0
-        self._keys, self._counts = merge_sorted(self._keys, self._counts, new, counts.astype(np.int64))
+    def _commit(self, rows: np.ndarray, group: int) -> None:
+        """Count windows (``rows``: (k, padded n) token ids, padding past n) into ``group``'s
+        rows, one position block at a time."""
+        width = self._sorted.block
+        first = group * self._blocks
+        for b in range(self._blocks):
+            self._sorted.add_rows(first + b, np.ascontiguousarray(rows[:, b * width:(b + 1) * width]))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posstats.counting.blocks import narrow_count_dtype
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import _csr_from, _opened, index_dtype, write_safetensors
 from posstats.counting.window_groups import WindowGroups
@@ -30,7 +31,7 @@ def save_window_groups(groups: WindowGroups, counts: PositionalCounts, directory
     (atomically); return the file."""
     target = Path(directory) / WINDOW_GROUPS_FILE
     m = groups.matrix
-    data = m.data.astype(np.int32 if m.nnz == 0 or int(m.data.max()) < 2**31 else np.int64, copy=False)
+    data = m.data.astype(narrow_count_dtype(int(m.data.max()) if m.nnz else 0), copy=False)
     tensors = {"indptr": m.indptr.astype(np.int64, copy=False),
                "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False), "data": data}
     meta = {"schema": _SCHEMA, "groups": str(groups.groups), "positions": str(groups.positions),

@@ -42,7 +42,46 @@ import numpy as np
 from posstats.counting.window_groups import WindowGroups
 from posstats.estimates.permutation import homogeneity_statistic
 
-__all__ = ["rotation_null"]
+__all__ = ["rotated_statistic", "rotation_null"]
+
+
+def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
+    """``S`` (:func:`posstats.estimates.permutation.homogeneity_statistic`) of the rotated
+    corpus ``sum_g roll(C^g, s_g) + tail`` over all n rows, without forming it.
+
+    Rotations keep every row's occupancy ``N_i`` and the pooled distribution ``p``, so
+    ``S = sum_i (2 N_i - 2 sqrt(N_i) sum_v sqrt(C_iv) sqrt(p_v))`` needs only each rotated
+    row's affinity to the pool. The rows are summed a block of about 2**22 cells at a time
+    (``bincount`` of the entries landing there: each group's are one or two contiguous
+    runs of its storage), so the cost is one pass over the stored entries and the memory
+    one block. Every row must be occupied.
+    """
+    shifts = np.asarray(shifts, dtype=np.int64)
+    if shifts.shape != (groups.groups,):
+        msg = f"rotated_statistic() needs one shift per group, {groups.groups}; got shape {shifts.shape}"
+        raise ValueError(msg)
+    n, vocab, k = groups.positions, groups.vocab_size, groups.groups
+    m = groups.matrix
+    occupancy = np.asarray(m.sum(axis=1)).ravel().reshape(k + 1, n).sum(axis=0).astype(np.float64)
+    sqrt_pool = np.sqrt(np.asarray(m.sum(axis=0)).ravel() / occupancy.sum())
+    cell = groups.entry_cells
+    step = max(1, (1 << 22) // vocab)
+    total = 2.0 * float(occupancy.sum())
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        keys, weights = [], []
+        for g in range(k + 1):
+            s = int(shifts[g]) if g < k else 0
+            lo = (a - s) % n  # source rows i with (i + s) mod n in [a, b): lo .. and, wrapping, 0 ..
+            for r0, r1, first in ((lo, min(n, lo + b - a), lo), (0, max(0, lo + b - a - n), lo - n)):
+                e0, e1 = m.indptr[g * n + r0], m.indptr[g * n + r1]
+                if e1 > e0:  # source row r lands on row a + r - first of the block
+                    keys.append(cell[e0:e1] - first * vocab)
+                    weights.append(m.data[e0:e1])
+        block = np.bincount(np.concatenate(keys), weights=np.concatenate(weights), minlength=(b - a) * vocab)
+        affinity = np.sqrt(block).reshape(b - a, vocab) @ sqrt_pool
+        total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ affinity)
+    return total
 
 
 def rotation_null(
@@ -72,10 +111,13 @@ def rotation_null(
         msg = f"a rotation null needs at least 1 replicate, got {replicates}"
         raise ValueError(msg)
     out = np.empty(replicates)
+    every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     for r in range(replicates):
         shifts = np.random.default_rng([seed, r]).integers(0, groups.positions, groups.groups)
-        rotated = groups.rotated(shifts)
-        out[r] = homogeneity_statistic(rotated if rows is None else rotated[np.asarray(rows)])
+        if every_row:
+            out[r] = rotated_statistic(groups, shifts)
+        else:  # a subset of rows has its own pool: form the rotated corpus
+            out[r] = homogeneity_statistic(groups.rotated(shifts)[np.asarray(rows)])
         if progress is not None:
             progress(1)
     return out

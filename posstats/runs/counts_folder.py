@@ -27,7 +27,8 @@ from posstats.memory import require_count_memory
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
 
-__all__ = ["COUNT_MARKER", "count_in_process", "count_line", "count_summary", "few_windows_warning", "publish_counts"]
+__all__ = ["COUNT_MARKER", "count_in_process", "count_line", "count_summary", "few_windows_warning", "publish_counts",
+           "window_groups_to_count"]
 
 COUNT_MARKER = "count.json"
 
@@ -58,7 +59,8 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     count): count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
     return the counts and their ``count.json`` record. In pack mode with
     ``inputs.window_groups`` the counts by window group are written beside them
-    (:func:`~posstats.counting.window_groups_io.save_window_groups`). The kernel is dense only where
+    (:func:`~posstats.counting.window_groups_io.save_window_groups`) where
+    :func:`window_groups_to_count` allows; ``count.json`` says why not otherwise. The kernel is dense only where
     ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size.
     ``keep=False``: sparse counts are written straight from their position blocks
@@ -70,10 +72,11 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     dense = inputs.spec.prefers_dense(budget_bytes, tokens)
     require_count_memory(inputs.spec, budget_bytes=budget_bytes, tokens=tokens)
     t = time.perf_counter()
+    groups, skipped = window_groups_to_count(inputs, tokens=tokens, budget_bytes=budget_bytes)
     acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, dense_budget=budget_bytes, metadata=inputs.metadata,
-                            expected_tokens=tokens, files=files, window_groups=inputs.window_groups)
+                            expected_tokens=tokens, files=files, window_groups=groups)
     seconds = time.perf_counter() - t
-    groups = acc.window_groups()
+    groups = acc.window_groups()  # None unless counted
     if keep:
         counts = acc.result(copy=False)
         path = save_counts(counts, stage)
@@ -86,7 +89,31 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     if groups is not None:
         save_window_groups(groups, acc.header(), stage)
         summary["window_groups"] = {"file": WINDOW_GROUPS_FILE, "groups": groups.groups, "windows": groups.windows}
+    elif skipped:
+        summary["window_groups"] = {"skipped": skipped}
     return counts, summary
+
+
+WINDOW_GROUP_POSITIONS = 4096  # analyze's shuffle null (and so its homogeneity test) stops here by default
+WINDOW_GROUP_BYTES_PER_TOKEN = 16  # a held (key, count) pair per non-zero, at most one per token
+
+
+def window_groups_to_count(inputs: CountInputs, /, *, tokens: int, budget_bytes: float) -> tuple[int, str | None]:
+    """``(K, why not)``: the window groups a count in this process makes (0 and the reason
+    when none): pack mode with ``inputs.window_groups``, at most
+    :data:`WINDOW_GROUP_POSITIONS` positions (above it ``analyze`` runs no homogeneity test by
+    default, so nothing would read them) and ``16 x tokens`` bytes within ``budget_bytes``
+    (the groups' keys and counts)."""
+    k, spec = int(inputs.window_groups), inputs.spec
+    if spec.mode != "pack" or k <= 0:
+        return 0, None
+    if spec.positions > WINDOW_GROUP_POSITIONS:
+        return 0, (f"{spec.positions:,} positions: analyze tests homogeneity up to {WINDOW_GROUP_POSITIONS:,} rows "
+                   "by default, with the shuffle null")
+    if WINDOW_GROUP_BYTES_PER_TOKEN * tokens > budget_bytes:
+        return 0, (f"{tokens:,} tokens need about {WINDOW_GROUP_BYTES_PER_TOKEN * tokens / 2**30:.1f} GiB for the "
+                   f"window groups, over the memory budget of {budget_bytes / 2**30:.1f} GiB")
+    return k, None
 
 
 def publish_counts(out: str | os.PathLike, count: Callable[[Path], dict[str, Any]], /) -> dict[str, Any]:
