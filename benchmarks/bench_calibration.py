@@ -25,7 +25,9 @@ Prints one JSON object with five tables, each row with its uncertainty:
      "distinguishable", standouts exactly {0, 1, 2, 3}, components above noise;
    - ``drift`` corpora: "non-stationary", components above noise;
    - ``pack_markov``: a stationary stream whose tokens repeat the previous one half of the
-     time, packed into N windows of n (``posstats.testing.markov_packed_counts``): the
+     time, packed into N windows of n (``posstats.testing.markov_packed_counts``; with the
+     ``tokens`` sampler up to 4,096 positions counted with its window groups as
+     ``posstats count`` does, so homogeneity is tested by rotation since 2026-11-30): the
      same false claims as ``stationary``, with dependent tokens.
    Each fraction comes with its Clopper-Pearson 95 % interval.
 
@@ -90,7 +92,11 @@ from posstats.estimates.sampling_variance import position_sampling_variance  # n
 from posstats.estimates.two_sample import compare_positions  # noqa: E402
 from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
-from posstats.testing import known_corpus, markov_packed_counts, split_counts  # noqa: E402
+from posstats.corpus.count_step import window_block  # noqa: E402
+from posstats.counting.counts import CountAccumulator, CountSpec  # noqa: E402
+from posstats.counting.window_groups import DEFAULT_WINDOW_GROUPS  # noqa: E402
+from posstats.runs.counts_folder import WINDOW_GROUP_POSITIONS  # noqa: E402
+from posstats.testing import known_corpus, markov_packed_counts, markov_stream, split_counts  # noqa: E402
 
 
 def _power_law_bias(counts, seed: int) -> np.ndarray:
@@ -198,6 +204,20 @@ def _compact(counts):
     return dataclasses.replace(counts, matrix=sp.csr_array((m.data.astype(np.int32), m.indices, m.indptr), shape=m.shape))
 
 
+def _packed_with_groups(n: int, windows: int, seed: int):
+    """``(counts, window groups)`` of the ``pack_markov`` stream of ``seed`` (the counts of
+    :func:`posstats.testing.markov_packed_counts` with the ``tokens`` sampler), counted as
+    ``posstats count`` counts a pack-mode corpus in one process: with
+    :data:`~posstats.counting.window_groups.DEFAULT_WINDOW_GROUPS` groups of consecutive
+    windows, so that the analysis tests homogeneity with the rotation null."""
+    k = DEFAULT_WINDOW_GROUPS
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=5000, mode="pack"), dense=False, window_groups=k,
+                           window_block=window_block(n * windows, n, k))
+    acc.add_sequences([markov_stream(n, windows=windows, stay=0.5, seed=seed)])
+    groups = acc.window_groups()
+    return _compact(acc.result()), groups
+
+
 def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int],
                    kinds: tuple[str, ...] = tuple(_TALLIED), first_seed: int = 0, sampler: str = "tokens") -> list[dict]:
     """How often the default analysis claims structure in stationary corpora (the
@@ -227,11 +247,15 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                 for seed in range(first_seed, first_seed + runs):
                     seed_k = 10_000 * (1 + list(_TALLIED).index(kind)) + seed
                     t_sample = time.perf_counter()
-                    counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler)
-                                      if kind == "pack_markov"
-                                      else known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler).counts)
+                    groups = None
+                    if kind == "pack_markov" and sampler == "tokens" and n <= WINDOW_GROUP_POSITIONS:
+                        counts, groups = _packed_with_groups(n, N, seed_k)
+                    else:
+                        counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler)
+                                          if kind == "pack_markov"
+                                          else known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler).counts)
                     t_corpus = time.perf_counter()
-                    report = analyze(counts, cfg).report()
+                    report = analyze(counts, cfg, window_groups=groups).report()
                     claims = _claims(report)
                     for k in keys:
                         tally[k] += int(claims[k])

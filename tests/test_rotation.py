@@ -176,6 +176,11 @@ def test_count_and_analyze_use_the_rotation_null_in_pack_mode(tmp_path):
     assert main(["analyze", "--counts", str(tmp_path / "c0"), "--out", str(tmp_path / "a0"), "-q"]) == 0
     section = json.loads((tmp_path / "a0" / "report.json").read_text())["homogeneity"]
     assert section["method"] == "permutation" and "no window groups" in section["window_null"]
+    # posstats run counts into its staging folder and analyses from there, over an older run
+    for _ in range(2):
+        assert main(["run", *common[1:], "--out", str(tmp_path / "r"), "-q"]) == 0
+    section = json.loads((tmp_path / "r" / "report.json").read_text())["homogeneity"]
+    assert section["method"] == "rotation"
 
 
 def test_rotated_statistic_is_the_statistic_of_the_rotated_corpus():

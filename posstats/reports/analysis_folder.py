@@ -25,7 +25,7 @@ from typing import Any
 
 from posstats.analysis import Analysis, AnalysisConfig, analyze
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.window_groups_io import load_window_groups
+from posstats.counting.window_groups_io import load_window_groups, window_groups_file
 from posstats.reports.html import render_html_report
 from posstats.reports.summary import format_markdown
 from posstats.runs.noise_parts import corpus_parts
@@ -118,7 +118,10 @@ def analyze_to(
     if config.noise_floor != "off" and bool(store or parts_dirs or reread):
         parts = corpus_parts(counts, noise_floor=True, noise_parts=config.noise_parts, tokenizer=config.tokenizer,
                              store=store, parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
-    groups = load_window_groups(counts_path, counts) if counts_path and counts.spec.mode == "pack" else None
+    groups = None
+    if counts.spec.mode == "pack":  # posstats run counts into stage itself; analyze reads a counts folder
+        place = stage if window_groups_file(stage) is not None else counts_path
+        groups = load_window_groups(place, counts) if place else None
     result = analyze(counts, config, parts=parts, window_groups=groups)
     inputs = {"counts": str(Path(counts_path).resolve()) if counts_path else None}
     return write_analysis(stage, result, inputs=inputs, name=name)
