@@ -558,8 +558,15 @@ class CountAccumulator:
         (:class:`~posstats.counting.window_groups.WindowGroups`), or None: not pack mode,
         ``window_groups=0``, or a piece of a stream (:meth:`start_piece`: the stitching
         keeps no windows). Ends the counting of groups: call once, at the end."""
-        groups, self._groups = self._groups, None
-        return None if groups is None else groups.result()
+        counter = self.window_group_counter()
+        return None if counter is None else counter.result()
+
+    def window_group_counter(self) -> WindowGroupCounter | None:
+        """The :class:`~posstats.counting.window_groups.WindowGroupCounter` itself (or None,
+        as :meth:`window_groups`), for a caller that writes its blocks without forming a
+        matrix; the accumulator lets go of it."""
+        counter, self._groups = self._groups, None
+        return counter
 
     def header(self) -> PositionalCounts:
         """The totals, fingerprint and metadata of the counts so far, with an all-zero

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posstats.counting.blocks import CountBlocks
 from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import SortedKeyCounter, block_positions
 
@@ -169,14 +170,23 @@ class WindowGroupCounter:
         self._open[:] = self._pad
         self._open_len = 0
 
-    def result(self) -> WindowGroups:
-        """The counts (the open window counted as the tail's); ends the counter."""
+    def finish(self) -> tuple[CountBlocks, np.ndarray]:
+        """``(blocks, rows)``: the counts as position blocks over the stacked, padded rows
+        (:class:`~posstats.counting.blocks.CountBlocks`; the open window counted as the
+        tail's) and the ((K + 1) n,) indices of the real rows among them, in order (the
+        padding rows are empty). Ends the counter; no scipy (a count writes them straight
+        to a file, :func:`posstats.counting.window_groups_io.save_window_group_blocks`)."""
         self.end_stream()
-        stacked = self._sorted.to_csr()
-        n = self.positions
-        keep = (np.arange(self.groups + 1, dtype=np.int64)[:, None] * self._padded + np.arange(n)).ravel()
-        matrix = sp.csr_array(stacked[keep]) if self._padded != n else stacked
-        return WindowGroups(self.groups, n, matrix, self.windows)
+        rows = (np.arange(self.groups + 1, dtype=np.int64)[:, None] * self._padded
+                + np.arange(self.positions, dtype=np.int64)).ravel()
+        return self._sorted.finish(), rows
+
+    def result(self) -> WindowGroups:
+        """The counts as :class:`WindowGroups` (a CSR matrix); ends the counter."""
+        blocks, rows = self.finish()
+        stacked = blocks.to_csr()
+        matrix = sp.csr_array(stacked[rows]) if rows.size != stacked.shape[0] else stacked
+        return WindowGroups(self.groups, self.positions, matrix, self.windows)
 
     def _commit(self, rows: np.ndarray, group: int) -> None:
         """Count windows (``rows``: (k, padded n) token ids, padding past n) into ``group``'s

@@ -15,12 +15,13 @@ import numpy as np
 
 from posstats.counting.blocks import narrow_count_dtype
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.io import _csr_from, _opened, index_dtype, write_safetensors
-from posstats.counting.window_groups import WindowGroups
+from posstats.counting.io import TensorStream, _csr_from, _opened, index_dtype, write_safetensors
+from posstats.counting.window_groups import WindowGroupCounter, WindowGroups
 from posstats.errors import InputError
 from posstats.storage.publish import atomic_path, published_dir
 
-__all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_window_groups", "window_groups_file"]
+__all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_window_group_blocks", "save_window_groups",
+           "window_groups_file"]
 
 WINDOW_GROUPS_FILE = "window-groups.safetensors"
 _SCHEMA = "posstats.window-groups/1"
@@ -29,14 +30,36 @@ _SCHEMA = "posstats.window-groups/1"
 def save_window_groups(groups: WindowGroups, counts: PositionalCounts, directory: str | os.PathLike, /) -> Path:
     """Write ``groups`` (counted with ``counts``) as ``directory/window-groups.safetensors``
     (atomically); return the file."""
-    target = Path(directory) / WINDOW_GROUPS_FILE
     m = groups.matrix
-    data = m.data.astype(narrow_count_dtype(int(m.data.max()) if m.nnz else 0), copy=False)
     tensors = {"indptr": m.indptr.astype(np.int64, copy=False),
-               "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False), "data": data}
-    meta = {"schema": _SCHEMA, "groups": str(groups.groups), "positions": str(groups.positions),
-            "vocab_size": str(groups.vocab_size), "windows": str(groups.windows), "tokens": str(counts.tokens),
-            "fingerprint": counts.fingerprint}
+               "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False),
+               "data": m.data.astype(narrow_count_dtype(int(m.data.max()) if m.nnz else 0), copy=False)}
+    return _write(directory, tensors, groups.groups, groups.positions, groups.vocab_size, groups.windows, counts)
+
+
+def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCounts,
+                             directory: str | os.PathLike, /) -> tuple[Path, dict[str, int]]:
+    """:func:`save_window_groups` of what ``counter`` counted, streamed from its position
+    blocks (:meth:`~posstats.counting.window_groups.WindowGroupCounter.finish`): no CSR
+    matrix and no scipy, as ``posstats count`` writes its counts. Returns the file and
+    ``{"groups": K, "windows": full windows}``."""
+    blocks, rows = counter.finish()
+    indptr = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(blocks.row_nnz()[rows], out=indptr[1:])  # the padding rows hold no entry
+    nnz = int(indptr[-1])
+    index, count = index_dtype(counter.vocab_size), narrow_count_dtype(blocks.largest())
+    tensors = {"indptr": indptr,
+               "indices": TensorStream(index, (nnz,), lambda: blocks.indices(index)),
+               "data": TensorStream(count, (nnz,), lambda: blocks.data(count))}
+    path = _write(directory, tensors, counter.groups, counter.positions, counter.vocab_size, counter.windows, counts)
+    return path, {"groups": counter.groups, "windows": counter.windows}
+
+
+def _write(directory: str | os.PathLike, tensors: dict, groups: int, positions: int, vocab: int, windows: int,
+           counts: PositionalCounts) -> Path:
+    target = Path(directory) / WINDOW_GROUPS_FILE
+    meta = {"schema": _SCHEMA, "groups": str(groups), "positions": str(positions), "vocab_size": str(vocab),
+            "windows": str(windows), "tokens": str(counts.tokens), "fingerprint": counts.fingerprint}
     with atomic_path(target) as tmp:
         write_safetensors(tmp, tensors, meta)
     return target

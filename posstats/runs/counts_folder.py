@@ -22,7 +22,7 @@ from posstats.counting.io import (
     save_accumulated,
     save_counts,
 )
-from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, save_window_groups
+from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, save_window_group_blocks
 from posstats.memory import require_count_memory
 from posstats.storage.jsontext import write_json_atomic
 from posstats.storage.publish import staged_output
@@ -59,7 +59,7 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     count): count ``inputs`` in this process into ``stage`` (``config.json`` and the counts file);
     return the counts and their ``count.json`` record. In pack mode with
     ``inputs.window_groups`` the counts by window group are written beside them
-    (:func:`~posstats.counting.window_groups_io.save_window_groups`) where
+    (:func:`~posstats.counting.window_groups_io.save_window_group_blocks`) where
     :func:`window_groups_to_count` allows; ``count.json`` says why not otherwise. The kernel is dense only where
     ``8 n V`` bytes fit ``budget_bytes`` and the corpus is big enough
     (:meth:`~posstats.counting.counts.CountSpec.prefers_dense`); the file is stored by size.
@@ -76,7 +76,7 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     acc = accumulate_corpus(inputs.source, inputs.spec, dense=dense, dense_budget=budget_bytes, metadata=inputs.metadata,
                             expected_tokens=tokens, files=files, window_groups=groups)
     seconds = time.perf_counter() - t
-    groups = acc.window_groups()  # None unless counted
+    groups = acc.window_group_counter()  # None unless counted
     if keep:
         counts = acc.result(copy=False)
         path = save_counts(counts, stage)
@@ -87,8 +87,8 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
                                 occupied=int(np.count_nonzero(occupancy)))
         counts = None
     if groups is not None:
-        save_window_groups(groups, acc.header(), stage)
-        summary["window_groups"] = {"file": WINDOW_GROUPS_FILE, "groups": groups.groups, "windows": groups.windows}
+        _, written = save_window_group_blocks(groups, acc.header(), stage)
+        summary["window_groups"] = {"file": WINDOW_GROUPS_FILE, **written}
     elif skipped:
         summary["window_groups"] = {"skipped": skipped}
     return counts, summary
