@@ -36,7 +36,7 @@ from posstats.counting.sorted_keys import SortedKeyCounter, block_positions
 
 __all__ = ["DEFAULT_WINDOW_GROUPS", "WindowGroupCounter", "WindowGroups"]
 
-DEFAULT_WINDOW_GROUPS = 64  # groups of windows rotated apart (docs/calibration.md: 64 keeps the power of one per window)
+DEFAULT_WINDOW_GROUPS = 64  # groups rotated apart; about the power of one per window (docs/calibration.md)
 _BUFFER_KEYS = 1 << 26  # token ids buffered before they are sorted into the held counts (128 MiB as uint16)
 
 
