@@ -285,9 +285,10 @@ def test_tally_calibration_adds_runs_as_one(tmp_path):
 
 
 def test_bench_pack_homogeneity_small():
-    """bench_pack_homogeneity.py on the bundled Shakespeare sample: real chunks and their
-    shuffled baseline, each with a rejection count and a z summary; the baseline holds the
-    same tokens (only their positions move)."""
+    """bench_pack_homogeneity.py on the bundled Shakespeare sample: real chunks under the
+    permutation and the rotation null and their shuffled baseline, each with a rejection
+    count and a z summary; the baseline holds the same tokens (only their positions move);
+    the window groups add up to the counts."""
     sys.path.insert(0, str(BENCH))
     import numpy as np
     from bench_pack_homogeneity import BUNDLED, packed_counts, read_text, token_stream
@@ -296,17 +297,18 @@ def test_bench_pack_homogeneity_small():
     (cell,) = r["cells"]
     assert r["benchmark"] == "pack_homogeneity" and r["level"] == 0.025 and cell["positions"] == 16
     assert cell["chunks"] == r["tokens"] // 3200 >= 10
-    for side in ("real", "baseline_shuffled"):
+    for side in ("real", "real_rotation", "baseline_shuffled"):
         assert cell[side]["rejected"]["of"] == cell["chunks"] and cell[side]["z_sd"] > 0
 
     markov = run_bench("bench_pack_homogeneity.py", "--markov-stay", "0.5", "--streams", "3", "--positions", "32",
                        "--windows", "50")
     assert markov["markov"] == {"stay": 0.5, "vocab": 5000, "streams": 3} and markov["cells"][0]["chunks"] == 3
-    assert markov["cells"][0]["real"]["rejected"]["of"] == 3
+    assert markov["cells"][0]["real"]["rejected"]["of"] == 3 == markov["cells"][0]["real_rotation"]["rejected"]["of"]
 
     ids, vocab = token_stream(read_text(BUNDLED), BENCH.parent / "data" / "tokenizers" / "gpt2.tokenizer.json")
-    real = packed_counts(ids[:3200], 16, vocab)
-    moved = packed_counts(np.random.default_rng(0).permutation(ids[:3200]), 16, vocab)
+    real, groups = packed_counts(ids[:3200], 16, vocab, 64)
+    moved, _ = packed_counts(np.random.default_rng(0).permutation(ids[:3200]), 16, vocab)
+    assert (groups.total() != real).nnz == 0 and groups.windows == 200
     assert real.shape == (16, vocab) and (real.sum(axis=1) == 200).all()  # pack mode: one token a window a row
     assert (real.sum(axis=0) == moved.sum(axis=0)).all() and (real != moved).nnz > 0
     assert (real[[3]].toarray().ravel() == np.bincount(ids[3:3200:16], minlength=vocab)).all()
