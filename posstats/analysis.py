@@ -733,7 +733,7 @@ def analyze(
         parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
             parity, :mod:`posstats.estimates.noise`), for the noise floor; None: the counted
             tokens are split at random (:mod:`posstats.estimates.thinning`).
-        window_groups: pack-mode counts by window group
+        window_groups: pack- or chunk-mode counts by window group
             (:class:`~posstats.counting.window_groups.WindowGroups`, counted with
             ``counts``): the homogeneity test then draws its null by rotating groups of
             windows (:mod:`posstats.estimates.rotation`), which keeps the dependence inside
@@ -1650,12 +1650,12 @@ def _window_homogeneity(homogeneity: dict[str, Any], groups: Any, counts: Positi
                         config: AnalysisConfig, timings: dict[str, float],
                         show_progress: bool | None) -> dict[str, Any]:
     """The ``homogeneity`` section with the null that respects windows where it applies:
-    a pack-mode corpus counted with its window groups, its rows neither bucketed nor held
-    apart. The data's ``S`` is the permutation test's; the null is ``R`` rotated corpora
+    a pack- or chunk-mode corpus counted with its window groups, its rows neither bucketed
+    nor held apart. The data's ``S`` is the permutation test's; the null is ``R`` rotated corpora
     (:func:`posstats.estimates.rotation.rotation_null`), and the permutation test's
     p-value stays in the section (``permutation_p_value``) for comparison. Elsewhere the
-    section is returned as it is, with ``window_null`` saying why (pack mode only)."""
-    if counts.spec.mode != "pack":
+    section is returned as it is, with ``window_null`` saying why (pack and chunk mode)."""
+    if counts.spec.mode not in ("pack", "chunk"):
         return homogeneity
     why = None
     if groups is None:

@@ -87,7 +87,7 @@ class CountOptions:
                                    help="pack mode: token id inserted between documents")
     window_groups: int = option(
         64, group=_COUNTING, metavar="K", minimum=0,
-        help="pack mode, counted in this process: also count the windows in K groups (OUT/window-groups.safetensors), "
+        help="pack and chunk mode, counted in this process: also count the windows in K groups (OUT/window-groups.safetensors), "
              "so that analyze tests homogeneity with a null that keeps each window's tokens together (rotation; "
              "docs/calibration.md); 0: off. Only up to 4,096 positions (where analyze tests homogeneity) and while 16 bytes a "
              "token fit --memory-budget; not with --ray or --store", pipeline=False,
@@ -140,7 +140,8 @@ class CountInputs:
             "tokenizer": self.tokenizer,
             **self.spec.to_metadata(),
             **self.metadata,
-            **({"window_groups": self.window_groups} if self.window_groups and self.spec.mode == "pack" else {}),
+            **({"window_groups": self.window_groups} if self.window_groups and self.spec.mode in ("pack", "chunk")
+               else {}),
             **extra,
         }
 

@@ -519,7 +519,7 @@ class CountAccumulator:
         self._pack_documents = False  # a document with a kept token was seen in the stream
         self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
         self._groups = None
-        if window_groups and spec.mode == "pack":
+        if window_groups and spec.mode in ("pack", "chunk"):
             self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block)
 
     # -- public -------------------------------------------------------------------
@@ -531,7 +531,9 @@ class CountAccumulator:
         self.sequences += batch.rows
         stream = self._pack_source
         values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
-        if self._groups is not None:
+        if self._groups is not None and self.spec.mode == "chunk":
+            self._groups.add_complete_windows(values, starts, lengths)
+        elif self._groups is not None:
             if self._pack_source != stream:
                 self._groups.end_stream()
             self._groups.add_windows(values, starts, lengths, head)
@@ -554,8 +556,8 @@ class CountAccumulator:
         return self.add(TokenBatch.from_sequences(list(sequences)))
 
     def window_groups(self) -> Any:
-        """The pack-mode counts by window group
-        (:class:`~posstats.counting.window_groups.WindowGroups`), or None: not pack mode,
+        """The counts by window group
+        (:class:`~posstats.counting.window_groups.WindowGroups`), or None: not pack or chunk mode,
         ``window_groups=0``, or a piece of a stream (:meth:`start_piece`: the stitching
         keeps no windows). Ends the counting of groups: call once, at the end."""
         counter = self.window_group_counter()

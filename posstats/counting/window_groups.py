@@ -1,4 +1,5 @@
-"""Pack-mode counts by window group: what a homogeneity null that respects windows needs.
+"""Counts by window group (pack and chunk mode): what a homogeneity null that respects
+windows needs.
 
 In ``pack`` mode a corpus is one stream cut into windows of n tokens, and nearby tokens of
 a window are dependent (consecutive text). The counts ``C[i, v]`` keep no windows, so a
@@ -15,9 +16,12 @@ stream cut into windows s tokens later. Every pair of consecutive tokens inside 
 stays consecutive; only the joins between blocks are cut
 (:mod:`posstats.estimates.rotation`).
 
-A window cut short (the end of a stream, fewer than n tokens) is counted in a last block of
-rows, the *tail*, which no rotation moves: rotations then keep every position's occupancy
-exactly. ``sum_g C^g + tail`` is the corpus' counts (:meth:`WindowGroups.total`).
+A window cut short (the end of a pack-mode stream, or a document's last window in
+``chunk`` mode: fewer than n tokens) is counted in a last block of rows, the *tail*, which
+no rotation moves: rotations then keep every position's occupancy exactly. In ``chunk``
+mode the full windows of consecutive documents form the blocks; a block then spans a few
+document boundaries, which a rotation treats as stream (the null: positions of a document
+are not special, its first included). ``sum_g C^g + tail`` is the corpus' counts (:meth:`WindowGroups.total`).
 
 Storage: one ((K + 1) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i) and
 the tail's rows ``K n + i``.
@@ -162,6 +166,23 @@ class WindowGroupCounter:
             length = int(lengths[-1])
             self._open[:length] = values[starts[-1]:starts[-1] + length]
             self._open_len = length
+
+    def add_complete_windows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, /) -> None:
+        """One batch's windows in ``chunk`` mode, each complete (window k holds
+        ``values[starts[k] + j]`` at position j < ``lengths[k]``): the full ones go to
+        their groups in order, the short ones (a document's last window) to the tail."""
+        n = self.positions
+        starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        full = lengths == n
+        if full.any():
+            self.add_windows(values, starts[full], lengths[full], None)
+        if not full.all():
+            short_starts, short_lengths = starts[~full], lengths[~full]
+            rows = np.full((short_starts.size, self._padded), self._pad, dtype=self._sorted.token_dtype)
+            j = np.arange(n, dtype=np.int64)
+            inside = j < short_lengths[:, None]
+            rows[:, :n][inside] = values[(short_starts[:, None] + j)[inside]]
+            self._commit(rows, self.groups)
 
     def end_stream(self) -> None:
         """The stream ended: its open window (cut short) goes to the tail."""

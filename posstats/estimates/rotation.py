@@ -2,8 +2,8 @@
 
 **Why.** The permutation null (:mod:`posstats.estimates.permutation`) shuffles tokens
 across positions, which is the exact null when tokens are independent. In ``pack`` mode a
-window is consecutive text: its nearby tokens are dependent, and the rows of the counts
-are correlated. Under that dependence the homogeneity statistic ``S`` has a wider law than
+window is consecutive text (in ``chunk`` mode too): its nearby tokens are dependent, and
+the rows of the counts are correlated. Under that dependence the homogeneity statistic ``S`` has a wider law than
 the shuffled corpora give it, and the test rejected 9 of 112 chunks of real packed text
 (Shakespeare, n = 16) at its 2.5 % level (docs/calibration.md).
 

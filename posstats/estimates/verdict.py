@@ -24,8 +24,8 @@ positions one distribution) is at most 5 %, split between two tests of that one 
   of :mod:`posstats.estimates.permutation` on ``sum_i N_i d_i``, powerful where many
   positions move a little (a drift), where no single one stands out. Computed with the
   shuffle null (up to 4,096 rows by default); above, the standouts alone decide. Its null
-  corpora shuffle tokens across positions (``method: permutation``) or, for a pack-mode
-  corpus counted with its window groups, rotate groups of windows (``method: rotation``,
+  corpora shuffle tokens across positions (``method: permutation``) or, for a pack- or
+  chunk-mode corpus counted with its window groups, rotate groups of windows (``method: rotation``,
   :mod:`posstats.estimates.rotation`), which keeps the dependence inside windows.
 - **Non-stationary** (H1 of THEORY.md section 6) and **positions distinguishable**: either
   test rejects. Level <= 2.5 % + 2.5 % = 5 %.

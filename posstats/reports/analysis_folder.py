@@ -110,7 +110,7 @@ def analyze_to(
     ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity
     (:func:`posstats.runs.noise_parts.corpus_parts`). ``report.json`` records
     ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report. A
-    pack-mode counts folder with its window groups
+    pack- or chunk-mode counts folder with its window groups
     (:func:`~posstats.counting.window_groups_io.load_window_groups`) gives the homogeneity
     test its null that respects windows.
     """
@@ -119,7 +119,7 @@ def analyze_to(
         parts = corpus_parts(counts, noise_floor=True, noise_parts=config.noise_parts, tokenizer=config.tokenizer,
                              store=store, parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
     groups = None
-    if counts.spec.mode == "pack":  # posstats run counts into stage itself; analyze reads a counts folder
+    if counts.spec.mode in ("pack", "chunk"):  # posstats run counts into stage itself; analyze reads a counts folder
         place = stage if window_groups_file(stage) is not None else counts_path
         groups = load_window_groups(place, counts) if place else None
     result = analyze(counts, config, parts=parts, window_groups=groups)

@@ -105,7 +105,7 @@ def window_groups_to_count(inputs: CountInputs, /, *, tokens: int, budget_bytes:
     default, so nothing would read them) and ``16 x tokens`` bytes within ``budget_bytes``
     (the groups' keys and counts)."""
     k, spec = int(inputs.window_groups), inputs.spec
-    if spec.mode != "pack" or k <= 0:
+    if spec.mode not in ("pack", "chunk") or k <= 0:
         return 0, None
     if spec.positions > WINDOW_GROUP_POSITIONS:
         return 0, (f"{spec.positions:,} positions: analyze tests homogeneity up to {WINDOW_GROUP_POSITIONS:,} rows "
