@@ -57,8 +57,8 @@ from posstats.estimates.pair_jackknife import (
     pair_noise_share,
     pair_replicates,
 )
-from posstats.estimates.permutation import monte_carlo_p_value, permutation_null
-from posstats.estimates.rotation import rotation_null
+from posstats.estimates.permutation import permutation_null
+from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
 from posstats.estimates.sampling_variance import position_sampling_variance
@@ -735,9 +735,9 @@ def analyze(
             tokens are split at random (:mod:`posstats.estimates.thinning`).
         window_groups: pack- or chunk-mode counts by window group
             (:class:`~posstats.counting.window_groups.WindowGroups`, counted with
-            ``counts``): the homogeneity test then draws its null by rotating groups of
-            windows (:mod:`posstats.estimates.rotation`), which keeps the dependence inside
-            windows, instead of shuffling tokens.
+            ``counts``): the null corpora of the homogeneity and rank tests are then
+            groups of windows rotated (:mod:`posstats.estimates.rotation`), which keeps
+            the dependence inside windows, instead of tokens shuffled across positions.
 
     Up to ``config.exact_limit`` geometry rows the (m, m) squared distances
     ``D = hellinger_sq(rows)`` are computed once and shared by the MDS, the stress, the
@@ -885,9 +885,8 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     else:
         geometry = _exact_geometry(g, bias, config, timings, show_progress)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
-                                      distances=geometry.distances)
-    if homogeneity is not None:
-        homogeneity = _window_homogeneity(homogeneity, window_groups, counts, g, config, timings, show_progress)
+                                      distances=geometry.distances,
+                                      windows=_usable_window_groups(window_groups, counts, g))
     if null is not None:
         sections["null"] = null
     # the verdict ties every encoding when no test found structure (estimates.verdict):
@@ -1593,12 +1592,16 @@ def _null_section(
     show_progress: bool | None,
     *,
     distances: np.ndarray | None = None,
+    windows: tuple[Any, str | None] = (None, None),
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(null, homogeneity)`` report sections: how many MDS components stand above a null
-    corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same shuffled
-    corpora, the permutation test of homogeneity (:mod:`posstats.estimates.permutation`;
-    None without a shuffle null). With the exact path's (m, m) ``distances`` the null also
-    says which share of their sum sampling noise alone reaches (``distance_noise``)."""
+    corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
+    the test of homogeneity (None without them). The null corpora are shuffled
+    (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
+    (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`:
+    the dependence inside windows kept, for both tests). With the exact path's (m, m)
+    ``distances`` the null also says which share of their sum sampling noise alone reaches
+    (``distance_noise``)."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
     if choice == "none":
@@ -1606,15 +1609,22 @@ def _null_section(
     t = time.perf_counter()
     lam = np.asarray(mds.eigenvalues, dtype=np.float64)
     homogeneity = None
+    groups, why_not = windows
     if choice == "shuffle":
-        with progress(total=config.null_replicates, desc="shuffled corpora", unit="corpus", enabled=show_progress) as bar:
-            perm = permutation_null(g.rows, replicates=config.null_replicates, corrected=bias is not None,
-                                    eigen_replicates=_eigen_replicates(m, config.null_replicates),
-                                    seed=config.seed, progress=bar.update)
+        options = {"replicates": config.null_replicates, "corrected": bias is not None, "seed": config.seed,
+                   "eigen_replicates": _eigen_replicates(m, config.null_replicates)}
+        what = "rotated corpora" if groups is not None else "shuffled corpora"
+        with progress(total=config.null_replicates, desc=what, unit="corpus", enabled=show_progress) as bar:
+            if groups is not None:
+                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options)
+            else:
+                perm = permutation_null(g.rows, progress=bar.update, **options)
         nr = null_rank(lam, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {
-            "method": "permutation",
+            "method": "permutation" if groups is None else "rotation",
+            **({"window_groups": int(groups.groups)} if groups is not None else {}),
+            **({"window_null": why_not} if why_not else {}),
             "statistic": perm.homogeneity,
             "statistic_formula": "S = sum_i N_i d_H^2(mu_hat_i, pooled), plug-in",
             "null_max": float(np.max(perm.null_homogeneity)),
@@ -1641,48 +1651,26 @@ def _null_section(
         out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
+        out["null_corpora"] = "rotated" if groups is not None else "shuffled"
         if distances is not None:
             out["distance_noise"] = _distance_noise_entry(perm, distances)
     return out, homogeneity
 
 
-def _window_homogeneity(homogeneity: dict[str, Any], groups: Any, counts: PositionalCounts, g: _Rows,
-                        config: AnalysisConfig, timings: dict[str, float],
-                        show_progress: bool | None) -> dict[str, Any]:
-    """The ``homogeneity`` section with the null that respects windows where it applies:
-    a pack- or chunk-mode corpus counted with its window groups, its rows neither bucketed
-    nor held apart. The data's ``S`` is the permutation test's; the null is ``R`` rotated corpora
-    (:func:`posstats.estimates.rotation.rotation_null`), and the permutation test's
-    p-value stays in the section (``permutation_p_value``) for comparison. Elsewhere the
-    section is returned as it is, with ``window_null`` saying why (pack and chunk mode)."""
+def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tuple[Any, str | None]:
+    """``(groups, None)`` when the null corpora can be rotated groups of windows: a pack- or
+    chunk-mode corpus counted with its window groups, its rows neither bucketed nor held
+    apart; else ``(None, why not)`` in pack and chunk mode (the report's
+    ``homogeneity.window_null``) and ``(None, None)`` in truncate mode."""
     if counts.spec.mode not in ("pack", "chunk"):
-        return homogeneity
-    why = None
+        return None, None
     if groups is None:
-        why = "no window groups were counted (posstats count --window-groups K in this process, not --ray/--store)"
-    elif g.buckets is not None or g.ranged:
-        why = "the rows are bucketed or held apart"
-    elif groups.positions != counts.positions:
-        why = f"the window groups have {groups.positions} positions, the counts {counts.positions}"
-    if why is not None:
-        return {**homogeneity, "window_null": why}
-    t = time.perf_counter()
-    with progress(total=config.null_replicates, desc="rotated corpora", unit="corpus", enabled=show_progress) as bar:
-        null = rotation_null(groups, rows=g.index, replicates=config.null_replicates, seed=config.seed,
-                             progress=bar.update)
-    timings["rotation_null"] = time.perf_counter() - t
-    observed = float(homogeneity["statistic"])
-    return {
-        **homogeneity,
-        "method": "rotation",
-        "window_groups": int(groups.groups),
-        "null_max": float(np.max(null)),
-        "p_value": monte_carlo_p_value(observed, null),
-        "replicates": int(null.size),
-        "level": 1.0 / (null.size + 1),
-        "rejected": bool(observed > np.max(null)),
-        "permutation_p_value": homogeneity["p_value"],
-    }
+        return None, "no window groups were counted (posstats count --window-groups K in this process, not --ray/--store)"
+    if g.buckets is not None or g.ranged:
+        return None, "the rows are bucketed or held apart"
+    if groups.positions != counts.positions:
+        return None, f"the window groups have {groups.positions} positions, the counts {counts.positions}"
+    return groups, None
 
 
 def _distance_noise_entry(perm: Any, distances: np.ndarray) -> dict[str, Any]:

@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from posstats.counting.window_groups import WindowGroups
-from posstats.estimates.permutation import homogeneity_statistic
+from posstats.estimates.permutation import PermutationNull, homogeneity_statistic, null_geometry
 
-__all__ = ["rotated_statistic", "rotation_null"]
+__all__ = ["rotated_statistic", "rotation_null", "rotation_null_corpora"]
 
 
 def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
@@ -123,3 +123,59 @@ def rotation_null(
             progress(1)
     return out
 
+
+def rotation_null_corpora(
+    groups: WindowGroups,
+    data_rows: Any,
+    /,
+    *,
+    rows: Any = None,
+    replicates: int = 39,
+    eigen_replicates: int | None = None,
+    corrected: bool = False,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> PermutationNull:
+    """The rotation counterpart of :func:`posstats.estimates.permutation.permutation_null`:
+    R rotated corpora and, from them, the homogeneity statistic of each and, for the first
+    ``eigen_replicates``, the top eigenvalue of its MDS Gram matrix and its distance sum
+    (:func:`posstats.estimates.permutation.null_geometry`), so that the rank test too
+    compares the data with corpora that keep the dependence inside windows (dependence
+    between nearby positions gives the shuffled corpora no such structure, and the rank
+    test against them finds "components" in every dependent stream: docs/calibration.md).
+
+    Args:
+        groups: the counts by window group.
+        data_rows: (m, V) the data's geometry rows (their ``S`` is the observed statistic).
+        rows: the positions ``data_rows`` are (default all n).
+        replicates, seed, progress: as :func:`rotation_null` (the same offsets).
+        eigen_replicates: how many of them also give the top eigenvalue and distance sum
+            (default all).
+        corrected: eigenvalues on the bias-corrected scale.
+
+    Returns:
+        A :class:`~posstats.estimates.permutation.PermutationNull` whose null corpora are
+        the rotated ones.
+    """
+    if replicates < 1:
+        msg = f"a rotation null needs at least 1 replicate, got {replicates}"
+        raise ValueError(msg)
+    eigen = replicates if eigen_replicates is None else int(eigen_replicates)
+    if not 1 <= eigen <= replicates:
+        msg = f"eigen_replicates must be in 1..{replicates}, got {eigen_replicates}"
+        raise ValueError(msg)
+    every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
+    s_null, top, sums = np.empty(replicates), np.empty(eigen), np.empty(eigen)
+    for r in range(replicates):
+        shifts = np.random.default_rng([seed, r]).integers(0, groups.positions, groups.groups)
+        if r < eigen or not every_row:
+            rotated = groups.rotated(shifts)
+            rotated = rotated if every_row else rotated[np.asarray(rows)]
+            s_null[r] = homogeneity_statistic(rotated)
+            if r < eigen:
+                top[r], sums[r] = null_geometry(rotated, corrected=corrected)
+        else:
+            s_null[r] = rotated_statistic(groups, shifts)
+        if progress is not None:
+            progress(1)
+    return PermutationNull(int(replicates), homogeneity_statistic(data_rows), s_null, top, bool(corrected), sums)
