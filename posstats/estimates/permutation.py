@@ -56,6 +56,7 @@ from posstats.geometry.mds import gram_in_place
 
 __all__ = [
     "PermutationNull",
+    "checked_replicates",
     "distance_sum",
     "homogeneity_statistic",
     "monte_carlo_p_value",
@@ -245,6 +246,20 @@ class PermutationNull:
         return 1.0 / (self.null_top_eigenvalues.size + 1)
 
 
+def checked_replicates(replicates: int, eigen_replicates: int | None = None, /, *, null: str) -> int:
+    """The number of replicates that also give eigenvalues (``eigen_replicates``, default
+    all ``replicates``), after checking ``1 <= eigen_replicates <= replicates`` (a one-line
+    ValueError naming the ``null``, e.g. ``"permutation"``, otherwise)."""
+    if replicates < 1:
+        msg = f"a {null} null needs at least 1 replicate, got {replicates}"
+        raise ValueError(msg)
+    eigen = replicates if eigen_replicates is None else int(eigen_replicates)
+    if not 1 <= eigen <= replicates:
+        msg = f"eigen_replicates must be in 1..{replicates}, got {eigen_replicates}"
+        raise ValueError(msg)
+    return eigen
+
+
 def permutation_null(
     rows: Any,
     /,
@@ -260,13 +275,7 @@ def permutation_null(
     ``eigen_replicates`` of them (default all; the costly part for many rows), its top
     eigenvalue and distance sum (module docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``;
     ``progress(1)`` is called after each."""
-    if replicates < 1:
-        msg = f"a permutation null needs at least 1 replicate, got {replicates}"
-        raise ValueError(msg)
-    eigen = replicates if eigen_replicates is None else int(eigen_replicates)
-    if not 1 <= eigen <= replicates:
-        msg = f"eigen_replicates must be in 1..{replicates}, got {eigen_replicates}"
-        raise ValueError(msg)
+    eigen = checked_replicates(replicates, eigen_replicates, null="permutation")
     c = _csr(rows)
     if c.dtype.kind not in "iu":
         if not np.array_equal(c.data, np.round(c.data)):

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from posstats.counting.window_groups import WindowGroups
-from posstats.estimates.permutation import PermutationNull, homogeneity_statistic, null_geometry
+from posstats.estimates.permutation import PermutationNull, checked_replicates, homogeneity_statistic, null_geometry
 
 __all__ = ["rotated_statistic", "rotation_null", "rotation_null_corpora"]
 
@@ -108,9 +108,7 @@ def rotation_null(
         (R,) float64: ``S`` of each rotated corpus, to compare with the data's
         (:func:`posstats.estimates.permutation.monte_carlo_p_value`).
     """
-    if replicates < 1:
-        msg = f"a rotation null needs at least 1 replicate, got {replicates}"
-        raise ValueError(msg)
+    checked_replicates(replicates, null="rotation")
     out = np.empty(replicates)
     every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     for r in range(replicates):
@@ -157,13 +155,7 @@ def rotation_null_corpora(
         A :class:`~posstats.estimates.permutation.PermutationNull` whose null corpora are
         the rotated ones.
     """
-    if replicates < 1:
-        msg = f"a rotation null needs at least 1 replicate, got {replicates}"
-        raise ValueError(msg)
-    eigen = replicates if eigen_replicates is None else int(eigen_replicates)
-    if not 1 <= eigen <= replicates:
-        msg = f"eigen_replicates must be in 1..{replicates}, got {eigen_replicates}"
-        raise ValueError(msg)
+    eigen = checked_replicates(replicates, eigen_replicates, null="rotation")
     every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     s_null, top, sums = np.empty(replicates), np.empty(eigen), np.empty(eigen)
     for r in range(replicates):
