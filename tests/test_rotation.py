@@ -146,6 +146,13 @@ def test_window_groups_file_round_trip_and_refusal(tmp_path):
     other, _ = _pack(np.random.default_rng(4).integers(0, 9, 6 * 20 + 2), 6, 9, 4)
     with pytest.raises(InputError, match=WINDOW_GROUPS_FILE.replace(".", r"\.") + ".*belongs to other counts"):
         load_window_groups(tmp_path, other.__class__(**{**other.__dict__, "fingerprint": "x"}))
+    # a header whose group count disagrees with the rows stored is refused before any use
+    from posstats.counting.window_groups import WindowGroups
+
+    (tmp_path / "lying").mkdir()
+    save_window_groups(WindowGroups(10**6, 6, wg.matrix, wg.windows), counts, tmp_path / "lying")
+    with pytest.raises(InputError, match="rows stored"):
+        load_window_groups(tmp_path / "lying", counts)
     (tmp_path / "empty").mkdir()
     assert load_window_groups(tmp_path / "empty", counts) is None
 

@@ -101,8 +101,12 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
         if k < 1:
             msg = f"{target}: groups = {k}, must be >= 1; count again"
             raise InputError(msg)
-        matrix = _csr_from(target, f.get_tensor("indptr"), f.get_tensor("indices"), f.get_tensor("data"),
-                           ((k + 1) * n, vocab))
+        indptr = f.get_tensor("indptr")
+        if indptr.shape != ((k + 1) * n + 1,):
+            msg = (f"{target}: {indptr.shape[0] - 1:,} rows stored, the header's {k} groups of {n} positions and "
+                   f"their tail need {(k + 1) * n:,}; count again")
+            raise InputError(msg)
+        matrix = _csr_from(target, indptr, f.get_tensor("indices"), f.get_tensor("data"), ((k + 1) * n, vocab))
     if int(matrix.sum()) != tokens:
         msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
         raise InputError(msg)
