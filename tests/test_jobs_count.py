@@ -38,6 +38,7 @@ from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import counts_file, load_counts, save_counts
+from posstats.jobs.count import STEP_WINDOW_GROUPS_SKIPPED
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"
@@ -100,8 +101,12 @@ def safetensors_parts(path: Path):
 
 
 def assert_same_output(ref: Path, got: Path) -> None:
-    """The Ray output folder has the single-process files, with bit-identical counts."""
-    assert {p.name for p in ref.iterdir()} == {p.name for p in got.iterdir()} - {"store"}
+    """The Ray output folder has the single-process files, with bit-identical counts; only
+    the single process counts the window groups (pack and chunk mode), and the count in
+    steps says why not in its count.json."""
+    groups = {"window-groups.safetensors"}
+    assert {p.name for p in ref.iterdir()} - groups == {p.name for p in got.iterdir()} - {"store"}
+    assert not (got / "window-groups.safetensors").exists()
     a, b = load_counts(ref), load_counts(got)
     assert a.equals(b) and a.is_sparse == b.is_sparse
     assert (a.fingerprint, a.metadata, a.spec) == (b.fingerprint, b.metadata, b.spec)
@@ -112,8 +117,12 @@ def assert_same_output(ref: Path, got: Path) -> None:
     head_b, data_b = safetensors_parts(file_b)
     assert head_a == head_b and data_a == data_b
     sa, sb = json.loads((ref / "count.json").read_text()), json.loads((got / "count.json").read_text())
-    for key in sa.keys() - {"seconds", "tokens_per_s"}:
+    for key in sa.keys() - {"seconds", "tokens_per_s", "window_groups"}:
         assert sa[key] == sb[key], key
+    if "window_groups" in sa:  # requested (pack or chunk mode): written here, skipped in steps
+        assert sb["window_groups"] == {"skipped": STEP_WINDOW_GROUPS_SKIPPED}
+    else:
+        assert "window_groups" not in sb
     ca, cb = json.loads((ref / "config.json").read_text()), json.loads((got / "config.json").read_text())
     assert {k: v for k, v in cb.items() if k != "ray"} == ca
 
