@@ -12,6 +12,8 @@ against it:
 - :func:`markov_packed_counts`: a stationary stream with dependent tokens, packed into
   windows (the null hypothesis with the dependence of real packed text); ``sampler=
   "counts"`` draws a row of counts at a time, with independent windows.
+- :func:`successor_stream`: a stationary stream whose nearby tokens are strongly dependent
+  without repeating (the hard case of a homogeneity null that ignores windows).
 - :func:`split_counts`: every counted token split independently into parts, i.e.
   independent samples of each position when the tokens are independent (as in a
   generated corpus). The analysis splits counted tokens the same way, streamed
@@ -35,7 +37,8 @@ import scipy.sparse as sp
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.estimates.noise import poisson_rows
 
-__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "split_counts", "synthetic_counts"]
+__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "split_counts",
+           "successor_stream", "synthetic_counts"]
 
 
 def split_counts(counts: PositionalCounts, /, *, parts: int = 2, seed: int = 0) -> tuple[PositionalCounts, ...]:
@@ -456,6 +459,28 @@ def markov_stream(n: int, /, *, windows: int, stay: float = 0.5, vocab: int = 50
         raise ValueError(msg)
     rng = np.random.default_rng(seed)
     return np.concatenate(list(_markov_stream_blocks(int(n) * int(windows), stay, _zipf(vocab, exponent, 1.0), rng)))
+
+
+def successor_stream(total: int, /, *, stay: float, vocab: int, rng: np.random.Generator) -> np.ndarray:
+    """(total,) int64 token ids in [0, ``vocab``): a stationary stream whose next token is
+    the previous one + 1 (mod V) with probability ``stay``, else a uniform draw. Every
+    position of its windows has the uniform law, and nearby tokens are strongly dependent
+    without repeating: the mean of the homogeneity statistic does not drop while its spread
+    widens, the case that makes a null treating a window's tokens as independent liberal
+    (docs/calibration.md, "The homogeneity test under dependent tokens").
+
+    >>> successor_stream(6, stay=1.0, vocab=4, rng=np.random.default_rng(0)).tolist()
+    [3, 0, 1, 2, 3, 0]
+    """
+    if not 0.0 <= stay <= 1.0:
+        msg = f"stay must be in [0, 1], got {stay}"
+        raise ValueError(msg)
+    fresh = rng.integers(0, vocab, total)
+    step = rng.random(total) < stay
+    if total:
+        step[0] = False
+    reset = np.maximum.accumulate(np.where(step, 0, np.arange(total)))  # the last fresh draw at or before t
+    return (fresh[reset] + np.arange(total) - reset) % vocab
 
 
 def _markov_window_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: np.random.Generator) -> sp.csr_array:

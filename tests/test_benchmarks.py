@@ -312,3 +312,18 @@ def test_bench_pack_homogeneity_small():
     assert real.shape == (16, vocab) and (real.sum(axis=1) == 200).all()  # pack mode: one token a window a row
     assert (real.sum(axis=0) == moved.sum(axis=0)).all() and (real != moved).nnz > 0
     assert (real[[3]].toarray().ravel() == np.bincount(ids[3:3200:16], minlength=vocab)).all()
+
+
+def test_bench_rotation_short_windows_small():
+    """bench_rotation_short_windows.py: one row per length range and planted share, each
+    with the share of tokens in full windows and both tests' rejection counts; documents
+    of exactly n tokens fill only full windows, shorter ones leave some in the tail."""
+    r = run_bench("bench_rotation_short_windows.py", "--planted", "0,0.5", "--corpora", "2", "--lengths", "16-16,2-17",
+                  "--tokens", "3000")
+    assert r["benchmark"] == "rotation_short_windows" and r["level"] == 0.025 and len(r["rows"]) == 4
+    share = {(row["lengths"], row["planted"]): row["full_window_share"] for row in r["rows"]}
+    assert share[("16-16", 0.0)] == 1.0 and 0.0 < share[("2-17", 0.0)] < 0.5
+    for row in r["rows"]:
+        assert row["rotation"]["of"] == row["permutation"]["of"] == 2
+    # half of positions 0-3 from private ids: found by both tests, a tail or not
+    assert all(row["rotation"]["count"] == 2 for row in r["rows"] if row["planted"] == 0.5)
