@@ -38,6 +38,7 @@ from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import counts_file, load_counts, save_counts
+from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE
 from posstats.jobs.count import STEP_WINDOW_GROUPS_SKIPPED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,9 +105,8 @@ def assert_same_output(ref: Path, got: Path) -> None:
     """The Ray output folder has the single-process files, with bit-identical counts; only
     the single process counts the window groups (pack and chunk mode), and the count in
     steps says why not in its count.json."""
-    groups = {"window-groups.safetensors"}
-    assert {p.name for p in ref.iterdir()} - groups == {p.name for p in got.iterdir()} - {"store"}
-    assert not (got / "window-groups.safetensors").exists()
+    assert {p.name for p in ref.iterdir()} - {WINDOW_GROUPS_FILE} == {p.name for p in got.iterdir()} - {"store"}
+    assert not (got / WINDOW_GROUPS_FILE).exists()
     a, b = load_counts(ref), load_counts(got)
     assert a.equals(b) and a.is_sparse == b.is_sparse
     assert (a.fingerprint, a.metadata, a.spec) == (b.fingerprint, b.metadata, b.spec)

@@ -30,10 +30,6 @@ def _pack(stream: np.ndarray, n: int, vocab: int, groups: int, block: int = 1):
     return acc.result(), wg
 
 
-def _successor_stream(total: int, stay: float, vocab: int, rng: np.random.Generator) -> np.ndarray:
-    return successor_stream(total, stay=stay, vocab=vocab, rng=rng)
-
-
 @pytest.mark.parametrize("separator", [None, 7])
 def test_window_groups_add_up_to_the_counts_over_batches_and_streams(separator):
     """Groups + tail = the pack-mode counts, whatever the batches, separators and streams
@@ -106,7 +102,7 @@ def test_rotation_test_holds_its_level_where_the_permutation_test_does_not():
     permutation = rotation = 0
     for k in range(streams):
         rng = np.random.default_rng(k)
-        counts, wg = _pack(_successor_stream(n * windows, 0.9, 200, rng), n, 200, 64, block=windows // 64)
+        counts, wg = _pack(successor_stream(n * windows, stay=0.9, vocab=200, rng=rng), n, 200, 64, block=windows // 64)
         rows = sp.csr_array(counts.matrix)
         s = homogeneity_statistic(rows)
         permutation += s > max(homogeneity_statistic(shuffled_rows(rows, rng)) for _ in range(39))
@@ -123,7 +119,7 @@ def test_rotation_test_finds_a_planted_position():
     found = 0
     for k in range(streams):
         rng = np.random.default_rng(100 + k)
-        x = _successor_stream(n * windows, 0.9, 200, rng).reshape(windows, n)
+        x = successor_stream(n * windows, stay=0.9, vocab=200, rng=rng).reshape(windows, n)
         hit = rng.random((windows, 4)) < 0.3
         x[:, :4][hit] = 200 + rng.integers(0, 20, int(hit.sum()))
         counts, wg = _pack(x.ravel(), n, vocab, 64, block=windows // 64)
@@ -215,7 +211,7 @@ def test_chunk_mode_window_groups_add_up_and_short_windows_stay():
 
 def _documents(lengths: np.ndarray, stay: float, vocab: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Independent documents, each a successor stream started from its stationary (uniform) law."""
-    return [_successor_stream(int(m), stay, vocab, rng) for m in lengths]
+    return [successor_stream(int(m), stay=stay, vocab=vocab, rng=rng) for m in lengths]
 
 
 def test_rotation_test_holds_its_level_in_chunk_mode():
