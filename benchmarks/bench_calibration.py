@@ -17,6 +17,10 @@ Prints one JSON object with five tables, each row with its uncertainty:
    Errors are unclipped (clipping at 0 is a separate, visible step of the analysis).
 2. ``decisions``: ``posstats.analyze`` with its default options (held-out scores off: no
    decision reads them) at each n of ``--positions`` and each N:
+   With the ``tokens`` sampler up to 4,096 positions every corpus comes with the window
+   groups ``posstats count`` writes (truncate mode since 2026-12-01: document t in group
+   t mod 64), so homogeneity and rank are tested against rotated corpora, as for a counted
+   corpus; the ``counts`` sampler keeps no documents (shuffled corpora).
    - ``stationary`` corpora (every position the base distribution, ``--seeds`` of them):
      the fraction in which the report claims structure (components above noise, any
      standout, "positions distinguishable", "non-stationary", an encoding named better
@@ -250,10 +254,12 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                     groups = None
                     if kind == "pack_markov" and sampler == "tokens" and n <= WINDOW_GROUP_POSITIONS:
                         counts, groups = _packed_with_groups(n, N, seed_k)
-                    else:
-                        counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler)
-                                          if kind == "pack_markov"
-                                          else known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler).counts)
+                    elif kind == "pack_markov":
+                        counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler))
+                    else:  # with the tokens sampler up to 4,096 positions: the window groups posstats count writes
+                        k = DEFAULT_WINDOW_GROUPS if sampler == "tokens" and n <= WINDOW_GROUP_POSITIONS else 0
+                        corpus = known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler, window_groups=k)
+                        counts, groups = _compact(corpus.counts), corpus.window_groups
                     t_corpus = time.perf_counter()
                     report = analyze(counts, cfg, window_groups=groups).report()
                     claims = _claims(report)

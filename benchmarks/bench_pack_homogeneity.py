@@ -23,6 +23,13 @@ chunk's tokens shuffled across its positions (independent tokens with the same c
 :func:`posstats.estimates.permutation.shuffled_rows`), which the test's level covers by
 construction.
 
+With ``--mode truncate`` the stream is cut into consecutive documents of random lengths
+(``--document-lengths``, default n/2 to 2n), counted in truncate mode: each document from
+its first token, the first n kept, a chunk being ``--windows`` documents. A document starts
+at an offset unrelated to n, so H0 holds too, with the dependence of real text inside each
+truncated document (the case of a truncate-mode corpus of running text); the rotation null
+rotates the full ones, the shorter ones stay in place.
+
 With ``--markov-stay`` the null corpora are ``--streams`` Markov streams instead
 (:func:`posstats.testing.markov_stream`: one stream of ``--windows`` windows of n tokens,
 each token repeating the previous one with probability ``--markov-stay``, else a fresh
@@ -96,6 +103,30 @@ def packed_counts(ids: np.ndarray, n: int, vocab: int, groups: int = 0) -> tuple
     return sp.csr_array(acc.result().matrix), window_groups
 
 
+def truncated_counts(ids: np.ndarray, lengths: np.ndarray, n: int, vocab: int, groups: int = 0) -> tuple[sp.csr_array, object]:
+    """``(counts, window groups)`` of the stream ``ids`` cut into consecutive documents of
+    ``lengths`` tokens (summing to ``ids.size``), counted in truncate mode by posstats' own
+    counter (each document's first n tokens; a shorter one in the groups' tail) with the
+    window groups ``posstats count`` writes (one window a block: no two are consecutive text)."""
+    from posstats.corpus.count_step import window_block
+    from posstats.counting.counts import CountAccumulator, CountSpec
+
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="truncate"), dense=False, window_groups=groups,
+                           window_block=window_block(ids.size, n, groups, mode="truncate"))
+    acc.add_sequences(np.split(ids, np.cumsum(lengths)[:-1]))
+    window_groups = acc.window_groups()
+    return sp.csr_array(acc.result().matrix), window_groups
+
+
+def document_lengths(total: int, lo: int, hi: int, rng: np.random.Generator) -> np.ndarray:
+    """Lengths uniform on ``[lo, hi]`` that cut ``total`` tokens into documents (the last
+    one takes the rest, at most ``hi``)."""
+    lengths = rng.integers(lo, hi + 1, total // lo + 1)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), total)) + 1]
+    lengths[-1] -= int(lengths.sum()) - total
+    return lengths[lengths > 0]
+
+
 def markov_corpus(n: int, windows: int, stay: float, vocab: int, k: int, groups: int = 0) -> tuple[sp.csr_array, object]:
     """Null corpus k of the ``--markov-stay`` mode and its window groups (``groups`` > 0):
     one Markov stream cut into windows (:func:`posstats.testing.markov_stream`, seed
@@ -132,6 +163,20 @@ def _summary(p: list[float], z: list[float], level: float) -> dict:
             "z_mean": round(float(z_arr.mean()), 3), "z_sd": round(float(z_arr.std(ddof=1)), 3) if z_arr.size > 1 else None}
 
 
+def _lengths(text: str | None, n: int, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """``(lo, hi)`` of ``--document-lengths`` (default ``(n // 2, 2 n)``); a bad range is a
+    one-line parser error."""
+    if text is None:
+        return max(1, n // 2), 2 * n
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        parser.error(f"--document-lengths takes LO-HI (two integers), got {text!r}")
+    if not 1 <= lo <= hi:
+        parser.error(f"--document-lengths needs 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--text", type=Path, default=SHARED if SHARED.exists() else BUNDLED,
@@ -144,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="null corpora from Markov streams with this repeat probability instead of the text")
     p.add_argument("--markov-vocab", type=int, default=5000, help="the Markov streams' vocabulary (default 5000)")
     p.add_argument("--streams", type=int, default=100, help="Markov streams per n (default 100)")
+    p.add_argument("--mode", choices=("pack", "truncate"), default="pack",
+                   help="pack: a chunk is --windows consecutive windows of n; truncate: --windows consecutive documents "
+                        "of --document-lengths tokens, each counted from its first token (its first n kept)")
+    p.add_argument("--document-lengths", default=None, metavar="LO-HI",
+                   help="truncate mode: document lengths, uniform on [LO, HI] (default n/2 to 2n: about a third "
+                        "shorter than n)")
     p.add_argument("--window-groups", type=int, default=64,
                    help="groups of windows of the rotation null (default 64, as posstats count); 0: no rotation test")
     args = p.parse_args(argv)
@@ -158,15 +209,29 @@ def main(argv: list[str] | None = None) -> int:
         out |= {"text": args.text.name, "tokens": int(ids.size), "vocab": vocab}
     else:
         out |= {"markov": {"stay": args.markov_stay, "vocab": args.markov_vocab, "streams": args.streams}}
+    if args.mode == "truncate" and args.markov_stay is not None:
+        p.error("--mode truncate cuts the text into documents; it takes no --markov-stay")
+    out["mode"] = args.mode
     for n in (int(x) for x in args.positions.split(",")):
         size = n * args.windows
         chunks = args.streams if args.markov_stay is not None else ids.size // size
         real_p, real_z, base_p, base_z, rot_p, rot_z = [], [], [], [], [], []
+        if args.mode == "truncate":
+            lo, hi = _lengths(args.document_lengths, n, p)
+            lengths = document_lengths(int(ids.size), lo, hi, np.random.default_rng(n))
+            chunks = lengths.size // args.windows
+            ends = np.r_[0, np.cumsum(lengths)]
         for k in range(chunks):
             rng = np.random.default_rng(k)
-            counts, groups = (markov_corpus(n, args.windows, args.markov_stay, args.markov_vocab, k, args.window_groups)
-                              if args.markov_stay is not None
-                              else packed_counts(ids[k * size:(k + 1) * size], n, vocab, args.window_groups))
+            if args.mode == "truncate":
+                docs = lengths[k * args.windows:(k + 1) * args.windows]
+                counts, groups = truncated_counts(ids[ends[k * args.windows]:ends[(k + 1) * args.windows]], docs, n,
+                                                  vocab, args.window_groups)
+            elif args.markov_stay is not None:
+                counts, groups = markov_corpus(n, args.windows, args.markov_stay, args.markov_vocab, k,
+                                               args.window_groups)
+            else:
+                counts, groups = packed_counts(ids[k * size:(k + 1) * size], n, vocab, args.window_groups)
             pk, zk = chunk_test(counts, args.replicates, rng)
             real_p.append(pk)
             real_z.append(zk)
@@ -178,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             base_p.append(pk)
             base_z.append(zk)
         cell = {"positions": n, "chunks": chunks}
+        if args.mode == "truncate":
+            cell["document_lengths"] = [lo, hi]
         if chunks:
             cell |= {"real": _summary(real_p, real_z, level), "baseline_shuffled": _summary(base_p, base_z, level)}
             if rot_p:

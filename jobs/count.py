@@ -1037,8 +1037,8 @@ def uses_store(args: argparse.Namespace, /) -> bool:
                 or getattr(args, "shard_size", None) is not None)
 
 
-STEP_WINDOW_GROUPS_SKIPPED = ("counted in steps (--ray or --store): the pieces of a stream are counted apart and keep "
-                              "no windows; analyze tests homogeneity with the permutation null")
+STEP_WINDOW_GROUPS_SKIPPED = ("counted in steps (--ray or --store): the shards are counted apart and keep no window "
+                              "groups; analyze tests homogeneity with the permutation null")
 
 
 def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: bool = True,
@@ -1055,7 +1055,7 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: 
       one at a time in this process. The counts stay on disk, never in the driver's memory.
 
     Every way gives bit-identical counts. Only the count in this process writes the counts by
-    window group (pack and chunk mode); a count in steps records why not in ``count.json``
+    window group; a count in steps records why not in ``count.json``
     (``window_groups.skipped``: :data:`STEP_WINDOW_GROUPS_SKIPPED`)."""
     if steps is None:
         return count_in_process(inputs, stage, budget_bytes=budget_bytes, keep=keep)
@@ -1066,7 +1066,7 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: 
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files, ray=ray_config))
     summary = count_job(inputs.source, inputs.spec, inputs.metadata, steps)
     link_or_copy(summary.pop("counts_path"), stage / summary["counts_file"])  # the result is never rewritten
-    if inputs.window_groups and inputs.spec.mode in ("pack", "chunk"):
+    if inputs.window_groups:
         summary["window_groups"] = {"skipped": STEP_WINDOW_GROUPS_SKIPPED}
     return None, summary
 

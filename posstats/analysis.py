@@ -733,7 +733,7 @@ def analyze(
         parts: 2 or 4 :class:`PositionalCounts` whose sum is the corpus (document or shard
             parity, :mod:`posstats.estimates.noise`), for the noise floor; None: the counted
             tokens are split at random (:mod:`posstats.estimates.thinning`).
-        window_groups: pack- or chunk-mode counts by window group
+        window_groups: the counts by window group
             (:class:`~posstats.counting.window_groups.WindowGroups`, counted with
             ``counts``): the null corpora of the homogeneity and rank tests are then
             groups of windows rotated (:mod:`posstats.estimates.rotation`), which keeps
@@ -1658,12 +1658,9 @@ def _null_section(
 
 
 def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tuple[Any, str | None]:
-    """``(groups, None)`` when the null corpora can be rotated groups of windows: a pack- or
-    chunk-mode corpus counted with its window groups, its rows neither bucketed nor held
-    apart; else ``(None, why not)`` in pack and chunk mode (the report's
-    ``homogeneity.window_null``) and ``(None, None)`` in truncate mode."""
-    if counts.spec.mode not in ("pack", "chunk"):
-        return None, None
+    """``(groups, None)`` when the null corpora can be rotated groups of windows: a corpus
+    counted with its window groups, its rows neither bucketed nor held apart; else
+    ``(None, why not)`` (the report's ``homogeneity.window_null``)."""
     if groups is None:
         return None, "no window groups were counted (posstats count --window-groups K in this process, not --ray/--store)"
     if g.buckets is not None or g.ranged:

@@ -27,6 +27,7 @@ against it:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.window_groups import WindowGroups
 from posstats.estimates.noise import poisson_rows
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "split_counts",
@@ -233,6 +235,10 @@ class KnownCorpus:
         permutation: (V,) the drift's relabelling (identity else): its second component gives
             id ``permutation[v]`` the base probability of id ``v``, the law of a base draw
             ``v`` written as ``permutation[v]`` (how the corpus is sampled).
+        window_groups: the counts by window group
+            (:class:`~posstats.counting.window_groups.WindowGroups`) when asked for: document
+            t (the t-th token of every position) in group ``t mod K``, as ``posstats count``
+            groups a truncate-mode corpus; else None.
     """
 
     counts: PositionalCounts
@@ -242,6 +248,7 @@ class KnownCorpus:
     mix: np.ndarray
     permutation: np.ndarray
     block: int = 20
+    window_groups: Any = None
 
     def mu(self, i: int, /) -> np.ndarray:
         """(V,) the true distribution of position ``i``."""
@@ -300,6 +307,7 @@ def known_corpus(
     block: int = 20,
     seed: int = 0,
     sampler: str = "tokens",
+    window_groups: int = 0,
 ) -> KnownCorpus:
     """A corpus sampled from known ``mu_i`` (:class:`KnownCorpus`), the calibration suite's truth.
 
@@ -318,8 +326,17 @@ def known_corpus(
             ``counts`` draws a row's counts at once by conditional binomials
             (``numpy.random.Generator.multinomial``): about 5x faster at N = 20,000
             (62-125 s instead of 6.5 min for 131,072 positions), for the long cells.
+        window_groups: K > 0 also gives the counts by window group of the same draws
+            (``KnownCorpus.window_groups``: the corpus is N documents of n tokens, document t
+            made of the t-th draw of every position, in group ``t mod K`` as ``posstats
+            count`` groups truncate-mode documents), so that the analysis tests homogeneity
+            with the rotation null as it does for a counted corpus; ``tokens`` sampler only
+            (``counts`` keeps no documents).
     """
     _sampler(sampler)
+    if window_groups and sampler != "tokens":
+        msg = f"window groups need the tokens sampler (the counts sampler keeps no documents), got {sampler!r}"
+        raise ValueError(msg)
     if kind not in KNOWN_KINDS:
         msg = f"kind must be one of {', '.join(KNOWN_KINDS)}, got {kind!r}"
         raise ValueError(msg)
@@ -338,19 +355,26 @@ def known_corpus(
         perm[:vocab] = rng.permutation(vocab)
     corpus = KnownCorpus(PositionalCounts(CountSpec(n, base.size), sp.csr_array((n, base.size), dtype=np.int64), 0, 0,
                                           0, "", {}), kind, base, planted, mix, perm, block)
-    counts = _SAMPLERS[sampler](corpus, n, int(tokens), rng)
+    groups = None
+    if window_groups:
+        counts, groups = _multinomial_rows(corpus, n, int(tokens), rng, groups=int(window_groups))
+    else:
+        counts = _SAMPLERS[sampler](corpus, n, int(tokens), rng)
     spec = CountSpec(positions=n, vocab_size=base.size)
     total = int(counts.sum())
     pc = PositionalCounts(spec, counts, int(tokens), int(tokens), total, "", {"known": f"{kind} N={tokens} seed={seed}"})
-    return KnownCorpus(pc, kind, base, planted, mix, perm, block)
+    return KnownCorpus(pc, kind, base, planted, mix, perm, block, groups)
 
 
-def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator) -> sp.csr_array:
+def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator, *, groups: int = 0) -> Any:
     """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, by inverse-CDF draws of the base
-    (and of the second component where ``mix > 0``), never an n x V array."""
+    (and of the second component where ``mix > 0``), never an n x V array. With ``groups =
+    K > 0``: ``(counts, WindowGroups)``, draw t of every row being document t, in group
+    ``t mod K`` (the same draws: the counts do not change)."""
     cdf = np.cumsum(corpus.base)
     cdf /= cdf[-1]
-    blocks = []
+    blocks, group_blocks = [], []
+    group_of = np.arange(tokens, dtype=np.int64) % groups if groups else None
     step = max(1, (1 << 24) // max(tokens, 1))
     for lo in range(0, n, step):
         hi = min(n, lo + step)
@@ -366,9 +390,19 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
         block = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, draws.reshape(-1))), shape=(hi - lo, corpus.base.size))
         block.sum_duplicates()  # a block at a time: memory of the counts, not of the draws
         blocks.append(block)
+        if groups:  # row g n + i: position i of group g's documents
+            g_rows = (group_of[None, :] * n + np.arange(lo, hi)[:, None]).reshape(-1)
+            g_block = sp.coo_array((np.ones(g_rows.size, dtype=np.int64), (g_rows, draws.reshape(-1))),
+                                   shape=((groups + 1) * n, corpus.base.size)).tocsr()
+            g_block.sum_duplicates()
+            group_blocks.append(g_block)
     m = sp.csr_array(sp.vstack(blocks, format="csr"))
     m.sum_duplicates()
-    return m
+    if not groups:
+        return m
+    grouped = sp.csr_array(functools.reduce(lambda a, b: a + b, group_blocks))
+    grouped.sum_duplicates()
+    return m, WindowGroups(groups, n, grouped, tokens)
 
 
 def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator) -> sp.csr_array:

@@ -91,16 +91,20 @@ def count_corpus(
     return acc.result(copy=False)
 
 
-def window_block(expected_tokens: int | None, positions: int, groups: int, /) -> int:
+def window_block(expected_tokens: int | None, positions: int, groups: int, /, *, mode: str = "pack") -> int:
     """Consecutive windows per block of the window groups: the expected windows over the
     groups (at least 1), so that each group is about one stretch of the stream and the
     rotation null breaks the stream only between groups
-    (:mod:`posstats.counting.window_groups`).
+    (:mod:`posstats.counting.window_groups`). In ``truncate`` mode 1: a window is a
+    document's start, no two are consecutive text, and the tokens of a long document
+    would make the expected windows far too many (every document in one group).
 
     >>> window_block(64_000, 16, 64), window_block(None, 16, 64), window_block(100, 16, 0)
     (62, 1, 1)
+    >>> window_block(64_000, 16, 64, mode="truncate")
+    1
     """
-    if not expected_tokens or groups < 1:
+    if not expected_tokens or groups < 1 or mode == "truncate":
         return 1
     return max(1, int(expected_tokens) // int(positions) // int(groups))
 
@@ -132,7 +136,7 @@ def accumulate_corpus(
     fingerprint combines each input's (:func:`file_fingerprint`). Raises
     :class:`InputError` for an empty corpus. ``files``: the inputs as the caller resolved
     them already (default: :meth:`CorpusSource.files`; a remote listing is not repeated).
-    ``window_groups``: pack mode also counts the windows in that many groups
+    ``window_groups``: also count the windows in that many groups
     (:meth:`~CountAccumulator.window_groups`), blocks of :func:`window_block` consecutive
     windows each.
     """
@@ -144,7 +148,7 @@ def accumulate_corpus(
         expected = sum(estimated_tokens(path, source.column, source.storage_options) for path in files)
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
-    block = window_block(expected, spec.positions, window_groups)
+    block = window_block(expected, spec.positions, window_groups, mode=spec.mode)
     acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata, window_groups=window_groups,
                            window_block=block)
     steps = (zip(itertools.repeat(i), shard_batches(s, source, tokenizer=tokenizer)) for i, s in enumerate(shards))

@@ -87,11 +87,11 @@ class CountOptions:
                                    help="pack mode: token id inserted between documents")
     window_groups: int = option(
         64, group=_COUNTING, metavar="K", minimum=0,
-        help="pack and chunk mode, counted in this process: also count the windows in K groups (OUT/window-groups.safetensors), "
-             "so that analyze tests homogeneity with a null that keeps each window's tokens together (rotation; "
-             "docs/calibration.md); 0: off. Only up to 4,096 positions (where analyze tests homogeneity) and while 16 bytes a "
+        help="counted in this process: also count the windows (truncate: each document's first n tokens) in K groups "
+             "(OUT/window-groups.safetensors), so that analyze tests homogeneity with a null that keeps each window's "
+             "tokens together (rotation; docs/calibration.md); 0: off. Only up to 4,096 positions (where analyze tests homogeneity) and while 16 bytes a "
              "token fit --memory-budget; not with --ray or --store", pipeline=False,
-        why_not="the pipeline counts on Ray, whose pieces of a stream are counted apart and keep no windows")
+        why_not="the pipeline counts on Ray, whose shards are counted apart and keep no window groups")
     memory_budget: float = option(
         4.0, group=_COUNTING, metavar="GiB", unit="GiB", minimum=0.0, strict=True, key="memory_budget_gib",
         help="count into a dense n x V array while 8*n*V bytes fit this budget and the corpus has at least n*V/8 "
@@ -118,7 +118,7 @@ class CountInputs:
         spec: positions, vocabulary, mode, excluded ids, separator.
         metadata: recorded with the counts (``tokenizer`` name and ``tokenizer_hash``).
         tokenizer: the tokenizer.json path given, if any.
-        window_groups: K of :mod:`posstats.counting.window_groups` (pack mode in this
+        window_groups: K of :mod:`posstats.counting.window_groups` (counted in this
             process; 0: none).
     """
 
@@ -140,8 +140,7 @@ class CountInputs:
             "tokenizer": self.tokenizer,
             **self.spec.to_metadata(),
             **self.metadata,
-            **({"window_groups": self.window_groups} if self.window_groups and self.spec.mode in ("pack", "chunk")
-               else {}),
+            **({"window_groups": self.window_groups} if self.window_groups else {}),
             **extra,
         }
 

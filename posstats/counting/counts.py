@@ -461,7 +461,7 @@ class CountAccumulator:
     counted together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the
     counts. ``buffer_keys`` (sparse only) is how many tokens are buffered before a
     compaction; None: :func:`~posstats.counting.sorted_keys.buffer_tokens` of
-    ``dense_budget`` (half of it in token ids). ``window_groups = K > 0`` (pack mode) also
+    ``dense_budget`` (half of it in token ids). ``window_groups = K > 0`` also
     counts the windows in K groups (:mod:`posstats.counting.window_groups`, read with
     :meth:`window_groups`), for the homogeneity null that respects windows.
 
@@ -519,7 +519,7 @@ class CountAccumulator:
         self._pack_documents = False  # a document with a kept token was seen in the stream
         self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
         self._groups = None
-        if window_groups and spec.mode in ("pack", "chunk"):
+        if window_groups:
             self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block)
 
     # -- public -------------------------------------------------------------------
@@ -531,7 +531,7 @@ class CountAccumulator:
         self.sequences += batch.rows
         stream = self._pack_source
         values, starts, lengths, head = getattr(self, f"_windows_{self.spec.mode}")(values, offsets, batch.source)
-        if self._groups is not None and self.spec.mode == "chunk":
+        if self._groups is not None and self.spec.mode in ("chunk", "truncate"):
             self._groups.add_complete_windows(values, starts, lengths)
         elif self._groups is not None:
             if self._pack_source != stream:
@@ -557,7 +557,7 @@ class CountAccumulator:
 
     def window_groups(self) -> Any:
         """The counts by window group
-        (:class:`~posstats.counting.window_groups.WindowGroups`), or None: not pack or chunk mode,
+        (:class:`~posstats.counting.window_groups.WindowGroups`), or None:
         ``window_groups=0``, or a piece of a stream (:meth:`start_piece`: the stitching
         keeps no windows). Ends the counting of groups: call once, at the end."""
         counter = self.window_group_counter()

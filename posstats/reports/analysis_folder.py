@@ -110,7 +110,7 @@ def analyze_to(
     ``stage`` (``posstats run``) or ``counts_path`` re-read by document parity
     (:func:`posstats.runs.noise_parts.corpus_parts`). ``report.json`` records
     ``inputs.counts`` = ``counts_path`` resolved; ``name`` titles the HTML report. A
-    pack- or chunk-mode counts folder with its window groups
+    counts folder with its window groups
     (:func:`~posstats.counting.window_groups_io.load_window_groups`) gives the homogeneity
     test its null that respects windows.
     """
@@ -118,10 +118,9 @@ def analyze_to(
     if config.noise_floor != "off" and bool(store or parts_dirs or reread):
         parts = corpus_parts(counts, noise_floor=True, noise_parts=config.noise_parts, tokenizer=config.tokenizer,
                              store=store, parts_dirs=parts_dirs, reread=reread, places=(stage, counts_path))
-    groups = None
-    if counts.spec.mode in ("pack", "chunk"):  # posstats run counts into stage itself; analyze reads a counts folder
-        place = stage if window_groups_file(stage) is not None else counts_path
-        groups = load_window_groups(place, counts) if place else None
+    # posstats run counts into stage itself; analyze reads a counts folder
+    place = stage if window_groups_file(stage) is not None else counts_path
+    groups = load_window_groups(place, counts) if place else None
     result = analyze(counts, config, parts=parts, window_groups=groups)
     inputs = {"counts": str(Path(counts_path).resolve()) if counts_path else None}
     return write_analysis(stage, result, inputs=inputs, name=name)

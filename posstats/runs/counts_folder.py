@@ -100,12 +100,12 @@ WINDOW_GROUP_BYTES_PER_TOKEN = 16  # a held (key, count) pair per non-zero, at m
 
 def window_groups_to_count(inputs: CountInputs, /, *, tokens: int, budget_bytes: float) -> tuple[int, str | None]:
     """``(K, why not)``: the window groups a count in this process makes (0 and the reason
-    when none): pack mode with ``inputs.window_groups``, at most
+    when none): ``inputs.window_groups`` (every mode), at most
     :data:`WINDOW_GROUP_POSITIONS` positions (above it ``analyze`` runs no homogeneity test by
     default, so nothing would read them) and ``16 x tokens`` bytes within ``budget_bytes``
     (the groups' keys and counts)."""
     k, spec = int(inputs.window_groups), inputs.spec
-    if spec.mode not in ("pack", "chunk") or k <= 0:
+    if k <= 0:
         return 0, None
     if spec.positions > WINDOW_GROUP_POSITIONS:
         return 0, (f"{spec.positions:,} positions: analyze tests homogeneity up to {WINDOW_GROUP_POSITIONS:,} rows "
