@@ -2,6 +2,7 @@
 
     python benchmarks/bench_pack_homogeneity.py [--text PATH] [--positions 16,64,256]
         [--windows 1000] [--replicates 39] [--tokenizer data/tokenizers/gpt2.tokenizer.json]
+    python benchmarks/bench_pack_homogeneity.py --mode truncate [--document-lengths 8-32] [--positions 16,64]
     python benchmarks/bench_pack_homogeneity.py --markov-stay 0.8 --markov-vocab 256 --streams 100 \
         --positions 4096 --windows 200
 
@@ -198,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-groups", type=int, default=64,
                    help="groups of windows of the rotation null (default 64, as posstats count); 0: no rotation test")
     args = p.parse_args(argv)
+    if args.mode == "truncate" and args.markov_stay is not None:
+        p.error("--mode truncate cuts the text into documents; it takes no --markov-stay")
+    _lengths(args.document_lengths, 1, p)  # a bad range is refused before the text is read
     t = time.perf_counter()
     from posstats.estimates.permutation import shuffled_rows
 
@@ -209,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
         out |= {"text": args.text.name, "tokens": int(ids.size), "vocab": vocab}
     else:
         out |= {"markov": {"stay": args.markov_stay, "vocab": args.markov_vocab, "streams": args.streams}}
-    if args.mode == "truncate" and args.markov_stay is not None:
-        p.error("--mode truncate cuts the text into documents; it takes no --markov-stay")
     out["mode"] = args.mode
     for n in (int(x) for x in args.positions.split(",")):
         size = n * args.windows

@@ -1623,7 +1623,8 @@ def _null_section(
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {
             "method": "permutation" if groups is None else "rotation",
-            **({"window_groups": int(groups.groups)} if groups is not None else {}),
+            **({"window_groups": int(groups.groups), "rotated_share": groups.rotated_share()}
+               if groups is not None else {}),
             **({"window_null": why_not} if why_not else {}),
             "statistic": perm.homogeneity,
             "statistic_formula": "S = sum_i N_i d_H^2(mu_hat_i, pooled), plug-in",
@@ -1667,6 +1668,9 @@ def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tu
         return None, "the rows are bucketed or held apart"
     if groups.positions != counts.positions:
         return None, f"the window groups have {groups.positions} positions, the counts {counts.positions}"
+    if groups.windows == 0:
+        return None, (f"no window fills all {counts.positions:,} positions (every document or window is shorter): "
+                      "a rotation would move nothing")
     return groups, None
 
 

@@ -291,7 +291,7 @@ def test_bench_pack_homogeneity_small():
     the window groups add up to the counts."""
     sys.path.insert(0, str(BENCH))
     import numpy as np
-    from bench_pack_homogeneity import BUNDLED, packed_counts, read_text, token_stream
+    from bench_pack_homogeneity import BUNDLED, document_lengths, packed_counts, read_text, token_stream, truncated_counts
 
     r = run_bench("bench_pack_homogeneity.py", "--text", str(BUNDLED), "--positions", "16", "--windows", "200")
     (cell,) = r["cells"]
@@ -305,7 +305,21 @@ def test_bench_pack_homogeneity_small():
     assert markov["markov"] == {"stay": 0.5, "vocab": 5000, "streams": 3} and markov["cells"][0]["chunks"] == 3
     assert markov["cells"][0]["real"]["rejected"]["of"] == 3 == markov["cells"][0]["real_rotation"]["rejected"]["of"]
 
+    truncate = run_bench("bench_pack_homogeneity.py", "--text", str(BUNDLED), "--positions", "16", "--windows", "200",
+                         "--mode", "truncate", "--document-lengths", "8-32")
+    (cell,) = truncate["cells"]
+    assert truncate["mode"] == "truncate" and cell["document_lengths"] == [8, 32] and cell["chunks"] >= 10
+    assert cell["real_rotation"]["rejected"]["of"] == cell["chunks"] == cell["real"]["rejected"]["of"]
+    bad = subprocess.run([sys.executable, str(BENCH / "bench_pack_homogeneity.py"), "--text", str(BUNDLED), "--mode",
+                          "truncate", "--document-lengths", "9-3"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("needs 1 <= LO <= HI, got '9-3'")
+
     ids, vocab = token_stream(read_text(BUNDLED), BENCH.parent / "data" / "tokenizers" / "gpt2.tokenizer.json")
+    lengths = document_lengths(1000, 8, 32, np.random.default_rng(0))
+    assert lengths.sum() == 1000 and lengths.min() >= 1 and lengths.max() <= 32
+    truncated, truncated_groups = truncated_counts(ids[:1000], lengths, 16, vocab, 64)
+    assert (truncated_groups.total() != truncated).nnz == 0 and truncated_groups.windows == int((lengths >= 16).sum())
+    assert (truncated[[0]].toarray().ravel() == np.bincount(ids[np.r_[0, np.cumsum(lengths)[:-1]]], minlength=vocab)).all()
     real, groups = packed_counts(ids[:3200], 16, vocab, 64)
     moved, _ = packed_counts(np.random.default_rng(0).permutation(ids[:3200]), 16, vocab)
     assert (groups.total() != real).nnz == 0 and groups.windows == 200

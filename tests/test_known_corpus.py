@@ -132,3 +132,19 @@ def test_markov_refuses_an_unknown_sampler_and_a_bad_stay():
         markov_packed_counts(4, windows=3, sampler="fast")
     with pytest.raises(ValueError, match=r"stay must be in \[0, 1\)"):
         markov_packed_counts(4, windows=3, stay=1.0)
+
+
+def test_window_groups_are_the_same_draws_grouped_by_document():
+    """``window_groups=K`` keeps the corpus (the same counts at the same seed) and groups its
+    documents (draw t of every position) t mod K, all full: group g holds N // K or one
+    more documents at every position, the tail none; groups + tail = the counts."""
+    plain = known_corpus("planted", 10, tokens=303, seed=4)
+    grouped = known_corpus("planted", 10, tokens=303, seed=4, window_groups=4)
+    assert (plain.counts.matrix != grouped.counts.matrix).nnz == 0 and plain.window_groups is None
+    wg = grouped.window_groups
+    assert (wg.groups, wg.positions, wg.windows) == (4, 10, 303)
+    assert (wg.total() != grouped.counts.matrix).nnz == 0
+    occupancy = np.asarray(wg.matrix.sum(axis=1)).ravel().reshape(5, 10)
+    assert occupancy[:4].tolist() == [[76] * 10, [76] * 10, [76] * 10, [75] * 10] and not occupancy[4].any()
+    with pytest.raises(ValueError, match="tokens sampler"):
+        known_corpus("stationary", 10, tokens=30, window_groups=4, sampler="counts")

@@ -107,11 +107,12 @@ def test_verdict_gates_components_on_non_stationarity():
     assert verdict({}, None).non_stationary is None
 
 
-def test_homogeneity_alone_in_pack_mode_carries_a_caveat():
-    """In pack and chunk mode a non-stationary verdict from the homogeneity test alone (no
-    standout) says the test assumes independent tokens (it rejected 8 % of real packed null
-    chunks at 2.5 %, benchmarks/bench_pack_homogeneity.py); with a standout, in truncate
-    mode, without a rejection or with the verdict withheld it does not."""
+def test_homogeneity_alone_with_the_permutation_null_carries_a_caveat():
+    """In every mode a non-stationary verdict from the permutation test of homogeneity alone
+    (no standout) says the test assumes independent tokens (it rejected 8 % of real packed
+    null chunks at 2.5 %, benchmarks/bench_pack_homogeneity.py; 25 of 100 corpora of
+    truncated dependent documents, tests/test_rotation.py); with a standout, with the
+    rotation null, without a rejection or with the verdict withheld it does not."""
     null = {"method": "shuffle", "components_above_null": 1}
     rejected = {"method": "permutation", "rejected": True, "level": 0.025, "p_value": 0.025, "replicates": 39}
 
@@ -123,24 +124,49 @@ def test_homogeneity_alone_in_pack_mode_carries_a_caveat():
     assert has("pack", rejected, {"count": 0}) and has("chunk", rejected, {"count": 0})
     assert has("pack", rejected, None)  # no standout test computed: the homogeneity test alone decided
     assert not has("pack", rejected, {"count": 2})  # a position stands out: the per-row test, not hit by dependence
-    assert not has("truncate", rejected, {"count": 0})  # independent documents
+    assert has("truncate", rejected, {"count": 0})  # a document's first n tokens are dependent too
     assert not has("pack", {**rejected, "rejected": False, "p_value": 0.4}, {"count": 0})
     assert not has("pack", rejected, {"count": 0}, windows=5)  # too few windows: the verdict is withheld
     rotation = {**rejected, "method": "rotation", "window_groups": 64}
-    assert not has("pack", rotation, {"count": 0})  # the rotation null keeps windows whole
+    assert not has("pack", rotation, {"count": 0}) and not has("truncate", rotation, {"count": 0})  # windows kept whole
     rotated = verdict({"null": null, "homogeneity": rotation, "corpus": {"mode": "pack", "windows": 1000}}, {"count": 0})
     assert rotated.non_stationary is True and "rotation test of homogeneity" in rotated.non_stationary_test
     assert verdict({"null": null, "homogeneity": rejected, "corpus": {"mode": "pack", "windows": 1000}},
                    {"count": 0}).non_stationary is True  # the caveat qualifies the decision, it does not change it
 
 
-def test_the_answer_hedges_a_gradual_change_found_by_the_homogeneity_test_alone_in_pack_mode():
-    """The report's first sentence says "may change" where the window caveat applies, and
-    states the change where it does not (truncate mode)."""
+def test_a_rotation_null_that_moves_few_tokens_carries_a_caveat():
+    """Below half the tokens in full windows (homogeneity.rotated_share) the caveat says the
+    rotation null's tests see less of the structure; not at half or above, not for the
+    permutation null, and it changes no decision."""
+    from posstats.estimates.verdict import ROTATED_SHARE_CAVEAT
+
+    null = {"method": "shuffle", "components_above_null": 0}
+    rotation = {"method": "rotation", "window_groups": 64, "rejected": False, "level": 0.025, "p_value": 0.3,
+                "replicates": 39}
+
+    def said(homogeneity):
+        v = verdict({"null": null, "homogeneity": homogeneity, "corpus": {"mode": "truncate", "windows": 3000}},
+                    {"count": 0})
+        return [c for c in v.caveats if c.startswith("the rotation null moves only")], v
+
+    (caveat,), v = said({**rotation, "rotated_share": 0.39})
+    assert "39%" in caveat and v.non_stationary is False
+    assert said({**rotation, "rotated_share": ROTATED_SHARE_CAVEAT})[0] == []
+    assert said({**rotation, "method": "permutation", "rotated_share": 0.1})[0] == []
+    assert said(rotation)[0] == []  # a report written before the share was recorded
+
+
+def test_the_answer_hedges_a_gradual_change_found_by_the_permutation_test_alone():
+    """The report's first sentence says "may change" where the window caveat applies (the
+    permutation null, in any mode), and states the change where it does not (the rotation
+    null)."""
     from posstats.reports.summary import answer_sentences
 
-    rejected = {"method": "permutation", "rejected": True, "level": 0.025, "p_value": 0.025, "replicates": 39}
-    for mode, hedged in (("pack", True), ("truncate", False)):
+    permutation = {"method": "permutation", "rejected": True, "level": 0.025, "p_value": 0.025, "replicates": 39}
+    rotation = {**permutation, "method": "rotation", "window_groups": 64}
+    for mode, rejected, hedged in (("pack", permutation, True), ("truncate", permutation, True),
+                                   ("truncate", rotation, False)):
         report = {"null": {"method": "shuffle", "components_above_null": 0}, "homogeneity": rejected,
                   "corpus": {"mode": mode, "windows": 1000}, "positions": {"used": 16}}
         report["verdict"] = verdict(report, {"count": 0}).to_dict()

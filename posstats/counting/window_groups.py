@@ -1,5 +1,4 @@
-"""Counts by window group (pack and chunk mode): what a homogeneity null that respects
-windows needs.
+"""Counts by window group: what a homogeneity null that respects windows needs.
 
 In ``pack`` mode a corpus is one stream cut into windows of n tokens, and nearby tokens of
 a window are dependent (consecutive text). The counts ``C[i, v]`` keep no windows, so a
@@ -21,7 +20,10 @@ A window cut short (the end of a pack-mode stream, or a document's last window i
 no rotation moves: rotations then keep every position's occupancy exactly. In ``chunk``
 mode the full windows of consecutive documents form the blocks; a block then spans a few
 document boundaries, which a rotation treats as stream (the null: positions of a document
-are not special, its first included). ``sum_g C^g + tail`` is the corpus' counts (:meth:`WindowGroups.total`).
+are not special, its first included). In ``truncate`` mode a window is a document's first n
+tokens: the full ones go to group ``w mod K`` (blocks of one window: no two are consecutive
+text), shorter documents to the tail. ``sum_g C^g + tail`` is the corpus' counts
+(:meth:`WindowGroups.total`).
 
 Storage: one ((K + 1) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i) and
 the tail's rows ``K n + i``.
@@ -75,6 +77,13 @@ class WindowGroups:
         """V."""
         return int(self.matrix.shape[1])
 
+    def rotated_share(self) -> float:
+        """The share of the tokens in full windows (those a rotation moves; the tail's stay):
+        ``sum_g C^g / (sum_g C^g + tail)``, 0 for an empty corpus."""
+        m = self.matrix
+        total = float(m.data.sum())
+        return float(m.data[: m.indptr[self.groups * self.positions]].sum()) / total if total else 0.0
+
     def total(self) -> sp.csr_array:
         """(n, V) int64 CSR: the corpus' counts, ``sum_g C^g + tail``."""
         return self.rotated(np.zeros(self.groups, dtype=np.int64))
@@ -98,11 +107,12 @@ class WindowGroups:
 
 
 class WindowGroupCounter:
-    """Counts the windows of a pack-mode stream by group (module docstring).
+    """Counts the windows of a corpus by group (module docstring).
 
     Fed by :class:`~posstats.counting.counts.CountAccumulator` with the windows it cuts,
-    so both count the same tokens at the same positions: :meth:`add_windows` once a batch,
-    :meth:`end_stream` when a stream ends (the window left open is the tail's). The
+    so both count the same tokens at the same positions: in pack mode :meth:`add_windows`
+    once a batch and :meth:`end_stream` when a stream ends (the window left open is the
+    tail's); in chunk and truncate mode :meth:`add_complete_windows`. The
     counting is the accumulator's sorting kernel
     (:class:`~posstats.counting.sorted_keys.SortedKeyCounter`) over ``K + 1`` stacked copies
     of the positions, each padded to whole position blocks: 2 bytes a token buffered
@@ -168,9 +178,10 @@ class WindowGroupCounter:
             self._open_len = length
 
     def add_complete_windows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, /) -> None:
-        """One batch's windows in ``chunk`` mode, each complete (window k holds
-        ``values[starts[k] + j]`` at position j < ``lengths[k]``): the full ones go to
-        their groups in order, the short ones (a document's last window) to the tail."""
+        """One batch's windows in ``chunk`` or ``truncate`` mode, each complete (window k
+        holds ``values[starts[k] + j]`` at position j < ``lengths[k]``): the full ones go to
+        their groups in order, the short ones (a document's last window, or a document
+        shorter than n) to the tail."""
         n = self.positions
         starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
         full = lengths == n

@@ -26,6 +26,12 @@ when ``S`` exceeds all 39 rotated corpora. The cut joins (about K of them) make 
 slightly liberal where dependence reaches far; measured on real text and on Markov streams
 in docs/calibration.md ("The homogeneity test under dependent tokens").
 
+In ``truncate`` mode a window is a document's first n tokens, one window a block: a rotated
+window is that document's start turned on itself, with one join cut inside it (its first
+and n-th tokens made neighbours), and under H0 (no position of a document special, its
+first included) the rotated corpora have the data's law up to that cut. With independent
+tokens (a known corpus) the test is exact: any rotation of a group's rows keeps their law.
+
 Power: a positional effect tied to the window grid (a planted position, a drift) is moved
 to a different place in each group, so the rotated corpora spread it over the positions.
 With K groups a rotated corpus still holds about ``1/sqrt(K)`` of the effect's spread, so K

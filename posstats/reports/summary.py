@@ -79,7 +79,7 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
         return f"Positions {so['ranges']} carry token distributions of their own, and {dims}."
     if WINDOW_HOMOGENEITY_CAVEAT in (v.get("caveats") or []):
         return (f"Token distributions may change gradually across positions: the homogeneity test rejects and no "
-                f"single position stands out, but in pack or chunk mode that test can reject on dependent text alone "
+                f"single position stands out, but with its permutation null that test can reject on dependent text alone "
                 f"(see the caveat); {dims}.")
     return (f"Token distributions change gradually across positions (no single position stands out, but the "
             f"homogeneity test rejects) and {dims}.")
