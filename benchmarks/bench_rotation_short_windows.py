@@ -3,11 +3,14 @@
     python benchmarks/bench_rotation_short_windows.py [--planted 0,0.05,0.2] [--corpora 40]
         [--lengths 16-16,17-40,8-24,4-18,2-17] [--positions 16] [--tokens 16000]
 
-In chunk mode a document's last window is usually shorter than n. The rotation null
-(:mod:`posstats.estimates.rotation`) moves only the full windows (counted in 64 groups, as
-``posstats count`` counts them) and leaves the short ones in place (the *tail*), so that
-every position keeps its occupancy. The shorter the documents, the more of the corpus
-stays in place: this measures what that does to the test's level and power.
+In chunk mode a document's last window is usually shorter than n (in truncate mode, a
+document shorter than n is such a window). The rotation null
+(:mod:`posstats.estimates.rotation`) turns the full windows (counted in 64 groups, as
+``posstats count`` counts them) by offsets modulo n and, since 2026-12-01, each class of
+short windows of L tokens by its own offset modulo L (before, they stayed in place, the
+*tail*), so that every position keeps its occupancy. The shorter the documents, the more
+of the corpus is in length classes: this measures what that does to the test's level and
+power (``full_window_share``: the share of the tokens in full windows).
 
 Each corpus: independent documents of lengths uniform on ``LO-HI`` tokens until
 ``--tokens`` tokens, each a stationary successor stream (:func:`posstats.testing.successor_stream`:

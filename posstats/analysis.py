@@ -1668,9 +1668,9 @@ def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tu
         return None, "the rows are bucketed or held apart"
     if groups.positions != counts.positions:
         return None, f"the window groups have {groups.positions} positions, the counts {counts.positions}"
-    if groups.windows == 0:
-        return None, (f"no window fills all {counts.positions:,} positions (every document or window is shorter): "
-                      "a rotation would move nothing")
+    if groups.rotated_share() == 0.0:
+        return None, ("every counted token is in the window groups' unmoved tail (windows shorter than n, counted "
+                      "before length classes): a rotation would move nothing")
     return groups, None
 
 

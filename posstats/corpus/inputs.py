@@ -89,8 +89,9 @@ class CountOptions:
         64, group=_COUNTING, metavar="K", minimum=0,
         help="counted in this process: also count the windows (truncate: each document's first n tokens) in K groups "
              "(OUT/window-groups.safetensors), so that analyze tests homogeneity with a null that keeps each window's "
-             "tokens together (rotation; docs/calibration.md); 0: off. Only up to 4,096 positions (where analyze tests homogeneity) and while 16 bytes a "
-             "token fit --memory-budget; not with --ray or --store", pipeline=False,
+             "tokens together (rotation; docs/calibration.md); 0: off. Only up to 4,096 positions (where analyze "
+             "tests homogeneity) and while 16 bytes a token fit --memory-budget; not with --ray or --store",
+        pipeline=False,
         why_not="the pipeline counts on Ray, whose shards are counted apart and keep no window groups")
     memory_budget: float = option(
         4.0, group=_COUNTING, metavar="GiB", unit="GiB", minimum=0.0, strict=True, key="memory_budget_gib",

@@ -519,8 +519,9 @@ class CountAccumulator:
         self._pack_documents = False  # a document with a kept token was seen in the stream
         self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
         self._groups = None
-        if window_groups:
-            self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block)
+        if window_groups:  # chunk and truncate mode: short windows turn within their length
+            self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block,
+                                              classes=spec.mode in ("chunk", "truncate"))
 
     # -- public -------------------------------------------------------------------
 

@@ -16,8 +16,13 @@ stays consecutive; only the joins between blocks are cut
 (:mod:`posstats.estimates.rotation`).
 
 A window cut short (the end of a pack-mode stream, or a document's last window in
-``chunk`` mode: fewer than n tokens) is counted in a last block of rows, the *tail*, which
-no rotation moves: rotations then keep every position's occupancy exactly. In ``chunk``
+``chunk`` mode, or a document shorter than n in ``truncate`` mode: L < n tokens at positions
+0 .. L-1) cannot be rotated by n without moving tokens to positions it does not reach. In
+chunk and truncate mode such windows are counted by their length, in *length classes*:
+class L holds the windows of exactly L tokens, and a rotation turns it by its own offset
+modulo L, which keeps every position's occupancy (the class fills positions 0 .. L-1 in
+each of its windows). Other short windows (a pack-mode stream's last) go to a last block of
+rows, the *tail*, which no rotation moves. In ``chunk``
 mode the full windows of consecutive documents form the blocks; a block then spans a few
 document boundaries, which a rotation treats as stream (the null: positions of a document
 are not special, its first included). In ``truncate`` mode a window is a document's first n
@@ -25,8 +30,9 @@ tokens: the full ones go to group ``w mod K`` (blocks of one window: no two are 
 text), shorter documents to the tail. ``sum_g C^g + tail`` is the corpus' counts
 (:meth:`WindowGroups.total`).
 
-Storage: one ((K + 1) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i) and
-the tail's rows ``K n + i``.
+Storage: one ((K + 1 + C) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i),
+the tail's rows ``K n + i`` and, with length classes (C = n - 1; 0 in pack mode and in
+files written before them), class L's rows ``(K + L) n + i`` for i < L.
 """
 
 from __future__ import annotations
@@ -53,15 +59,34 @@ class WindowGroups:
     Attributes:
         groups: K.
         positions: n.
-        matrix: ((K + 1) n, V) int64 CSR: rows ``g n + i`` count position i of the full
-            windows of group g; rows ``K n + i`` the windows cut short (the tail).
+        matrix: ((K + 1 + classes) n, V) int64 CSR: rows ``g n + i`` count position i of
+            the full windows of group g; rows ``K n + i`` the short windows no rotation
+            moves (the tail); rows ``(K + L) n + i`` (i < L) those of exactly L tokens.
         windows: full windows counted (over all groups).
+        classes: C, the length classes stored (n - 1, or 0: none).
     """
 
     groups: int
     positions: int
     matrix: sp.csr_array
     windows: int
+    classes: int = 0
+
+    @property
+    def periods(self) -> np.ndarray:
+        """(K + C,) int64: the period of each rotation, n for a group and L for class L;
+        :meth:`rotated` takes one offset in ``[0, period)`` for each."""
+        return np.concatenate([np.full(self.groups, self.positions, dtype=np.int64),
+                               np.arange(1, self.classes + 1, dtype=np.int64)])
+
+    def draw_shifts(self, rng: np.random.Generator, /) -> np.ndarray:
+        """(K + C,) offsets of one rotated corpus: the groups' K uniform on ``[0, n)`` drawn
+        first (the draws of the rotation null before length classes), then each class L's
+        uniform on ``[0, L)``."""
+        shifts = rng.integers(0, self.positions, self.groups)
+        if not self.classes:
+            return shifts
+        return np.concatenate([shifts, rng.integers(0, np.arange(1, self.classes + 1))])
 
     @functools.cached_property
     def entry_cells(self) -> np.ndarray:
@@ -78,28 +103,35 @@ class WindowGroups:
         return int(self.matrix.shape[1])
 
     def rotated_share(self) -> float:
-        """The share of the tokens in full windows (those a rotation moves; the tail's stay):
-        ``sum_g C^g / (sum_g C^g + tail)``, 0 for an empty corpus."""
-        m = self.matrix
+        """The share of the tokens a rotation moves (in the groups and the length classes;
+        the tail's stay), 0 for an empty corpus."""
+        m, n, k = self.matrix, self.positions, self.groups
         total = float(m.data.sum())
-        return float(m.data[: m.indptr[self.groups * self.positions]].sum()) / total if total else 0.0
+        tail = float(m.data[m.indptr[k * n]: m.indptr[(k + 1) * n]].sum())
+        return (total - tail) / total if total else 0.0
 
     def total(self) -> sp.csr_array:
-        """(n, V) int64 CSR: the corpus' counts, ``sum_g C^g + tail``."""
-        return self.rotated(np.zeros(self.groups, dtype=np.int64))
+        """(n, V) int64 CSR: the corpus' counts, ``sum_g C^g + tail + sum_L T^L``."""
+        return self.rotated(np.zeros(self.groups + self.classes, dtype=np.int64))
 
     def rotated(self, shifts: np.ndarray, /) -> sp.csr_array:
-        """(n, V) int64 CSR ``sum_g roll(C^g, s_g) + tail``: group g's row i moved to row
-        ``(i + s_g) mod n``; the tail stays (``shifts``: (K,) integers)."""
+        """(n, V) int64 CSR ``sum_g roll(C^g, s_g) + tail + sum_L roll_L(T^L, s_L)``: group g's
+        row i moved to row ``(i + s_g) mod n``, class L's to ``(i + s_L) mod L``; the tail
+        stays (``shifts``: (K + C,) integers, :attr:`periods`)."""
         shifts = np.asarray(shifts, dtype=np.int64)
-        if shifts.shape != (self.groups,):
-            msg = f"rotated() needs one shift per group, {self.groups}; got shape {shifts.shape}"
+        k = self.groups
+        if shifts.shape != (k + self.classes,):
+            msg = (f"rotated() needs one shift per group and length class, {k + self.classes}; "
+                   f"got shape {shifts.shape}")
             raise ValueError(msg)
         n = self.positions
         row = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64), np.diff(self.matrix.indptr))
         group, pos = np.divmod(row, n)
-        moved = group < self.groups
+        moved = group < k
         pos[moved] = (pos[moved] + shifts[group[moved]]) % n
+        turned = group > k  # class L = group - K, its shift at index K + L - 1
+        length = group[turned] - k
+        pos[turned] = (pos[turned] + shifts[k + length - 1]) % length
         out = sp.csr_array((self.matrix.data.astype(np.int64, copy=False), (pos, self.matrix.indices)),
                            shape=(n, self.vocab_size))
         out.sum_duplicates()
@@ -112,26 +144,27 @@ class WindowGroupCounter:
     Fed by :class:`~posstats.counting.counts.CountAccumulator` with the windows it cuts,
     so both count the same tokens at the same positions: in pack mode :meth:`add_windows`
     once a batch and :meth:`end_stream` when a stream ends (the window left open is the
-    tail's); in chunk and truncate mode :meth:`add_complete_windows`. The
-    counting is the accumulator's sorting kernel
-    (:class:`~posstats.counting.sorted_keys.SortedKeyCounter`) over ``K + 1`` stacked copies
-    of the positions, each padded to whole position blocks: 2 bytes a token buffered
-    (V < 2**16), 4-12 bytes a non-zero.
+    tail's); in chunk and truncate mode :meth:`add_complete_windows`, whose short windows
+    go to their length classes with ``classes=True``. The counting is the accumulator's
+    sorting kernel (:class:`~posstats.counting.sorted_keys.SortedKeyCounter`) over
+    ``K + 1 (+ n - 1)`` stacked copies of the positions, each padded to whole position
+    blocks: 2 bytes a token buffered (V < 2**16), 4-12 bytes a non-zero.
     """
 
     def __init__(self, positions: int, vocab_size: int, /, *, groups: int = DEFAULT_WINDOW_GROUPS,
-                 block: int = 1, buffer_keys: int = _BUFFER_KEYS) -> None:
+                 block: int = 1, buffer_keys: int = _BUFFER_KEYS, classes: bool = False) -> None:
         if groups < 1 or block < 1:
             msg = f"window groups and their block must be >= 1, got {groups} and {block}"
             raise ValueError(msg)
         self.positions, self.vocab_size, self.groups = int(positions), int(vocab_size), int(groups)
+        self.classes = self.positions - 1 if classes else 0
         self.block = int(block)
         self.windows = 0  # full windows committed
         width = block_positions(self.positions, self.vocab_size)
         self._blocks = -(-self.positions // width)  # position blocks of one group
         self._padded = self._blocks * width
-        self._sorted = SortedKeyCounter(positions=(self.groups + 1) * self._padded, vocab_size=self.vocab_size,
-                                        buffer_keys=buffer_keys, block=width)
+        self._sorted = SortedKeyCounter(positions=(self.groups + 1 + self.classes) * self._padded,
+                                        vocab_size=self.vocab_size, buffer_keys=buffer_keys, block=width)
         self._pad = int(np.iinfo(self._sorted.token_dtype).max)
         self._open = np.full(self._padded, self._pad, dtype=self._sorted.token_dtype)  # the window still open
         self._open_len = 0
@@ -181,19 +214,36 @@ class WindowGroupCounter:
         """One batch's windows in ``chunk`` or ``truncate`` mode, each complete (window k
         holds ``values[starts[k] + j]`` at position j < ``lengths[k]``): the full ones go to
         their groups in order, the short ones (a document's last window, or a document
-        shorter than n) to the tail."""
+        shorter than n) to their length classes (``classes``; else to the tail)."""
         n = self.positions
         starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
         full = lengths == n
         if full.any():
             self.add_windows(values, starts[full], lengths[full], None)
-        if not full.all():
-            short_starts, short_lengths = starts[~full], lengths[~full]
-            rows = np.full((short_starts.size, self._padded), self._pad, dtype=self._sorted.token_dtype)
-            j = np.arange(n, dtype=np.int64)
-            inside = j < short_lengths[:, None]
-            rows[:, :n][inside] = values[(short_starts[:, None] + j)[inside]]
-            self._commit(rows, self.groups)
+        short = ~full & (lengths > 0)
+        if not short.any():
+            return
+        short_starts, short_lengths = starts[short], lengths[short]
+        if not self.classes:
+            self._commit(self._short_rows(values, short_starts, short_lengths), self.groups)
+            return
+        order = np.argsort(short_lengths, kind="stable")
+        short_starts, short_lengths = short_starts[order], short_lengths[order]
+        cuts = np.flatnonzero(np.diff(short_lengths)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, short_lengths.size]):
+            length = int(short_lengths[lo])
+            rows = self._short_rows(values, short_starts[lo:hi], short_lengths[lo:hi])
+            self._commit(rows, self.groups + length, length=length)
+
+    def _short_rows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """(k, padded n) token ids of k short windows (``values[starts[w] + j]`` at j <
+        ``lengths[w]``), padding past their ends."""
+        n = self.positions
+        rows = np.full((starts.size, self._padded), self._pad, dtype=self._sorted.token_dtype)
+        j = np.arange(n, dtype=np.int64)
+        inside = j < lengths[:, None]
+        rows[:, :n][inside] = values[(starts[:, None] + j)[inside]]
+        return rows
 
     def end_stream(self) -> None:
         """The stream ended: its open window (cut short) goes to the tail."""
@@ -205,11 +255,11 @@ class WindowGroupCounter:
     def finish(self) -> tuple[CountBlocks, np.ndarray]:
         """``(blocks, rows)``: the counts as position blocks over the stacked, padded rows
         (:class:`~posstats.counting.blocks.CountBlocks`; the open window counted as the
-        tail's) and the ((K + 1) n,) indices of the real rows among them, in order (the
+        tail's) and the ((K + 1 + C) n,) indices of the real rows among them, in order (the
         padding rows are empty). Ends the counter; no scipy (a count writes them straight
         to a file, :func:`posstats.counting.window_groups_io.save_window_group_blocks`)."""
         self.end_stream()
-        rows = (np.arange(self.groups + 1, dtype=np.int64)[:, None] * self._padded
+        rows = (np.arange(self.groups + 1 + self.classes, dtype=np.int64)[:, None] * self._padded
                 + np.arange(self.positions, dtype=np.int64)).ravel()
         return self._sorted.finish(), rows
 
@@ -218,12 +268,13 @@ class WindowGroupCounter:
         blocks, rows = self.finish()
         stacked = blocks.to_csr()
         matrix = sp.csr_array(stacked[rows]) if rows.size != stacked.shape[0] else stacked
-        return WindowGroups(self.groups, self.positions, matrix, self.windows)
+        return WindowGroups(self.groups, self.positions, matrix, self.windows, self.classes)
 
-    def _commit(self, rows: np.ndarray, group: int) -> None:
-        """Count windows (``rows``: (k, padded n) token ids, padding past n) into ``group``'s
+    def _commit(self, rows: np.ndarray, group: int, *, length: int | None = None) -> None:
+        """Count windows (``rows``: (k, padded n) token ids, padding past n, or past
+        ``length`` for a length class: its blocks beyond are padding only) into ``group``'s
         rows, one position block at a time."""
         width = self._sorted.block
         first = group * self._blocks
-        for b in range(self._blocks):
+        for b in range(self._blocks if length is None else -(-length // width)):
             self._sorted.add_rows(first + b, np.ascontiguousarray(rows[:, b * width:(b + 1) * width]))

@@ -1,8 +1,9 @@
 """Reading and writing the counts by window group (:mod:`posstats.counting.window_groups`)
 next to the counts they belong to: ``OUT/window-groups.safetensors`` of a counts folder.
 
-The file holds the ((K + 1) n, V) CSR matrix (``indptr``, ``indices``, ``data``) and, as
-metadata, K, n, the full windows, the tokens and the counts' fingerprint; :func:`load_window_groups`
+The file holds the ((K + 1 + C) n, V) CSR matrix (``indptr``, ``indices``, ``data``) and, as
+metadata, K, n, the length classes C (n - 1 or 0; a file without the entry has none), the full
+windows, the tokens and the counts' fingerprint; :func:`load_window_groups`
 refuses a file that does not add up to the counts beside it (one line naming the file).
 """
 
@@ -34,7 +35,8 @@ def save_window_groups(groups: WindowGroups, counts: PositionalCounts, directory
     tensors = {"indptr": m.indptr.astype(np.int64, copy=False),
                "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False),
                "data": m.data.astype(narrow_count_dtype(int(m.data.max()) if m.nnz else 0), copy=False)}
-    return _write(directory, tensors, groups.groups, groups.positions, groups.vocab_size, groups.windows, counts)
+    return _write(directory, tensors, groups.groups, groups.positions, groups.vocab_size, groups.windows, counts,
+                  classes=groups.classes)
 
 
 def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCounts,
@@ -51,15 +53,17 @@ def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCoun
     tensors = {"indptr": indptr,
                "indices": TensorStream(index, (nnz,), lambda: blocks.indices(index)),
                "data": TensorStream(count, (nnz,), lambda: blocks.data(count))}
-    path = _write(directory, tensors, counter.groups, counter.positions, counter.vocab_size, counter.windows, counts)
+    path = _write(directory, tensors, counter.groups, counter.positions, counter.vocab_size, counter.windows, counts,
+                  classes=counter.classes)
     return path, {"groups": counter.groups, "windows": counter.windows}
 
 
 def _write(directory: str | os.PathLike, tensors: dict, groups: int, positions: int, vocab: int, windows: int,
-           counts: PositionalCounts) -> Path:
+           counts: PositionalCounts, *, classes: int) -> Path:
     target = Path(directory) / WINDOW_GROUPS_FILE
     meta = {"schema": _SCHEMA, "groups": str(groups), "positions": str(positions), "vocab_size": str(vocab),
-            "windows": str(windows), "tokens": str(counts.tokens), "fingerprint": counts.fingerprint}
+            "classes": str(classes), "windows": str(windows), "tokens": str(counts.tokens),
+            "fingerprint": counts.fingerprint}
     with atomic_path(target) as tmp:
         write_safetensors(tmp, tensors, meta)
     return target
@@ -89,6 +93,7 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
         try:
             k, n, vocab = int(meta["groups"]), int(meta["positions"]), int(meta["vocab_size"])
             windows, tokens = int(meta["windows"]), int(meta["tokens"])
+            classes = int(meta.get("classes", "0"))  # written before length classes: none
         except (KeyError, ValueError) as exc:
             msg = f"{target}: metadata entry {exc} missing or not an integer; count again"
             raise InputError(msg) from exc
@@ -101,13 +106,17 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
         if k < 1:
             msg = f"{target}: groups = {k}, must be >= 1; count again"
             raise InputError(msg)
-        indptr = f.get_tensor("indptr")
-        if indptr.shape != ((k + 1) * n + 1,):
-            msg = (f"{target}: {indptr.shape[0] - 1:,} rows stored, the header's {k} groups of {n} positions and "
-                   f"their tail need {(k + 1) * n:,}; count again")
+        if classes not in (0, n - 1):
+            msg = f"{target}: classes = {classes}, must be 0 or {n - 1} (positions - 1); count again"
             raise InputError(msg)
-        matrix = _csr_from(target, indptr, f.get_tensor("indices"), f.get_tensor("data"), ((k + 1) * n, vocab))
+        rows = (k + 1 + classes) * n
+        indptr = f.get_tensor("indptr")
+        if indptr.shape != (rows + 1,):
+            msg = (f"{target}: {indptr.shape[0] - 1:,} rows stored, the header's {k} groups of {n} positions, "
+                   f"their tail and {classes} length classes need {rows:,}; count again")
+            raise InputError(msg)
+        matrix = _csr_from(target, indptr, f.get_tensor("indices"), f.get_tensor("data"), (rows, vocab))
     if int(matrix.sum()) != tokens:
         msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
         raise InputError(msg)
-    return WindowGroups(k, n, matrix, windows)
+    return WindowGroups(k, n, matrix, windows, classes)

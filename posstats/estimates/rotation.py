@@ -29,8 +29,11 @@ in docs/calibration.md ("The homogeneity test under dependent tokens").
 In ``truncate`` mode a window is a document's first n tokens, one window a block: a rotated
 window is that document's start turned on itself, with one join cut inside it (its first
 and n-th tokens made neighbours), and under H0 (no position of a document special, its
-first included) the rotated corpora have the data's law up to that cut. With independent
-tokens (a known corpus) the test is exact: any rotation of a group's rows keeps their law.
+first included) the rotated corpora have the data's law up to that cut. A window of
+L < n tokens (a shorter document, or in ``chunk`` mode a document's last window) is turned
+within its length: the windows of exactly L tokens form a length class with its own
+offset modulo L, which keeps every position's occupancy. With independent tokens (a known
+corpus) the test is exact: any rotation of a group's or class's rows keeps their law.
 
 Power: a positional effect tied to the window grid (a planted position, a drift) is moved
 to a different place in each group, so the rotated corpora spread it over the positions.
@@ -54,33 +57,42 @@ __all__ = ["rotated_statistic", "rotation_null", "rotation_null_corpora"]
 
 def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
     """``S`` (:func:`posstats.estimates.permutation.homogeneity_statistic`) of the rotated
-    corpus ``sum_g roll(C^g, s_g) + tail`` over all n rows, without forming it.
+    corpus (:meth:`~posstats.counting.window_groups.WindowGroups.rotated`) over all n rows,
+    without forming it.
 
     Rotations keep every row's occupancy ``N_i`` and the pooled distribution ``p``, so
     ``S = sum_i (2 N_i - 2 sqrt(N_i) sum_v sqrt(C_iv) sqrt(p_v))`` needs only each rotated
     row's affinity to the pool. The rows are summed a block of about 2**22 cells at a time
-    (``bincount`` of the entries landing there: each group's are one or two contiguous
-    runs of its storage), so the cost is one pass over the stored entries and the memory
-    one block. Every row must be occupied.
+    (``bincount`` of the entries landing there: each group's or length class's are one or
+    two contiguous runs of its storage), so the cost is one pass over the stored entries
+    and the memory one block. Every row must be occupied.
     """
     shifts = np.asarray(shifts, dtype=np.int64)
-    if shifts.shape != (groups.groups,):
-        msg = f"rotated_statistic() needs one shift per group, {groups.groups}; got shape {shifts.shape}"
+    k, c = groups.groups, groups.classes
+    if shifts.shape != (k + c,):
+        msg = f"rotated_statistic() needs one shift per group and length class, {k + c}; got shape {shifts.shape}"
         raise ValueError(msg)
-    n, vocab, k = groups.positions, groups.vocab_size, groups.groups
+    n, vocab = groups.positions, groups.vocab_size
     m = groups.matrix
-    occupancy = np.asarray(m.sum(axis=1)).ravel().reshape(k + 1, n).sum(axis=0).astype(np.float64)
+    row_nnz = np.diff(m.indptr).reshape(k + 1 + c, n)
+    occupancy = np.asarray(m.sum(axis=1)).ravel().reshape(k + 1 + c, n).sum(axis=0).astype(np.float64)
     sqrt_pool = np.sqrt(np.asarray(m.sum(axis=0)).ravel() / occupancy.sum())
     cell = groups.entry_cells
     step = max(1, (1 << 22) // vocab)
     total = 2.0 * float(occupancy.sum())
+    # (stored block, period, shift): the groups turn by n, the tail not at all, class L by L
+    parts = [(g, n, int(shifts[g])) for g in range(k)] + [(k, n, 0)]
+    parts += [(k + length, length, int(shifts[k + length - 1])) for length in range(1, c + 1)
+              if row_nnz[k + length].any()]
     for a in range(0, n, step):
         b = min(n, a + step)
         keys, weights = [], []
-        for g in range(k + 1):
-            s = int(shifts[g]) if g < k else 0
-            lo = (a - s) % n  # source rows i with (i + s) mod n in [a, b): lo .. and, wrapping, 0 ..
-            for r0, r1, first in ((lo, min(n, lo + b - a), lo), (0, max(0, lo + b - a - n), lo - n)):
+        for g, period, s in parts:
+            if a >= period:
+                continue  # a class of L tokens reaches rows 0 .. L-1 only
+            width = min(b, period) - a
+            lo = (a - s) % period  # source rows i with (i + s) mod P in [a, a + width): lo .. and, wrapping, 0 ..
+            for r0, r1, first in ((lo, min(period, lo + width), lo), (0, max(0, lo + width - period), lo - period)):
                 e0, e1 = m.indptr[g * n + r0], m.indptr[g * n + r1]
                 if e1 > e0:  # source row r lands on row a + r - first of the block
                     keys.append(cell[e0:e1] - first * vocab)
@@ -107,7 +119,8 @@ def rotation_null(
         rows: the positions (row indices of the (n, V) counts) the statistic is computed
             on, as for the data (default all); each must be occupied.
         replicates: R.
-        seed: replicate r draws its K offsets from ``numpy.random.default_rng([seed, r])``.
+        seed: replicate r draws its offsets from ``numpy.random.default_rng([seed, r])``
+            (:meth:`~posstats.counting.window_groups.WindowGroups.draw_shifts`).
         progress: called with 1 after each replicate.
 
     Returns:
@@ -118,7 +131,7 @@ def rotation_null(
     out = np.empty(replicates)
     every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     for r in range(replicates):
-        shifts = np.random.default_rng([seed, r]).integers(0, groups.positions, groups.groups)
+        shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
         if every_row:
             out[r] = rotated_statistic(groups, shifts)
         else:  # a subset of rows has its own pool: form the rotated corpus
@@ -165,7 +178,7 @@ def rotation_null_corpora(
     every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     s_null, top, sums = np.empty(replicates), np.empty(eigen), np.empty(eigen)
     for r in range(replicates):
-        shifts = np.random.default_rng([seed, r]).integers(0, groups.positions, groups.groups)
+        shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
         if r < eigen or not every_row:
             rotated = groups.rotated(shifts)
             rotated = rotated if every_row else rotated[np.asarray(rows)]

@@ -85,6 +85,13 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
             f"homogeneity test rejects) and {dims}.")
 
 
+def _null_name(null: dict[str, Any], /) -> str:
+    """How the rank test's null is named in the verdict: ``rotated corpora`` or ``shuffled
+    corpora`` (``null.null_corpora``), else its method (``mp``: the analytic edge)."""
+    corpora = null.get("null_corpora")
+    return f"{corpora} corpora" if corpora else str(null.get("method"))
+
+
 def _encoding_sentence(v: dict[str, Any]) -> str | None:
     """Which encoding usable without fitting fits best, and what is tied with it."""
     rows = [b for b in v.get("best_encodings") or [] if b.get("fixed")]
@@ -214,7 +221,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
                  f"the {null['components_above_null']} eigenvalue(s) above the null threshold are not claimed)")
     else:
         first = (f"{above} MDS component(s) stand above sampling noise "
-                 f"(null: {null.get('method')}, threshold {_fmt(null.get('threshold'), '.4g')})")
+                 f"(null: {_null_name(null)}, threshold {_fmt(null.get('threshold'), '.4g')})")
     so = v.get("standout_positions") or {}
     homogeneity = report.get("homogeneity") or {}
     if v.get("withheld"):
