@@ -108,7 +108,7 @@ def test_counting_dense_then_sparse_leaves_only_the_new_counts(tmp_path, capsys)
     assert (out / "counts.csr.safetensors").is_file()
     assert not (out / "counts.safetensors").exists()
     assert sorted(p.name for p in published_dir(out).iterdir() if not p.name.startswith(".")) == \
-        ["config.json", "count.json", "counts.csr.safetensors"]
+        ["config.json", "count.json", "counts.csr.safetensors", "window-groups.safetensors"]
     tokens, _ = _state(out)
     assert main(["analyze", "--counts", str(out), "--out", str(tmp_path / "an"), "--dims", "2"]) == 0
     report = json.loads((tmp_path / "an" / "report.json").read_text())

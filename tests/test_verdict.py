@@ -157,6 +157,24 @@ def test_a_rotation_null_that_moves_few_tokens_carries_a_caveat():
     assert said(rotation)[0] == []  # a report written before the share was recorded
 
 
+def test_a_rotated_null_above_the_corpus_spectrum_says_the_rank_is_conservative():
+    """After a rejection, rotated null corpora whose top eigenvalue exceeds the corpus' own
+    (structure moved, not removed) get a caveat naming both values; not without a
+    rejection, not with shuffled corpora, not when the corpus' top is above the null."""
+    def said(threshold, top, corpora="rotated", rejected=True):
+        report = {"null": {"method": "shuffle", "components_above_null": 0, "threshold": threshold,
+                           "null_corpora": corpora},
+                  "homogeneity": {"method": "rotation", "rejected": rejected, "rotated_share": 1.0, "level": 0.025,
+                                  "p_value": 0.025, "replicates": 39},
+                  "spectrum": {"eigenvalues": [top, 1.0]}, "corpus": {"mode": "truncate", "windows": 3000}}
+        return [c for c in verdict(report, {"count": 7}).caveats if c.startswith("the rotated null corpora's")]
+
+    (caveat,) = said(82.03, 51.22)
+    assert "(82.03) exceeds the corpus' own (51.22)" in caveat and "conservative" in caveat
+    assert said(82.03, 51.22, rejected=False) == [] and said(82.03, 51.22, corpora="shuffled") == []
+    assert said(40.0, 51.22) == []
+
+
 def test_the_answer_hedges_a_gradual_change_found_by_the_permutation_test_alone():
     """The report's first sentence says "may change" where the window caveat applies (the
     permutation null, in any mode), and states the change where it does not (the rotation

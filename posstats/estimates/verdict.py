@@ -483,7 +483,8 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     withheld the intervals for noise (the jackknife over all pairs from 5 %: it covered
     87.5 % of drifts at 7 %), a milder caveat says so. When the rotation null moves less
     than :data:`ROTATED_SHARE_CAVEAT` of the tokens (``homogeneity.rotated_share``: most
-    sit in windows shorter than n) its tests' loss of power is said."""
+    sit in windows shorter than n) its tests' loss of power is said; when the rotated corpora's
+    top eigenvalue exceeds the corpus' own after a rejection, that the rank is conservative."""
     out = []
     share = ((report.get("null") or {}).get("distance_noise") or {}).get("share")
     entries = report.get("encodings") or []
@@ -509,6 +510,14 @@ def caveats(report: dict[str, Any], /) -> list[str]:
                    "documents or windows shorter than that stay in place, homogeneity.rotated_share), so the "
                    "homogeneity and rank tests see less of the structure: a weak planted effect was found in 7 of 40 "
                    "corpora with a fifth of the tokens moved, in 14 of 40 with all (docs/calibration.md)")
+    null = report.get("null") or {}
+    top = ((report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
+    if (null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
+            and null.get("threshold") is not None and float(null["threshold"]) > float(top)):
+        out.append(f"the rotated null corpora's largest top eigenvalue ({float(null['threshold']):.4g}) exceeds the "
+                   f"corpus' own ({float(top):.4g}): rotations move the structure the homogeneity test found (short "
+                   "documents or windows, each length turned by one offset, carry it to thinly occupied positions), so "
+                   "the count of components above noise is conservative here (docs/calibration.md)")
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
