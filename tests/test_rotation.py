@@ -335,6 +335,20 @@ def _documents(lengths: np.ndarray, stay: float, vocab: int, rng: np.random.Gene
     return [successor_stream(int(m), stay=stay, vocab=vocab, rng=rng) for m in lengths]
 
 
+def _both_tests(docs: list, mode: str, n: int, vocab: int, block: int, rng: np.random.Generator,
+                seed: int) -> tuple[bool, bool]:
+    """``(permutation rejects, rotation rejects)`` at 2.5 % (R = 39) for the corpus of
+    ``docs`` counted in ``mode`` with 64 window groups of ``block`` windows."""
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode=mode), dense=False, window_groups=64,
+                           window_block=block)
+    acc.add_sequences(docs)
+    wg = acc.window_groups()
+    rows = sp.csr_array(acc.result().matrix)
+    s = homogeneity_statistic(rows)
+    permutation = s > max(homogeneity_statistic(shuffled_rows(rows, rng)) for _ in range(39))
+    return bool(permutation), monte_carlo_p_value(s, rotation_null(wg, replicates=39, seed=seed)) <= 0.025
+
+
 def test_rotation_test_holds_its_level_in_chunk_mode():
     """Chunk mode, n = 16: 100 corpora of 120 documents of 40-200 tokens, each document a
     stationary stream of strongly dependent tokens (so no position, the first included, is
@@ -346,14 +360,8 @@ def test_rotation_test_holds_its_level_in_chunk_mode():
     for k in range(corpora):
         rng = np.random.default_rng(1000 + k)
         docs = _documents(rng.integers(40, 201, 120), 0.9, vocab, rng)
-        acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="chunk"), dense=False,
-                               window_groups=64, window_block=max(1, sum(len(d) for d in docs) // n // 64))
-        acc.add_sequences(docs)
-        wg = acc.window_groups()
-        rows = sp.csr_array(acc.result().matrix)
-        s = homogeneity_statistic(rows)
-        permutation += s > max(homogeneity_statistic(shuffled_rows(rows, rng)) for _ in range(39))
-        rotation += monte_carlo_p_value(s, rotation_null(wg, replicates=39, seed=k)) <= 0.025
+        p, r = _both_tests(docs, "chunk", n, vocab, max(1, sum(len(d) for d in docs) // n // 64), rng, k)
+        permutation, rotation = permutation + p, rotation + r
     assert rotation <= limit
     assert permutation > limit
 
@@ -375,14 +383,8 @@ def test_rotation_test_holds_its_level_in_truncate_mode(lengths):
     for k in range(corpora):
         rng = np.random.default_rng(3000 + k)
         docs = _documents(rng.integers(lengths[0], lengths[1] + 1, 400), 0.9, vocab, rng)
-        acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="truncate"), dense=False,
-                               window_groups=64, window_block=window_block(1, n, 64, mode="truncate"))
-        acc.add_sequences(docs)
-        wg = acc.window_groups()
-        rows = sp.csr_array(acc.result().matrix)
-        s = homogeneity_statistic(rows)
-        permutation += s > max(homogeneity_statistic(shuffled_rows(rows, rng)) for _ in range(39))
-        rotation += monte_carlo_p_value(s, rotation_null(wg, replicates=39, seed=k)) <= 0.025
+        p, r = _both_tests(docs, "truncate", n, vocab, window_block(1, n, 64, mode="truncate"), rng, k)
+        permutation, rotation = permutation + p, rotation + r
     assert rotation <= limit < permutation
 
 
