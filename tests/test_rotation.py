@@ -298,6 +298,43 @@ def test_a_length_class_turns_within_its_length():
     assert turned[:, 2].tolist() == [1, 0, 0, 0]  # class 1 turns by 0 always
 
 
+def _rotated_by_entry(wg, shifts):
+    """The rotated corpus of ``wg`` by moving every stored entry (the brute force
+    ``WindowGroups.rotated`` replaced): row ``g n + i`` to ``(i + s_g) mod n``, class L's
+    ``(K + L) n + i`` to ``(i + s_L) mod L``, the tail's in place."""
+    n, k = wg.positions, wg.groups
+    m = sp.coo_array(wg.matrix)
+    group, pos = np.divmod(m.row.astype(np.int64), n)
+    period = np.where(group <= k, n, group - k)
+    shift = np.where(group < k, shifts[np.minimum(group, k - 1)], 0)
+    turned = group > k
+    shift[turned] = shifts[k + group[turned] - k - 1]
+    out = sp.csr_array((m.data.astype(np.int64), ((pos + shift) % period, m.col)), shape=(n, wg.vocab_size))
+    out.sum_duplicates()
+    return out
+
+
+def test_rotated_corpus_equals_every_entry_moved_at_any_block_size():
+    """``rotated`` (built a row block at a time) equals every stored entry moved on its own,
+    with groups, the tail and length classes, whether one block holds all rows, one row, or
+    a few (blocks that end inside a class' rows and inside a wrap)."""
+    rng = np.random.default_rng(21)
+    n, vocab = 11, 40
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="chunk"), dense=False, window_groups=3,
+                           window_block=2)
+    acc.add_sequences([rng.integers(0, vocab, m) for m in rng.integers(1, 4 * n, 60)])
+    wg = acc.window_groups()
+    assert wg.classes == n - 1
+    for r in range(5):
+        shifts = wg.draw_shifts(np.random.default_rng([5, r]))
+        expected = _rotated_by_entry(wg, shifts).toarray()
+        np.testing.assert_array_equal(wg.rotated(shifts).toarray(), expected)
+        for cells in (1, 3 * vocab, 7 * vocab, 10**9):
+            blocks = list(wg.rotated_blocks(shifts, cells=cells))
+            assert [a for a, _, _ in blocks] == list(range(0, n, max(1, cells // vocab)))
+            np.testing.assert_array_equal(np.vstack([b for _, _, b in blocks]), expected)
+
+
 def _one_class_rows() -> np.ndarray:
     """(20, 3) rows of ``WindowGroups(K=1, n=4, classes=3)``: one token of id 2 in class 1
     (row (1 + 1) 4 + 0), of id 1 at position 0 of class 2, of id 0 at position 0 of class 3."""

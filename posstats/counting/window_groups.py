@@ -38,7 +38,9 @@ files written before them), class L's rows ``(K + L) n + i`` for i < L.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +51,7 @@ from posstats.counting.sorted_keys import SortedKeyCounter, block_positions
 __all__ = ["DEFAULT_WINDOW_GROUPS", "WindowGroupCounter", "WindowGroups"]
 
 DEFAULT_WINDOW_GROUPS = 64  # groups rotated apart; about the power of one per window (docs/calibration.md)
+_BLOCK_CELLS = 1 << 22  # cells of one dense block of a rotated corpus (32 MiB as float64)
 _BUFFER_KEYS = 1 << 26  # token ids buffered before they are sorted into the held counts (128 MiB as uint16)
 
 
@@ -114,28 +117,71 @@ class WindowGroups:
         """(n, V) int64 CSR: the corpus' counts, ``sum_g C^g + tail + sum_L T^L``."""
         return self.rotated(np.zeros(self.groups + self.classes, dtype=np.int64))
 
-    def rotated(self, shifts: np.ndarray, /) -> sp.csr_array:
+    def checked_shifts(self, shifts: Any, /) -> np.ndarray:
+        """``shifts`` as (K + C,) int64 (:attr:`periods`), or a one-line ValueError."""
+        shifts = np.asarray(shifts, dtype=np.int64)
+        want = self.groups + self.classes
+        if shifts.shape != (want,):
+            msg = f"rotated() needs one shift per group and length class, {want}; got shape {shifts.shape}"
+            raise ValueError(msg)
+        return shifts
+
+    def rotated_blocks(self, shifts: Any, /, *, cells: int = _BLOCK_CELLS) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The rotated corpus of :meth:`rotated`, a block of rows at a time: yields ``(a, b,
+        block)`` with ``block`` the (b - a, V) float64 counts (exact integers) of rows
+        ``a .. b - 1``, blocks of about ``cells`` cells covering rows 0 .. n - 1 in order.
+
+        Each group's or length class's stored rows that land in ``[a, b)`` are one or two
+        contiguous runs of its storage (the rows before the wrap and after it), so a block
+        is one ``bincount`` of those runs' entries (:attr:`entry_cells` moved by the run's
+        offset): one pass over the stored entries per corpus, memory one block, whatever
+        the number of groups and classes (no per-entry arrays: at n = 4,096 over 17 M
+        stored rows those held 13.6 GB)."""
+        shifts = self.checked_shifts(shifts)
+        k, c, n, vocab = self.groups, self.classes, self.positions, self.vocab_size
+        m = self.matrix
+        row_nnz = np.diff(m.indptr).reshape(k + 1 + c, n)
+        cell = self.entry_cells
+        # (stored block, period, shift): the groups turn by n, the tail not at all, class L by L
+        parts = [(g, n, int(shifts[g])) for g in range(k)] + [(k, n, 0)]
+        parts += [(k + length, length, int(shifts[k + length - 1])) for length in range(1, c + 1)
+                  if row_nnz[k + length].any()]
+        step = max(1, int(cells) // max(vocab, 1))
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            keys, weights = [], []
+            for g, period, s in parts:
+                if a >= period:
+                    continue  # a class of L tokens reaches rows 0 .. L-1 only
+                width = min(b, period) - a
+                lo = (a - s) % period  # source rows i with (i + s) mod P in [a, a + width): lo .. and, wrapping, 0 ..
+                for r0, r1, first in ((lo, min(period, lo + width), lo), (0, max(0, lo + width - period), lo - period)):
+                    e0, e1 = m.indptr[g * n + r0], m.indptr[g * n + r1]
+                    if e1 > e0:  # source row r lands on row a + r - first of the block
+                        keys.append(cell[e0:e1] - first * vocab)
+                        weights.append(m.data[e0:e1])
+            if keys:
+                block = np.bincount(np.concatenate(keys), weights=np.concatenate(weights), minlength=(b - a) * vocab)
+            else:
+                block = np.zeros((b - a) * vocab)
+            yield a, b, block.reshape(b - a, vocab)
+
+    def rotated(self, shifts: Any, /) -> sp.csr_array:
         """(n, V) int64 CSR ``sum_g roll(C^g, s_g) + tail + sum_L roll_L(T^L, s_L)``: group g's
         row i moved to row ``(i + s_g) mod n``, class L's to ``(i + s_L) mod L``; the tail
-        stays (``shifts``: (K + C,) integers, :attr:`periods`)."""
-        shifts = np.asarray(shifts, dtype=np.int64)
-        k = self.groups
-        if shifts.shape != (k + self.classes,):
-            msg = (f"rotated() needs one shift per group and length class, {k + self.classes}; "
-                   f"got shape {shifts.shape}")
-            raise ValueError(msg)
-        n = self.positions
-        row = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64), np.diff(self.matrix.indptr))
-        group, pos = np.divmod(row, n)
-        moved = group < k
-        pos[moved] = (pos[moved] + shifts[group[moved]]) % n
-        turned = group > k  # class L = group - K, its shift at index K + L - 1
-        length = group[turned] - k
-        pos[turned] = (pos[turned] + shifts[k + length - 1]) % length
-        out = sp.csr_array((self.matrix.data.astype(np.int64, copy=False), (pos, self.matrix.indices)),
-                           shape=(n, self.vocab_size))
-        out.sum_duplicates()
-        return out
+        stays (``shifts``: (K + C,) integers, :attr:`periods`). Formed from
+        :meth:`rotated_blocks`: memory the result and one block."""
+        vocab = self.vocab_size
+        indptr, indices, data = [np.zeros(1, dtype=np.int64)], [], []
+        for a, b, block in self.rotated_blocks(shifts):
+            flat = block.reshape(-1)
+            nz = np.flatnonzero(flat)
+            row, col = np.divmod(nz, vocab)
+            indices.append(col.astype(np.int32 if vocab < 2**31 else np.int64))
+            data.append(flat[nz].astype(np.int64))
+            indptr.append(indptr[-1][-1] + np.cumsum(np.bincount(row, minlength=b - a)))
+        return sp.csr_array((np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)),
+                            shape=(self.positions, vocab))
 
 
 class WindowGroupCounter:

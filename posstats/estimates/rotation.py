@@ -67,39 +67,13 @@ def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
     two contiguous runs of its storage), so the cost is one pass over the stored entries
     and the memory one block. Every row must be occupied.
     """
-    shifts = np.asarray(shifts, dtype=np.int64)
-    k, c = groups.groups, groups.classes
-    if shifts.shape != (k + c,):
-        msg = f"rotated_statistic() needs one shift per group and length class, {k + c}; got shape {shifts.shape}"
-        raise ValueError(msg)
-    n, vocab = groups.positions, groups.vocab_size
+    k, c, n = groups.groups, groups.classes, groups.positions
     m = groups.matrix
-    row_nnz = np.diff(m.indptr).reshape(k + 1 + c, n)
     occupancy = np.asarray(m.sum(axis=1)).ravel().reshape(k + 1 + c, n).sum(axis=0).astype(np.float64)
     sqrt_pool = np.sqrt(np.asarray(m.sum(axis=0)).ravel() / occupancy.sum())
-    cell = groups.entry_cells
-    step = max(1, (1 << 22) // vocab)
     total = 2.0 * float(occupancy.sum())
-    # (stored block, period, shift): the groups turn by n, the tail not at all, class L by L
-    parts = [(g, n, int(shifts[g])) for g in range(k)] + [(k, n, 0)]
-    parts += [(k + length, length, int(shifts[k + length - 1])) for length in range(1, c + 1)
-              if row_nnz[k + length].any()]
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        keys, weights = [], []
-        for g, period, s in parts:
-            if a >= period:
-                continue  # a class of L tokens reaches rows 0 .. L-1 only
-            width = min(b, period) - a
-            lo = (a - s) % period  # source rows i with (i + s) mod P in [a, a + width): lo .. and, wrapping, 0 ..
-            for r0, r1, first in ((lo, min(period, lo + width), lo), (0, max(0, lo + width - period), lo - period)):
-                e0, e1 = m.indptr[g * n + r0], m.indptr[g * n + r1]
-                if e1 > e0:  # source row r lands on row a + r - first of the block
-                    keys.append(cell[e0:e1] - first * vocab)
-                    weights.append(m.data[e0:e1])
-        block = np.bincount(np.concatenate(keys), weights=np.concatenate(weights), minlength=(b - a) * vocab)
-        affinity = np.sqrt(block).reshape(b - a, vocab) @ sqrt_pool
-        total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ affinity)
+    for a, b, block in groups.rotated_blocks(shifts):
+        total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ (np.sqrt(block) @ sqrt_pool))
     return total
 
 
