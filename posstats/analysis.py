@@ -57,7 +57,7 @@ from posstats.estimates.pair_jackknife import (
     pair_noise_share,
     pair_replicates,
 )
-from posstats.estimates.permutation import permutation_null
+from posstats.estimates.permutation import null_distance_sums, permutation_null
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
@@ -1601,7 +1601,8 @@ def _null_section(
     (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`:
     the dependence inside windows kept, for both tests). With the exact path's (m, m)
     ``distances`` the null also says which share of their sum sampling noise alone reaches
-    (``distance_noise``)."""
+    (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
+    they move (:func:`posstats.estimates.permutation.null_distance_sums`)."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
     if choice == "none":
@@ -1614,11 +1615,17 @@ def _null_section(
         options = {"replicates": config.null_replicates, "corrected": bias is not None, "seed": config.seed,
                    "eigen_replicates": _eigen_replicates(m, config.null_replicates)}
         what = "rotated corpora" if groups is not None else "shuffled corpora"
-        with progress(total=config.null_replicates, desc=what, unit="corpus", enabled=show_progress) as bar:
+        shuffled_sums = groups is not None and distances is not None  # the noise share's own shuffled corpora
+        total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
+        with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
             if groups is not None:
                 perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options)
             else:
                 perm = permutation_null(g.rows, progress=bar.update, **options)
+            if shuffled_sums:
+                noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
+                                                corrected=bias is not None, seed=config.seed,
+                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update)
         nr = null_rank(lam, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {
@@ -1653,9 +1660,23 @@ def _null_section(
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
         out["null_corpora"] = "rotated" if groups is not None else "shuffled"
+        if mds.encoding.shape[1] and lam.size and lam[0] > 0:
+            out["top_component_occupancy"] = _loaded_occupancy(mds.encoding[:, 0], g.occupancy)
+            out["median_occupancy"] = float(np.median(g.occupancy))
         if distances is not None:
-            out["distance_noise"] = _distance_noise_entry(perm, distances)
+            out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
+                                     _distance_noise_entry(noise_sums, distances,
+                                                           rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS)))
     return out, homogeneity
+
+
+def _loaded_occupancy(column: np.ndarray, occupancy: np.ndarray) -> float:
+    """The median occupancy of the positions an MDS component loads on: the occupancy
+    median weighted by the component's squared loadings (a component on thinly occupied
+    positions, whose sampling noise is large, has a low one; the verdict's caveat reads it)."""
+    order = np.argsort(occupancy, kind="stable")
+    weight = np.cumsum(np.asarray(column, dtype=np.float64)[order] ** 2)
+    return float(np.asarray(occupancy)[order][min(int(np.searchsorted(weight, 0.5 * weight[-1])), order.size - 1)])
 
 
 def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tuple[Any, str | None]:
@@ -1674,17 +1695,23 @@ def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tu
     return groups, None
 
 
-def _distance_noise_entry(perm: Any, distances: np.ndarray) -> dict[str, Any]:
+def _distance_noise_entry(null_sums: np.ndarray, distances: np.ndarray, *,
+                          rows_per_replicate: int | None = None) -> dict[str, Any]:
     """The ``null.distance_noise`` entry: the data's summed pairwise distances, the mean sum
-    of the shuffled corpora (stationary, same occupancies, same estimator) and their ratio,
-    the share of the distances that sampling noise alone reaches
-    (:meth:`posstats.estimates.permutation.PermutationNull.distance_noise_share`)."""
+    of shuffled corpora (stationary, same occupancies, same estimator; ``null_sums``) and
+    their ratio, the share of the distances that sampling noise alone reaches
+    (:meth:`posstats.estimates.permutation.PermutationNull.distance_noise_share`).
+    ``rows_per_replicate``: the rows of each shuffled corpus its sum was estimated from
+    (:func:`posstats.estimates.permutation.null_distance_sums`), when they were drawn apart
+    from the tests' null corpora."""
     data = float(np.sum(distances, dtype=np.float64)) / 2.0  # symmetric, zero diagonal: the sum over i < j
-    share = perm.distance_noise_share(data)
+    share = float(np.mean(null_sums)) / data if null_sums.size and data > 0 else None
     return {
         "data_sum": data,
-        "null_mean_sum": float(np.mean(perm.null_distance_sums)),
-        "replicates": int(perm.null_distance_sums.size),
+        "null_mean_sum": float(np.mean(null_sums)),
+        "replicates": int(null_sums.size),
+        "null_corpora": "shuffled",
+        **({"rows_per_replicate": int(rows_per_replicate)} if rows_per_replicate is not None else {}),
         "share": share,
     }
 

@@ -341,3 +341,18 @@ def test_bench_rotation_short_windows_small():
         assert row["rotation"]["of"] == row["permutation"]["of"] == 2
     # half of positions 0-3 from private ids: found by both tests, a tail or not
     assert all(row["rotation"]["count"] == 2 for row in r["rows"] if row["planted"] == 0.5)
+
+
+def test_bench_truncate_rank_small():
+    """bench_truncate_rank.py on the bundled fortunes at 64 positions: every minimum
+    occupancy gets the corpus' top eigenvalue and each null's summary; the positions kept
+    shrink as the minimum grows, and the top component's occupancy is one of theirs."""
+    r = run_bench("bench_truncate_rank.py", "--positions", "64", "--replicates", "3", "--min-occupancy", "1,2000,10000000")
+    assert r["benchmark"] == "truncate_rank" and r["documents"] == 3000 and r["replicates"] == 3
+    first, second, empty = r["rows"]
+    assert first["rows"] == 64 and 2 <= second["rows"] < 64 and "skipped" in empty
+    for row in (first, second):
+        assert row["median_occupancy"] <= row["top_component_occupancy"] <= 3000
+        for null in ("length_classes", "per_document", "shuffled"):
+            assert row[null]["median"] <= row[null]["max"]
+            assert row[null]["corpus_above"] == (row["corpus_top"] > row[null]["max"])

@@ -163,12 +163,13 @@ def test_run_forms_the_matrix_once_and_reports_the_numbers_it_did(tmp_path, data
     assert (out / "report.html").is_file() and (out / "summary.md").is_file()
     assert_each_once(spy, corpus_rows(out))
     report = json.loads((out / "report.json").read_text())
-    # the corpus, the 39 rotated null corpora, the 10 jackknife replicates, the two held-out
-    # halves and the held-out jackknife's 10 replicates of each; the sample's plug-in
+    # the corpus, the 39 rotated null corpora, the 39 shuffled corpora of the noise share
+    # (rotated ones keep the structure they move), the 10 jackknife replicates, the two
+    # held-out halves and the held-out jackknife's 10 replicates of each; the sample's plug-in
     # distances are mostly noise, so the jackknife only decides ties
     assert report["null"]["distance_noise"]["share"] >= 0.1
     assert all(e["stress_interval"].startswith("none: sampling noise") for e in report["encodings"])
-    assert len(spy.calls) == 1 + 39 + 10 + 2 + 2 * 10
+    assert len(spy.calls) == 1 + 39 + 39 + 10 + 2 + 2 * 10
     check_expected(report)
     # held out on real text: every score has the jackknife's range for ties (or says why not),
     # never a 95 % interval, and the held-out best's ties are exactly the overlapping ranges

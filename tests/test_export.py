@@ -478,7 +478,7 @@ def test_minilm_checkpoint_takes_a_512_row_table_with_thin_rows_warned(tmp_path,
     capsys.readouterr()
     out = tmp_path / "minilm-pos.safetensors"
     # --rank: against rotated corpora no component of this sample stands above noise at 512
-    # positions (its short fortunes carry their openings to thin rows), so the count is asked for
+    # positions (its top components load on positions two to five fortunes reach), so the count is asked for
     assert main(["export", str(run), "--dim", "384", "--layout", "bert", "--rows", "512", "--license", "apache-2.0",
                  "--base-model", "sentence-transformers/all-MiniLM-L6-v2", "--dataset", "debian-fortunes",
                  "--rank", "16", "--out", str(out)]) == 0

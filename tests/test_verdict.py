@@ -15,6 +15,7 @@ from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
+    THIN_COMPONENT_SHARE,
     WINDOW_HOMOGENEITY_CAVEAT,
     best_encodings,
     caveats,
@@ -157,20 +158,30 @@ def test_a_rotation_null_that_moves_few_tokens_carries_a_caveat():
     assert said(rotation)[0] == []  # a report written before the share was recorded
 
 
-def test_a_rotated_null_above_the_corpus_spectrum_says_the_rank_is_conservative():
+def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_structure():
     """After a rejection, rotated null corpora whose top eigenvalue exceeds the corpus' own
-    (structure moved, not removed) get a caveat naming both values; not without a
-    rejection, not with shuffled corpora, not when the corpus' top is above the null."""
-    def said(threshold, top, corpora="rotated", rejected=True):
+    get a caveat naming both values and why: a top component on thin positions (at most
+    half the median occupancy), whose noise outweighs the structure, with the option that
+    leaves them out; else the structure moved by the rotations (a conservative count),
+    also when the null recorded no occupancies; not without a rejection, not with
+    shuffled corpora, not when the corpus' top is above the null."""
+    def said(threshold, top, corpora="rotated", rejected=True, **null):
         report = {"null": {"method": "shuffle", "components_above_null": 0, "threshold": threshold,
-                           "null_corpora": corpora},
+                           "null_corpora": corpora, **null},
                   "homogeneity": {"method": "rotation", "rejected": rejected, "rotated_share": 1.0, "level": 0.025,
                                   "p_value": 0.025, "replicates": 39},
                   "spectrum": {"eigenvalues": [top, 1.0]}, "corpus": {"mode": "truncate", "windows": 3000}}
-        return [c for c in verdict(report, {"count": 7}).caveats if c.startswith("the rotated null corpora's")]
+        return [c for c in verdict(report, {"count": 7}).caveats if c.startswith("the homogeneity test found")]
 
     (caveat,) = said(82.03, 51.22)
-    assert "(82.03) exceeds the corpus' own (51.22)" in caveat and "conservative" in caveat
+    assert "largest eigenvalue (51.22) is within what the rotated null corpora reach (82.03)" in caveat
+    assert "conservative" in caveat and "--min-occupancy" not in caveat  # a report written before the occupancies
+    (caveat,) = said(82.03, 51.22, top_component_occupancy=3.0, median_occupancy=1250.5)
+    assert "positions of about 3 counted tokens" in caveat and "1,250 over all used positions" in caveat
+    assert "--min-occupancy" in caveat and "conservative" not in caveat
+    (thin,) = said(82.03, 51.22, top_component_occupancy=THIN_COMPONENT_SHARE * 60, median_occupancy=60)
+    (wide,) = said(82.03, 51.22, top_component_occupancy=THIN_COMPONENT_SHARE * 60 + 1, median_occupancy=60)
+    assert "--min-occupancy" in thin and "conservative" in wide and "loads on" not in wide
     assert said(82.03, 51.22, rejected=False) == [] and said(82.03, 51.22, corpora="shuffled") == []
     assert said(40.0, 51.22) == []
 

@@ -35,7 +35,12 @@ at level 2.5 % rejects exactly when ``T`` exceeds all 39 null values.
   explains: square roots of noisy near-zero squared distances are biased upward by about
   the square root of their noise, and no estimator removes that, so where the share is
   large, stresses computed from the distances (and their intervals) are biased toward the
-  noise (docs/calibration.md measures how much).
+  noise (docs/calibration.md measures how much). Shuffled corpora are that stationary
+  corpus whatever null the tests use: rotated ones (:mod:`posstats.estimates.rotation`)
+  keep the structure they move, and their sums with it, so with them the share comes from
+  shuffled corpora of their own (:func:`null_distance_sums`). Dependence between nearby
+  positions makes the data's near pairs closer than the shuffles' (their rows are
+  correlated), so there the share leans high: a caveat given too often, never too rarely.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ __all__ = [
     "distance_sum",
     "homogeneity_statistic",
     "monte_carlo_p_value",
+    "null_distance_sums",
     "permutation_null",
     "shuffled_rows",
     "top_eigenvalue",
@@ -72,6 +78,18 @@ def _csr(rows: Any) -> sp.csr_array:
     """Integer counts as canonical CSR (duplicates summed)."""
     c = sp.csr_array(rows)
     c.sum_duplicates()
+    return c
+
+
+def _integer_csr(rows: Any) -> sp.csr_array:
+    """:func:`_csr` of integer counts (float ones holding integers cast to int64; a one-line
+    ValueError otherwise)."""
+    c = _csr(rows)
+    if c.dtype.kind not in "iu":
+        if not np.array_equal(c.data, np.round(c.data)):
+            msg = "a permutation null needs integer counts"
+            raise ValueError(msg)
+        c = c.astype(np.int64)
     return c
 
 
@@ -159,6 +177,44 @@ def distance_sum(d2: Any, bias: Any = None, /) -> float:
         block[np.arange(hi - lo)[:, None] >= (np.arange(m)[None, :] - lo)] = 0.0
         total += float(block.sum())
     return total
+
+
+def null_distance_sums(
+    rows: Any,
+    /,
+    *,
+    replicates: int,
+    corrected: bool,
+    seed: int = 0,
+    max_rows: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """(R,) :func:`distance_sum` over all ``m (m - 1) / 2`` pairs of R shuffled corpora of
+    the (m, V) counts ``rows`` (:func:`shuffled_rows`; replicate r draws from
+    ``numpy.random.default_rng([seed, r, 1])``), for a null whose own corpora cannot give
+    them: the rotation null's keep the structure they move (a planted position spread
+    over K places), so their distances hold more than sampling noise (module docstring,
+    docs/calibration.md).
+
+    Above ``max_rows`` rows a replicate takes the distances among ``max_rows`` rows of
+    its shuffled corpus drawn uniformly without replacement, and scales their sum by
+    ``m (m - 1) / (r (r - 1))``: every pair is equally likely to be among them, so the
+    estimate is unbiased, at ``(r / m)^2`` of the cost of all pairs. ``progress(1)`` after
+    each replicate."""
+    c = _integer_csr(rows)
+    m = c.shape[0]
+    r = m if max_rows is None else max(2, min(m, int(max_rows)))
+    out = np.empty(int(replicates))
+    for k in range(out.size):
+        rng = np.random.default_rng([seed, k, 1])
+        shuffled = shuffled_rows(c, rng)
+        if r < m:
+            shuffled = shuffled[np.sort(rng.choice(m, r, replace=False))]
+        d2 = hellinger_sq(shuffled)
+        out[k] = distance_sum(d2, position_sampling_variance(shuffled) if corrected else None) * (m * (m - 1)) / (r * (r - 1))
+        if progress is not None:
+            progress(1)
+    return out
 
 
 def null_geometry(rows: Any, /, *, corrected: bool) -> tuple[float, float]:
@@ -276,12 +332,7 @@ def permutation_null(
     eigenvalue and distance sum (module docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``;
     ``progress(1)`` is called after each."""
     eigen = checked_replicates(replicates, eigen_replicates, null="permutation")
-    c = _csr(rows)
-    if c.dtype.kind not in "iu":
-        if not np.array_equal(c.data, np.round(c.data)):
-            msg = "a permutation null needs integer counts"
-            raise ValueError(msg)
-        c = c.astype(np.int64)
+    c = _integer_csr(rows)
     s_null, top_null, sums_null = np.empty(replicates), np.empty(eigen), np.empty(eigen)
     for r in range(replicates):
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))

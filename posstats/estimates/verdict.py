@@ -484,7 +484,8 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     87.5 % of drifts at 7 %), a milder caveat says so. When the rotation null moves less
     than :data:`ROTATED_SHARE_CAVEAT` of the tokens (``homogeneity.rotated_share``: most
     sit in windows shorter than n) its tests' loss of power is said; when the rotated corpora's
-    top eigenvalue exceeds the corpus' own after a rejection, that the rank is conservative."""
+    top eigenvalue exceeds the corpus' own after a rejection, that no eigenvalue shows that structure
+    (:func:`_unseen_structure_caveat`)."""
     out = []
     share = ((report.get("null") or {}).get("distance_noise") or {}).get("share")
     entries = report.get("encodings") or []
@@ -514,15 +515,45 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     top = ((report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
     if (null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
             and null.get("threshold") is not None and float(null["threshold"]) > float(top)):
-        out.append(f"the rotated null corpora's largest top eigenvalue ({float(null['threshold']):.4g}) exceeds the "
-                   f"corpus' own ({float(top):.4g}): rotations move the structure the homogeneity test found (short "
-                   "documents or windows, each length turned by one offset, carry it to thinly occupied positions), so "
-                   "the count of components above noise is conservative here (docs/calibration.md)")
+        out.append(_unseen_structure_caveat(null, float(top)))
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
                    "read as positional")
     return out
+
+
+# The top component loads on thin positions when the occupancy under its loadings is at
+# most this share of the median occupancy of the used positions
+THIN_COMPONENT_SHARE = 0.5
+
+
+def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
+    """The caveat for structure the homogeneity test found that no eigenvalue shows: the
+    rotated corpora's largest top eigenvalue exceeds the corpus' own. Two causes, told
+    apart by where the corpus' top component loads (``null.top_component_occupancy``
+    against ``null.median_occupancy``), both measured on the bundled fortunes at n = 512
+    (docs/calibration.md):
+
+    - on thinly occupied positions (at most :data:`THIN_COMPONENT_SHARE` of the median):
+      there a few documents fill a run of positions, whose sampling noise, shared along
+      that run, outweighs the structure; any rotation reproduces that noise (one offset a
+      length class or one a document alike), so ``--min-occupancy`` is the remedy;
+    - elsewhere: the rotations moved the structure rather than removed it (a length class
+      turns as one, so the openings of its documents land together), and the count of
+      components above noise is conservative.
+    """
+    head = (f"the homogeneity test found structure, but the corpus' largest eigenvalue ({top:.4g}) is within what the "
+            f"rotated null corpora reach ({float(null['threshold']):.4g})")
+    loaded, median = null.get("top_component_occupancy"), null.get("median_occupancy")
+    if loaded is not None and median is not None and float(loaded) <= THIN_COMPONENT_SHARE * float(median):
+        return (f"{head}: its top component loads on positions of about {float(loaded):,.0f} counted tokens (median "
+                f"under its loadings; {float(median):,.0f} over all used positions), where the few documents that "
+                "reach a position share its sampling noise along the positions they fill, which outweighs the structure "
+                "in this geometry; --min-occupancy K leaves thinly occupied positions out (docs/calibration.md)")
+    return (f"{head}: rotations move that structure rather than remove it (documents shorter than the context turn "
+            "by one offset for each length, so their openings land together), so the count of components above noise "
+            "is conservative here (docs/calibration.md)")
 
 
 # More standout positions than this share of the used ones: the distributions change across
