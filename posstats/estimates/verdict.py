@@ -539,8 +539,9 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
       there a few documents fill a run of positions, whose sampling noise, shared along
       that run, outweighs the structure; any rotation reproduces that noise (one offset a
       length class or one a document alike), so ``--min-occupancy`` is the remedy;
-    - elsewhere: the rotations moved the structure rather than removed it (a length class
-      turns as one, so the openings of its documents land together), and the count of
+    - elsewhere: the rotations moved the structure rather than removed it (a turned
+      document's opening lands on another of its positions, and with most documents
+      shorter than the context the openings pile up where they reach), and the count of
       components above noise is conservative.
     """
     head = (f"the homogeneity test found structure, but the corpus' largest eigenvalue ({top:.4g}) is within what the "
@@ -551,9 +552,9 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
                 f"under its loadings; {float(median):,.0f} over all used positions), where the few documents that "
                 "reach a position share its sampling noise along the positions they fill, which outweighs the structure "
                 "in this geometry; --min-occupancy K leaves thinly occupied positions out (docs/calibration.md)")
-    return (f"{head}: rotations move that structure rather than remove it (documents shorter than the context turn "
-            "by one offset for each length, so their openings land together), so the count of components above noise "
-            "is conservative here (docs/calibration.md)")
+    return (f"{head}: rotations move that structure rather than remove it (a turned document's opening lands on "
+            "another of its positions, and where most documents are shorter than the context the openings pile up where "
+            "they reach), so the count of components above noise is conservative here (docs/calibration.md)")
 
 
 # More standout positions than this share of the used ones: the distributions change across
