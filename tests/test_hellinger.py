@@ -141,6 +141,24 @@ def test_blocked_medium_sparse(block):
     check_blocked_medium(sp.csr_array(c), c, block)
 
 
+@pytest.mark.parametrize("elements", [50, 150, 50 * 9, 10**9])
+@pytest.mark.parametrize("block", [7, 1000])
+def test_dense_columns_in_several_blocks(monkeypatch, elements, block):
+    """The dense columns (here the 10 heavy ones and the densest light ones) multiplied a
+    block of ``_DENSE_BLOCK_ELEMENTS`` at a time give the same distances as in one block:
+    1, 3, 9 and all of them a block, every one of them in a dense block."""
+    import posstats.geometry.hellinger as h
+
+    monkeypatch.setattr(h, "_DENSE_BLOCK_ELEMENTS", elements)
+    c = medium_counts()
+    dense, light = h._split_columns(h.sqrt_distributions(sp.csr_array(c)))
+    per_column = (c > 0).sum(axis=0)
+    assert dense.shape[1] == int((per_column > 0.05 * c.shape[0]).sum()) > 10  # none left to the sparse part
+    assert sum(b.shape[1] for b in h._dense_blocks(dense)) == dense.shape[1]
+    assert max(b.shape[1] for b in h._dense_blocks(dense)) == min(dense.shape[1], max(1, elements // 50))
+    check_blocked_medium(sp.csr_array(c), c, block)
+
+
 def _near_identical(rng: np.random.Generator, scale: int) -> np.ndarray:
     """Rows equal up to a few counts at very large occupancy: d_H^2 ~ 1e-10 .. 1e-20."""
     base = rng.integers(1, 1000, size=40) * scale

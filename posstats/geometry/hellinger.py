@@ -247,38 +247,46 @@ def _scaled_rows(m: Any, factor: np.ndarray) -> tuple[Any, Any]:
     return kind((p, m.indices, m.indptr), shape=m.shape), kind((e, m.indices, m.indptr), shape=m.shape)
 
 
-# Columns of S denser than this go to a dense block for the Gram product. A sparse-sparse
+# Columns of S denser than this go to dense blocks for the Gram product. A sparse-sparse
 # product costs ~nnz_v^2 for column v at ~1e8 multiply-adds/s (scipy, one thread), a dense
 # one ~n^2 at ~1e10 and more (BLAS); they break even near a column density of 1/10-1/20.
 # Frequent tokens (Zipf's head) occur at nearly every position, so this moves most of
 # the work to BLAS: ~10x faster than an all-sparse product on a GPT-2-vocabulary corpus.
 _DENSE_COLUMN_DENSITY = 0.05
-# Memory cap on that dense block (elements; 2**26 float64 = 512 MiB): the densest columns
-# are kept dense up to this many elements, the rest stay sparse.
+# Elements of one dense block (2**26 float64 = 512 MiB): the dense columns are densified
+# and multiplied this many at a time, so every one of them goes to BLAS whatever their
+# number (a single block capped at this size left 34,000 of GPT-2's 50,257 columns to the
+# sparse product at 4,096 rows of 2e8 tokens).
 _DENSE_BLOCK_ELEMENTS = 1 << 26
 # Rows per sparse-sparse product inside a block.
 _SPARSE_TILE = 512
 
 
-def _split_columns(s: Any) -> tuple[np.ndarray | None, Any]:
-    """Split sparse S into (dense block of its dense columns, CSR of the rest), either None
-    when empty. ``S S^T`` is the sum of the two blocks' Gram matrices."""
+def _split_columns(s: Any) -> tuple[Any, Any]:
+    """Split sparse S (n, V) into (CSC of its dense columns, CSR of the rest), either None
+    when empty. ``S S^T`` is the sum of the two parts' Gram matrices."""
     n, v = s.shape
     per_column = np.bincount(s.indices, minlength=v)
-    order = np.argsort(per_column, kind="stable")[::-1]
-    heavy_count = int(np.count_nonzero(per_column > _DENSE_COLUMN_DENSITY * n))
-    heavy_count = min(heavy_count, _DENSE_BLOCK_ELEMENTS // max(n, 1))
-    if heavy_count == 0:
+    heavy = per_column > _DENSE_COLUMN_DENSITY * n
+    if not heavy.any():
         return None, s
-    heavy = np.sort(order[:heavy_count])
-    light = np.sort(order[heavy_count:])
     csc = s.tocsc()
-    # Fortran order, as the CSC gives it (a C copy of up to 512 MiB cost 2.6 s at 2,048 rows)
-    dense_part = np.asfortranarray(csc[:, heavy].toarray())
+    dense_part = csc[:, np.flatnonzero(heavy)]
+    light = np.flatnonzero(~heavy)
     sparse_part = csc[:, light].tocsr() if light.size else None
     if sparse_part is not None and sparse_part.nnz == 0:
         sparse_part = None
     return dense_part, sparse_part
+
+
+def _dense_blocks(columns: Any) -> Any:
+    """The (n, h) CSC ``columns`` as Fortran-ordered float64 blocks of at most
+    ``_DENSE_BLOCK_ELEMENTS`` elements, left to right (as the CSC gives them: a C copy of
+    512 MiB cost 2.6 s at 2,048 rows)."""
+    n, h = columns.shape
+    step = max(1, _DENSE_BLOCK_ELEMENTS // max(n, 1))
+    for c0 in range(0, h, step):
+        yield np.asfortranarray(columns[:, c0:c0 + step].toarray())
 
 
 def _gram_rows(x: Any, a: int, b: int, xp: types.ModuleType) -> Any:
@@ -315,10 +323,11 @@ def hellinger_sq(
     block (upper block triangle, then mirrored), so the result is exactly symmetric and
     half the product is skipped (numpy: SYRK on the diagonal blocks). Dense input runs on
     its device in float64 (never TF32). Sparse input never densifies ``S`` as a whole: its
-    densest columns (present at > 5% of the positions, Zipf's head; at most 512 MiB of
-    them) form a dense block multiplied by BLAS, the rest stay sparse, and the two Gram
+    densest columns (present at > 5% of the positions, Zipf's head) form dense blocks
+    multiplied by BLAS, the rest stay sparse, and the two Gram
     matrices are added (about 10x faster than an all-sparse product on a GPT-2-vocabulary
-    corpus, where the frequent tokens occur at almost every position). The diagonal is exactly
+    corpus, where the frequent tokens occur at almost every position; 512 MiB of them at a
+    time, however many). The diagonal is exactly
     0, negatives are clipped to 0, and pairs whose Gram value is below ``refine_below``
     are recomputed by the cancellation-free difference form (:func:`hellinger_sq_pairs`;
     see the module docstring). ``refine_below=0`` turns the refinement off.
@@ -354,10 +363,10 @@ def hellinger_sq(
         b = min(a + block, n)
         m = b - a
         if prep.sparse:
+            r = np.zeros((m, n - a), dtype=np.float64)
             if dense_part is not None:
-                r = _gram_rows(dense_part, a, b, np)
-            else:
-                r = np.zeros((m, n - a), dtype=np.float64)
+                for dense in _dense_blocks(dense_part):
+                    r += _gram_rows(dense, a, b, np)
             if sparse_part is not None:
                 # Sub-tiles: a sparse product cannot skip the lower triangle, so keep the
                 # part of each tile below the diagonal small.
