@@ -9,20 +9,27 @@ refuses a file that does not add up to the counts beside it (one line naming the
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from safetensors import safe_open
 
 from posstats.counting.blocks import narrow_count_dtype
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import TensorStream, _csr_from, _opened, index_dtype, write_safetensors
+from posstats.counting.scipy_sparse import sp
 from posstats.counting.window_groups import WindowGroupCounter, WindowGroups
 from posstats.errors import InputError
 from posstats.storage.publish import atomic_path, published_dir
 
 __all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_window_group_blocks", "save_window_groups",
-           "window_groups_file"]
+           "sum_window_group_files", "window_groups_file"]
 
 WINDOW_GROUPS_FILE = "window-groups.safetensors"
 _SCHEMA = "posstats.window-groups/1"
@@ -78,6 +85,53 @@ def window_groups_file(path: str | os.PathLike, /) -> Path | None:
     return target if target.is_file() else None
 
 
+@dataclass(frozen=True)
+class _Header:
+    """A window-groups file's checked metadata (:func:`_header`)."""
+
+    groups: int
+    positions: int
+    vocab_size: int
+    classes: int
+    windows: int
+    tokens: int
+    fingerprint: str
+
+    @property
+    def rows(self) -> int:
+        """(K + 1 + C) n: the stored rows."""
+        return (self.groups + 1 + self.classes) * self.positions
+
+
+def _header(target: Path, f: Any) -> _Header:
+    """The metadata of the open window-groups file ``f`` at ``target``, checked: the schema,
+    integer entries, K >= 1, C in {0, n - 1} and ``indptr`` of (K + 1 + C) n + 1 entries
+    (InputError naming the file otherwise)."""
+    meta = dict(f.metadata() or {})
+    if meta.get("schema") != _SCHEMA:
+        msg = f"{target}: schema {meta.get('schema')!r} is not {_SCHEMA!r}; count again"
+        raise InputError(msg)
+    try:
+        h = _Header(int(meta["groups"]), int(meta["positions"]), int(meta["vocab_size"]),
+                    int(meta.get("classes", "0")),  # written before length classes: none
+                    int(meta["windows"]), int(meta["tokens"]), meta.get("fingerprint", ""))
+    except (KeyError, ValueError) as exc:
+        msg = f"{target}: metadata entry {exc} missing or not an integer; count again"
+        raise InputError(msg) from exc
+    if h.groups < 1:
+        msg = f"{target}: groups = {h.groups}, must be >= 1; count again"
+        raise InputError(msg)
+    if h.classes not in (0, h.positions - 1):
+        msg = f"{target}: classes = {h.classes}, must be 0 or {h.positions - 1} (positions - 1); count again"
+        raise InputError(msg)
+    stored = f.get_slice("indptr").get_shape()
+    if list(stored) != [h.rows + 1]:
+        msg = (f"{target}: {stored[0] - 1 if stored else 0:,} rows stored, the header's {h.groups} groups of "
+               f"{h.positions} positions, their tail and {h.classes} length classes need {h.rows:,}; count again")
+        raise InputError(msg)
+    return h
+
+
 def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> WindowGroups | None:
     """The counts by window group stored beside the counts at ``path``, or None without a
     file. Raises InputError (naming the file) when it is unreadable or does not belong to
@@ -86,37 +140,136 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
     if target is None:
         return None
     with _opened(target) as f:
-        meta = dict(f.metadata() or {})
-        if meta.get("schema") != _SCHEMA:
-            msg = f"{target}: schema {meta.get('schema')!r} is not {_SCHEMA!r}; count again"
-            raise InputError(msg)
-        try:
-            k, n, vocab = int(meta["groups"]), int(meta["positions"]), int(meta["vocab_size"])
-            windows, tokens = int(meta["windows"]), int(meta["tokens"])
-            classes = int(meta.get("classes", "0"))  # written before length classes: none
-        except (KeyError, ValueError) as exc:
-            msg = f"{target}: metadata entry {exc} missing or not an integer; count again"
-            raise InputError(msg) from exc
+        h = _header(target, f)
         expected = (counts.positions, counts.vocab_size, counts.tokens, counts.fingerprint)
-        found = (n, vocab, tokens, meta.get("fingerprint", ""))
+        found = (h.positions, h.vocab_size, h.tokens, h.fingerprint)
         if found != expected:
             msg = (f"{target}: belongs to other counts (positions, vocabulary, tokens, fingerprint {found} against "
                    f"{expected}); count again")
             raise InputError(msg)
-        if k < 1:
-            msg = f"{target}: groups = {k}, must be >= 1; count again"
-            raise InputError(msg)
-        if classes not in (0, n - 1):
-            msg = f"{target}: classes = {classes}, must be 0 or {n - 1} (positions - 1); count again"
-            raise InputError(msg)
-        rows = (k + 1 + classes) * n
+        k, n, vocab, windows, tokens, classes, rows = (h.groups, h.positions, h.vocab_size, h.windows, h.tokens,
+                                                       h.classes, h.rows)
         indptr = f.get_tensor("indptr")
-        if indptr.shape != (rows + 1,):
-            msg = (f"{target}: {indptr.shape[0] - 1:,} rows stored, the header's {k} groups of {n} positions, "
-                   f"their tail and {classes} length classes need {rows:,}; count again")
-            raise InputError(msg)
         matrix = _csr_from(target, indptr, f.get_tensor("indices"), f.get_tensor("data"), (rows, vocab))
     if int(matrix.sum()) != tokens:
         msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
         raise InputError(msg)
     return WindowGroups(k, n, matrix, windows, classes)
+
+
+_RANGE_ENTRIES = 1 << 24  # stored entries of all items summed at a time (about 400 MiB of temporaries)
+
+
+def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], counts: PositionalCounts,
+                           directory: str | os.PathLike, /) -> tuple[Path, dict[str, int]]:
+    """The signed sum ``sum_i sign_i G_i`` of the window groups beside each item (a counts
+    folder, a run-store partial or result: :func:`window_groups_file`) written as
+    ``directory/window-groups.safetensors`` of ``counts`` (the items' reduced counts: the
+    file must add up to their tokens and carries their fingerprint). Window groups are
+    additive as the counts are: group g of a corpus is the union of group g of its parts,
+    any union of whole windows being a valid group in truncate and chunk mode
+    (:mod:`posstats.counting.window_groups`), and a refresh subtracts what left the corpus.
+
+    Rows are summed a range at a time (about ``2**24`` stored entries of all items), each
+    range into a scratch file that the result then streams in order: memory one range.
+
+    Returns the file and ``{"groups": K, "windows": full windows}``. Raises InputError
+    (naming the file) for an item without window groups, with another K, n, V or number of
+    length classes than the rest, a sum with a negative count (a refresh subtracting what is
+    not there), or one that does not add up to ``counts``' tokens.
+    """
+    if not items:
+        msg = "sum_window_group_files needs at least one item"
+        raise ValueError(msg)
+    files = []
+    for path, _ in items:
+        target = window_groups_file(path)
+        if target is None:
+            msg = f"{path}: no {WINDOW_GROUPS_FILE} to sum"
+            raise InputError(msg)
+        files.append(target)
+    signs = [int(sign) for _, sign in items]
+    with contextlib.ExitStack() as stack:
+        opened = [stack.enter_context(_opened(target)) for target in files]
+        headers = [_header(target, f) for target, f in zip(files, opened, strict=True)]
+        first = headers[0]
+        shape = (first.groups, first.positions, first.vocab_size, first.classes)
+        for target, h in zip(files, headers, strict=True):
+            if (h.groups, h.positions, h.vocab_size, h.classes) != shape or shape[1:3] != (counts.positions,
+                                                                                           counts.vocab_size):
+                msg = (f"{target}: groups, positions, vocabulary and length classes "
+                       f"{(h.groups, h.positions, h.vocab_size, h.classes)} differ from the other items' {shape} "
+                       f"or the counts' ({counts.positions}, {counts.vocab_size}); count again")
+                raise InputError(msg)
+        scratch = Path(directory) / ".window-groups-ranges"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        try:
+            parts = _summed_ranges(opened, files, signs, first, scratch)
+            total = sum(p["total"] for p in parts)
+            if total != counts.tokens:
+                msg = (f"{directory}: the window groups of {len(files)} item(s) add up to {total:,} tokens, the "
+                       f"counts to {counts.tokens:,}; count again")
+                raise InputError(msg)
+            nnz = sum(p["nnz"] for p in parts)
+            index = index_dtype(first.vocab_size)
+            count = narrow_count_dtype(max((p["largest"] for p in parts), default=0))
+            tensors = {"indptr": TensorStream(np.int64, (first.rows + 1,), lambda: _range_indptr(parts)),
+                       "indices": TensorStream(index, (nnz,), lambda: _range_tensor(parts, "indices", index)),
+                       "data": TensorStream(count, (nnz,), lambda: _range_tensor(parts, "data", count))}
+            windows = sum(sign * h.windows for sign, h in zip(signs, headers, strict=True))
+            path = _write(directory, tensors, first.groups, first.positions, first.vocab_size, windows, counts,
+                          classes=first.classes)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return path, {"groups": first.groups, "windows": windows}
+
+
+def _summed_ranges(opened: list[Any], files: list[Path], signs: list[int], h: _Header,
+                   scratch: Path) -> list[dict[str, Any]]:
+    """Sum the items' rows a range at a time into scratch files; their summaries in order
+    (``path``, ``nnz``, ``largest``, ``total``)."""
+    ends = [int(f.get_slice("indptr")[h.rows:h.rows + 1][0]) for f in opened]
+    ranges = max(1, -(-sum(ends) // _RANGE_ENTRIES))
+    bounds = [r * h.rows // ranges for r in range(ranges + 1)]
+    parts = []
+    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        total = None
+        for target, f, sign in zip(files, opened, signs, strict=True):
+            indptr = f.get_slice("indptr")[a:b + 1].astype(np.int64)
+            e0, e1 = int(indptr[0]), int(indptr[-1])
+            data, indices = (f.get_slice("data")[e0:e1], f.get_slice("indices")[e0:e1]) if e1 > e0 else ([], [])
+            block = sp.csr_array((np.asarray(data, dtype=np.int64) * sign, np.asarray(indices, dtype=np.int32),
+                                  indptr - e0), shape=(b - a, h.vocab_size))
+            total = block if total is None else total + block
+        total.sum_duplicates()
+        total.eliminate_zeros()
+        if total.nnz and int(total.data.min()) < 0:
+            row = a + int(np.searchsorted(total.indptr, int(np.argmin(total.data)), side="right")) - 1
+            msg = (f"{files[0].parent}: the signed sum of the window groups has a negative count at row {row:,}: "
+                   "the items subtracted are not part of the total; count again")
+            raise InputError(msg)
+        path = scratch / f"range-{j:05d}.safetensors"
+        write_safetensors(path, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(np.int32),
+                                 "data": total.data.astype(np.int64)}, {})
+        parts.append({"path": path, "nnz": int(total.nnz), "largest": int(total.data.max()) if total.nnz else 0,
+                      "total": int(total.data.sum())})
+    return parts
+
+
+def _range_indptr(parts: Sequence[dict[str, Any]]) -> Iterator[np.ndarray]:
+    """The summed file's row pointers, one range file at a time."""
+    offset = 0
+    yield np.zeros(1, np.int64)
+    for part in parts:
+        with safe_open(str(part["path"]), framework="numpy") as f:
+            indptr = f.get_tensor("indptr")
+        yield indptr[1:] + offset
+        offset += int(indptr[-1])
+
+
+def _range_tensor(parts: Sequence[dict[str, Any]], name: str, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """The summed file's ``indices`` or ``data``, one range file at a time, as ``dtype``."""
+    for part in parts:
+        with safe_open(str(part["path"]), framework="numpy") as f:
+            yield f.get_tensor(name).astype(dtype, copy=False)
