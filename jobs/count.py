@@ -37,6 +37,7 @@ A driver killed mid-run leaves its markers behind: rerunning the same command (s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import socket
@@ -65,19 +66,23 @@ from posstats.corpus.shards import (
     plan_shards,
     shard_bytes_for,
 )
-from posstats.corpus.count_step import accumulate_shard
+from posstats.corpus.count_step import accumulate_shard, shard_window_groups
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec, PositionalCounts
 from posstats.counting.io import counts_file
 from posstats.counting.pack import Placement, stitch
 from posstats.counting.ranges import assemble_ranges, row_ranges, sum_row_range
+from posstats.counting.io import load_header
 from posstats.counting.reduce import (
+    PARTIAL_MARKER,
     CorruptPartialError,
     check_partial,
     check_summable,
     mark_result,
 )
+from posstats.counting.window_groups import DEFAULT_WINDOW_GROUPS
+from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, sum_window_group_files, window_groups_file
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_run_id
 from posstats.memory import format_bytes
@@ -88,8 +93,8 @@ from posstats.runs.counts_folder import (
     few_windows_warning,
     publish_counts,
 )
-from posstats.storage.jsontext import write_json_atomic
-from posstats.storage.publish import link_or_copy
+from posstats.storage.jsontext import read_json_file, write_json_atomic
+from posstats.storage.publish import file_sha256, link_or_copy
 
 from .connect import connect_ray
 from .flags import (
@@ -145,6 +150,9 @@ class JobOptions:
         dashboard: start the dashboard with an embedded Ray (about 2 s of start-up).
         executor: ``ray`` (a pool of actors) or ``local`` (the same steps, one at a time,
             in this process: no Ray, same store, markers, resume and refresh).
+        window_groups: K of the window groups each shard keeps and the reduce sums
+            (:func:`posstats.corpus.count_step.shard_window_groups`: truncate and chunk mode,
+            up to 4,096 positions); 0: none.
     """
 
     store: str
@@ -159,6 +167,7 @@ class JobOptions:
     out: str | None = None
     dashboard: bool = False
     executor: Literal["ray", "local"] = "ray"
+    window_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.run_id is not None:
@@ -193,6 +202,7 @@ class CountWorker:
         metadata: dict[str, str],
         dense_budget: int,
         cwd: str,
+        window_groups: int = 0,
     ) -> None:
         if os.path.isdir(cwd):
             os.chdir(cwd)  # relative input paths mean what they mean to the driver
@@ -201,6 +211,7 @@ class CountWorker:
         self.spec = CountSpec.from_metadata(spec)
         self.metadata = dict(metadata)
         self.dense_budget = int(dense_budget)
+        self.window_groups = int(window_groups)
         use_tokenizer = self.source.column is None and self.source.tokenizer
         self.tokenizer = load_tokenizer(self.source.tokenizer) if use_tokenizer else None
         self._buffer = None  # one n x V int64 array for all dense shards of this actor
@@ -233,7 +244,7 @@ class CountWorker:
             # A dense partial shares the buffer: it is saved below, before the next shard.
             acc = accumulate_shard(s, self.source, self.spec, tokenizer=self.tokenizer,
                                    dense_budget=self.dense_budget, metadata=self.metadata,
-                                   out=self._dense_buffer(s))
+                                   out=self._dense_buffer(s), window_groups=self.window_groups)
         except PosstatsError as exc:
             return {"status": "bad", "shard_id": s.shard_id, "error": str(exc), **who}
         seconds = time.perf_counter() - t
@@ -258,6 +269,28 @@ class CountWorker:
         write_json_atomic(f"{out}.started.json", {"started": _stamp(), "start": start, "stop": stop, **self.where()})
         # the engine checked every item (check) before handing out ranges
         return sum_row_range(items, self.spec, start, stop, out, verified=True)
+
+    def sum_window_groups(self, items: list[tuple[str, int]], out: str) -> dict[str, Any]:
+        """The signed sum of the items' window groups beside the assembled counts in ``out``
+        (:func:`posstats.counting.window_groups_io.sum_window_group_files`), each partial's
+        file checked against its marker's SHA-256 first: ``{"file", "groups", "windows"}``,
+        or ``{"skipped": why}`` when a file is missing, damaged or does not add up (the
+        counts stand; analyze then uses the permutation null and says why)."""
+        try:
+            for path, _ in items:
+                marker = read_json_file(Path(path) / PARTIAL_MARKER, what="run-store file") or {}
+                target = window_groups_file(path)
+                if target is None or file_sha256(target) != (marker.get("window_groups") or {}).get("sha256"):
+                    msg = (f"{Path(path) / WINDOW_GROUPS_FILE}: missing or does not match the SHA-256 its marker "
+                           f"{PARTIAL_MARKER} records (delete the partial to count it again)")
+                    raise InputError(msg)
+            target, info = sum_window_group_files(items, load_header(out), out)
+        except InputError as exc:
+            return {"skipped": str(exc)}
+        entry = {"file": target.name, "sha256": file_sha256(target), **info}
+        marker = read_json_file(Path(out) / PARTIAL_MARKER, what="run-store file") or {}
+        write_json_atomic(Path(out) / PARTIAL_MARKER, {**marker, "window_groups": entry})  # a refresh sums it again
+        return entry
 
     def assemble(self, parts: list[dict[str, Any]], items: list[Placement], out: str,
                  adjust: tuple[int, int]) -> dict[str, Any]:
@@ -305,12 +338,16 @@ class _Reduce:
     def run_tasks(self, tasks: list[tuple[str, tuple]], *, what: str) -> list[Any]:
         raise NotImplementedError
 
-    def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path) -> dict:
+    def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path,
+               window_groups: tuple[list[tuple[str, int]] | None, str | None] = (None, None)) -> dict:
         """Range reduce (module docstring): check every item, sum each position range on
-        an actor, assemble the ranges into ``final_dir``.
+        an actor, assemble the ranges into ``final_dir``; then, with ``window_groups =
+        (items, None)``, sum those items' window groups beside it on an actor
+        (:meth:`CountWorker.sum_window_groups`; ``(None, why not)``: none).
 
-        Returns the final summary (with ``ranges``), or ``{"corrupt": [...]}`` (every
-        corrupt partial; nothing summed)."""
+        Returns the final summary (with ``ranges`` and, where asked for, ``window_groups``:
+        what was written or why not), or ``{"corrupt": [...]}`` (every corrupt partial;
+        nothing summed)."""
         t = time.perf_counter()
         checks = self.run_tasks([("check", (str(p),)) for p, _ in items], what="partial check")
         corrupt = [c for c in checks if c]
@@ -330,6 +367,14 @@ class _Reduce:
         summary = self.run_tasks([("assemble", (summaries, placed, str(final_dir), (windows, tokens)))],
                                  what="reduce")[0]
         summary.update(ranges=len(ranges), check_s=check_s, ranges_s=ranges_s, assemble_s=time.perf_counter() - t)
+        group_items, why_not = window_groups
+        if group_items is not None:
+            t = time.perf_counter()
+            summary["window_groups"] = self.run_tasks([("sum_window_groups", (group_items, str(final_dir)))],
+                                                      what="window groups")[0]
+            summary["window_groups_s"] = time.perf_counter() - t
+        elif why_not is not None:
+            summary["window_groups"] = {"skipped": why_not}
         return summary
 
 
@@ -647,6 +692,7 @@ def _worker_args(store: RunStore, source: CorpusSource, spec: CountSpec, metadat
         "metadata": metadata,
         "dense_budget": opts.dense_budget,
         "cwd": os.getcwd(),
+        "window_groups": opts.window_groups,
     }
 
 
@@ -817,15 +863,36 @@ def _recount_corrupt(run: _Run, engine: _Executor, counted: _Counted, corrupt: l
             raise InputError(more_bad[0]["error"])
 
 
+def _window_group_items(run: _Run, items: list[tuple[str, int]],
+                        full: list[tuple[str, int]]) -> tuple[list[tuple[str, int]] | None, str | None]:
+    """``(items, None)``: the saved window groups whose signed sum goes beside the reduced
+    counts (those of the counts' own ``items``, else, when a refresh's previous result has
+    none, every good partial's ``full``); ``(None, why not)`` otherwise (``(None, None)``
+    when none were asked for)."""
+    k, why = shard_window_groups(run.spec, run.opts.window_groups)
+    if not k:
+        return None, why
+    for candidate in (items, full):
+        if all(window_groups_file(path) is not None for path, _ in candidate):
+            return candidate, None
+    missing = sum(window_groups_file(path) is None for path, _ in full)
+    return None, (f"{missing} of {len(full)} partial(s) have no window groups (counted before they were kept, or "
+                  "with --window-groups 0; a new store counts them all); analyze tests homogeneity with the "
+                  "permutation null")
+
+
 def _reduce(run: _Run, engine: _Executor, counted: _Counted, result_dir: Path) -> tuple[dict[str, Any], str]:
     """Reduce into ``result_dir``: incrementally or in full (:meth:`RunStore.reduce_items`);
     once more after recounting corrupt partials. Returns (final summary, mode)."""
     plan, store = run.plan, run.store
     old_result = store.result_file(run.previous) if run.previous else None  # checks the manifest's result
     for last in (False, True):
-        items, mode = store.reduce_items(counted.good(plan.planned), added=counted.good(plan.added),
+        good = counted.good(plan.planned)
+        items, mode = store.reduce_items(good, added=counted.good(plan.added),
                                          removed=plan.removed, old_result=old_result if run.incremental else None)
-        reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir)
+        groups = _window_group_items(run, items, [(str(store.partial_dir(sid)), 1) for sid in good])
+        reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir,
+                                window_groups=groups)
         if "corrupt" not in reduced:
             break
         _recount_corrupt(run, engine, counted, reduced["corrupt"], last=last)
@@ -876,6 +943,7 @@ def _publish(run: _Run, counted: _Counted, reduced: dict[str, Any], mode: str, r
         files=run.files, out=out, shards=[plan.by_id[sid] for sid in counted.good(plan.planned)], bad=counted.bad,
         result_dir=result_dir, dense_budget=run.opts.dense_budget,
     )
+    manifest["window_groups_asked"] = run.opts.window_groups  # what a refresh keeps (_refresh_window_groups)
     store.publish(manifest)
     if mode == "incremental":
         for sid in plan.removed:
@@ -897,6 +965,19 @@ def _up_to_date(run: _Run) -> dict[str, Any]:
     return summary
 
 
+def _window_groups_summary(store: RunStore, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The summary's ``window_groups`` (``{"file", "groups", "windows"}`` as a count in one
+    process writes it, or ``{"skipped": why}``) and ``window_groups_path`` (the file in the
+    store's result, to link beside the counts), from the manifest; {} when none were asked for."""
+    entry = manifest.get("window_groups")
+    if not entry:
+        return {}
+    if "file" not in entry:
+        return {"window_groups": dict(entry)}
+    path = store.root / str(manifest["result"]) / WINDOW_GROUPS_FILE
+    return {"window_groups": {k: entry[k] for k in ("file", "groups", "windows")}, "window_groups_path": str(path)}
+
+
 def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dict], engine: dict | None,
              mode: str) -> dict[str, Any]:
     """The run summary (``count.json`` fields, ``counts_path`` and ``ray``; see :func:`count_job`)."""
@@ -916,6 +997,7 @@ def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dic
         "tokens_per_s": round(manifest["tokens"] / seconds, 1) if seconds > 0 else None,
         "fingerprint": manifest["fingerprint"],
         "counts_path": str(run.store.result_file(manifest)),
+        **_window_groups_summary(run.store, manifest),
         "ray": {
             "run_id": run.run_id,
             "store": str(run.store.root),
@@ -962,7 +1044,9 @@ def _run(
         record = _start_record(store, run_id, command, inputs, files, plan)
         run = _Run(store, run_id, command, opts, incremental, list(inputs), files, config, previous, plan, record,
                    t_start=t_start, spec=spec)
-        if store.is_up_to_date(previous, plan.planned, todo=len(plan.todo)):
+        # a result reduced with other window groups than asked is reduced again (the partials stay)
+        if (store.is_up_to_date(previous, plan.planned, todo=len(plan.todo))
+                and (previous or {}).get("window_groups_asked") == opts.window_groups):
             return _up_to_date(run)
         counted, reduced, mode, result_dir, timings = _count_and_reduce(
             run, _worker_args(store, source, spec, metadata, opts))
@@ -986,6 +1070,17 @@ def count_job(source: CorpusSource, spec: CountSpec, metadata: dict[str, str], o
     return _run(source, spec, metadata, opts, command="count", inputs=inputs, incremental=False)
 
 
+def _refresh_window_groups(manifest: dict[str, Any] | None, /) -> int:
+    """K of the window groups a refresh keeps: what the last run asked for (its manifest's
+    ``window_groups_asked``; 0 keeps them off), else the default (a store counted before
+    steps kept them: the new shards get them, and the reduce says why the total has none
+    while old partials lack them)."""
+    manifest = manifest or {}
+    if "window_groups_asked" in manifest:
+        return int(manifest["window_groups_asked"])
+    return DEFAULT_WINDOW_GROUPS
+
+
 def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = None,
                 tokenizer: str | None = None,
                 storage_options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -993,9 +1088,11 @@ def refresh_job(store: str, opts: JobOptions, *, inputs: Sequence[str] | None = 
 
     Counts only shards that are new or changed, subtracts those that disappeared from the
     stored total (``total - removed + added``), and returns (summary, store config). The
-    result equals a full recount of the inputs.
+    result equals a full recount of the inputs. The window groups are kept as the last
+    result kept them (:func:`_refresh_window_groups`).
     """
     source, spec, metadata = refresh_source(store, inputs=inputs, tokenizer=tokenizer, storage_options=storage_options)
+    opts = dataclasses.replace(opts, window_groups=_refresh_window_groups(RunStore(store).manifest()))
     summary = _run(source, spec, metadata, opts, command="refresh", inputs=list(source.inputs), incremental=True)
     return summary, {"source": source, "spec": spec, "metadata": metadata}
 
@@ -1037,10 +1134,6 @@ def uses_store(args: argparse.Namespace, /) -> bool:
                 or getattr(args, "shard_size", None) is not None)
 
 
-STEP_WINDOW_GROUPS_SKIPPED = ("counted in steps (--ray or --store): the shards are counted apart and keep no window "
-                              "groups; analyze tests homogeneity with the permutation null")
-
-
 def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: bool = True,
              steps: JobOptions | None = None) -> tuple[PositionalCounts | None, dict[str, Any]]:
     """Count ``inputs`` into ``stage`` (the files of a counts folder but ``count.json``:
@@ -1054,9 +1147,10 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: 
       (:func:`count_job`), run by ``steps.executor``: a pool of Ray actors or, ``local``,
       one at a time in this process. The counts stay on disk, never in the driver's memory.
 
-    Every way gives bit-identical counts. Only the count in this process writes the counts by
-    window group; a count in steps records why not in ``count.json``
-    (``window_groups.skipped``: :data:`STEP_WINDOW_GROUPS_SKIPPED`)."""
+    Every way gives bit-identical counts, and the counts by window group beside them where
+    ``inputs.window_groups`` asks (a count in steps keeps them in truncate and chunk mode,
+    summed from its shards', :func:`posstats.corpus.count_step.shard_window_groups`;
+    ``count.json``'s ``window_groups`` says what was written or why not)."""
     if steps is None:
         return count_in_process(inputs, stage, budget_bytes=budget_bytes, keep=keep)
     files = inputs.source.files()
@@ -1064,11 +1158,20 @@ def count_to(inputs: CountInputs, stage: Path, /, *, budget_bytes: float, keep: 
                   "workers": steps.workers, "skip_bad_shards": steps.skip_bad_shards, "shard_bytes": steps.shard_bytes,
                   "executor": steps.executor}
     write_json_atomic(stage / "config.json", inputs.record(command="count", files=files, ray=ray_config))
-    summary = count_job(inputs.source, inputs.spec, inputs.metadata, steps)
-    link_or_copy(summary.pop("counts_path"), stage / summary["counts_file"])  # the result is never rewritten
-    if inputs.window_groups:
-        summary["window_groups"] = {"skipped": STEP_WINDOW_GROUPS_SKIPPED}
-    return None, summary
+    summary = count_job(inputs.source, inputs.spec, inputs.metadata,
+                        dataclasses.replace(steps, window_groups=inputs.window_groups))
+    return None, _link_result(summary, stage)
+
+
+def _link_result(summary: dict[str, Any], stage: Path, /) -> dict[str, Any]:
+    """Link the store's result (its counts file and, where kept, its window groups) into
+    the counts folder ``stage``; return ``summary`` without the paths (``count.json``).
+    The store's results are never rewritten in place, so a link is safe."""
+    link_or_copy(summary.pop("counts_path"), stage / summary["counts_file"])
+    groups = summary.pop("window_groups_path", None)
+    if groups is not None:
+        link_or_copy(groups, stage / WINDOW_GROUPS_FILE)
+    return summary
 
 
 def run(args: argparse.Namespace, /) -> int:
@@ -1116,8 +1219,7 @@ def _publish_refresh(out: str, summary: dict[str, Any], ctx: dict[str, Any]) -> 
 
     def copy_result(stage: Path) -> dict[str, Any]:
         write_json_atomic(stage / "config.json", config)
-        link_or_copy(summary["counts_path"], stage / summary["counts_file"])
-        return {k: v for k, v in summary.items() if k != "counts_path"}
+        return _link_result(dict(summary), stage)
 
     publish_counts(out, copy_result)
 

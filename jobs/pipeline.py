@@ -73,6 +73,7 @@ from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.remote import is_url, list_objects, object_version_ns
 from posstats.corpus.shard_store import RunStore, config_key, store_config
 from posstats.counting.io import counts_file, load_counts, load_header, load_indptr
+from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, load_window_groups
 from posstats.geometry.ranged import ranges_for_budget
 from posstats.drift import (
     check_comparable,
@@ -346,8 +347,8 @@ def _resolve_count_inputs(cfg: PipelineConfig, inputs: list[str], tokenizer: str
 
 
 def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
-    """The counting job's options from ``[count]`` / ``[ray]`` (MiB / GiB to bytes), its
-    store ``counts_store``."""
+    """The counting job's options from ``[count]`` / ``[ray]`` (MiB / GiB to bytes, the
+    window groups the shards keep), its store ``counts_store``."""
     c = run.cfg.values["count"]
     return JobOptions(
         store=counts_store,
@@ -357,6 +358,7 @@ def _count_job_options(run: _Run, counts_store: str) -> JobOptions:
         shard_bytes=None if c["shard_size_mib"] is None else max(1, int(c["shard_size_mib"] * 2**20)),
         dense_budget=run.cfg.count_options().budget_bytes,
         show_progress=False,
+        window_groups=run.cfg.count_options().window_groups,
     )
 
 
@@ -395,6 +397,7 @@ def _count_summary(run: _Run, summary: Mapping[str, Any], manifest: Mapping[str,
         "result": manifest.get("result"),
         "counts_path": summary["counts_path"],
         "counts_file": summary["counts_file"],
+        **{k: summary[k] for k in ("window_groups", "window_groups_path") if k in summary},
         "files": listed,
         "shards": info["shards"],
         "shards_counted": info["shards_counted"],
@@ -456,6 +459,10 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
         raise _Recount
     target = staging / doc["counts_file"]
     link_or_copy(src, target)  # a store's results are never rewritten in place
+    if doc.get("window_groups_path"):
+        if not Path(doc["window_groups_path"]).is_file():
+            raise _Recount
+        link_or_copy(doc["window_groups_path"], staging / WINDOW_GROUPS_FILE)
     counts = load_header(target)  # the totals only: the driver never holds the counts
     got = (counts.sequences, counts.tokens, counts.fingerprint)
     want = (doc["sequences"], doc["tokens_counted"], doc["fingerprint"])
@@ -463,7 +470,7 @@ def _stage_reduce(run: _Run, staging: Path) -> dict[str, Any]:
         msg = f"{src}: the counting store's total {got} does not match the count summary {want}"
         raise PosstatsError(msg)
     summary = {k: doc[k] for k in ("sequences", "windows", "tokens_counted", "positions_occupied", "storage",
-                                   "counts_file", "fingerprint")}
+                                   "counts_file", "fingerprint", "window_groups") if k in doc}
     summary["files"] = len(doc["files"])
     summary["run_id"] = run.run_id
     (staging / "count.json").write_text(jsontext.dumps(summary, indent=2, sort_keys=True) + "\n")
@@ -578,7 +585,8 @@ def geometry_task(counts: str, out_dirs: Mapping[str, str], config: Any, options
     if ranges:
         analysis = analyze_over_actors(counts, config, ranges)
     else:
-        analysis = analyze(load_counts(counts, compact=True), config)
+        loaded = load_counts(counts, compact=True)
+        analysis = analyze(loaded, config, window_groups=load_window_groups(counts, loaded))
     run_data = write_analysis(outs["geometry"], analysis, inputs={"counts": counts_ref}, run_id=run_id, html=False)
     info = {"geometry": {"positions_used": int(len(analysis.positions)), "rank": run_data.report["spectrum"].get("rank"),
                          "pid": os.getpid(), "ranges": int(ranges)}}

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -38,8 +39,8 @@ from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import encode_texts, load_tokenizer
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import counts_file, load_counts, save_counts
-from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE
-from posstats.jobs.count import STEP_WINDOW_GROUPS_SKIPPED
+from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, load_window_groups
+from posstats.corpus.count_step import shard_window_groups
 
 REPO = Path(__file__).resolve().parents[1]
 BERT = REPO / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"
@@ -102,11 +103,11 @@ def safetensors_parts(path: Path):
 
 
 def assert_same_output(ref: Path, got: Path) -> None:
-    """The Ray output folder has the single-process files, with bit-identical counts; only
-    the single process counts the window groups (pack and chunk mode), and the count in
-    steps says why not in its count.json."""
-    assert {p.name for p in ref.iterdir()} - {WINDOW_GROUPS_FILE} == {p.name for p in got.iterdir()} - {"store"}
-    assert not (got / WINDOW_GROUPS_FILE).exists()
+    """The Ray output folder has the single-process files, with bit-identical counts. The
+    window groups, where asked for, are there too in truncate and chunk mode (summed from
+    the shards': grouped by shard, so not the same file, but the same K and full windows,
+    adding up to the same counts); in pack mode the count in steps says why not."""
+    names_a, names_b = {p.name for p in ref.iterdir()}, {p.name for p in got.iterdir()} - {"store"}
     a, b = load_counts(ref), load_counts(got)
     assert a.equals(b) and a.is_sparse == b.is_sparse
     assert (a.fingerprint, a.metadata, a.spec) == (b.fingerprint, b.metadata, b.spec)
@@ -119,10 +120,16 @@ def assert_same_output(ref: Path, got: Path) -> None:
     sa, sb = json.loads((ref / "count.json").read_text()), json.loads((got / "count.json").read_text())
     for key in sa.keys() - {"seconds", "tokens_per_s", "window_groups"}:
         assert sa[key] == sb[key], key
-    if "window_groups" in sa:  # requested (pack or chunk mode): written here, skipped in steps
-        assert sb["window_groups"] == {"skipped": STEP_WINDOW_GROUPS_SKIPPED}
+    if "window_groups" in sa and a.spec.mode == "pack":  # written here, not in steps
+        assert sb["window_groups"] == {"skipped": shard_window_groups(a.spec, sa["window_groups"]["groups"])[1]}
+        assert names_a - {WINDOW_GROUPS_FILE} == names_b and WINDOW_GROUPS_FILE not in names_b
+    elif "window_groups" in sa:
+        assert sb["window_groups"] == sa["window_groups"] and names_a == names_b
+        wg = load_window_groups(got, b)
+        assert (wg.groups, wg.windows) == (sa["window_groups"]["groups"], sa["window_groups"]["windows"])
+        assert (wg.total() != sp.csr_array(b.matrix)).nnz == 0
     else:
-        assert "window_groups" not in sb
+        assert "window_groups" not in sb and names_a == names_b
     ca, cb = json.loads((ref / "config.json").read_text()), json.loads((got / "config.json").read_text())
     assert {k: v for k, v in cb.items() if k != "ray"} == ca
 
@@ -231,6 +238,69 @@ def test_the_local_executor_runs_the_same_steps_without_ray(tmp_path, fortune_id
                         CountSpec(48, V, "chunk", (0, 100, 101, 102, 103)), show_progress=False)
     assert_counts_equal(load_counts(out), full)
     assert had_ray or "ray" not in sys.modules
+
+
+def test_counts_in_steps_keep_window_groups_that_refresh_and_analyse(tmp_path, fortune_ids, capsys):
+    """Truncate mode in steps (the local executor; the Ray pool runs the same steps): every
+    shard's partial keeps its window groups (file and SHA-256 in its marker), the reduce sums
+    them beside the counts (adding up to them exactly) and analyze rotates them; a refresh
+    subtracts a removed input's groups and gives exactly what a new store gives the same
+    files (shards are content-derived, so their partials' groups are the same). Refused in
+    count.json's window_groups.skipped, the counts unharmed: a groups file that no longer
+    matches its marker, partials counted without groups (--window-groups 0), pack mode."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, lo in (("a", 0), ("b", 600), ("c", 1200)):
+        write_parquet(data / f"{name}.parquet", fortune_ids[lo : lo + 600], row_group_size=200)
+    flags = count_flags(str(data / "*.parquet"), mode="truncate")
+    out, store = tmp_path / "out", tmp_path / "store"
+    assert posstats_cli("count", *ROW_GROUP_SHARDS, *flags, "--store", store, "--out", out) == 0
+    counts = load_counts(out)
+    groups = load_window_groups(out, counts)
+    assert json.loads((out / "count.json").read_text())["window_groups"] == {
+        "file": WINDOW_GROUPS_FILE, "groups": 64, "windows": groups.windows}
+    assert groups.classes == 47 and (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
+    assert groups.windows == sum(len(ids) >= 48 for ids in fortune_ids[:1800] if ids)  # documents of 48 tokens or more
+    for sid in RunStore(store).done_ids():
+        entry = RunStore(store).marker(sid)["window_groups"]
+        assert entry["file"] == WINDOW_GROUPS_FILE and entry["groups"] == 64 and len(entry["sha256"]) == 64
+    assert posstats_cli("analyze", "--counts", out, "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                        "--out", tmp_path / "an") == 0
+    report = json.loads((tmp_path / "an" / "report.json").read_text())
+    assert report["homogeneity"]["method"] == "rotation" and report["null"]["null_corpora"] == "rotated"
+
+    (data / "a.parquet").unlink()
+    assert posstats_cli("refresh", "--store", store, "--local", "--out", out) == 0
+    fresh = tmp_path / "fresh"
+    assert posstats_cli("count", *ROW_GROUP_SHARDS, *flags, "--store", fresh / "store", "--out", fresh) == 0
+    refreshed, again = load_counts(out), load_counts(fresh)
+    assert_counts_equal(refreshed, again)
+    assert (load_window_groups(out, refreshed).matrix != load_window_groups(fresh, again).matrix).nnz == 0
+    capsys.readouterr()
+
+    # a damaged groups file: the counts stand, the groups are skipped and say which file
+    kept = RunStore(fresh / "store")
+    victim = next(sid for sid in sorted(kept.done_ids()) if kept.marker(sid)["shard"]["path"].endswith("b.parquet"))
+    (kept.partial_dir(victim) / WINDOW_GROUPS_FILE).write_bytes(b"damaged")
+    (data / "b.parquet").unlink()  # the refresh subtracts b's partials, the damaged one among them
+    assert posstats_cli("refresh", "--store", fresh / "store", "--local", "--out", fresh) == 0
+    skipped = json.loads((fresh / "count.json").read_text())["window_groups"]["skipped"]
+    assert victim in skipped and "does not match the SHA-256" in skipped
+    assert not (fresh / WINDOW_GROUPS_FILE).exists() and load_counts(fresh).tokens > 0
+
+    # partials without groups stay without: the count says how many
+    off = tmp_path / "off"
+    assert posstats_cli("count", *ROW_GROUP_SHARDS, *flags, "--window-groups", "0", "--store", off / "store",
+                        "--out", off) == 0
+    assert "window_groups" not in json.loads((off / "count.json").read_text())
+    assert posstats_cli("count", *ROW_GROUP_SHARDS, *flags, "--store", off / "store", "--out", off) == 0
+    assert "3 of 3 partial(s) have no window groups" in json.loads((off / "count.json").read_text())["window_groups"][
+        "skipped"]
+    pack = tmp_path / "pack"
+    assert posstats_cli("count", *count_flags(str(data / "*.parquet"), mode="pack"), "--store", pack / "store",
+                        "--out", pack) == 0
+    assert json.loads((pack / "count.json").read_text())["window_groups"]["skipped"].startswith("pack mode counted in steps")
+    capsys.readouterr()
 
 
 # ----------------------------------------------------------------------------- exactness

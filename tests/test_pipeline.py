@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import scipy.sparse as sp
 import pytest
 from safetensors.numpy import load_file
 
@@ -25,6 +26,7 @@ from posstats.corpus.source import CorpusSource
 from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec
 from posstats.counting.io import load_counts
+from posstats.counting.window_groups_io import load_window_groups
 from posstats.service.config import load_config
 from posstats.service.pipeline_store import STAGES, Store
 
@@ -143,6 +145,11 @@ def test_end_to_end_layout_counts_geometry_export(setup, capsys):
     np.testing.assert_array_equal(mds["positions"], np.arange(N))
     report = json.loads((root / "runs/first/geometry/report.json").read_text())
     assert report["run_id"] == "first" and report["inputs"]["counts"] == str(root / "runs/first/reduce")
+    # the shards' window groups, summed, give the homogeneity and rank tests their rotated corpora
+    groups = load_window_groups(root / "runs/first/reduce", got)
+    assert groups.groups == 64 and (groups.total() != sp.csr_array(got.matrix)).nnz == 0
+    assert json.loads((root / "runs/first/reduce/count.json").read_text())["window_groups"]["groups"] == 64
+    assert report["homogeneity"]["method"] == "rotation" and report["null"]["null_corpora"] == "rotated"
     assert (root / "runs/first/report/report.html").stat().st_size > 1000
     assert list((root / "runs/first/report/figures").glob("*.png"))
     assert not list((root / "runs/first/report").glob("counts.*"))  # the counts live in reduce/ only

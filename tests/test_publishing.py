@@ -125,12 +125,13 @@ def test_ray_count_dense_then_sparse_leaves_only_the_new_counts(tmp_path, ray_se
     store = tmp_path / "store400"
     assert main(_count_argv(corpus_b, out, "--ray", "--workers", "1", "--positions", "400", "--store", str(store))) == 0
     names = sorted(p.name for p in published_dir(out).iterdir() if not p.name.startswith("."))
-    assert names == ["config.json", "count.json", "counts.csr.safetensors"]
+    assert names == ["config.json", "count.json", "counts.csr.safetensors", "window-groups.safetensors"]
     assert not (out / "counts.safetensors").exists()
     result = store / json.loads((store / "manifest.json").read_text())["result"]
     assert load_counts(out).tokens == load_counts(result).tokens
-    # the published file is the store's result file, linked (no copy of the counts)
+    # the published files are the store's result files, linked (no copy of the counts)
     assert os.path.samefile(counts_file(out), counts_file(result))
+    assert os.path.samefile(out / "window-groups.safetensors", result / "window-groups.safetensors")
     capsys.readouterr()
 
 

@@ -40,7 +40,8 @@ from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 from posstats.progress import progress
 
-__all__ = ["accumulate_corpus", "accumulate_shard", "count_corpus", "count_shard", "shard_batches"]
+__all__ = ["WINDOW_GROUP_POSITIONS", "accumulate_corpus", "accumulate_shard", "count_corpus", "count_shard",
+           "shard_batches", "shard_window_groups", "window_block"]
 
 
 def shard_batches(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:
@@ -107,6 +108,26 @@ def window_block(expected_tokens: int | None, positions: int, groups: int, /, *,
     if not expected_tokens or groups < 1 or mode == "truncate":
         return 1
     return max(1, int(expected_tokens) // int(positions) // int(groups))
+
+
+WINDOW_GROUP_POSITIONS = 4096  # analyze's shuffle null (and so its homogeneity test) stops here by default
+
+
+def shard_window_groups(spec: CountSpec, groups: int, /) -> tuple[int, str | None]:
+    """``(K, why not)``: the window groups a count in steps keeps (0 and the reason when
+    none). Truncate and chunk mode only: their shards hold whole documents, so each shard's
+    groups are unions of whole windows and the groups of all shards add up to valid groups
+    of the corpus; a pack-mode shard is a piece of a stream whose windows the reduce
+    stitches across shards. Up to 4,096 positions, as in one process."""
+    if groups <= 0:
+        return 0, None
+    if spec.mode == "pack":
+        return 0, ("pack mode counted in steps: a stream's windows straddle its shards, which are counted apart, "
+                   "so no window groups are kept; analyze tests homogeneity with the permutation null")
+    if spec.positions > WINDOW_GROUP_POSITIONS:
+        return 0, (f"{spec.positions:,} positions: analyze tests homogeneity up to {WINDOW_GROUP_POSITIONS:,} "
+                   "rows by default, with the shuffle null")
+    return int(groups), None
 
 
 def accumulate_corpus(
@@ -201,6 +222,7 @@ def accumulate_shard(
     dense_budget: int = DEFAULT_DENSE_BUDGET,
     metadata: dict[str, str] | None = None,
     out: Any = None,
+    window_groups: int = 0,
 ) -> CountAccumulator:
     """Count one shard through the step (:func:`shard_batches`) into its own accumulator;
     return it (to save with :func:`posstats.counting.io.save_accumulated`, or its result).
@@ -209,6 +231,10 @@ def accumulate_shard(
         dense: force dense or sparse accumulation; None uses
             :func:`~posstats.corpus.shards.partial_is_dense`.
         out: a reusable int64 ``(n, V)`` buffer for a dense count (ignored when sparse).
+        window_groups: K > 0 also counts the shard's windows in K groups (truncate and
+            chunk mode, where a shard holds whole documents: :func:`shard_window_groups`),
+            blocks of :func:`window_block` of the shard's expected windows, so that each
+            shard spreads over every group; the groups of the shards add up to the corpus'.
 
     Raises:
         InputError: as :func:`shard_batches`; the message ends with the shard
@@ -220,8 +246,10 @@ def accumulate_shard(
     piece = spec.mode == "pack" and not shard.is_whole_input
     if dense is None:
         dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
+    groups = shard_window_groups(spec, window_groups)[0]
     acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, fingerprint=shard.fingerprint, metadata=metadata,
-                           out=out if dense else None)
+                           out=out if dense else None, window_groups=groups,
+                           window_block=window_block(shard.size_hint // 4, spec.positions, groups, mode=spec.mode))
     if piece:
         acc.start_piece(shard.path, first=shard.index == 0)
     try:

@@ -9,6 +9,9 @@ Layout of a store folder ``STORE``::
     STORE/partials/<shard_id>/counts.safetensors | counts.parquet
                                      the shard's exact partial counts (posstats.counting.io;
                                      sparse when under 1/8 of the cells are non-zero)
+    STORE/partials/<shard_id>/window-groups.safetensors
+                                     the shard's windows counted in groups (truncate and chunk
+                                     mode, when asked: posstats.counting.window_groups)
     STORE/partials/<shard_id>/done.json
                                      completion marker, written last (atomically): the shard,
                                      its totals, the counts file, who counted it and when
@@ -18,6 +21,8 @@ Layout of a store folder ``STORE``::
                                      reused, bad shards with their errors
     STORE/reduce/<run_id>/...        tree-reduce intermediates (removed after the run)
     STORE/results/<name>/counts.*    reduced totals; the manifest names the current one
+    STORE/results/<name>/window-groups.safetensors
+                                     their window groups, where every partial summed has them
     STORE/manifest.json              written last by every successful run: the shards in
                                      the current result, bad shards skipped, the result
                                      folder, totals and fingerprint
@@ -83,6 +88,7 @@ from posstats.corpus.tokenizer import check_tokenizer
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.io import counts_file, save_accumulated, save_counts
 from posstats.counting.reduce import PARTIAL_MARKER
+from posstats.counting.window_groups_io import save_window_group_blocks
 from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.ids import validate_id
 from posstats.processes import process_start_ticks
@@ -287,11 +293,19 @@ class RunStore:
         blocks, :func:`posstats.counting.io.save_accumulated`). The counts are stored as
         :func:`posstats.counting.io.choose_storage` decides (by size). The marker records
         the totals and the SHA-256 of the counts file (``sha256``), checked by
-        :func:`posstats.counting.reduce.load_partial` when the partial is reduced.
+        :func:`posstats.counting.reduce.load_partial` when the partial is reduced. An
+        accumulator that counted window groups (:func:`posstats.corpus.count_step.accumulate_shard`)
+        has them written beside the counts (``window-groups.safetensors``), and the marker's
+        ``window_groups`` records their file, SHA-256, K and full windows.
         """
         directory = self.partial_dir(shard.shard_id)
+        groups = None
         if isinstance(counts, CountAccumulator):
+            counter = counts.window_group_counter()
             path, counts, _ = save_accumulated(counts, directory)
+            if counter is not None:
+                groups_path, groups = save_window_group_blocks(counter, counts, directory)
+                groups = {"file": groups_path.name, "sha256": file_sha256(groups_path), **groups}
         else:
             path = save_counts(counts, directory)
         marker = {
@@ -303,6 +317,7 @@ class RunStore:
             "windows": counts.windows,
             "tokens": counts.tokens,
             "fingerprint": counts.fingerprint,
+            **({"window_groups": groups} if groups is not None else {}),
             "finished": _now(),
             **info,
         }
@@ -424,6 +439,7 @@ class RunStore:
             "result": os.path.relpath(result_dir, self.root),
             **{k: reduced[k] for k in ("counts_file", "sequences", "windows", "tokens", "fingerprint",
                                        "positions_occupied", "storage")},
+            **({"window_groups": reduced["window_groups"]} if "window_groups" in reduced else {}),
             "dense_budget": dense_budget,
         }
 

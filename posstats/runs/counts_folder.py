@@ -14,7 +14,7 @@ import numpy as np
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import estimated_tokens
-from posstats.corpus.count_step import accumulate_corpus
+from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, accumulate_corpus
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import (
     COUNTS_FILES,
@@ -94,7 +94,6 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     return counts, summary
 
 
-WINDOW_GROUP_POSITIONS = 4096  # analyze's shuffle null (and so its homogeneity test) stops here by default
 WINDOW_GROUP_BYTES_PER_TOKEN = 16  # a held (key, count) pair per non-zero, at most one per token
 
 
