@@ -1684,7 +1684,8 @@ def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tu
     counted with its window groups, its rows neither bucketed nor held apart; else
     ``(None, why not)`` (the report's ``homogeneity.window_null``)."""
     if groups is None:
-        return None, "no window groups were counted (posstats count --window-groups K in this process, not --ray/--store)"
+        return None, ("no window groups were counted (posstats count --window-groups K: in this process, or in steps "
+                      "in truncate and chunk mode; count.json says why not)")
     if g.buckets is not None or g.ranged:
         return None, "the rows are bucketed or held apart"
     if groups.positions != counts.positions:
