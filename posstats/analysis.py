@@ -57,6 +57,7 @@ from posstats.estimates.pair_jackknife import (
     pair_noise_share,
     pair_replicates,
 )
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.permutation import null_distance_sums, permutation_null
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
@@ -92,7 +93,7 @@ from posstats.geometry.encodings import (
 )
 from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import MDSResult, classical_mds, sqrt_operator
+from posstats.geometry.mds import MDSResult, classical_mds, shifted_operator, sqrt_operator
 from posstats.geometry.ranged import RangedSqrt, local_ranges
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
@@ -713,6 +714,10 @@ class _Geometry:
     flat: bool = False  # every corpus distance is 0: no encoding is scored (stress would be 0/0)
     # the sampled path: the stress jackknife's pairs (i, j) and their corpus distances h
     jackknife_pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # the exact path's corrected distances have the square roots' occupancy shrinkage removed
+    # (posstats.estimates.occupancy): every estimate compared with them goes through it too
+    occupancy_adjusted: bool = False
+    shrinkage: Any = None  # the OccupancyShrinkage of the used rows (None: equal occupancies)
 
 
 def analyze(
@@ -885,7 +890,7 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     else:
         geometry = _exact_geometry(g, bias, config, timings, show_progress)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
-                                      distances=geometry.distances,
+                                      distances=geometry.distances, shrinkage=geometry.shrinkage,
                                       windows=_usable_window_groups(window_groups, counts, g))
     if null is not None:
         sections["null"] = null
@@ -927,26 +932,40 @@ def _standout(g: _Rows) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- exact path
 
 
-def _corrected(d2: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-    """Bias-corrected ``d_H = sqrt(max(D - b_i - b_j, 0))`` (m, m) and the ``hellinger``
-    report entry of both the plug-in and the corrected distances."""
+def _corrected(d2: np.ndarray, bias: np.ndarray, rows: Any) -> tuple[np.ndarray, dict[str, Any], Any]:
+    """Bias-corrected ``d_H = sqrt(max(D' - b_i - b_j, 0))`` (m, m) with ``D'`` the plug-in
+    ``d2`` with the square roots' occupancy shrinkage removed, **in place**
+    (:mod:`posstats.estimates.occupancy`; no change where every occupancy is equal); the
+    ``hellinger`` report entry of both the plug-in and the corrected distances; and the
+    rows' :class:`~posstats.estimates.occupancy.OccupancyShrinkage` (None: equal occupancies)."""
+    plugin = _summary(np.sqrt(_off_diagonal(d2)))
+    shrinkage = OccupancyShrinkage.of(rows)
+    if shrinkage is not None:
+        d2 += shrinkage.adjustment(rows)
     distances = np.sqrt(corrected_squared_distances(d2, bias))
     summary = {
         "convention": _HELLINGER_CONVENTION,
-        **_summary(np.sqrt(_off_diagonal(d2))),
+        **plugin,
         **_summary(_off_diagonal(distances), "corrected_"),
+        "occupancy_adjusted": shrinkage is not None,  # False: every occupancy equal, nothing to remove
     }
-    return distances, summary
+    return distances, summary, shrinkage
 
 
-def _exact_mds(rows: Any, d2: np.ndarray, bias: np.ndarray | None, config: AnalysisConfig) -> MDSResult:
+def _exact_mds(rows: Any, d2: np.ndarray, bias: np.ndarray | None, config: AnalysisConfig, *,
+               dense: bool = False) -> MDSResult:
     """Classical MDS of the m geometry rows: dense from ``D = d2`` (``mds_method`` dense, or
     auto with m <= 2048), else top-``max(dims)`` by ARPACK, or by block Lanczos when
-    bias-corrected (ARPACK's path has no bias correction)."""
+    bias-corrected (ARPACK's path has no bias correction). ``dense``: ``d2`` holds what the
+    rows' square roots alone do not (the occupancy adjustment), so the top-``max(dims)``
+    pairs come from it by the dense solver whatever m."""
     m = d2.shape[0]
     method = config.mds_method
     if method == "dense" or (method == "auto" and m <= 2048):
         return classical_mds(rows, k=None, method="dense", seed=config.seed, tol=1e-10, diagonal=bias, squared_distances=d2)
+    if dense:
+        return classical_mds(rows, k=min(max(config.dims), m), method="dense", seed=config.seed, tol=1e-10,
+                             diagonal=bias, squared_distances=d2)
     if method == "auto":
         method = "iterative"
     if bias is not None and method == "iterative":
@@ -997,11 +1016,11 @@ def _exact_geometry(
     the MDS (dense path), the stress and the diagnostics."""
     t = time.perf_counter()
     d2 = hellinger_sq(g.rows)
-    corrected, summary = _corrected(d2, bias) if bias is not None else (None, None)
+    corrected, summary, shrinkage = _corrected(d2, bias, g.rows) if bias is not None else (None, None, None)
     timings["hellinger"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    mds = _exact_mds(g.rows, d2, bias, config)
+    mds = _exact_mds(g.rows, d2, bias, config, dense=shrinkage is not None)
     timings["mds"] = time.perf_counter() - t
     # after the MDS, which read D; with a correction the plug-in matrix is not kept
     distances = corrected if corrected is not None else np.sqrt(d2, out=d2)
@@ -1015,7 +1034,8 @@ def _exact_geometry(
     flat = not np.any(distances)
     results = [] if flat else _exact_encodings(distances, mds, g, config, show_progress)
     timings["encodings"] = time.perf_counter() - t
-    return _Geometry(mds, diagnostics, results, summary, distances, flat=flat)
+    return _Geometry(mds, diagnostics, results, summary, distances, flat=flat, occupancy_adjusted=bias is not None,
+                     shrinkage=shrinkage)
 
 
 _JACKKNIFE_LIMIT = 2048  # geometry rows up to which exact stresses get jackknife intervals
@@ -1130,6 +1150,8 @@ def _jackknife_intervals(results: list[dict[str, Any]], g: _Rows, *, corrected: 
 
     def statistic(rows: sp.csr_array) -> dict[tuple[int, str, str], float]:
         d2 = hellinger_sq(rows)
+        if corrected:  # the data's estimator: the occupancy shrinkage removed (the replicate's own)
+            adjusted(d2, rows)
         b = position_sampling_variance(rows) if corrected else None
         mds = classical_mds(rows, k=top, method="dense", diagonal=b, squared_distances=d2) if fitted else None
         dist = np.sqrt(corrected_squared_distances(d2, b)) if corrected else np.sqrt(d2)
@@ -1200,7 +1222,8 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
             e["stress_interval"] = fitted_why if family_of(spec).fitted else _THIN_ROWS
     rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
     if noise_share is None:
-        noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed)
+        noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed,
+                                         occupancy_adjusted=geometry.occupancy_adjusted)
     if thin or not fixed:
         return noise_share
     noisy = noise_share is not None and noise_share >= DISTANCE_NOISE_CAVEAT
@@ -1225,7 +1248,8 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
             reps = ranged_pair_replicates(g.replicates(JACKKNIFE_GROUPS, config.seed), i, j, statistic,
                                           corrected=corrected, vocab=g.rows.shape[1], progress=bar.update)
         else:
-            reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update)
+            reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update,
+                                   occupancy=geometry.occupancy_adjusted)
     for dim, _, e in fixed:
         key = (dim, e["name"])
         sd = {q: (e[f"{q}_ci95"][1] - e[f"{q}_ci95"][0]) / (2 * _Z95) if sampled else 0.0
@@ -1258,13 +1282,14 @@ _Z95 = 1.959963984540054
 
 
 def _pairs_noise_share(g: _Rows, rows: sp.csr_array | None, i: np.ndarray, j: np.ndarray, h: np.ndarray, *,
-                       corrected: bool, seed: int) -> float | None:
+                       corrected: bool, seed: int, occupancy_adjusted: bool = False) -> float | None:
     """:func:`posstats.estimates.pair_jackknife.pair_noise_share` of the pairs: from the rows,
-    or (held apart) from their occupancies and pooled counts."""
+    or (held apart) from their occupancies and pooled counts; ``occupancy_adjusted`` as the
+    pairs' distances ``h`` were (the exact path)."""
     if rows is None:
         return pair_noise_share(None, i, j, h, corrected=corrected, seed=seed, occupancy=g.occupancy,
                                 pooled=g.column_totals())
-    return pair_noise_share(rows, i, j, h, corrected=corrected, seed=seed)
+    return pair_noise_share(rows, i, j, h, corrected=corrected, seed=seed, occupancy_adjusted=occupancy_adjusted)
 
 
 def _jackknife_pair_sample(geometry: _Geometry, g: _Rows,
@@ -1298,7 +1323,8 @@ def _uncompared(geometry: _Geometry, g: _Rows, *, corrected: bool, config: Analy
         e["stress_interval"] = NO_STRUCTURE_INTERVAL
     if noise_share is None and (geometry.jackknife_pairs is not None or len(g.positions) > _JACKKNIFE_LIMIT):
         rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
-        noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed)
+        noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed,
+                                         occupancy_adjusted=geometry.occupancy_adjusted)
     return noise_share
 
 
@@ -1478,9 +1504,16 @@ def _sampled_geometry(
     to ``config.untested_stress_halfwidth``."""
     m = len(g.positions)
     t = time.perf_counter()
+    # the corrected distances have the square roots' occupancy shrinkage removed, as on the
+    # exact path (posstats.estimates.occupancy): the Lanczos products on the host, through
+    # the low-rank shift of the operator; not for rows held apart in ranges
+    shrinkage = OccupancyShrinkage.of(g.rows) if bias is not None and not g.ranged else None
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
-    gpu = None if g.ranged else mds_device(config.device)
+    gpu = None if g.ranged or shrinkage is not None else mds_device(config.device)
     products = op.to_device(gpu) if gpu is not None and op is not g.rows else op  # a dense input moves in classical_mds
+    if shrinkage is not None:
+        products = shifted_operator(op if op is not g.rows else sqrt_operator(g.rows), shrinkage.weights(g.occupancy),
+                                    shrinkage.shrinkage)
     with progress(desc=f"MDS (Lanczos{', GPU' if gpu else ''})", unit="products", enabled=show_progress) as bar:
 
         def report(products: int, residual: float) -> None:
@@ -1500,7 +1533,8 @@ def _sampled_geometry(
     if g.ranged:
         sampled = SampledGeometry(None, bias=bias, seed=config.seed, sqrt=g.rows)
     else:
-        sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None)
+        sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None,
+                                  shrinkage=shrinkage)
     encodings = _sampled_encodings(g, mds, config)
     halfwidth = config.untested_stress_halfwidth if untested else config.stress_halfwidth
     corpus_triples, encoding_triples = _triples(config, untested=untested)
@@ -1522,6 +1556,8 @@ def _sampled_geometry(
         bar.update(1)
         bar.set_postfix_str("Hellinger summary", refresh=True)
         summary = _sampled_hellinger_entry(sampled, corrected=bias is not None)
+        if bias is not None:
+            summary["occupancy_adjusted"] = shrinkage is not None
         bar.update(1)
     timings["corpus_diagnostics"] = time.perf_counter() - t
 
@@ -1534,7 +1570,8 @@ def _sampled_geometry(
     timings["encodings"] = time.perf_counter() - t
     # the stress intervals' pairs, drawn while the square-root rows are held
     i, j = draw_jackknife_pairs(m, entries_per_row=float(np.mean(sampled.row_entries)), seed=config.seed)
-    return _Geometry(mds, diagnostics, results, summary, jackknife_pairs=(i, j, sampled.distances(i, j)))
+    return _Geometry(mds, diagnostics, results, summary, jackknife_pairs=(i, j, sampled.distances(i, j)),
+                     occupancy_adjusted=bias is not None and not g.ranged, shrinkage=shrinkage)
 
 
 def _mean_interval(x: np.ndarray) -> list[float]:
@@ -1593,6 +1630,7 @@ def _null_section(
     *,
     distances: np.ndarray | None = None,
     windows: tuple[Any, str | None] = (None, None),
+    shrinkage: Any = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(null, homogeneity)`` report sections: how many MDS components stand above a null
     corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
@@ -1607,6 +1645,7 @@ def _null_section(
     choice = _null_choice(config, m, noise)
     if choice == "none":
         return None, None
+    adjust = {"shrinkage": shrinkage} if shrinkage is not None else {}
     t = time.perf_counter()
     lam = np.asarray(mds.eigenvalues, dtype=np.float64)
     homogeneity = None
@@ -1619,13 +1658,13 @@ def _null_section(
         total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
         with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
             if groups is not None:
-                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options)
+                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
             else:
-                perm = permutation_null(g.rows, progress=bar.update, **options)
+                perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
             if shuffled_sums:
                 noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
                                                 corrected=bias is not None, seed=config.seed,
-                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update)
+                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
         nr = null_rank(lam, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {

@@ -53,6 +53,7 @@ from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import load_counts
 from posstats.errors import InputError, OptionError
 from posstats.estimates.noise import corrected_squared_distances
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.geometry.diagnostics import min_separation, monotonicity_of_encoding
 from posstats.geometry.encodings import sinusoidal
 from posstats.geometry.hellinger import hellinger_sq
@@ -355,9 +356,14 @@ def _positions_in_table(positions: np.ndarray, n_rows: int, offset: int, checkpo
 def _corpus_distances(counts: PositionalCounts, positions: np.ndarray, run: RunData | None, /) -> np.ndarray:
     """(m, m) float64 Hellinger distances d_H = sqrt(hellinger_sq) between the count rows
     of ``positions``: bias-corrected with the run's noise floor when the run's report used
-    bias-corrected distances (the report's one matrix), else plug-in."""
-    d2 = np.asarray(hellinger_sq(sparse_rows(counts.rows(positions))), dtype=np.float64)
+    bias-corrected distances (the report's one matrix; the occupancy shrinkage of the run's
+    used rows removed first when it was, :mod:`posstats.estimates.occupancy`), else plug-in."""
+    rows = sparse_rows(counts.rows(positions))
+    d2 = np.asarray(hellinger_sq(rows), dtype=np.float64)
     if run is not None and (run.report.get("geometry") or {}).get("distances") == "bias_corrected":
+        if (run.report.get("hellinger") or {}).get("occupancy_adjusted"):
+            every = sparse_rows(counts.rows(run.positions))  # the analysis' pool and occupancies
+            adjusted(d2, rows, shrinkage=OccupancyShrinkage.from_totals(every.sum(axis=1), every.sum(axis=0)))
         d2 = corrected_squared_distances(d2, report_bias(run.report, positions))
     return np.sqrt(d2)
 

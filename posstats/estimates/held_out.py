@@ -59,12 +59,13 @@ from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_interval, o
 from posstats.estimates.noise import corrected_squared_distances
 from posstats.estimates.pair_jackknife import token_groups
 from posstats.estimates.sampled import SampledGeometry
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.thinning import thin
 from posstats.estimates.verdict import NO_STRUCTURE_INTERVAL, best_encodings, held_out_row
 from posstats.geometry.encodings import family_of, make_encoding
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import classical_mds, sqrt_operator
+from posstats.geometry.mds import classical_mds, shifted_operator, sqrt_operator
 from posstats.geometry.stress import stress_report
 
 __all__ = [
@@ -300,21 +301,29 @@ def held_out_intervals(
 
 
 def _half_mds(rows: Any, bias: np.ndarray | None, d2: np.ndarray, jobs: Sequence[tuple[int, str]], *, seed: int) -> Any:
-    """The classical MDS of a half's rows (m, V) whose plug-in ``d_H^2`` is ``d2`` (m, m):
-    every eigenpair up to :data:`DENSE_MDS_ROWS` rows, above it the top ``max width`` by
-    Lanczos (what the fitted encodings of ``jobs`` read)."""
+    """The classical MDS of a half's rows (m, V) whose ``d_H^2`` is ``d2`` (m, m; with
+    ``bias`` the occupancy shrinkage removed, :func:`_distances`): every eigenpair up to
+    :data:`DENSE_MDS_ROWS` rows, above it the top ``max width`` (what the fitted encodings
+    of ``jobs`` read): by Lanczos on the square roots for plug-in distances, else from
+    ``d2``, which holds what the square roots alone do not."""
     m = d2.shape[0]
     if m <= DENSE_MDS_ROWS:
         return classical_mds(rows, k=None, method="dense", seed=seed, diagonal=bias, squared_distances=d2)
     k = min(max(d for d, _ in jobs), m - 1)
+    if bias is not None:
+        return classical_mds(rows, k=k, method="dense", seed=seed, diagonal=bias, squared_distances=d2)
     return classical_mds(rows, k=k, method="lanczos", seed=seed, diagonal=bias)
 
 
 def _distances(rows: Any, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(squared plug-in d_H^2, d_H as the analysis uses it) of the rows."""
+    """(squared d_H^2, d_H as the analysis uses it) of the rows: plug-in, or with ``bias``
+    the square roots' occupancy shrinkage removed (:mod:`posstats.estimates.occupancy`) and
+    then corrected by the bias."""
     d2 = hellinger_sq(rows)
-    corrected = d2 if bias is None else corrected_squared_distances(d2, bias)
-    return d2, np.sqrt(corrected)
+    if bias is None:
+        return d2, np.sqrt(d2)
+    adjusted(d2, rows)
+    return d2, np.sqrt(corrected_squared_distances(d2, bias))
 
 
 def _exact_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[int, str]], *,
@@ -340,9 +349,15 @@ def _sampled_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[
                     biases: tuple[Any, Any], context: int | None, seed: int, step: Callable[[str], None], stress_halfwidth: float,
                     stress_max_pairs: int, lanczos_tol: float) -> list[dict[str, Any]]:
     step("held out: MDS of half A (Lanczos)")
+    # with the bias correction the square roots' occupancy shrinkage is removed too (:func:`_distances`)
+    shrink_a, shrink_b = ((OccupancyShrinkage.of(a), OccupancyShrinkage.of(b)) if biases[0] is not None
+                          else (None, None))
     op_a = sqrt_operator(a) if sp.issparse(a) else a
+    products = op_a if shrink_a is None else shifted_operator(op_a if op_a is not a else sqrt_operator(a),
+                                                              shrink_a.weights(_row_sums(a)), shrink_a.shrinkage)
     k = min(max(d for d, _ in jobs), a.shape[0] - 1)
-    mds = classical_mds(op_a, k=k, method="lanczos", tol=lanczos_tol, seed=seed, diagonal=biases[0])
+    mds = classical_mds(products, k=k, method="lanczos", tol=lanczos_tol, seed=seed, diagonal=biases[0])
+    del products
     occupancy = _row_sums(a)
     built = []
     for dim, spec in jobs:
@@ -351,11 +366,11 @@ def _sampled_scores(a: Any, b: Any, positions: np.ndarray, jobs: Sequence[tuple[
         built.append((dim, spec, make_encoding(spec, positions, dim, mds=mds, occupancy=occupancy, context=context)))
     matrices = [enc.matrix for _, _, enc in built]
     step("held out: sampled stress on half A")
-    fit = SampledGeometry(a, bias=biases[0], seed=seed, sqrt=op_a if op_a is not a else None).stress(
-        matrices, target_halfwidth=stress_halfwidth, max_pairs=stress_max_pairs)
+    fit = SampledGeometry(a, bias=biases[0], seed=seed, sqrt=op_a if op_a is not a else None,
+                          shrinkage=shrink_a).stress(matrices, target_halfwidth=stress_halfwidth, max_pairs=stress_max_pairs)
     del op_a  # half A's square roots: not needed for half B
     step("held out: sampled stress on half B")
-    held = SampledGeometry(b, bias=biases[1], seed=seed + 1).stress(
+    held = SampledGeometry(b, bias=biases[1], seed=seed + 1, shrinkage=shrink_b).stress(
         matrices, target_halfwidth=stress_halfwidth, max_pairs=stress_max_pairs)
     return [_entry(enc.name, dim, spec, f.stress, f.scaled_stress, h.stress, h.scaled_stress, list(h.scaled_stress_ci95))
             for (dim, spec, enc), f, h in zip(built, fit, held, strict=True)]

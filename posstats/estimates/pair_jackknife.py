@@ -73,6 +73,7 @@ import scipy.sparse as sp
 
 from posstats.estimates.jackknife import JACKKNIFE_GROUPS, jackknife_interval, jackknife_sd
 from posstats.estimates.sampled import SampledGeometry, sample_pairs
+from posstats.estimates.occupancy import OccupancyShrinkage
 from posstats.estimates.sampling_variance import position_sampling_variance
 
 __all__ = [
@@ -165,6 +166,7 @@ def pair_replicates(
     replicates: int = JACKKNIFE_GROUPS,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    occupancy: bool = False,
 ) -> dict[Any, np.ndarray]:
     """``statistic`` of the pairs' corpus distances ``d_H`` in ``replicates`` corpora that
     each leave out one of ``replicates`` random token groups (module docstring).
@@ -176,6 +178,9 @@ def pair_replicates(
         corrected: distances bias-corrected by each replicate's own ``b``
             (:func:`posstats.estimates.sampling_variance.position_sampling_variance`).
         replicates: K >= 2 groups.
+        occupancy: with ``corrected``, each replicate's square roots' occupancy shrinkage
+            removed first (:mod:`posstats.estimates.occupancy`, under the rows' pooled
+            distribution), as the exact path's corpus distances are.
         seed: seeds the split.
         progress: called with 1 after each replicate.
 
@@ -187,6 +192,7 @@ def pair_replicates(
         raise ValueError(msg)
     c = sp.csr_array(rows, dtype=np.int64) if not sp.issparse(rows) else sp.csr_array(rows)
     c.sum_duplicates()  # a no-op on canonical counts (no copy)
+    pooled = np.asarray(c.sum(axis=0)).ravel() if corrected and occupancy else None
     touched, inverse = np.unique(np.concatenate([i, j]), return_inverse=True)
     if touched.size < c.shape[0]:  # only the pairs' rows are thinned and square-rooted
         c = c[touched]
@@ -197,7 +203,8 @@ def pair_replicates(
         kept.has_canonical_format = True  # the counts' own pattern
         del group
         bias = position_sampling_variance(kept) if corrected else None
-        h = SampledGeometry(kept, bias=bias).distances(i, j)
+        shrinkage = OccupancyShrinkage.of(kept, pooled=pooled) if pooled is not None else None
+        h = SampledGeometry(kept, bias=bias, shrinkage=shrinkage).distances(i, j)
         del kept
         for name, value in statistic(h).items():
             out.setdefault(name, []).append(float(value))
@@ -331,6 +338,7 @@ def pair_noise_share(
     seed: int = 0,
     occupancy: Any = None,
     pooled: Any = None,
+    occupancy_adjusted: bool = False,
 ) -> float | None:
     """The share of the pairs' summed distances that sampling noise alone reaches: the
     first ``pairs`` pairs' distances in a stationary corpus with the data's occupancies and
@@ -348,6 +356,9 @@ def pair_noise_share(
         seed: seeds the draw.
         occupancy: (m,) tokens of every row (instead of ``rows``).
         pooled: (V,) tokens of every vocabulary entry over the rows (instead of ``rows``).
+        occupancy_adjusted: with ``corrected``, the null's square roots' occupancy shrinkage
+            removed first, as ``h`` had (the exact path's corpus distances:
+            :mod:`posstats.estimates.occupancy`).
     """
     if rows is not None:
         c = sp.csr_array(rows)
@@ -364,8 +375,9 @@ def pair_noise_share(
     occ = np.rint(np.asarray(occupancy, dtype=np.float64)).astype(np.int64)[touched]
     null = _pooled_null_rows(occ, np.asarray(pooled, dtype=np.float64), np.random.default_rng([seed, 17]))
     bias = position_sampling_variance(null) if corrected else None
+    shrinkage = OccupancyShrinkage.of(null, pooled=pooled) if corrected and occupancy_adjusted else None
     ii, jj = inverse[: i.size], inverse[i.size :]
-    return float(SampledGeometry(null, bias=bias).distances(ii, jj).sum()) / data
+    return float(SampledGeometry(null, bias=bias, shrinkage=shrinkage).distances(ii, jj).sum()) / data
 
 
 def draw_jackknife_pairs(m: int, /, *, entries_per_row: float = 0.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -54,6 +54,7 @@ import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.verdict import distance_to_pool
 from posstats.geometry.hellinger import hellinger_sq
@@ -188,6 +189,7 @@ def null_distance_sums(
     seed: int = 0,
     max_rows: int | None = None,
     progress: Callable[[int], None] | None = None,
+    shrinkage: Any = None,
 ) -> np.ndarray:
     """(R,) :func:`distance_sum` over all ``m (m - 1) / 2`` pairs of R shuffled corpora of
     the (m, V) counts ``rows`` (:func:`shuffled_rows`; replicate r draws from
@@ -203,7 +205,8 @@ def null_distance_sums(
     alone, one after another from what the rows before them left of the pool (the by-row
     sampler of :func:`shuffled_rows`: the law they have in a shuffle of every row), so a
     replicate never forms the whole shuffled corpus (at 2e8 tokens that took 5 GB).
-    ``progress(1)`` after each replicate."""
+    With ``corrected`` the distances go through the data's estimator (:func:`null_geometry`;
+    ``shrinkage`` as there). ``progress(1)`` after each replicate."""
     c = _integer_csr(rows)
     m, vocab = c.shape
     r = m if max_rows is None else max(2, min(m, int(max_rows)))
@@ -218,17 +221,23 @@ def null_distance_sums(
             shuffled = _shuffled_by_row(occ[keep], cols, pooled[cols], vocab, rng)
         else:
             shuffled = shuffled_rows(c, rng)
-        d2 = hellinger_sq(shuffled)
+        if corrected and shrinkage is None:  # the whole corpus' (a subset's own pool would differ)
+            shrinkage = OccupancyShrinkage.of(c)
+        d2 = _squared(shuffled, corrected=corrected, shrinkage=shrinkage)
         out[k] = distance_sum(d2, position_sampling_variance(shuffled) if corrected else None) * (m * (m - 1)) / (r * (r - 1))
         if progress is not None:
             progress(1)
     return out
 
 
-def null_geometry(rows: Any, /, *, corrected: bool) -> tuple[float, float]:
+def null_geometry(rows: Any, /, *, corrected: bool, shrinkage: Any = None) -> tuple[float, float]:
     """``(top eigenvalue, distance sum)`` of one corpus: :func:`top_eigenvalue` and
-    :func:`distance_sum` from one computation of its squared Hellinger distances."""
-    d2 = hellinger_sq(rows)
+    :func:`distance_sum` from one computation of its squared Hellinger distances, through
+    the data's estimator: corrected by the corpus' own ``b`` and, with ``corrected``, the
+    square roots' occupancy shrinkage removed (:mod:`posstats.estimates.occupancy`;
+    ``shrinkage``: the data's, which null corpora of the same occupancies and pooled counts
+    share; default: the corpus' own)."""
+    d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
     b = position_sampling_variance(rows) if corrected else None
     total = distance_sum(d2, b)
     return _top_of_gram(gram_in_place(d2, b)), total
@@ -254,7 +263,16 @@ def top_eigenvalue(rows: Any, /, *, corrected: bool) -> float:
     Dense subset solve up to 512 rows, else ARPACK (``eigsh``, k = 1, relative tolerance
     1e-8) on the dense (m, m) matrix.
     """
-    return _top_of_gram(gram_in_place(hellinger_sq(rows), position_sampling_variance(rows) if corrected else None))
+    return _top_of_gram(gram_in_place(_squared(rows, corrected=corrected),
+                                      position_sampling_variance(rows) if corrected else None))
+
+
+def _squared(rows: Any, /, *, corrected: bool, shrinkage: Any = None) -> np.ndarray:
+    """(m, m) squared Hellinger distances of ``rows``: plug-in, or with ``corrected`` the
+    square roots' occupancy shrinkage removed (:func:`posstats.estimates.occupancy.adjusted`;
+    the bias ``b`` is subtracted by the caller)."""
+    d2 = hellinger_sq(rows)
+    return adjusted(d2, rows, shrinkage=shrinkage) if corrected else d2
 
 
 def monte_carlo_p_value(observed: float, null: Any, /) -> float:
@@ -333,12 +351,13 @@ def permutation_null(
     corrected: bool = False,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    shrinkage: Any = None,
 ) -> PermutationNull:
     """Draw ``replicates`` shuffled corpora of the (m, V) counts ``rows`` (every row
     occupied) and compute each one's homogeneity statistic and, for the first
     ``eigen_replicates`` of them (default all; the costly part for many rows), its top
-    eigenvalue and distance sum (module docstring). Replicate r uses ``numpy.random.default_rng([seed, r])``;
-    ``progress(1)`` is called after each."""
+    eigenvalue and distance sum (module docstring; ``shrinkage`` as :func:`null_geometry`).
+    Replicate r uses ``numpy.random.default_rng([seed, r])``; ``progress(1)`` is called after each."""
     eigen = checked_replicates(replicates, eigen_replicates, null="permutation")
     c = _integer_csr(rows)
     s_null, top_null, sums_null = np.empty(replicates), np.empty(eigen), np.empty(eigen)
@@ -346,7 +365,7 @@ def permutation_null(
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
         s_null[r] = homogeneity_statistic(shuffled)
         if r < eigen:
-            top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected)
+            top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage)
         if progress is not None:
             progress(1)
     return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null, bool(corrected), sums_null)

@@ -268,13 +268,17 @@ class SampledGeometry:
         sqrt: the square-root rows already built for the MDS
             (:func:`posstats.geometry.mds.sqrt_operator` of the same counts), shared instead
             of building them again.
+        shrinkage: with ``bias``, an :class:`~posstats.estimates.occupancy.OccupancyShrinkage`
+            of these counts: each pair's square roots' expected shrinkage at their
+            occupancies removed before the bias (the exact path's corrected distances);
+            needs the counts.
 
     The square-root distributions are built once (CSR with the counts' pattern, float64),
     or shared with the MDS (``sqrt``).
     """
 
     def __init__(self, counts: Any, /, *, bias: Any = None, refine_below: float = 1e-6, seed: int = 0,
-                 sqrt: Any = None) -> None:
+                 sqrt: Any = None, shrinkage: Any = None) -> None:
         if counts is None:  # rows held apart: the operator gives the dots, the entries and the difference form
             if sqrt is None or not hasattr(sqrt, "difference_sq"):
                 msg = "SampledGeometry needs the counts, or a ranged square-root operator (posstats.geometry.ranged)"
@@ -290,6 +294,10 @@ class SampledGeometry:
         if self.bias is not None and self.bias.shape != (self.n,):
             msg = f"bias must have one entry per row ({self.n}); got shape {self.bias.shape}"
             raise ValueError(msg)
+        if shrinkage is not None and (self.counts is None or self.bias is None):
+            msg = "SampledGeometry's occupancy shrinkage needs the counts and the bias"
+            raise ValueError(msg)
+        self._shrinkage = None if shrinkage is None else shrinkage.features(self.counts)
         self.refine_below = float(refine_below)
         self.rng = np.random.default_rng(seed)
         self.i = np.zeros(0, dtype=np.int64)
@@ -297,7 +305,8 @@ class SampledGeometry:
         self.h = np.zeros(0, dtype=np.float64)
 
     def squared(self, i: Any, j: Any, /) -> np.ndarray:
-        """Plug-in (or bias-corrected) ``d_H^2`` of the pairs ``(i[p], j[p])``, float64."""
+        """Plug-in (or bias-corrected, and occupancy-adjusted with a shrinkage) ``d_H^2`` of
+        the pairs ``(i[p], j[p])``, float64."""
         i = np.asarray(i, dtype=np.int64).ravel()
         j = np.asarray(j, dtype=np.int64).ravel()
         lo_, hi_ = np.minimum(i, j), np.maximum(i, j)
@@ -324,6 +333,8 @@ class SampledGeometry:
             parts = thread_map(chunk, pair_chunks(self.row_entries[i] + self.row_entries[j], budget, _PAIR_CHUNK))
         out = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
         if self.bias is not None:
+            if self._shrinkage is not None:
+                out += self._shrinkage.pairs(i, j)
             out = np.maximum(out - self.bias[i] - self.bias[j], 0.0)
             out[i == j] = 0.0
         return out

@@ -66,7 +66,8 @@ from threadpoolctl import threadpool_limits
 from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
-__all__ = ["MDSResult", "Spectrum", "classical_mds", "gram_in_place", "spectrum_summary", "wanted_residuals"]
+__all__ = ["MDSResult", "ShiftedSqrt", "Spectrum", "classical_mds", "gram_in_place", "shifted_operator", "spectrum_summary",
+           "wanted_residuals"]
 
 _COVERAGE_LEVELS = (0.9, 0.95, 0.99, 0.999)
 
@@ -1108,6 +1109,55 @@ def sqrt_operator(counts: Any, /, *, xp: types.ModuleType | None = None, split: 
     operator of the 200 M-token benchmark counts (1.26e8 non-zeros) took 65 s and 5.1 GB
     unsplit against 84 s and 6.1 GB split."""
     return _SplitSqrt(counts, xp=xp, split=split)
+
+
+class ShiftedSqrt:
+    """The centred square-root operator of the rows ``s_i - l_i R`` (:func:`shifted_operator`):
+    ``X_c = S_c - (L R)_c`` from a prebuilt ``S_c`` and an (n, K) by (K, V) low-rank shift,
+    with the same products (:meth:`apply`, :meth:`apply_t`, :meth:`total_variance`, on the
+    host); ``row_dots`` and the rest stay the unshifted operator's (``base``)."""
+
+    def __init__(self, base: Any, left: np.ndarray, right: np.ndarray) -> None:
+        if base.xp is not np:
+            msg = "a shifted square-root operator lives on the host"
+            raise TypeError(msg)
+        n, v = base.shape
+        if left.shape[0] != n or right.shape[1] != v or left.shape[1] != right.shape[0]:
+            msg = f"shift {left.shape} x {right.shape} does not fit the operator's {base.shape}"
+            raise ValueError(msg)
+        self.base, self.xp, self.shape = base, np, base.shape
+        self.left = left - left.mean(axis=0)[None, :]  # (L R)_c = (L - 1 mean(L)) R
+        self.right = np.ascontiguousarray(right, dtype=np.float64)
+        # ||S_c - L_c R||^2 = ||S_c||^2 - 2 tr(L_c^T S_c R^T) + tr(L_c (R R^T) L_c^T)
+        cross = float(np.einsum("ik,ik->", self.left, base.apply(self.right.T)))
+        shift = float(np.einsum("ik,kl,il->", self.left, self.right @ self.right.T, self.left))
+        self._total = base.total_variance() - 2.0 * cross + shift
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":  # not set yet (copies, pickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)  # row_dots, occupancy, ...: the unshifted rows'
+
+    def total_variance(self) -> float:
+        """``||X_c||_F^2``."""
+        return self._total
+
+    def apply(self, x: Any) -> Any:
+        """``X_c x`` for x of shape (V, b)."""
+        return self.base.apply(x) - self.left @ (self.right @ x)
+
+    def apply_t(self, y: Any) -> Any:
+        """``X_c^T y`` for y of shape (n, b)."""
+        return self.base.apply_t(y) - self.right.T @ (self.left.T @ y)
+
+
+def shifted_operator(base: Any, left: Any, right: Any, /) -> ShiftedSqrt:
+    """The centred square-root operator ``base`` (:func:`sqrt_operator`) of rows shifted by
+    ``-left @ right`` ((n, K) and (K, V): the rows ``s_i - l_i R``), for
+    :func:`classical_mds` (``method="lanczos"``): e.g. the square roots with their
+    occupancy shrinkage removed (:mod:`posstats.estimates.occupancy`). Products cost K (n + V)
+    more per vector."""
+    return ShiftedSqrt(base, np.asarray(left, dtype=np.float64), np.asarray(right, dtype=np.float64))
 
 
 def _is_operator(x: Any, /) -> bool:

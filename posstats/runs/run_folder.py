@@ -39,6 +39,7 @@ from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import check_counts_file, counts_file, load_counts, load_header, load_selected_rows
 from posstats.errors import InputError
 from posstats.estimates.noise import corrected_squared_distances
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult
 from posstats.storage.publish import atomic_path, published_dir
@@ -343,7 +344,9 @@ def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple
 
     Sliced from ``run.distances`` when held, else ``sqrt(hellinger_sq(rows))`` of the
     counts' rows (:func:`posstats.geometry.hellinger.hellinger_sq`), bias-corrected with the
-    report's per-position bias (``noise.bias_per_position``) when the analysis was.
+    report's per-position bias (``noise.bias_per_position``) when the analysis was, the
+    occupancy shrinkage of every used row removed first when it was
+    (``hellinger.occupancy_adjusted``, :mod:`posstats.estimates.occupancy`).
 
     Args:
         run: from :func:`load_run` or :func:`run_from_analysis`.
@@ -360,8 +363,12 @@ def run_distances(run: RunData, /, *, max_positions: int | None = None) -> tuple
     idx = np.arange(m) if max_positions is None else even_subsample(m, max_positions)
     if run.distances is not None:
         return idx, run.distances if idx.size == m else run.distances[np.ix_(idx, idx)]
-    d2 = np.asarray(hellinger_sq(sparse_rows(_used_rows(run, run.positions[idx]))), dtype=np.float64)
+    rows = sparse_rows(_used_rows(run, run.positions[idx]))
+    d2 = np.asarray(hellinger_sq(rows), dtype=np.float64)
     if (run.report.get("geometry") or {}).get("distances") == "bias_corrected":
+        if (run.report.get("hellinger") or {}).get("occupancy_adjusted"):
+            every = rows if idx.size == m else sparse_rows(_used_rows(run, run.positions))
+            adjusted(d2, rows, shrinkage=OccupancyShrinkage.from_totals(every.sum(axis=1), every.sum(axis=0)))
         d2 = corrected_squared_distances(d2, report_bias(run.report, run.positions[idx]))
     return idx, np.sqrt(d2)
 

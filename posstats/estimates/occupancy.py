@@ -1,0 +1,225 @@
+"""Corrected distances between positions of unequal occupancy: the square root's shrinkage removed.
+
+**Why.** The corrected ``d_H^2`` subtracts each position's unbiased sampling variance ``b_i``
+of the plug-in ``|s_hat_i - s_hat_j|^2`` (:mod:`posstats.estimates.sampling_variance`).
+What is left in expectation is ``|E s_hat_i - E s_hat_j|^2``, which is the true ``d_H^2``
+only where ``E s_hat`` is ``s``. It is not: for a token seen about once or less,
+``E sqrt(X / N)`` falls below ``sqrt(p)`` (the square root shrinks rare tokens), and by
+how much depends on the occupancy N. At equal occupancy the shrinkage is the same on both
+sides and cancels for identical distributions (the calibration grid, every position N
+tokens); at unequal occupancy it does not. Two positions of one Zipf(1.1) distribution
+over 50,257 tokens with 6,300 and 184,000 tokens are apart by 0.072 in expectation (the
+truth: 0), with 2,000 and 20,000 by 0.045: the size of real structure (the calibration
+suite's drift 16 positions apart is 0.162). In truncate mode occupancy falls along the
+context, so this distance grows with the distance between positions, a smooth structure
+of its own: on a 2e8-token corpus at n = 4,096 it was the geometry's top two components,
+correlated 0.93 with log occupancy, which ALiBi "fitted best" (``benchmarks/bench_occupancy_bias.py``).
+
+**The correction.** Each position's expected shrinkage under the pooled distribution
+``p`` (the corpus' distribution when positions do not differ, estimated from every token)
+is removed from its square roots:
+
+    x_i = s_hat_i - m(N_i),    m_v(N) = E sqrt(X / N) - sqrt(p_v) = sqrt(p_v) f(N p_v),
+    f(lam) = E sqrt(Poisson(lam)) / sqrt(lam) - 1,
+
+and the corrected distance is ``|x_i - x_j|^2 - b_i - b_j`` (``b`` unchanged: removing a
+constant vector changes no variance). Where both positions have the pooled distribution
+its expectation is exactly 0 at any occupancies; at equal occupancy ``m(N_i) = m(N_j)`` and
+it is today's estimator exactly; between different distributions it keeps today's
+second-order remainder (docs/calibration.md), plus terms in ``m`` computed under ``p``
+instead of each position's own distribution, of the order of ``p``'s square root on the
+tokens where they differ. This is an empirical-Bayes style plug-in of the null's
+expectation, not an unbiased estimator of ``sqrt(p)`` (none exists: ``sqrt`` is not
+analytic at 0), and it is what makes identical positions identical at any occupancies.
+
+**Computation.** ``f`` is tabulated once (exact Poisson sums below ``lam = 400``, the
+asymptotic series above). ``m(N)`` is smooth in ``log N``, so the (m, V) matrix ``M`` of the
+positions' shrinkages is ``W U``: ``U`` (K, V) the shrinkage at K occupancies on a
+geometric grid (steps of 5 % in N), ``W`` (m, K) each position's linear interpolation
+weights in ``log N``. Then, with ``A = S U^T`` (m, K) and ``G = U U^T`` (K, K),
+
+    |x_i - x_j|^2 = D_ij + |m_i - m_j|^2 - 2 <s_i - s_j, m_i - m_j>,
+    |m_i - m_j|^2 = (w_i - w_j) G (w_i - w_j)^T,  <s_i, m_j> = A_i . w_j,
+
+so a full (m, m) adjustment costs ``nnz(S) K + m^2 K`` and a pair ``K^2``: never an (m, V)
+dense matrix. Null corpora (shuffled or rotated) keep every occupancy and the pooled
+counts, so they share the data's ``U`` and ``W``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import gammaln, xlogy
+
+__all__ = ["OccupancyShrinkage", "ShrinkageFeatures", "adjusted", "sqrt_shrinkage"]
+
+_GRID_STEP = 0.05  # log-occupancy step of the grid (5 % in N): interpolation error ~1e-4 of m
+_SERIES_FROM = 400.0  # lam above which f is the asymptotic series
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> tuple[np.ndarray, np.ndarray]:
+    """``(log lam, f(lam))`` on a grid of 4,001 points from 1e-8 to ``_SERIES_FROM``."""
+    lam = np.geomspace(1e-8, _SERIES_FROM, 4001)
+    k = np.arange(int(_SERIES_FROM + 12 * np.sqrt(_SERIES_FROM) + 40), dtype=np.float64)
+    # the Poisson pmf from scipy.special (scipy.stats costs every command a second of start-up)
+    pmf = np.exp(xlogy(k[:, None], lam[None, :]) - lam[None, :] - gammaln(k + 1.0)[:, None])
+    mean_sqrt = np.sqrt(k) @ pmf
+    return np.log(lam), mean_sqrt / np.sqrt(lam) - 1.0
+
+
+def sqrt_shrinkage(lam: Any, /) -> np.ndarray:
+    """``f(lam) = E sqrt(X) / sqrt(lam) - 1`` for ``X ~ Poisson(lam)``: the relative shrinkage
+    of the square root of a count with mean ``lam``, in (-1, 0]; -1 + sqrt(lam) near 0, and
+    ``-1/(8 lam) - 7/(128 lam^2) - 33/(1024 lam^3)`` above ``lam = 400``.
+
+    >>> sqrt_shrinkage([1e-6, 1.0, 1000.0]).round(6)
+    array([-0.999   , -0.226808, -0.000125])
+    """
+    lam = np.asarray(lam, dtype=np.float64)
+    log_lam, f = _table()
+    out = np.interp(np.log(np.maximum(lam, 1e-300)), log_lam, f)
+    tiny = lam < 1e-8
+    out[tiny] = np.sqrt(lam[tiny]) - 1.0  # E sqrt(X) = P(X = 1) + ... = lam e^-lam + O(lam^2)
+    big = lam > _SERIES_FROM
+    inv = 1.0 / lam[big]
+    out[big] = -inv / 8.0 - 7.0 * inv**2 / 128.0 - 33.0 * inv**3 / 1024.0
+    return out
+
+
+@dataclass(frozen=True)
+class OccupancyShrinkage:
+    """The expected shrinkage of the square roots at every occupancy of a corpus, on a grid
+    (module docstring), and the adjustment it makes to squared distances.
+
+    Attributes:
+        grid: (K,) occupancies, geometric from the smallest to the largest.
+        shrinkage: (K, V) ``m(N_k)``: ``sqrt(p) f(N_k p)`` for the pooled distribution p.
+    """
+
+    grid: np.ndarray
+    shrinkage: np.ndarray
+
+    @classmethod
+    def of(cls, rows: Any, /, *, pooled: Any = None) -> OccupancyShrinkage | None:
+        """The shrinkage of the (m, V) counts ``rows`` at their occupancies under their
+        pooled distribution (``pooled``: (V,) counts to pool instead, e.g. a whole corpus
+        of which ``rows`` are some positions); None when every row has the same occupancy
+        (the adjustment is then exactly 0)."""
+        return cls.from_totals(_occupancy(rows), rows.sum(axis=0) if pooled is None else pooled)
+
+    @classmethod
+    def from_totals(cls, occupancy: Any, pooled: Any, /) -> OccupancyShrinkage | None:
+        """:meth:`of` from the rows' (m,) occupancies and the (V,) pooled counts alone."""
+        occ = np.asarray(occupancy, dtype=np.float64).ravel()
+        lo, hi = float(occ.min()), float(occ.max())
+        if lo == hi:
+            return None
+        if not lo > 0:
+            msg = "every row needs an occupancy above 0 for the occupancy adjustment"
+            raise ValueError(msg)
+        totals = np.asarray(pooled, dtype=np.float64).ravel()
+        p = totals / totals.sum()
+        steps = max(1, int(np.ceil(np.log(hi / lo) / _GRID_STEP)))
+        grid = np.geomspace(lo, hi, steps + 1)
+        shrinkage = np.sqrt(p)[None, :] * sqrt_shrinkage(grid[:, None] * p[None, :])
+        return cls(grid, shrinkage)
+
+    @functools.cached_property
+    def gram(self) -> np.ndarray:
+        """(K, K) ``U U^T``."""
+        return self.shrinkage @ self.shrinkage.T
+
+    def weights(self, occupancy: Any, /) -> np.ndarray:
+        """(m, K) linear interpolation weights in log occupancy (each row sums to 1; at most
+        two entries); occupancies outside the grid are refused."""
+        occ = np.asarray(occupancy, dtype=np.float64).ravel()
+        if occ.size and (occ.min() < self.grid[0] * (1 - 1e-12) or occ.max() > self.grid[-1] * (1 + 1e-12)):
+            msg = (f"occupancies {occ.min():g}..{occ.max():g} outside the shrinkage grid "
+                   f"{self.grid[0]:g}..{self.grid[-1]:g}")
+            raise ValueError(msg)
+        g = np.log(self.grid)
+        x = np.clip(np.log(occ), g[0], g[-1])
+        k = np.clip(np.searchsorted(g, x, side="right") - 1, 0, g.size - 2)
+        t = (x - g[k]) / (g[k + 1] - g[k])
+        w = np.zeros((occ.size, g.size))
+        rows = np.arange(occ.size)
+        w[rows, k] = 1.0 - t
+        w[rows, k + 1] += t
+        return w
+
+    def features(self, rows: Any, /) -> ShrinkageFeatures:
+        """The (m, V) counts ``rows``' features for their adjustments: ``<s_i, U_k>`` and
+        the interpolation weights of their occupancies (one sparse product, ``nnz K``)."""
+        c = sp.csr_array(rows, dtype=np.float64)
+        occ = np.asarray(c.sum(axis=1)).ravel()
+        s = c.multiply(1.0 / occ[:, None]).tocsr()
+        s.data = np.sqrt(s.data)
+        return ShrinkageFeatures(np.asarray(s @ self.shrinkage.T), self.weights(occ), self.gram)
+
+    def adjustment(self, rows: Any, /) -> np.ndarray:
+        """(m, m) ``|x_i - x_j|^2 - |s_hat_i - s_hat_j|^2`` of the (m, V) counts ``rows``
+        (module docstring): add it to their plug-in squared distances."""
+        return self.features(rows).full()
+
+    def pair_adjustment(self, rows: Any, i: Any, j: Any, /) -> np.ndarray:
+        """(P,) the adjustment of the pairs ``(i[p], j[p])`` of ``rows`` alone."""
+        return self.features(rows).pairs(i, j)
+
+
+@dataclass(frozen=True)
+class ShrinkageFeatures:
+    """What the adjustment of a set of rows needs (:meth:`OccupancyShrinkage.features`).
+
+    Attributes:
+        a: (m, K) ``A = S U^T``: ``a[i] . w[j] = <s_i, m_j>``.
+        w: (m, K) interpolation weights (``m_i = w[i] U``).
+        gram: (K, K) ``U U^T``.
+    """
+
+    a: np.ndarray
+    w: np.ndarray
+    gram: np.ndarray
+
+    def full(self) -> np.ndarray:
+        """(m, m) adjustment, exactly symmetric with a 0 diagonal."""
+        q = self.w @ self.gram @ self.w.T
+        r = self.a @ self.w.T  # r[i, j] = <s_i, m_j>
+        qd, rd = np.diag(q).copy(), np.diag(r).copy()
+        out = (qd[:, None] + qd[None, :]) - (q + q.T)  # |m_i - m_j|^2
+        out -= 2.0 * ((rd[:, None] + rd[None, :]) - (r + r.T))
+        np.fill_diagonal(out, 0.0)
+        return out
+
+    def pairs(self, i: Any, j: Any, /) -> np.ndarray:
+        """(P,) the adjustment of the pairs ``(i[p], j[p])``, K^2 each (no (m, m) matrix);
+        0 where ``i == j``."""
+        i, j = np.asarray(i, dtype=np.int64).ravel(), np.asarray(j, dtype=np.int64).ravel()
+        dw = self.w[i] - self.w[j]
+        mm = np.einsum("pk,kl,pl->p", dw, self.gram, dw)
+        cross = np.einsum("pk,pk->p", self.a[i] - self.a[j], dw)  # <s_i - s_j, m_i - m_j>
+        out = mm - 2.0 * cross
+        out[i == j] = 0.0
+        return out
+
+
+def _occupancy(rows: Any) -> np.ndarray:
+    """(m,) float64 row sums of counts."""
+    return np.asarray(rows.sum(axis=1), dtype=np.float64).ravel()
+
+
+def adjusted(d2: np.ndarray, rows: Any, /, *, shrinkage: OccupancyShrinkage | None = None,
+             pooled: Any = None) -> np.ndarray:
+    """``d2`` (the rows' (m, m) plug-in squared distances) with the occupancy adjustment
+    added in place, and returned: ``shrinkage`` when given (null corpora share the data's),
+    else :meth:`OccupancyShrinkage.of` the rows (``pooled`` as there); unchanged when every
+    occupancy is equal."""
+    shrink = shrinkage if shrinkage is not None else OccupancyShrinkage.of(rows, pooled=pooled)
+    if shrink is not None:
+        d2 += shrink.adjustment(rows)
+    return d2
