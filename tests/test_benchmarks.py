@@ -356,3 +356,28 @@ def test_bench_truncate_rank_small():
         for null in ("length_classes", "per_document", "shuffled"):
             assert row[null]["median"] <= row[null]["max"]
             assert row[null]["corpus_above"] == (row["corpus_top"] > row[null]["max"])
+
+
+def test_bench_occupancy_bias_small(tmp_path):
+    """bench_occupancy_bias.py: the exact expected corrected distance between identical
+    distributions grows with the occupancy ratio (0 at equal occupancy), and on a counts
+    folder the shrinkage removed lowers the top eigenvalue's tie to log occupancy."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from posstats.counting.counts import CountSpec, PositionalCounts
+    from posstats.counting.io import save_counts
+
+    rng = np.random.default_rng(0)
+    p = np.arange(1, 801.0) ** -1.1
+    occ = np.geomspace(8000, 200, 24).astype(int)
+    rows = sp.csr_array(np.stack([rng.multinomial(int(n), p / p.sum()) for n in occ]))
+    save_counts(PositionalCounts(CountSpec(positions=24, vocab_size=800), rows.astype(np.int64), sequences=8000,
+                                 windows=8000, tokens=int(rows.sum())), tmp_path)
+    r = run_bench("bench_occupancy_bias.py", "--vocab", "800", "--pairs", "500:500,500:1000,500:5000",
+                  "--counts", str(tmp_path))
+    same, double, tenfold = (x["expected_corrected_d2"] for x in r["exact"])
+    assert same == 0.0 and 0 < double < tenfold
+    c = r["counts"]
+    assert c["rows"] == 24 and c["occupancy"] == [int(occ.min()), int(occ.max())]
+    assert abs(c["shrinkage_removed"]["top_vector_vs_log_occupancy"]) < abs(c["posstats"]["top_vector_vs_log_occupancy"])
