@@ -111,6 +111,9 @@ def test_analysis_of_a_stationary_corpus_of_falling_occupancy_finds_no_occupancy
                               windows=20000, tokens=int(rows.sum()))
     report = analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")).report()
     assert report["hellinger"]["occupancy_adjusted"] is True
+    from posstats.reports.summary import _noise_clause
+
+    assert "square-root shrinkage at its occupancy removed" in _noise_clause(report)
     top = np.asarray(analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")).mds.encoding)[:, 0]
     assert abs(np.corrcoef(top, np.log(occ))[0, 1]) < 0.6
     assert report["null"]["components_above_null"] == 0

@@ -29,8 +29,10 @@ def _noise_clause(report: dict[str, Any]) -> str:
     noise = report.get("noise") or {}
     if (report.get("geometry") or {}).get("distances") == "bias_corrected":
         shd = (noise.get("split_half_d_h") or {}).get("median")
+        shrunk = ("; each position's square-root shrinkage at its occupancy removed"
+                  if (report.get("hellinger") or {}).get("occupancy_adjusted") else "")
         return (f"bias-corrected (noise floor from the {noise.get('source', 'parts')}, "
-                f"median split-half d_H {_fmt(shd, '.3g')})")
+                f"median split-half d_H {_fmt(shd, '.3g')}{shrunk})")
     if noise.get("estimated"):
         return "plug-in: they include sampling noise (noise floor estimated, not subtracted)"
     rule = noise.get("rule")
