@@ -57,7 +57,7 @@ from posstats.estimates.pair_jackknife import (
     pair_noise_share,
     pair_replicates,
 )
-from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
+from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures, adjusted
 from posstats.estimates.permutation import null_distance_sums, permutation_null
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
@@ -1246,7 +1246,8 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
     with progress(total=JACKKNIFE_GROUPS, desc="stress intervals", unit="replicate", enabled=show_progress) as bar:
         if g.ranged:
             reps = ranged_pair_replicates(g.replicates(JACKKNIFE_GROUPS, config.seed), i, j, statistic,
-                                          corrected=corrected, vocab=g.rows.shape[1], progress=bar.update)
+                                          corrected=corrected, vocab=g.rows.shape[1], progress=bar.update,
+                                          occupancy=geometry.occupancy_adjusted)
         else:
             reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update,
                                    occupancy=geometry.occupancy_adjusted)
@@ -1288,7 +1289,7 @@ def _pairs_noise_share(g: _Rows, rows: sp.csr_array | None, i: np.ndarray, j: np
     pairs' distances ``h`` were (the exact path)."""
     if rows is None:
         return pair_noise_share(None, i, j, h, corrected=corrected, seed=seed, occupancy=g.occupancy,
-                                pooled=g.column_totals())
+                                pooled=g.column_totals(), occupancy_adjusted=occupancy_adjusted)
     return pair_noise_share(rows, i, j, h, corrected=corrected, seed=seed, occupancy_adjusted=occupancy_adjusted)
 
 
@@ -1506,14 +1507,14 @@ def _sampled_geometry(
     t = time.perf_counter()
     # the corrected distances have the square roots' occupancy shrinkage removed, as on the
     # exact path (posstats.estimates.occupancy): the Lanczos products on the host, through
-    # the low-rank shift of the operator; not for rows held apart in ranges
-    shrinkage = OccupancyShrinkage.of(g.rows) if bias is not None and not g.ranged else None
+    # the low-rank shift of the operator (rows held apart too: from their totals)
+    shrinkage = None if bias is None else OccupancyShrinkage.from_totals(g.occupancy, g.column_totals())
     op = sqrt_operator(g.rows) if sp.issparse(g.rows) else g.rows  # one square-root representation, shared
     gpu = None if g.ranged or shrinkage is not None else mds_device(config.device)
     products = op.to_device(gpu) if gpu is not None and op is not g.rows else op  # a dense input moves in classical_mds
     if shrinkage is not None:
-        products = shifted_operator(op if op is not g.rows else sqrt_operator(g.rows), shrinkage.weights(g.occupancy),
-                                    shrinkage.shrinkage)
+        base = op if op is not g.rows or g.ranged else sqrt_operator(g.rows)  # a dense input gets its operator here
+        products = shifted_operator(base, shrinkage.weights(g.occupancy), shrinkage.shrinkage)
     with progress(desc=f"MDS (Lanczos{', GPU' if gpu else ''})", unit="products", enabled=show_progress) as bar:
 
         def report(products: int, residual: float) -> None:
@@ -1531,7 +1532,11 @@ def _sampled_geometry(
 
     t = time.perf_counter()
     if g.ranged:
-        sampled = SampledGeometry(None, bias=bias, seed=config.seed, sqrt=g.rows)
+        features = None
+        if shrinkage is not None:  # <s_i, U_k> = (S_c U^T + 1 mean U^T)_ik, from the ranges' products
+            dots = g.rows.apply(shrinkage.shrinkage.T) + (g.rows.mean @ shrinkage.shrinkage.T)[None, :]
+            features = ShrinkageFeatures(dots, shrinkage.weights(g.occupancy), shrinkage.gram)
+        sampled = SampledGeometry(None, bias=bias, seed=config.seed, sqrt=g.rows, shrinkage=features)
     else:
         sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None,
                                   shrinkage=shrinkage)
@@ -1571,7 +1576,7 @@ def _sampled_geometry(
     # the stress intervals' pairs, drawn while the square-root rows are held
     i, j = draw_jackknife_pairs(m, entries_per_row=float(np.mean(sampled.row_entries)), seed=config.seed)
     return _Geometry(mds, diagnostics, results, summary, jackknife_pairs=(i, j, sampled.distances(i, j)),
-                     occupancy_adjusted=bias is not None and not g.ranged, shrinkage=shrinkage)
+                     occupancy_adjusted=bias is not None, shrinkage=shrinkage)
 
 
 def _mean_interval(x: np.ndarray) -> list[float]:

@@ -33,6 +33,7 @@ import scipy.sparse as sp
 from posstats.geometry.ranged import LocalRanges, RangeRunner, SqrtRange, pair_difference_sq, pair_dots
 
 from .jackknife import JACKKNIFE_GROUPS
+from .occupancy import OccupancyShrinkage, ShrinkageFeatures
 from .pair_jackknife import _binomial
 from .sampled import SampledGeometry, pair_chunks
 from .sampling_variance import position_sampling_variance
@@ -161,6 +162,36 @@ class RangeReplicates:
             row = stop
         return out
 
+    def _row_blocks(self) -> Any:
+        """``(row, stop)`` blocks of about ``_CHUNK`` stored counts covering the range's rows."""
+        indptr = self.range.s.indptr
+        n_r = self.range.shape[0]
+        row = 0
+        while row < n_r:
+            stop = min(max(int(np.searchsorted(indptr, int(indptr[row]) + _CHUNK, side="right")) - 1, row + 1), n_r)
+            yield row, stop
+            row = stop
+
+    def kept_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """``((n_r,) occupancies, (V,) tokens per vocabulary entry)`` of the current
+        replicate's rows: what its occupancy shrinkage is built from
+        (:class:`~posstats.estimates.occupancy.OccupancyShrinkage`)."""
+        occ = np.zeros(self.range.shape[0], dtype=np.float64)
+        totals = np.zeros(self.range.shape[1], dtype=np.float64)
+        for row, stop in self._row_blocks():
+            kept = self._kept(np.arange(row, stop))
+            occ[row:stop] = np.asarray(kept.sum(axis=1), dtype=np.float64).ravel()
+            totals += np.asarray(kept.sum(axis=0), dtype=np.float64).ravel()
+        return occ, totals
+
+    def shrinkage_dots(self, shrinkage: np.ndarray, /) -> np.ndarray:
+        """(n_r, K) ``<s'_i, U_k>`` of the current replicate's square-root rows with the
+        (K, V) ``shrinkage`` (:meth:`posstats.estimates.occupancy.OccupancyShrinkage.features`)."""
+        out = np.zeros((self.range.shape[0], shrinkage.shape[0]), dtype=np.float64)
+        for row, stop in self._row_blocks():
+            out[row:stop] = np.asarray(self._kept_sqrt(np.arange(row, stop)) @ shrinkage.T)
+        return out
+
     def group_count(self) -> int:
         """K."""
         return self.groups
@@ -239,8 +270,11 @@ def ranged_pair_replicates(
     corrected: bool,
     vocab: int,
     progress: Callable[[int], None] | None = None,
+    occupancy: bool = False,
 ) -> dict[Any, np.ndarray]:
-    """:func:`posstats.estimates.pair_jackknife.pair_replicates` over ranges held apart.
+    """:func:`posstats.estimates.pair_jackknife.pair_replicates` over ranges held apart
+    (``occupancy``: with ``corrected``, each replicate's square roots' occupancy shrinkage
+    removed first, built from its kept totals: :meth:`RangeReplicates.kept_totals`).
 
     Args:
         ranges: a runner over every range's :class:`RangeReplicates`, none drawn yet
@@ -261,12 +295,25 @@ def ranged_pair_replicates(
     for _ in range(_groups(ranges)):
         ranges.call("next_group")
         bias = np.concatenate(ranges.call("bias")) if corrected else None
-        h = SampledGeometry(None, sqrt=rows, bias=bias).distances(i, j)
+        features = _replicate_shrinkage(ranges) if corrected and occupancy else None
+        h = SampledGeometry(None, sqrt=rows, bias=bias, shrinkage=features).distances(i, j)
         for name, value in statistic(h).items():
             out.setdefault(name, []).append(float(value))
         if progress is not None:
             progress(1)
     return {name: np.asarray(v) for name, v in out.items()}
+
+
+def _replicate_shrinkage(ranges: RangeRunner, /) -> ShrinkageFeatures | None:
+    """The current replicate's occupancy-shrinkage features over the ranges (None: equal
+    occupancies): its shrinkage from the ranges' kept totals, the dots with it from each."""
+    parts = ranges.call("kept_totals")
+    occ = np.concatenate([o for o, _ in parts])
+    shrinkage = OccupancyShrinkage.from_totals(occ, np.sum([t for _, t in parts], axis=0))
+    if shrinkage is None:
+        return None
+    dots = np.concatenate(ranges.call("shrinkage_dots", [(shrinkage.shrinkage,)] * len(parts)))
+    return ShrinkageFeatures(dots, shrinkage.weights(occ), shrinkage.gram)
 
 
 def _groups(ranges: RangeRunner, /) -> int:

@@ -269,9 +269,9 @@ class SampledGeometry:
             (:func:`posstats.geometry.mds.sqrt_operator` of the same counts), shared instead
             of building them again.
         shrinkage: with ``bias``, an :class:`~posstats.estimates.occupancy.OccupancyShrinkage`
-            of these counts: each pair's square roots' expected shrinkage at their
-            occupancies removed before the bias (the exact path's corrected distances);
-            needs the counts.
+            of these counts, or (rows held apart) its
+            :class:`~posstats.estimates.occupancy.ShrinkageFeatures` of them: each pair's
+            square roots' expected shrinkage at their occupancies removed before the bias.
 
     The square-root distributions are built once (CSR with the counts' pattern, float64),
     or shared with the MDS (``sqrt``).
@@ -294,10 +294,15 @@ class SampledGeometry:
         if self.bias is not None and self.bias.shape != (self.n,):
             msg = f"bias must have one entry per row ({self.n}); got shape {self.bias.shape}"
             raise ValueError(msg)
-        if shrinkage is not None and (self.counts is None or self.bias is None):
-            msg = "SampledGeometry's occupancy shrinkage needs the counts and the bias"
+        if shrinkage is not None and self.bias is None:
+            msg = "SampledGeometry's occupancy shrinkage applies to bias-corrected distances: give the bias"
             raise ValueError(msg)
-        self._shrinkage = None if shrinkage is None else shrinkage.features(self.counts)
+        if shrinkage is not None and not hasattr(shrinkage, "pairs"):  # an OccupancyShrinkage: its features here
+            if self.counts is None:
+                msg = "SampledGeometry over ranges takes the shrinkage's features (ShrinkageFeatures), not the shrinkage"
+                raise ValueError(msg)
+            shrinkage = shrinkage.features(self.counts)
+        self._shrinkage = shrinkage
         self.refine_below = float(refine_below)
         self.rng = np.random.default_rng(seed)
         self.i = np.zeros(0, dtype=np.int64)
