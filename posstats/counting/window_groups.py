@@ -100,6 +100,17 @@ class WindowGroups:
         position = np.repeat(np.arange(self.matrix.shape[0], dtype=np.int64) % n, np.diff(self.matrix.indptr))
         return (position * vocab + self.matrix.indices).astype(dtype)
 
+    @functools.cached_property
+    def occupancy(self) -> np.ndarray:
+        """(n,) float64 tokens at each position of the corpus (every rotation keeps them)."""
+        k, c, n = self.groups, self.classes, self.positions
+        return np.asarray(self.matrix.sum(axis=1)).ravel().reshape(k + 1 + c, n).sum(axis=0).astype(np.float64)
+
+    @functools.cached_property
+    def pooled(self) -> np.ndarray:
+        """(V,) float64 tokens of each vocabulary entry (every rotation keeps them)."""
+        return np.asarray(self.matrix.sum(axis=0), dtype=np.float64).ravel()
+
     @property
     def vocab_size(self) -> int:
         """V."""

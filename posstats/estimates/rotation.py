@@ -67,10 +67,8 @@ def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
     two contiguous runs of its storage), so the cost is one pass over the stored entries
     and the memory one block. Every row must be occupied.
     """
-    k, c, n = groups.groups, groups.classes, groups.positions
-    m = groups.matrix
-    occupancy = np.asarray(m.sum(axis=1)).ravel().reshape(k + 1 + c, n).sum(axis=0).astype(np.float64)
-    sqrt_pool = np.sqrt(np.asarray(m.sum(axis=0)).ravel() / occupancy.sum())
+    occupancy = groups.occupancy  # computed once per groups: every rotation keeps them
+    sqrt_pool = np.sqrt(groups.pooled / occupancy.sum())
     total = 2.0 * float(occupancy.sum())
     for a, b, block in groups.rotated_blocks(shifts):
         total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ (np.sqrt(block) @ sqrt_pool))
