@@ -974,7 +974,10 @@ def _window_groups_summary(store: RunStore, manifest: dict[str, Any]) -> dict[st
         return {}
     if "file" not in entry:
         return {"window_groups": dict(entry)}
-    path = store.root / str(manifest["result"]) / WINDOW_GROUPS_FILE
+    counts = store.result_file(manifest)  # checks the manifest's result names a folder of the store
+    if counts is None:
+        return {"window_groups": {"skipped": "the store's result has no counts file"}}
+    path = counts.parent / WINDOW_GROUPS_FILE
     return {"window_groups": {k: entry[k] for k in ("file", "groups", "windows")}, "window_groups_path": str(path)}
 
 
