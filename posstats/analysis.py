@@ -58,7 +58,7 @@ from posstats.estimates.pair_jackknife import (
     pair_replicates,
 )
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures, adjusted
-from posstats.estimates.permutation import null_distance_sums, permutation_null
+from posstats.estimates.permutation import null_distance_sums, occupancy_weights, permutation_null, tested_eigenvalues
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
@@ -1613,6 +1613,7 @@ def _large_min_separation(p: np.ndarray, sampled: Any) -> tuple[float, tuple[int
 
 _MAX_NULL_REPLICATES = 999  # a config value bounds a loop: 999 gives p-values down to 0.001
 _MAX_TRIPLES = 20_000_000  # sampled monotonicity triples (corpus or encoding): 480 MB of indices
+_TESTED_SHOWN = 16  # occupancy-weighted eigenvalues the report lists beside the null's threshold
 _EIGEN_REPLICATE_ROWS = 1024  # above this many rows the rank test uses 19 of the shuffled corpora
 
 
@@ -1655,9 +1656,13 @@ def _null_section(
     lam = np.asarray(mds.eigenvalues, dtype=np.float64)
     homogeneity = None
     groups, why_not = windows
+    weights = None
     if choice == "shuffle":
+        # where occupancies differ, the rank test reads the occupancy-whitened Gram matrix
+        # (posstats.estimates.permutation, "Occupancy weighting"): None at equal occupancy
+        weights = occupancy_weights(g.occupancy)
         options = {"replicates": config.null_replicates, "corrected": bias is not None, "seed": config.seed,
-                   "eigen_replicates": _eigen_replicates(m, config.null_replicates)}
+                   "eigen_replicates": _eigen_replicates(m, config.null_replicates), "weights": weights}
         what = "rotated corpora" if groups is not None else "shuffled corpora"
         shuffled_sums = groups is not None and distances is not None  # the noise share's own shuffled corpora
         total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
@@ -1670,7 +1675,9 @@ def _null_section(
                 noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
                                                 corrected=bias is not None, seed=config.seed,
                                                 max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
-        nr = null_rank(lam, method="shuffle", permutation=perm)
+        tested = lam if weights is None else tested_eigenvalues(g.rows, corrected=bias is not None,
+                                                                 k=max(lam.size, 1), weights=weights, **adjust)
+        nr = null_rank(tested, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {
             "method": "permutation" if groups is None else "rotation",
@@ -1703,6 +1710,10 @@ def _null_section(
         out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
+        out["weighting"] = "occupancy" if weights is not None else "none"
+        if weights is not None:  # the threshold is on this scale, not the spectrum's
+            out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
+            out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
         out["null_corpora"] = "rotated" if groups is not None else "shuffled"
         if mds.encoding.shape[1] and lam.size and lam[0] > 0:
             out["top_component_occupancy"] = _loaded_occupancy(mds.encoding[:, 0], g.occupancy)

@@ -221,7 +221,10 @@ class KnownCorpus:
     """Counts sampled from chosen distributions ``mu_i``, with the truth computed from them.
 
     Every position holds exactly ``tokens`` tokens drawn independently from ``mu_i`` (a
-    truncate-mode corpus of independent documents: ``C[i] ~ Multinomial(N, mu_i)``).
+    truncate-mode corpus of independent documents: ``C[i] ~ Multinomial(N, mu_i)``), or
+    with ``lengths``, the tokens of the documents that reach it (``C[i] ~
+    Multinomial(N_i, mu_i)``, ``N_i`` the documents longer than i: a truncate-mode corpus
+    of documents of several lengths, whose occupancy falls along the context).
 
     Attributes:
         counts: sparse int64 (n x V) counts.
@@ -239,6 +242,11 @@ class KnownCorpus:
             (:class:`~posstats.counting.window_groups.WindowGroups`) when asked for: document
             t (the t-th token of every position) in group ``t mod K``, as ``posstats count``
             groups a truncate-mode corpus; else None.
+        lengths: (D,) the documents' lengths (each 1..n, longest first) when occupancy
+            falls (``occupancy_ratio`` < 1 in :func:`known_corpus`); None when every
+            document reaches every position.
+        occupancy_ratio: the expected occupancy of the last position over the first's
+            (1: every position ``tokens`` tokens).
     """
 
     counts: PositionalCounts
@@ -249,6 +257,8 @@ class KnownCorpus:
     permutation: np.ndarray
     block: int = 20
     window_groups: Any = None
+    lengths: Any = None
+    occupancy_ratio: float = 1.0
 
     def mu(self, i: int, /) -> np.ndarray:
         """(V,) the true distribution of position ``i``."""
@@ -285,13 +295,41 @@ class KnownCorpus:
     def sample(self, tokens: int, /, *, seed: int, sampler: str = "tokens") -> PositionalCounts:
         """Another corpus from the same ``mu_i`` (the same drift permutation too):
         ``Multinomial(tokens, mu_i)`` per position, drawn by ``sampler`` (as in
-        :func:`known_corpus`). Two samples are the null of ``posstats diff``: nothing
+        :func:`known_corpus`; with falling occupancy, ``tokens`` documents of lengths drawn
+        afresh from the same law). Two samples are the null of ``posstats diff``: nothing
         changed, only the sampling."""
         n = self.mix.size
-        counts = _SAMPLERS[_sampler(sampler)](self, n, int(tokens), np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        lengths = document_lengths(n, int(tokens), self.occupancy_ratio, rng) if self.occupancy_ratio < 1 else None
+        counts = _SAMPLERS[_sampler(sampler)](self, n, int(tokens), rng, lengths=lengths)
         total = int(counts.sum())
         return PositionalCounts(CountSpec(positions=n, vocab_size=self.base.size), counts, int(tokens), int(tokens),
                                 total, "", {"known": f"{self.kind} N={tokens} seed={seed} (resampled)"})
+
+    @property
+    def occupancy(self) -> np.ndarray:
+        """(n,) int64 ``N_i``: the tokens at each position."""
+        return self.counts.occupancy()
+
+
+def document_lengths(n: int, documents: int, ratio: float, rng: np.random.Generator, /) -> np.ndarray:
+    """(D,) int64 lengths of ``documents`` truncate-mode documents cut at ``n`` tokens, longest
+    first, whose occupancy falls geometrically: ``P(L > i) = ratio^(i / (n - 1))`` for
+    ``i < n``, so position 0 holds every document and position n - 1 about ``ratio D``
+    (``L = min(n, 1 + floor(E))``, ``E`` exponential of mean ``(n - 1) / -log(ratio)``).
+
+    >>> lengths = document_lengths(64, 10_000, 0.1, np.random.default_rng(0))
+    >>> int(lengths.max()), int(lengths.min()), round(float((lengths == 64).mean()), 2)
+    (64, 1, 0.1)
+    """
+    if not 0.0 < ratio <= 1.0:
+        msg = f"occupancy_ratio must be in (0, 1], got {ratio}"
+        raise ValueError(msg)
+    if ratio == 1.0 or n == 1:
+        return np.full(int(documents), int(n), dtype=np.int64)
+    scale = (n - 1) / -math.log(ratio)
+    lengths = np.minimum(n, 1 + np.floor(rng.exponential(scale, int(documents)))).astype(np.int64)
+    return np.sort(lengths)[::-1].copy()
 
 
 def known_corpus(
@@ -308,6 +346,7 @@ def known_corpus(
     seed: int = 0,
     sampler: str = "tokens",
     window_groups: int = 0,
+    occupancy_ratio: float = 1.0,
 ) -> KnownCorpus:
     """A corpus sampled from known ``mu_i`` (:class:`KnownCorpus`), the calibration suite's truth.
 
@@ -331,7 +370,13 @@ def known_corpus(
             made of the t-th draw of every position, in group ``t mod K`` as ``posstats
             count`` groups truncate-mode documents), so that the analysis tests homogeneity
             with the rotation null as it does for a counted corpus; ``tokens`` sampler only
-            (``counts`` keeps no documents).
+            (``counts`` keeps no documents). With falling occupancy the documents shorter
+            than n go to their length classes, as ``posstats count`` puts them.
+        occupancy_ratio: r in (0, 1]. Below 1 the corpus is ``tokens`` documents of
+            lengths drawn by :func:`document_lengths` (position 0 holds ``tokens`` tokens,
+            position n - 1 about ``r tokens``, falling geometrically between): the unequal
+            occupancy of every truncate-mode corpus, which the calibration grid's equal
+            occupancies never show (docs/calibration.md, "Unequal occupancy").
     """
     _sampler(sampler)
     if window_groups and sampler != "tokens":
@@ -353,28 +398,40 @@ def known_corpus(
     elif kind == "drift":
         mix[:] = np.arange(n) / max(n - 1, 1)
         perm[:vocab] = rng.permutation(vocab)
+    ratio = float(occupancy_ratio)
+    lengths = document_lengths(n, int(tokens), ratio, rng) if ratio != 1.0 else None
     corpus = KnownCorpus(PositionalCounts(CountSpec(n, base.size), sp.csr_array((n, base.size), dtype=np.int64), 0, 0,
-                                          0, "", {}), kind, base, planted, mix, perm, block)
+                                          0, "", {}), kind, base, planted, mix, perm, block, None, lengths, ratio)
     groups = None
     if window_groups:
-        counts, groups = _multinomial_rows(corpus, n, int(tokens), rng, groups=int(window_groups))
+        counts, groups = _multinomial_rows(corpus, n, int(tokens), rng, groups=int(window_groups), lengths=lengths)
     else:
-        counts = _SAMPLERS[sampler](corpus, n, int(tokens), rng)
+        counts = _SAMPLERS[sampler](corpus, n, int(tokens), rng, lengths=lengths)
     spec = CountSpec(positions=n, vocab_size=base.size)
     total = int(counts.sum())
-    pc = PositionalCounts(spec, counts, int(tokens), int(tokens), total, "", {"known": f"{kind} N={tokens} seed={seed}"})
-    return KnownCorpus(pc, kind, base, planted, mix, perm, block, groups)
+    described = f"{kind} N={tokens} seed={seed}" + (f" occupancy_ratio={ratio:g}" if lengths is not None else "")
+    pc = PositionalCounts(spec, counts, int(tokens), int(tokens), total, "", {"known": described})
+    return KnownCorpus(pc, kind, base, planted, mix, perm, block, groups, lengths, ratio)
 
 
-def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator, *, groups: int = 0) -> Any:
+def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator, *, groups: int = 0,
+                      lengths: Any = None) -> Any:
     """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, by inverse-CDF draws of the base
     (and of the second component where ``mix > 0``), never an n x V array. With ``groups =
     K > 0``: ``(counts, WindowGroups)``, draw t of every row being document t, in group
-    ``t mod K`` (the same draws: the counts do not change)."""
+    ``t mod K`` (the same draws: the counts do not change). With ``lengths`` ((tokens,)
+    document lengths, longest first): row i counts the draws of the documents longer than i
+    alone, and a document shorter than n goes to its length class (rows ``(K + L) n + i``)."""
     cdf = np.cumsum(corpus.base)
     cdf /= cdf[-1]
     blocks, group_blocks = [], []
-    group_of = np.arange(tokens, dtype=np.int64) % groups if groups else None
+    classes = 0 if lengths is None else n - 1
+    if groups:
+        if lengths is None:
+            doc_rows = np.arange(tokens, dtype=np.int64) % groups * n  # document t's first row
+        else:  # full documents in turn over the groups; a short one in its length class
+            full = lengths == n
+            doc_rows = np.where(full, (np.cumsum(full) - 1) % groups, groups + lengths) * n
     step = max(1, (1 << 24) // max(tokens, 1))
     for lo in range(0, n, step):
         hi = min(n, lo + step)
@@ -386,14 +443,20 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
             for r in np.flatnonzero(second.any(axis=1)):
                 first = corpus.block_start(lo + r)
                 draws[r, second[r]] = first + rng.integers(0, corpus.block, int(second[r].sum()))
+        keep = None if lengths is None else lengths[None, :] > np.arange(lo, hi)[:, None]  # document reaches row
         r = np.repeat(np.arange(hi - lo), tokens)
-        block = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, draws.reshape(-1))), shape=(hi - lo, corpus.base.size))
+        v = draws.reshape(-1)
+        if keep is not None:
+            r, v = r[keep.reshape(-1)], v[keep.reshape(-1)]
+        block = sp.csr_array((np.ones(r.size, dtype=np.int64), (r, v)), shape=(hi - lo, corpus.base.size))
         block.sum_duplicates()  # a block at a time: memory of the counts, not of the draws
         blocks.append(block)
-        if groups:  # row g n + i: position i of group g's documents
-            g_rows = (group_of[None, :] * n + np.arange(lo, hi)[:, None]).reshape(-1)
-            g_block = sp.coo_array((np.ones(g_rows.size, dtype=np.int64), (g_rows, draws.reshape(-1))),
-                                   shape=((groups + 1) * n, corpus.base.size)).tocsr()
+        if groups:  # row g n + i: position i of group g's documents (or of class L's)
+            g_rows = (doc_rows[None, :] + np.arange(lo, hi)[:, None]).reshape(-1)
+            if keep is not None:
+                g_rows = g_rows[keep.reshape(-1)]
+            g_block = sp.coo_array((np.ones(g_rows.size, dtype=np.int64), (g_rows, v)),
+                                   shape=((groups + 1 + classes) * n, corpus.base.size)).tocsr()
             g_block.sum_duplicates()
             group_blocks.append(g_block)
     m = sp.csr_array(sp.vstack(blocks, format="csr"))
@@ -402,11 +465,14 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
         return m
     grouped = sp.csr_array(functools.reduce(lambda a, b: a + b, group_blocks))
     grouped.sum_duplicates()
-    return m, WindowGroups(groups, n, grouped, tokens)
+    windows = tokens if lengths is None else int(np.count_nonzero(lengths == n))
+    return m, WindowGroups(groups, n, grouped, windows, classes)
 
 
-def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator) -> sp.csr_array:
-    """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, each row's counts drawn at once.
+def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator, *,
+                   lengths: Any = None) -> sp.csr_array:
+    """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, each row's counts drawn at once
+    (with ``lengths``, ``Multinomial(N_i, mu_i)``, ``N_i`` the documents longer than i).
 
     ``mu_i = (1 - a_i) base + a_i second_i`` is a mixture, so a row is ``K ~ Binomial(N,
     a_i)`` tokens from the second component and ``N - K`` from the base, each a multinomial
@@ -419,12 +485,14 @@ def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Gene
     support = np.flatnonzero(corpus.base)  # numpy gives the last category what rounding leaves: keep it in the support
     p = corpus.base[support] / corpus.base[support].sum()
     step = max(1, (1 << 24) // vocab)
+    occupancy = np.full(n, tokens, dtype=np.int64) if lengths is None else _reaching(lengths, n)
     blocks = []
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        second = rng.binomial(tokens, corpus.mix[lo:hi])
+        row_tokens = tokens if lengths is None else occupancy[lo:hi]
+        second = rng.binomial(row_tokens, corpus.mix[lo:hi])
         rows = np.zeros((hi - lo, vocab), dtype=np.int64)
-        rows[:, support] = rng.multinomial(tokens - second, p)
+        rows[:, support] = rng.multinomial(row_tokens - second, p)
         if corpus.kind == "drift":
             rows[:, corpus.permutation[support]] += rng.multinomial(second, p)  # base draw v counted as permutation[v]
         elif corpus.kind == "planted":
@@ -433,6 +501,11 @@ def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Gene
                 rows[r, first:first + corpus.block] += rng.multinomial(int(second[r]), np.full(corpus.block, 1.0 / corpus.block))
         blocks.append(sp.csr_array(rows))
     return sp.csr_array(sp.vstack(blocks, format="csr"))
+
+
+def _reaching(lengths: np.ndarray, n: int) -> np.ndarray:
+    """(n,) int64: how many of the documents (``lengths``, longest first) are longer than i."""
+    return np.searchsorted(-lengths, -np.arange(n, dtype=np.int64), side="left").astype(np.int64)
 
 
 _SAMPLERS = {"tokens": _multinomial_rows, "counts": _binomial_rows}

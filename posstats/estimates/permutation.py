@@ -28,6 +28,22 @@ at level 2.5 % rejects exactly when ``T`` exceeds all 39 null values.
   exceeds the largest top eigenvalue of all R null corpora. Comparing every data eigenvalue
   with the null's *top* eigenvalue is conservative for the later ones; the first
   comparison holds the level.
+
+  **Occupancy weighting.** Where occupancies differ (every truncate-mode corpus: documents
+  shorter than the context leave the last positions thin), a position's sampling noise in
+  ``B`` scales as ``1 / N_i``, and the top eigenvalue of a noise-only corpus is set by its
+  thinnest positions: a structure on well-occupied positions sits under them (4 planted
+  positions, n = 64, occupancy 2,000 falling to 100: 0 components above noise in 10 of 10
+  corpora, where equal occupancy finds 4). The test then compares the eigenvalues of the
+  whitened Gram matrix ``W^1/2 B W^1/2``, ``W = diag(N_i / mean N)`` (:func:`occupancy_weights`),
+  on the data and on every null corpus alike (null corpora keep each occupancy, so they
+  share ``W``): inverse-noise-variance weighting, the usual remedy for heteroscedastic
+  noise in PCA (Hong, Balzano and Fessler 2023, "Optimally weighted PCA for
+  high-dimensional heteroscedastic data"; Leeb and Romanov 2021 whiten before
+  thresholding). A congruence by a positive diagonal matrix keeps the rank, so the count
+  still estimates the number of dimensions of ``B``; at equal occupancy ``W = I`` and
+  nothing changes. The eigenvalues compared are then not the spectrum's
+  (``null.tested_eigenvalues`` in the report).
 - **Noise share of the distances** (:func:`distance_sum`): the same null corpora give the
   sum of pairwise distances ``sum_{i<j} sqrt(max(D_ij - b_i - b_j, 0))`` that a stationary
   corpus of the data's occupancies reaches by sampling noise alone. Its mean over the null
@@ -68,7 +84,9 @@ __all__ = [
     "monte_carlo_p_value",
     "null_distance_sums",
     "permutation_null",
+    "occupancy_weights",
     "shuffled_rows",
+    "tested_eigenvalues",
     "top_eigenvalue",
 ]
 
@@ -230,17 +248,61 @@ def null_distance_sums(
     return out
 
 
-def null_geometry(rows: Any, /, *, corrected: bool, shrinkage: Any = None) -> tuple[float, float]:
+def null_geometry(rows: Any, /, *, corrected: bool, shrinkage: Any = None, weights: Any = None) -> tuple[float, float]:
     """``(top eigenvalue, distance sum)`` of one corpus: :func:`top_eigenvalue` and
     :func:`distance_sum` from one computation of its squared Hellinger distances, through
     the data's estimator: corrected by the corpus' own ``b`` and, with ``corrected``, the
     square roots' occupancy shrinkage removed (:mod:`posstats.estimates.occupancy`;
     ``shrinkage``: the data's, which null corpora of the same occupancies and pooled counts
-    share; default: the corpus' own)."""
+    share; default: the corpus' own). With ``weights`` (m,) ``w``, the top eigenvalue is
+    that of ``W^1/2 B W^1/2`` (module docstring, "Occupancy weighting"); the sum is not
+    weighted."""
     d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
     b = position_sampling_variance(rows) if corrected else None
     total = distance_sum(d2, b)
-    return _top_of_gram(gram_in_place(d2, b)), total
+    return _top_of_gram(_weighted_in_place(gram_in_place(d2, b), weights)), total
+
+
+def occupancy_weights(occupancy: Any, /) -> np.ndarray | None:
+    """(m,) ``w_i = N_i / mean(N)``: the rank test's whitening weights (module docstring,
+    "Occupancy weighting"); None when every occupancy is equal (then ``W = I``).
+
+    >>> occupancy_weights([100, 300])
+    array([0.5, 1.5])
+    >>> occupancy_weights([7, 7]) is None
+    True
+    """
+    occ = np.asarray(occupancy, dtype=np.float64).ravel()
+    if not occ.size or occ.min() == occ.max():
+        return None
+    if not occ.min() > 0:
+        msg = "occupancy weights need every occupancy above 0"
+        raise ValueError(msg)
+    return occ / occ.mean()
+
+
+def _weighted_in_place(b: np.ndarray, weights: Any) -> np.ndarray:
+    """``b <- W^1/2 b W^1/2`` (``W = diag(weights)``) in place and returned; ``b`` unchanged
+    when ``weights`` is None."""
+    if weights is not None:
+        root = np.sqrt(np.asarray(weights, dtype=np.float64))
+        b *= root[:, None]
+        b *= root[None, :]
+    return b
+
+
+def tested_eigenvalues(rows: Any, /, *, corrected: bool, k: int, shrinkage: Any = None,
+                       weights: Any = None) -> np.ndarray:
+    """(min(k, m),) the top eigenvalues, descending, of the Gram matrix the rank test reads
+    for the (m, V) counts ``rows``: :func:`null_geometry`'s estimator on the data (the
+    (m, m) matrix, ``W^1/2 B W^1/2`` with ``weights``). A dense solve of the top k."""
+    d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
+    b = position_sampling_variance(rows) if corrected else None
+    gram = _weighted_in_place(gram_in_place(d2, b), weights)
+    m = gram.shape[0]
+    k = max(1, min(int(k), m))
+    lam = scipy.linalg.eigh(gram, eigvals_only=True, subset_by_index=[m - k, m - 1], driver="evr")
+    return np.sort(lam)[::-1]
 
 
 def _top_of_gram(b: np.ndarray) -> float:
@@ -352,11 +414,13 @@ def permutation_null(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     shrinkage: Any = None,
+    weights: Any = None,
 ) -> PermutationNull:
     """Draw ``replicates`` shuffled corpora of the (m, V) counts ``rows`` (every row
     occupied) and compute each one's homogeneity statistic and, for the first
     ``eigen_replicates`` of them (default all; the costly part for many rows), its top
-    eigenvalue and distance sum (module docstring; ``shrinkage`` as :func:`null_geometry`).
+    eigenvalue and distance sum (module docstring; ``shrinkage`` and ``weights`` as
+    :func:`null_geometry`).
     Replicate r uses ``numpy.random.default_rng([seed, r])``; ``progress(1)`` is called after each."""
     eigen = checked_replicates(replicates, eigen_replicates, null="permutation")
     c = _integer_csr(rows)
@@ -365,7 +429,8 @@ def permutation_null(
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
         s_null[r] = homogeneity_statistic(shuffled)
         if r < eigen:
-            top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage)
+            top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage,
+                                                      weights=weights)
         if progress is not None:
             progress(1)
     return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null, bool(corrected), sums_null)

@@ -125,6 +125,7 @@ def rotation_null_corpora(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     shrinkage: Any = None,
+    weights: Any = None,
 ) -> PermutationNull:
     """The rotation counterpart of :func:`posstats.estimates.permutation.permutation_null`:
     R rotated corpora and, from them, the homogeneity statistic of each and, for the first
@@ -142,8 +143,9 @@ def rotation_null_corpora(
         eigen_replicates: how many of them also give the top eigenvalue and distance sum
             (default all).
         corrected: eigenvalues on the bias-corrected scale.
-        shrinkage: as :func:`posstats.estimates.permutation.null_geometry` (rotated
-            corpora keep every occupancy and the pooled counts).
+        shrinkage, weights: as :func:`posstats.estimates.permutation.null_geometry`
+            (rotated corpora keep every occupancy and the pooled counts, so they share the
+            data's).
 
     Returns:
         A :class:`~posstats.estimates.permutation.PermutationNull` whose null corpora are
@@ -159,7 +161,7 @@ def rotation_null_corpora(
             rotated = rotated if every_row else rotated[np.asarray(rows)]
             s_null[r] = homogeneity_statistic(rotated)
             if r < eigen:
-                top[r], sums[r] = null_geometry(rotated, corrected=corrected, shrinkage=shrinkage)
+                top[r], sums[r] = null_geometry(rotated, corrected=corrected, shrinkage=shrinkage, weights=weights)
         else:
             s_null[r] = rotated_statistic(groups, shifts)
         if progress is not None:

@@ -512,7 +512,8 @@ def caveats(report: dict[str, Any], /) -> list[str]:
                    "homogeneity and rank tests see less of the structure: a weak planted effect was found in 7 of 40 "
                    "corpora with a fifth of the tokens moved, in 14 of 40 with all (docs/calibration.md)")
     null = report.get("null") or {}
-    top = ((report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
+    # the eigenvalues the rank test compared with the threshold (occupancy-weighted ones when occupancies differ)
+    top = (null.get("tested_eigenvalues") or (report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
     if (null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
             and null.get("threshold") is not None and float(null["threshold"]) > float(top)):
         out.append(_unseen_structure_caveat(null, float(top)))
@@ -544,8 +545,9 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
       shorter than the context the openings pile up where they reach), and the count of
       components above noise is conservative.
     """
-    head = (f"the homogeneity test found structure, but the corpus' largest eigenvalue ({top:.4g}) is within what the "
-            f"rotated null corpora reach ({float(null['threshold']):.4g})")
+    weighted = " occupancy-weighted" if null.get("weighting") == "occupancy" else ""
+    head = (f"the homogeneity test found structure, but the corpus' largest{weighted} eigenvalue ({top:.4g}) is within "
+            f"what the rotated null corpora reach ({float(null['threshold']):.4g})")
     loaded, median = null.get("top_component_occupancy"), null.get("median_occupancy")
     if loaded is not None and median is not None and float(loaded) <= THIN_COMPONENT_SHARE * float(median):
         return (f"{head}: its top component loads on positions of about {float(loaded):,.0f} counted tokens (median "

@@ -52,8 +52,12 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     report's eigenvalues: the null's threshold (``null.threshold``; the ``mp`` edge is on
     the plug-in scale, so with corrected eigenvalues the mean bias it was compared after,
     ``null.eigenvalue_shift``, is taken off), else an explicit ``noise_floor`` (a number,
-    or an object with an ``eigenvalue``); None when the report has none."""
+    or an object with an ``eigenvalue``); None when the report has none, and when the rank
+    test read occupancy-weighted eigenvalues (``null.weighting``: the threshold is on their
+    scale, ``null.tested_eigenvalues``, not the spectrum's)."""
     null = report.get("null") or {}
+    if null.get("weighting") == "occupancy":
+        return None
     threshold = null.get("threshold")
     if isinstance(threshold, (int, float)) and math.isfinite(threshold):
         if null.get("eigenvalue_scale") == "corrected + mean bias":
