@@ -148,3 +148,57 @@ def test_window_groups_are_the_same_draws_grouped_by_document():
     assert occupancy[:4].tolist() == [[76] * 10, [76] * 10, [76] * 10, [75] * 10] and not occupancy[4].any()
     with pytest.raises(ValueError, match="tokens sampler"):
         known_corpus("stationary", 10, tokens=30, window_groups=4, sampler="counts")
+
+
+@pytest.mark.parametrize("sampler", ["tokens", "counts"])
+def test_falling_occupancy_is_truncate_documents_of_geometric_length(sampler):
+    """``occupancy_ratio = r``: D documents, position i reached by those longer than i, with
+    ``P(L > i) = r^(i / (n - 1))``: position 0 holds all D, position n - 1 ``Binomial(D, r)``
+    (tested to 4.5 sd), occupancy never rises, and each row is still a multinomial of its
+    ``mu_i`` over its own N_i (Pearson's mean to 4.5 sd, as above)."""
+    n, docs, ratio = 40, 3000, 0.1
+    corpus = known_corpus("drift", n, tokens=docs, vocab=200, seed=3, occupancy_ratio=ratio, sampler=sampler)
+    occ = corpus.occupancy
+    assert occ[0] == docs and (np.diff(occ) <= 0).all() and corpus.lengths.size == docs
+    assert abs(occ[-1] - docs * ratio) < 4.5 * np.sqrt(docs * ratio * (1 - ratio))
+    assert np.array_equal(occ, [(corpus.lengths > i).sum() for i in range(n)])
+    m = corpus.counts.matrix.toarray()
+    stat = mean = var = 0.0
+    for i in range(n):
+        mu = corpus.mu(i)
+        on = mu > 0
+        assert m[i, ~on].sum() == 0
+        e = occ[i] * mu[on]
+        stat += float(((m[i, on] - e) ** 2 / e).sum())
+        mean += on.sum() - 1
+        var += _haldane_var(mu[on], int(occ[i]))
+    assert abs(stat - mean) / np.sqrt(var) < 4.5
+    again = corpus.sample(docs, seed=9, sampler=sampler)
+    assert again.occupancy()[0] == docs and (np.diff(again.occupancy()) <= 0).all()
+    assert known_corpus("drift", n, tokens=docs, vocab=200, seed=3).lengths is None
+    with pytest.raises(ValueError, match="occupancy_ratio"):
+        known_corpus("stationary", n, tokens=10, occupancy_ratio=1.5)
+
+
+def test_falling_occupancy_groups_documents_as_posstats_count_does():
+    """With window groups, the full documents go to the groups in turn and each shorter one
+    to its length class (rows ``(K + L) n + i``, i < L), as ``posstats count`` puts a
+    truncate-mode corpus (:class:`~posstats.counting.window_groups.WindowGroupCounter`):
+    the groups and classes sum to the counts, class L holds at each of its positions
+    exactly the documents of length L, and a rotation keeps every occupancy."""
+    from posstats.counting.window_groups import WindowGroups
+
+    n, k = 12, 4
+    corpus = known_corpus("planted", n, tokens=500, seed=2, occupancy_ratio=0.2, window_groups=k)
+    wg: WindowGroups = corpus.window_groups
+    assert wg.classes == n - 1 and wg.windows == int((corpus.lengths == n).sum())
+    assert (wg.total() != corpus.counts.matrix).nnz == 0
+    rows = np.asarray(wg.matrix.sum(axis=1)).ravel()
+    full = np.bincount(np.arange(wg.windows) % k, minlength=k)
+    assert np.array_equal(rows[:k * n].reshape(k, n), np.repeat(full[:, None], n, axis=1))
+    assert not rows[k * n:(k + 1) * n].any()  # no tail: every short document has its class
+    for length in range(1, n):
+        cls = rows[(k + length) * n:(k + length + 1) * n]
+        assert (cls[:length] == (corpus.lengths == length).sum()).all() and not cls[length:].any()
+    rotated = wg.rotated(wg.draw_shifts(np.random.default_rng(0)))
+    assert np.array_equal(np.asarray(rotated.sum(axis=1)).ravel(), corpus.occupancy)

@@ -154,3 +154,26 @@ def test_sampled_path_removes_the_same_shrinkage_as_the_exact_path():
     assert sampled.distances is None and sampled.mds.method == "lanczos"
     np.testing.assert_allclose(sampled.mds.eigenvalues[:8], exact.mds.eigenvalues[:8], rtol=1e-7, atol=1e-10)
     assert exact.report()["hellinger"]["occupancy_adjusted"] and sampled.report()["hellinger"]["occupancy_adjusted"]
+
+
+def test_rank_test_of_a_corpus_of_falling_occupancy_reads_the_weighted_gram_matrix():
+    """Positions 0-3 planted in truncate documents whose occupancy falls from 2,000 to about
+    100 over 64 positions, counted with window groups: the report says the rank test read
+    the occupancy-weighted eigenvalues (``null.weighting``, ``null.tested_eigenvalues``,
+    above the rotated corpora's threshold for at least the 3 strongest planted
+    positions), and the scree figure draws no threshold on the unweighted spectrum. At
+    equal occupancy nothing changes (``weighting: none``, no tested eigenvalues)."""
+    from posstats.reports.spectrum_view import noise_threshold
+    from posstats.testing import known_corpus
+
+    cfg = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")
+    corpus = known_corpus("planted", 64, tokens=2000, seed=5, occupancy_ratio=0.05, window_groups=64)
+    null = analyze(corpus.counts, cfg, window_groups=corpus.window_groups).report()["null"]
+    assert null["weighting"] == "occupancy" and null["null_corpora"] == "rotated"
+    tested = null["tested_eigenvalues"]
+    assert tested == sorted(tested, reverse=True) and null["components_above_null"] >= 3
+    assert tested[2] > null["threshold"] and noise_threshold({"null": null}) is None
+    equal = known_corpus("planted", 64, tokens=2000, seed=5, window_groups=64)
+    report = analyze(equal.counts, cfg, window_groups=equal.window_groups).report()
+    assert report["null"]["weighting"] == "none" and "tested_eigenvalues" not in report["null"]
+    assert report["null"]["components_above_null"] == 4 and noise_threshold(report) == report["null"]["threshold"]
