@@ -1,7 +1,8 @@
 """Calibration against known truth (issue "answers a statistician would sign").
 
     python benchmarks/bench_calibration.py [--seeds 40] [--power-seeds 20] [--tokens 200,2000,20000]
-        [--positions 64,512] [--pair-seeds 10] [--coverage-seeds 30] [--diff-seeds 40] [--skip-distances] [--quick]
+        [--positions 64,512] [--pair-seeds 10] [--coverage-seeds 30] [--diff-seeds 40] [--skip-distances]
+        [--occupancy-ratio 1] [--quick]
 
 Prints one JSON object with five tables, each row with its uncertainty:
 
@@ -65,6 +66,14 @@ Prints one JSON object with five tables, each row with its uncertainty:
    0.10-0.21, or weakly into 0-7, 0.005-0.04) give how often exactly the changed positions
    are named and each one's detection rate with its true ``d_H^2``.
 
+``--occupancy-ratio r`` (below 1) makes the known corpora of tables 1-4 truncate-mode
+documents of geometric length (:func:`posstats.testing.known_corpus`): N tokens at position
+0, about ``r N`` at the last, the shorter documents in length classes of the window groups
+as ``posstats count`` writes them; table 1 then has the pair ``identical_far`` (positions 2
+and 60, the most unequal occupancies) and every table the column ``adjusted`` (the square
+roots' occupancy shrinkage removed, the analysis' estimator; equal to ``unbiased`` at equal
+occupancy).
+
 N = 1e5 runs with ``--tokens 100000`` (docs/calibration.md has its row). Not here yet
 (issue #28): intervals on eigenvalues and the mean ``d_H`` (none is reported: the shard
 bootstrap that gave them is withdrawn, docs/calibration.md).
@@ -120,29 +129,42 @@ PAIRS = {
     "drift_4_apart": ("drift", [(20, 24)]),
     "drift_16_apart": ("drift", [(20, 36)]),
     "drift_ends": ("drift", [(0, 63)]),
+    # the most unequal occupancies with --occupancy-ratio below 1 (equal ones else)
+    "identical_far": ("stationary", [(2, 60)]),
 }
 
 
-def distance_table(tokens: list[int], seeds: int, n: int) -> list[dict]:
-    """Mean error (with its standard error) and RMSE of the three estimates per (N, pair type)."""
+def distance_table(tokens: list[int], seeds: int, n: int, occupancy_ratio: float = 1.0) -> list[dict]:
+    """Mean error (with its standard error) and RMSE of the estimates per (N, pair type);
+    ``adjusted`` is ``unbiased`` with the square roots' occupancy shrinkage removed (the
+    analysis' estimator: :mod:`posstats.estimates.occupancy`), equal to it at equal
+    occupancy; ``occupancy_ratio`` < 1 samples truncate documents of falling occupancy
+    (:func:`posstats.testing.known_corpus`; N is then position 0's)."""
+    from posstats.estimates.occupancy import OccupancyShrinkage
+
     rows = []
     for N in tokens:
         for name, (kind, pairs) in PAIRS.items():
-            errs: dict[str, list[float]] = {"plugin": [], "power_law": [], "unbiased": []}
+            errs: dict[str, list[float]] = {"plugin": [], "power_law": [], "unbiased": [], "adjusted": []}
             truth = []
             for seed in range(seeds):
-                kc = known_corpus(kind, n, tokens=N, seed=seed)
+                kc = known_corpus(kind, n, tokens=N, seed=seed, occupancy_ratio=occupancy_ratio)
                 c = kc.counts.matrix
                 d2 = hellinger_sq(c)
                 b_new = position_sampling_variance(c)
                 b_old = _power_law_bias(kc.counts, seed)
+                shrink = OccupancyShrinkage.of(c)
                 for i, j in pairs:
                     t = float(kc.true_d2(i, j)[0])
                     truth.append(t)
                     errs["plugin"].append(d2[i, j] - t)
                     errs["power_law"].append(d2[i, j] - b_old[i] - b_old[j] - t)
                     errs["unbiased"].append(d2[i, j] - b_new[i] - b_new[j] - t)
+                    adjust = 0.0 if shrink is None else float(shrink.pair_adjustment(c, [i], [j])[0])
+                    errs["adjusted"].append(d2[i, j] + adjust - b_new[i] - b_new[j] - t)
             row = {"tokens_per_position": N, "pairs": name, "samples": len(truth), "true_d2_mean": float(np.mean(truth))}
+            if occupancy_ratio != 1.0:
+                row["occupancy_ratio"] = occupancy_ratio
             for est, values in errs.items():
                 v = np.asarray(values)
                 row[est] = {"mean_error": float(v.mean()), "se": float(v.std(ddof=1) / math.sqrt(v.size)),
@@ -150,8 +172,10 @@ def distance_table(tokens: list[int], seeds: int, n: int) -> list[dict]:
             plugin_bias = row["plugin"]["mean_error"]
             row["unbiased"]["mean_error_over_plugin_bias"] = row["unbiased"]["mean_error"] / plugin_bias
             row["power_law"]["mean_error_over_plugin_bias"] = row["power_law"]["mean_error"] / plugin_bias
+            row["adjusted"]["mean_error_over_plugin_bias"] = row["adjusted"]["mean_error"] / plugin_bias
             rows.append(row)
-            print(f"distances N={N} {name}: unbiased {row['unbiased']['mean_error']:+.5f} "
+            print(f"distances N={N} {name}: adjusted {row['adjusted']['mean_error']:+.5f} "
+                  f"(se {row['adjusted']['se']:.5f}), unbiased {row['unbiased']['mean_error']:+.5f} "
                   f"(se {row['unbiased']['se']:.5f}), power law {row['power_law']['mean_error']:+.5f}, "
                   f"plug-in {plugin_bias:+.5f}", file=sys.stderr)
     return rows
@@ -223,7 +247,8 @@ def _packed_with_groups(n: int, windows: int, seed: int):
 
 
 def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int],
-                   kinds: tuple[str, ...] = tuple(_TALLIED), first_seed: int = 0, sampler: str = "tokens") -> list[dict]:
+                   kinds: tuple[str, ...] = tuple(_TALLIED), first_seed: int = 0, sampler: str = "tokens",
+                   occupancy_ratio: float = 1.0) -> list[dict]:
     """How often the default analysis claims structure in stationary corpora (the
     family-wise false-positive rate, target <= 5 %), and how often it finds it in planted
     and drifting ones (power, target >= 90 % at N >= 2,000), with Clopper-Pearson 95 %
@@ -235,13 +260,17 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     corpora (:func:`posstats.testing.known_corpus` and
     :func:`posstats.testing.markov_packed_counts`: ``counts`` is about 5x faster at
     N = 20,000, and its dependent streams are independent windows; the same seed is
-    another corpus under each)."""
+    another corpus under each). ``occupancy_ratio`` < 1: the known kinds are truncate
+    documents of falling occupancy (their shorter documents in length classes of the window
+    groups, as ``posstats count`` counts them); ``pack_markov`` is unchanged (pack mode
+    fills every position)."""
     cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off")
     rows = []
     for n in positions:
         for N in tokens:
             t = time.perf_counter()
-            row: dict = {"positions": n, "tokens_per_position": N}
+            row: dict = {"positions": n, "tokens_per_position": N,
+                         **({"occupancy_ratio": occupancy_ratio} if occupancy_ratio != 1.0 else {})}
             for kind in kinds:
                 keys = _TALLIED[kind]
                 runs = seeds if kind in ("stationary", "pack_markov") else power_seeds
@@ -258,7 +287,8 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                         counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler))
                     else:  # with the tokens sampler up to 4,096 positions: the window groups posstats count writes
                         k = DEFAULT_WINDOW_GROUPS if sampler == "tokens" and n <= WINDOW_GROUP_POSITIONS else 0
-                        corpus = known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler, window_groups=k)
+                        corpus = known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler, window_groups=k,
+                                              occupancy_ratio=occupancy_ratio)
                         counts, groups = _compact(corpus.counts), corpus.window_groups
                     t_corpus = time.perf_counter()
                     report = analyze(counts, cfg, window_groups=groups).report()
@@ -285,7 +315,7 @@ def _noise_share(report: dict) -> float:
     return float(((report.get("null") or {}).get("distance_noise") or {}).get("share") or 0.0)
 
 
-def _true_scaled_stresses(names_dims: list[tuple[str, int]], true_d2: np.ndarray, tokens: int) -> dict[tuple[str, int], float]:
+def _true_scaled_stresses(names_dims: list[tuple[str, int]], true_d2: np.ndarray, occupancy: Any) -> dict[tuple[str, int], float]:
     """The target of each encoding's estimate: its scaled stress against the true distances
     ``sqrt(true_d2)`` (n x n), a fitted encoding fitted on those distances (the classical
     MDS of ``true_d2``, SMACOF started from it), the large-sample limit of its in-sample and
@@ -300,7 +330,8 @@ def _true_scaled_stresses(names_dims: list[tuple[str, int]], true_d2: np.ndarray
     true_mds = classical_mds(np.ones((n, 1)), k=None, method="dense", squared_distances=true_d2) if fitted else None
     out = {}
     for name, dim in names_dims:
-        enc = make_encoding(name, np.arange(n), dim, mds=true_mds, distances=true_d, occupancy=np.full(n, float(tokens)))
+        enc = make_encoding(name, np.arange(n), dim, mds=true_mds, distances=true_d,
+                            occupancy=np.broadcast_to(np.asarray(occupancy, dtype=np.float64), (n,)))
         out[(name, dim)] = stress_report(enc.matrix, true_d).scaled_stress
     return out
 
@@ -316,20 +347,21 @@ def _true_d2_matrix(corpus, n: int) -> np.ndarray:
 COVERAGE_ENCODINGS = ("sinusoidal", "alibi", "random")
 
 
-def _coverage_corpus(kind: str, n: int, tokens: int, seed: int):
+def _coverage_corpus(kind: str, n: int, tokens: int, seed: int, occupancy_ratio: float = 1.0):
     """A known corpus of the coverage and held-out tables: ``drift`` and ``planted`` as in
     :func:`posstats.testing.known_corpus`, and ``all_planted``: every position mixes its own
     private block into the base at a weight spread over [0.05, 0.3], a geometry of n
     dimensions whose every pair is far above its noise, where a fitted encoding at a small
     width keeps a large stress (on a drift its target is about 0)."""
     if kind == "all_planted":
-        return known_corpus("planted", n, tokens=tokens, seed=seed, planted=np.arange(n), strength=(0.05, 0.3))
-    return known_corpus(kind, n, tokens=tokens, seed=seed)
+        return known_corpus("planted", n, tokens=tokens, seed=seed, planted=np.arange(n), strength=(0.05, 0.3),
+                            occupancy_ratio=occupancy_ratio)
+    return known_corpus(kind, n, tokens=tokens, seed=seed, occupancy_ratio=occupancy_ratio)
 
 
 def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted"),
                    exact_limit: int | None = None, first_seed: int = 0,
-                   encodings: tuple[str, ...] = COVERAGE_ENCODINGS) -> list[dict]:
+                   encodings: tuple[str, ...] = COVERAGE_ENCODINGS, occupancy_ratio: float = 1.0) -> list[dict]:
     """How often the report's 95 % interval on an encoding's exact scaled stress (the
     jackknife of :mod:`posstats.estimates.jackknife`) covers its target (target 90-99 %,
     over the intervals the report gives: none is given when noise is >= 5 % of the summed
@@ -364,11 +396,12 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
             shares: list[float] = []
             best: dict[str, list[str]] = {}
             for seed in range(first_seed, first_seed + seeds):
-                kc = _coverage_corpus(kind, n, N, 30_000 + seed)
+                kc = _coverage_corpus(kind, n, N, 30_000 + seed, occupancy_ratio)
                 true_d2 = _true_d2_matrix(kc, n)
                 report = analyze(kc.counts, cfg).report()
                 shares.append(_noise_share(report))
-                truths = _true_scaled_stresses([(e["name"], int(e["dim"])) for e in report["encodings"]], true_d2, N)
+                truths = _true_scaled_stresses([(e["name"], int(e["dim"])) for e in report["encodings"]], true_d2,
+                                               kc.occupancy)
                 for e in report["encodings"]:
                     truth = truths[(e["name"], int(e["dim"]))]
                     key = f"{e['name']}@{e['dim']}"
@@ -392,6 +425,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
                     outcome = "sharp" if named <= lowest else "right" if named & lowest else "wrong"
                     best.setdefault(f"d={row['dim']}", []).append(outcome)
             rows.append({"tokens_per_position": N, "positions": n, "kind": kind,
+                         **({"occupancy_ratio": occupancy_ratio} if occupancy_ratio != 1.0 else {}),
                          "coverage": {k: _proportion(sum(v), len(v)) for k, v in hits.items()},
                          "interval_withheld": {k: _proportion(sum(v), len(v)) for k, v in withheld.items()},
                          "tie_range_holds_truth": {k: _proportion(sum(v), len(v)) for k, v in range_hits.items()},
@@ -409,7 +443,7 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
 
 
 def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift", "planted"),
-                   first_seed: int = 0) -> list[dict]:
+                   first_seed: int = 0, occupancy_ratio: float = 1.0) -> list[dict]:
     """Section 4 of the module docstring: the held-out jackknife ranges against the truth
     (corpus ``i`` has seed ``70,000 + first_seed + i``)."""
     from posstats.estimates.verdict import best_encodings, held_out_row
@@ -422,10 +456,10 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
         errors: dict[str, list[float]] = {}
         best: dict[str, list[str]] = {}
         for seed in range(first_seed, first_seed + seeds):
-            kc = _coverage_corpus(kind, n, N, 70_000 + seed)
+            kc = _coverage_corpus(kind, n, N, 70_000 + seed, occupancy_ratio)
             d2 = _true_d2_matrix(kc, n)
             entries = analyze(kc.counts, cfg).report()["held_out"]["encodings"]
-            truth = _true_scaled_stresses([(e["name"], int(e["dim"])) for e in entries], d2, N)
+            truth = _true_scaled_stresses([(e["name"], int(e["dim"])) for e in entries], d2, kc.occupancy)
             for e in entries:
                 t = truth[(e["name"], int(e["dim"]))]
                 key = f"{e['name']}@{e['dim']}"
@@ -596,11 +630,18 @@ def main() -> None:
                         "2026-11-28; counts: each row's multinomial at once, about 5x faster at N = 20,000, and "
                         "pack_markov's windows independent chains drawn a row at a time; the same seed is "
                         "another corpus under each)")
+    p.add_argument("--occupancy-ratio", type=float, default=1.0,
+                   help="below 1, the known corpora of the distance, decision, coverage and held-out tables are "
+                        "truncate documents of falling occupancy: N at position 0, about this share of N at the "
+                        "last (default 1: N at every position); the diff table is unchanged")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]
     positions = [int(x) for x in args.positions.split(",")]
     seeds, power_seeds, pair_seeds = args.seeds, args.power_seeds, args.pair_seeds
+    ratio = args.occupancy_ratio
+    if not 0.0 < ratio <= 1.0:
+        p.error(f"--occupancy-ratio must be in (0, 1], got {ratio}")
     if args.quick:
         tokens, seeds, power_seeds, pair_seeds = [200, 2000], 4, 2, 4
         args.coverage_seeds = args.held_out_seeds = 2
@@ -611,17 +652,20 @@ def main() -> None:
         "setup": {"vocab": 5000, "zipf": 1.1, "positions": positions, "tokens_per_position": tokens,
                   "seeds_stationary": seeds, "seeds_power": power_seeds, "seeds_distances": pair_seeds,
                   "decision_kinds": args.decision_kinds.split(","), "first_seed": args.first_seed,
-                  "sampler": args.sampler},
-        "distances": [] if args.skip_distances else distance_table(tokens, pair_seeds, positions[0]),
+                  "sampler": args.sampler, "occupancy_ratio": ratio},
+        "distances": [] if args.skip_distances else distance_table(tokens, pair_seeds, positions[0], ratio),
         "decisions": [] if args.skip_decisions else decision_table(
-            tokens, seeds, power_seeds, positions, _kinds(args.decision_kinds, p), args.first_seed, args.sampler),
+            tokens, seeds, power_seeds, positions, _kinds(args.decision_kinds, p), args.first_seed, args.sampler,
+            ratio),
         "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds,
                                    args.coverage_positions or positions[0], tuple(args.coverage_kinds.split(",")),
                                    exact_limit=args.coverage_exact_limit, first_seed=args.first_seed,
-                                   encodings=tuple(x.strip() for x in args.coverage_encodings.split(",") if x.strip()))
+                                   encodings=tuple(x.strip() for x in args.coverage_encodings.split(",") if x.strip()),
+                                   occupancy_ratio=ratio)
         if args.coverage_seeds else [],
         "held_out": held_out_table(max(tokens), args.held_out_seeds, args.coverage_positions or positions[0],
-                                   tuple(args.coverage_kinds.split(",")), first_seed=args.first_seed)
+                                   tuple(args.coverage_kinds.split(",")), first_seed=args.first_seed,
+                                   occupancy_ratio=ratio)
         if args.held_out_seeds else [],
         "diff": diff_table(tokens, args.diff_seeds, power_seeds, [int(x) for x in args.diff_positions.split(",")],
                            _kinds(args.diff_kinds, p, DIFF_KINDS, "--diff-kinds"),

@@ -26,7 +26,9 @@ products gather (n_r, b) rows and sum (V, b) partials from the actors. The summa
 driver's peak memory. Ranges run on CPUs (``--device auto`` or ``cpu``) with ``--buckets none``.
 
 ``--distances corrected`` (ranges only) decomposes the bias-corrected ``B - H diag(b) H``
-that ``posstats analyze`` reports by default: each actor computes its rows' noise floor
+that ``posstats analyze`` reports by default, with the square roots' occupancy shrinkage
+removed as there (:mod:`posstats.estimates.occupancy`: the Lanczos products through the
+operator shifted by ``W U``, the sampled pairs adjusted; ``noise.occupancy_adjusted``): each actor computes its rows' noise floor
 from a random split of their tokens (:func:`posstats.estimates.thinning.range_noise_floor`,
 seeded by ``--seed`` and the range) while it reads them; the driver joins the floors
 (:func:`posstats.estimates.noise.merge_noise_floors`), takes the per-position bias ``b`` as
@@ -61,10 +63,11 @@ import numpy as np
 
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.estimates.noise import merge_noise_floors, mp_edge, null_rank
+from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
-from posstats.geometry.mds import classical_mds, wanted_residuals
+from posstats.geometry.mds import classical_mds, shifted_operator, wanted_residuals
 from posstats.geometry.ranged import RangedSqrt, file_ranges
 from posstats.runs.run_folder import MDS_FILE, write_mds
 
@@ -270,19 +273,31 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /) -> dict
     }
 
 
-def _sampled_stress(op: Any, mds: Any, dims: list[int], bias: Any,
-                    args: argparse.Namespace) -> tuple[list[dict[str, Any]], SampledGeometry | None]:
+def _sampled_stress(op: Any, mds: Any, dims: list[int], bias: Any, args: argparse.Namespace,
+                    shrinkage: ShrinkageFeatures | None = None) -> tuple[list[dict[str, Any]], SampledGeometry | None]:
     """The sampled stress of P_MDS at each width against the corpus distances (bias-corrected
-    with ``bias``), over the ranges (:class:`posstats.estimates.sampled.SampledGeometry`),
-    and the sampled geometry (its pairs), or None without widths."""
+    with ``bias``, the occupancy shrinkage removed with ``shrinkage``), over the ranges
+    (:class:`posstats.estimates.sampled.SampledGeometry`), and the sampled geometry (its
+    pairs), or None without widths."""
     if not dims:
         return [], None
-    sampled = SampledGeometry(None, bias=bias, seed=args.seed, sqrt=op)
+    sampled = SampledGeometry(None, bias=bias, seed=args.seed, sqrt=op, shrinkage=shrinkage)
     results = sampled.stress([mds.encoding[:, :d] for d in dims], target_halfwidth=args.stress_halfwidth,
                              max_pairs=args.stress_max_pairs)
     return [{"encoding": "mds", "dim": int(d), **r.to_dict(),
              "interval": "sampled pairs: the error of sampling pairs, not the corpus' own sampling noise"}
             for d, r in zip(dims, results, strict=True)], sampled
+
+
+def _occupancy_shrinkage(op: Any, occupancy: np.ndarray, /) -> tuple[OccupancyShrinkage, ShrinkageFeatures] | None:
+    """The square roots' occupancy shrinkage of the rows held apart and their features
+    (``<s_i, U_k>`` from one product over the ranges), as the analysis removes it from the
+    corrected distances (:mod:`posstats.estimates.occupancy`); None at equal occupancy."""
+    shrinkage = OccupancyShrinkage.from_totals(occupancy, op.count_totals(np.ones(occupancy.size, dtype=bool)))
+    if shrinkage is None:
+        return None
+    dots = op.apply(shrinkage.shrinkage.T) + (op.mean @ shrinkage.shrinkage.T)[None, :]  # S U^T: centred + mean
+    return shrinkage, ShrinkageFeatures(dots, shrinkage.weights(occupancy), shrinkage.gram)
 
 
 def _distance_noise(sampled: SampledGeometry | None, op: Any, occupancy: np.ndarray, *, corrected: bool,
@@ -295,7 +310,7 @@ def _distance_noise(sampled: SampledGeometry | None, op: Any, occupancy: np.ndar
         return None
     pooled = op.count_totals(np.ones(occupancy.size, dtype=bool))
     share = pair_noise_share(None, sampled.i, sampled.j, sampled.h, corrected=corrected, seed=seed,
-                             occupancy=occupancy, pooled=pooled)
+                             occupancy=occupancy, pooled=pooled, occupancy_adjusted=corrected)
     return {"share": share, "pairs": int(min(sampled.pairs, SHARE_PAIRS)),
             "method": "pairs (rows redrawn from the pooled distribution)"}
 
@@ -328,11 +343,17 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             t_standout = time.perf_counter() - t_standout
             floor = merge_noise_floors(op.ranges.call("noise")) if corrected else None
             solve = _corrected_solve(floor, args.lanczos_noise_share) if floor is not None else {}
-            mds = classical_mds(op, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed, **solve)
+            # corrected distances have the square roots' occupancy shrinkage removed, as in the analysis
+            shrunk = _occupancy_shrinkage(op, occupancy) if floor is not None else None
+            products = op if shrunk is None else shifted_operator(op, shrunk[0].weights(occupancy), shrunk[0].shrinkage)
+            mds = classical_mds(products, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed,
+                                **solve)
             if floor is not None:
                 noise = _noise_entry(floor, mds.eigenvalues, solve)
+                noise["occupancy_adjusted"] = shrunk is not None
             t_stress = time.perf_counter()
-            stress, sampled = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args)
+            stress, sampled = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args,
+                                              None if shrunk is None else shrunk[1])
             distance_noise = _distance_noise(sampled, op, occupancy, corrected=floor is not None, seed=args.seed)
             t_stress = time.perf_counter() - t_stress
         except ValueError as exc:  # no occupied position at --min-occupancy

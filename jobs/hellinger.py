@@ -10,7 +10,11 @@ Ray), looks at ``ray.cluster_resources()`` and starts one :class:`GeometryWorker
 counts itself, calls :func:`posstats.geometry.hellinger.hellinger_sq` (cupy arrays on the GPU, the
 sparse numpy/scipy path on a CPU), writes ``OUT/hellinger.safetensors`` (``d2``: n x n
 float64 squared distances of the used positions, ``positions``, ``occupancy``) and returns a
-small summary; the driver writes ``OUT/hellinger.json`` last.
+small summary; the driver writes ``OUT/hellinger.json`` last. The distances are the plug-in
+``d_H^2(mu_hat_i, mu_hat_j)``, uncorrected: the bias-corrected ones ``posstats analyze``
+reports subtract each position's sampling variance and its square roots' occupancy
+shrinkage (:mod:`posstats.estimates.occupancy`), both from the ``occupancy`` saved beside
+them and the counts.
 
 Numerics are the library's: float64 Gram products in row blocks (never TF32/bf16, which
 apply to float32 only), diagonal pinned to 0, negatives clipped, near-identical pairs

@@ -13,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from posstats.counting.io import save_counts
 from posstats.estimates.noise import merge_noise_floors, mp_edge
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.pair_jackknife import pair_noise_share
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
@@ -110,9 +111,12 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     summary = json.loads((out / "eigensolve.json").read_text())
     noise = summary["noise"]
     assert summary["distances"] == "bias_corrected" and len(summary["ranges"]) == 3
+    assert noise["occupancy_adjusted"] is True  # rows of 2,836-3,168 tokens: their shrinkage removed
     assert noise["source"] == "token split" and noise["parts"] == 4 and noise["edge"] > 0
     bias = position_sampling_variance(counts.matrix)
-    dense = classical_mds(counts.matrix, k=8, method="dense", diagonal=bias)
+    shrinkage = OccupancyShrinkage.of(counts.matrix)
+    dense = classical_mds(counts.matrix, k=8, method="dense", diagonal=bias,
+                          squared_distances=adjusted(hellinger_sq(counts.matrix), counts.matrix))
     t = load_file(str(out / "mds.safetensors"))
     above = np.asarray(summary["eigenvalues"]) > noise["noise_level"] + noise["noise_residual"]
     # above the edge to --tol; inside the bulk to the residual share x edge (an eigenvalue error below it)
@@ -130,12 +134,13 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     # the sampled stress of P_MDS over the ranges: the library's SampledGeometry on the
     # counts, same seed, same pairs, same distances (bias-corrected)
     assert [e["dim"] for e in summary["stress"]] == [2]  # the default widths up to --k 8
-    sampled = SampledGeometry(counts.matrix, bias=bias, seed=2)
+    sampled = SampledGeometry(counts.matrix, bias=bias, seed=2, shrinkage=shrinkage)
     ref_stress = sampled.stress([t["encoding"][:, :2]], target_halfwidth=1e-3)[0]
     assert summary["stress"][0]["pairs"] == ref_stress.pairs
     np.testing.assert_allclose(summary["stress"][0]["scaled_stress"], ref_stress.scaled_stress, rtol=1e-9)
     # the noise share of those pairs: the in-process one on the counts (same pairs, same seed)
-    share = pair_noise_share(counts.matrix, sampled.i, sampled.j, sampled.h, corrected=True, seed=2)
+    share = pair_noise_share(counts.matrix, sampled.i, sampled.j, sampled.h, corrected=True, seed=2,
+                             occupancy_adjusted=True)
     assert summary["distance_noise"]["share"] == pytest.approx(share, rel=1e-9)
     assert 0 < share < 0.5  # a planted rank-3 corpus: most of the distance is structure
     # the standout test over the ranges: the analysis' own decision on the same counts
@@ -250,10 +255,18 @@ def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_sess
     assert main(["--counts", str(counts), "--out", str(corrected), "--k", "8", "--tol", "1e-10", "--ranges", "3",
                  "--distances", "corrected", "--lanczos-noise-share", "0", "--stress-dims", "2,8"]) == 0
     summary = json.loads((corrected / "eigensolve.json").read_text())
-    bias = position_sampling_variance(c.rows(used))
-    ref = classical_mds(c.rows(used), k=8, method="dense", diagonal=bias)
+    rows = c.rows(used)
+    bias = position_sampling_variance(rows)
+    # the fortunes' occupancy falls along the context: the square roots' shrinkage is removed
+    # as in the analysis (the dense matrix of the adjusted distances as reference)
+    from posstats.estimates.occupancy import adjusted
+
+    assert summary["noise"]["occupancy_adjusted"] is True
+    ref = classical_mds(rows, k=8, method="dense", diagonal=bias, squared_distances=adjusted(hellinger_sq(rows), rows))
     got = load_file(str(corrected / "mds.safetensors"))
     np.testing.assert_allclose(got["eigenvalues"], ref.eigenvalues, rtol=0, atol=1e-11 * ref.eigenvalues[0])
+    plain = classical_mds(rows, k=8, method="dense", diagonal=bias)
+    assert abs(plain.eigenvalues[0] - ref.eigenvalues[0]) > 1e-3 * ref.eigenvalues[0]  # the adjustment is not nothing
     standouts = standout_positions(c.rows(used), used)
     assert summary["standout_positions"]["positions"] == standouts["positions"] and standouts["count"] > 0
     assert [e["dim"] for e in summary["stress"]] == [2, 8] and all(0 < e["scaled_stress"] < 1 for e in summary["stress"])
