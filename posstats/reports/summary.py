@@ -222,8 +222,10 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         first = ("0 MDS components stand above sampling noise (the corpus is not shown to be non-stationary, so "
                  f"the {null['components_above_null']} eigenvalue(s) above the null threshold are not claimed)")
     else:
+        weighted = ("; eigenvalues weighted by occupancy, the thin positions' noise down-weighted"
+                    if null.get("weighting") == "occupancy" else "")
         first = (f"{above} MDS component(s) stand above sampling noise "
-                 f"(null: {_null_name(null)}, threshold {_fmt(null.get('threshold'), '.4g')})")
+                 f"(null: {_null_name(null)}, threshold {_fmt(null.get('threshold'), '.4g')}{weighted})")
     so = v.get("standout_positions") or {}
     homogeneity = report.get("homogeneity") or {}
     if v.get("withheld"):
