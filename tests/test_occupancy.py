@@ -161,9 +161,9 @@ def test_rank_test_of_a_corpus_of_falling_occupancy_reads_the_weighted_gram_matr
     100 over 64 positions, counted with window groups: the report says the rank test read
     the occupancy-weighted eigenvalues (``null.weighting``, ``null.tested_eigenvalues``,
     above the rotated corpora's threshold for at least the 3 strongest planted
-    positions), and the scree figure draws no threshold on the unweighted spectrum. At
-    equal occupancy nothing changes (``weighting: none``, no tested eigenvalues)."""
-    from posstats.reports.spectrum_view import noise_threshold
+    positions), which the scree figure draws beside the spectrum with the threshold on their
+    scale. At equal occupancy nothing changes (``weighting: none``, no tested eigenvalues)."""
+    from posstats.reports.spectrum_view import noise_threshold, tested_eigenvalues
     from posstats.testing import known_corpus
 
     cfg = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")
@@ -172,8 +172,10 @@ def test_rank_test_of_a_corpus_of_falling_occupancy_reads_the_weighted_gram_matr
     assert null["weighting"] == "occupancy" and null["null_corpora"] == "rotated"
     tested = null["tested_eigenvalues"]
     assert tested == sorted(tested, reverse=True) and null["components_above_null"] >= 3
-    assert tested[2] > null["threshold"] and noise_threshold({"null": null}) is None
+    assert tested[2] > null["threshold"] and noise_threshold({"null": null}) == null["threshold"]
+    assert tested_eigenvalues({"null": null}) == tested
     equal = known_corpus("planted", 64, tokens=2000, seed=5, window_groups=64)
     report = analyze(equal.counts, cfg, window_groups=equal.window_groups).report()
     assert report["null"]["weighting"] == "none" and "tested_eigenvalues" not in report["null"]
     assert report["null"]["components_above_null"] == 4 and noise_threshold(report) == report["null"]["threshold"]
+    assert tested_eigenvalues(report) is None

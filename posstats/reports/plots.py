@@ -204,6 +204,7 @@ def spectrum_figure(
     eigenvalue_ci: Sequence[Sequence[float]] | None = None,
     noise_floor: float | None = None,
     explained_label: str = "cumulative share of the positive variance",
+    tested: Sequence[float] | None = None,
 ) -> Plot:
     """MDS eigenvalues (log scale) and cumulative explained variance.
 
@@ -214,6 +215,9 @@ def spectrum_figure(
         eigenvalue_ci: optional (k, 2) 95 % intervals of the eigenvalues.
         noise_floor: optional eigenvalue level below which components are noise.
         explained_label: the legend of the cumulative curve (what its shares are of).
+        tested: optional descending eigenvalues the rank test compared with ``noise_floor``
+            when they are not ``eigenvalues`` (the occupancy-weighted ones): drawn as their
+            own series, and the components above noise counted on them.
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     cum = np.asarray(explained, dtype=np.float64)
@@ -231,12 +235,20 @@ def spectrum_figure(
         ok = (ci[:, 0] > 0) & (ci[:, 1] > 0)
         ax.fill_between(kk[ok], ci[ok, 0], ci[ok, 1], color="C0", alpha=0.25, label="95% CI")
     above = None
+    compared = lam
+    if tested is not None:
+        compared = np.asarray(tested, dtype=np.float64)
+        kt = np.arange(1, compared.size + 1)
+        ok = compared > top * 1e-12 if top > 0 else compared > 0
+        ax.semilogy(kt[ok], compared[ok], "x-", color="C2", ms=4, lw=0.8,
+                    label="occupancy-weighted eigenvalue (the rank test's)")
     if noise_floor is not None and noise_floor > 0:
-        above = int(np.count_nonzero(lam > noise_floor))
-        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label=f"noise threshold ({above} above)")
+        above = int(np.count_nonzero(compared > noise_floor))
+        scale = " on the weighted scale" if tested is not None else ""
+        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label=f"noise threshold{scale} ({above} above)")
         if above:
-            ax.semilogy(k[:above][pos[:above]], lam[:above][pos[:above]], "o", color="C3", ms=4, mfc="none",
-                        label="components above noise")
+            kk = np.arange(1, above + 1)
+            ax.semilogy(kk, compared[:above], "o", color="C3", ms=4, mfc="none", label="components above noise")
     if rank is not None and 0 < rank <= lam.shape[0]:
         ax.axvline(rank, color="gray", ls="--", lw=0.8, label=f"numerical rank {rank}")
     ax.set_xlabel("component k")
@@ -267,6 +279,10 @@ def spectrum_figure(
         "Eigenvalues of the MDS matrix B with the cumulative share of the positive variance they explain "
         f"(negative eigenvalues of a bias-corrected B explain nothing): {look}."
     )
+    if tested is not None:
+        caption += (" Positions' occupancies differ, so the rank test compared the eigenvalues of W^1/2 B W^1/2, "
+                    "W = diag(N_i / mean N), which weighs each position by its occupancy (the thin positions' noise "
+                    "down-weighted), with the threshold on that scale (crosses).")
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
 

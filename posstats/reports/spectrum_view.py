@@ -13,7 +13,7 @@ import numpy as np
 
 from posstats.geometry.mds import Spectrum, spectrum_summary
 
-__all__ = ["explained_label", "explained_share", "noise_threshold"]
+__all__ = ["explained_label", "explained_share", "noise_threshold", "tested_eigenvalues"]
 
 
 def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
@@ -52,12 +52,10 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     report's eigenvalues: the null's threshold (``null.threshold``; the ``mp`` edge is on
     the plug-in scale, so with corrected eigenvalues the mean bias it was compared after,
     ``null.eigenvalue_shift``, is taken off), else an explicit ``noise_floor`` (a number,
-    or an object with an ``eigenvalue``); None when the report has none, and when the rank
-    test read occupancy-weighted eigenvalues (``null.weighting``: the threshold is on their
-    scale, ``null.tested_eigenvalues``, not the spectrum's)."""
+    or an object with an ``eigenvalue``); None when the report has none. When the rank test
+    read occupancy-weighted eigenvalues the threshold is on their scale
+    (:func:`tested_eigenvalues`), not the spectrum's."""
     null = report.get("null") or {}
-    if null.get("weighting") == "occupancy":
-        return None
     threshold = null.get("threshold")
     if isinstance(threshold, (int, float)) and math.isfinite(threshold):
         if null.get("eigenvalue_scale") == "corrected + mean bias":
@@ -68,3 +66,14 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     if isinstance(nf, dict):
         nf = nf.get("eigenvalue")
     return float(nf) if isinstance(nf, (int, float)) else None
+
+
+def tested_eigenvalues(report: dict[str, Any], /) -> list[float] | None:
+    """The eigenvalues the rank test compared with :func:`noise_threshold` when they are not
+    the spectrum's: the occupancy-weighted ones (``null.tested_eigenvalues``, where
+    ``null.weighting`` is ``occupancy``); None otherwise."""
+    null = report.get("null") or {}
+    tested = null.get("tested_eigenvalues")
+    if null.get("weighting") != "occupancy" or not isinstance(tested, list):
+        return None
+    return [float(x) for x in tested]
