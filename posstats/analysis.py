@@ -58,7 +58,13 @@ from posstats.estimates.pair_jackknife import (
     pair_replicates,
 )
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures, adjusted
-from posstats.estimates.permutation import null_distance_sums, occupancy_weights, permutation_null, tested_eigenvalues
+from posstats.estimates.permutation import (
+    gram_top_eigenvalues,
+    null_distance_sums,
+    occupancy_weights,
+    permutation_null,
+    rank_test_eigenvalues,
+)
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
@@ -718,6 +724,7 @@ class _Geometry:
     # (posstats.estimates.occupancy): every estimate compared with them goes through it too
     occupancy_adjusted: bool = False
     shrinkage: Any = None  # the OccupancyShrinkage of the used rows (None: equal occupancies)
+    rank_test: np.ndarray | None = None  # the rank test's occupancy-weighted eigenvalues (exact path; None: not needed)
 
 
 def analyze(
@@ -888,10 +895,12 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                      noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index),
                                                               untested=untested is not None))
     else:
-        geometry = _exact_geometry(g, bias, config, timings, show_progress)
+        geometry = _exact_geometry(g, bias, config, timings, show_progress,
+                                   rank_test=_null_choice(config, len(g.index), noise) == "shuffle")
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances, shrinkage=geometry.shrinkage,
-                                      windows=_usable_window_groups(window_groups, counts, g))
+                                      windows=_usable_window_groups(window_groups, counts, g),
+                                      rank_test=geometry.rank_test)
     if null is not None:
         sections["null"] = null
     # the verdict ties every encoding when no test found structure (estimates.verdict):
@@ -1010,10 +1019,13 @@ def _exact_encodings(
 
 
 def _exact_geometry(
-    g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None
+    g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
+    *, rank_test: bool = False,
 ) -> _Geometry:
     """The geometry up to ``exact_limit`` rows: ``D = hellinger_sq(rows)`` once, shared by
-    the MDS (dense path), the stress and the diagnostics."""
+    the MDS (dense path), the stress, the diagnostics and, with ``rank_test`` (the shuffled
+    or rotated null will run) where occupancies differ, the rank test's occupancy-weighted
+    eigenvalues (:func:`posstats.estimates.permutation.gram_top_eigenvalues`)."""
     t = time.perf_counter()
     d2 = hellinger_sq(g.rows)
     corrected, summary, shrinkage = _corrected(d2, bias, g.rows) if bias is not None else (None, None, None)
@@ -1022,6 +1034,14 @@ def _exact_geometry(
     t = time.perf_counter()
     mds = _exact_mds(g.rows, d2, bias, config, dense=shrinkage is not None)
     timings["mds"] = time.perf_counter() - t
+    weights = occupancy_weights(g.occupancy) if rank_test else None
+    tested = None
+    if weights is not None:  # from D (D' with a correction) as the null corpora's: in place when not kept
+        t = time.perf_counter()
+        source = d2 if corrected is not None else d2.copy()
+        tested = gram_top_eigenvalues(source, bias, k=_rank_test_k(mds.eigenvalues.size), weights=weights)
+        del source
+        timings["rank_test_eigenvalues"] = time.perf_counter() - t
     # after the MDS, which read D; with a correction the plug-in matrix is not kept
     distances = corrected if corrected is not None else np.sqrt(d2, out=d2)
     del d2
@@ -1035,7 +1055,7 @@ def _exact_geometry(
     results = [] if flat else _exact_encodings(distances, mds, g, config, show_progress)
     timings["encodings"] = time.perf_counter() - t
     return _Geometry(mds, diagnostics, results, summary, distances, flat=flat, occupancy_adjusted=bias is not None,
-                     shrinkage=shrinkage)
+                     shrinkage=shrinkage, rank_test=tested)
 
 
 _JACKKNIFE_LIMIT = 2048  # geometry rows up to which exact stresses get jackknife intervals
@@ -1614,6 +1634,14 @@ def _large_min_separation(p: np.ndarray, sampled: Any) -> tuple[float, tuple[int
 _MAX_NULL_REPLICATES = 999  # a config value bounds a loop: 999 gives p-values down to 0.001
 _MAX_TRIPLES = 20_000_000  # sampled monotonicity triples (corpus or encoding): 480 MB of indices
 _TESTED_SHOWN = 16  # occupancy-weighted eigenvalues the report lists beside the null's threshold
+_RANK_TEST_K = 128  # occupancy-weighted eigenvalues the rank test computes at most (more above: saturated)
+
+
+def _rank_test_k(computed: int, /) -> int:
+    """How many occupancy-weighted eigenvalues the rank test computes: as many as the MDS
+    gave, at most :data:`_RANK_TEST_K` (the count is then saturated, as when every computed
+    MDS eigenvalue is above the threshold)."""
+    return max(1, min(int(computed), _RANK_TEST_K))
 _EIGEN_REPLICATE_ROWS = 1024  # above this many rows the rank test uses 19 of the shuffled corpora
 
 
@@ -1637,6 +1665,7 @@ def _null_section(
     distances: np.ndarray | None = None,
     windows: tuple[Any, str | None] = (None, None),
     shrinkage: Any = None,
+    rank_test: np.ndarray | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(null, homogeneity)`` report sections: how many MDS components stand above a null
     corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
@@ -1646,7 +1675,9 @@ def _null_section(
     the dependence inside windows kept, for both tests). With the exact path's (m, m)
     ``distances`` the null also says which share of their sum sampling noise alone reaches
     (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
-    they move (:func:`posstats.estimates.permutation.null_distance_sums`)."""
+    they move (:func:`posstats.estimates.permutation.null_distance_sums`). ``rank_test``: the
+    data's occupancy-weighted eigenvalues when the exact path computed them (else they are
+    computed here where occupancies differ)."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
     if choice == "none":
@@ -1675,8 +1706,13 @@ def _null_section(
                 noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
                                                 corrected=bias is not None, seed=config.seed,
                                                 max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
-        tested = lam if weights is None else tested_eigenvalues(g.rows, corrected=bias is not None,
-                                                                 k=max(lam.size, 1), weights=weights, **adjust)
+        if weights is None:
+            tested = lam
+        elif rank_test is not None:  # the exact path's, from its distance matrix (formed once)
+            tested = rank_test
+        else:
+            tested = rank_test_eigenvalues(g.rows, corrected=bias is not None, k=_rank_test_k(lam.size),
+                                           weights=weights, **adjust)
         nr = null_rank(tested, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {

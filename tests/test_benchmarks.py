@@ -91,7 +91,8 @@ def test_bench_calibration_small():
     assert [f["position"] for f in diff["planted"]["found"]] == [0, 1, 2, 3] and diff["planted"]["pairs"] == 1
     assert [f["position"] for f in diff["weak"]["found"]] == list(range(8))
     names = {row["pairs"] for row in r["distances"]}
-    assert names == {"identical", "planted_vs_base", "drift_1_apart", "drift_4_apart", "drift_16_apart", "drift_ends"}
+    assert names == {"identical", "planted_vs_base", "drift_1_apart", "drift_4_apart", "drift_16_apart", "drift_ends",
+                     "identical_far"}
     for row in r["distances"]:
         for est in ("plugin", "power_law", "unbiased"):
             assert set(row[est]) >= {"mean_error", "se", "rmse"}

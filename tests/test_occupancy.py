@@ -163,7 +163,7 @@ def test_rank_test_of_a_corpus_of_falling_occupancy_reads_the_weighted_gram_matr
     above the rotated corpora's threshold for at least the 3 strongest planted
     positions), which the scree figure draws beside the spectrum with the threshold on their
     scale. At equal occupancy nothing changes (``weighting: none``, no tested eigenvalues)."""
-    from posstats.reports.spectrum_view import noise_threshold, tested_eigenvalues
+    from posstats.reports.spectrum_view import noise_threshold, rank_test_eigenvalues
     from posstats.testing import known_corpus
 
     cfg = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")
@@ -173,9 +173,9 @@ def test_rank_test_of_a_corpus_of_falling_occupancy_reads_the_weighted_gram_matr
     tested = null["tested_eigenvalues"]
     assert tested == sorted(tested, reverse=True) and null["components_above_null"] >= 3
     assert tested[2] > null["threshold"] and noise_threshold({"null": null}) == null["threshold"]
-    assert tested_eigenvalues({"null": null}) == tested
+    assert rank_test_eigenvalues({"null": null}) == tested
     equal = known_corpus("planted", 64, tokens=2000, seed=5, window_groups=64)
     report = analyze(equal.counts, cfg, window_groups=equal.window_groups).report()
     assert report["null"]["weighting"] == "none" and "tested_eigenvalues" not in report["null"]
     assert report["null"]["components_above_null"] == 4 and noise_threshold(report) == report["null"]["threshold"]
-    assert tested_eigenvalues(report) is None
+    assert rank_test_eigenvalues(report) is None

@@ -84,9 +84,10 @@ __all__ = [
     "monte_carlo_p_value",
     "null_distance_sums",
     "permutation_null",
+    "gram_top_eigenvalues",
     "occupancy_weights",
+    "rank_test_eigenvalues",
     "shuffled_rows",
-    "tested_eigenvalues",
     "top_eigenvalue",
 ]
 
@@ -291,18 +292,25 @@ def _weighted_in_place(b: np.ndarray, weights: Any) -> np.ndarray:
     return b
 
 
-def tested_eigenvalues(rows: Any, /, *, corrected: bool, k: int, shrinkage: Any = None,
-                       weights: Any = None) -> np.ndarray:
-    """(min(k, m),) the top eigenvalues, descending, of the Gram matrix the rank test reads
-    for the (m, V) counts ``rows``: :func:`null_geometry`'s estimator on the data (the
-    (m, m) matrix, ``W^1/2 B W^1/2`` with ``weights``). A dense solve of the top k."""
-    d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
-    b = position_sampling_variance(rows) if corrected else None
+def gram_top_eigenvalues(d2: np.ndarray, b: Any, /, *, k: int, weights: Any = None) -> np.ndarray:
+    """(min(k, m),) the top eigenvalues, descending, of the (m, m) squared distances ``d2``'s
+    Gram matrix ``B = -1/2 H D H`` (``- H diag(b) H`` with ``b``), whitened by ``weights``
+    (``W^1/2 B W^1/2``; module docstring, "Occupancy weighting"): the matrix the rank test
+    reads. ``d2`` is overwritten. A dense solve of the top k."""
     gram = _weighted_in_place(gram_in_place(d2, b), weights)
     m = gram.shape[0]
     k = max(1, min(int(k), m))
     lam = scipy.linalg.eigh(gram, eigvals_only=True, subset_by_index=[m - k, m - 1], driver="evr")
     return np.sort(lam)[::-1]
+
+
+def rank_test_eigenvalues(rows: Any, /, *, corrected: bool, k: int, shrinkage: Any = None,
+                          weights: Any = None) -> np.ndarray:
+    """:func:`gram_top_eigenvalues` of the (m, V) counts ``rows`` through
+    :func:`null_geometry`'s estimator (the data's side of the rank test, where its MDS
+    eigenvalues are not what the test reads)."""
+    d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
+    return gram_top_eigenvalues(d2, position_sampling_variance(rows) if corrected else None, k=k, weights=weights)
 
 
 def _top_of_gram(b: np.ndarray) -> float:

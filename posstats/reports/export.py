@@ -78,7 +78,7 @@ from posstats.reports.spectrum_view import (
     explained_label,
     explained_share,
     noise_threshold,
-    tested_eigenvalues,
+    rank_test_eigenvalues,
 )
 from posstats.runs.run_folder import RunData, load_run, run_distances, with_distances
 from posstats.storage.publish import atomic_path
@@ -471,7 +471,7 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     tradeoff = lowrank_tradeoff(run.encoding[idx], dist, width=dim, ranks=default_ranks(k, width=dim, extra=(rank,)), n=n)
     spectrum = run.report.get("spectrum") or {}
     fig = spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, run.report), rank=spectrum.get("rank"),
-                          noise_floor=noise_threshold(run.report), tested=tested_eigenvalues(run.report),
+                          noise_floor=noise_threshold(run.report), tested=rank_test_eigenvalues(run.report),
                           explained_label=explained_label(run.eigenvalues, run.report))
     written = [_save_named(fig, files.card[1]),
                _save_named(lowrank_figure(tradeoff, n=n, width=dim, informative=informative_rank(run.report)), files.card[2])]

@@ -61,7 +61,7 @@ from posstats.reports.spectrum_view import (
     explained_label,
     explained_share,
     noise_threshold,
-    tested_eigenvalues,
+    rank_test_eigenvalues,
 )
 from posstats.reports.summary import (
     GLOSSARY,
@@ -277,7 +277,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     plots.append(distance_heatmap_figure(dist, run.positions[idx], max_size=max_heatmap, total=m, kind=_distances_name(report)))
     plots.append(spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, report), rank=report.get("spectrum", {}).get("rank"),
                                  eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95"),
-                                 noise_floor=noise_threshold(report), tested=tested_eigenvalues(report),
+                                 noise_floor=noise_threshold(report), tested=rank_test_eigenvalues(report),
                                  explained_label=explained_label(run.eigenvalues, report)))
     plots.append(encoding_scatter_figure(run.encoding, run.positions))
     if k >= 3:

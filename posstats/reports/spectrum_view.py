@@ -13,7 +13,7 @@ import numpy as np
 
 from posstats.geometry.mds import Spectrum, spectrum_summary
 
-__all__ = ["explained_label", "explained_share", "noise_threshold", "tested_eigenvalues"]
+__all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_eigenvalues"]
 
 
 def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
@@ -54,7 +54,7 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     ``null.eigenvalue_shift``, is taken off), else an explicit ``noise_floor`` (a number,
     or an object with an ``eigenvalue``); None when the report has none. When the rank test
     read occupancy-weighted eigenvalues the threshold is on their scale
-    (:func:`tested_eigenvalues`), not the spectrum's."""
+    (:func:`rank_test_eigenvalues`), not the spectrum's."""
     null = report.get("null") or {}
     threshold = null.get("threshold")
     if isinstance(threshold, (int, float)) and math.isfinite(threshold):
@@ -68,7 +68,7 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     return float(nf) if isinstance(nf, (int, float)) else None
 
 
-def tested_eigenvalues(report: dict[str, Any], /) -> list[float] | None:
+def rank_test_eigenvalues(report: dict[str, Any], /) -> list[float] | None:
     """The eigenvalues the rank test compared with :func:`noise_threshold` when they are not
     the spectrum's: the occupancy-weighted ones (``null.tested_eigenvalues``, where
     ``null.weighting`` is ``occupancy``); None otherwise."""
