@@ -1642,6 +1642,8 @@ def _rank_test_k(computed: int, /) -> int:
     gave, at most :data:`_RANK_TEST_K` (the count is then saturated, as when every computed
     MDS eigenvalue is above the threshold)."""
     return max(1, min(int(computed), _RANK_TEST_K))
+
+
 _EIGEN_REPLICATE_ROWS = 1024  # above this many rows the rank test uses 19 of the shuffled corpora
 
 
