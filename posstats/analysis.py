@@ -724,7 +724,8 @@ class _Geometry:
     # (posstats.estimates.occupancy): every estimate compared with them goes through it too
     occupancy_adjusted: bool = False
     shrinkage: Any = None  # the OccupancyShrinkage of the used rows (None: equal occupancies)
-    rank_test: np.ndarray | None = None  # the rank test's occupancy-weighted eigenvalues (exact path; None: not needed)
+    # the rank test's occupancy-weighted eigenvalues and top eigenvector (exact path; None: not needed)
+    rank_test: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def analyze(
@@ -1667,7 +1668,7 @@ def _null_section(
     distances: np.ndarray | None = None,
     windows: tuple[Any, str | None] = (None, None),
     shrinkage: Any = None,
-    rank_test: np.ndarray | None = None,
+    rank_test: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(null, homogeneity)`` report sections: how many MDS components stand above a null
     corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
@@ -1678,8 +1679,8 @@ def _null_section(
     ``distances`` the null also says which share of their sum sampling noise alone reaches
     (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
     they move (:func:`posstats.estimates.permutation.null_distance_sums`). ``rank_test``: the
-    data's occupancy-weighted eigenvalues when the exact path computed them (else they are
-    computed here where occupancies differ)."""
+    data's occupancy-weighted eigenvalues and top eigenvector when the exact path computed
+    them (else they are computed here where occupancies differ)."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
     if choice == "none":
@@ -1708,13 +1709,14 @@ def _null_section(
                 noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
                                                 corrected=bias is not None, seed=config.seed,
                                                 max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
+        top_vector = mds.encoding[:, 0] if mds.encoding.shape[1] else None
         if weights is None:
             tested = lam
         elif rank_test is not None:  # the exact path's, from its distance matrix (formed once)
-            tested = rank_test
+            tested, top_vector = rank_test
         else:
-            tested = rank_test_eigenvalues(g.rows, corrected=bias is not None, k=_rank_test_k(lam.size),
-                                           weights=weights, **adjust)
+            tested, top_vector = rank_test_eigenvalues(g.rows, corrected=bias is not None, k=_rank_test_k(lam.size),
+                                                       weights=weights, **adjust)
         nr = null_rank(tested, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {
@@ -1753,8 +1755,8 @@ def _null_section(
             out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
             out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
         out["null_corpora"] = "rotated" if groups is not None else "shuffled"
-        if mds.encoding.shape[1] and lam.size and lam[0] > 0:
-            out["top_component_occupancy"] = _loaded_occupancy(mds.encoding[:, 0], g.occupancy)
+        if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
+            out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
             out["median_occupancy"] = float(np.median(g.occupancy))
         if distances is not None:
             out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else

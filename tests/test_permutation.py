@@ -231,7 +231,7 @@ def _weighted_rejections(kind: str, n: int, tokens: int, seeds: int, first: int,
         rows = known_corpus(kind, n, tokens=tokens, seed=first + s, occupancy_ratio=0.05).counts.matrix
         w = occupancy_weights(rows.sum(axis=1)) if weighted else None
         perm = permutation_null(rows, replicates=replicates, corrected=True, seed=s, weights=w)
-        found += rank_test_eigenvalues(rows, corrected=True, k=1, weights=w)[0] > perm.eigenvalue_threshold
+        found += rank_test_eigenvalues(rows, corrected=True, k=1, weights=w)[0][0] > perm.eigenvalue_threshold
     return found
 
 
@@ -256,10 +256,13 @@ def test_occupancy_weights_whiten_the_gram_matrix_the_null_reads():
     assert w == pytest.approx(occ / occ.mean()) and occupancy_weights(np.full(5, 9)) is None
     with pytest.raises(ValueError, match="above 0"):
         occupancy_weights([0, 3])
-    assert rank_test_eigenvalues(rows, corrected=True, k=1)[0] == pytest.approx(top_eigenvalue(rows, corrected=True))
+    assert rank_test_eigenvalues(rows, corrected=True, k=1)[0][0] == pytest.approx(top_eigenvalue(rows, corrected=True))
     from posstats.estimates.permutation import _squared
     from posstats.geometry.mds import gram_in_place
 
     b = gram_in_place(_squared(rows, corrected=True), position_sampling_variance(rows))
-    expected = np.linalg.eigvalsh(np.sqrt(w)[:, None] * b * np.sqrt(w)[None, :])[::-1][:3]
-    assert rank_test_eigenvalues(rows, corrected=True, k=3, weights=w) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    whitened = np.sqrt(w)[:, None] * b * np.sqrt(w)[None, :]
+    expected = np.linalg.eigvalsh(whitened)[::-1][:3]
+    lam, top = rank_test_eigenvalues(rows, corrected=True, k=3, weights=w)
+    assert lam == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert np.linalg.norm(top) == pytest.approx(1.0) and whitened @ top == pytest.approx(lam[0] * top, abs=1e-10)

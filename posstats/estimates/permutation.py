@@ -292,20 +292,21 @@ def _weighted_in_place(b: np.ndarray, weights: Any) -> np.ndarray:
     return b
 
 
-def gram_top_eigenvalues(d2: np.ndarray, b: Any, /, *, k: int, weights: Any = None) -> np.ndarray:
-    """(min(k, m),) the top eigenvalues, descending, of the (m, m) squared distances ``d2``'s
-    Gram matrix ``B = -1/2 H D H`` (``- H diag(b) H`` with ``b``), whitened by ``weights``
-    (``W^1/2 B W^1/2``; module docstring, "Occupancy weighting"): the matrix the rank test
-    reads. ``d2`` is overwritten. A dense solve of the top k."""
+def gram_top_eigenvalues(d2: np.ndarray, b: Any, /, *, k: int, weights: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigenvalues, top vector)``: the (min(k, m),) top eigenvalues, descending, of the
+    (m, m) squared distances ``d2``'s Gram matrix ``B = -1/2 H D H`` (``- H diag(b) H`` with
+    ``b``), whitened by ``weights`` (``W^1/2 B W^1/2``; module docstring, "Occupancy
+    weighting"): the matrix the rank test reads; and the (m,) unit eigenvector of the top
+    one (where that component loads). ``d2`` is overwritten. A dense solve of the top k."""
     gram = _weighted_in_place(gram_in_place(d2, b), weights)
     m = gram.shape[0]
     k = max(1, min(int(k), m))
-    lam = scipy.linalg.eigh(gram, eigvals_only=True, subset_by_index=[m - k, m - 1], driver="evr")
-    return np.sort(lam)[::-1]
+    lam, vectors = scipy.linalg.eigh(gram, subset_by_index=[m - k, m - 1], driver="evr")
+    return lam[::-1].copy(), vectors[:, -1].copy()
 
 
 def rank_test_eigenvalues(rows: Any, /, *, corrected: bool, k: int, shrinkage: Any = None,
-                          weights: Any = None) -> np.ndarray:
+                          weights: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`gram_top_eigenvalues` of the (m, V) counts ``rows`` through
     :func:`null_geometry`'s estimator (the data's side of the rank test, where its MDS
     eigenvalues are not what the test reads)."""
