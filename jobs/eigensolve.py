@@ -296,8 +296,7 @@ def _occupancy_shrinkage(op: Any, occupancy: np.ndarray, /) -> tuple[OccupancySh
     shrinkage = OccupancyShrinkage.from_totals(occupancy, op.count_totals(np.ones(occupancy.size, dtype=bool)))
     if shrinkage is None:
         return None
-    dots = op.apply(shrinkage.shrinkage.T) + (op.mean @ shrinkage.shrinkage.T)[None, :]  # S U^T: centred + mean
-    return shrinkage, ShrinkageFeatures(dots, shrinkage.weights(occupancy), shrinkage.gram)
+    return shrinkage, shrinkage.operator_features(op, occupancy)
 
 
 def _distance_noise(sampled: SampledGeometry | None, op: Any, occupancy: np.ndarray, *, corrected: bool,

@@ -57,7 +57,7 @@ from posstats.estimates.pair_jackknife import (
     pair_noise_share,
     pair_replicates,
 )
-from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures, adjusted
+from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.permutation import (
     gram_top_eigenvalues,
     null_distance_sums,
@@ -1555,8 +1555,7 @@ def _sampled_geometry(
     if g.ranged:
         features = None
         if shrinkage is not None:  # <s_i, U_k> = (S_c U^T + 1 mean U^T)_ik, from the ranges' products
-            dots = g.rows.apply(shrinkage.shrinkage.T) + (g.rows.mean @ shrinkage.shrinkage.T)[None, :]
-            features = ShrinkageFeatures(dots, shrinkage.weights(g.occupancy), shrinkage.gram)
+            features = shrinkage.operator_features(g.rows, g.occupancy)
         sampled = SampledGeometry(None, bias=bias, seed=config.seed, sqrt=g.rows, shrinkage=features)
     else:
         sampled = SampledGeometry(g.rows, bias=bias, seed=config.seed, sqrt=op if op is not g.rows else None,

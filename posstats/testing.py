@@ -485,11 +485,11 @@ def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Gene
     support = np.flatnonzero(corpus.base)  # numpy gives the last category what rounding leaves: keep it in the support
     p = corpus.base[support] / corpus.base[support].sum()
     step = max(1, (1 << 24) // vocab)
-    occupancy = np.full(n, tokens, dtype=np.int64) if lengths is None else _reaching(lengths, n)
+    occupancy = None if lengths is None else _reaching(lengths, n)
     blocks = []
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        row_tokens = tokens if lengths is None else occupancy[lo:hi]
+        row_tokens = tokens if occupancy is None else occupancy[lo:hi]
         second = rng.binomial(row_tokens, corpus.mix[lo:hi])
         rows = np.zeros((hi - lo, vocab), dtype=np.int64)
         rows[:, support] = rng.multinomial(row_tokens - second, p)

@@ -162,6 +162,13 @@ class OccupancyShrinkage:
         s.data = np.sqrt(s.data)
         return ShrinkageFeatures(np.asarray(s @ self.shrinkage.T), self.weights(occ), self.gram)
 
+    def operator_features(self, op: Any, occupancy: Any, /) -> ShrinkageFeatures:
+        """:meth:`features` of rows held as a centred square-root operator ``op`` (e.g. over
+        position ranges held apart: an object with ``apply`` and the column ``mean``), from
+        their (m,) ``occupancy``: ``S U^T = S_c U^T + 1 (mean U^T)``, one product."""
+        dots = op.apply(self.shrinkage.T) + (op.mean @ self.shrinkage.T)[None, :]
+        return ShrinkageFeatures(dots, self.weights(occupancy), self.gram)
+
     def adjustment(self, rows: Any, /) -> np.ndarray:
         """(m, m) ``|x_i - x_j|^2 - |s_hat_i - s_hat_j|^2`` of the (m, V) counts ``rows``
         (module docstring): add it to their plug-in squared distances."""

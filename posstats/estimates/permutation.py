@@ -258,8 +258,7 @@ def null_geometry(rows: Any, /, *, corrected: bool, shrinkage: Any = None, weigh
     share; default: the corpus' own). With ``weights`` (m,) ``w``, the top eigenvalue is
     that of ``W^1/2 B W^1/2`` (module docstring, "Occupancy weighting"); the sum is not
     weighted."""
-    d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
-    b = position_sampling_variance(rows) if corrected else None
+    d2, b = _estimated(rows, corrected=corrected, shrinkage=shrinkage)
     total = distance_sum(d2, b)
     return _top_of_gram(_weighted_in_place(gram_in_place(d2, b), weights)), total
 
@@ -310,8 +309,8 @@ def rank_test_eigenvalues(rows: Any, /, *, corrected: bool, k: int, shrinkage: A
     """:func:`gram_top_eigenvalues` of the (m, V) counts ``rows`` through
     :func:`null_geometry`'s estimator (the data's side of the rank test, where its MDS
     eigenvalues are not what the test reads)."""
-    d2 = _squared(rows, corrected=corrected, shrinkage=shrinkage)
-    return gram_top_eigenvalues(d2, position_sampling_variance(rows) if corrected else None, k=k, weights=weights)
+    d2, b = _estimated(rows, corrected=corrected, shrinkage=shrinkage)
+    return gram_top_eigenvalues(d2, b, k=k, weights=weights)
 
 
 def _top_of_gram(b: np.ndarray) -> float:
@@ -336,6 +335,14 @@ def top_eigenvalue(rows: Any, /, *, corrected: bool) -> float:
     """
     return _top_of_gram(gram_in_place(_squared(rows, corrected=corrected),
                                       position_sampling_variance(rows) if corrected else None))
+
+
+def _estimated(rows: Any, /, *, corrected: bool, shrinkage: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(d2, b)``: the rows' squared distances (:func:`_squared`) and, with ``corrected``,
+    their unbiased sampling variances (else None): the data's estimator, which every null
+    corpus goes through too."""
+    return (_squared(rows, corrected=corrected, shrinkage=shrinkage),
+            position_sampling_variance(rows) if corrected else None)
 
 
 def _squared(rows: Any, /, *, corrected: bool, shrinkage: Any = None) -> np.ndarray:
