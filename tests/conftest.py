@@ -22,10 +22,14 @@ SHARED = REPO.parent / "shared"  # present in CI and on the team's machines, not
 HOOKS = REPO / "tests" / "_hooks"
 
 # Every process this session starts (posstats commands, Ray workers) runs the test hooks
-# (tests/_hooks/sitecustomize.py); set before the shared Ray starts its workers.
+# (tests/_hooks/sitecustomize.py); set before the shared Ray starts its workers. One hooks
+# file per pytest process, always assigned, never inherited: pytest-xdist workers inherit the
+# controller's environment, and a file shared between workers let one worker's test clear
+# the delay another worker's test was waiting on (CI, stop 60).
 os.environ["PYTHONPATH"] = os.pathsep.join([str(HOOKS), *filter(None, [os.environ.get("PYTHONPATH")])])
-os.environ.setdefault("POSSTATS_TEST_HOOKS_FILE", os.path.join(tempfile.mkdtemp(prefix="posstats-test-hooks-"),
-                                                               "hooks.json"))
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ["POSSTATS_TEST_HOOKS_FILE"] = os.path.join(
+    tempfile.mkdtemp(prefix=f"posstats-test-hooks-{_worker}-"), "hooks.json")
 sys.path.insert(0, str(HOOKS))
 import posstats_test_hooks  # noqa: E402
 

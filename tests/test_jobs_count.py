@@ -140,14 +140,25 @@ def assert_counts_equal(got, ref) -> None:
     assert (got.sequences, got.windows, got.tokens, got.fingerprint) == (ref.sequences, ref.windows, ref.tokens, ref.fingerprint)
 
 
-def wait_for(predicate, *, timeout: float, what: str):
+def wait_for(predicate, *, timeout: float, what: str, driver: subprocess.Popen | None = None, log: Path | None = None):
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds, or as soon as
+    ``driver`` (a job started to be killed mid-step) has exited, quoting its ``log``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if driver is not None and driver.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+            pytest.fail(f"the driver exited ({driver.returncode}) before {what} was seen; its output:\n{tail}")
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def start_driver(address: str, args: list, log: Path) -> subprocess.Popen:
+    """The count job as its own process (to be killed), stdout and stderr to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(job_cmd(address, *args), cwd=REPO, env=job_env(), stdout=out, stderr=subprocess.STDOUT)
 
 
 def markers(store: Path) -> list[Path]:
@@ -475,10 +486,9 @@ def test_driver_killed_mid_run_resumes_with_the_same_run_id(ray_address, small_p
     out = tmp_path / "out"
     args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--run-id", "resume-me", "--workers", 2]
     test_hooks.set(shard_delay=0.7)  # the shared Ray's workers sleep
-    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = start_driver(ray_address, args, log := tmp_path / "driver.log")
     try:
-        wait_for(lambda: len(markers(out / "store")) >= 2, timeout=150, what="two finished shards")
+        wait_for(lambda: len(markers(out / "store")) >= 2, timeout=150, what="two finished shards", driver=driver, log=log)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
@@ -680,10 +690,9 @@ def test_driver_killed_during_the_reduce_resumes_without_recounting(ray_address,
     out = tmp_path / "out"
     args = [*count_flags(str(root / "*.parquet")), *ROW_GROUP_SHARDS, "--out", out, "--run-id", "reduce-me", "--workers", 2]
     test_hooks.set(reduce_delay=1.5)  # the shared Ray's workers sleep
-    driver = subprocess.Popen(job_cmd(ray_address, *args), cwd=REPO, env=job_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = start_driver(ray_address, args, log := tmp_path / "driver.log")
     try:
-        wait_for(lambda: _reducing_now(out / "store"), timeout=150, what="a range being reduced")
+        wait_for(lambda: _reducing_now(out / "store"), timeout=150, what="a range being reduced", driver=driver, log=log)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
