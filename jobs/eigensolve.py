@@ -34,8 +34,10 @@ seeded by ``--seed`` and the range) while it reads them; the driver joins the fl
 (:func:`posstats.estimates.noise.merge_noise_floors`), takes the per-position bias ``b`` as
 the diagonal, the analytic Marchenko-Pastur edge as the noise level (eigenpairs inside
 the noise bulk to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the
-analysis does), and counts the components above that edge. The summary's ``noise`` entry
-gives the edge, the bias and ``components_above_noise``.
+analysis does), and counts the components above that edge: where occupancies differ, the
+occupancy-weighted eigenvalues against the weighted edge, as the analysis
+(``noise.weighting``, ``noise.tested_eigenvalues``). The summary's ``noise`` entry gives
+the edge, the bias and ``components_above_noise``.
 
 On ranges the summary also gives ``standout_positions``: the analysis' per-position test
 against the pooled distribution (:func:`posstats.estimates.verdict.standout_test`, the
@@ -62,12 +64,20 @@ from typing import Any
 import numpy as np
 
 from posstats.counting.io import counts_file, load_header, load_indptr
-from posstats.estimates.noise import merge_noise_floors, mp_edge, null_rank
+from posstats.estimates.noise import (
+    bias_shift,
+    edge_decision_level,
+    first_then_all,
+    merge_noise_floors,
+    mp_edge,
+    null_rank,
+)
+from posstats.estimates.permutation import occupancy_weights
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
-from posstats.geometry.mds import classical_mds, shifted_operator, wanted_residuals
+from posstats.geometry.mds import classical_mds, shifted_operator, wanted_residuals, weighted_gram_eigenpairs
 from posstats.geometry.ranged import RangedSqrt, file_ranges
 from posstats.runs.run_folder import MDS_FILE, write_mds
 
@@ -247,12 +257,35 @@ def _corrected_solve(floor: Any, share: float, /) -> dict[str, Any]:
     return out
 
 
-def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /) -> dict[str, Any]:
+def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: argparse.Namespace,
+                        /) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where occupancies differ, the occupancy-weighted eigenvalues of the bias-corrected
+    operator the analytic edge tests, as the analysis computes them
+    (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as many as the count needs:
+    :func:`posstats.estimates.noise.first_then_all`): ``(eigenvalues, weights)``; None at
+    equal occupancy."""
+    weights = occupancy_weights(floor.occupancy)
+    if weights is None or floor.occupancy_column_noise is None:
+        return None
+    level = edge_decision_level([], floor, solve["diagonal"], weights)
+    w_level, w_residual = level if level is not None else (None, None)
+    tested, _ = first_then_all(
+        lambda k: weighted_gram_eigenpairs(products, weights, k=k, diagonal=solve["diagonal"], tol=args.tol,
+                                           block=args.block, seed=args.seed, noise_level=w_level,
+                                           noise_residual=w_residual),
+        args.k, w_level)
+    return tested, weights
+
+
+def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /,
+                 weighted: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
     """The summary's ``noise``: the analytic edge, the components above it (eigenvalues
-    compared on the plug-in scale, shifted up by the mean bias, as the analysis does), the
-    bias and the split-half distances."""
-    shift = float(np.nanmean(floor.bias))
-    nr = null_rank(np.asarray(eigenvalues, dtype=np.float64) + shift, method="mp", floor=floor)
+    compared on the plug-in scale, shifted up by the mean bias, as the analysis does; with
+    ``weighted`` = ``(eigenvalues, weights)``, those occupancy-weighted eigenvalues against
+    the weighted edge), the bias and the split-half distances."""
+    tested, weights = weighted if weighted is not None else (eigenvalues, None)
+    shift = bias_shift(floor.bias, weights)
+    nr = null_rank(np.asarray(tested, dtype=np.float64) + shift, method="mp", floor=floor, weighted=weighted is not None)
 
     def stats(x: np.ndarray) -> dict[str, float | None]:
         v = x[np.isfinite(x)]
@@ -266,6 +299,9 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /) -> dict
         "eigenvalue_shift": shift,
         "components_above_noise": int(nr.components_above_null),
         "saturated": bool(nr.saturated),
+        "weighting": "occupancy" if weighted is not None else "none",
+        **({"tested_eigenvalues": [float(x) for x in tested[:16]],
+            "weighting_formula": "W^1/2 B W^1/2, W = diag(N_i / mean N)"} if weighted is not None else {}),
         "noise_level": solve.get("noise_level"),
         "noise_residual": solve.get("noise_residual"),
         "bias_d_h2": stats(np.asarray(floor.bias, dtype=np.float64)),
@@ -348,7 +384,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             mds = classical_mds(products, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed,
                                 **solve)
             if floor is not None:
-                noise = _noise_entry(floor, mds.eigenvalues, solve)
+                noise = _noise_entry(floor, mds.eigenvalues, solve, _weighted_rank_test(products, floor, solve, args))
                 noise["occupancy_adjusted"] = shrunk is not None
             t_stress = time.perf_counter()
             stress, sampled = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args,

@@ -43,7 +43,10 @@ from posstats.estimates.jackknife import (
 )
 from posstats.estimates.noise import (
     bias_can_matter,
+    bias_shift,
     corrected_squared_distances,
+    edge_decision_level,
+    first_then_all,
     merge_noise_floors,
     mp_edge,
     noise_floor,
@@ -59,11 +62,12 @@ from posstats.estimates.pair_jackknife import (
 )
 from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.permutation import (
-    gram_top_eigenvalues,
     null_distance_sums,
     occupancy_weights,
     permutation_null,
     rank_test_eigenvalues,
+    top_eigenpairs,
+    weighted_gram,
 )
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
@@ -99,7 +103,7 @@ from posstats.geometry.encodings import (
 )
 from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import MDSResult, classical_mds, shifted_operator, sqrt_operator
+from posstats.geometry.mds import MDSResult, classical_mds, shifted_operator, sqrt_operator, weighted_gram_eigenpairs
 from posstats.geometry.ranged import RangedSqrt, local_ranges
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
@@ -892,12 +896,17 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                 "lanczos_noise_share": config.untested_lanczos_noise_share,
                                                 **dict(zip(("corpus_triples", "encoding_triples"),
                                                            _triples(config, untested=True), strict=True))}
+    weights = _edge_weights(config, g, noise)
+    edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights)
+    if large:
         geometry = _sampled_geometry(g, bias, config, timings, show_progress, untested=untested is not None,
                                      noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index),
-                                                              untested=untested is not None))
+                                                              untested=untested is not None),
+                                     rank_test=None if weights is None else (weights, edge_level))
     else:
         geometry = _exact_geometry(g, bias, config, timings, show_progress,
-                                   rank_test=_null_choice(config, len(g.index), noise) == "shuffle")
+                                   rank_test=_null_choice(config, len(g.index), noise) == "shuffle" or weights is not None,
+                                   edge_level=edge_level)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances, shrinkage=geometry.shrinkage,
                                       windows=_usable_window_groups(window_groups, counts, g),
@@ -1021,12 +1030,14 @@ def _exact_encodings(
 
 def _exact_geometry(
     g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
-    *, rank_test: bool = False,
+    *, rank_test: bool = False, edge_level: tuple[float, float] | None = None,
 ) -> _Geometry:
     """The geometry up to ``exact_limit`` rows: ``D = hellinger_sq(rows)`` once, shared by
-    the MDS (dense path), the stress, the diagnostics and, with ``rank_test`` (the shuffled
-    or rotated null will run) where occupancies differ, the rank test's occupancy-weighted
-    eigenvalues (:func:`posstats.estimates.permutation.gram_top_eigenvalues`)."""
+    the MDS (dense path), the stress, the diagnostics and, with ``rank_test`` (a null will
+    run) where occupancies differ, the rank test's occupancy-weighted eigenvalues
+    (:func:`posstats.estimates.permutation.weighted_gram`, :func:`~posstats.estimates.permutation.top_eigenpairs`; with the analytic edge's
+    ``edge_level``, :func:`posstats.estimates.noise.edge_decision_level`, only as many as
+    the count needs: :func:`posstats.estimates.noise.first_then_all`)."""
     t = time.perf_counter()
     d2 = hellinger_sq(g.rows)
     corrected, summary, shrinkage = _corrected(d2, bias, g.rows) if bias is not None else (None, None, None)
@@ -1040,8 +1051,11 @@ def _exact_geometry(
     if weights is not None:  # from D (D' with a correction) as the null corpora's: in place when not kept
         t = time.perf_counter()
         source = d2 if corrected is not None else d2.copy()
-        tested = gram_top_eigenvalues(source, bias, k=_rank_test_k(mds.eigenvalues.size), weights=weights)
-        del source
+        full = _rank_test_k(mds.eigenvalues.size)
+        gram = weighted_gram(source, bias, weights)  # in place
+        tested = first_then_all(lambda k: top_eigenpairs(gram, k=k), full,
+                                 None if edge_level is None else edge_level[0])
+        del source, gram
         timings["rank_test_eigenvalues"] = time.perf_counter() - t
     # after the MDS, which read D; with a correction the plug-in matrix is not kept
     distances = corrected if corrected is not None else np.sqrt(d2, out=d2)
@@ -1497,8 +1511,19 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
     edge = mp_edge(geo_parts, noise)
     if not math.isfinite(edge) or edge <= 0:
         return None
-    shift = float(np.nanmean(bias)) if bias is not None else 0.0
-    return edge - shift, share * edge
+    return edge - bias_shift(bias), share * edge
+
+
+def _edge_weights(config: AnalysisConfig, g: _Rows, noise: Any) -> np.ndarray | None:
+    """The occupancy weights of the analytic edge's rank test
+    (:func:`posstats.estimates.permutation.occupancy_weights`): None unless that null runs,
+    occupancies differ and the noise floor can give the weighted edge (a token-split floor
+    carries its weighted column noise; one from parts computes it)."""
+    if _null_choice(config, len(g.index), noise) != "mp" or noise is None:
+        return None
+    if noise.column_noise is not None and noise.occupancy_column_noise is None:
+        return None
+    return occupancy_weights(g.occupancy)
 
 
 def mds_device(choice: str, /) -> Any:
@@ -1519,11 +1544,15 @@ def mds_device(choice: str, /) -> Any:
 def _sampled_geometry(
     g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
     *, noise_level: tuple[float, float] | None = None, untested: bool = False,
+    rank_test: tuple[np.ndarray, tuple[float, float] | None] | None = None,
 ) -> _Geometry:
     """The geometry above ``exact_limit``: no m x m matrix (see :func:`analyze`). With a
     ``noise_level`` (:func:`_noise_level`), the eigenpairs inside the noise bulk are
     computed to its residual only. ``untested`` (:func:`_untested`): the stresses are drawn
-    to ``config.untested_stress_halfwidth``."""
+    to ``config.untested_stress_halfwidth``. ``rank_test``: ``(weights, noise level)`` when
+    the analytic edge will test occupancy-weighted eigenvalues: they are computed here, by
+    Lanczos on the MDS's own operator
+    (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`)."""
     m = len(g.positions)
     t = time.perf_counter()
     # the corrected distances have the square roots' occupancy shrinkage removed, as on the
@@ -1546,10 +1575,26 @@ def _sampled_geometry(
         mds = classical_mds(products, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
                             seed=config.seed, diagonal=bias, progress=report, noise_level=level,
                             noise_residual=residual, xp=gpu)
+    timings["mds"] = time.perf_counter() - t
+    tested = None
+    if rank_test is not None:  # the same operator, whitened by the occupancy weights
+        t = time.perf_counter()
+        weights, (w_level, w_residual) = rank_test[0], rank_test[1] or (None, None)
+        with progress(desc="rank test (occupancy-weighted Lanczos)", unit="products", enabled=show_progress) as bar:
+            before = [0]
+
+            def solve(k: int) -> tuple[np.ndarray, np.ndarray]:
+                out = weighted_gram_eigenpairs(products, weights, k=k, diagonal=bias, tol=config.lanczos_tol,
+                                               seed=config.seed, noise_level=w_level, noise_residual=w_residual,
+                                               progress=lambda done, _: bar.update(before[0] + done - bar.n))
+                before[0] = bar.n
+                return out
+
+            tested = first_then_all(solve, _rank_test_k(mds.eigenvalues.size), w_level)
+        timings["rank_test_eigenvalues"] = time.perf_counter() - t
     del products  # the device copy: freed once the pool lets go of it
     if gpu is not None:
         gpu.get_default_memory_pool().free_all_blocks()
-    timings["mds"] = time.perf_counter() - t
 
     t = time.perf_counter()
     if g.ranged:
@@ -1596,7 +1641,7 @@ def _sampled_geometry(
     # the stress intervals' pairs, drawn while the square-root rows are held
     i, j = draw_jackknife_pairs(m, entries_per_row=float(np.mean(sampled.row_entries)), seed=config.seed)
     return _Geometry(mds, diagnostics, results, summary, jackknife_pairs=(i, j, sampled.distances(i, j)),
-                     occupancy_adjusted=bias is not None, shrinkage=shrinkage)
+                     occupancy_adjusted=bias is not None, shrinkage=shrinkage, rank_test=tested)
 
 
 def _mean_interval(x: np.ndarray) -> list[float]:
@@ -1678,8 +1723,10 @@ def _null_section(
     ``distances`` the null also says which share of their sum sampling noise alone reaches
     (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
     they move (:func:`posstats.estimates.permutation.null_distance_sums`). ``rank_test``: the
-    data's occupancy-weighted eigenvalues and top eigenvector when the exact path computed
-    them (else they are computed here where occupancies differ)."""
+    data's occupancy-weighted eigenvalues and top eigenvector when the geometry computed
+    them (the exact path from its distance matrix; the sampled path, for the analytic edge,
+    by Lanczos on its operator); for the shuffled or rotated null they are otherwise
+    computed here where occupancies differ."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
     if choice == "none":
@@ -1734,14 +1781,18 @@ def _null_section(
     else:
         if noise is None:
             return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None
-        scale = "plugin"
+        # where occupancies differ, the edge tests the occupancy-whitened Gram matrix too,
+        # its eigenvalues computed with the geometry (rank_test) and the edge weighted alike
+        weights = occupancy_weights(g.occupancy) if rank_test is not None else None
+        tested, top_vector = rank_test if weights is not None else (lam, None)
+        scale, shift = "plugin", 0.0
         if bias is not None:
-            # B_c = B - H diag(b) H shifts the spectrum down by about mean(b); the MP edge is
-            # plug-in, so compare on the plug-in scale.
-            shift = float(np.nanmean(bias))
-            lam = lam + shift
+            # B_c = B - H diag(b) H shifts the spectrum down by about mean(b) (W^1/2 B_c W^1/2:
+            # by mean(w_i b_i)); the MP edge is plug-in, so compare on the plug-in scale (the
+            # report keeps the eigenvalues on their own scale, the threshold on the edge's)
+            shift = bias_shift(bias, weights)
             scale = "corrected + mean bias"
-        nr = null_rank(lam, method="mp", parts=geo_parts, floor=noise)
+        nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None)
     timings["null"] = time.perf_counter() - t
     out = nr.to_dict()
     out["eigenvalue_scale"] = scale
@@ -1749,14 +1800,16 @@ def _null_section(
         out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
-        out["weighting"] = "occupancy" if weights is not None else "none"
-        if weights is not None:  # the threshold is on this scale, not the spectrum's
-            out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
-            out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+    out["weighting"] = "occupancy" if weights is not None else "none"
+    if weights is not None:  # the threshold is on this scale, not the spectrum's
+        out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
+        out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+    if choice == "shuffle":
         out["null_corpora"] = "rotated" if groups is not None else "shuffled"
-        if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
-            out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
-            out["median_occupancy"] = float(np.median(g.occupancy))
+    if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
+        out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
+        out["median_occupancy"] = float(np.median(g.occupancy))
+    if choice == "shuffle":
         if distances is not None:
             out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
                                      _distance_noise_entry(noise_sums, distances,

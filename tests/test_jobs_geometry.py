@@ -12,7 +12,8 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from posstats.counting.io import save_counts
-from posstats.estimates.noise import merge_noise_floors, mp_edge
+from posstats.estimates.noise import bias_shift, merge_noise_floors, mp_edge
+from posstats.estimates.permutation import occupancy_weights, top_eigenpairs, weighted_gram
 from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.pair_jackknife import pair_noise_share
 from posstats.estimates.sampling_variance import position_sampling_variance
@@ -124,11 +125,20 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=noise["noise_residual"])
     assert summary["converged"]  # each pair within its own target (the bulk's is the noise residual)
     # the same floor in this process (same cuts, same seed): the same edge, and the count
-    # of the dense eigenvalues above it on the plug-in scale
+    # of the dense eigenvalues above it on the plug-in scale; occupancies differ, so both
+    # are occupancy-weighted (W^1/2 B_c W^1/2 against the weighted edge), as in the analysis
     floor = merge_noise_floors(local_ranges(path, 3, noise_of=functools.partial(range_noise_floor, parts=4, seed=2))
                                .call("noise"))
-    np.testing.assert_allclose(noise["edge"], mp_edge([], floor), rtol=1e-12)
-    expected = int(np.sum(dense.eigenvalues + bias.mean() > mp_edge([], floor)))
+    weights = occupancy_weights(counts.occupancy())
+    assert noise["weighting"] == "occupancy" and weights is not None
+    edge = mp_edge([], floor, weighted=True)
+    np.testing.assert_allclose(noise["edge"], edge, rtol=1e-12)
+    d2 = adjusted(hellinger_sq(counts.matrix), counts.matrix)
+    tested, _ = top_eigenpairs(weighted_gram(d2, bias, weights), k=8)
+    np.testing.assert_allclose(noise["tested_eigenvalues"], tested, rtol=0, atol=0.1 * edge)
+    decided = tested > edge - bias_shift(bias, weights)  # above the edge: to --tol
+    np.testing.assert_allclose(np.asarray(noise["tested_eigenvalues"])[decided], tested[decided], rtol=1e-8)
+    expected = int(np.sum(tested + bias_shift(bias, weights) > edge))
     assert noise["components_above_noise"] == expected and 2 <= expected <= 3  # rank 3 planted, the third weak
     np.testing.assert_allclose(noise["bias_d_h2"]["mean"], bias.mean(), rtol=1e-12)
     # the sampled stress of P_MDS over the ranges: the library's SampledGeometry on the

@@ -22,10 +22,17 @@ from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
 from posstats.errors import PosstatsError
 from posstats.estimates.noise import (
+    bias_shift,
     corrected_squared_distances,
+    first_then_all,
+    mp_edge,
+    mp_edge_value,
     noise_floor,
     null_rank,
 )
+from posstats.estimates.occupancy import adjusted
+from posstats.estimates.permutation import occupancy_weights, top_eigenpairs, weighted_gram
+from posstats.estimates.thinning import split_noise_floor
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
@@ -322,3 +329,105 @@ def test_halves_of_a_real_line_level_corpus_analyse_without_a_symmetry_error(tmp
         assert rc == 0
         report = json.loads((tmp_path / name / "report.json").read_text())
         assert any(e["name"] == "mds-smacof" for e in report["encodings"])
+
+
+# ----------------------------------------------------------------------------- weighted edge
+
+
+def test_weighted_edge_by_hand_and_at_equal_occupancy():
+    """mp_edge(weighted=True) is the edge of the rows scaled by sqrt(w_i), w = N_i / mean N:
+    row noise w_i b_i, column noise sum_i w_i (b_i / h_i) (s_A - s_B)^2 (by hand on the
+    halves); at equal occupancy it is the unweighted edge."""
+    syn = synthetic_counts(120, 800, tokens=np.linspace(3000, 150, 120), rank=2, seed=5)
+    parts = split_counts(syn.counts, parts=2, seed=6)
+    nf = noise_floor(parts)
+    a, b = (np.asarray(p.to_dense().matrix, dtype=np.float64) for p in parts)
+    sa = np.sqrt(a / a.sum(axis=1, keepdims=True))
+    sb = np.sqrt(b / b.sum(axis=1, keepdims=True))
+    w = nf.occupancy / nf.occupancy.mean()
+    col = ((w * nf.bias / nf.split_half)[:, None] * (sa - sb) ** 2).sum(axis=0)
+    np.testing.assert_allclose(mp_edge(parts, nf, weighted=True), mp_edge_value(w * nf.bias, col, 120), rtol=1e-10)
+    assert mp_edge(parts, nf, weighted=True) < mp_edge(parts, nf)  # the thinnest rows no longer set the noise
+
+    dense = np.zeros((120, 800), dtype=np.int64)  # exactly 2,000 tokens at every position
+    dense[:, :40] = np.random.default_rng(1).multinomial(2000, np.full(40, 1 / 40), size=120)
+    equal = PositionalCounts(CountSpec(positions=120, vocab_size=800), sp.csr_array(dense), 0, 0, int(dense.sum()))
+    floor = split_noise_floor(equal.matrix, parts=4, seed=3)
+    assert np.all(floor.occupancy == 2000)
+    np.testing.assert_allclose(mp_edge([], floor, weighted=True), mp_edge([], floor), rtol=1e-12)
+    eq_parts = split_counts(equal, parts=2, seed=4)
+    np.testing.assert_allclose(mp_edge(eq_parts, noise_floor(eq_parts), weighted=True),
+                               mp_edge(eq_parts, noise_floor(eq_parts)), rtol=1e-12)
+
+
+def test_first_then_all_solves_all_only_when_the_first_are_all_above():
+    """The edge's rank test asks the solver for 16 eigenvalues, then for all only when every
+    one of the 16 is above the level (the count could go on); without a level, all at once."""
+    lam = np.linspace(40.0, 1.0, 64)
+    asked = []
+
+    def solve(k):
+        asked.append(k)
+        return lam[:k], np.zeros(3)
+
+    assert first_then_all(solve, 64, 35.0)[0].size == 16 and asked == [16]  # the 16th, 30.7, is below
+    asked.clear()
+    assert first_then_all(solve, 64, 0.5)[0].size == 64 and asked == [16, 64]
+    asked.clear()
+    assert first_then_all(solve, 64, None)[0].size == 64 and asked == [64]
+    asked.clear()
+    assert first_then_all(solve, 8, 0.5)[0].size == 8 and asked == [8]
+
+
+def _falling(n: int, seed: int, *, rank: int, strength: float = 0.3) -> PositionalCounts:
+    """Synthetic counts whose occupancy falls geometrically from 2,000 to 100 tokens."""
+    tokens = 2000 * 0.05 ** (np.arange(n) / (n - 1))
+    return synthetic_counts(n, 3000, tokens=tokens, rank=rank, strength=strength, seed=seed).counts
+
+
+@pytest.mark.parametrize("exact_limit", [16_384, 128])
+def test_analytic_edge_tests_occupancy_weighted_eigenvalues(exact_limit):
+    """--null mp at falling occupancy, on the exact path (dense) and the sampled one
+    (Lanczos on the operator): the report tests the occupancy-weighted eigenvalues of
+    W^1/2 B_c W^1/2 against the weighted edge, both as computed here from the counts; the
+    eigenvalues above the edge to the solver's tolerance, those below decided within
+    0.1 x edge; the count is the same on both paths."""
+    from posstats.analysis import AnalysisConfig, analyze
+
+    counts = _falling(256, 3, rank=2)
+    report = analyze(counts, AnalysisConfig(null="mp", exact_limit=exact_limit), show_progress=False).report().to_dict()
+    null = report["null"]
+    assert null["method"] == "mp" and null["weighting"] == "occupancy"
+    rows = sp.csr_array(counts.matrix)
+    floor = split_noise_floor(rows, parts=4, seed=0)
+    w = occupancy_weights(rows.sum(axis=1))
+    edge = mp_edge([], floor, weighted=True)
+    np.testing.assert_allclose(null["threshold"], edge, rtol=1e-12)
+    np.testing.assert_allclose(null["eigenvalue_shift"], bias_shift(floor.bias, w), rtol=1e-12)
+    tested, _ = top_eigenpairs(weighted_gram(adjusted(hellinger_sq(rows), rows), floor.bias, w), k=16)
+    got = np.asarray(null["tested_eigenvalues"])  # on their own scale; the threshold on the edge's
+    above = tested[: got.size] + null["eigenvalue_shift"] > edge
+    np.testing.assert_allclose(got[above], tested[: got.size][above], rtol=1e-7)
+    np.testing.assert_allclose(got, tested[: got.size], rtol=0, atol=0.1 * edge)
+    assert null["components_above_null"] == int(np.sum(above)) >= 1  # the second true eigenvalue is ~0.1
+
+
+def test_analytic_edge_at_falling_occupancy_keeps_its_level_and_its_power():
+    """Falling occupancy (2,000 to 100 tokens), --null mp, 10 corpora each: no component
+    above the weighted edge in any stationary corpus (the edge is conservative: a single
+    false claim fails the test); a rank-2 structure of strength 0.3 (top true eigenvalue
+    3.5-12) found in at least 9 of 10 (the power target, 90 %). The weighted edge is below
+    the unweighted one in every corpus: the thinnest rows set the unweighted row noise."""
+    from posstats.analysis import AnalysisConfig, analyze
+
+    found = {0: 0, 2: 0}
+    for seed in range(10):
+        for rank in (0, 2):
+            counts = _falling(192, seed, rank=rank, strength=0.3)
+            config = AnalysisConfig(null="mp", held_out="off", dims=(2,))  # the rank test only
+            null = analyze(counts, config, show_progress=False).report().to_dict()["null"]
+            assert null["weighting"] == "occupancy"
+            found[rank] += null["components_above_null"] >= 1
+            floor = split_noise_floor(sp.csr_array(counts.matrix), parts=4, seed=0)
+            assert mp_edge([], floor, weighted=True) < mp_edge([], floor)
+    assert found[0] == 0 and found[2] >= 9, found

@@ -78,6 +78,8 @@ def test_split_floor_equals_the_parts_floor_of_the_same_split(parts, block):
         np.testing.assert_allclose(got.split_quarter, ref.split_quarter, rtol=1e-10)
     assert got.method == ref.method and got.source == "token split" and ref.source == "parts"
     np.testing.assert_allclose(mp_edge([], got), mp_edge(ref_parts, ref), rtol=1e-9)
+    # the occupancy-weighted edge: the streamed weighted column noise against the parts' rows
+    np.testing.assert_allclose(mp_edge([], got, weighted=True), mp_edge(ref_parts, ref, weighted=True), rtol=1e-9)
 
 
 def test_quarters_are_computed_only_on_request_and_change_nothing_else():

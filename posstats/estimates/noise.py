@@ -87,12 +87,17 @@ from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
 
 __all__ = [
     "BIAS_RULE_D_H2",
+    "EDGE_DECISION_SHARE",
+    "EDGE_RANK_TEST_FIRST",
     "NULL_METHODS",
     "UNBIASED_METHOD",
     "NoiseFloor",
     "NullRank",
     "bias_can_matter",
+    "bias_shift",
     "corrected_squared_distances",
+    "edge_decision_level",
+    "first_then_all",
     "fitted_bias",
     "merge_noise_floors",
     "mp_edge",
@@ -187,6 +192,9 @@ class NoiseFloor:
             ``"parts"`` (given).
         column_noise: (V,) ``c_v`` of the analytic null (:func:`mp_edge`), when computed
             with the floor (token split); else None (computed from the parts on demand).
+        occupancy_column_noise: (V,) ``sum_i N_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``,
+            the same sum with each row weighted by its occupancy (the weighted edge,
+            :func:`mp_edge` with ``weighted=True``); None where ``column_noise`` is.
     """
 
     positions: np.ndarray
@@ -200,6 +208,7 @@ class NoiseFloor:
     fallback: int
     source: str = "parts"
     column_noise: np.ndarray | None = None
+    occupancy_column_noise: np.ndarray | None = None
 
     @property
     def split_half_distance(self) -> np.ndarray:
@@ -583,18 +592,30 @@ class NullRank:
         }
 
 
-def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /) -> float:
+def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /, *, weighted: bool = False) -> float:
     """Analytic Marchenko-Pastur-type edge of the noise eigenvalues of ``B`` (module docstring).
 
     Uses :attr:`NoiseFloor.column_noise` when the floor carries it (a floor from a token
     split, :mod:`posstats.estimates.thinning`); else the first two parts' union halves
     (parts 0+2 vs 1+3 with four parts) for the per-entry differences and
     :attr:`NoiseFloor.bias` for their scale.
+
+    ``weighted``: the edge of ``W^1/2 B W^1/2``, ``W = diag(N_i / mean N)`` over the
+    floor's positions (the occupancy-weighted rank test, module docstring): each row's
+    noise scaled by its weight, ``r_i = w_i b_i`` and ``c_v = sum_i w_i (b_i / h_i)
+    (s_A[i, v] - s_B[i, v])^2``. At equal occupancy it is the unweighted edge.
     """
     ok = usable_rows(floor.split_half, floor.bias)
     m = floor.positions.size
+    occ = np.asarray(floor.occupancy, dtype=np.float64)
+    weights = occ / occ.mean() if weighted and occ.size and occ.mean() > 0 else np.ones(m)
     if floor.column_noise is not None:
-        return mp_edge_value(floor.bias[ok], floor.column_noise, m)
+        if not weighted:
+            return mp_edge_value(floor.bias[ok], floor.column_noise, m)
+        if floor.occupancy_column_noise is None:
+            msg = "this noise floor has no occupancy-weighted column noise (computed with the token split)"
+            raise ValueError(msg)
+        return mp_edge_value((weights * floor.bias)[ok], floor.occupancy_column_noise / occ.mean(), m)
     rows = floor.positions
     mats = [_rows_csr(p, rows) for p in parts]
     a, b = (_union(mats, (0, 2)), _union(mats, (1, 3))) if len(mats) == 4 else mats
@@ -604,10 +625,10 @@ def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /) -> float:
     sa = sqrt_distributions(a[idx])
     sb = sqrt_distributions(b[idx])
     diff = sp.csr_array(sa - sb)
-    scale = floor.bias[idx] / floor.split_half[idx]
+    scale = weights[idx] * floor.bias[idx] / floor.split_half[idx]
     diff.data = diff.data**2 * np.repeat(scale, np.diff(diff.indptr))
     col = np.asarray(diff.sum(axis=0)).ravel()
-    return mp_edge_value(floor.bias[idx], col, m)
+    return mp_edge_value((weights * floor.bias)[idx], col, m)
 
 
 def merge_noise_floors(floors: Sequence[NoiseFloor], /) -> NoiseFloor:
@@ -633,6 +654,7 @@ def merge_noise_floors(floors: Sequence[NoiseFloor], /) -> NoiseFloor:
 
     quarters = [f.split_quarter for f in floors]
     columns = [f.column_noise for f in floors]
+    weighted_columns = [f.occupancy_column_noise for f in floors]
     first = floors[0]
     return NoiseFloor(
         positions=joined("positions").astype(np.int64),
@@ -646,6 +668,8 @@ def merge_noise_floors(floors: Sequence[NoiseFloor], /) -> NoiseFloor:
         fallback=int(sum(int(f.fallback) for f in floors)),
         source=first.source,
         column_noise=None if any(c is None for c in columns) else np.sum(columns, axis=0),
+        occupancy_column_noise=(None if any(c is None for c in weighted_columns)
+                                else np.sum(weighted_columns, axis=0)),
     )
 
 
@@ -666,6 +690,50 @@ def mp_edge_value(bias: np.ndarray, column_noise: np.ndarray, m: int, /) -> floa
     return (math.sqrt(row_max) + math.sqrt(max(float(np.max(column_noise)), 0.0))) ** 2
 
 
+EDGE_RANK_TEST_FIRST = 16  # weighted eigenvalues the edge's rank test computes first (all: when every one is above)
+EDGE_DECISION_SHARE = 0.1  # the weighted rank test's solve: residual of the eigenvalues decided below the edge
+
+
+def bias_shift(bias: Any, weights: Any = None, /) -> float:
+    """The shift between the bias-corrected eigenvalues and the plug-in scale the analytic
+    edge is on: ``B_c = B - H diag(b) H`` lowers the noise bulk by about ``mean(b)``, and the
+    occupancy-weighted ``W^1/2 B_c W^1/2`` by about ``mean(w_i b_i)``; 0 without a
+    correction (``bias`` None)."""
+    if bias is None:
+        return 0.0
+    b = np.asarray(bias, dtype=np.float64)
+    return float(np.nanmean(b if weights is None else np.asarray(weights, dtype=np.float64) * b))
+
+
+def edge_decision_level(parts: Sequence[PositionalCounts], floor: NoiseFloor, bias: Any, weights: Any,
+                        /) -> tuple[float, float] | None:
+    """``(level, residual)`` for the solve of the occupancy-weighted rank test against the
+    analytic edge: ``level`` is the weighted edge (:func:`mp_edge`) on the scale of the
+    eigenvalues solved for (``W^1/2 B_c W^1/2`` with ``bias``: shifted by :func:`bias_shift`).
+    The test only needs to know which eigenvalues are above it: a Ritz value
+    ``theta <= level - r`` whose residual is ``r`` has an eigenvalue within ``r``, below the
+    edge, so it is decided at ``r = EDGE_DECISION_SHARE x edge`` (0.1); values nearer the
+    edge, or above it, converge to the solver's tolerance. None when the edge is not
+    positive and finite."""
+    edge = mp_edge(parts, floor, weighted=True)
+    if not math.isfinite(edge) or edge <= 0:
+        return None
+    return edge - bias_shift(bias, weights), EDGE_DECISION_SHARE * edge
+
+
+def first_then_all(solve: Callable[[int], tuple[np.ndarray, np.ndarray]], full: int, level: float | None,
+                   /) -> tuple[np.ndarray, np.ndarray]:
+    """``solve(k)`` (the top k eigenvalues, descending, and a vector) for a rank test against
+    ``level``: the first :data:`EDGE_RANK_TEST_FIRST` only, unless every one of them is above
+    ``level``: then all ``full``. The count above the level is the same; below it no
+    eigenvalue is needed. ``level`` None: all ``full`` at once."""
+    for k in [full] if level is None else sorted({min(EDGE_RANK_TEST_FIRST, full), full}):
+        out = solve(k)
+        if level is None or out[0][-1] <= level:
+            break
+    return out
+
+
 def null_rank(
     eigenvalues: Any,
     /,
@@ -679,6 +747,7 @@ def null_rank(
     corrected: bool = False,
     permutation: PermutationNull | None = None,
     seed: int = 0,
+    weighted: bool = False,
 ) -> NullRank:
     """Count the data's MDS eigenvalues above those of a null corpus.
 
@@ -697,6 +766,8 @@ def null_rank(
         permutation: ``shuffle``: a null drawn already (``counts``, ``replicates``,
             ``corrected`` and ``seed`` are then not used).
         seed: seeds the shuffled corpora.
+        weighted: ``mp``: the eigenvalues are those of the occupancy-whitened
+            ``W^1/2 B W^1/2``; the edge is weighted alike (:func:`mp_edge`).
 
     Returns:
         :class:`NullRank`.
@@ -716,7 +787,7 @@ def null_rank(
         if floor is None or (parts is None and floor.column_noise is None):
             msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"
             raise ValueError(msg)
-        threshold, null_arr, reps = mp_edge(parts, floor), np.zeros((0, 0)), 0
+        threshold, null_arr, reps = mp_edge(parts, floor, weighted=weighted), np.zeros((0, 0)), 0
     else:
         msg = f"unknown null method {method!r}; choose one of {', '.join(NULL_METHODS)}"
         raise ValueError(msg)

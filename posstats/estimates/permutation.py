@@ -89,9 +89,12 @@ __all__ = [
     "rank_test_eigenvalues",
     "shuffled_rows",
     "top_eigenvalue",
+    "top_eigenpairs",
+    "weighted_gram",
 ]
 
 _DENSE_EIGEN_LIMIT = 512  # rows up to which the top eigenvalue comes from a dense subset solve
+_SUBSET_EIGEN_LIMIT = 4096  # rows up to which the rank test's top k come from a dense subset solve (else ARPACK)
 
 
 def _csr(rows: Any) -> sp.csr_array:
@@ -296,10 +299,28 @@ def gram_top_eigenvalues(d2: np.ndarray, b: Any, /, *, k: int, weights: Any = No
     (m, m) squared distances ``d2``'s Gram matrix ``B = -1/2 H D H`` (``- H diag(b) H`` with
     ``b``), whitened by ``weights`` (``W^1/2 B W^1/2``; module docstring, "Occupancy
     weighting"): the matrix the rank test reads; and the (m,) unit eigenvector of the top
-    one (where that component loads). ``d2`` is overwritten. A dense solve of the top k."""
-    gram = _weighted_in_place(gram_in_place(d2, b), weights)
+    one (where that component loads). ``d2`` is overwritten (:func:`weighted_gram`, then
+    :func:`top_eigenpairs`)."""
+    return top_eigenpairs(weighted_gram(d2, b, weights), k=k)
+
+
+def weighted_gram(d2: np.ndarray, b: Any, weights: Any, /) -> np.ndarray:
+    """``W^1/2 (-1/2 H D H - H diag(b) H) W^1/2`` of the (m, m) squared distances ``d2``,
+    computed in place (``b`` None: no correction; ``weights`` None: ``W = I``)."""
+    return _weighted_in_place(gram_in_place(d2, b), weights)
+
+
+def top_eigenpairs(gram: np.ndarray, /, *, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigenvalues, top vector)``: the (min(k, m),) top eigenvalues, descending, of the
+    symmetric (m, m) ``gram`` (not modified) and the unit eigenvector of the largest. A
+    dense subset solve up to 4,096 rows, else ARPACK (relative tolerance 1e-10)."""
     m = gram.shape[0]
     k = max(1, min(int(k), m))
+    if m > _SUBSET_EIGEN_LIMIT and k < m - 1:  # a dense subset solve is O(m^3) whatever k
+        v0 = np.random.default_rng(0).standard_normal(m)
+        lam, vectors = spla.eigsh(gram, k=k, which="LA", tol=1e-10, v0=v0)
+        order = np.argsort(lam)[::-1]
+        return lam[order].copy(), vectors[:, order[0]].copy()
     lam, vectors = scipy.linalg.eigh(gram, subset_by_index=[m - k, m - 1], driver="evr")
     return lam[::-1].copy(), vectors[:, -1].copy()
 

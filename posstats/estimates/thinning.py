@@ -162,11 +162,12 @@ def split_noise_floor(
     fields = {k: np.full(m, np.nan) for k in ("h", "q", "gamma", "na", "nb", "bias")}
     occ = np.zeros(m, dtype=np.int64)
     column_noise = np.zeros(vocab, dtype=np.float64)
+    occupancy_column_noise = np.zeros(vocab, dtype=np.float64)
     fallback = 0
     halves = ((0, 2), (1, 3)) if parts == 4 else ((0,), (1,))
     blocks = row_blocks(c.indptr, int(block))
 
-    def reduce(lo: int, hi: int, thinned: np.ndarray) -> tuple[int, int, dict[str, Any], np.ndarray, np.ndarray]:
+    def reduce(lo: int, hi: int, thinned: np.ndarray) -> tuple[int, int, dict[str, Any], np.ndarray, tuple[np.ndarray, np.ndarray]]:
         a, b = int(c.indptr[lo]), int(c.indptr[hi])
         lengths = np.diff(c.indptr[lo : hi + 1])
         blk = _Block(thinned, np.repeat(np.arange(hi - lo), lengths), hi - lo)
@@ -174,16 +175,17 @@ def split_noise_floor(
         block_occ = blk.sizes.sum(axis=0)
         bias = entries_sampling_variance(c.data[a:b], blk.row_of, block_occ)
         values = {"h": split.h, "q": split.q, "gamma": split.gamma, "na": split.na, "nb": split.nb, "bias": bias}
-        return lo, hi, values, block_occ, _column_noise(blk, halves, split.h, bias, c.indices[a:b], vocab)
+        return lo, hi, values, block_occ, _column_noise(blk, halves, split.h, bias, block_occ, c.indices[a:b], vocab)
 
-    def collect(done: tuple[int, int, dict[str, Any], np.ndarray, np.ndarray]) -> None:
-        nonlocal column_noise
-        lo, hi, values, block_occ, noise = done
+    def collect(done: tuple[int, int, dict[str, Any], np.ndarray, tuple[np.ndarray, np.ndarray]]) -> None:
+        nonlocal column_noise, occupancy_column_noise
+        lo, hi, values, block_occ, (noise, weighted_noise) = done
         for name, value in values.items():
             if value is not None:
                 fields[name][lo:hi] = value
         occ[lo:hi] = block_occ.astype(np.int64)
         column_noise += noise  # in block order: the same sums as one thread's
+        occupancy_column_noise += weighted_noise
         bar.update(int(c.indptr[hi]) - int(c.indptr[lo]))
 
     # The thinning draws stay on this thread, in block order (the results depend only on
@@ -211,6 +213,7 @@ def split_noise_floor(
         fallback=fallback,
         source="token split",
         column_noise=column_noise,
+        occupancy_column_noise=occupancy_column_noise,
     )
 
 
@@ -229,12 +232,14 @@ def range_noise_floor(counts: Any, positions: Any, /, *, parts: int = 4, seed: i
 
 
 def _column_noise(
-    blk: _Block, halves: tuple[tuple[int, ...], tuple[int, ...]], h: np.ndarray, bias: np.ndarray, cols: np.ndarray, vocab: int
-) -> np.ndarray:
-    """(V,) this block's share of ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``."""
+    blk: _Block, halves: tuple[tuple[int, ...], tuple[int, ...]], h: np.ndarray, bias: np.ndarray,
+    occupancy: np.ndarray, cols: np.ndarray, vocab: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(V,) this block's shares of ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``
+    and of the same sum with each row's term times its ``occupancy`` N_i."""
     ok = usable_rows(h, bias)
     if not ok.any():
-        return np.zeros(vocab)
+        return np.zeros(vocab), np.zeros(vocab)
     sa, _ = blk.sqrt_of(halves[0])
     sb, _ = blk.sqrt_of(halves[1])
     scale = np.where(ok, bias / np.where(ok, h, 1.0), 0.0)
@@ -242,4 +247,5 @@ def _column_noise(
     weights *= weights
     weights *= scale[blk.row_of]
     weights[~ok[blk.row_of]] = 0.0  # rows without a usable h (their entries may be NaN)
-    return np.bincount(cols, weights=weights, minlength=vocab)
+    weighted = weights * np.asarray(occupancy, dtype=np.float64)[blk.row_of]
+    return np.bincount(cols, weights=weights, minlength=vocab), np.bincount(cols, weights=weighted, minlength=vocab)

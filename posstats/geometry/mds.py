@@ -67,7 +67,7 @@ from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
 __all__ = ["MDSResult", "ShiftedSqrt", "Spectrum", "classical_mds", "gram_in_place", "shifted_operator", "spectrum_summary",
-           "wanted_residuals"]
+           "wanted_residuals", "weighted_gram_eigenpairs"]
 
 _COVERAGE_LEVELS = (0.9, 0.95, 0.99, 0.999)
 
@@ -1167,6 +1167,48 @@ def _is_operator(x: Any, /) -> bool:
     return all(hasattr(x, name) for name in ("xp", "apply", "apply_t", "total_variance"))
 
 
+def _gram_product(op: Any, diag: Any, x: Any, /) -> Any:
+    """``(S_c S_c^T - H diag(b) H) x`` for (n, b) ``x`` (without ``diag``: ``S_c S_c^T x``),
+    the Gram matrix ``B`` (or ``B_c``) of the centred square-root operator ``op``."""
+    out = op.apply(op.apply_t(x))
+    if diag is not None:
+        hx = x - x.mean(axis=0)[None, :]
+        t = diag[:, None] * hx
+        out -= t - t.mean(axis=0)[None, :]
+    return out
+
+
+def weighted_gram_eigenpairs(
+    counts: Any, weights: Any, /, *, k: int, diagonal: Any = None, tol: float = 1e-10, seed: int = 0, block: int = 8,
+    noise_level: float | None = None, noise_residual: float | None = None, progress: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigenvalues, top vector)``: the (k,) top eigenvalues, descending, of the row-weighted
+    Gram matrix ``W^1/2 B W^1/2`` (``W = diag(weights)``; with ``diagonal`` b, of
+    ``W^1/2 (B - H diag(b) H) W^1/2``), and the (n,) unit eigenvector of the top one, by the
+    block Lanczos of :func:`classical_mds` on ``counts`` or a prebuilt operator
+    (:func:`sqrt_operator`, :func:`shifted_operator`, a ranged one), never forming an n x n
+    matrix. ``weights``: (n,) positive. The occupancy-weighted rank test of the long-context
+    path reads these (:mod:`posstats.estimates.permutation`, "Occupancy weighting").
+    ``tol``, ``noise_level``, ``noise_residual``, ``progress``: as :func:`classical_mds`
+    (``noise_level`` on this matrix' scale)."""
+    op = counts if _is_operator(counts) else _SplitSqrt(counts, xp=None)
+    xp = op.xp
+    n = int(op.shape[0])
+    root = np.sqrt(np.asarray(weights, dtype=np.float64).ravel())
+    if root.shape != (n,) or not np.all(np.isfinite(root)) or not np.all(root > 0):
+        msg = f"weights must be a positive finite (n,) = ({n},) vector"
+        raise ValueError(msg)
+    root_x = xp.asarray(root)[:, None]
+    diag = None if diagonal is None else xp.asarray(diagonal, dtype=xp.float64)
+    kk = max(1, min(int(k), n - 1))
+    max_dim = min(n, max(4 * kk + 2 * block, (1 << 27) // max(n, 1)))
+    theta, x, _, _, _ = _block_lanczos(lambda v: root_x * _gram_product(op, diag, root_x * v), n, kk, block=block,
+                                       tol=tol, seed=seed, xp=xp, max_dim=max_dim, progress=progress,
+                                       noise_level=noise_level, noise_residual=noise_residual)
+    top = np.asarray(to_numpy(x[:, 0]), dtype=np.float64)
+    return np.asarray(theta, dtype=np.float64), top / max(float(np.linalg.norm(top)), 1e-300)
+
+
 def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None,
                  progress: Any = None, noise_level: float | None = None, noise_residual: float | None = None) -> MDSResult:
     op = counts if _is_operator(counts) else _SplitSqrt(counts, xp=xp)
@@ -1184,12 +1226,7 @@ def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diag
     def matmat(x: Any) -> Any:
         if not n_side:
             return op.apply_t(op.apply(x))
-        out = op.apply(op.apply_t(x))
-        if diagonal is not None:
-            hx = x - x.mean(axis=0)[None, :]
-            t = diag[:, None] * hx
-            out -= t - t.mean(axis=0)[None, :]
-        return out
+        return _gram_product(op, diag if diagonal is not None else None, x)
 
     max_dim = min(dim, max(4 * kk + 2 * block, (1 << 27) // max(dim, 1)))
     # The residuals are the recurrence's (||R_m y_last|| / theta_1, exact up to rounding with
