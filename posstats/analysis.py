@@ -904,9 +904,9 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                               untested=untested is not None),
                                      rank_test=None if weights is None else (weights, edge_level))
     else:
+        shuffled = _null_choice(config, len(g.index), noise) == "shuffle"
         geometry = _exact_geometry(g, bias, config, timings, show_progress,
-                                   rank_test=_null_choice(config, len(g.index), noise) == "shuffle" or weights is not None,
-                                   edge_level=edge_level)
+                                   rank_test=shuffled or weights is not None, edge_level=edge_level)
     null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances, shrinkage=geometry.shrinkage,
                                       windows=_usable_window_groups(window_groups, counts, g),
@@ -1035,9 +1035,9 @@ def _exact_geometry(
     """The geometry up to ``exact_limit`` rows: ``D = hellinger_sq(rows)`` once, shared by
     the MDS (dense path), the stress, the diagnostics and, with ``rank_test`` (a null will
     run) where occupancies differ, the rank test's occupancy-weighted eigenvalues
-    (:func:`posstats.estimates.permutation.weighted_gram`, :func:`~posstats.estimates.permutation.top_eigenpairs`; with the analytic edge's
-    ``edge_level``, :func:`posstats.estimates.noise.edge_decision_level`, only as many as
-    the count needs: :func:`posstats.estimates.noise.first_then_all`)."""
+    (:func:`posstats.estimates.permutation.weighted_gram`, then ``top_eigenpairs``; with
+    the analytic edge's ``edge_level``, :func:`posstats.estimates.noise.edge_decision_level`,
+    only as many as the count needs: :func:`posstats.estimates.noise.first_then_all`)."""
     t = time.perf_counter()
     d2 = hellinger_sq(g.rows)
     corrected, summary, shrinkage = _corrected(d2, bias, g.rows) if bias is not None else (None, None, None)
@@ -1800,20 +1800,18 @@ def _null_section(
         out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
+        out["null_corpora"] = "rotated" if groups is not None else "shuffled"
     out["weighting"] = "occupancy" if weights is not None else "none"
     if weights is not None:  # the threshold is on this scale, not the spectrum's
         out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
         out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
-    if choice == "shuffle":
-        out["null_corpora"] = "rotated" if groups is not None else "shuffled"
     if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
         out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
         out["median_occupancy"] = float(np.median(g.occupancy))
-    if choice == "shuffle":
-        if distances is not None:
-            out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
-                                     _distance_noise_entry(noise_sums, distances,
-                                                           rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS)))
+    if choice == "shuffle" and distances is not None:
+        out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
+                                 _distance_noise_entry(noise_sums, distances,
+                                                       rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS)))
     return out, homogeneity
 
 

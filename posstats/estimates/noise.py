@@ -619,6 +619,9 @@ def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /, *, weighted
     rows = floor.positions
     mats = [_rows_csr(p, rows) for p in parts]
     a, b = (_union(mats, (0, 2)), _union(mats, (1, 3))) if len(mats) == 4 else mats
+    # with four parts h averages both pairings into halves: it can be finite where the
+    # union read here is empty (a position of one to three tokens), which gives no difference
+    ok &= (np.asarray(a.sum(axis=1)).ravel() > 0) & (np.asarray(b.sum(axis=1)).ravel() > 0)
     idx = np.flatnonzero(ok)
     if idx.size == 0:
         return math.nan

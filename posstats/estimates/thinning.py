@@ -237,11 +237,13 @@ def _column_noise(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(V,) this block's shares of ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``
     and of the same sum with each row's term times its ``occupancy`` N_i."""
-    ok = usable_rows(h, bias)
+    sa, na = blk.sqrt_of(halves[0])
+    sb, nb = blk.sqrt_of(halves[1])
+    # h averages both pairings into halves, so it can be finite where the union read here
+    # is empty (a position of one to three tokens): such a row has no difference to give
+    ok = usable_rows(h, bias) & (na > 0) & (nb > 0)
     if not ok.any():
         return np.zeros(vocab), np.zeros(vocab)
-    sa, _ = blk.sqrt_of(halves[0])
-    sb, _ = blk.sqrt_of(halves[1])
     scale = np.where(ok, bias / np.where(ok, h, 1.0), 0.0)
     weights = sa - sb
     weights *= weights
