@@ -1808,6 +1808,12 @@ def _null_section(
     if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
         out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
         out["median_occupancy"] = float(np.median(g.occupancy))
+    if weights is not None and nr.components_above_null:
+        # the MDS (unweighted) components the verdict's count stands for: where each loads
+        # (a leading component on thin positions is their noise, not the structure tested)
+        k = min(int(nr.components_above_null), mds.encoding.shape[1], _TESTED_SHOWN)
+        out["mds_component_occupancy"] = [_loaded_occupancy(mds.encoding[:, j], g.occupancy) for j in range(k)]
+        out["median_occupancy"] = float(np.median(g.occupancy))
     if choice == "shuffle" and distances is not None:
         out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
                                  _distance_noise_entry(noise_sums, distances,

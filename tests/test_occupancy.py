@@ -179,3 +179,58 @@ def test_rank_test_of_a_corpus_of_falling_occupancy_reads_the_weighted_gram_matr
     assert report["null"]["weighting"] == "none" and "tested_eigenvalues" not in report["null"]
     assert report["null"]["components_above_null"] == 4 and noise_threshold(report) == report["null"]["threshold"]
     assert rank_test_eigenvalues(report) is None
+
+
+def _thin_tail(seed: int) -> PositionalCounts:
+    """Rank-2 structure over 200 positions, the first 60 of 3,000 tokens, the rest of 4: the
+    unweighted MDS's leading eigenvalues are the thin tail's sampling noise."""
+    from posstats.testing import synthetic_counts
+
+    tokens = np.concatenate([np.full(60, 3000.0), np.full(140, 4.0)])
+    return synthetic_counts(200, 2000, tokens=tokens, rank=2, strength=0.3, seed=seed).counts
+
+
+def test_mds_components_on_thin_positions_are_named_in_the_verdict_and_the_export(tmp_path):
+    """The count above noise is the occupancy-weighted test's, the MDS unweighted: where the
+    MDS's leading components load on positions of a few tokens (here 4, against 3,000 under
+    the tested component), the verdict says they are those positions' noise and an export at
+    the informative rank warns; the bundled-style corpus of milder fall has no such caveat."""
+    from posstats.estimates.verdict import thin_mds_components
+    from posstats.reports.export import _export_rank
+    from posstats.runs.run_folder import run_from_analysis
+
+    analysis = analyze(_thin_tail(2), AnalysisConfig(held_out="off"), show_progress=False)
+    report = analysis.report().to_dict()
+    null = report["null"]
+    assert null["weighting"] == "occupancy" and report["verdict"]["components_above_noise"] == 2
+    assert null["top_component_occupancy"] >= 2900  # the tested component: the well-occupied head
+    assert max(null["mds_component_occupancy"]) <= 10  # the MDS's: the thin tail
+    assert thin_mds_components(report) == [0, 1]
+    assert any(c.startswith("MDS component(s) 1, 2 load on positions of about 4 counted tokens")
+               for c in report["verdict"]["caveats"])
+    # the export's rank: the informative 2, with the warning (the tail has unoccupied
+    # positions, so no table for a model is written here)
+    rank, why, warnings = _export_rank(run_from_analysis(analysis, report, folder=tmp_path / "run"), dim=8, rank=None)
+    assert (rank, why) == (2, "components above sampling noise")
+    assert any("MDS component(s) 1, 2 of the 2 exported load on thinly occupied positions" in w for w in warnings)
+
+    # the thin tail left out (--min-occupancy): the same structure, no caveat
+    kept = analyze(_thin_tail(2), AnalysisConfig(held_out="off", min_occupancy=100), show_progress=False)
+    kept_report = kept.report().to_dict()
+    assert thin_mds_components(kept_report) == []
+    assert not any(c.startswith("MDS component(s)") for c in kept_report["verdict"]["caveats"])
+
+
+def test_thin_mds_components_reads_the_verdict_count_and_both_limits():
+    """Only the components the verdict counts (0 counted: none named, whatever the null's
+    count); thin against the median occupancy or a tenth of the tested component's."""
+    from posstats.estimates.verdict import thin_mds_components
+
+    null = {"mds_component_occupancy": [3000.0, 40.0, 900.0], "median_occupancy": 1000.0,
+            "top_component_occupancy": 3000.0, "components_above_null": 3}
+    assert thin_mds_components({"null": null, "verdict": {"components_above_noise": 3}}) == [1]
+    assert thin_mds_components({"null": null, "verdict": {"components_above_noise": 1}}) == []
+    assert thin_mds_components({"null": null, "verdict": {"components_above_noise": 0}}) == []
+    assert thin_mds_components({"null": {**null, "top_component_occupancy": 10000.0},
+                                "verdict": {"components_above_noise": 3}}) == [1, 2]
+    assert thin_mds_components({"null": {}, "verdict": {"components_above_noise": 3}}) == []

@@ -76,6 +76,7 @@ __all__ = [
     "all_tied",
     "best_encodings",
     "caveats",
+    "thin_mds_components",
     "held_out_row",
     "homogeneity_alone_in_windows",
     "homogeneity_test_name",
@@ -517,6 +518,9 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     if (null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
             and null.get("threshold") is not None and float(null["threshold"]) > float(top)):
         out.append(_unseen_structure_caveat(null, float(top)))
+    thin = thin_mds_components(report)
+    if thin:
+        out.append(_thin_mds_caveat(null, thin))
     if report.get("buckets") and (report.get("noise") or {}).get("source") == "token split":
         out.append("bucketed rows pool consecutive tokens of one document or window, which are not independent; the "
                    "noise floor and the tests treat them as independent, so structure at the scale of a document may "
@@ -527,6 +531,44 @@ def caveats(report: dict[str, Any], /) -> list[str]:
 # The top component loads on thin positions when the occupancy under its loadings is at
 # most this share of the median occupancy of the used positions
 THIN_COMPONENT_SHARE = 0.5
+# An MDS component counted above noise is read as thin positions' noise when it loads on
+# positions of at most this share of the occupancy under the tested (weighted) top component
+TESTED_COMPONENT_SHARE = 0.1
+
+
+def thin_mds_components(report: dict[str, Any], /) -> list[int]:
+    """The 0-based MDS components, among as many as the verdict counts above noise, that load
+    on thinly occupied positions (``null.mds_component_occupancy``, the occupancy median
+    under each one's squared loadings, at most :data:`THIN_COMPONENT_SHARE` of
+    ``null.median_occupancy`` or :data:`TESTED_COMPONENT_SHARE` of where the tested, weighted,
+    top component loads, ``null.top_component_occupancy``). The count comes from the occupancy-weighted rank test; the
+    MDS is unweighted, and where occupancy falls steeply its leading eigenvalues can be the
+    sampling noise of positions with a few tokens: the 202 M-token planted benchmark at
+    n = 131,072 (1 to 183,952 tokens a position) counts 2 components from weighted
+    eigenvalues 331 and 27 loading on position 0, while its MDS's top two load on
+    positions of 5 and 6 tokens (docs/calibration.md)."""
+    null = report.get("null") or {}
+    loaded, median = null.get("mds_component_occupancy"), null.get("median_occupancy")
+    above = (report.get("verdict") or {}).get("components_above_noise")
+    if above is None:
+        above = null.get("components_above_null") or 0
+    if not loaded or median is None:
+        return []
+    tested = null.get("top_component_occupancy")
+    limit = max(THIN_COMPONENT_SHARE * float(median), TESTED_COMPONENT_SHARE * float(tested or 0.0))
+    return [j for j, x in enumerate(loaded[: int(above)]) if float(x) <= limit]
+
+
+def _thin_mds_caveat(null: dict[str, Any], thin: list[int]) -> str:
+    """The caveat for leading MDS components on thin positions (:func:`thin_mds_components`)."""
+    loaded = [float(null["mds_component_occupancy"][j]) for j in thin]
+    which = ", ".join(str(j + 1) for j in thin)
+    about = f"{min(loaded):,.0f}" if min(loaded) == max(loaded) else f"{min(loaded):,.0f}-{max(loaded):,.0f}"
+    return (f"MDS component(s) {which} load on positions of about {about} counted tokens "
+            f"(median under their loadings; {float(null['median_occupancy']):,.0f} over all used positions): they are "
+            "those positions' sampling noise, not the structure the occupancy-weighted rank test counted, so P_MDS and "
+            "an export at the informative rank carry that noise; --min-occupancy K leaves thinly occupied positions "
+            "out (docs/calibration.md)")
 
 
 def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:

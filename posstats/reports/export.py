@@ -69,6 +69,7 @@ from safetensors.numpy import save_file
 
 from posstats import __version__
 from posstats.errors import InputError, OptionError, PosstatsError
+from posstats.estimates.verdict import thin_mds_components
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.geometry.stress import stress_report
@@ -366,7 +367,11 @@ def _export_rank(run: RunData, *, dim: int, rank: int | None, force: bool = Fals
             f"no MDS component stands above sampling noise: exported anyway (--force), every one of the "
             f"min(--dim, {k}) columns fits noise"]
     r = min(int(dim), k, informative)
-    return r, "components above sampling noise", []
+    thin = [j for j in thin_mds_components(run.report) if j < r]
+    warn = [f"MDS component(s) {', '.join(str(j + 1) for j in thin)} of the {r} exported load on thinly occupied "
+            "positions (null.mds_component_occupancy): they are those positions' sampling noise, not the structure "
+            "the rank test counted; re-analyse with --min-occupancy K"] if thin else []
+    return r, "components above sampling noise", warn
 
 
 @dataclass(frozen=True)
