@@ -63,6 +63,24 @@ def test_adjustment_is_the_dense_shrinkage_removed_and_pairs_agree():
         shrink.weights([10])
 
 
+def test_pair_adjustments_by_gathers_equal_the_dense_form():
+    """The pair form gathers each row's two grid weights instead of forming (P, K)
+    differences: on 400 rows of occupancy 1 to 5,000 and 20,000 random pairs (repeats and
+    i == j included) it equals the (m, m) adjustment and the dense ``dw G dw - 2 da . dw``."""
+    rng = np.random.default_rng(0)
+    occ = np.concatenate([[5000], rng.integers(1, 3000, 399)])
+    rows = sp.csr_array(np.array([rng.multinomial(o, rng.dirichlet(np.ones(300))) for o in occ]))
+    f = OccupancyShrinkage.of(rows).features(rows)
+    i, j = rng.integers(0, 400, 20000), rng.integers(0, 400, 20000)
+    dw = f.w[i] - f.w[j]
+    dense = np.einsum("pk,kl,pl->p", dw, f.gram, dw) - 2.0 * np.einsum("pk,pk->p", f.a[i] - f.a[j], dw)
+    dense[i == j] = 0.0
+    got = f.pairs(i, j)
+    np.testing.assert_allclose(got, dense, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(got, f.full()[i, j], rtol=0, atol=1e-13)
+    assert (got[i == j] == 0).all() and (i == j).any()
+
+
 def test_equal_occupancies_change_nothing():
     rng = np.random.default_rng(4)
     rows = _rows([500] * 6, _zipf(300), rng)

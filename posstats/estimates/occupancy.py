@@ -203,16 +203,54 @@ class ShrinkageFeatures:
         np.fill_diagonal(out, 0.0)
         return out
 
+    @functools.cached_property
+    def _interpolation(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's two grid weights (at most two entries of ``w`` are non-zero: grid
+        points ``k_i`` and ``k_i + 1``): ``(k, lo, hi, q, r)`` with ``lo = w[i, k_i]``,
+        ``hi = w[i, k_i + 1]``, ``q_i = |m_i|^2 = w_i G w_i^T`` and ``r_i = <s_i, m_i>``."""
+        m, kk = self.w.shape
+        k = np.minimum(np.argmax(self.w > 0, axis=1), max(kk - 2, 0)).astype(np.int64)
+        rows = np.arange(m)
+        lo = self.w[rows, k]
+        hi = self.w[rows, k + 1] if kk > 1 else np.zeros(m)
+        q = _bilinear(self.gram, k, lo, hi, k, lo, hi)
+        r = lo * self.a[rows, k] + (hi * self.a[rows, k + 1] if kk > 1 else 0.0)
+        return k, lo, hi, q, r
+
     def pairs(self, i: Any, j: Any, /) -> np.ndarray:
-        """(P,) the adjustment of the pairs ``(i[p], j[p])``, K^2 each (no (m, m) matrix);
-        0 where ``i == j``."""
+        """(P,) the adjustment of the pairs ``(i[p], j[p])`` (no (m, m) matrix); 0 where
+        ``i == j``. Each row's ``w`` has two entries, so every term is a gather of a few
+        numbers per pair: ``|m_i - m_j|^2 = q_i + q_j - 2 w_i G w_j^T`` and
+        ``<s_i - s_j, m_i - m_j> = r_i + r_j - <s_i, m_j> - <s_j, m_i>``, O(P) time and memory
+        (the (P, K) differences took 12 GB and 3 minutes for 1.55 M pairs at K = 244)."""
         i, j = np.asarray(i, dtype=np.int64).ravel(), np.asarray(j, dtype=np.int64).ravel()
-        dw = self.w[i] - self.w[j]
-        mm = np.einsum("pk,kl,pl->p", dw, self.gram, dw)
-        cross = np.einsum("pk,pk->p", self.a[i] - self.a[j], dw)  # <s_i - s_j, m_i - m_j>
+        k, lo, hi, q, r = self._interpolation
+        kk = self.w.shape[1]
+        ki, kj = k[i], k[j]
+        mm = q[i] + q[j] - 2.0 * _bilinear(self.gram, ki, lo[i], hi[i], kj, lo[j], hi[j])
+
+        def dot(a_rows: np.ndarray, kb: np.ndarray, lb: np.ndarray, hb: np.ndarray) -> np.ndarray:
+            """``<s_a, m_b>`` = ``a[a_rows] . w_b``."""
+            out = lb * self.a[a_rows, kb]
+            if kk > 1:
+                out += hb * self.a[a_rows, kb + 1]
+            return out
+
+        cross = r[i] + r[j] - dot(i, kj, lo[j], hi[j]) - dot(j, ki, lo[i], hi[i])  # <s_i - s_j, m_i - m_j>
         out = mm - 2.0 * cross
         out[i == j] = 0.0
         return out
+
+
+def _bilinear(gram: np.ndarray, ka: np.ndarray, la: np.ndarray, ha: np.ndarray,
+              kb: np.ndarray, lb: np.ndarray, hb: np.ndarray) -> np.ndarray:
+    """(P,) ``w_a G w_b^T`` for interpolation weights with two entries each
+    (``la`` at ``ka``, ``ha`` at ``ka + 1``; likewise b)."""
+    kk = gram.shape[0]
+    out = la * lb * gram[ka, kb]
+    if kk > 1:
+        out += la * hb * gram[ka, kb + 1] + ha * lb * gram[ka + 1, kb] + ha * hb * gram[ka + 1, kb + 1]
+    return out
 
 
 def _occupancy(rows: Any) -> np.ndarray:
