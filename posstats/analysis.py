@@ -103,7 +103,14 @@ from posstats.geometry.encodings import (
 )
 from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import MDSResult, classical_mds, shifted_operator, sqrt_operator, weighted_gram_eigenpairs
+from posstats.geometry.mds import (
+    MDSResult,
+    classical_mds,
+    shifted_operator,
+    sqrt_operator,
+    weighted_coordinates,
+    weighted_gram_eigenpairs,
+)
 from posstats.geometry.ranged import RangedSqrt, local_ranges
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
@@ -468,6 +475,11 @@ class Analysis:
             (:func:`analyze_ranges`); None: ``counts.occupancy()``.
         counts_source: the counts file the ranges were read from (:func:`analyze_ranges`),
             where a run reads the rows it needs later (the report's distance sample).
+        weighted_encoding: (m, k) the occupancy-weighted MDS coordinates of the k components
+            the occupancy-weighted rank test counted
+            (:func:`posstats.geometry.mds.weighted_coordinates`), where occupancies differ
+            and it counted any; else None. ``posstats export`` writes them where the
+            unweighted MDS's leading components load on thinly occupied positions.
     """
 
     counts: PositionalCounts
@@ -483,6 +495,7 @@ class Analysis:
     standout: dict[str, Any] | None = None
     occupancy: np.ndarray | None = None
     counts_source: str | None = None
+    weighted_encoding: np.ndarray | None = None
 
     def report(self) -> Report:
         """The report (:class:`posstats.report.Report`; ``report.json`` is its
@@ -728,7 +741,7 @@ class _Geometry:
     # (posstats.estimates.occupancy): every estimate compared with them goes through it too
     occupancy_adjusted: bool = False
     shrinkage: Any = None  # the OccupancyShrinkage of the used rows (None: equal occupancies)
-    # the rank test's occupancy-weighted eigenvalues and top eigenvector (exact path; None: not needed)
+    # the rank test's occupancy-weighted eigenvalues and eigenvectors (None: not needed)
     rank_test: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -907,7 +920,7 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
         shuffled = _null_choice(config, len(g.index), noise) == "shuffle"
         geometry = _exact_geometry(g, bias, config, timings, show_progress,
                                    rank_test=shuffled or weights is not None, edge_level=edge_level)
-    null, homogeneity = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
+    null, homogeneity, weighted = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
                                       distances=geometry.distances, shrinkage=geometry.shrinkage,
                                       windows=_usable_window_groups(window_groups, counts, g),
                                       rank_test=geometry.rank_test)
@@ -936,7 +949,7 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     if held_out is not None:
         sections["held_out"] = held_out
     return Analysis(counts, config, g.positions, geometry.distances, geometry.mds, geometry.diagnostics, geometry.encodings,
-                    timings, sections, geometry.hellinger_summary, standout, occupancy)
+                    timings, sections, geometry.hellinger_summary, standout, occupancy, weighted_encoding=weighted)
 
 
 def _standout(g: _Rows) -> dict[str, Any]:
@@ -1713,9 +1726,9 @@ def _null_section(
     windows: tuple[Any, str | None] = (None, None),
     shrinkage: Any = None,
     rank_test: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """``(null, homogeneity)`` report sections: how many MDS components stand above a null
-    corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
+    """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
+    above a null corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
     the test of homogeneity (None without them). The null corpora are shuffled
     (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
     (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`:
@@ -1723,14 +1736,16 @@ def _null_section(
     ``distances`` the null also says which share of their sum sampling noise alone reaches
     (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
     they move (:func:`posstats.estimates.permutation.null_distance_sums`). ``rank_test``: the
-    data's occupancy-weighted eigenvalues and top eigenvector when the geometry computed
+    data's occupancy-weighted eigenvalues and eigenvectors when the geometry computed
     them (the exact path from its distance matrix; the sampled path, for the analytic edge,
     by Lanczos on its operator); for the shuffled or rotated null they are otherwise
-    computed here where occupancies differ."""
+    computed here where occupancies differ. ``weighted``: where the test was weighted and
+    counts components, their (m, k) coordinates
+    (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
     if choice == "none":
-        return None, None
+        return None, None, None
     adjust = {"shrinkage": shrinkage} if shrinkage is not None else {}
     t = time.perf_counter()
     lam = np.asarray(mds.eigenvalues, dtype=np.float64)
@@ -1755,14 +1770,14 @@ def _null_section(
                 noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
                                                 corrected=bias is not None, seed=config.seed,
                                                 max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
+        vectors = None
         top_vector = mds.encoding[:, 0] if mds.encoding.shape[1] else None
         if weights is None:
             tested = lam
-        elif rank_test is not None:  # the exact path's, from its distance matrix (formed once)
-            tested, top_vector = rank_test
-        else:
-            tested, top_vector = rank_test_eigenvalues(g.rows, corrected=bias is not None, k=_rank_test_k(lam.size),
-                                                       weights=weights, **adjust)
+        else:  # the exact path's, from its distance matrix (formed once), else from the rows
+            tested, vectors = rank_test if rank_test is not None else rank_test_eigenvalues(
+                g.rows, corrected=bias is not None, k=_rank_test_k(lam.size), weights=weights, **adjust)
+            top_vector = vectors[:, 0]
         nr = null_rank(tested, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {
@@ -1780,11 +1795,12 @@ def _null_section(
         }
     else:
         if noise is None:
-            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None
+            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None, None
         # where occupancies differ, the edge tests the occupancy-whitened Gram matrix too,
         # its eigenvalues computed with the geometry (rank_test) and the edge weighted alike
         weights = occupancy_weights(g.occupancy) if rank_test is not None else None
-        tested, top_vector = rank_test if weights is not None else (lam, None)
+        tested, vectors = rank_test if weights is not None else (lam, None)
+        top_vector = None if vectors is None else vectors[:, 0]
         scale, shift = "plugin", 0.0
         if bias is not None:
             # B_c = B - H diag(b) H shifts the spectrum down by about mean(b) (W^1/2 B_c W^1/2:
@@ -1802,6 +1818,7 @@ def _null_section(
         out["level"] = 1.0 / (nr.replicates + 1)
         out["null_corpora"] = "rotated" if groups is not None else "shuffled"
     out["weighting"] = "occupancy" if weights is not None else "none"
+    weighted = None
     if weights is not None:  # the threshold is on this scale, not the spectrum's
         out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
         out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
@@ -1814,11 +1831,16 @@ def _null_section(
         k = min(int(nr.components_above_null), mds.encoding.shape[1], _TESTED_SHOWN)
         out["mds_component_occupancy"] = [_loaded_occupancy(mds.encoding[:, j], g.occupancy) for j in range(k)]
         out["median_occupancy"] = float(np.median(g.occupancy))
+        # the components that test counted, as coordinates (what an export writes where the
+        # MDS's leading components are thin positions' noise: posstats.reports.export)
+        k = min(int(nr.components_above_null), vectors.shape[1])
+        weighted = weighted_coordinates(vectors[:, :k], np.asarray(tested[:k]), weights)
+        out["weighted_mds_components"] = k
     if choice == "shuffle" and distances is not None:
         out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
                                  _distance_noise_entry(noise_sums, distances,
                                                        rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS)))
-    return out, homogeneity
+    return out, homogeneity, weighted
 
 
 def _loaded_occupancy(column: np.ndarray, occupancy: np.ndarray) -> float:

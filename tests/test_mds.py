@@ -451,3 +451,41 @@ def test_lanczos_matches_accuracy_to_the_noise_level():
     assert loose.to_dict()["noise_residual"] == residual and "noise_level" not in strict.to_dict()
     with pytest.raises(ValueError, match="noise_level with a positive noise_residual"):
         classical_mds(counts, k=4, method="lanczos", noise_level=1.0)
+
+
+def test_weighted_coordinates_minimise_the_weighted_strain():
+    """X = W^-1/2 U sqrt(lambda) from the top-k eigenpairs of W^1/2 B W^1/2: its weighted
+    strain sum w_i w_j (B_ij - x_i.x_j)^2 is the Eckart-Young residual (the squared
+    eigenvalues left out), below P_MDS's at the same rank and below any perturbed X; each row
+    is the projection x_i = sum_j B_ij w_j x_j / lambda; equal weights give P_MDS."""
+    from posstats.geometry.mds import weighted_coordinates
+
+    rng = np.random.default_rng(3)
+    rows = rng.dirichlet(np.full(40, 0.5), size=30)
+    d2 = hellinger_sq(rows)
+    h = np.eye(30) - 1.0 / 30
+    b = -0.5 * h @ d2 @ h
+    w = rng.uniform(0.05, 3.0, 30)
+    root = np.sqrt(w)
+    lam, u = np.linalg.eigh(root[:, None] * b * root[None])
+    lam, u = lam[::-1], u[:, ::-1]
+    k = 3
+    x = weighted_coordinates(u[:, :k], lam[:k], w)
+
+    def strain(y: np.ndarray) -> float:
+        return float((np.outer(w, w) * (b - y @ y.T) ** 2).sum())
+
+    np.testing.assert_allclose(strain(x), (lam[k:] ** 2).sum(), rtol=1e-9)
+    p_mds = classical_mds(rows, k=k, method="dense").encoding
+    assert strain(x) < strain(p_mds)
+    for _ in range(20):
+        assert strain(x + 1e-3 * rng.standard_normal(x.shape)) > strain(x)
+    np.testing.assert_allclose(x, b @ (w[:, None] * x) / lam[:k], atol=1e-12)
+    assert np.all(x[np.argmax(np.abs(x), axis=0), np.arange(k)] > 0)
+    # equal weights: P_MDS itself (same eigenvectors, same sign convention)
+    lam1, u1 = np.linalg.eigh(b)
+    np.testing.assert_allclose(weighted_coordinates(u1[:, ::-1][:, :k], lam1[::-1][:k], np.ones(30)), p_mds, atol=1e-10)
+    with pytest.raises(ValueError, match="disagree"):
+        weighted_coordinates(u[:, :k], lam[:2], w)
+    with pytest.raises(ValueError, match="positive"):
+        weighted_coordinates(u[:, :k], lam[:k], -w)

@@ -395,7 +395,8 @@ def test_analytic_edge_tests_occupancy_weighted_eigenvalues(exact_limit):
     from posstats.analysis import AnalysisConfig, analyze
 
     counts = _falling(256, 3, rank=2)
-    report = analyze(counts, AnalysisConfig(null="mp", exact_limit=exact_limit), show_progress=False).report().to_dict()
+    analysis = analyze(counts, AnalysisConfig(null="mp", exact_limit=exact_limit), show_progress=False)
+    report = analysis.report().to_dict()
     null = report["null"]
     assert null["method"] == "mp" and null["weighting"] == "occupancy"
     rows = sp.csr_array(counts.matrix)
@@ -404,12 +405,18 @@ def test_analytic_edge_tests_occupancy_weighted_eigenvalues(exact_limit):
     edge = mp_edge([], floor, weighted=True)
     np.testing.assert_allclose(null["threshold"], edge, rtol=1e-12)
     np.testing.assert_allclose(null["eigenvalue_shift"], bias_shift(floor.bias, w), rtol=1e-12)
-    tested, _ = top_eigenpairs(weighted_gram(adjusted(hellinger_sq(rows), rows), floor.bias, w), k=16)
+    tested, vectors = top_eigenpairs(weighted_gram(adjusted(hellinger_sq(rows), rows), floor.bias, w), k=16)
     got = np.asarray(null["tested_eigenvalues"])  # on their own scale; the threshold on the edge's
     above = tested[: got.size] + null["eigenvalue_shift"] > edge
     np.testing.assert_allclose(got[above], tested[: got.size][above], rtol=1e-7)
     np.testing.assert_allclose(got, tested[: got.size], rtol=0, atol=0.1 * edge)
-    assert null["components_above_null"] == int(np.sum(above)) >= 1  # the second true eigenvalue is ~0.1
+    k = null["components_above_null"]
+    assert k == int(np.sum(above)) >= 1  # the second true eigenvalue is ~0.1
+    # the counted components' coordinates W^-1/2 U sqrt(lambda), the same on both paths
+    assert null["weighted_mds_components"] == k
+    expected = vectors[:, :k] * np.sqrt(tested[:k]) / np.sqrt(w)[:, None]
+    expected *= np.sign(expected[np.argmax(np.abs(expected), axis=0), np.arange(k)])
+    np.testing.assert_allclose(analysis.weighted_encoding, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
 
 
 def test_analytic_edge_at_falling_occupancy_keeps_its_level_and_its_power():

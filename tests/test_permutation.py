@@ -263,6 +263,7 @@ def test_occupancy_weights_whiten_the_gram_matrix_the_null_reads():
     b = gram_in_place(_squared(rows, corrected=True), position_sampling_variance(rows))
     whitened = np.sqrt(w)[:, None] * b * np.sqrt(w)[None, :]
     expected = np.linalg.eigvalsh(whitened)[::-1][:3]
-    lam, top = rank_test_eigenvalues(rows, corrected=True, k=3, weights=w)
-    assert lam == pytest.approx(expected, rel=1e-9, abs=1e-12)
-    assert np.linalg.norm(top) == pytest.approx(1.0) and whitened @ top == pytest.approx(lam[0] * top, abs=1e-10)
+    lam, vectors = rank_test_eigenvalues(rows, corrected=True, k=3, weights=w)
+    assert lam == pytest.approx(expected, rel=1e-9, abs=1e-12) and vectors.shape == (len(occ), 3)
+    np.testing.assert_allclose(vectors.T @ vectors, np.eye(3), atol=1e-10)  # unit, orthogonal, in lam's order
+    np.testing.assert_allclose(whitened @ vectors, vectors * lam[None, :], atol=1e-10)

@@ -295,11 +295,11 @@ def _weighted_in_place(b: np.ndarray, weights: Any) -> np.ndarray:
 
 
 def gram_top_eigenvalues(d2: np.ndarray, b: Any, /, *, k: int, weights: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(eigenvalues, top vector)``: the (min(k, m),) top eigenvalues, descending, of the
+    """``(eigenvalues, vectors)``: the (min(k, m),) top eigenvalues, descending, of the
     (m, m) squared distances ``d2``'s Gram matrix ``B = -1/2 H D H`` (``- H diag(b) H`` with
     ``b``), whitened by ``weights`` (``W^1/2 B W^1/2``; module docstring, "Occupancy
-    weighting"): the matrix the rank test reads; and the (m,) unit eigenvector of the top
-    one (where that component loads). ``d2`` is overwritten (:func:`weighted_gram`, then
+    weighting"): the matrix the rank test reads; and their (m, min(k, m)) unit eigenvectors
+    (the first: where the top component loads). ``d2`` is overwritten (:func:`weighted_gram`, then
     :func:`top_eigenpairs`)."""
     return top_eigenpairs(weighted_gram(d2, b, weights), k=k)
 
@@ -311,18 +311,19 @@ def weighted_gram(d2: np.ndarray, b: Any, weights: Any, /) -> np.ndarray:
 
 
 def top_eigenpairs(gram: np.ndarray, /, *, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(eigenvalues, top vector)``: the (min(k, m),) top eigenvalues, descending, of the
-    symmetric (m, m) ``gram`` (not modified) and the unit eigenvector of the largest. A
-    dense subset solve up to 4,096 rows, else ARPACK (relative tolerance 1e-10)."""
+    """``(eigenvalues, vectors)``: the (min(k, m),) top eigenvalues, descending, of the
+    symmetric (m, m) ``gram`` (not modified) and their (m, min(k, m)) unit eigenvectors, in
+    the same order. A dense subset solve up to 4,096 rows, else ARPACK (relative tolerance
+    1e-10)."""
     m = gram.shape[0]
     k = max(1, min(int(k), m))
     if m > _SUBSET_EIGEN_LIMIT and k < m - 1:  # a dense subset solve is O(m^3) whatever k
         v0 = np.random.default_rng(0).standard_normal(m)
         lam, vectors = spla.eigsh(gram, k=k, which="LA", tol=1e-10, v0=v0)
         order = np.argsort(lam)[::-1]
-        return lam[order].copy(), vectors[:, order[0]].copy()
+        return lam[order].copy(), np.ascontiguousarray(vectors[:, order])
     lam, vectors = scipy.linalg.eigh(gram, subset_by_index=[m - k, m - 1], driver="evr")
-    return lam[::-1].copy(), vectors[:, -1].copy()
+    return lam[::-1].copy(), np.ascontiguousarray(vectors[:, ::-1])
 
 
 def rank_test_eigenvalues(rows: Any, /, *, corrected: bool, k: int, shrinkage: Any = None,

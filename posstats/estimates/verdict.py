@@ -564,11 +564,17 @@ def _thin_mds_caveat(null: dict[str, Any], thin: list[int]) -> str:
     loaded = [float(null["mds_component_occupancy"][j]) for j in thin]
     which = ", ".join(str(j + 1) for j in thin)
     about = f"{min(loaded):,.0f}" if min(loaded) == max(loaded) else f"{min(loaded):,.0f}-{max(loaded):,.0f}"
-    return (f"MDS component(s) {which} load on positions of about {about} counted tokens "
+    head = (f"MDS component(s) {which} load on positions of about {about} counted tokens "
             f"(median under their loadings; {float(null['median_occupancy']):,.0f} over all used positions): they are "
-            "those positions' sampling noise, not the structure the occupancy-weighted rank test counted, so P_MDS and "
-            "an export at the informative rank carry that noise; --min-occupancy K leaves thinly occupied positions "
-            "out (docs/calibration.md)")
+            "those positions' sampling noise, not the structure the occupancy-weighted rank test counted, so P_MDS "
+            "carries that noise")
+    held = int(null.get("weighted_mds_components") or 0)
+    if held and held >= int(null.get("components_above_null") or 0):
+        return (f"{head}; `posstats export` writes the occupancy-weighted MDS components the test counted instead "
+                "(null.weighted_mds_components), and --min-occupancy K leaves thinly occupied positions out "
+                "(docs/calibration.md)")
+    return (f"{head}, and so does an export at the informative rank; --min-occupancy K leaves thinly occupied "
+            "positions out (docs/calibration.md)")
 
 
 def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:

@@ -67,7 +67,7 @@ from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
 __all__ = ["MDSResult", "ShiftedSqrt", "Spectrum", "classical_mds", "gram_in_place", "shifted_operator", "spectrum_summary",
-           "wanted_residuals", "weighted_gram_eigenpairs"]
+           "wanted_residuals", "weighted_coordinates", "weighted_gram_eigenpairs"]
 
 _COVERAGE_LEVELS = (0.9, 0.95, 0.99, 0.999)
 
@@ -1182,9 +1182,9 @@ def weighted_gram_eigenpairs(
     counts: Any, weights: Any, /, *, k: int, diagonal: Any = None, tol: float = 1e-10, seed: int = 0, block: int = 8,
     noise_level: float | None = None, noise_residual: float | None = None, progress: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(eigenvalues, top vector)``: the (k,) top eigenvalues, descending, of the row-weighted
+    """``(eigenvalues, vectors)``: the (k,) top eigenvalues, descending, of the row-weighted
     Gram matrix ``W^1/2 B W^1/2`` (``W = diag(weights)``; with ``diagonal`` b, of
-    ``W^1/2 (B - H diag(b) H) W^1/2``), and the (n,) unit eigenvector of the top one, by the
+    ``W^1/2 (B - H diag(b) H) W^1/2``), and their (n, k) unit eigenvectors, by the
     block Lanczos of :func:`classical_mds` on ``counts`` or a prebuilt operator
     (:func:`sqrt_operator`, :func:`shifted_operator`, a ranged one), never forming an n x n
     matrix. ``weights``: (n,) positive. The occupancy-weighted rank test of the long-context
@@ -1205,9 +1205,37 @@ def weighted_gram_eigenpairs(
     theta, x, _, _, _ = _block_lanczos(lambda v: root_x * _gram_product(op, diag, root_x * v), n, kk, block=block,
                                        tol=tol, seed=seed, xp=xp, max_dim=max_dim, progress=progress,
                                        noise_level=noise_level, noise_residual=noise_residual)
-    top = np.asarray(to_numpy(x[:, 0]), dtype=np.float64)
-    return np.asarray(theta, dtype=np.float64), top / max(float(np.linalg.norm(top)), 1e-300)
+    vectors = np.asarray(to_numpy(x), dtype=np.float64)
+    return np.asarray(theta, dtype=np.float64), vectors / np.maximum(np.linalg.norm(vectors, axis=0), 1e-300)
 
+
+
+def weighted_coordinates(vectors: Any, eigenvalues: Any, weights: Any, /) -> np.ndarray:
+    """The occupancy-weighted MDS coordinates ``X = W^-1/2 U diag(sqrt(max(lambda, 0)))``
+    (n, k) from the (n, k) unit eigenvectors ``U`` and (k,) eigenvalues ``lambda`` of the
+    weighted Gram matrix ``W^1/2 B W^1/2`` (``W = diag(weights)``, positive): the rank-k
+    ``X`` that minimises the weighted strain ``sum_ij w_i w_j (B_ij - x_i . x_j)^2``.
+
+    Why: with ``Y = W^1/2 X`` that strain is ``||W^1/2 B W^1/2 - Y Y^T||_F^2``, minimised
+    by the top-k eigenpairs (Eckart-Young), so the rows of ``X`` are fitted in proportion to
+    their weights. With ``weights`` the occupancies over their mean, a position of a few
+    tokens, whose distances are mostly sampling noise, barely moves the fit (the unweighted
+    P_MDS fits every position alike); its coordinate is then the projection of its row of
+    ``B`` on the fitted components (``x_i = sum_j B_ij w_j x_j / lambda``). These are the
+    components the occupancy-weighted rank test counts
+    (:func:`weighted_gram_eigenpairs`; :mod:`posstats.estimates.permutation`, "Occupancy
+    weighting"). Each column's largest-magnitude entry is made positive, as in
+    :class:`MDSResult`. Equal weights give P_MDS (up to those signs)."""
+    u = np.asarray(vectors, dtype=np.float64)
+    lam = np.asarray(eigenvalues, dtype=np.float64).ravel()
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if u.ndim != 2 or u.shape[1] != lam.size or u.shape[0] != w.size:
+        msg = f"vectors (n, k), eigenvalues (k,) and weights (n,) disagree: {u.shape}, {lam.shape}, {w.shape}"
+        raise ValueError(msg)
+    if not np.all(np.isfinite(w)) or not np.all(w > 0):
+        raise ValueError("weights must be positive and finite")
+    x = u * np.sqrt(np.maximum(lam, 0.0))[None, :] / np.sqrt(w)[:, None]
+    return np.ascontiguousarray(_fix_signs(x, np))
 
 def _lanczos_mds(counts: Any, *, k: int, tol: float, seed: int, block: int, diagonal: Any, xp: types.ModuleType | None,
                  progress: Any = None, noise_level: float | None = None, noise_residual: float | None = None) -> MDSResult:

@@ -80,7 +80,8 @@ def write_analysis(
     report["inputs"] = dict(inputs or {})
     stage.mkdir(parents=True, exist_ok=True)
     write_json_atomic(stage / CONFIG_FILE, analysis.config.to_dict())
-    write_mds(stage / MDS_FILE, analysis.positions, analysis.mds, fingerprint=analysis.counts.fingerprint)
+    write_mds(stage / MDS_FILE, analysis.positions, analysis.mds, fingerprint=analysis.counts.fingerprint,
+              weighted=analysis.weighted_encoding)
     with atomic_path(stage / MARKDOWN_FILE) as tmp:
         tmp.write_text(format_markdown(report))
     write_json_atomic(stage / REPORT_FILE, report)

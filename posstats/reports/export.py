@@ -148,6 +148,12 @@ class ExportOptions:
                        why_not="the pipeline's export uses [geometry] seed")
     dtype: Literal["float32", "float64"] = option("float32", group="options", help="stored dtype")
     card: bool = option(True, group="options", help="write the model card README.md and its figures next to the table")
+    weighting: Literal["auto", "occupancy", "none"] = option(
+        "auto", group="options",
+        help="which classical coordinates: occupancy (the occupancy-weighted MDS, W^-1/2 U sqrt(lambda) of "
+             "W^1/2 B W^1/2, whose components the rank test counted; fits well-occupied positions first), none "
+             "(P_MDS, every position alike), or auto: occupancy at the informative rank when the unweighted MDS's "
+             "leading components load on thinly occupied positions (the verdict's caveat), else none")
     method: Literal["classical", "smacof"] = option(
         "classical", group="options",
         help="classical MDS coordinates, or their SMACOF refinement at rank r: lower stress at the same width "
@@ -297,7 +303,9 @@ def _rows(run: RunData, rows: int | None) -> RunData:
                f"counts of {rows} positions (count with {{positions}} {rows})")
         raise OptionError(msg)
     held = run.distances[:rows, :rows] if run.distances is not None else None
-    return dataclasses.replace(run, positions=run.positions[:rows], encoding=run.encoding[:rows], distances=held)
+    weighted = run.weighted_encoding[:rows] if run.weighted_encoding is not None else None
+    return dataclasses.replace(run, positions=run.positions[:rows], encoding=run.encoding[:rows], distances=held,
+                               weighted_encoding=weighted)
 
 
 def _thin_rows(run: RunData, *, min_tokens: int) -> tuple[dict[str, str], list[str]]:
@@ -366,12 +374,46 @@ def _export_rank(run: RunData, *, dim: int, rank: int | None, force: bool = Fals
         return min(int(dim), k), "width (--force; none above noise)", [
             f"no MDS component stands above sampling noise: exported anyway (--force), every one of the "
             f"min(--dim, {k}) columns fits noise"]
-    r = min(int(dim), k, informative)
+    return min(int(dim), k, informative), INFORMATIVE_RULE, []
+
+
+INFORMATIVE_RULE = "components above sampling noise"
+
+
+def _export_coordinates(run: RunData, r: int, *, rule: str, weighting: str, method: str) -> tuple[np.ndarray, str, list[str]]:
+    """``(A, which, warnings)``: the (n, r) classical coordinates the table holds and which
+    MDS they come from: ``occupancy``, the occupancy-weighted MDS of the components the rank
+    test counted (``run.weighted_encoding``,
+    :func:`posstats.geometry.mds.weighted_coordinates`), or ``none``, P_MDS(r).
+    ``weighting`` ``auto`` takes the weighted ones at the informative rank (``rule``) when
+    the run holds at least r of them and the unweighted MDS's leading components load on
+    thinly occupied positions (:func:`posstats.estimates.verdict.thin_mds_components`):
+    on corpora whose occupancy falls to 4-10 tokens a position they were nearer the true
+    geometry in 24 of 24 (scaled stress against the truth 0.41 and 0.26 where P_MDS's were
+    0.67 and 0.39; docs/calibration.md, "The occupancy-weighted MDS"). Warns when the
+    exported P_MDS components are such thin-position components."""
+    held = run.weighted_encoding
+    has = held is not None and held.shape[1] >= r
     thin = [j for j in thin_mds_components(run.report) if j < r]
-    warn = [f"MDS component(s) {', '.join(str(j + 1) for j in thin)} of the {r} exported load on thinly occupied "
-            "positions (null.mds_component_occupancy): they are those positions' sampling noise, not the structure "
-            "the rank test counted; re-analyse with --min-occupancy K"] if thin else []
-    return r, "components above sampling noise", warn
+    if weighting == "occupancy":
+        if not has:
+            got = 0 if held is None else held.shape[1]
+            msg = (f"{{weighting}} occupancy: {run.directory} holds the occupancy-weighted coordinates of {got} "
+                   f"component(s) (those the occupancy-weighted rank test counted, where occupancies differ), not {r}")
+            raise OptionError(msg)
+        if method != "classical":
+            raise OptionError("{weighting} occupancy takes the classical coordinates; {method} smacof refines P_MDS")
+        return np.ascontiguousarray(held[:, :r]), "occupancy", []
+    if weighting == "auto" and has and thin and rule == INFORMATIVE_RULE and method == "classical":
+        return np.ascontiguousarray(held[:, :r]), "occupancy", []
+    if not thin:
+        return np.ascontiguousarray(run.encoding[:, :r]), "none", []
+    remedy = ("--weighting occupancy exports the occupancy-weighted components the test counted, or re-analyse with "
+              "--min-occupancy K" if has else "re-analyse with --min-occupancy K")
+    return np.ascontiguousarray(run.encoding[:, :r]), "none", [
+        f"MDS component(s) {', '.join(str(j + 1) for j in thin)} of the {r} exported load on thinly occupied "
+        "positions (null.mds_component_occupancy): they are those positions' sampling noise, not the structure the "
+        f"rank test counted; {remedy}"]
 
 
 @dataclass(frozen=True)
@@ -573,9 +615,11 @@ def export_run(
         raise OptionError(f"{run.directory}: the table would hold {r} component(s) ({rank_rule}) in width {{dim}} "
                           f"{dim}, and {{require_full_rank}} refuses that (give {{dim}} {r}, or leave "
                           "{require_full_rank} off to embed them)")
-    warnings = [*warnings, *rank_warnings]
+    a, weighting, coordinate_warnings = _export_coordinates(run, r, rule=rank_rule, weighting=opts.weighting,
+                                                           method=method)
+    warnings = [*warnings, *rank_warnings, *coordinate_warnings]
     files = _output_files(out, fmt, factors=factors, card=card, force=force)
-    a, fit = np.ascontiguousarray(run.encoding[:, :r]), {}
+    fit: dict[str, str] = {}
     if method == "smacof":
         a, fit, run = _smacof_coordinates(run, r, max_iter=opts.smacof_max_iter, tol=opts.smacof_tol)
     scale = None
@@ -592,7 +636,10 @@ def export_run(
     idx, dist = run_distances(run, max_positions=STRESS_POSITION_LIMIT)
     s = stress_report(table[idx].astype(np.float64), dist)
     metadata = {**_export_metadata(run, s, layout=layout, dim=dim, rank=r, basis=basis, seed=seed, dtype=dtype,
-                                   stress_positions=len(idx)), "method": method, "rank_rule": rank_rule, **fit, **thin_meta}
+                                   stress_positions=len(idx)), "method": method, "rank_rule": rank_rule,
+                "mds_weighting": weighting, **fit, **thin_meta}
+    if weighting == "occupancy":  # P_MDS's explained share is not these components'
+        metadata["explained_variance"] = ""
     metadata["key"] = key = prefix + metadata["key"]
     if scale is not None:
         metadata["row_norm"], metadata["row_scale"] = f"{row_norm:.6g}", f"{scale:.6g}"
@@ -720,6 +767,11 @@ def _caveats(metadata: dict[str, str], report: dict[str, Any], warnings: Sequenc
     if above is not None:
         lines.append(f"- {above} MDS component(s) stand above sampling noise"
                      + ("; the rest of the table fits noise" if above < int(metadata["rank"]) else "") + ".")
+    if metadata.get("mds_weighting") == "occupancy":
+        lines.append("- The table holds the occupancy-weighted MDS components (the ones the occupancy-weighted rank "
+                     "test counted), fitted to positions in proportion to their token counts: the unweighted MDS's "
+                     "leading components load on thinly occupied positions, whose distances are mostly sampling noise. "
+                     "Its stress against every d_H is therefore above P_MDS's, which fits that noise.")
     lines.append("- Distances: " + ("bias-corrected for sampling noise (the split-half noise floor)."
                                     if distances == "bias_corrected" else
                                     "plug-in (sampling noise included: rare positions look farther apart than they are)."))
@@ -744,8 +796,9 @@ def _key_numbers(metadata: dict[str, str], report: dict[str, Any], *, file_name:
         "",
         f"`{file_name}` holds the classical-MDS positional encoding of a corpus (THEORY.md section 3 of "
         "posstats): the position table whose pairwise distances best reproduce the Hellinger distances "
-        "between the token distributions at each position. Add it to the token embeddings as a learned "
-        "absolute position table (frozen or as an initialisation).",
+        "between the token distributions at each position"
+        + (", each position weighted by its token count" if metadata.get("mds_weighting") == "occupancy" else "")
+        + ". Add it to the token embeddings as a learned absolute position table (frozen or as an initialisation).",
         "",
         "## Key numbers",
         "",

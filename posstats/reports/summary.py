@@ -10,6 +10,7 @@ from posstats.estimates.verdict import (
     fitted_better,
     homogeneity_test_name,
     structure_kind,
+    thin_mds_components,
 )
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
@@ -123,12 +124,24 @@ def _encoding_sentence(v: dict[str, Any]) -> str | None:
     return f"Among encodings used without fitting, the best fit is {'; '.join(parts)}."
 
 
-def _fitted_sentence(v: dict[str, Any]) -> str | None:
+def _fitted_sentence(v: dict[str, Any], report: dict[str, Any] | None = None) -> str | None:
     """Whether the corpus' own (fitted) encoding beats every fixed one, beyond noise (the
-    verdict's ``fitted_better_at``, in words)."""
+    verdict's ``fitted_better_at``, in words). Where the MDS's leading components load on
+    thinly occupied positions (:func:`~posstats.estimates.verdict.thin_mds_components`), a
+    lower stress is the fit to their sampling noise: the sentence says so and names what
+    ``posstats export`` writes instead, and defers to the caveat."""
     above = v.get("components_above_noise")
     if not v.get("non_stationary") or not above:
         return None
+    thin = thin_mds_components(report) if report is not None else []
+    if thin:
+        held = int(((report or {}).get("null") or {}).get("weighted_mds_components") or 0)
+        export = (f"`posstats export` writes the {above} occupancy-weighted component(s) the rank test counted"
+                  if held >= int(above) else
+                  "an export at the informative rank would carry that noise (re-analyse with --min-occupancy K)")
+        return (f"The corpus' own (unweighted) MDS encoding is not evidence here: its leading component(s) "
+                f"{', '.join(str(j + 1) for j in thin)} fit the sampling noise of thinly occupied positions (see the "
+                f"caveats), so how its stress compares with the fixed encodings' is no evidence of a better encoding; {export}.")
     better = set(v["fitted_better_at"] if "fitted_better_at" in v else
                  fitted_better(v.get("best_encodings") or [], non_stationary=v.get("non_stationary"), above=above))
     wins = [b for b in v.get("best_encodings") or [] if int(b["dim"]) in better]
@@ -152,7 +165,7 @@ def answer_sentences(report: dict[str, Any], /) -> list[str]:
     if not v:
         return []
     out = [_structure_sentence(report, v)]
-    out += [x for x in (_encoding_sentence(v), _fitted_sentence(v)) if x]
+    out += [x for x in (_encoding_sentence(v), _fitted_sentence(v, report)) if x]
     return out
 
 

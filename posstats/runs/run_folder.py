@@ -5,7 +5,9 @@
 
 - ``mds.safetensors``: tensors ``positions`` (m,) int64 used positions, ``eigenvalues``
   (k,) float64 descending, ``encoding`` (m, k) float64 ``P_MDS`` (optionally
-  ``residuals`` (k,)); string metadata ``schema`` (``posstats.mds/1``), ``method``,
+  ``residuals`` (k,), and where occupancies differ and the occupancy-weighted rank test
+  counted components, ``weighted_encoding`` (m, r) their coordinates); string metadata
+  ``schema`` (``posstats.mds/1``), ``method``,
   ``fingerprint`` (:func:`write_mds`);
 - ``report.json`` (the schema in docs/report.md), ``report.md``, ``analysis-config.json``.
 
@@ -85,6 +87,9 @@ class RunData:
             over position ranges held no counts: :func:`run_from_analysis`); that analysis
             read and checked every row of it and its token total, so its readers here check
             only its header. None: the run folder's, else ``report.json`` ``inputs.counts``.
+        weighted_encoding: (m, r) float64 coordinates of the r components the
+            occupancy-weighted rank test counted (``mds.safetensors`` ``weighted_encoding``,
+            :attr:`posstats.analysis.Analysis.weighted_encoding`), or None.
     """
 
     directory: Path
@@ -97,6 +102,7 @@ class RunData:
     distances: np.ndarray | None = None
     counts: PositionalCounts | None = None
     counts_source: Path | None = None
+    weighted_encoding: np.ndarray | None = None
 
     @property
     def folder(self) -> Path:
@@ -159,10 +165,12 @@ def write_mds(
     fingerprint: str,
     residuals: bool = False,
     metadata: dict[str, str] | None = None,
+    weighted: np.ndarray | None = None,
 ) -> Path:
     """Write ``mds.safetensors`` atomically: ``positions`` (m,) as int64, the MDS
-    ``eigenvalues`` (k,) and ``encoding`` (m, k), and with ``residuals`` the solver's
-    residuals (k,); metadata ``schema``, ``method``, ``fingerprint`` plus ``metadata``."""
+    ``eigenvalues`` (k,) and ``encoding`` (m, k), with ``residuals`` the solver's
+    residuals (k,), with ``weighted`` the (m, r) occupancy-weighted coordinates
+    (``weighted_encoding``); metadata ``schema``, ``method``, ``fingerprint`` plus ``metadata``."""
     tensors = {
         "positions": np.asarray(positions).astype("int64"),
         "eigenvalues": np.ascontiguousarray(mds.eigenvalues),
@@ -170,6 +178,8 @@ def write_mds(
     }
     if residuals:
         tensors["residuals"] = np.ascontiguousarray(mds.residuals)
+    if weighted is not None:
+        tensors["weighted_encoding"] = np.ascontiguousarray(weighted, dtype=np.float64)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=_mds_metadata(mds, fingerprint, metadata))
     return Path(path)
@@ -192,6 +202,7 @@ def run_from_analysis(analysis: Analysis, report: dict[str, Any], /, *, folder: 
         distances=analysis.distances,
         counts=analysis.counts if analysis.occupancy is None else None,
         counts_source=None if analysis.counts_source is None else Path(analysis.counts_source),
+        weighted_encoding=analysis.weighted_encoding,
     )
 
 
@@ -251,11 +262,12 @@ def _read_report(path: Path) -> dict[str, Any]:
 
 
 def _read_mds(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    """(metadata, {positions, eigenvalues, encoding}) of an ``mds.safetensors``."""
+    """(metadata, {positions, eigenvalues, encoding[, weighted_encoding]}) of an ``mds.safetensors``."""
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in ("positions", "eigenvalues", "encoding")}
+            names = ("positions", "eigenvalues", "encoding", *(("weighted_encoding",) if "weighted_encoding" in f.keys() else ()))
+            tensors = {k: f.get_tensor(k) for k in names}
     except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
         msg = f"{path}: not a readable MDS file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
         raise InputError(msg) from exc
@@ -282,10 +294,13 @@ def load_run(run_dir: str | os.PathLike, /) -> RunData:
     meta, tensors = _read_mds(mds_path)
     positions = tensors["positions"].astype(np.int64).reshape(-1)
     encoding = tensors["encoding"].astype(np.float64)
-    if encoding.ndim != 2 or encoding.shape[0] != positions.shape[0]:
-        msg = f"{mds_path}: encoding shape {encoding.shape} does not match {positions.shape[0]} positions"
-        raise InputError(msg)
-    return RunData(d, report, positions, tensors["eigenvalues"].astype(np.float64).reshape(-1), encoding, meta, files)
+    weighted = tensors.get("weighted_encoding")
+    for name, x in (("encoding", encoding), ("weighted_encoding", weighted)):
+        if x is not None and (x.ndim != 2 or x.shape[0] != positions.shape[0]):
+            msg = f"{mds_path}: {name} shape {x.shape} does not match {positions.shape[0]} positions"
+            raise InputError(msg)
+    return RunData(d, report, positions, tensors["eigenvalues"].astype(np.float64).reshape(-1), encoding, meta, files,
+                   weighted_encoding=None if weighted is None else weighted.astype(np.float64))
 
 
 def _run_counts(run: RunData) -> PositionalCounts:
