@@ -36,7 +36,9 @@ the diagonal, the analytic Marchenko-Pastur edge as the noise level (eigenpairs 
 the noise bulk to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the
 analysis does), and counts the components above that edge: where occupancies differ, the
 occupancy-weighted eigenvalues against the weighted edge, as the analysis
-(``noise.weighting``, ``noise.tested_eigenvalues``). The summary's ``noise`` entry gives
+(``noise.weighting``, ``noise.tested_eigenvalues``), and the counted components'
+occupancy-weighted coordinates go to ``mds.safetensors`` as ``weighted_encoding``
+(``noise.weighted_mds_components``). The summary's ``noise`` entry gives
 the edge, the bias and ``components_above_noise``.
 
 On ranges the summary also gives ``standout_positions``: the analysis' per-position test
@@ -77,7 +79,13 @@ from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
-from posstats.geometry.mds import classical_mds, shifted_operator, wanted_residuals, weighted_gram_eigenpairs
+from posstats.geometry.mds import (
+    classical_mds,
+    shifted_operator,
+    wanted_residuals,
+    weighted_coordinates,
+    weighted_gram_eigenpairs,
+)
 from posstats.geometry.ranged import RangedSqrt, file_ranges
 from posstats.runs.run_folder import MDS_FILE, write_mds
 
@@ -258,23 +266,37 @@ def _corrected_solve(floor: Any, share: float, /) -> dict[str, Any]:
 
 
 def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: argparse.Namespace,
-                        /) -> tuple[np.ndarray, np.ndarray] | None:
-    """Where occupancies differ, the occupancy-weighted eigenvalues of the bias-corrected
+                        /) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Where occupancies differ, the occupancy-weighted eigenpairs of the bias-corrected
     operator the analytic edge tests, as the analysis computes them
     (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as many as the count needs:
-    :func:`posstats.estimates.noise.first_then_all`): ``(eigenvalues, weights)``; None at
-    equal occupancy."""
+    :func:`posstats.estimates.noise.first_then_all`): ``(eigenvalues, weights, vectors)``;
+    None at equal occupancy."""
     weights = occupancy_weights(floor.occupancy)
     if weights is None or floor.occupancy_column_noise is None:
         return None
     level = edge_decision_level([], floor, solve["diagonal"], weights)
     w_level, w_residual = level if level is not None else (None, None)
-    tested, _ = first_then_all(
+    tested, vectors = first_then_all(
         lambda k: weighted_gram_eigenpairs(products, weights, k=k, diagonal=solve["diagonal"], tol=args.tol,
                                            block=args.block, seed=args.seed, noise_level=w_level,
                                            noise_residual=w_residual),
         args.k, w_level)
-    return tested, weights
+    return tested, weights, vectors
+
+
+def _weighted_encoding(weighted: tuple[np.ndarray, np.ndarray, np.ndarray] | None, noise: dict[str, Any],
+                       /) -> np.ndarray | None:
+    """The (n, k) coordinates of the k occupancy-weighted components counted above the
+    weighted edge (:func:`posstats.geometry.mds.weighted_coordinates`; what ``posstats
+    export --weighting occupancy`` writes), recorded as ``noise.weighted_mds_components``;
+    None when the test was not weighted or counted none."""
+    if weighted is None or not noise.get("components_above_noise"):
+        return None
+    tested, weights, vectors = weighted
+    k = min(int(noise["components_above_noise"]), vectors.shape[1])
+    noise["weighted_mds_components"] = k
+    return weighted_coordinates(vectors[:, :k], tested[:k], weights)
 
 
 def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /,
@@ -383,9 +405,12 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             products = op if shrunk is None else shifted_operator(op, shrunk[0].weights(occupancy), shrunk[0].shrinkage)
             mds = classical_mds(products, k=args.k, method="lanczos", tol=args.tol, block=args.block, seed=args.seed,
                                 **solve)
+            weighted = None
             if floor is not None:
-                noise = _noise_entry(floor, mds.eigenvalues, solve, _weighted_rank_test(products, floor, solve, args))
+                test = _weighted_rank_test(products, floor, solve, args)
+                noise = _noise_entry(floor, mds.eigenvalues, solve, None if test is None else test[:2])
                 noise["occupancy_adjusted"] = shrunk is not None
+                weighted = _weighted_encoding(test, noise)
             t_stress = time.perf_counter()
             stress, sampled = _sampled_stress(op, mds, _chosen_stress_dims(args), solve.get("diagonal"), args,
                                               None if shrunk is None else shrunk[1])
@@ -400,7 +425,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         write_mds(out / MDS_FILE, positions, mds, fingerprint=header.fingerprint, residuals=True,
-                  metadata={"device": "cpu", "ranges": str(len(bounds))})
+                  metadata={"device": "cpu", "ranges": str(len(bounds))}, weighted=weighted)
         ranges = ray.get([a.where.remote() for a in actors])
         summary = {
             "positions_used": int(positions.size),

@@ -134,12 +134,18 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     edge = mp_edge([], floor, weighted=True)
     np.testing.assert_allclose(noise["edge"], edge, rtol=1e-12)
     d2 = adjusted(hellinger_sq(counts.matrix), counts.matrix)
-    tested, _ = top_eigenpairs(weighted_gram(d2, bias, weights), k=8)
+    tested, vectors = top_eigenpairs(weighted_gram(d2, bias, weights), k=8)
     np.testing.assert_allclose(noise["tested_eigenvalues"], tested, rtol=0, atol=0.1 * edge)
     decided = tested > edge - bias_shift(bias, weights)  # above the edge: to --tol
     np.testing.assert_allclose(np.asarray(noise["tested_eigenvalues"])[decided], tested[decided], rtol=1e-8)
     expected = int(np.sum(tested + bias_shift(bias, weights) > edge))
     assert noise["components_above_noise"] == expected and 2 <= expected <= 3  # rank 3 planted, the third weak
+    # the counted components' occupancy-weighted coordinates (what export --weighting occupancy writes)
+    assert noise["weighted_mds_components"] == expected
+    from posstats.geometry.mds import weighted_coordinates
+
+    np.testing.assert_allclose(t["weighted_encoding"], weighted_coordinates(vectors[:, :expected], tested[:expected], weights),
+                               rtol=0, atol=1e-6 * np.abs(t["weighted_encoding"]).max())
     np.testing.assert_allclose(noise["bias_d_h2"]["mean"], bias.mean(), rtol=1e-12)
     # the sampled stress of P_MDS over the ranges: the library's SampledGeometry on the
     # counts, same seed, same pairs, same distances (bias-corrected)
