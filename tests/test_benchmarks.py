@@ -382,3 +382,21 @@ def test_bench_occupancy_bias_small(tmp_path):
     c = r["counts"]
     assert c["rows"] == 24 and c["occupancy"] == [int(occ.min()), int(occ.max())]
     assert abs(c["shrinkage_removed"]["top_vector_vs_log_occupancy"]) < abs(c["posstats"]["top_vector_vs_log_occupancy"])
+
+
+def test_bench_weighted_export_small():
+    """bench_weighted_export.py at a 4-token tail, 2 seeds: both tables scored against the
+    truth on every pair and on the head; the caveat flags the thin components, so the
+    export's auto choice is the weighted table (its score is the weighted one's); scaled
+    stresses in [0, 1], Clopper-Pearson intervals around the observed share."""
+    r = run_bench("bench_weighted_export.py", "--tails", "4", "--seeds", "2")
+    assert r["benchmark"] == "weighted_export" and r["baseline"] == "p_mds" and len(r["rows"]) == 1
+    row = r["rows"][0]
+    assert row["tail_tokens"] == 4 and row["seeds"] == 2 and row["thin_flagged"] == 2 == row["auto_took_weighted"]
+    for side in ("all", "head"):
+        e = row[side]
+        assert 0 <= e["weighted"]["mean"] <= 1 and 0 <= e["p_mds"]["mean"] <= 1
+        assert e["auto"] == e["weighted"]
+        lo, hi = e["weighted_nearer_ci95"]
+        assert lo <= e["weighted_nearer"] / 2 <= hi
+    assert row["all"]["weighted"]["mean"] < row["all"]["p_mds"]["mean"]  # 0.42 against 0.67 over 12 seeds

@@ -234,7 +234,8 @@ def test_mds_components_on_thin_positions_are_named_in_the_verdict_and_the_expor
     assert caveat.startswith("MDS component(s) 1, 2 load on positions of about 4 counted tokens")
     assert "`posstats export` writes the occupancy-weighted MDS components the test counted instead" in caveat
     headline = " ".join(answer_sentences(report))
-    assert "is not evidence here" in headline and "writes the 2 occupancy-weighted component(s)" in headline
+    assert "so its stress is no evidence of a better encoding" in headline
+    assert "`posstats export` writes the 2 occupancy-weighted component(s) the rank test counted" in headline
     assert "fits better" not in headline
     # the weighted components: where the test's load (the head), not the tail
     assert null["weighted_mds_components"] == 2 and analysis.weighted_encoding.shape == (len(analysis.positions), 2)

@@ -833,13 +833,16 @@ def _excluded_note(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def _tradeoff_table(tradeoff: Sequence[dict[str, Any]]) -> list[str]:
-    """The rank / stress / parameters table (nothing without rows)."""
+def _tradeoff_table(tradeoff: Sequence[dict[str, Any]], *, weighted: bool = False) -> list[str]:
+    """The rank / stress / parameters table of P_MDS (nothing without rows); ``weighted``:
+    the table exported is the occupancy-weighted MDS, and the text says these rows are not its."""
     if not tradeoff:
         return []
     lines = [
         "## Rank / stress / parameters",
         "",
+        *(["These rows are P_MDS's (the unweighted MDS) at each rank; the exported table holds the occupancy-weighted "
+           "components instead (see the caveats).", ""] if weighted else []),
         "| rank r | stress | scaled stress | parameters r(n+d) | saving vs n*d |",
         "|---:|---:|---:|---:|---:|",
     ]
@@ -924,7 +927,7 @@ def model_card(
     with numbers as numbers) + Markdown (key numbers, caveats, trade-off, figures, usage)."""
     lines = _front_matter(metadata, file_name=file_name, fmt=fmt, license=license, datasets=datasets, base_model=base_model)
     lines += _key_numbers(metadata, report, file_name=file_name) + _caveats(metadata, report, warnings)
-    lines += _excluded_note(report) + _tradeoff_table(tradeoff)
+    lines += _excluded_note(report) + _tradeoff_table(tradeoff, weighted=metadata.get("mds_weighting") == "occupancy")
     if figures:
         lines += ["## Figures", "", f"![MDS eigenspectrum]({figures[0]})", "",
                   f"![rank / stress / parameter trade-off]({figures[1]})", ""]

@@ -139,9 +139,9 @@ def _fitted_sentence(v: dict[str, Any], report: dict[str, Any] | None = None) ->
         export = (f"`posstats export` writes the {above} occupancy-weighted component(s) the rank test counted"
                   if held >= int(above) else
                   "an export at the informative rank would carry that noise (re-analyse with --min-occupancy K)")
-        return (f"The corpus' own (unweighted) MDS encoding is not evidence here: its leading component(s) "
-                f"{', '.join(str(j + 1) for j in thin)} fit the sampling noise of thinly occupied positions (see the "
-                f"caveats), so how its stress compares with the fixed encodings' is no evidence of a better encoding; {export}.")
+        return (f"The corpus' own (unweighted) MDS encoding's leading component(s) {', '.join(str(j + 1) for j in thin)} "
+                "fit the sampling noise of thinly occupied positions (see the caveats), so its stress is no evidence of a "
+                f"better encoding; {export}.")
     better = set(v["fitted_better_at"] if "fitted_better_at" in v else
                  fitted_better(v.get("best_encodings") or [], non_stationary=v.get("non_stationary"), above=above))
     wins = [b for b in v.get("best_encodings") or [] if int(b["dim"]) in better]
