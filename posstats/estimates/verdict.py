@@ -565,9 +565,9 @@ def _thin_mds_caveat(null: dict[str, Any], thin: list[int]) -> str:
     which = ", ".join(str(j + 1) for j in thin)
     about = f"{min(loaded):,.0f}" if min(loaded) == max(loaded) else f"{min(loaded):,.0f}-{max(loaded):,.0f}"
     head = (f"MDS component(s) {which} load on positions of about {about} counted tokens "
-            f"(median under their loadings; {float(null['median_occupancy']):,.0f} over all used positions): they are "
-            "those positions' sampling noise, not the structure the occupancy-weighted rank test counted, so P_MDS "
-            "carries that noise")
+            f"(median under their loadings; {float(null['median_occupancy']):,.0f} over all used positions), whose "
+            "distances carry the most sampling noise: they fit those positions rather than the structure the "
+            "occupancy-weighted rank test counted, so P_MDS carries their noise")
     held = int(null.get("weighted_mds_components") or 0)
     if held and held >= int(null.get("components_above_null") or 0):
         return (f"{head}; `posstats export` writes the occupancy-weighted MDS components the test counted instead "

@@ -412,8 +412,8 @@ def _export_coordinates(run: RunData, r: int, *, rule: str, weighting: str, meth
               "--min-occupancy K" if has else "re-analyse with --min-occupancy K")
     return np.ascontiguousarray(run.encoding[:, :r]), "none", [
         f"MDS component(s) {', '.join(str(j + 1) for j in thin)} of the {r} exported load on thinly occupied "
-        "positions (null.mds_component_occupancy): they are those positions' sampling noise, not the structure the "
-        f"rank test counted; {remedy}"]
+        "positions (null.mds_component_occupancy): they fit those positions' sampling noise rather than the structure "
+        f"the rank test counted; {remedy}"]
 
 
 @dataclass(frozen=True)
