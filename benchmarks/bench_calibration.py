@@ -72,7 +72,8 @@ documents of geometric length (:func:`posstats.testing.known_corpus`): N tokens 
 as ``posstats count`` writes them; table 1 then has the pair ``identical_far`` (positions 2
 and 60, the most unequal occupancies) and every table the column ``adjusted`` (the square
 roots' occupancy shrinkage removed, the analysis' estimator; equal to ``unbiased`` at equal
-occupancy).
+occupancy). The diff table's two sides are then such corpora too, each with its own draw of
+document lengths, so a position's occupancies differ between them as between refreshes.
 
 N = 1e5 runs with ``--tokens 100000`` (docs/calibration.md has its row). Not here yet
 (issue #28): intervals on eigenvalues and the mean ``d_H`` (none is reported: the shard
@@ -495,9 +496,12 @@ DIFF_CHANGES = {  # kind -> (changed positions, their mixing weights in B): B mo
 DIFF_KINDS = (*DIFF_NULLS, *DIFF_CHANGES)
 
 
-def _diff_pair(kind: str, n: int, N: int, seed: int) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+def _diff_pair(kind: str, n: int, N: int, seed: int, occupancy_ratio: float = 1.0) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     """Corpora A and B for ``posstats diff``, the positions whose distribution truly changed
-    and their true ``d_H^2(mu^A_i, mu^B_i)``.
+    and their true ``d_H^2(mu^A_i, mu^B_i)``. ``occupancy_ratio`` < 1: both sides are
+    truncate documents of falling occupancy (:func:`posstats.testing.known_corpus`), each
+    with its own draw of lengths, so a position's two occupancies differ too (not for
+    ``pack_markov``).
 
     - ``stationary`` / ``drift``: two samples of the same ``mu_i`` (N tokens each);
       ``drift_unequal``: B holds N/4 tokens (a smaller refresh). Nothing changed.
@@ -508,19 +512,21 @@ def _diff_pair(kind: str, n: int, N: int, seed: int) -> tuple[Any, Any, np.ndarr
     if kind == "pack_markov":
         return (markov_packed_counts(n, windows=N, stay=0.5, seed=seed).matrix,
                 markov_packed_counts(n, windows=N, stay=0.5, seed=seed + 1).matrix, none, none.astype(float))
+    ratio = {"occupancy_ratio": occupancy_ratio} if occupancy_ratio != 1.0 else {}
     if kind in DIFF_NULLS:
-        corpus = known_corpus(kind.split("_")[0], n, tokens=N, seed=seed)
+        corpus = known_corpus(kind.split("_")[0], n, tokens=N, seed=seed, **ratio)
         b = corpus.sample(max(N // 4, 1) if kind == "drift_unequal" else N, seed=seed + 1)
         return corpus.counts.matrix, b.matrix, none, none.astype(float)
     changed, strength = DIFF_CHANGES[kind]
-    a = known_corpus("planted", n, tokens=N, planted=changed, strength=0.0, seed=seed)  # the same ids, no block mass
-    b = known_corpus("planted", n, tokens=N, planted=changed, strength=strength, seed=seed + 1)
+    a = known_corpus("planted", n, tokens=N, planted=changed, strength=0.0, seed=seed, **ratio)  # same ids, no block mass
+    b = known_corpus("planted", n, tokens=N, planted=changed, strength=strength, seed=seed + 1, **ratio)
     truth = np.array([float(((np.sqrt(a.mu(i)) - np.sqrt(b.mu(i))) ** 2).sum()) for i in changed])
     return a.counts.matrix, b.counts.matrix, np.asarray(changed, dtype=np.int64), truth
 
 
 def diff_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int],
-               kinds: tuple[str, ...] = DIFF_KINDS, first_seed: int = 0, level: float = 0.05) -> list[dict]:
+               kinds: tuple[str, ...] = DIFF_KINDS, first_seed: int = 0, level: float = 0.05,
+               occupancy_ratio: float = 1.0) -> list[dict]:
     """``posstats diff``'s per-position decisions (:func:`posstats.estimates.two_sample.compare_positions`,
     the call ``diff`` makes, Holm at ``level``) against known truth, with Clopper-Pearson 95 %
     intervals:
@@ -533,12 +539,13 @@ def diff_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[
       position's detection rate with its true ``d_H^2``.
 
     Pair ``i`` of kind ``k`` has seeds ``80,000 + 10,000 k + 2 (first_seed + i)`` (A) and one
-    more (B)."""
+    more (B). ``occupancy_ratio`` < 1: both sides of falling occupancy (:func:`_diff_pair`)."""
     rows = []
     for n in positions:
         for N in tokens:
             t = time.perf_counter()
-            row: dict = {"positions": n, "tokens_per_position": N, "level": level}
+            row: dict = {"positions": n, "tokens_per_position": N, "level": level,
+                         **({"occupancy_ratio": occupancy_ratio} if occupancy_ratio != 1.0 else {})}
             for kind in kinds:
                 runs = seeds if kind in DIFF_NULLS else power_seeds
                 if runs == 0:
@@ -548,7 +555,7 @@ def diff_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[
                 truth = np.zeros(0)
                 for i in range(first_seed, first_seed + runs):
                     seed = 80_000 + 10_000 * DIFF_KINDS.index(kind) + 2 * i
-                    a, b, changed, truth = _diff_pair(kind, n, N, seed)
+                    a, b, changed, truth = _diff_pair(kind, n, N, seed, occupancy_ratio)
                     test = compare_positions(a, b, level=level)
                     named = np.flatnonzero(test.changed)
                     unchanged = np.setdiff1d(np.flatnonzero(test.tested), changed)
@@ -633,7 +640,8 @@ def main() -> None:
     p.add_argument("--occupancy-ratio", type=float, default=1.0,
                    help="below 1, the known corpora of the distance, decision, coverage and held-out tables are "
                         "truncate documents of falling occupancy: N at position 0, about this share of N at the "
-                        "last (default 1: N at every position); the diff table is unchanged")
+                        "last (default 1: N at every position); the diff table's two sides too (each its own "
+                        "draw of lengths; pack_markov unchanged)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]
@@ -669,7 +677,7 @@ def main() -> None:
         if args.held_out_seeds else [],
         "diff": diff_table(tokens, args.diff_seeds, power_seeds, [int(x) for x in args.diff_positions.split(",")],
                            _kinds(args.diff_kinds, p, DIFF_KINDS, "--diff-kinds"),
-                           args.first_seed) if args.diff_seeds else [],
+                           args.first_seed, occupancy_ratio=ratio) if args.diff_seeds else [],
     }
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))

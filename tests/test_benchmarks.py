@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -172,6 +174,29 @@ def test_diff_table_holds_its_level_and_names_the_planted_changes(capsys):
     assert truths == sorted(truths) and 0.1 < truths[0] and truths[-1] < 0.22  # 2 - 2 sqrt(1 - a), a = 0.1 ... 0.2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "planted seeds" in ln]
     assert lines[0].startswith("  diff n=64 N=2000 planted seeds 120000/120001: changed [0, 1, 2, 3]")
+
+
+def test_diff_table_at_falling_occupancy_holds_its_level():
+    """The same cell with both sides truncate documents of falling occupancy (2,000 tokens at
+    position 0 to about 100 at 63, each side its own draw of lengths, so a position's two
+    occupancies differ): 40 null pairs of a stationary corpus and of a drift against a
+    refresh 4 times smaller, 10 pairs with positions 0-3 changed. The tolerances are the
+    equal-occupancy test's (binomial, above): at most 6 false alarms of 40, at most 46
+    p-values <= 0.01 among 2,560; the changes found in every pair."""
+    sys.path.insert(0, str(BENCH))
+    from bench_calibration import _diff_pair, diff_table
+
+    a, b, _, _ = _diff_pair("stationary", 64, 2000, 7, occupancy_ratio=0.05)
+    occ_a, occ_b = np.asarray(a.sum(axis=1)).ravel(), np.asarray(b.sum(axis=1)).ravel()
+    assert occ_a[0] == occ_b[0] == 2000 and occ_a[-1] < 400 and not np.array_equal(occ_a, occ_b)
+    (row,) = diff_table([2000], 40, 10, [64], ("stationary", "drift_unequal", "planted"), occupancy_ratio=0.05)
+    assert row["occupancy_ratio"] == 0.05
+    for kind in ("stationary", "drift_unequal"):
+        cell = row[kind]
+        assert cell["false_alarm"]["of"] == 40 and cell["false_alarm"]["count"] <= 6, (kind, cell)
+        assert cell["p_at_most_0.01"]["count"] <= 46, (kind, cell)
+    planted = row["planted"]
+    assert planted["false_alarm"]["count"] <= 3 and all(f["count"] == 10 for f in planted["found"])
 
 
 def test_coverage_targets_of_fitted_and_fixed_encodings():
