@@ -920,10 +920,10 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
         shuffled = _null_choice(config, len(g.index), noise) == "shuffle"
         geometry = _exact_geometry(g, bias, config, timings, show_progress,
                                    rank_test=shuffled or weights is not None, edge_level=edge_level)
-    null, homogeneity, weighted = _null_section(geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress,
-                                      distances=geometry.distances, shrinkage=geometry.shrinkage,
-                                      windows=_usable_window_groups(window_groups, counts, g),
-                                      rank_test=geometry.rank_test)
+    null, homogeneity, weighted = _null_section(
+        geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress, distances=geometry.distances,
+        shrinkage=geometry.shrinkage, windows=_usable_window_groups(window_groups, counts, g),
+        rank_test=geometry.rank_test)
     if null is not None:
         sections["null"] = null
     # the verdict ties every encoding when no test found structure (estimates.verdict):
