@@ -29,7 +29,7 @@ sampling noise of positions with a few tokens (the report's caveat names them). 
 informative rank the table then holds the occupancy-weighted MDS instead, A = W^-1/2 U
 sqrt(lambda) from the top eigenpairs of W^1/2 B W^1/2 (W = diag(N_i / mean N)): the
 components the occupancy-weighted rank test counted, fitted to each position in
-proportion to its tokens (nearer the true geometry in 24 of 24 simulated corpora with
+proportion to its tokens (nearer the true geometry in 48 of 48 simulated corpora with
 4-10 tokens a tail position; docs/calibration.md). --weighting none keeps P_MDS,
 --weighting occupancy asks for the weighted one; metadata mds_weighting says which.
 

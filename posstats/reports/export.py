@@ -389,7 +389,7 @@ def _export_coordinates(run: RunData, r: int, *, rule: str, weighting: str, meth
     the run holds at least r of them and the unweighted MDS's leading components load on
     thinly occupied positions (:func:`posstats.estimates.verdict.thin_mds_components`):
     on corpora whose occupancy falls to 4-10 tokens a position they were nearer the true
-    geometry in 24 of 24 (scaled stress against the truth 0.41 and 0.26 where P_MDS's were
+    geometry in 48 of 48 (scaled stress against the truth 0.42 and 0.27 where P_MDS's were
     0.67 and 0.39; docs/calibration.md, "The occupancy-weighted MDS"). Warns when the
     exported P_MDS components are such thin-position components."""
     held = run.weighted_encoding
