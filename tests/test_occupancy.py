@@ -237,6 +237,11 @@ def test_mds_components_on_thin_positions_are_named_in_the_verdict_and_the_expor
     assert "so its stress is no evidence of a better encoding" in headline
     assert "`posstats export` writes the 2 occupancy-weighted component(s) the rank test counted" in headline
     assert "fits better" not in headline
+    from posstats.reports.summary import verdict_items
+
+    best = dict(verdict_items(report)).get("best fit", "")
+    assert best.startswith("scaled stress d=2: mds") and best.endswith(
+        "(mds: its leading components fit thinly occupied positions' noise, see the caveats)")
     # the weighted components: where the test's load (the head), not the tail
     assert null["weighted_mds_components"] == 2 and analysis.weighted_encoding.shape == (len(analysis.positions), 2)
     # (the fitted eigenvectors W^1/2 X: the head's; P_MDS's columns: the tail's)

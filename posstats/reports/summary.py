@@ -266,6 +266,9 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
                                   + "; ".join(fits)))
     elif fits:
         noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
+        if not noise_only and any(b["best"].startswith("mds") for b in v.get("best_encodings", [])) \
+                and thin_mds_components(report):
+            noise_only = " (mds: its leading components fit thinly occupied positions' noise, see the caveats)"
         items.append(("best fit", "scaled stress " + "; ".join(fits) + noise_only))
     held = report.get("held_out") or {}
     if v.get("held_out_best") and gated:
