@@ -1833,9 +1833,9 @@ def _null_section(
         out["median_occupancy"] = float(np.median(g.occupancy))
         # the components that test counted, as coordinates (what an export writes where the
         # MDS's leading components are thin positions' noise: posstats.reports.export)
-        k = min(int(nr.components_above_null), vectors.shape[1])
-        weighted = weighted_coordinates(vectors[:, :k], np.asarray(tested[:k]), weights)
-        out["weighted_mds_components"] = k
+        counted = min(int(nr.components_above_null), vectors.shape[1])
+        weighted = weighted_coordinates(vectors[:, :counted], np.asarray(tested[:counted]), weights)
+        out["weighted_mds_components"] = counted
     if choice == "shuffle" and distances is not None:
         out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
                                  _distance_noise_entry(noise_sums, distances,

@@ -597,3 +597,45 @@ def test_card_fields_and_loop_counts_from_untrusted_config_are_bounded(run_dir, 
     import ast
 
     ast.parse(snippet.split(" = ", 1)[1])  # one call with one string argument, nothing else
+
+
+def test_cli_exports_the_occupancy_weighted_components_on_a_thin_tail(tmp_path, capsys):
+    """`posstats analyze` then `posstats export` of a corpus whose last 140 of 200 positions
+    hold about 10 tokens (the first 60: 3,000): the default export writes the
+    occupancy-weighted components the rank test counted, exactly those the in-process
+    analysis computes (W^-1/2 U sqrt(lambda) of its rank test), and says so; `--weighting
+    none` writes P_MDS with the warning; `--weighting occupancy` beyond the counted rank is
+    refused in one line."""
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.testing import synthetic_counts
+
+    counts = synthetic_counts(200, 2000, tokens=np.concatenate([np.full(60, 3000.0), np.full(140, 10.0)]), rank=2,
+                              strength=0.3, seed=10).counts
+    save_counts(counts, tmp_path / "counts")
+    assert main(["analyze", "--counts", str(tmp_path / "counts"), "--held-out", "off", "--out", str(tmp_path / "run")]) == 0
+    expected = analyze(counts, AnalysisConfig(held_out="off"), show_progress=False)
+    r = expected.weighted_encoding.shape[1]
+    assert r == json.loads((tmp_path / "run" / "report.json").read_text())["verdict"]["components_above_noise"] >= 1
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), "--dim", "4", "--factors", "--rank", str(r), "--weighting", "occupancy",
+                 "--out", str(tmp_path / "forced.safetensors")]) == 0
+    assert main(["export", str(tmp_path / "run"), "--dim", "4", "--out", str(tmp_path / "pos.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "occupancy-weighted MDS" in out and "--weighting none: P_MDS" in out
+    with safe_open(str(tmp_path / "pos.safetensors"), "np") as f:
+        meta, table = f.metadata(), f.get_tensor("position_embeddings").astype(np.float64)
+    assert meta["mds_weighting"] == "occupancy" and meta["rank"] == str(r)
+    np.testing.assert_allclose(table[:, :r], expected.weighted_encoding, rtol=1e-6, atol=1e-6)
+    assert not table[:, r:].any()
+    with safe_open(str(tmp_path / "forced.safetensors"), "np") as f:
+        np.testing.assert_allclose(f.get_tensor("posstats.lowrank.A"), expected.weighted_encoding, rtol=1e-6, atol=1e-6)
+    assert main(["export", str(tmp_path / "run"), "--dim", "4", "--weighting", "none",
+                 "--out", str(tmp_path / "plain.safetensors")]) == 0
+    err = capsys.readouterr().err
+    assert "load on thinly occupied positions" in err and "--weighting occupancy exports" in err
+    with safe_open(str(tmp_path / "plain.safetensors"), "np") as f:
+        assert f.metadata()["mds_weighting"] == "none"
+    assert main(["export", str(tmp_path / "run"), "--dim", "4", "--rank", str(r + 1), "--weighting", "occupancy",
+                 "--out", str(tmp_path / "more.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert f"holds the occupancy-weighted coordinates of {r} component(s)" in err and len(err.strip().splitlines()) == 1
