@@ -23,6 +23,13 @@ export's ``--weighting auto`` takes the weighted components, and the scaled stre
 table auto exports. Prints one JSON object; means with their standard errors, and the
 count of seeds where the weighted table is nearer the truth, with its Clopper-Pearson 95 %
 interval.
+
+With ``--held-out`` each corpus is also split into two halves of its tokens (as the report's
+held-out table splits it, :func:`posstats.estimates.held_out.token_halves`); both tables are
+fitted on half A at the same rank and scored twice: by their held-out scaled stress against
+half B's bias-corrected ``d_H`` (what the report's held-out table would show) and against the
+truth. ``held_out.agrees`` counts the corpora where the held-out score ranks the two tables
+as the truth does: whether a held-out row could grade the weighted table.
 """
 
 from __future__ import annotations
@@ -47,7 +54,52 @@ def truth_stress(x: np.ndarray, truth: np.ndarray) -> float:
     return float(((scale * e - t) ** 2).sum() / (t @ t))
 
 
-def one_corpus(tail: float, seed: int, rank: int) -> dict:
+def _half_tables(rows, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(P_MDS(r), the occupancy-weighted MDS(r), the bias-corrected d_H) of the count rows
+    (m, V): the analysis' estimators (the occupancy adjustment, the unbiased bias ``b_i``,
+    the Gram ``B - H diag(b) H``), so that a half is fitted as the corpus is."""
+    from posstats.estimates.noise import corrected_squared_distances
+    from posstats.estimates.occupancy import adjusted
+    from posstats.estimates.sampling_variance import position_sampling_variance
+    from posstats.geometry.hellinger import hellinger_sq
+    from posstats.geometry.mds import gram_in_place, weighted_coordinates
+
+    bias = position_sampling_variance(rows)
+    d2 = adjusted(hellinger_sq(rows), rows)
+    distances = np.sqrt(corrected_squared_distances(d2, bias))
+    gram = gram_in_place(d2, bias)
+    lam, u = np.linalg.eigh(gram)
+    p_mds = u[:, ::-1][:, :r] * np.sqrt(np.maximum(lam[::-1][:r], 0.0))
+    occupancy = np.asarray(rows.sum(axis=1), dtype=np.float64).ravel()
+    w = occupancy / occupancy.mean()
+    root = np.sqrt(w)
+    lam_w, u_w = np.linalg.eigh(root[:, None] * gram * root[None, :])
+    weighted = weighted_coordinates(u_w[:, ::-1][:, :r], lam_w[::-1][:r], w)
+    return p_mds, weighted, distances
+
+
+def held_out(corpus, positions: np.ndarray, truth: np.ndarray, r: int, seed: int) -> dict:
+    """Both tables fitted on half A of the corpus' tokens at rank ``r``: their scaled stress
+    against half B's corrected ``d_H`` (held out) and against the truth."""
+    import scipy.sparse as sp
+
+    from posstats.estimates.held_out import token_halves
+    from posstats.geometry.stress import stress_report
+
+    rows = sp.csr_array(corpus.counts.matrix)[positions]
+    a, b = token_halves(rows, seed=seed)
+    keep = np.flatnonzero((np.asarray(a.sum(axis=1)).ravel() > 0) & (np.asarray(b.sum(axis=1)).ravel() > 0))
+    a, b, truth = a[keep], b[keep], truth[np.ix_(keep, keep)]
+    p_mds, weighted, _ = _half_tables(a, r)
+    *_, d_b = _half_tables(b, 1)
+    out = {name: {"held_out": stress_report(x, d_b).scaled_stress, "truth": truth_stress(x, truth)}
+           for name, x in (("p_mds", p_mds), ("weighted", weighted))}
+    out["agrees"] = ((out["weighted"]["held_out"] < out["p_mds"]["held_out"])
+                     == (out["weighted"]["truth"] < out["p_mds"]["truth"]))
+    return out
+
+
+def one_corpus(tail: float, seed: int, rank: int, with_held_out: bool = False) -> dict:
     """The verdict's count, the thin flag and the two tables' scaled stresses for one corpus."""
     from posstats.analysis import AnalysisConfig, analyze
     from posstats.estimates.verdict import thin_mds_components
@@ -73,6 +125,8 @@ def one_corpus(tail: float, seed: int, rank: int) -> dict:
         out["weighted"] = {"all": truth_stress(w, truth), "head": truth_stress(w[head], truth[np.ix_(head, head)])}
     # what `posstats export --weighting auto` writes at the informative rank
     out["auto"] = "weighted" if (thin and above and "weighted" in out) else "p_mds"
+    if with_held_out:
+        out["held_out"] = held_out(corpus, analysis.positions, truth, r, seed)
     return out
 
 
@@ -91,9 +145,9 @@ def mean_se(values: list[float]) -> dict:
             "se": round(float(a.std(ddof=1) / np.sqrt(a.size)), 4) if a.size > 1 else None}
 
 
-def cell(tail: float, seeds: int, rank: int) -> dict:
+def cell(tail: float, seeds: int, rank: int, with_held_out: bool = False) -> dict:
     """One tail occupancy over ``seeds`` corpora."""
-    runs = [one_corpus(tail, 10 + s, rank) for s in range(seeds)]
+    runs = [one_corpus(tail, 10 + s, rank, with_held_out) for s in range(seeds)]
     both = [x for x in runs if "weighted" in x]
     row = {"tail_tokens": tail, "seeds": seeds, "thin_flagged": sum(x["thin"] for x in runs),
            "components": mean_se([x["components"] for x in runs]), "with_weighted": len(both)}
@@ -107,6 +161,16 @@ def cell(tail: float, seeds: int, rank: int) -> dict:
         entry["auto"] = mean_se([x[x["auto"]][side] for x in runs])
         row[side] = entry
     row["auto_took_weighted"] = sum(x["auto"] == "weighted" for x in runs)
+    if with_held_out:
+        held = [x["held_out"] for x in runs]
+        row["held_out"] = {
+            **{f"{name}_{score}": mean_se([h[name][score] for h in held])
+               for name in ("p_mds", "weighted") for score in ("held_out", "truth")},
+            "weighted_better_held_out": sum(h["weighted"]["held_out"] < h["p_mds"]["held_out"] for h in held),
+            "weighted_nearer_truth": sum(h["weighted"]["truth"] < h["p_mds"]["truth"] for h in held),
+            "agrees": sum(h["agrees"] for h in held),
+            "agrees_ci95": clopper_pearson(sum(h["agrees"] for h in held), len(held)),
+        }
     return row
 
 
@@ -115,9 +179,11 @@ def main() -> None:
     ap.add_argument("--tails", default="4,10,100,300", help="comma-separated expected tokens of the 140 tail positions")
     ap.add_argument("--seeds", type=int, default=12)
     ap.add_argument("--rank", type=int, default=2, help="true rank of the structure (>= 2)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="also fit both tables on half of the tokens and score them on the other half")
     args = ap.parse_args()
     t = time.perf_counter()
-    rows = [cell(float(x), args.seeds, args.rank) for x in args.tails.split(",")]
+    rows = [cell(float(x), args.seeds, args.rank, args.held_out) for x in args.tails.split(",")]
     print(json.dumps({"benchmark": "weighted_export", "positions": POSITIONS, "head": HEAD, "head_tokens": 3000,
                       "rank": args.rank, "baseline": "p_mds", "rows": rows,
                       "seconds": round(time.perf_counter() - t, 1)}, indent=1))

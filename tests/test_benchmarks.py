@@ -425,3 +425,18 @@ def test_bench_weighted_export_small():
         lo, hi = e["weighted_nearer_ci95"]
         assert lo <= e["weighted_nearer"] / 2 <= hi
     assert row["all"]["weighted"]["mean"] < row["all"]["p_mds"]["mean"]  # 0.42 against 0.67 over 12 seeds
+
+
+def test_bench_weighted_export_held_out_small():
+    """``--held-out``: both tables fitted on half of the tokens, scored on the other half and
+    against the truth; ``agrees`` counts the corpora where the two scores rank them alike.
+    At a 4-token tail the weighted table is nearer the truth and the held-out score says so
+    (12 of 12 seeds in the full run), so both seeds agree."""
+    r = run_bench("bench_weighted_export.py", "--tails", "4", "--seeds", "2", "--held-out")
+    held = r["rows"][0]["held_out"]
+    for key in ("p_mds_held_out", "p_mds_truth", "weighted_held_out", "weighted_truth"):
+        assert 0 < held[key]["mean"] < 1
+    assert held["weighted_truth"]["mean"] < held["p_mds_truth"]["mean"]  # 0.45 against 0.72 over 12 seeds
+    assert held["weighted_nearer_truth"] == 2 == held["weighted_better_held_out"] == held["agrees"]
+    lo, hi = held["agrees_ci95"]
+    assert lo <= 1.0 <= hi
