@@ -440,3 +440,20 @@ def test_bench_weighted_export_held_out_small():
     assert held["weighted_nearer_truth"] == 2 == held["weighted_better_held_out"] == held["agrees"]
     lo, hi = held["agrees_ci95"]
     assert lo <= 1.0 <= hi
+
+
+def test_bench_mp_edge_small():
+    """bench_mp_edge.py at n = 256, N = 2,000, 2 seeds: on stationary corpora the generalized
+    Marchenko-Pastur edge from the exact variances is the noise bulk's top (0.98 here; within
+    0.1-1.3 % in the full table, more rows giving a sharper edge), the analytic edge stands
+    above both and its own form with the exact variances in between; dependent streams of
+    the same marginal lift the top above the independent edge (1.9x here) and, at this
+    n, above the analytic edge too."""
+    r = run_bench("bench_mp_edge.py", "--positions", "256", "--tokens", "2000", "--seeds", "2")
+    assert r["benchmark"] == "mp_edge" and [row["kind"] for row in r["rows"]] == ["stationary", "markov"]
+    stationary, markov = r["rows"]
+    assert 0.95 <= stationary["top_over_gmp"] <= 1.03
+    assert stationary["gmp"] < stationary["bound_exact"] < stationary["edge"]
+    assert stationary["edge_over_top"] > 1.3
+    assert markov["gmp"] == stationary["gmp"]  # the same marginal, the same independent edge
+    assert markov["top_over_gmp"] > 1.5 and markov["edge_over_top"] < 1.0

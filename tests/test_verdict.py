@@ -108,6 +108,32 @@ def test_verdict_gates_components_on_non_stationarity():
     assert verdict({}, None).non_stationary is None
 
 
+def test_a_count_against_a_null_of_independent_tokens_carries_a_caveat():
+    """Components counted against the analytic edge or shuffled corpora (nulls that treat a
+    window's tokens as independent, which dependent text lifts past: benchmarks/bench_mp_edge.py)
+    come with the caveat that the count is an upper estimate; against rotated corpora, with no
+    component claimed, or with the gate closed, no caveat."""
+    from posstats.estimates.verdict import independent_rank_null_caveat
+
+    standout = {"count": 3}
+
+    def caveat(null):
+        found = [c for c in verdict({"null": null}, standout).caveats if "upper estimate" in c and "treat the tokens" in c]
+        assert len(found) <= 1
+        return found[0] if found else None
+
+    edge = caveat({"method": "mp", "components_above_null": 2})
+    assert edge is not None and "2 component(s)" in edge and "analytic noise edge" in edge
+    shuffled = caveat({"method": "shuffle", "null_corpora": "shuffled", "components_above_null": 1})
+    assert shuffled is not None and "shuffled null corpora" in shuffled
+    assert caveat({"method": "shuffle", "null_corpora": "rotated", "components_above_null": 1}) is None
+    assert caveat({"method": "mp", "components_above_null": 0}) is None
+    # the gate: without a rejection no component is claimed, so no caveat either
+    quiet = verdict({"null": {"method": "mp", "components_above_null": 2}}, {"count": 0})
+    assert quiet.components_above_noise == 0 and not any("upper estimate" in c for c in quiet.caveats)
+    assert independent_rank_null_caveat({"method": "mp"}, None) is None
+
+
 def test_homogeneity_alone_with_the_permutation_null_carries_a_caveat():
     """In every mode a non-stationary verdict from the permutation test of homogeneity alone
     (no standout) says the test assumes independent tokens (it rejected 8 % of real packed
