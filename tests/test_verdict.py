@@ -118,14 +118,14 @@ def test_a_count_against_a_null_of_independent_tokens_carries_a_caveat():
     standout = {"count": 3}
 
     def caveat(null):
-        found = [c for c in verdict({"null": null}, standout).caveats if "upper estimate" in c and "treat the tokens" in c]
+        found = [c for c in verdict({"null": null}, standout).caveats if "upper estimate" in c and "as independent" in c]
         assert len(found) <= 1
         return found[0] if found else None
 
     edge = caveat({"method": "mp", "components_above_null": 2})
-    assert edge is not None and "2 component(s)" in edge and "analytic noise edge" in edge
+    assert edge is not None and "2 component(s)" in edge and "analytic noise edge, which treats the tokens" in edge
     shuffled = caveat({"method": "shuffle", "null_corpora": "shuffled", "components_above_null": 1})
-    assert shuffled is not None and "shuffled null corpora" in shuffled
+    assert shuffled is not None and "shuffled null corpora (the counts have no window groups), which treat the" in shuffled
     assert caveat({"method": "shuffle", "null_corpora": "rotated", "components_above_null": 1}) is None
     assert caveat({"method": "mp", "components_above_null": 0}) is None
     # the gate: without a rejection no component is claimed, so no caveat either
@@ -454,6 +454,25 @@ def test_answer_for_a_planted_corpus_names_the_planted_positions():
     assert answer[0].startswith("Positions 0-3 carry token distributions of their own")
     assert "dimension(s) of positional structure above sampling noise" in answer[0]
     assert answer[1].startswith("Among encodings used without fitting")
+
+
+def test_answer_calls_a_count_against_a_null_of_independent_tokens_an_upper_estimate():
+    """The first sentence says "at most" k dimensions where the count's null treats a window's
+    tokens as independent (the analytic edge, shuffled corpora: the verdict's caveat), and
+    states the count plainly against rotated corpora."""
+    from posstats.reports.summary import answer_sentences
+
+    base = {"positions": {"used": 64}, "verdict": {"structure": "positions", "non_stationary": True, "caveats": [],
+                                                   "standout_positions": {"count": 3, "ranges": "0-2"},
+                                                   "components_above_noise": 2}}
+    edge = answer_sentences({**base, "null": {"method": "mp", "components_above_null": 2}})[0]
+    assert "has at most 2 dimension(s) of positional structure above sampling noise" in edge and "caveat" in edge
+    shuffled = answer_sentences({**base, "null": {"method": "shuffle", "null_corpora": "shuffled",
+                                                  "components_above_null": 2}})[0]
+    assert "at most 2" in shuffled
+    rotated = answer_sentences({**base, "null": {"method": "shuffle", "null_corpora": "rotated",
+                                                 "components_above_null": 2}})[0]
+    assert "has 2 dimension(s)" in rotated and "at most" not in rotated
 
 
 def test_answer_for_a_drift_says_distributions_change_across_positions():

@@ -452,24 +452,24 @@ def independent_rank_null_caveat(null: dict[str, Any], components: int | None, /
     whose tokens repeat the previous one half of the time the noise bulk's top rose 3-63 %
     above the edge independent tokens give (to 0.98-1.24 times the analytic edge with 20,000
     windows at n = 8,192 and 2,048; 2 % at n = 131,072 with 2,000: ``benchmarks/bench_mp_edge.py``),
-    and against shuffled corpora
-    the rank test counted a component in 20 of 20 such streams (docs/calibration.md). Only
+    and against shuffled corpora the rank test counted a component in 20 of 20 such streams
+    (docs/calibration.md). Only
     where components are claimed: the gate (a test of H0 must reject first) keeps the
     verdict's level, and the standout test compares each row with the pool."""
     if not components:
         return None
     if null.get("method") == "mp":
-        against = "the analytic noise edge"
+        against = "the analytic noise edge, which treats"
     elif null.get("null_corpora") == "shuffled":
-        against = "shuffled null corpora (the counts have no window groups)"
+        against = "shuffled null corpora (the counts have no window groups), which treat"
     else:
         return None
-    return (f"the {int(components)} component(s) above noise were counted against {against}, which treat the tokens "
-            "of one window (a document's first n in truncate mode) as independent; nearby tokens of real text are "
-            "dependent, and dependence lifts the noise eigenvalues (on streams whose tokens repeat the previous one "
-            "half of the time the noise bulk's top reached 0.98-1.24 times the analytic edge with 20,000 windows at "
-            "n = 2,048-8,192, and shuffled corpora gave a false component in 20 of 20: docs/calibration.md), so read the count as an upper estimate; "
-            "which positions stand out is not affected")
+    return (f"the {int(components)} component(s) above noise were counted against {against} the tokens of one window "
+            "(a document's first n in truncate mode) as independent; dependence between nearby tokens, as in real text, "
+            "lifts the noise eigenvalues (tokens that repeat the previous one half of the time lifted the bulk to "
+            "0.98-1.24 times the analytic edge with 20,000 windows at n = 2,048-8,192, and shuffled corpora then gave a "
+            "false component in 20 of 20: docs/calibration.md), so read the count as an upper estimate; which positions "
+            "stand out is not affected")
 
 
 def homogeneity_alone_in_windows(report: dict[str, Any], standout: dict[str, Any] | None, /) -> bool:
