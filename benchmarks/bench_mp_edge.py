@@ -9,7 +9,8 @@ an upper estimate. This benchmark measures it against the bulk it bounds, on cor
 every position has one known distribution (:func:`posstats.testing.known_corpus`,
 ``stationary``, V = 5,000, Zipf 1.1, N tokens a position, the ``counts`` sampler), and on
 the dependent ``markov`` streams of the same marginal (pack mode, each token repeating the
-previous one with probability 0.5, N windows: :func:`posstats.testing.markov_packed_counts`).
+previous one with probability ``--stay``, 0.5 by default, N windows:
+:func:`posstats.testing.markov_packed_counts`).
 
 For each corpus, on the plug-in scale the edge is stated on:
 
@@ -28,6 +29,13 @@ For each corpus, on the plug-in scale the edge is stated on:
 Prints one JSON object: per cell the means over seeds and the ratios ``edge / top``,
 ``gmp / top`` and ``top / gmp`` (above 1 where dependence lifts the bulk past the edge that
 independent tokens would have).
+
+With ``--corpus FILE --tokenizer FILE`` it measures real text instead: the file (plain text,
+gzip allowed) is tokenized and packed into windows of each n, so every position has the
+text's distribution (documents start at offsets unrelated to n), and the same tokens
+shuffled over the stream give the independent baseline. ``gmp`` then uses the exact
+variances under the pooled distribution. ``real.top_over_shuffled`` is the lift that the
+text's dependence gives the noise bulk.
 """
 
 from __future__ import annotations
@@ -93,14 +101,14 @@ def top_eigenvalues(counts: sp.csr_array, k: int = 3, /) -> np.ndarray:
     return np.sort(eigsh(op, k=k, which="LA", return_eigenvectors=False))[::-1]
 
 
-def one_corpus(kind: str, n: int, tokens: int, seed: int, variances: np.ndarray) -> dict:
+def one_corpus(kind: str, n: int, tokens: int, seed: int, stay: float = 0.5) -> dict:
     """``top``, ``edge`` for one corpus of ``kind``."""
     from posstats.estimates.noise import mp_edge_value
     from posstats.estimates.thinning import split_noise_floor
     from posstats.testing import known_corpus, markov_packed_counts
 
     if kind == "markov":
-        counts = markov_packed_counts(n, windows=tokens, stay=0.5, seed=seed, sampler="counts")
+        counts = markov_packed_counts(n, windows=tokens, stay=stay, seed=seed, sampler="counts")
     elif kind == "stationary":
         counts = known_corpus("stationary", n, tokens=tokens, seed=seed, sampler="counts").counts
     else:
@@ -112,7 +120,7 @@ def one_corpus(kind: str, n: int, tokens: int, seed: int, variances: np.ndarray)
     return {"top": [float(x) for x in top], "edge": mp_edge_value(floor.bias, floor.column_noise, n)}
 
 
-def cell(kind: str, n: int, tokens: int, seeds: int) -> dict:
+def cell(kind: str, n: int, tokens: int, seeds: int, stay: float = 0.5) -> dict:
     """One (kind, n, N) over ``seeds`` corpora."""
     from posstats.testing import known_corpus
 
@@ -120,14 +128,59 @@ def cell(kind: str, n: int, tokens: int, seeds: int) -> dict:
     t = sqrt_variances(base, tokens)
     gmp = gmp_edge(t, n)
     bound = (math.sqrt(float(t.sum())) + math.sqrt(n * float(t.max()))) ** 2
-    runs = [one_corpus(kind, n, tokens, seed, t) for seed in range(seeds)]
+    runs = [one_corpus(kind, n, tokens, seed, stay) for seed in range(seeds)]
     top = float(np.mean([r["top"][0] for r in runs]))
     edge = float(np.mean([r["edge"] for r in runs]))
-    return {"kind": kind, "positions": n, "tokens": tokens, "seeds": seeds,
+    return {"kind": kind, "positions": n, "tokens": tokens, "seeds": seeds, **({"stay": stay} if kind == "markov" else {}),
             "top": round(top, 5), "top_max": round(max(r["top"][0] for r in runs), 5),
             "edge": round(edge, 5), "gmp": round(gmp, 5), "bound_exact": round(bound, 5),
             "edge_over_top": round(edge / top, 3), "gmp_over_top": round(gmp / top, 4),
             "top_over_gmp": round(top / gmp, 4), "bound_exact_over_gmp": round(bound / gmp, 3)}
+
+
+def text_cell(tokens: np.ndarray, vocab: int, n: int, /, *, seed: int = 0) -> dict:
+    """Real text packed into windows of ``n`` against the same tokens shuffled: ``top``,
+    ``edge`` and the pooled distribution's ``gmp`` for each (module docstring)."""
+    from posstats.estimates.noise import mp_edge_value
+    from posstats.estimates.thinning import split_noise_floor
+
+    windows = tokens.size // n
+    if windows < 2:
+        msg = f"{tokens.size:,} tokens make fewer than 2 windows of {n}"
+        raise SystemExit(msg)
+    out: dict = {"positions": n, "windows": windows}
+    for label, stream in (("real", tokens), ("shuffled", np.random.default_rng(seed).permutation(tokens[: windows * n]))):
+        packed = stream[: windows * n].reshape(windows, n)
+        rows = sp.csr_array((np.ones(windows * n), (np.repeat(np.arange(n), windows), packed.T.ravel())),
+                            shape=(n, vocab))
+        rows.sum_duplicates()
+        floor = split_noise_floor(rows, parts=4, seed=seed)
+        pooled = np.asarray(rows.sum(axis=0)).ravel() / windows / n
+        gmp = gmp_edge(sqrt_variances(pooled[pooled > 0], windows), n)
+        top = float(top_eigenvalues(rows, 1)[0])
+        out[label] = {"top": round(top, 5), "edge": round(mp_edge_value(floor.bias, floor.column_noise, n), 5),
+                      "gmp": round(gmp, 5), "top_over_gmp": round(top / gmp, 4)}
+    out["real"]["top_over_shuffled"] = round(out["real"]["top"] / out["shuffled"]["top"], 4)
+    out["real"]["edge_over_top"] = round(out["real"]["edge"] / out["real"]["top"], 3)
+    return out
+
+
+def read_tokens(corpus: str, tokenizer: str, /) -> tuple[np.ndarray, int]:
+    """(token ids of the whole file, line by line without special tokens, one stream; the
+    tokenizer's vocabulary size)."""
+    import gzip
+
+    from tokenizers import Tokenizer
+
+    opener = gzip.open if corpus.endswith(".gz") else open
+    with opener(corpus, "rt", encoding="utf-8") as f:
+        text = f.read()
+    tok = Tokenizer.from_file(tokenizer)
+    tok.no_truncation()
+    tok.no_padding()
+    lines = [line for line in text.splitlines() if line.strip()]
+    ids = [e.ids for e in tok.encode_batch(lines, add_special_tokens=False)]
+    return np.fromiter((i for row in ids for i in row), dtype=np.int64), int(tok.get_vocab_size())
 
 
 def main() -> None:
@@ -136,9 +189,21 @@ def main() -> None:
     ap.add_argument("--tokens", default="200,2000,20000", help="comma-separated N (tokens, or windows for markov)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--kinds", default="stationary,markov")
+    ap.add_argument("--stay", type=float, default=0.5, help="markov: the probability a token repeats the previous one")
+    ap.add_argument("--corpus", help="real text (plain or .gz): measure it packed into windows of each n instead")
+    ap.add_argument("--tokenizer", help="a tokenizer.json for --corpus")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    rows = [cell(kind, int(n), int(tokens), args.seeds) for kind in args.kinds.split(",")
+    if args.corpus:
+        if not args.tokenizer:
+            raise SystemExit("--corpus needs --tokenizer")
+        tokens, vocab = read_tokens(args.corpus, args.tokenizer)
+        rows = [text_cell(tokens, vocab, int(n)) for n in args.positions.split(",")]
+        print(json.dumps({"benchmark": "mp_edge", "corpus": args.corpus, "tokens": int(tokens.size),
+                          "baseline": "the same tokens shuffled", "rows": rows,
+                          "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
+        return
+    rows = [cell(kind, int(n), int(tokens), args.seeds, args.stay) for kind in args.kinds.split(",")
             for n in args.positions.split(",") for tokens in args.tokens.split(",")]
     print(json.dumps({"benchmark": "mp_edge", "baseline": "gmp (independent tokens, exact variances)",
                       "vocab": 5000, "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}, indent=1))

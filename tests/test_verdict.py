@@ -456,25 +456,6 @@ def test_answer_for_a_planted_corpus_names_the_planted_positions():
     assert answer[1].startswith("Among encodings used without fitting")
 
 
-def test_answer_calls_a_count_against_a_null_of_independent_tokens_an_upper_estimate():
-    """The first sentence says "at most" k dimensions where the count's null treats a window's
-    tokens as independent (the analytic edge, shuffled corpora: the verdict's caveat), and
-    states the count plainly against rotated corpora."""
-    from posstats.reports.summary import answer_sentences
-
-    base = {"positions": {"used": 64}, "verdict": {"structure": "positions", "non_stationary": True, "caveats": [],
-                                                   "standout_positions": {"count": 3, "ranges": "0-2"},
-                                                   "components_above_noise": 2}}
-    edge = answer_sentences({**base, "null": {"method": "mp", "components_above_null": 2}})[0]
-    assert "has at most 2 dimension(s) of positional structure above sampling noise" in edge and "caveat" in edge
-    shuffled = answer_sentences({**base, "null": {"method": "shuffle", "null_corpora": "shuffled",
-                                                  "components_above_null": 2}})[0]
-    assert "at most 2" in shuffled
-    rotated = answer_sentences({**base, "null": {"method": "shuffle", "null_corpora": "rotated",
-                                                 "components_above_null": 2}})[0]
-    assert "has 2 dimension(s)" in rotated and "at most" not in rotated
-
-
 def test_answer_for_a_drift_says_distributions_change_across_positions():
     """A drift moves every position: the ends stand out from the pooled distribution, and the
     answer says the distributions change rather than naming a few special positions."""

@@ -9,7 +9,6 @@ from posstats.estimates.verdict import (
     all_tied,
     fitted_better,
     homogeneity_test_name,
-    independent_rank_null_caveat,
     structure_kind,
     thin_mds_components,
 )
@@ -74,10 +73,7 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
         return ("No positional structure beyond sampling noise: as far as these counts can tell, every position has "
                 "the same token distribution, so the corpus gives no reason to prefer one positional encoding over another.")
     so, above = v.get("standout_positions") or {}, v.get("components_above_noise")
-    upper = bool(above) and independent_rank_null_caveat(report.get("null") or {}, above) is not None
     dims = ("no dimension of structure stands above sampling noise beyond them" if not above else
-            f"the corpus has at most {above} dimension(s) of positional structure above sampling noise (a null that "
-            "treats a window's tokens as independent counted them: see the caveat)" if upper else
             f"the corpus has {above} dimension(s) of positional structure above sampling noise")
     if kind == "widespread":
         return (f"Token distributions change across positions: {so['count']:,} of the {used:,} positions ({so['ranges']}) "
