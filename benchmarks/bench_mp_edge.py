@@ -49,7 +49,6 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import minimize_scalar
 from scipy.sparse.linalg import LinearOperator, eigsh
-from scipy.stats import binom
 
 
 def gmp_edge(variances: np.ndarray, m: int, /) -> float:
@@ -72,16 +71,12 @@ def gmp_edge(variances: np.ndarray, m: int, /) -> float:
     return m * float(found.fun)
 
 
-def sqrt_variances(p: np.ndarray, n: int, /, *, chunk: int = 256) -> np.ndarray:
-    """(V,) the exact ``Var sqrt(X / n)`` for ``X ~ Binomial(n, p_v)``."""
-    k = np.arange(n + 1)
-    root = np.sqrt(k / n)
-    out = np.empty(p.size)
-    for a in range(0, p.size, chunk):
-        w = binom.pmf(k[None, :], n, p[a : a + chunk, None])
-        mean = w @ root
-        out[a : a + chunk] = w @ (k / n) - mean**2
-    return out
+def sqrt_variances(p: np.ndarray, n: int, /) -> np.ndarray:
+    """(V,) the exact ``Var sqrt(X / n)`` for ``X ~ Binomial(n, p_v)`` (the binomial sums of
+    ``bench_sqrt_estimators.moments``)."""
+    from bench_sqrt_estimators import moments, plugin
+
+    return moments(plugin(n), np.asarray(p, dtype=np.float64), n)[1]
 
 
 def top_eigenvalues(counts: sp.csr_array, k: int = 3, /) -> np.ndarray:

@@ -54,28 +54,34 @@ def truth_stress(x: np.ndarray, truth: np.ndarray) -> float:
     return float(((scale * e - t) ** 2).sum() / (t @ t))
 
 
-def _half_tables(rows, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(P_MDS(r), the occupancy-weighted MDS(r), the bias-corrected d_H) of the count rows
-    (m, V): the analysis' estimators (the occupancy adjustment, the unbiased bias ``b_i``,
-    the Gram ``B - H diag(b) H``), so that a half is fitted as the corpus is."""
+def _corrected(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(squared distances with the occupancy adjustment, the unbiased bias ``b_i``, the
+    bias-corrected ``d_H``) of the count rows (m, V): the analysis' estimators."""
     from posstats.estimates.noise import corrected_squared_distances
     from posstats.estimates.occupancy import adjusted
     from posstats.estimates.sampling_variance import position_sampling_variance
     from posstats.geometry.hellinger import hellinger_sq
-    from posstats.geometry.mds import gram_in_place, weighted_coordinates
 
     bias = position_sampling_variance(rows)
     d2 = adjusted(hellinger_sq(rows), rows)
-    distances = np.sqrt(corrected_squared_distances(d2, bias))
+    return d2, bias, np.sqrt(corrected_squared_distances(d2, bias))
+
+
+def _half_tables(rows, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P_MDS(r), the occupancy-weighted MDS(r)) of the count rows (m, V), fitted as the
+    corpus is: the dense classical MDS of the adjusted distances with the bias on its
+    diagonal, and the top eigenpairs of the same Gram ``B - H diag(b) H`` whitened by the
+    occupancy weights."""
+    from posstats.geometry.mds import classical_mds, gram_in_place, weighted_coordinates
+
+    d2, bias, _ = _corrected(rows)
+    p_mds = classical_mds(rows, k=r, method="dense", diagonal=bias, squared_distances=d2.copy()).encoding[:, :r]
     gram = gram_in_place(d2, bias)
-    lam, u = np.linalg.eigh(gram)
-    p_mds = u[:, ::-1][:, :r] * np.sqrt(np.maximum(lam[::-1][:r], 0.0))
     occupancy = np.asarray(rows.sum(axis=1), dtype=np.float64).ravel()
     w = occupancy / occupancy.mean()
     root = np.sqrt(w)
-    lam_w, u_w = np.linalg.eigh(root[:, None] * gram * root[None, :])
-    weighted = weighted_coordinates(u_w[:, ::-1][:, :r], lam_w[::-1][:r], w)
-    return p_mds, weighted, distances
+    lam, u = np.linalg.eigh(root[:, None] * gram * root[None, :])
+    return p_mds, weighted_coordinates(u[:, ::-1][:, :r], lam[::-1][:r], w)
 
 
 def held_out(corpus, positions: np.ndarray, truth: np.ndarray, r: int, seed: int) -> dict:
@@ -90,8 +96,8 @@ def held_out(corpus, positions: np.ndarray, truth: np.ndarray, r: int, seed: int
     a, b = token_halves(rows, seed=seed)
     keep = np.flatnonzero((np.asarray(a.sum(axis=1)).ravel() > 0) & (np.asarray(b.sum(axis=1)).ravel() > 0))
     a, b, truth = a[keep], b[keep], truth[np.ix_(keep, keep)]
-    p_mds, weighted, _ = _half_tables(a, r)
-    *_, d_b = _half_tables(b, 1)
+    p_mds, weighted = _half_tables(a, r)
+    d_b = _corrected(b)[2]
     out = {name: {"held_out": stress_report(x, d_b).scaled_stress, "truth": truth_stress(x, truth)}
            for name, x in (("p_mds", p_mds), ("weighted", weighted))}
     out["agrees"] = ((out["weighted"]["held_out"] < out["p_mds"]["held_out"])
