@@ -134,6 +134,27 @@ def test_a_count_against_a_null_of_independent_tokens_carries_a_caveat():
     assert independent_rank_null_caveat({"method": "mp"}, None) is None
 
 
+def test_cli_run_with_the_analytic_edge_carries_the_independence_caveat(tmp_path, data_dir):
+    """``posstats run --null mp`` on the bundled fortunes (real text, BERT, 64 positions):
+    positions 0-6 stand out, components are counted against the analytic edge, and the
+    caveat reaches report.json, summary.md and report.html; the default run (rotated
+    corpora) has no such caveat."""
+    args = ["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+            "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
+            "--dims", "2", "--encodings", "mds,sinusoidal", "--held-out", "off"]
+    assert main([*args, "--null", "mp", "--out", str(tmp_path / "mp")]) == 0
+    report = json.loads((tmp_path / "mp" / "report.json").read_text())
+    assert report["null"]["method"] == "mp" and report["verdict"]["components_above_noise"] >= 1
+    found = [c for c in report["verdict"]["caveats"] if "analytic noise edge, which treats the tokens" in c]
+    assert len(found) == 1 and f"the {report['verdict']['components_above_noise']} component(s)" in found[0]
+    assert "upper estimate" in (tmp_path / "mp" / "summary.md").read_text()
+    assert "analytic noise edge, which treats the tokens" in (tmp_path / "mp" / "report.html").read_text()
+    assert main([*args, "--out", str(tmp_path / "rotated")]) == 0
+    report = json.loads((tmp_path / "rotated" / "report.json").read_text())
+    assert report["null"]["null_corpora"] == "rotated"
+    assert not any("as independent" in c and "upper estimate" in c for c in report["verdict"]["caveats"])
+
+
 def test_homogeneity_alone_with_the_permutation_null_carries_a_caveat():
     """In every mode a non-stationary verdict from the permutation test of homogeneity alone
     (no standout) says the test assumes independent tokens (it rejected 8 % of real packed
