@@ -198,6 +198,8 @@ def _claims(report: dict) -> dict[str, bool]:
         "distinguishable": bool(v.get("positions_distinguishable")),
         "non_stationary": bool(v.get("non_stationary")),
         "standouts_exactly_planted": sorted(standouts) == [0, 1, 2, 3],
+        # the rank test on its own, before the gate (a test of H0 must reject to claim it)
+        "rank_test_alone": ((report.get("null") or {}).get("components_above_null") or 0) > 0,
         # an encoding named better than another at some width (in-sample or held out):
         # a claim of structure, false on a stationary corpus
         "best_named": any(len(row["tied_with"]) + 1 < _row_width(report, row["dim"])
@@ -249,7 +251,7 @@ def _packed_with_groups(n: int, windows: int, seed: int):
 
 def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[int],
                    kinds: tuple[str, ...] = tuple(_TALLIED), first_seed: int = 0, sampler: str = "tokens",
-                   occupancy_ratio: float = 1.0) -> list[dict]:
+                   occupancy_ratio: float = 1.0, null: str = "auto") -> list[dict]:
     """How often the default analysis claims structure in stationary corpora (the
     family-wise false-positive rate, target <= 5 %), and how often it finds it in planted
     and drifting ones (power, target >= 90 % at N >= 2,000), with Clopper-Pearson 95 %
@@ -264,8 +266,12 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     another corpus under each). ``occupancy_ratio`` < 1: the known kinds are truncate
     documents of falling occupancy (their shorter documents in length classes of the window
     groups, as ``posstats count`` counts them); ``pack_markov`` is unchanged (pack mode
-    fills every position)."""
-    cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off")
+    fills every position). ``null = "mp"`` runs every analysis against the ``mp`` edge
+    (measured on the window groups' halves where the corpus has them:
+    :mod:`posstats.estimates.halves_edge`), and tallies the rank test alone too
+    (``rank_test_alone``, stationary and pack_markov) and which edge each analysis used
+    (``edges``)."""
+    cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off", null=null)
     rows = []
     for n in positions:
         for N in tokens:
@@ -274,6 +280,9 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                          **({"occupancy_ratio": occupancy_ratio} if occupancy_ratio != 1.0 else {})}
             for kind in kinds:
                 keys = _TALLIED[kind]
+                if null == "mp" and kind in ("stationary", "pack_markov"):
+                    keys = (*keys, "rank_test_alone")
+                edges: dict[str, int] = {}
                 runs = seeds if kind in ("stationary", "pack_markov") else power_seeds
                 if runs == 0:
                     continue
@@ -296,6 +305,9 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                     claims = _claims(report)
                     for k in keys:
                         tally[k] += int(claims[k])
+                    if null == "mp":
+                        edge = ((report.get("null") or {}).get("edge") or {}).get("method", "none")
+                        edges[edge] = edges.get(edge, 0) + 1
                     # one line per corpus as it finishes: a long cell (n = 131,072) is not lost whole
                     max_z = (report["verdict"].get("standout_positions") or {}).get("max_z")
                     print(f"  n={n} N={N} {kind} seed {seed_k}: {json.dumps({k: claims[k] for k in keys})} "
@@ -303,9 +315,11 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                           f"sampling {t_corpus - t_sample:.0f} s, analysis {time.perf_counter() - t_corpus:.0f} s",
                           file=sys.stderr, flush=True)
                 row[kind] = {k: _proportion(c, runs) for k, c in tally.items()}
+                if edges:
+                    row[kind]["edges"] = edges
             row["seconds"] = round(time.perf_counter() - t, 1)
             rows.append(row)
-            print(f"decisions n={n} N={N}: {json.dumps({k: {kk: vv['count'] for kk, vv in row[k].items()} for k in kinds if k in row})}",
+            print(f"decisions n={n} N={N}: {json.dumps({k: {kk: vv['count'] for kk, vv in row[k].items() if kk != 'edges'} for k in kinds if k in row})}",
                   file=sys.stderr)
     return rows
 
@@ -642,6 +656,10 @@ def main() -> None:
                         "truncate documents of falling occupancy: N at position 0, about this share of N at the "
                         "last (default 1: N at every position); the diff table's two sides too (each its own "
                         "draw of lengths; pack_markov unchanged)")
+    p.add_argument("--null", choices=("auto", "mp"), default="auto",
+                   help="the decision table's null: auto (the analysis' default: rotated corpora up to 4,096 rows) "
+                        "or mp (the noise edge, measured on the window groups' halves where the corpora have them; "
+                        "also tallies the rank test alone)")
     p.add_argument("--quick", action="store_true", help="4 seeds, N = 200 and 2,000 (a smoke run)")
     args = p.parse_args()
     tokens = [int(float(x)) for x in args.tokens.split(",")]
@@ -660,11 +678,11 @@ def main() -> None:
         "setup": {"vocab": 5000, "zipf": 1.1, "positions": positions, "tokens_per_position": tokens,
                   "seeds_stationary": seeds, "seeds_power": power_seeds, "seeds_distances": pair_seeds,
                   "decision_kinds": args.decision_kinds.split(","), "first_seed": args.first_seed,
-                  "sampler": args.sampler, "occupancy_ratio": ratio},
+                  "sampler": args.sampler, "occupancy_ratio": ratio, "null": args.null},
         "distances": [] if args.skip_distances else distance_table(tokens, pair_seeds, positions[0], ratio),
         "decisions": [] if args.skip_decisions else decision_table(
             tokens, seeds, power_seeds, positions, _kinds(args.decision_kinds, p), args.first_seed, args.sampler,
-            ratio),
+            ratio, args.null),
         "coverage": coverage_table([N for N in tokens if N >= 2000], args.coverage_seeds,
                                    args.coverage_positions or positions[0], tuple(args.coverage_kinds.split(",")),
                                    exact_limit=args.coverage_exact_limit, first_seed=args.first_seed,

@@ -24,7 +24,12 @@ For each corpus, on the plug-in scale the edge is stated on:
   It is what an edge sharp for independent tokens would be;
 - ``bound_exact``: the analytic edge's form with those exact variances,
   ``(sqrt(sum_v t_v) + sqrt(m max_v t_v))^2``, which separates the bound's own slack from
-  the column noise's.
+  the column noise's;
+- ``halves``: the top of the noise bulk measured on two independent halves of the corpus
+  (:func:`posstats.estimates.halves_edge.halves_edge`, before its 5 % margin): each corpus
+  is drawn as two halves of N / 2 tokens (or windows) with their own seeds, and ``top`` is
+  read on their sum. ``top_over_halves`` (mean, sd and max over seeds) is what the rank
+  test's margin must cover.
 
 Prints one JSON object: per cell the means over seeds and the ratios ``edge / top``,
 ``gmp / top`` and ``top / gmp`` (above 1 where dependence lifts the bulk past the edge that
@@ -34,8 +39,9 @@ With ``--corpus FILE --tokenizer FILE`` it measures real text instead: the file 
 gzip allowed) is tokenized and packed into windows of each n, so every position has the
 text's distribution (documents start at offsets unrelated to n), and the same tokens
 shuffled over the stream give the independent baseline. ``gmp`` then uses the exact
-variances under the pooled distribution. ``real.top_over_shuffled`` is the lift that the
-text's dependence gives the noise bulk.
+variances under the pooled distribution, and ``halves`` the even windows against the odd
+ones. ``real.top_over_shuffled`` is the lift that the text's dependence gives the noise
+bulk.
 """
 
 from __future__ import annotations
@@ -102,17 +108,23 @@ def one_corpus(kind: str, n: int, tokens: int, seed: int, stay: float = 0.5) -> 
     from posstats.estimates.thinning import split_noise_floor
     from posstats.testing import known_corpus, markov_packed_counts
 
-    if kind == "markov":
-        counts = markov_packed_counts(n, windows=tokens, stay=stay, seed=seed, sampler="counts")
-    elif kind == "stationary":
-        counts = known_corpus("stationary", n, tokens=tokens, seed=seed, sampler="counts").counts
-    else:
+    from posstats.estimates.halves_edge import halves_edge
+
+    def half(which: int) -> sp.csr_array:
+        s = 2 * seed + which  # the two halves of corpus `seed`, independent of each other
+        if kind == "markov":
+            return sp.csr_array(markov_packed_counts(n, windows=tokens // 2, stay=stay, seed=s, sampler="counts").matrix)
+        if kind == "stationary":
+            return sp.csr_array(known_corpus("stationary", n, tokens=tokens // 2, seed=s, sampler="counts").counts.matrix)
         msg = f"unknown kind {kind!r} (stationary or markov)"
         raise SystemExit(msg)
-    rows = sp.csr_array(counts.matrix)
+
+    a, b = half(0), half(1)
+    rows = sp.csr_array(a + b)
     floor = split_noise_floor(rows, parts=4, seed=seed)
     top = top_eigenvalues(rows)
-    return {"top": [float(x) for x in top], "edge": mp_edge_value(floor.bias, floor.column_noise, n)}
+    return {"top": [float(x) for x in top], "edge": mp_edge_value(floor.bias, floor.column_noise, n),
+            "halves": halves_edge(a, b, rows).noise_top}
 
 
 def cell(kind: str, n: int, tokens: int, seeds: int, stay: float = 0.5) -> dict:
@@ -126,16 +138,22 @@ def cell(kind: str, n: int, tokens: int, seeds: int, stay: float = 0.5) -> dict:
     runs = [one_corpus(kind, n, tokens, seed, stay) for seed in range(seeds)]
     top = float(np.mean([r["top"][0] for r in runs]))
     edge = float(np.mean([r["edge"] for r in runs]))
+    ratio = np.array([r["top"][0] / r["halves"] for r in runs])
     return {"kind": kind, "positions": n, "tokens": tokens, "seeds": seeds, **({"stay": stay} if kind == "markov" else {}),
             "top": round(top, 5), "top_max": round(max(r["top"][0] for r in runs), 5),
             "edge": round(edge, 5), "gmp": round(gmp, 5), "bound_exact": round(bound, 5),
             "edge_over_top": round(edge / top, 3), "gmp_over_top": round(gmp / top, 4),
-            "top_over_gmp": round(top / gmp, 4), "bound_exact_over_gmp": round(bound / gmp, 3)}
+            "top_over_gmp": round(top / gmp, 4), "bound_exact_over_gmp": round(bound / gmp, 3),
+            "halves": round(float(np.mean([r["halves"] for r in runs])), 5),
+            "top_over_halves": {"mean": round(float(ratio.mean()), 4),
+                                "sd": round(float(ratio.std(ddof=1)), 4) if ratio.size > 1 else None,
+                                "max": round(float(ratio.max()), 4)}}
 
 
 def text_cell(tokens: np.ndarray, vocab: int, n: int, /, *, seed: int = 0) -> dict:
     """Real text packed into windows of ``n`` against the same tokens shuffled: ``top``,
     ``edge`` and the pooled distribution's ``gmp`` for each (module docstring)."""
+    from posstats.estimates.halves_edge import halves_edge
     from posstats.estimates.noise import mp_edge_value
     from posstats.estimates.thinning import split_noise_floor
 
@@ -150,11 +168,16 @@ def text_cell(tokens: np.ndarray, vocab: int, n: int, /, *, seed: int = 0) -> di
                             shape=(n, vocab))
         rows.sum_duplicates()
         floor = split_noise_floor(rows, parts=4, seed=seed)
+        half = [sp.csr_array((np.ones((windows - w + 1) // 2 * n), (np.tile(np.arange(n), (windows - w + 1) // 2),
+                                                                   packed[w::2].ravel())), shape=(n, vocab))
+                for w in (0, 1)]  # the even and the odd windows
         pooled = np.asarray(rows.sum(axis=0)).ravel() / windows / n
         gmp = gmp_edge(sqrt_variances(pooled[pooled > 0], windows), n)
         top = float(top_eigenvalues(rows, 1)[0])
+        halves = halves_edge(half[0], half[1], rows).noise_top
         out[label] = {"top": round(top, 5), "edge": round(mp_edge_value(floor.bias, floor.column_noise, n), 5),
-                      "gmp": round(gmp, 5), "top_over_gmp": round(top / gmp, 4)}
+                      "gmp": round(gmp, 5), "top_over_gmp": round(top / gmp, 4), "halves": round(halves, 5),
+                      "top_over_halves": round(top / halves, 4)}
     out["real"]["top_over_shuffled"] = round(out["real"]["top"] / out["shuffled"]["top"], 4)
     out["real"]["edge_over_top"] = round(out["real"]["edge"] / out["real"]["top"], 3)
     return out

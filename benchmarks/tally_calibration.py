@@ -71,6 +71,8 @@ def run_cells(run: dict, name: str) -> list[tuple[tuple, range, dict[str, int]]]
             runs = setup[field]
             counts = {}
             for decision, cell in row[kind].items():
+                if decision == "edges":  # which edge each analysis used (--null mp): not a decision
+                    continue
                 if cell.get("of") != runs or not 0 <= cell.get("count", -1) <= runs:
                     raise TallyError(f"{name}: decisions row {r}, {kind} {decision}: count {cell.get('count')} "
                                      f"of {cell.get('of')}, but the setup ran {runs} corpora")

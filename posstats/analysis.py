@@ -69,6 +69,13 @@ from posstats.estimates.permutation import (
     top_eigenpairs,
     weighted_gram,
 )
+from posstats.estimates.halves_edge import (
+    HALVES_EDGE_MARGIN,
+    HalvesEdge,
+    halves_coverage,
+    halves_noise_matrix,
+    noise_top,
+)
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
@@ -129,6 +136,7 @@ MdsMethod = Literal["auto", "dense", "iterative", "lanczos"]
 DistanceMatrix = Literal["auto", "plugin", "corrected"]
 NoiseFloorChoice = Literal["auto", "on", "off"]
 NullChoice = Literal["auto", "shuffle", "mp", "none"]
+EdgeChoice = Literal["auto", "analytic"]
 HeldOutChoice = Literal["auto", "on", "off"]
 MDS_METHODS: tuple[str, ...] = get_args(MdsMethod)
 Device = Literal["auto", "cpu", "gpu"]
@@ -181,6 +189,10 @@ class AnalysisConfig:
             (auto: shuffle up to 4096 rows, else mp when a noise floor exists).
         null_replicates: shuffled null corpora (the rank and homogeneity tests reject when
             the data exceeds all of them: level 1 / (R + 1), 2.5 % with the default 39).
+        mp_edge: ``auto`` | ``analytic``: the ``mp`` null's edge. ``auto``: measured on two
+            independent halves of the corpus where the counts have them (the noise floor's
+            parts, else the even and odd window groups; :mod:`posstats.estimates.halves_edge`),
+            else analytic (:func:`posstats.estimates.noise.mp_edge`).
         bootstrap: withdrawn; only 0 is accepted (the shard bootstrap's intervals covered no
             truth on corpora of known distributions: docs/calibration.md).
         corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).
@@ -271,6 +283,12 @@ class AnalysisConfig:
     null_replicates: int = option(
         39, help="shuffled null corpora; the rank and homogeneity tests reject when the corpus exceeds all R "
                  "(level 1/(R+1): 2.5 % at 39)", metavar="R", minimum=1, group=_LONG)
+    mp_edge: EdgeChoice = option(
+        "auto", help="the mp null's edge: auto measures the top of the noise bulk on two independent halves of the "
+                     "corpus (documents by parity from --parts / --store / --reread, else the even and odd window "
+                     "groups) and counts eigenvalues 10 % above it; without such halves, and with analytic, the analytic "
+                     "Marchenko-Pastur-type bound (1.3-2.2x above the bulk with independent tokens, blind to dependent "
+                     "ones)", group=_LONG)
     bootstrap: int = option(
         0, help="withdrawn: the shard bootstrap's 95 % intervals covered none of 1,020 known truths "
                 "(docs/calibration.md); only 0 is accepted. Stress intervals are given by default", metavar="B",
@@ -910,11 +928,14 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                 **dict(zip(("corpus_triples", "encoding_triples"),
                                                            _triples(config, untested=True), strict=True))}
     weights = _edge_weights(config, g, noise)
-    edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights)
+    windows = _usable_window_groups(window_groups, counts, g)
+    halves = _HalvesEdges(config, g, noise, geo_parts, windows[0])
+    edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights,
+                                                                  edge=halves.edge(weights))
     if large:
         geometry = _sampled_geometry(g, bias, config, timings, show_progress, untested=untested is not None,
                                      noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index),
-                                                              untested=untested is not None),
+                                                              untested=untested is not None, edge=halves.edge(None)),
                                      rank_test=None if weights is None else (weights, edge_level))
     else:
         shuffled = _null_choice(config, len(g.index), noise) == "shuffle"
@@ -922,10 +943,11 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                    rank_test=shuffled or weights is not None, edge_level=edge_level)
     null, homogeneity, weighted = _null_section(
         geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress, distances=geometry.distances,
-        shrinkage=geometry.shrinkage, windows=_usable_window_groups(window_groups, counts, g),
-        rank_test=geometry.rank_test)
+        shrinkage=geometry.shrinkage, windows=windows, rank_test=geometry.rank_test, halves=halves)
     if null is not None:
         sections["null"] = null
+    if halves.seconds:
+        timings["halves_edge"] = halves.seconds
     # the verdict ties every encoding when no test found structure (estimates.verdict):
     # then no interval or range is computed for comparing them
     compared = not (non_stationarity(homogeneity, standout)[0] is False
@@ -1509,22 +1531,105 @@ def _untested(config: AnalysisConfig, m: int, noise: Any, standout: dict[str, An
 
 
 def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: AnalysisConfig,
-                 m: int, *, untested: bool = False) -> tuple[float, float] | None:
+                 m: int, *, untested: bool = False, edge: float | None = None) -> tuple[float, float] | None:
     """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
     before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
     plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
     are computed to the absolute residual ``share x edge`` only, with share
     ``config.lanczos_noise_share`` (``untested_lanczos_noise_share`` when no test can find
-    structure: :func:`_untested`); None (every pair to ``lanczos_tol``) otherwise."""
+    structure: :func:`_untested`); None (every pair to ``lanczos_tol``) otherwise.
+    ``edge``: the edge measured on independent halves (:class:`_HalvesEdges`), else analytic."""
     share = config.untested_lanczos_noise_share if untested else config.lanczos_noise_share
     if not share:
         return None
     if _null_choice(config, m, noise) != "mp" or noise is None:
         return None
-    edge = mp_edge(geo_parts, noise)
+    edge = mp_edge(geo_parts, noise) if edge is None else edge
     if not math.isfinite(edge) or edge <= 0:
         return None
     return edge - bias_shift(bias), share * edge
+
+
+HALVES_MIN_COVERAGE = 0.9  # the halves' least share of a row's tokens for their edge to be used
+
+
+class _HalvesEdges:
+    """The ``mp`` null's edge measured on two independent halves of the geometry rows
+    (:func:`posstats.estimates.halves_edge.halves_edge`), unweighted and occupancy-weighted,
+    each computed once when first asked for. The halves: the noise floor's parts (documents
+    by parity, or a run store's shards: 0 + 2 against 1 + 3 with four), else the even and
+    odd window groups; none (``edge`` returns None: the analytic edge is used) with
+    ``mp_edge = analytic``, another null, rows held apart or neither source."""
+
+    def __init__(self, config: AnalysisConfig, g: _Rows, noise: Any, geo_parts: Any, groups: Any) -> None:
+        self._g, self._parts, self._groups = g, geo_parts, groups
+        self._edges: dict[bool, HalvesEdge] = {}
+        self.source: str | None = None
+        self.no_source: str | None = None  # why no halves, where the analytic edge is the default's fallback
+        self.seconds = 0.0  # spent measuring the edges
+        if (config.mp_edge == "auto" and noise is not None
+                and _null_choice(config, len(g.index), noise) == "mp"):
+            if g.ranged:
+                self.no_source = "the rows are held apart in position ranges"
+            elif geo_parts is not None and len(geo_parts) in (2, 4):
+                self.source = "parts"
+            elif groups is not None:
+                self.source = "window groups"
+            else:
+                self.no_source = ("no independent halves: the noise floor split the counted tokens at random, and the "
+                                  "counts have no window groups (analyse with --reread, --store or --parts to measure "
+                                  "the edge on documents by parity)")
+
+    def _halves(self) -> tuple[sp.csr_array, sp.csr_array]:
+        if self.source == "parts":
+            mats = [sp.csr_array(p.matrix[self._g.index] if p.is_sparse else np.asarray(p.matrix)[self._g.index])
+                    for p in self._parts]
+            return (mats[0] + mats[2], mats[1] + mats[3]) if len(mats) == 4 else (mats[0], mats[1])
+        return self._groups.halves(self._g.index)
+
+    @functools.cached_property
+    def _noise(self) -> tuple[sp.csr_array | None, int, float]:
+        """(the halves' rescaled noise matrix, rows in both halves, the halves' coverage);
+        below :data:`HALVES_MIN_COVERAGE` no matrix (None, 0 rows): it would not be used."""
+        a, b = self._halves()
+        coverage = halves_coverage(a, b, self._g.rows)
+        if coverage < HALVES_MIN_COVERAGE:
+            return None, 0, coverage
+        d, both = halves_noise_matrix(a, b, self._g.rows)
+        return d, int(np.count_nonzero(both)), coverage
+
+    def measured(self, weights: np.ndarray | None) -> HalvesEdge | None:
+        """The :class:`HalvesEdge` for the ``weights`` (None: unweighted), or None."""
+        if self.source is None:
+            return None
+        key = weights is not None
+        if key not in self._edges:
+            t = time.perf_counter()
+            d, rows, coverage = self._noise
+            top = noise_top(d, weights) if rows >= 2 else math.nan
+            self._edges[key] = HalvesEdge(top, HALVES_EDGE_MARGIN, rows, self.source, coverage)
+            self.seconds += time.perf_counter() - t
+        found = self._edges[key]
+        usable = found.coverage >= HALVES_MIN_COVERAGE and math.isfinite(found.edge) and found.edge > 0
+        return found if usable else None
+
+    def not_used(self, weights: np.ndarray | None) -> str | None:
+        """Why the halves were measured for the ``weights`` but the analytic edge is used,
+        or None."""
+        found = self._edges.get(weights is not None)
+        if found is None:
+            return self.no_source
+        if self.measured(weights) is not None:
+            return None
+        if found.coverage < HALVES_MIN_COVERAGE:
+            return (f"the {self.source} hold {found.coverage:.0%} of some position's tokens (below "
+                    f"{HALVES_MIN_COVERAGE:.0%}: the rest, short windows or documents, is in neither half)")
+        return f"the {self.source} leave fewer than two positions with tokens in both halves"
+
+    def edge(self, weights: np.ndarray | None) -> float | None:
+        """The edge for the ``weights``, or None (use the analytic one)."""
+        found = self.measured(weights)
+        return None if found is None else found.edge
 
 
 def _edge_weights(config: AnalysisConfig, g: _Rows, noise: Any) -> np.ndarray | None:
@@ -1726,6 +1831,7 @@ def _null_section(
     windows: tuple[Any, str | None] = (None, None),
     shrinkage: Any = None,
     rank_test: tuple[np.ndarray, np.ndarray] | None = None,
+    halves: _HalvesEdges | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
     """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
     above a null corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
@@ -1808,12 +1914,19 @@ def _null_section(
             # report keeps the eigenvalues on their own scale, the threshold on the edge's)
             shift = bias_shift(bias, weights)
             scale = "corrected + mean bias"
-        nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None)
+        measured = None if halves is None else halves.measured(weights)
+        nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None,
+                       threshold=None if measured is None else measured.edge)
     timings["null"] = time.perf_counter() - t
     out = nr.to_dict()
     out["eigenvalue_scale"] = scale
     if scale == "corrected + mean bias":
         out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
+    if choice == "mp":  # which edge: measured on independent halves, or the analytic bound
+        out["edge"] = measured.to_dict() if measured is not None else {"method": "analytic"}
+        why = None if halves is None else halves.not_used(weights)
+        if why:
+            out["edge"]["halves_not_used"] = why
     if choice == "shuffle":
         out["level"] = 1.0 / (nr.replicates + 1)
         out["null_corpora"] = "rotated" if groups is not None else "shuffled"

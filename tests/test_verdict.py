@@ -135,20 +135,34 @@ def test_a_count_against_a_null_of_independent_tokens_carries_a_caveat():
 
 
 def test_cli_run_with_the_analytic_edge_carries_the_independence_caveat(tmp_path, data_dir):
-    """``posstats run --null mp`` on the bundled fortunes (real text, BERT, 64 positions):
-    positions 0-6 stand out, components are counted against the analytic edge, and the
-    caveat reaches report.json, summary.md and report.html; the default run (rotated
-    corpora) has no such caveat."""
+    """``posstats run --null mp`` on the bundled fortunes (real text, BERT, 64 positions,
+    truncated: most documents are shorter than n, so the window groups cannot give the
+    halves): positions 0-6 stand out, components are counted against the analytic edge, and
+    the caveat reaches report.json, summary.md and report.html; packed (every window full,
+    stationary) the edge is measured on the window groups' halves and counts no component,
+    and neither that run nor the default one (rotated corpora) has the caveat."""
     args = ["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
             "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
             "--dims", "2", "--encodings", "mds,sinusoidal", "--held-out", "off"]
     assert main([*args, "--null", "mp", "--out", str(tmp_path / "mp")]) == 0
     report = json.loads((tmp_path / "mp" / "report.json").read_text())
     assert report["null"]["method"] == "mp" and report["verdict"]["components_above_noise"] >= 1
+    # truncated fortunes are mostly shorter than 64 tokens, in neither window group: the
+    # analytic edge stays, and the report says why
+    assert report["null"]["edge"]["method"] == "analytic" and "in neither half" in report["null"]["edge"]["halves_not_used"]
     found = [c for c in report["verdict"]["caveats"] if "analytic noise edge, which treats the tokens" in c]
     assert len(found) == 1 and f"the {report['verdict']['components_above_noise']} component(s)" in found[0]
     assert "upper estimate" in (tmp_path / "mp" / "summary.md").read_text()
     assert "analytic noise edge, which treats the tokens" in (tmp_path / "mp" / "report.html").read_text()
+    # packed, every window is full: the edge measured on the even and odd window groups
+    # keeps a window's tokens together, and no caveat is needed
+    assert main([*args, "--mode", "pack", "--null", "mp", "--out", str(tmp_path / "halves")]) == 0
+    report = json.loads((tmp_path / "halves" / "report.json").read_text())
+    edge = report["null"]["edge"]
+    assert edge["method"] == "halves" and edge["source"] == "window groups" and edge["coverage"] > 0.99
+    # packed documents start at offsets unrelated to n: stationary, as the rotated null finds too
+    assert report["null"]["components_above_null"] == 0 and report["null"]["threshold"] == edge["edge"]
+    assert not any("as independent" in c and "upper estimate" in c for c in report["verdict"]["caveats"])
     assert main([*args, "--out", str(tmp_path / "rotated")]) == 0
     report = json.loads((tmp_path / "rotated" / "report.json").read_text())
     assert report["null"]["null_corpora"] == "rotated"

@@ -128,6 +128,29 @@ class WindowGroups:
         """(n, V) int64 CSR: the corpus' counts, ``sum_g C^g + tail + sum_L T^L``."""
         return self.rotated(np.zeros(self.groups + self.classes, dtype=np.int64))
 
+    def halves(self, rows: Any = None, /) -> tuple[sp.csr_array, sp.csr_array]:
+        """((m, V), (m, V)) int64 CSR: the counts of the even groups and of the odd groups at
+        ``rows`` (positions; None: all n). Consecutive windows fall in one group, so tokens
+        that depend on each other stay in one half; the tail and the length classes are in
+        neither (:mod:`posstats.estimates.halves_edge` rescales the halves' noise). One pass
+        over each half's stored entries (no copy of the groups' matrix)."""
+        n, m = self.positions, self.matrix
+        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        out_row = np.full(n, -1, dtype=np.int64)
+        out_row[rows] = np.arange(rows.size)
+        halves = []
+        for first in (0, 1):
+            spans = [(int(m.indptr[g * n]), int(m.indptr[(g + 1) * n])) for g in range(first, self.groups, 2)]
+            cols = np.concatenate([m.indices[a:b] for a, b in spans]) if spans else np.zeros(0, dtype=np.int64)
+            data = np.concatenate([m.data[a:b] for a, b in spans]) if spans else np.zeros(0, dtype=np.int64)
+            position = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(m.indptr[g * n : (g + 1) * n + 1]))
+                                       for g in range(first, self.groups, 2)]) if spans else np.zeros(0, dtype=np.int64)
+            target = out_row[position]
+            keep = target >= 0
+            half = sp.coo_array((data[keep].astype(np.int64), (target[keep], cols[keep])), shape=(rows.size, m.shape[1]))
+            halves.append(sp.csr_array(half.tocsr()))
+        return halves[0], halves[1]
+
     def checked_shifts(self, shifts: Any, /) -> np.ndarray:
         """``shifts`` as (K + C,) int64 (:attr:`periods`), or a one-line ValueError."""
         shifts = np.asarray(shifts, dtype=np.int64)

@@ -709,7 +709,7 @@ def bias_shift(bias: Any, weights: Any = None, /) -> float:
 
 
 def edge_decision_level(parts: Sequence[PositionalCounts], floor: NoiseFloor, bias: Any, weights: Any,
-                        /) -> tuple[float, float] | None:
+                        /, *, edge: float | None = None) -> tuple[float, float] | None:
     """``(level, residual)`` for the solve of the occupancy-weighted rank test against the
     analytic edge: ``level`` is the weighted edge (:func:`mp_edge`) on the scale of the
     eigenvalues solved for (``W^1/2 B_c W^1/2`` with ``bias``: shifted by :func:`bias_shift`).
@@ -717,8 +717,9 @@ def edge_decision_level(parts: Sequence[PositionalCounts], floor: NoiseFloor, bi
     ``theta <= level - r`` whose residual is ``r`` has an eigenvalue within ``r``, below the
     edge, so it is decided at ``r = EDGE_DECISION_SHARE x edge`` (0.1); values nearer the
     edge, or above it, converge to the solver's tolerance. None when the edge is not
-    positive and finite."""
-    edge = mp_edge(parts, floor, weighted=True)
+    positive and finite. ``edge``: the weighted edge measured otherwise
+    (:mod:`posstats.estimates.halves_edge`) in place of the analytic one."""
+    edge = mp_edge(parts, floor, weighted=True) if edge is None else float(edge)
     if not math.isfinite(edge) or edge <= 0:
         return None
     return edge - bias_shift(bias, weights), EDGE_DECISION_SHARE * edge
@@ -751,6 +752,7 @@ def null_rank(
     permutation: PermutationNull | None = None,
     seed: int = 0,
     weighted: bool = False,
+    threshold: float | None = None,
 ) -> NullRank:
     """Count the data's MDS eigenvalues above those of a null corpus.
 
@@ -771,6 +773,8 @@ def null_rank(
         seed: seeds the shuffled corpora.
         weighted: ``mp``: the eigenvalues are those of the occupancy-whitened
             ``W^1/2 B W^1/2``; the edge is weighted alike (:func:`mp_edge`).
+        threshold: ``mp``: the edge measured from independent halves
+            (:mod:`posstats.estimates.halves_edge`), in place of the analytic one.
 
     Returns:
         :class:`NullRank`.
@@ -787,10 +791,13 @@ def null_rank(
         null_arr = permutation.null_top_eigenvalues[:, None]
         threshold, reps = permutation.eigenvalue_threshold, int(permutation.null_top_eigenvalues.size)
     elif method == "mp":
-        if floor is None or (parts is None and floor.column_noise is None):
+        if threshold is not None:
+            threshold, null_arr, reps = float(threshold), np.zeros((0, 0)), 0
+        elif floor is None or (parts is None and floor.column_noise is None):
             msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"
             raise ValueError(msg)
-        threshold, null_arr, reps = mp_edge(parts, floor, weighted=weighted), np.zeros((0, 0)), 0
+        else:
+            threshold, null_arr, reps = mp_edge(parts, floor, weighted=weighted), np.zeros((0, 0)), 0
     else:
         msg = f"unknown null method {method!r}; choose one of {', '.join(NULL_METHODS)}"
         raise ValueError(msg)

@@ -447,7 +447,8 @@ WINDOW_HOMOGENEITY_CAVEAT = (
 def independent_rank_null_caveat(null: dict[str, Any], components: int | None, /) -> str | None:
     """The caveat for a count of components above noise whose null treats the tokens of one
     window as independent, or None: the analytic edge (``null.method`` ``mp``, above 4,096
-    rows) and shuffled null corpora (``null.null_corpora`` ``shuffled``: no window groups).
+    rows, unless its edge was measured on independent halves: ``null.edge.method``
+    ``halves``, :mod:`posstats.estimates.halves_edge`) and shuffled null corpora (``null.null_corpora`` ``shuffled``: no window groups).
     Tokens that repeat within a window correlate nearby rows' noise and lift the noise
     eigenvalues (``benchmarks/bench_mp_edge.py``): streams repeating the previous token half
     of the time lifted the bulk's top 3-63 % above the edge independent tokens give (to
@@ -460,6 +461,8 @@ def independent_rank_null_caveat(null: dict[str, Any], components: int | None, /
     if not components:
         return None
     if null.get("method") == "mp":
+        if (null.get("edge") or {}).get("method") == "halves":
+            return None  # measured on halves that keep a window's (a document's) tokens together
         against = "the analytic noise edge, which treats"
     elif null.get("null_corpora") == "shuffled":
         against = "shuffled null corpora (the counts have no window groups), which treat"

@@ -90,9 +90,17 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
 
 def _null_name(null: dict[str, Any], /) -> str:
     """How the rank test's null is named in the verdict: ``rotated corpora`` or ``shuffled
-    corpora`` (``null.null_corpora``), else its method (``mp``: the analytic edge)."""
+    corpora`` (``null.null_corpora``), the noise bulk measured on independent halves
+    (``null.edge.method`` ``halves``), else its method (``mp``: the analytic edge)."""
     corpora = null.get("null_corpora")
-    return f"{corpora} corpora" if corpora else str(null.get("method"))
+    if corpora:
+        return f"{corpora} corpora"
+    edge = null.get("edge") or {}
+    if edge.get("method") == "halves":
+        margin = edge.get("margin")
+        above = f", {margin:.0%} above its top" if isinstance(margin, (int, float)) else ""
+        return f"the noise bulk measured on independent halves ({edge.get('source')}){above}"
+    return str(null.get("method"))
 
 
 def _encoding_sentence(v: dict[str, Any]) -> str | None:
