@@ -267,7 +267,8 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     documents of falling occupancy (their shorter documents in length classes of the window
     groups, as ``posstats count`` counts them); ``pack_markov`` is unchanged (pack mode
     fills every position). ``null = "mp"`` runs every analysis against the ``mp`` edge
-    (measured on the window groups' halves where the corpus has them:
+    (measured on the window groups' halves where the corpus has them, at every n with the
+    ``tokens`` sampler, standing for the document halves of ``--reread`` or ``--store``:
     :mod:`posstats.estimates.halves_edge`), and tallies the rank test alone too
     (``rank_test_alone``, stationary and pack_markov) and which edge each analysis used
     (``edges``)."""
@@ -291,12 +292,15 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                     seed_k = 10_000 * (1 + list(_TALLIED).index(kind)) + seed
                     t_sample = time.perf_counter()
                     groups = None
-                    if kind == "pack_markov" and sampler == "tokens" and n <= WINDOW_GROUP_POSITIONS:
+                    # window groups as posstats count keeps them (up to 4,096 positions); with --null mp at
+                    # any n, standing for the independent halves (documents by parity) of --reread / --store
+                    grouped = sampler == "tokens" and (n <= WINDOW_GROUP_POSITIONS or null == "mp")
+                    if kind == "pack_markov" and grouped:
                         counts, groups = _packed_with_groups(n, N, seed_k)
                     elif kind == "pack_markov":
                         counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler))
                     else:  # with the tokens sampler up to 4,096 positions: the window groups posstats count writes
-                        k = DEFAULT_WINDOW_GROUPS if sampler == "tokens" and n <= WINDOW_GROUP_POSITIONS else 0
+                        k = DEFAULT_WINDOW_GROUPS if grouped else 0
                         corpus = known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler, window_groups=k,
                                               occupancy_ratio=occupancy_ratio)
                         counts, groups = _compact(corpus.counts), corpus.window_groups

@@ -1581,11 +1581,13 @@ class _HalvesEdges:
                                   "the edge on documents by parity)")
 
     def _halves(self) -> tuple[sp.csr_array, sp.csr_array]:
+        index = self._g.index
+        every = index.size == self._g.geo.positions and bool(np.all(index == np.arange(index.size)))
         if self.source == "parts":
-            mats = [sp.csr_array(p.matrix[self._g.index] if p.is_sparse else np.asarray(p.matrix)[self._g.index])
-                    for p in self._parts]
+            mats = [sp.csr_array(p.matrix if every else p.matrix[index]) if p.is_sparse
+                    else sp.csr_array(np.asarray(p.matrix)[index]) for p in self._parts]
             return (mats[0] + mats[2], mats[1] + mats[3]) if len(mats) == 4 else (mats[0], mats[1])
-        return self._groups.halves(self._g.index)
+        return self._groups.halves(None if every else index)
 
     @functools.cached_property
     def _noise(self) -> tuple[sp.csr_array | None, int, float]:

@@ -442,6 +442,22 @@ def test_bench_weighted_export_held_out_small():
     assert lo <= 1.0 <= hi
 
 
+def test_bench_calibration_decisions_against_the_halves_edge():
+    """``--null mp``: every analysis of the decision table counts against the edge measured on
+    its window groups' halves (``edges``), and the rank test alone is tallied beside the
+    gated claims (stationary and dependent streams; the full cells in docs/calibration.md)."""
+    r = run_bench("bench_calibration.py", "--skip-distances", "--coverage-seeds", "0", "--held-out-seeds", "0",
+                  "--diff-seeds", "0", "--positions", "64", "--tokens", "2000", "--seeds", "2", "--power-seeds", "1",
+                  "--decision-kinds", "stationary,pack_markov,drift", "--null", "mp")
+    assert r["setup"]["null"] == "mp"
+    (dec,) = r["decisions"]
+    for kind in ("stationary", "pack_markov"):
+        assert dec[kind]["edges"] == {"halves": 2}
+        assert dec[kind]["rank_test_alone"]["of"] == 2
+        assert dec[kind]["components_above_noise"]["count"] <= dec[kind]["non_stationary"]["count"]  # gated
+    assert dec["drift"]["edges"] == {"halves": 1} and dec["drift"]["components_above_noise"]["count"] == 1
+
+
 def test_bench_mp_edge_small():
     """bench_mp_edge.py at n = 256, N = 2,000, 2 seeds: on stationary corpora the generalized
     Marchenko-Pastur edge from the exact variances is the noise bulk's top (0.98 here; within

@@ -129,26 +129,25 @@ class WindowGroups:
         return self.rotated(np.zeros(self.groups + self.classes, dtype=np.int64))
 
     def halves(self, rows: Any = None, /) -> tuple[sp.csr_array, sp.csr_array]:
-        """((m, V), (m, V)) int64 CSR: the counts of the even groups and of the odd groups at
+        """((m, V), (m, V)) CSR: the counts of the even groups and of the odd groups at
         ``rows`` (positions; None: all n). Consecutive windows fall in one group, so tokens
         that depend on each other stay in one half; the tail and the length classes are in
-        neither (:mod:`posstats.estimates.halves_edge` rescales the halves' noise). One pass
-        over each half's stored entries (no copy of the groups' matrix)."""
-        n, m = self.positions, self.matrix
-        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-        out_row = np.full(n, -1, dtype=np.int64)
-        out_row[rows] = np.arange(rows.size)
+        neither (:mod:`posstats.estimates.halves_edge` rescales the halves' noise). Each
+        half is a pairwise (tree) sum of its groups' row blocks: every stored entry is merged
+        about log2(K / 2) times, and no more than two levels are held at once."""
+        n = self.positions
+        pick = None if rows is None else np.asarray(rows, dtype=np.int64)
         halves = []
         for first in (0, 1):
-            spans = [(int(m.indptr[g * n]), int(m.indptr[(g + 1) * n])) for g in range(first, self.groups, 2)]
-            cols = np.concatenate([m.indices[a:b] for a, b in spans]) if spans else np.zeros(0, dtype=np.int64)
-            data = np.concatenate([m.data[a:b] for a, b in spans]) if spans else np.zeros(0, dtype=np.int64)
-            position = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(m.indptr[g * n : (g + 1) * n + 1]))
-                                       for g in range(first, self.groups, 2)]) if spans else np.zeros(0, dtype=np.int64)
-            target = out_row[position]
-            keep = target >= 0
-            half = sp.coo_array((data[keep].astype(np.int64), (target[keep], cols[keep])), shape=(rows.size, m.shape[1]))
-            halves.append(sp.csr_array(half.tocsr()))
+            level = []
+            for g in range(first, self.groups, 2):
+                block = sp.csr_array(self.matrix[g * n : (g + 1) * n])
+                level.append(block if pick is None else sp.csr_array(block[pick]))
+            if not level:
+                level = [sp.csr_array((n if pick is None else pick.size, self.vocab_size), dtype=self.matrix.dtype)]
+            while len(level) > 1:
+                level = [level[k] + level[k + 1] if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
+            halves.append(sp.csr_array(level[0]))
         return halves[0], halves[1]
 
     def checked_shifts(self, shifts: Any, /) -> np.ndarray:
