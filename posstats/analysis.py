@@ -929,7 +929,7 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                            _triples(config, untested=True), strict=True))}
     weights = _edge_weights(config, g, noise)
     windows = _usable_window_groups(window_groups, counts, g)
-    halves = _HalvesEdges(config, g, noise, geo_parts, windows[0])
+    halves = _HalvesEdges(config, g, noise, geo_parts, windows[0], bias)
     edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights,
                                                                   edge=halves.edge(weights))
     if large:
@@ -1559,10 +1559,14 @@ class _HalvesEdges:
     each computed once when first asked for. The halves: the noise floor's parts (documents
     by parity, or a run store's shards: 0 + 2 against 1 + 3 with four), else the even and
     odd window groups; none (``edge`` returns None: the analytic edge is used) with
-    ``mp_edge = analytic``, another null, rows held apart or neither source."""
+    ``mp_edge = analytic``, another null, rows held apart or neither source. With ``bias``
+    (the bias-corrected eigenvalues are tested) the halves' noise is corrected alike
+    (:func:`posstats.estimates.halves_edge.noise_top`), and the edge stated on the plug-in
+    scale as the analytic one is (``shift``)."""
 
-    def __init__(self, config: AnalysisConfig, g: _Rows, noise: Any, geo_parts: Any, groups: Any) -> None:
-        self._g, self._parts, self._groups = g, geo_parts, groups
+    def __init__(self, config: AnalysisConfig, g: _Rows, noise: Any, geo_parts: Any, groups: Any,
+                 bias: np.ndarray | None) -> None:
+        self._g, self._parts, self._groups, self._bias = g, geo_parts, groups, bias
         self._edges: dict[bool, HalvesEdge] = {}
         self.source: str | None = None
         self.no_source: str | None = None  # why no halves, where the analytic edge is the default's fallback
@@ -1608,8 +1612,9 @@ class _HalvesEdges:
         if key not in self._edges:
             t = time.perf_counter()
             d, rows, coverage = self._noise
-            top = noise_top(d, weights) if rows >= 2 else math.nan
-            self._edges[key] = HalvesEdge(top, HALVES_EDGE_MARGIN, rows, self.source, coverage)
+            top = noise_top(d, weights, self._bias) if rows >= 2 else math.nan
+            self._edges[key] = HalvesEdge(top, HALVES_EDGE_MARGIN, rows, self.source, coverage,
+                                          bias_shift(self._bias, weights))
             self.seconds += time.perf_counter() - t
         found = self._edges[key]
         usable = found.coverage >= HALVES_MIN_COVERAGE and math.isfinite(found.edge) and found.edge > 0
