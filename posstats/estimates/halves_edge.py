@@ -31,14 +31,14 @@ Measured against the bulk of corpora with known distributions (``bench_mp_edge.p
 1.1, n = 512 and 2,048, N = 200 to 20,000 tokens or windows a position, 10 corpora a cell):
 mean 0.997-1.007 with independent tokens and 0.985-1.003 on streams repeating the previous
 token half of the time (whose bulk is 1.1-2.0 times that of independent tokens); sd 0.3-1.3 %
-from N = 2,000 on and 2.0-2.6 % at N = 200, where the data's own top eigenvalue varies by 2 %
-from corpus to corpus, as the halves' does. The edge is that top times
+at N = 2,000 and above, 2.0-2.6 % at N = 200, where the data's own top eigenvalue varies by
+2 % between corpora, as the halves' does. The edge is that top times
 ``1 + HALVES_EDGE_MARGIN`` (10 %: 3.8 standard deviations of the ratio at N = 200; the
 largest ratio measured, 1.054, is at N = 200). The analytic edge stands 1.2-2.3 times above
 the bulk of independent tokens and falls to 0.63 times the bulk of the dependent streams.
 At falling occupancy (truncated documents, 5-30 % of N at the last position, the parts two
 halves of the documents; the weighted, bias-corrected eigenvalues the analysis tests) the
-ratio is 0.994-1.013 on average, sd 1.0-1.5 % from N = 2,000 and 3.4 % at N = 200.
+ratio is 0.994-1.013 on average, sd 1.0-1.5 % at N = 2,000 and above, 3.4 % at N = 200.
 """
 
 from __future__ import annotations
