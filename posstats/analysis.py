@@ -69,13 +69,7 @@ from posstats.estimates.permutation import (
     top_eigenpairs,
     weighted_gram,
 )
-from posstats.estimates.halves_edge import (
-    HALVES_EDGE_MARGIN,
-    HalvesEdge,
-    halves_coverage,
-    halves_noise_matrix,
-    noise_top,
-)
+from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
@@ -1594,15 +1588,10 @@ class _HalvesEdges:
         return self._groups.halves(None if every else index)
 
     @functools.cached_property
-    def _noise(self) -> tuple[sp.csr_array | None, int, float]:
-        """(the halves' rescaled noise matrix, rows in both halves, the halves' coverage);
-        below :data:`HALVES_MIN_COVERAGE` no matrix (None, 0 rows): it would not be used."""
+    def _noise(self) -> HalvesNoise:
+        """The halves' rescaled noise, once (none below :data:`HALVES_MIN_COVERAGE`)."""
         a, b = self._halves()
-        coverage = halves_coverage(a, b, self._g.rows)
-        if coverage < HALVES_MIN_COVERAGE:
-            return None, 0, coverage
-        d, both = halves_noise_matrix(a, b, self._g.rows)
-        return d, int(np.count_nonzero(both)), coverage
+        return halves_noise(a, b, self._g.rows, source=self.source, min_coverage=HALVES_MIN_COVERAGE)
 
     def measured(self, weights: np.ndarray | None) -> HalvesEdge | None:
         """The :class:`HalvesEdge` for the ``weights`` (None: unweighted), or None."""
@@ -1611,10 +1600,7 @@ class _HalvesEdges:
         key = weights is not None
         if key not in self._edges:
             t = time.perf_counter()
-            d, rows, coverage = self._noise
-            top = noise_top(d, weights, self._bias) if rows >= 2 else math.nan
-            self._edges[key] = HalvesEdge(top, HALVES_EDGE_MARGIN, rows, self.source, coverage,
-                                          bias_shift(self._bias, weights))
+            self._edges[key] = self._noise.edge(weights, self._bias)
             self.seconds += time.perf_counter() - t
         found = self._edges[key]
         usable = found.coverage >= HALVES_MIN_COVERAGE and math.isfinite(found.edge) and found.edge > 0

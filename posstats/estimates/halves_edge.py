@@ -54,8 +54,8 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 from posstats.estimates.noise import bias_shift
 from posstats.estimates.sampling_variance import sqrt_count_variance
 
-__all__ = ["HALVES_EDGE_MARGIN", "HalvesEdge", "halves_coverage", "halves_edge", "halves_noise_matrix", "noise_top",
-           "occupancy_bins"]
+__all__ = ["HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "halves_coverage", "halves_edge", "halves_noise",
+           "halves_noise_matrix", "noise_top", "occupancy_bins"]
 
 HALVES_EDGE_MARGIN = 0.10  # the edge over the halves' top noise eigenvalue (module docstring)
 
@@ -218,10 +218,49 @@ def noise_top(d: sp.csr_array, weights: Any = None, diagonal: Any = None, /) -> 
     return float(eigsh(op, k=1, which="LA", tol=1e-4, v0=v0, return_eigenvectors=False)[0])
 
 
+@dataclass(frozen=True)
+class HalvesNoise:
+    """The halves' rescaled noise matrix (:func:`halves_noise_matrix`), computed once and
+    read on as many scales as the analysis tests (:meth:`edge`).
+
+    Attributes:
+        matrix: (m, V) the rescaled noise matrix, or None when the halves' ``coverage`` was
+            below the least asked for (then it would not be used).
+        rows: rows with tokens in both halves (0 without a matrix).
+        coverage: :func:`halves_coverage`.
+        source: where the halves came from, for the report.
+    """
+
+    matrix: sp.csr_array | None
+    rows: int
+    coverage: float
+    source: str
+
+    def edge(self, weights: Any = None, bias: Any = None, /, *, margin: float = HALVES_EDGE_MARGIN) -> HalvesEdge:
+        """The :class:`HalvesEdge` on the scale of the tested eigenvalues: ``weights`` the
+        occupancy weights of ``W^1/2 B W^1/2`` (None: ``W = I``), ``bias`` the rows'
+        sampling variances when they are bias-corrected (None: plug-in); ``edge`` NaN when
+        fewer than two rows have tokens in both halves."""
+        top = noise_top(self.matrix, weights, bias) if self.matrix is not None and self.rows >= 2 else math.nan
+        return HalvesEdge(top, float(margin), self.rows, self.source, self.coverage, bias_shift(bias, weights))
+
+
+def halves_noise(half_a: Any, half_b: Any, full: Any, /, *, source: str = "halves",
+                 min_coverage: float = 0.0) -> HalvesNoise:
+    """:class:`HalvesNoise` of two independent halves of the (m, V) counts ``full``
+    (their tokens need not add up to ``full``); no matrix when the halves hold less than
+    ``min_coverage`` of some row's tokens."""
+    coverage = halves_coverage(half_a, half_b, full)
+    if coverage < min_coverage:
+        return HalvesNoise(None, 0, coverage, source)
+    d, both = halves_noise_matrix(half_a, half_b, full)
+    return HalvesNoise(d, int(np.count_nonzero(both)), coverage, source)
+
+
 def halves_edge(half_a: Any, half_b: Any, full: Any, /, *, weights: Any = None, bias: Any = None,
                 source: str = "halves", margin: float = HALVES_EDGE_MARGIN) -> HalvesEdge:
     """The rank test's edge from two independent halves of the (m, V) counts ``full``
-    (module docstring).
+    (module docstring): :func:`halves_noise` read once by :meth:`HalvesNoise.edge`.
 
     Args:
         half_a, half_b: (m, V) counts of two halves drawn independently of each other
@@ -236,11 +275,7 @@ def halves_edge(half_a: Any, half_b: Any, full: Any, /, *, weights: Any = None, 
     Returns:
         :class:`HalvesEdge` (``edge`` NaN when fewer than two rows have tokens in both halves).
     """
-    d, both = halves_noise_matrix(half_a, half_b, full)
-    rows = int(np.count_nonzero(both))
-    top = noise_top(d, weights, bias) if rows >= 2 else math.nan
-    return HalvesEdge(top, float(margin), rows, source, halves_coverage(half_a, half_b, full),
-                      bias_shift(bias, weights))
+    return halves_noise(half_a, half_b, full, source=source).edge(weights, bias, margin=margin)
 
 
 def halves_coverage(half_a: Any, half_b: Any, full: Any, /) -> float:
