@@ -18,10 +18,12 @@ Prints one JSON object with five tables, each row with its uncertainty:
    Errors are unclipped (clipping at 0 is a separate, visible step of the analysis).
 2. ``decisions``: ``posstats.analyze`` with its default options (held-out scores off: no
    decision reads them) at each n of ``--positions`` and each N:
-   With the ``tokens`` sampler up to 4,096 positions every corpus comes with the window
-   groups ``posstats count`` writes (truncate mode since 2026-12-01: document t in group
-   t mod 64), so homogeneity and rank are tested against rotated corpora, as for a counted
-   corpus; the ``counts`` sampler keeps no documents (shuffled corpora).
+   With the ``tokens`` sampler every corpus comes with the window groups ``posstats count``
+   writes (truncate mode since 2026-12-01: document t in group t mod 64), so up to 4,096
+   positions homogeneity and rank are tested against rotated corpora, as for a counted
+   corpus, and above it (since 2026-12-05, where count keeps the two halves: document t in
+   group t mod 2) the rank test's edge is measured on the halves; the ``counts`` sampler
+   keeps no documents (shuffled corpora, the analytic edge).
    - ``stationary`` corpora (every position the base distribution, ``--seeds`` of them):
      the fraction in which the report claims structure (components above noise, any
      standout, "positions distinguishable", "non-stationary", an encoding named better
@@ -106,10 +108,9 @@ from posstats.estimates.sampling_variance import position_sampling_variance  # n
 from posstats.estimates.two_sample import compare_positions  # noqa: E402
 from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
-from posstats.corpus.count_step import window_block  # noqa: E402
+from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, kept_window_groups, window_block  # noqa: E402
 from posstats.counting.counts import CountAccumulator, CountSpec  # noqa: E402
 from posstats.counting.window_groups import DEFAULT_WINDOW_GROUPS  # noqa: E402
-from posstats.runs.counts_folder import WINDOW_GROUP_POSITIONS  # noqa: E402
 from posstats.testing import known_corpus, markov_packed_counts, markov_stream, split_counts  # noqa: E402
 
 
@@ -240,10 +241,12 @@ def _packed_with_groups(n: int, windows: int, seed: int):
     :func:`posstats.testing.markov_packed_counts` with the ``tokens`` sampler), counted as
     ``posstats count`` counts a pack-mode corpus in one process: with
     :data:`~posstats.counting.window_groups.DEFAULT_WINDOW_GROUPS` groups of consecutive
-    windows, so that the analysis tests homogeneity with the rotation null."""
+    windows, so that the analysis tests homogeneity with the rotation null (above 4,096
+    positions their even and odd halves only, for the rank test's edge)."""
     k = DEFAULT_WINDOW_GROUPS
-    acc = CountAccumulator(CountSpec(positions=n, vocab_size=5000, mode="pack"), dense=False, window_groups=k,
-                           window_block=window_block(n * windows, n, k))
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=5000, mode="pack"), dense=False,
+                           window_groups=kept_window_groups(n, k), window_block=window_block(n * windows, n, k),
+                           window_halves=n > WINDOW_GROUP_POSITIONS)
     acc.add_sequences([markov_stream(n, windows=windows, stay=0.5, seed=seed)])
     groups = acc.window_groups()
     return _compact(acc.result()), groups
@@ -268,8 +271,7 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
     groups, as ``posstats count`` counts them); ``pack_markov`` is unchanged (pack mode
     fills every position). ``null = "mp"`` runs every analysis against the ``mp`` edge
     (measured on the window groups' halves where the corpus has them, at every n with the
-    ``tokens`` sampler, standing for the document halves of ``--reread`` or ``--store``:
-    :mod:`posstats.estimates.halves_edge`), and tallies the rank test alone too
+    ``tokens`` sampler: :mod:`posstats.estimates.halves_edge`), and tallies the rank test alone too
     (``rank_test_alone``, stationary and pack_markov) and which edge each analysis used
     (``edges``)."""
     cfg = AnalysisConfig(dims=(2, 16), encodings=("mds", "sinusoidal"), held_out="off", null=null)
@@ -292,15 +294,15 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                     seed_k = 10_000 * (1 + list(_TALLIED).index(kind)) + seed
                     t_sample = time.perf_counter()
                     groups = None
-                    # window groups as posstats count keeps them (up to 4,096 positions); with --null mp at
-                    # any n, standing for the independent halves (documents by parity) of --reread / --store
-                    grouped = sampler == "tokens" and (n <= WINDOW_GROUP_POSITIONS or null == "mp")
+                    # window groups as posstats count keeps them: all 64 up to 4,096 positions (the rotation
+                    # null's), above it their even and odd halves (the rank test's edge; the 64 groups hold them)
+                    grouped = sampler == "tokens"
                     if kind == "pack_markov" and grouped:
                         counts, groups = _packed_with_groups(n, N, seed_k)
                     elif kind == "pack_markov":
                         counts = _compact(markov_packed_counts(n, windows=N, stay=0.5, seed=seed_k, sampler=sampler))
                     else:  # with the tokens sampler up to 4,096 positions: the window groups posstats count writes
-                        k = DEFAULT_WINDOW_GROUPS if grouped else 0
+                        k = kept_window_groups(n, DEFAULT_WINDOW_GROUPS) if grouped else 0
                         corpus = known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler, window_groups=k,
                                               occupancy_ratio=occupancy_ratio)
                         counts, groups = _compact(corpus.counts), corpus.window_groups

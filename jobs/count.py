@@ -66,7 +66,7 @@ from posstats.corpus.shards import (
     plan_shards,
     shard_bytes_for,
 )
-from posstats.corpus.count_step import accumulate_shard, shard_window_groups
+from posstats.corpus.count_step import accumulate_shard, halves_only_note, shard_window_groups
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec, PositionalCounts
@@ -965,9 +965,9 @@ def _up_to_date(run: _Run) -> dict[str, Any]:
     return summary
 
 
-def _window_groups_summary(store: RunStore, manifest: dict[str, Any]) -> dict[str, Any]:
+def _window_groups_summary(store: RunStore, manifest: dict[str, Any], *, note: str | None = None) -> dict[str, Any]:
     """The summary's ``window_groups`` (``{"file", "groups", "windows"}`` as a count in one
-    process writes it, or ``{"skipped": why}``) and ``window_groups_path`` (the file in the
+    process writes it, with ``kept``: ``note`` where given, or ``{"skipped": why}``) and ``window_groups_path`` (the file in the
     store's result, to link beside the counts), from the manifest; {} when none were asked for."""
     entry = manifest.get("window_groups")
     if not entry:
@@ -978,7 +978,8 @@ def _window_groups_summary(store: RunStore, manifest: dict[str, Any]) -> dict[st
     if counts is None:
         return {"window_groups": {"skipped": "the store's result has no counts file"}}
     path = counts.parent / WINDOW_GROUPS_FILE
-    return {"window_groups": {k: entry[k] for k in ("file", "groups", "windows")}, "window_groups_path": str(path)}
+    kept = {k: entry[k] for k in ("file", "groups", "windows")}
+    return {"window_groups": {**kept, **({"kept": note} if note else {})}, "window_groups_path": str(path)}
 
 
 def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dict], engine: dict | None,
@@ -1000,7 +1001,7 @@ def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dic
         "tokens_per_s": round(manifest["tokens"] / seconds, 1) if seconds > 0 else None,
         "fingerprint": manifest["fingerprint"],
         "counts_path": str(run.store.result_file(manifest)),
-        **_window_groups_summary(run.store, manifest),
+        **_window_groups_summary(run.store, manifest, note=halves_only_note(run.spec.positions, run.opts.window_groups)),
         "ray": {
             "run_id": run.run_id,
             "store": str(run.store.root),

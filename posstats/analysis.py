@@ -923,7 +923,7 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                            _triples(config, untested=True), strict=True))}
     weights = _edge_weights(config, g, noise)
     windows = _usable_window_groups(window_groups, counts, g)
-    halves = _HalvesEdges(config, g, noise, geo_parts, windows[0], bias)
+    halves = _HalvesEdges(config, g, noise, geo_parts, _halves_window_groups(window_groups, counts, g), bias)
     edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights,
                                                                   edge=halves.edge(weights))
     if large:
@@ -1969,10 +1969,22 @@ def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tu
         return None, "the rows are bucketed or held apart"
     if groups.positions != counts.positions:
         return None, f"the window groups have {groups.positions} positions, the counts {counts.positions}"
+    if groups.halves_only:
+        return None, ("the counts keep only the two halves of their windows (posstats count keeps them above 4,096 "
+                      "positions, for the rank test's edge), which no rotation may turn")
     if groups.rotated_share() == 0.0:
         return None, ("every counted token is in the window groups' unmoved tail (windows shorter than n, counted "
                       "before length classes): a rotation would move nothing")
     return groups, None
+
+
+def _halves_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> Any:
+    """The window groups whose even and odd groups are halves for the rank test's edge
+    (:class:`_HalvesEdges`): any counted with ``counts`` (the halves kept above 4,096
+    positions included), the rows neither bucketed nor held apart; else None."""
+    if groups is None or g.buckets is not None or g.ranged or groups.positions != counts.positions:
+        return None
+    return groups if groups.groups >= 2 else None
 
 
 def _distance_noise_entry(null_sums: np.ndarray, distances: np.ndarray, *,

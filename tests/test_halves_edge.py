@@ -197,3 +197,122 @@ def test_noise_top_is_the_top_of_the_weighted_corrected_gram():
     assert noise_top(d, w, b) == pytest.approx(np.linalg.eigvalsh(gram)[-1], rel=1e-6)
     plain = j @ dense @ dense.T @ j
     assert noise_top(d) == pytest.approx(np.linalg.eigvalsh(plain)[-1], rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- the halves a count keeps
+
+
+def _write_ids(path, docs):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"input_ids": [list(map(int, d)) for d in docs]}), path)
+
+
+def test_halves_only_counter_puts_every_window_in_the_group_of_its_order_and_round_trips(tmp_path):
+    """Truncate mode with the halves only: document t (short or full) goes to group t mod 2
+    whole; the groups add up to the counts; the file keeps ``halves_only``; such groups are
+    never rotated (the analysis says why), while their halves still give the rank test's edge;
+    summing them with groups that are not halves is refused in one line."""
+    from posstats.counting.counts import CountAccumulator, CountSpec
+    from posstats.counting.window_groups_io import load_window_groups, save_window_groups, sum_window_group_files
+    from posstats.errors import InputError
+
+    rng = np.random.default_rng(3)
+    n, vocab = 10, 7
+    docs = [rng.integers(0, vocab, size=rng.integers(1, 16)) for _ in range(9)]
+    acc = CountAccumulator(CountSpec(positions=n, vocab_size=vocab, mode="truncate"), dense=False, window_groups=2,
+                           window_halves=True)
+    acc.add_sequences(docs)
+    groups = acc.window_groups()
+    counts = acc.result()
+    assert groups.halves_only and groups.classes == 0 and groups.groups == 2
+    assert groups.windows == sum(len(d) >= n for d in docs)
+    expected = np.zeros((2, n, vocab), dtype=np.int64)
+    for t, d in enumerate(docs):
+        for i, v in enumerate(d[:n]):
+            expected[t % 2, i, v] += 1
+    even, odd = groups.halves()
+    np.testing.assert_array_equal(even.toarray(), expected[0])
+    np.testing.assert_array_equal(odd.toarray(), expected[1])
+    assert (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
+
+    save_window_groups(groups, counts, tmp_path / "a")
+    loaded = load_window_groups(tmp_path / "a", counts)
+    assert loaded.halves_only and (loaded.matrix != groups.matrix).nnz == 0
+    rotatable = WindowGroups(2, n, sp.csr_array(groups.matrix), groups.windows)
+    save_window_groups(rotatable, counts, tmp_path / "b")
+    assert not load_window_groups(tmp_path / "b", counts).halves_only
+    with pytest.raises(InputError, match="halves_only"):
+        sum_window_group_files([(tmp_path / "a", 1), (tmp_path / "b", 1)], counts, tmp_path / "c")
+
+    report = analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off"),
+                     window_groups=groups).report()
+    assert "no rotation may turn" in report["homogeneity"]["window_null"]
+    assert report["null"]["null_corpora"] == "shuffled"
+
+
+@pytest.mark.parametrize("mode", ["pack", "truncate"])
+def test_count_above_4096_positions_keeps_the_halves_and_analyze_measures_the_edge_on_them(tmp_path, mode):
+    """``posstats run`` at 4,100 positions (over the rotation null's 4,096): count keeps the
+    two halves only (count.json says so), they add up to the counts, and the rank test's
+    edge is measured on them (``null.edge``: halves, window groups), no caveat; in
+    truncate mode documents shorter than n are in the halves too (coverage 1)."""
+    import json
+
+    from posstats import load_counts
+    from posstats.cli import main
+    from posstats.counting.window_groups_io import load_window_groups
+
+    rng = np.random.default_rng(5)
+    vocab, n = 200, 4100
+    z = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    z /= z.sum()
+    low = 200 if mode == "pack" else n + 1
+    docs = [rng.choice(vocab, size=rng.integers(low, 2 * n), p=z) for _ in range(50)]
+    _write_ids(tmp_path / "ids.parquet", docs)
+    out = tmp_path / "run"
+    assert main(["run", "--input", str(tmp_path / "ids.parquet"), "--column", "input_ids", "--vocab-size", str(vocab),
+                 "--positions", str(n), "--mode", mode, "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                 "--out", str(out)]) == 0
+    kept = json.loads((out / "count.json").read_text())["window_groups"]
+    assert kept["groups"] == 2 and "only the even and the odd of 64" in kept["kept"]
+    counts = load_counts(out)
+    groups = load_window_groups(out, counts)
+    assert groups.halves_only and (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
+    a, b = groups.halves()
+    assert abs(float(a.sum()) - float(b.sum())) < 0.3 * counts.tokens
+    report = json.loads((out / "report.json").read_text())
+    edge = report["null"]["edge"]
+    assert report["null"]["method"] == "mp" and edge["method"] == "halves" and edge["source"] == "window groups"
+    assert edge["coverage"] > (0.97 if mode == "pack" else 0.999)
+    assert report["null"]["components_above_null"] == 0  # independent tokens: nothing above the halves' edge
+    assert not any("as independent" in c and "upper estimate" in c for c in report["verdict"]["caveats"])
+
+
+def test_count_in_steps_above_4096_positions_sums_each_shards_halves(tmp_path):
+    """Truncate mode counted in steps (the local executor of --store; Ray runs the same
+    steps), several shards: each partial keeps its halves and the reduce sums them into
+    halves of the corpus that add up to the counts; count.json says only the halves were kept."""
+    import json
+
+    from posstats import load_counts
+    from posstats.cli import main
+    from posstats.counting.window_groups_io import load_window_groups
+
+    rng = np.random.default_rng(6)
+    n = 4100
+    for name in ("a", "b", "c"):
+        _write_ids(tmp_path / f"{name}.parquet", [rng.integers(0, 50, size=rng.integers(10, 2 * n)) for _ in range(7)])
+    out = tmp_path / "out"
+    assert main(["count", "--input", str(tmp_path / "*.parquet"), "--column", "input_ids", "--vocab-size", "50",
+                 "--positions", str(n), "--mode", "truncate", "--store", str(tmp_path / "store"),
+                 "--out", str(out)]) == 0
+    kept = json.loads((out / "count.json").read_text())["window_groups"]
+    assert kept["groups"] == 2 and "only the even and the odd" in kept["kept"]
+    counts = load_counts(out)
+    groups = load_window_groups(out, counts)
+    assert groups.halves_only and groups.classes == 0
+    assert (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
+    a, b = groups.halves()
+    assert a.sum() > 0 and b.sum() > 0

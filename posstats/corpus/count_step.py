@@ -40,8 +40,8 @@ from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 from posstats.progress import progress
 
-__all__ = ["WINDOW_GROUP_POSITIONS", "accumulate_corpus", "accumulate_shard", "count_corpus", "count_shard",
-           "shard_batches", "shard_window_groups", "window_block"]
+__all__ = ["HALVES_GROUPS", "WINDOW_GROUP_POSITIONS", "accumulate_corpus", "accumulate_shard", "count_corpus",
+           "count_shard", "halves_only_note", "kept_window_groups", "shard_batches", "shard_window_groups", "window_block"]
 
 
 def shard_batches(shard: Shard, source: CorpusSource, /, *, tokenizer: Any = None) -> Iterator[TokenBatch]:
@@ -111,6 +111,37 @@ def window_block(expected_tokens: int | None, positions: int, groups: int, /, *,
 
 
 WINDOW_GROUP_POSITIONS = 4096  # analyze's shuffle null (and so its homogeneity test) stops here by default
+HALVES_GROUPS = 2  # above it: the even and odd stretches only, the rank test's independent halves
+
+
+def kept_window_groups(positions: int, groups: int, /) -> int:
+    """The window groups a count keeps when ``groups`` (K) are asked for: all K up to
+    :data:`WINDOW_GROUP_POSITIONS` positions, where ``analyze`` rotates them (its shuffle
+    null); above it :data:`HALVES_GROUPS`, the even and the odd ones of the K stretches
+    (:func:`window_block` is still taken for K, so the two groups alternate stretch by
+    stretch as K groups' parities would; every window in the group of its order, short
+    ones included: ``halves_only``, :mod:`posstats.counting.window_groups`): the independent halves on which ``analyze``
+    measures its rank test's edge (:mod:`posstats.estimates.halves_edge`), at a fraction
+    of the K groups' cost (n = 131,072, 2.02e8 tokens: +4 s and 0.5 GB on a 6 s count,
+    against +17 s for 64 groups; docs/long-context.md).
+
+    >>> kept_window_groups(4096, 64), kept_window_groups(4097, 64), kept_window_groups(131_072, 0)
+    (64, 2, 0)
+    """
+    if groups <= 0:
+        return 0
+    return int(groups) if positions <= WINDOW_GROUP_POSITIONS else min(int(groups), HALVES_GROUPS)
+
+
+def halves_only_note(positions: int, groups: int, /) -> str | None:
+    """What ``count.json``'s ``window_groups`` says when :func:`kept_window_groups` kept
+    fewer groups than the ``groups`` asked for, else None."""
+    kept = kept_window_groups(positions, groups)
+    if not 0 < kept < groups:
+        return None
+    return (f"above {WINDOW_GROUP_POSITIONS:,} positions only the even and the odd of {groups} stretches of windows "
+            "are kept: the independent halves on which analyze measures its rank test's edge (the rotation null, "
+            f"which turns all {groups}, runs up to {WINDOW_GROUP_POSITIONS:,} rows)")
 
 
 def shard_window_groups(spec: CountSpec, groups: int, /) -> tuple[int, str | None]:
@@ -118,16 +149,14 @@ def shard_window_groups(spec: CountSpec, groups: int, /) -> tuple[int, str | Non
     none). Truncate and chunk mode only: their shards hold whole documents, so each shard's
     groups are unions of whole windows and the groups of all shards add up to valid groups
     of the corpus; a pack-mode shard is a piece of a stream whose windows the reduce
-    stitches across shards. Up to 4,096 positions, as in one process."""
+    stitches across shards. Above 4,096 positions the two halves only, as in one process
+    (:func:`kept_window_groups`)."""
     if groups <= 0:
         return 0, None
     if spec.mode == "pack":
         return 0, ("pack mode counted in steps: a stream's windows straddle its shards, which are counted apart, "
                    "so no window groups are kept; analyze tests homogeneity with the permutation null")
-    if spec.positions > WINDOW_GROUP_POSITIONS:
-        return 0, (f"{spec.positions:,} positions: analyze tests homogeneity up to {WINDOW_GROUP_POSITIONS:,} "
-                   "rows by default, with the shuffle null")
-    return int(groups), None
+    return kept_window_groups(spec.positions, groups), None
 
 
 def accumulate_corpus(
@@ -159,7 +188,8 @@ def accumulate_corpus(
     them already (default: :meth:`CorpusSource.files`; a remote listing is not repeated).
     ``window_groups``: also count the windows in that many groups
     (:meth:`~CountAccumulator.window_groups`), blocks of :func:`window_block` consecutive
-    windows each.
+    windows each; above 4,096 positions the even and odd blocks only
+    (:func:`kept_window_groups`).
     """
     files = list(files) if files is not None else source.files()
     tokenizer = load_tokenizer(source.tokenizer) if source.tokenizer else None
@@ -170,8 +200,9 @@ def accumulate_corpus(
     if dense is None:
         dense = spec.prefers_dense(dense_budget, expected)
     block = window_block(expected, spec.positions, window_groups, mode=spec.mode)
-    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata, window_groups=window_groups,
-                           window_block=block)
+    acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, metadata=metadata,
+                           window_groups=kept_window_groups(spec.positions, window_groups), window_block=block,
+                           window_halves=spec.positions > WINDOW_GROUP_POSITIONS)
     steps = (zip(itertools.repeat(i), shard_batches(s, source, tokenizer=tokenizer)) for i, s in enumerate(shards))
     with progress(total=expected or None, desc="counting", unit="tok", enabled=show_progress) as bar:
         for i, batch in prefetched(itertools.chain.from_iterable(steps)):
@@ -247,9 +278,10 @@ def accumulate_shard(
     if dense is None:
         dense = partial_is_dense(spec, shard, dense_budget=dense_budget)
     groups = shard_window_groups(spec, window_groups)[0]
+    block = window_block(shard.size_hint // 4, spec.positions, window_groups if groups else 0, mode=spec.mode)
     acc = CountAccumulator(spec, dense=dense, dense_budget=dense_budget, fingerprint=shard.fingerprint, metadata=metadata,
-                           out=out if dense else None, window_groups=groups,
-                           window_block=window_block(shard.size_hint // 4, spec.positions, groups, mode=spec.mode))
+                           out=out if dense else None, window_groups=groups, window_block=block,
+                           window_halves=spec.positions > WINDOW_GROUP_POSITIONS)
     if piece:
         acc.start_piece(shard.path, first=shard.index == 0)
     try:

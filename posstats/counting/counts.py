@@ -463,7 +463,8 @@ class CountAccumulator:
     compaction; None: :func:`~posstats.counting.sorted_keys.buffer_tokens` of
     ``dense_budget`` (half of it in token ids). ``window_groups = K > 0`` also
     counts the windows in K groups (:mod:`posstats.counting.window_groups`, read with
-    :meth:`window_groups`), for the homogeneity null that respects windows.
+    :meth:`window_groups`), for the homogeneity null that respects windows;
+    ``window_halves``: the groups are the corpus' halves only (``halves_only``).
 
     >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10), dense=False)
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
@@ -486,6 +487,7 @@ class CountAccumulator:
         out: np.ndarray | None = None,
         window_groups: int = 0,
         window_block: int = 1,
+        window_halves: bool = False,
     ) -> None:
         self.spec = spec
         n, V = spec.positions, spec.vocab_size
@@ -521,7 +523,7 @@ class CountAccumulator:
         self._groups = None
         if window_groups:  # chunk and truncate mode: short windows turn within their length
             self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block,
-                                              classes=spec.mode in ("chunk", "truncate"))
+                                              classes=spec.mode in ("chunk", "truncate"), halves_only=window_halves)
 
     # -- public -------------------------------------------------------------------
 

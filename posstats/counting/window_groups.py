@@ -30,6 +30,12 @@ tokens: the full ones go to group ``w mod K`` (blocks of one window: no two are 
 text), shorter documents to the tail. ``sum_g C^g + tail`` is the corpus' counts
 (:meth:`WindowGroups.total`).
 
+Above 4,096 positions, where no rotation null runs by default, a count keeps only the
+*halves*: two groups, the even and the odd blocks (``halves_only``), each window in the
+group of its order whatever its length (no length classes), for the rank test's edge
+measured on independent halves (:mod:`posstats.estimates.halves_edge`). Such groups are
+never rotated: a short window in a group would be turned past its end.
+
 Storage: one ((K + 1 + C) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i),
 the tail's rows ``K n + i`` and, with length classes (C = n - 1; 0 in pack mode and in
 files written before them), class L's rows ``(K + L) n + i`` for i < L.
@@ -67,6 +73,9 @@ class WindowGroups:
             moves (the tail); rows ``(K + L) n + i`` (i < L) those of exactly L tokens.
         windows: full windows counted (over all groups).
         classes: C, the length classes stored (n - 1, or 0: none).
+        halves_only: the two halves of the corpus (module docstring): every window,
+            short ones included, in the group of its order; for
+            :meth:`halves`, never to be rotated.
     """
 
     groups: int
@@ -74,6 +83,7 @@ class WindowGroups:
     matrix: sp.csr_array
     windows: int
     classes: int = 0
+    halves_only: bool = False
 
     @property
     def periods(self) -> np.ndarray:
@@ -231,14 +241,17 @@ class WindowGroupCounter:
     """
 
     def __init__(self, positions: int, vocab_size: int, /, *, groups: int = DEFAULT_WINDOW_GROUPS,
-                 block: int = 1, buffer_keys: int = _BUFFER_KEYS, classes: bool = False) -> None:
+                 block: int = 1, buffer_keys: int = _BUFFER_KEYS, classes: bool = False,
+                 halves_only: bool = False) -> None:
         if groups < 1 or block < 1:
             msg = f"window groups and their block must be >= 1, got {groups} and {block}"
             raise ValueError(msg)
         self.positions, self.vocab_size, self.groups = int(positions), int(vocab_size), int(groups)
-        self.classes = self.positions - 1 if classes else 0
+        self.halves_only = bool(halves_only)
+        self.classes = self.positions - 1 if classes and not self.halves_only else 0
         self.block = int(block)
         self.windows = 0  # full windows committed
+        self._seen = 0  # windows of any length given to add_complete_windows (halves_only: their order)
         width = block_positions(self.positions, self.vocab_size)
         self._blocks = -(-self.positions // width)  # position blocks of one group
         self._padded = self._blocks * width
@@ -296,6 +309,9 @@ class WindowGroupCounter:
         shorter than n) to their length classes (``classes``; else to the tail)."""
         n = self.positions
         starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        if self.halves_only:
+            self._add_by_order(values, starts, lengths)
+            return
         full = lengths == n
         if full.any():
             self.add_windows(values, starts[full], lengths[full], None)
@@ -314,14 +330,33 @@ class WindowGroupCounter:
             rows = self._short_rows(values, short_starts[lo:hi], short_lengths[lo:hi])
             self._commit(rows, self.groups + length, length=length)
 
-    def _short_rows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _add_by_order(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """``halves_only``: window w of the corpus (any length) goes to group ``floor(w /
+        block) mod K``; each group's windows are committed by how many position blocks they
+        reach, so a short window costs its own length, not n."""
+        order = self._seen + np.arange(lengths.size, dtype=np.int64)
+        self._seen += lengths.size
+        self.windows += int(np.count_nonzero(lengths == self.positions))
+        width = self._sorted.block
+        reach = -(-lengths // width)  # position blocks each window reaches
+        group = (order // self.block) % self.groups
+        for g in range(self.groups):
+            for b in np.unique(reach[(group == g) & (lengths > 0)]):
+                pick = (group == g) & (reach == b) & (lengths > 0)
+                self._commit(self._short_rows(values, starts[pick], lengths[pick], columns=int(b) * width), g,
+                             length=min(int(b) * width, self.positions))
+
+    def _short_rows(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
+                    columns: int | None = None) -> np.ndarray:
         """(k, padded n) token ids of k short windows (``values[starts[w] + j]`` at j <
-        ``lengths[w]``), padding past their ends."""
+        ``lengths[w]``), padding past their ends; only the first ``columns`` (a whole number
+        of position blocks, covering every window) when given."""
         n = self.positions
-        rows = np.full((starts.size, self._padded), self._pad, dtype=self._sorted.token_dtype)
-        j = np.arange(n, dtype=np.int64)
+        columns = self._padded if columns is None else int(columns)
+        rows = np.full((starts.size, columns), self._pad, dtype=self._sorted.token_dtype)
+        j = np.arange(min(n, columns), dtype=np.int64)
         inside = j < lengths[:, None]
-        rows[:, :n][inside] = values[(starts[:, None] + j)[inside]]
+        rows[:, : j.size][inside] = values[(starts[:, None] + j)[inside]]
         return rows
 
     def end_stream(self) -> None:
@@ -347,7 +382,7 @@ class WindowGroupCounter:
         blocks, rows = self.finish()
         stacked = blocks.to_csr()
         matrix = sp.csr_array(stacked[rows]) if rows.size != stacked.shape[0] else stacked
-        return WindowGroups(self.groups, self.positions, matrix, self.windows, self.classes)
+        return WindowGroups(self.groups, self.positions, matrix, self.windows, self.classes, self.halves_only)
 
     def _commit(self, rows: np.ndarray, group: int, *, length: int | None = None) -> None:
         """Count windows (``rows``: (k, padded n) token ids, padding past n, or past

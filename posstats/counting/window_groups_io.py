@@ -3,7 +3,8 @@ next to the counts they belong to: ``OUT/window-groups.safetensors`` of a counts
 
 The file holds the ((K + 1 + C) n, V) CSR matrix (``indptr``, ``indices``, ``data``) and, as
 metadata, K, n, the length classes C (n - 1 or 0; a file without the entry has none), the full
-windows, the tokens and the counts' fingerprint; :func:`load_window_groups`
+windows, the tokens, the counts' fingerprint and ``halves_only`` ("1": the two halves kept
+above 4,096 positions, never rotated; a file without the entry is not); :func:`load_window_groups`
 refuses a file that does not add up to the counts beside it (one line naming the file).
 """
 
@@ -43,7 +44,7 @@ def save_window_groups(groups: WindowGroups, counts: PositionalCounts, directory
                "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False),
                "data": m.data.astype(narrow_count_dtype(int(m.data.max()) if m.nnz else 0), copy=False)}
     return _write(directory, tensors, groups.groups, groups.positions, groups.vocab_size, groups.windows, counts,
-                  classes=groups.classes)
+                  classes=groups.classes, halves_only=groups.halves_only)
 
 
 def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCounts,
@@ -61,16 +62,16 @@ def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCoun
                "indices": TensorStream(index, (nnz,), lambda: blocks.indices(index)),
                "data": TensorStream(count, (nnz,), lambda: blocks.data(count))}
     path = _write(directory, tensors, counter.groups, counter.positions, counter.vocab_size, counter.windows, counts,
-                  classes=counter.classes)
+                  classes=counter.classes, halves_only=counter.halves_only)
     return path, {"groups": counter.groups, "windows": counter.windows}
 
 
 def _write(directory: str | os.PathLike, tensors: dict, groups: int, positions: int, vocab: int, windows: int,
-           counts: PositionalCounts, *, classes: int) -> Path:
+           counts: PositionalCounts, *, classes: int, halves_only: bool = False) -> Path:
     target = Path(directory) / WINDOW_GROUPS_FILE
     meta = {"schema": _SCHEMA, "groups": str(groups), "positions": str(positions), "vocab_size": str(vocab),
             "classes": str(classes), "windows": str(windows), "tokens": str(counts.tokens),
-            "fingerprint": counts.fingerprint}
+            "fingerprint": counts.fingerprint, **({"halves_only": "1"} if halves_only else {})}
     with atomic_path(target) as tmp:
         write_safetensors(tmp, tensors, meta)
     return target
@@ -96,6 +97,7 @@ class _Header:
     windows: int
     tokens: int
     fingerprint: str
+    halves_only: bool = False
 
     @property
     def rows(self) -> int:
@@ -114,12 +116,16 @@ def _header(target: Path, f: Any) -> _Header:
     try:
         h = _Header(int(meta["groups"]), int(meta["positions"]), int(meta["vocab_size"]),
                     int(meta.get("classes", "0")),  # written before length classes: none
-                    int(meta["windows"]), int(meta["tokens"]), meta.get("fingerprint", ""))
+                    int(meta["windows"]), int(meta["tokens"]), meta.get("fingerprint", ""),
+                    meta.get("halves_only", "0") == "1")
     except (KeyError, ValueError) as exc:
         msg = f"{target}: metadata entry {exc} missing or not an integer; count again"
         raise InputError(msg) from exc
     if h.groups < 1:
         msg = f"{target}: groups = {h.groups}, must be >= 1; count again"
+        raise InputError(msg)
+    if meta.get("halves_only", "0") not in ("0", "1"):
+        msg = f"{target}: halves_only = {meta['halves_only']!r}, must be 0 or 1; count again"
         raise InputError(msg)
     if h.classes not in (0, h.positions - 1):
         msg = f"{target}: classes = {h.classes}, must be 0 or {h.positions - 1} (positions - 1); count again"
@@ -149,12 +155,13 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
             raise InputError(msg)
         k, n, vocab, windows, tokens, classes, rows = (h.groups, h.positions, h.vocab_size, h.windows, h.tokens,
                                                        h.classes, h.rows)
+        halves_only = h.halves_only
         indptr = f.get_tensor("indptr")
         matrix = _csr_from(target, indptr, f.get_tensor("indices"), f.get_tensor("data"), (rows, vocab))
     if int(matrix.sum()) != tokens:
         msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
         raise InputError(msg)
-    return WindowGroups(k, n, matrix, windows, classes)
+    return WindowGroups(k, n, matrix, windows, classes, halves_only)
 
 
 _RANGE_ENTRIES = 1 << 24  # stored entries of all items summed at a time (about 400 MiB of temporaries)
@@ -175,7 +182,7 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
 
     Returns the file and ``{"groups": K, "windows": full windows}``. Raises InputError
     (naming the file) for an item without window groups, with another K, n, V or number of
-    length classes than the rest, a sum with a negative count (a refresh subtracting what is
+    length classes or another ``halves_only`` than the rest, a sum with a negative count (a refresh subtracting what is
     not there), or one that does not add up to ``counts``' tokens.
     """
     if not items:
@@ -193,13 +200,13 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
         opened = [stack.enter_context(_opened(target)) for target in files]
         headers = [_header(target, f) for target, f in zip(files, opened, strict=True)]
         first = headers[0]
-        shape = (first.groups, first.positions, first.vocab_size, first.classes)
+        shape = (first.groups, first.positions, first.vocab_size, first.classes, first.halves_only)
         for target, h in zip(files, headers, strict=True):
-            if (h.groups, h.positions, h.vocab_size, h.classes) != shape or shape[1:3] != (counts.positions,
-                                                                                           counts.vocab_size):
-                msg = (f"{target}: groups, positions, vocabulary and length classes "
-                       f"{(h.groups, h.positions, h.vocab_size, h.classes)} differ from the other items' {shape} "
-                       f"or the counts' ({counts.positions}, {counts.vocab_size}); count again")
+            if (h.groups, h.positions, h.vocab_size, h.classes, h.halves_only) != shape or shape[1:3] != (
+                    counts.positions, counts.vocab_size):
+                msg = (f"{target}: groups, positions, vocabulary, length classes and halves_only "
+                       f"{(h.groups, h.positions, h.vocab_size, h.classes, h.halves_only)} differ from the other "
+                       f"items' {shape} or the counts' ({counts.positions}, {counts.vocab_size}); count again")
                 raise InputError(msg)
         scratch = Path(directory) / ".window-groups-ranges"
         shutil.rmtree(scratch, ignore_errors=True)
@@ -219,7 +226,7 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
                        "data": TensorStream(count, (nnz,), lambda: _range_tensor(parts, "data", count))}
             windows = sum(sign * h.windows for sign, h in zip(signs, headers, strict=True))
             path = _write(directory, tensors, first.groups, first.positions, first.vocab_size, windows, counts,
-                          classes=first.classes)
+                          classes=first.classes, halves_only=first.halves_only)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return path, {"groups": first.groups, "windows": windows}

@@ -14,7 +14,7 @@ import numpy as np
 
 from posstats.corpus.inputs import CountInputs
 from posstats.corpus.source import estimated_tokens
-from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, accumulate_corpus
+from posstats.corpus.count_step import accumulate_corpus, halves_only_note
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import (
     COUNTS_FILES,
@@ -88,7 +88,8 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
         counts = None
     if groups is not None:
         _, written = save_window_group_blocks(groups, acc.header(), stage)
-        summary["window_groups"] = {"file": WINDOW_GROUPS_FILE, **written}
+        note = halves_only_note(inputs.spec.positions, int(inputs.window_groups))
+        summary["window_groups"] = {"file": WINDOW_GROUPS_FILE, **written, **({"kept": note} if note else {})}
     elif skipped:
         summary["window_groups"] = {"skipped": skipped}
     return counts, summary
@@ -98,17 +99,14 @@ WINDOW_GROUP_BYTES_PER_TOKEN = 16  # a held (key, count) pair per non-zero, at m
 
 
 def window_groups_to_count(inputs: CountInputs, /, *, tokens: int, budget_bytes: float) -> tuple[int, str | None]:
-    """``(K, why not)``: the window groups a count in this process makes (0 and the reason
-    when none): ``inputs.window_groups`` (every mode), at most
-    :data:`WINDOW_GROUP_POSITIONS` positions (above it ``analyze`` runs no homogeneity test by
-    default, so nothing would read them) and ``16 x tokens`` bytes within ``budget_bytes``
-    (the groups' keys and counts)."""
-    k, spec = int(inputs.window_groups), inputs.spec
+    """``(K, why not)``: the window groups a count in this process asks for (0 and the
+    reason when none): ``inputs.window_groups`` (every mode) while ``16 x tokens`` bytes fit
+    ``budget_bytes`` (the groups' keys and counts). Above
+    :data:`~posstats.corpus.count_step.WINDOW_GROUP_POSITIONS` positions the count keeps
+    the even and odd stretches of the K only (:func:`~posstats.corpus.count_step.kept_window_groups`)."""
+    k = int(inputs.window_groups)
     if k <= 0:
         return 0, None
-    if spec.positions > WINDOW_GROUP_POSITIONS:
-        return 0, (f"{spec.positions:,} positions: analyze tests homogeneity up to {WINDOW_GROUP_POSITIONS:,} rows "
-                   "by default, with the shuffle null")
     if WINDOW_GROUP_BYTES_PER_TOKEN * tokens > budget_bytes:
         return 0, (f"{tokens:,} tokens need about {WINDOW_GROUP_BYTES_PER_TOKEN * tokens / 2**30:.1f} GiB for the "
                    f"window groups, over the memory budget of {budget_bytes / 2**30:.1f} GiB")
