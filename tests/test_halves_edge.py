@@ -199,6 +199,30 @@ def test_noise_top_is_the_top_of_the_weighted_corrected_gram():
     assert noise_top(d) == pytest.approx(np.linalg.eigvalsh(plain)[-1], rel=1e-6)
 
 
+def test_nearly_equal_weights_reuse_the_unweighted_top_as_an_upper_bound():
+    """Weights within 1 % of each other: the weighted top is the unweighted one (solved once
+    for a bias) times the largest weight, never under the solved weighted top and at most
+    1 % over it (Ostrowski); wider weights are solved."""
+    from posstats.estimates.halves_edge import EQUAL_WEIGHTS, HalvesNoise
+
+    rng = np.random.default_rng(4)
+    d = sp.random_array((60, 90), density=0.2, random_state=rng, format="csr")
+    b = rng.uniform(0.0, 0.05, 60)
+    noise = HalvesNoise(d, 60, 1.0, "halves")
+    near = 1.3 * (1.0 + rng.uniform(0.0, EQUAL_WEIGHTS * 0.9, 60))
+    bound = noise.edge(near, b)
+    solved = noise_top(d, near, b)
+    assert bound.weights_bound == pytest.approx(near.max() / near.min())
+    assert solved <= bound.noise_top <= solved * (1.0 + EQUAL_WEIGHTS)
+    assert bound.noise_top == pytest.approx(near.max() * noise_top(d, None, b), rel=1e-9)
+    assert "weights_bound" in bound.to_dict() and len(noise._unweighted) == 1
+    wide = rng.uniform(0.5, 2.0, 60)
+    found = noise.edge(wide, b)
+    assert found.weights_bound is None and found.noise_top == pytest.approx(noise_top(d, wide, b), rel=1e-9)
+    assert noise.edge(None, b).noise_top == pytest.approx(noise_top(d, None, b), rel=1e-9)
+    assert len(noise._unweighted) == 1  # the same bias: solved once
+
+
 # ----------------------------------------------------------------------------- the halves a count keeps
 
 
