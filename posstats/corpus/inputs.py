@@ -89,9 +89,10 @@ class CountOptions:
         64, group=_COUNTING, metavar="K", minimum=0,
         help="also count the windows (truncate: each document's first n tokens) in K groups "
              "(OUT/window-groups.safetensors), so that analyze tests homogeneity with a null that keeps each window's "
-             "tokens together (rotation; docs/calibration.md); 0: off. Only up to 4,096 positions (where analyze "
-             "tests homogeneity); in this process while 16 bytes a token fit --memory-budget; in steps (--ray, "
-             "--store, the pipeline) in truncate and chunk mode, each shard's groups summed by the reduce")
+             "tokens together (rotation; docs/calibration.md); above 4,096 positions only their even and odd halves, "
+             "on which analyze measures its rank test's edge; 0: off. In this process while 16 bytes a token fit "
+             "--memory-budget; in steps (--ray, --store, the pipeline) in truncate and chunk mode, each shard's "
+             "groups summed by the reduce")
     memory_budget: float = option(
         4.0, group=_COUNTING, metavar="GiB", unit="GiB", minimum=0.0, strict=True, key="memory_budget_gib",
         help="count into a dense n x V array while 8*n*V bytes fit this budget and the corpus has at least n*V/8 "
