@@ -66,7 +66,14 @@ from posstats.corpus.shards import (
     plan_shards,
     shard_bytes_for,
 )
-from posstats.corpus.count_step import accumulate_shard, halves_only_note, shard_window_groups
+from posstats.corpus.count_step import (
+    HALVES_GROUPS,
+    WINDOW_GROUP_POSITIONS,
+    accumulate_shard,
+    halves_only_note,
+    kept_window_groups,
+    shard_window_groups,
+)
 from posstats.corpus.source import CorpusSource
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import DEFAULT_DENSE_BUDGET, CountSpec, PositionalCounts
@@ -82,7 +89,12 @@ from posstats.counting.reduce import (
     mark_result,
 )
 from posstats.counting.window_groups import DEFAULT_WINDOW_GROUPS
-from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, sum_window_group_files, window_groups_file
+from posstats.counting.window_groups_io import (
+    WINDOW_GROUPS_FILE,
+    save_halves_from_ranges,
+    sum_window_group_files,
+    window_groups_file,
+)
 from posstats.errors import InputError, PosstatsError
 from posstats.ids import validate_run_id
 from posstats.memory import format_bytes
@@ -270,6 +282,18 @@ class CountWorker:
         # the engine checked every item (check) before handing out ranges
         return sum_row_range(items, self.spec, start, stop, out, verified=True)
 
+    def write_halves(self, halves: list[list[dict[str, Any]]], out: str) -> dict[str, Any]:
+        """The two halves' range files (:meth:`sum_range` of each half's placed partials)
+        streamed into the window-groups file beside the assembled counts in ``out``
+        (:func:`posstats.counting.window_groups_io.save_halves_from_ranges`):
+        ``{"file", "sha256", "groups", "windows"}``, or ``{"skipped": why}`` when they do
+        not add up (the counts stand)."""
+        try:
+            target, info = save_halves_from_ranges(halves, load_header(out), out)
+        except InputError as exc:
+            return {"skipped": str(exc)}
+        return {"file": target.name, "sha256": file_sha256(target), **info}
+
     def sum_window_groups(self, items: list[tuple[str, int]], out: str) -> dict[str, Any]:
         """The signed sum of the items' window groups beside the assembled counts in ``out``
         (:func:`posstats.counting.window_groups_io.sum_window_group_files`), each partial's
@@ -339,11 +363,14 @@ class _Reduce:
         raise NotImplementedError
 
     def reduce(self, items: list[tuple[str, int]], *, scratch: Path, final_dir: Path,
-               window_groups: tuple[list[tuple[str, int]] | None, str | None] = (None, None)) -> dict:
+               window_groups: tuple[list[tuple[str, int]] | None, str | None] = (None, None),
+               halves: list[tuple[str, int]] | None = None) -> dict:
         """Range reduce (module docstring): check every item, sum each position range on
         an actor, assemble the ranges into ``final_dir``; then, with ``window_groups =
         (items, None)``, sum those items' window groups beside it on an actor
-        (:meth:`CountWorker.sum_window_groups`; ``(None, why not)``: none).
+        (:meth:`CountWorker.sum_window_groups`; ``(None, why not)``: none), or with
+        ``halves`` (every partial of the corpus, in shard-id order) write the corpus'
+        two halves as its window groups (:meth:`_halves`).
 
         Returns the final summary (with ``ranges`` and, where asked for, ``window_groups``:
         what was written or why not), or ``{"corrupt": [...]}`` (every corrupt partial;
@@ -368,7 +395,11 @@ class _Reduce:
                                  what="reduce")[0]
         summary.update(ranges=len(ranges), check_s=check_s, ranges_s=ranges_s, assemble_s=time.perf_counter() - t)
         group_items, why_not = window_groups
-        if group_items is not None:
+        if halves is not None:
+            t = time.perf_counter()
+            summary["window_groups"] = self._halves(halves, [i for i, _ in items], spec, scratch, final_dir, ranges)
+            summary["window_groups_s"] = time.perf_counter() - t
+        elif group_items is not None:
             t = time.perf_counter()
             summary["window_groups"] = self.run_tasks([("sum_window_groups", (group_items, str(final_dir)))],
                                                       what="window groups")[0]
@@ -376,6 +407,28 @@ class _Reduce:
         elif why_not is not None:
             summary["window_groups"] = {"skipped": why_not}
         return summary
+
+
+    def _halves(self, partials: list[tuple[str, int]], checked: list[str], spec: CountSpec, scratch: Path,
+                final_dir: Path, ranges: list[tuple[int, int]]) -> dict[str, Any]:
+        """A pack-mode count in steps above 4,096 positions: its streams straddle shards,
+        so no window groups can be kept, but the corpus' halves can, for the rank test's
+        edge (:func:`posstats.corpus.count_step.kept_window_groups`): the shards of even
+        and of odd rank (each a stretch of a stream, so dependent tokens stay together but
+        for the windows cut at a shard's end), each half's partials placed where they sit
+        in the stream (:func:`posstats.counting.pack.stitch`) and range-summed on the
+        actors, then streamed into the window-groups file. The partials the reduce did not
+        read (an incremental refresh's) are checked first. Returns the summary entry."""
+        unchecked = [p for p, _ in partials if p not in set(checked)]
+        corrupt = [c for c in self.run_tasks([("check", (p,)) for p in unchecked], what="partial check") if c]
+        if corrupt:
+            return {"skipped": f"{len(corrupt)} partial(s) fail their check, so the halves are not kept: {corrupt[0]}"}
+        placed, _, _ = stitch(partials, spec)
+        tasks = [("sum_range", (placed[h::2], a, b, str(scratch / f"half-{h}-range-{j:05d}.safetensors")))
+                 for h in (0, 1) for j, (a, b) in enumerate(ranges)]
+        summaries = self.run_tasks(tasks, what="halves")
+        halves = [summaries[: len(ranges)], summaries[len(ranges):]]
+        return self.run_tasks([("write_halves", (halves, str(final_dir)))], what="halves")[0]
 
 
 class _LocalEngine(_Reduce):
@@ -881,6 +934,17 @@ def _window_group_items(run: _Run, items: list[tuple[str, int]],
                   "permutation null")
 
 
+def _pack_halves_items(run: _Run, full: list[tuple[str, int]]) -> list[tuple[str, int]] | None:
+    """The partials whose shards make the corpus' two halves (by shard-id rank parity) in
+    a pack-mode count with window groups asked for above 4,096 positions and two shards
+    or more (:meth:`_Reduce._halves`); None otherwise."""
+    if run.spec.mode != "pack" or kept_window_groups(run.spec.positions, run.opts.window_groups) != HALVES_GROUPS:
+        return None
+    if run.spec.positions <= WINDOW_GROUP_POSITIONS or len(full) < 2:
+        return None
+    return sorted(full)
+
+
 def _reduce(run: _Run, engine: _Executor, counted: _Counted, result_dir: Path) -> tuple[dict[str, Any], str]:
     """Reduce into ``result_dir``: incrementally or in full (:meth:`RunStore.reduce_items`);
     once more after recounting corrupt partials. Returns (final summary, mode)."""
@@ -890,9 +954,10 @@ def _reduce(run: _Run, engine: _Executor, counted: _Counted, result_dir: Path) -
         good = counted.good(plan.planned)
         items, mode = store.reduce_items(good, added=counted.good(plan.added),
                                          removed=plan.removed, old_result=old_result if run.incremental else None)
-        groups = _window_group_items(run, items, [(str(store.partial_dir(sid)), 1) for sid in good])
+        full = [(str(store.partial_dir(sid)), 1) for sid in good]
+        groups = _window_group_items(run, items, full)
         reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir,
-                                window_groups=groups)
+                                window_groups=groups, halves=_pack_halves_items(run, full))
         if "corrupt" not in reduced:
             break
         _recount_corrupt(run, engine, counted, reduced["corrupt"], last=last)
@@ -1001,7 +1066,8 @@ def _summary(run: _Run, manifest: dict[str, Any], *, counted: int, bad: list[dic
         "tokens_per_s": round(manifest["tokens"] / seconds, 1) if seconds > 0 else None,
         "fingerprint": manifest["fingerprint"],
         "counts_path": str(run.store.result_file(manifest)),
-        **_window_groups_summary(run.store, manifest, note=halves_only_note(run.spec.positions, run.opts.window_groups)),
+        **_window_groups_summary(run.store, manifest, note=halves_only_note(run.spec.positions, run.opts.window_groups,
+                                                                     shards=run.spec.mode == "pack")),
         "ray": {
             "run_id": run.run_id,
             "store": str(run.store.root),

@@ -300,7 +300,7 @@ def test_count_above_4096_positions_keeps_the_halves_and_analyze_measures_the_ed
                  "--positions", str(n), "--mode", mode, "--dims", "2", "--encodings", "mds", "--held-out", "off",
                  "--out", str(out)]) == 0
     kept = json.loads((out / "count.json").read_text())["window_groups"]
-    assert kept["groups"] == 2 and "only the even and the odd of 64" in kept["kept"]
+    assert kept["groups"] == 2 and "the even and the odd of 64" in kept["kept"]
     counts = load_counts(out)
     groups = load_window_groups(out, counts)
     assert groups.halves_only and (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
@@ -314,10 +314,13 @@ def test_count_above_4096_positions_keeps_the_halves_and_analyze_measures_the_ed
     assert not any("as independent" in c and "upper estimate" in c for c in report["verdict"]["caveats"])
 
 
-def test_count_in_steps_above_4096_positions_sums_each_shards_halves(tmp_path):
-    """Truncate mode counted in steps (the local executor of --store; Ray runs the same
-    steps), several shards: each partial keeps its halves and the reduce sums them into
-    halves of the corpus that add up to the counts; count.json says only the halves were kept."""
+@pytest.mark.parametrize("mode", ["truncate", "pack"])
+def test_count_in_steps_above_4096_positions_keeps_the_halves(tmp_path, mode):
+    """Counted in steps (the local executor of --store; Ray runs the same steps), three
+    shards: in truncate mode each partial keeps its halves and the reduce sums them; in pack
+    mode (streams straddle shards: no window groups) the halves are the shards by rank
+    parity, placed in their streams. Either way they add up to the counts, count.json says
+    only the halves were kept, and a refresh that removes an input keeps them adding up."""
     import json
 
     from posstats import load_counts
@@ -330,13 +333,18 @@ def test_count_in_steps_above_4096_positions_sums_each_shards_halves(tmp_path):
         _write_ids(tmp_path / f"{name}.parquet", [rng.integers(0, 50, size=rng.integers(10, 2 * n)) for _ in range(7)])
     out = tmp_path / "out"
     assert main(["count", "--input", str(tmp_path / "*.parquet"), "--column", "input_ids", "--vocab-size", "50",
-                 "--positions", str(n), "--mode", "truncate", "--store", str(tmp_path / "store"),
+                 "--positions", str(n), "--mode", mode, "--store", str(tmp_path / "store"),
                  "--out", str(out)]) == 0
     kept = json.loads((out / "count.json").read_text())["window_groups"]
-    assert kept["groups"] == 2 and "only the even and the odd" in kept["kept"]
-    counts = load_counts(out)
-    groups = load_window_groups(out, counts)
-    assert groups.halves_only and groups.classes == 0
-    assert (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
-    a, b = groups.halves()
-    assert a.sum() > 0 and b.sum() > 0
+    assert kept["groups"] == 2
+    assert ("shards of even and of odd rank" if mode == "pack" else "the even and the odd of 64") in kept["kept"]
+    for removed in (False, True):
+        counts = load_counts(out)
+        groups = load_window_groups(out, counts)
+        assert groups.halves_only and groups.classes == 0
+        assert (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
+        a, b = groups.halves()
+        assert a.sum() > 0 and b.sum() > 0
+        if not removed:
+            (tmp_path / "b.parquet").unlink()
+            assert main(["refresh", "--store", str(tmp_path / "store"), "--local", "--out", str(out)]) == 0

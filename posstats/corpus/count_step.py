@@ -133,15 +133,18 @@ def kept_window_groups(positions: int, groups: int, /) -> int:
     return int(groups) if positions <= WINDOW_GROUP_POSITIONS else min(int(groups), HALVES_GROUPS)
 
 
-def halves_only_note(positions: int, groups: int, /) -> str | None:
+def halves_only_note(positions: int, groups: int, /, *, shards: bool = False) -> str | None:
     """What ``count.json``'s ``window_groups`` says when :func:`kept_window_groups` kept
-    fewer groups than the ``groups`` asked for, else None."""
+    fewer groups than the ``groups`` asked for, else None. ``shards``: the halves are a
+    pack-mode count's shards by rank parity (``jobs.count``)."""
     kept = kept_window_groups(positions, groups)
     if not 0 < kept < groups:
         return None
-    return (f"above {WINDOW_GROUP_POSITIONS:,} positions only the even and the odd of {groups} stretches of windows "
-            "are kept: the independent halves on which analyze measures its rank test's edge (the rotation null, "
-            f"which turns all {groups}, runs up to {WINDOW_GROUP_POSITIONS:,} rows)")
+    what = ("the shards of even and of odd rank (pack mode in steps: its streams straddle shards)" if shards else
+            f"the even and the odd of {groups} stretches of windows")
+    return (f"above {WINDOW_GROUP_POSITIONS:,} positions only two halves are kept, {what}: the independent halves "
+            "on which analyze measures its rank test's edge (the rotation null, which turns window groups, runs up "
+            f"to {WINDOW_GROUP_POSITIONS:,} rows)")
 
 
 def shard_window_groups(spec: CountSpec, groups: int, /) -> tuple[int, str | None]:

@@ -29,8 +29,8 @@ from posstats.counting.window_groups import WindowGroupCounter, WindowGroups
 from posstats.errors import InputError
 from posstats.storage.publish import atomic_path, published_dir
 
-__all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_window_group_blocks", "save_window_groups",
-           "sum_window_group_files", "window_groups_file"]
+__all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_halves_from_ranges", "save_window_group_blocks",
+           "save_window_groups", "sum_window_group_files", "window_groups_file"]
 
 WINDOW_GROUPS_FILE = "window-groups.safetensors"
 _SCHEMA = "posstats.window-groups/1"
@@ -280,3 +280,50 @@ def _range_tensor(parts: Sequence[dict[str, Any]], name: str, dtype: np.dtype) -
     for part in parts:
         with safe_open(str(part["path"]), framework="numpy") as f:
             yield f.get_tensor(name).astype(dtype, copy=False)
+
+
+def save_halves_from_ranges(halves: Sequence[Sequence[dict[str, Any]]], counts: PositionalCounts,
+                            directory: str | os.PathLike, /) -> tuple[Path, dict[str, int]]:
+    """Write ``directory/window-groups.safetensors`` as the two halves (``halves_only``, no
+    tail, no length classes) of ``counts`` from the range files of each half (two lists of
+    :func:`posstats.counting.ranges.sum_row_range` summaries, each covering ``[0, n)``),
+    one range file read at a time: what a pack-mode count in steps keeps above 4,096
+    positions, its shards by rank parity (``jobs.count``). Returns the file and
+    ``{"groups": 2, "windows": counts.windows}``. Raises InputError when the halves do not
+    cover the positions or add up to ``counts``' tokens (nothing is written then)."""
+    n, vocab = counts.positions, counts.vocab_size
+    ordered = []
+    for half in halves:
+        parts = sorted(half, key=lambda p: p["start"])
+        if [(p["start"], p["stop"]) for p in parts] != list(zip([0] + [p["stop"] for p in parts[:-1]],
+                                                              [p["stop"] for p in parts])) or parts[-1]["stop"] != n:
+            msg = f"{directory}: the halves' range files do not cover the {n:,} positions exactly once"
+            raise InputError(msg)
+        ordered.append(parts)
+    if len(ordered) != 2:
+        msg = f"save_halves_from_ranges needs two halves, got {len(ordered)}"
+        raise ValueError(msg)
+    parts = [*ordered[0], *ordered[1]]
+    total = 0
+    for part in parts:
+        with safe_open(str(part["path"]), framework="numpy") as f:
+            total += int(f.get_tensor("data").sum(dtype=np.int64))
+    if total != counts.tokens:
+        msg = f"{directory}: the halves add up to {total:,} tokens, the counts to {counts.tokens:,}; count again"
+        raise InputError(msg)
+
+    def indptr() -> Iterator[np.ndarray]:
+        last = np.zeros(1, np.int64)
+        for piece in _range_indptr(parts):
+            last = piece[-1:] if piece.size else last
+            yield piece
+        yield np.repeat(last, n)  # the tail's n rows: empty
+
+    nnz = sum(int(p["nnz"]) for p in parts)
+    index = index_dtype(vocab)
+    count = narrow_count_dtype(max((int(p["largest"]) for p in parts), default=0))
+    tensors = {"indptr": TensorStream(np.int64, (3 * n + 1,), indptr),
+               "indices": TensorStream(index, (nnz,), lambda: _range_tensor(parts, "indices", index)),
+               "data": TensorStream(count, (nnz,), lambda: _range_tensor(parts, "data", count))}
+    path = _write(directory, tensors, 2, n, vocab, counts.windows, counts, classes=0, halves_only=True)
+    return path, {"groups": 2, "windows": counts.windows}
