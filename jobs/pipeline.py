@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 import posstats
-from posstats.analysis import analyze, ranges_refusal
+from posstats.analysis import analyze, budgeted_stored_counts, ranges_refusal
 from posstats.corpus.inputs import CountInputs, count_inputs
 from posstats.corpus.remote import is_url, list_objects, object_version_ns
 from posstats.corpus.shard_store import RunStore, config_key, store_config
@@ -616,7 +616,7 @@ def geometry_ranges(counts: str, config: Any, *, chosen: int | None, budget_gib:
         return int(chosen)
     if problem or gpus > 0:
         return 0
-    k = ranges_for_budget(int(indptr[-1]), int(budget_gib * 2**30))
+    k = ranges_for_budget(budgeted_stored_counts(counts, int(indptr[-1]), config), int(budget_gib * 2**30))
     return k if k > 1 else 0
 
 

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from posstats.analysis import analyze_ranges
+from posstats.analysis import analyze_ranges, halves_starter
 from posstats.counting.io import counts_file, load_header
 from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.noise import NoiseFloor
+from posstats.estimates.ranged_halves import RangeHalves
 from posstats.estimates.ranged_jackknife import RangeReplicates
 from posstats.estimates.thinning import range_noise_floor
 from posstats.geometry.ranged import (
@@ -66,6 +67,7 @@ class RangeWorker:
         one_malloc_arena()  # arenas made from here on: Ray's own threads already have theirs
         self.range: Any = None
         self.replicates: RangeReplicates | None = None
+        self.halves: RangeHalves | None = None
         self.bounds = (0, 0)
 
     def load(self, counts_path: str, start: int, stop: int, min_occupancy: int, noise_parts: int | None = None,
@@ -150,6 +152,25 @@ class RangeWorker:
         self.replicates = RangeReplicates(self.range, groups=int(groups), seed=int(seed))
         return_freed_memory()
 
+    def start_halves(self, path: str, expected: tuple[int, int, int, str], row_bin: np.ndarray, bins: int) -> None:
+        """Hold this range's rows of the window groups' halves' noise
+        (:class:`posstats.estimates.ranged_halves.RangeHalves`), for the rank test's edge."""
+        self.halves = None
+        self.halves = RangeHalves(self.range, path, tuple(expected), row_bin, int(bins))
+        return_freed_memory()
+
+    def stop_halves(self) -> None:
+        """Let the halves' rows go."""
+        self.halves = None
+        return_freed_memory()
+
+    def on_halves(self, method: str, *args: Any) -> Any:
+        """``RangeHalves.method(*args)`` (:class:`ActorRanges` with ``via="on_halves"``)."""
+        if self.halves is None:
+            msg = "no halves: start_halves first"
+            raise ValueError(msg)
+        return getattr(self.halves, method)(*args)
+
     def stop_replicates(self) -> None:
         """Let the split go."""
         self.replicates = None
@@ -210,6 +231,27 @@ def actor_replicates(actors: Sequence[Any], /) -> Callable[[int, int], ActorRang
     return replicates
 
 
+class _ActorHalves(ActorRanges):
+    """The actors' :class:`posstats.estimates.ranged_halves.RangeHalves` (``via="on_halves"``),
+    with ``release`` letting them go."""
+
+    def release(self) -> None:
+        ActorRanges(self.actors).call("stop_halves")
+
+
+def actor_halves(actors: Sequence[Any], path: str, expected: tuple[int, int, int, str], /
+                 ) -> Callable[[list[np.ndarray], int], ActorRanges]:
+    """``start(row_bins, bins)`` for :func:`posstats.estimates.ranged_halves.ranged_halves_noise`:
+    every actor holds its rows of the halves' noise (:meth:`RangeWorker.start_halves`);
+    returns the runner over them."""
+
+    def start(row_bins: list[np.ndarray], bins: int) -> ActorRanges:
+        ActorRanges(actors).call("start_halves", [(path, tuple(expected), rb, int(bins)) for rb in row_bins])
+        return _ActorHalves(actors, via="on_halves")
+
+    return start
+
+
 def start_range_workers(counts_path: str, bounds: Sequence[tuple[int, int]], *, min_occupancy: int,
                         noise_parts: int | None = None, seed: int = 0,
                         show_progress: bool | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -262,9 +304,12 @@ def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, 
         noise_parts = None if config.noise_floor == "off" else config.noise_parts
         actors, _ = start_range_workers(path, file_ranges(path, ranges), min_occupancy=config.min_occupancy,
                                         noise_parts=noise_parts, seed=config.seed, show_progress=show_progress)
+        header = load_header(path)
+        expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
         try:
-            return analyze_ranges(load_header(path), RangedSqrt(ActorRanges(actors)), config,
-                                  show_progress=show_progress, replicates=actor_replicates(actors), counts_source=path)
+            return analyze_ranges(header, RangedSqrt(ActorRanges(actors)), config,
+                                  show_progress=show_progress, replicates=actor_replicates(actors), counts_source=path,
+                                  halves=halves_starter(path, header, None, start=actor_halves(actors, path, expected)))
         finally:
             for a in actors:
                 ray.kill(a, no_restart=True)

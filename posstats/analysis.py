@@ -25,6 +25,7 @@ from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import DENSE_AS_SPARSE_ENTRIES, counts_file, csr_from_dense, load_header
 from posstats.counting.rows import select_rows
+from posstats.counting.window_groups_io import window_groups_file
 from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.estimates.held_out import (
     HELD_OUT_AUTO_LIMIT,
@@ -70,6 +71,7 @@ from posstats.estimates.permutation import (
     weighted_gram,
 )
 from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
+from posstats.estimates.ranged_halves import HALVES_BYTES_PER_STORED_COUNT, local_halves, ranged_halves_noise
 from posstats.estimates.rotation import rotation_null_corpora
 from posstats.estimates.ranged_jackknife import local_replicates, ranged_pair_replicates
 from posstats.estimates.sampled import SampledGeometry, _encoding_pair_distances, stress_from_pairs
@@ -112,7 +114,7 @@ from posstats.geometry.mds import (
     weighted_coordinates,
     weighted_gram_eigenpairs,
 )
-from posstats.geometry.ranged import RangedSqrt, local_ranges
+from posstats.geometry.ranged import BYTES_PER_STORED_COUNT, RangedSqrt, local_ranges
 from posstats.geometry.stress import stress_report
 from posstats.memory import analysis_bytes, encoding_probe_bytes, require_memory
 from posstats.options import option, option_values
@@ -626,6 +628,10 @@ class _Rows:
             held apart, :func:`analyze_ranges`): ``replicates(groups, seed)`` starts every
             range's jackknife split and returns their runner
             (:func:`posstats.estimates.ranged_jackknife.ranged_pair_replicates`); else None.
+        halves: with rows held apart and the counts' window groups beside them,
+            ``halves(row_bins, bins)`` starts every range's rows of the halves' noise and
+            returns their runner (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`);
+            else None.
     """
 
     geo: PositionalCounts
@@ -636,6 +642,7 @@ class _Rows:
     occupancy: np.ndarray
     context: int
     replicates: Any = None
+    halves: Any = None
 
     @property
     def ranged(self) -> bool:
@@ -817,6 +824,7 @@ def analyze_ranges(
     replicates: Any,
     counts_source: str | os.PathLike | None = None,
     show_progress: bool | None = None,
+    halves: Any = None,
 ) -> Analysis:
     """:func:`analyze` with the counts' rows held apart, in position ranges (in this process
     or in Ray actors: :mod:`posstats.geometry.ranged`), so that no process holds every count.
@@ -841,6 +849,10 @@ def analyze_ranges(
         replicates: ``replicates(groups, seed)`` starts every range's jackknife split and
             returns the runner over them (:func:`posstats.estimates.ranged_jackknife.local_replicates`
             for ranges in this process; the Ray actors' ``start_replicates``).
+        halves: ``halves(row_bins, bins)`` starts every range's rows of the window groups'
+            halves and returns their runner, for the rank test's edge
+            (:func:`posstats.estimates.ranged_halves.local_halves`; the Ray actors'
+            ``start_halves``); None: the counts have no window groups (the analytic edge).
         counts_source: the counts file the ranges read, every row of it
             (:attr:`Analysis.counts_source`); its header's token total is checked against
             the rows read (:class:`~posstats.errors.InputError` when they differ), so the
@@ -859,7 +871,8 @@ def analyze_ranges(
         msg = (f"{counts_source}: its header says {int(counts.tokens):,} tokens but its counts add up to "
                f"{int(read.sum()):,}; the file was changed after counting: count again")
         raise InputError(msg)
-    g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates)
+    g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates,
+              halves=halves)
     analysis = _analysis(counts, config, g, parts=None, show_progress=show_progress, occupancy=read)
     analysis.sections["geometry"]["ranges"] = len(rows.ranges)  # the report says the rows were held apart
     return dataclasses.replace(analysis, counts_source=None if counts_source is None else str(counts_source))
@@ -873,9 +886,35 @@ def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfi
     config = config or AnalysisConfig()
     noise_of = functools.partial(range_noise_floor, parts=config.noise_parts, seed=config.seed)
     ranges = local_ranges(path, parts, min_occupancy=config.min_occupancy, noise_of=noise_of)
-    return analyze_ranges(load_header(path), RangedSqrt(ranges), config, show_progress=show_progress,
+    header = load_header(path)
+    return analyze_ranges(header, RangedSqrt(ranges), config, show_progress=show_progress,
                           replicates=lambda groups, seed: local_replicates(ranges, groups=groups, seed=seed),
-                          counts_source=counts_file(path))
+                          counts_source=counts_file(path), halves=halves_starter(path, header, ranges.ranges))
+
+
+def halves_starter(path: str | os.PathLike, header: PositionalCounts, ranges: Any, /, *,
+                   start: Any = None) -> Any:
+    """The ``halves`` of :func:`analyze_ranges` for the counts at ``path`` (``header``): None
+    without a window-groups file beside them, else ``start`` (the Ray actors' starter) or
+    the starter of ``ranges`` held in this process
+    (:func:`posstats.estimates.ranged_halves.local_halves`)."""
+    if window_groups_file(path) is None:
+        return None
+    if start is not None:
+        return start
+    expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
+    return local_halves(ranges, str(path), expected)
+
+
+def budgeted_stored_counts(path: str | os.PathLike, stored: int, config: AnalysisConfig, /) -> int:
+    """The stored counts a range budget is sized for (:func:`posstats.geometry.ranged.ranges_for_budget`):
+    ``stored``, plus what each range holds of the halves' noise while the rank test's edge is
+    measured (:data:`posstats.estimates.ranged_halves.HALVES_BYTES_PER_STORED_COUNT` per
+    stored count, in stored counts' worth) when a window-groups file is beside the counts
+    at ``path`` and ``config.mp_edge`` is ``auto``."""
+    if config.mp_edge != "auto" or config.null not in ("auto", "mp") or window_groups_file(path) is None:
+        return int(stored)
+    return int(stored) + -(-int(stored) * HALVES_BYTES_PER_STORED_COUNT // BYTES_PER_STORED_COUNT)
 
 
 def ranges_refusal(config: AnalysisConfig, m: int, /) -> str | None:
@@ -927,10 +966,11 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights,
                                                                   edge=halves.edge(weights))
     if large:
+        noise_level = _noise_level(bias, noise, geo_parts, config, len(g.index), untested=untested is not None,
+                                   edge=halves.edge(None))
+        halves.release()  # both edges are read: the halves' noise (1.5 GB at n = 131,072) goes before the MDS
         geometry = _sampled_geometry(g, bias, config, timings, show_progress, untested=untested is not None,
-                                     noise_level=_noise_level(bias, noise, geo_parts, config, len(g.index),
-                                                              untested=untested is not None, edge=halves.edge(None)),
-                                     rank_test=None if weights is None else (weights, edge_level))
+                                     noise_level=noise_level, rank_test=None if weights is None else (weights, edge_level))
     else:
         shuffled = _null_choice(config, len(g.index), noise) == "shuffle"
         geometry = _exact_geometry(g, bias, config, timings, show_progress,
@@ -1565,10 +1605,14 @@ class _HalvesEdges:
         self.source: str | None = None
         self.no_source: str | None = None  # why no halves, where the analytic edge is the default's fallback
         self.seconds = 0.0  # spent measuring the edges
+        self.released = False
         if (config.mp_edge == "auto" and noise is not None
                 and _null_choice(config, len(g.index), noise) == "mp"):
-            if g.ranged:
-                self.no_source = "the rows are held apart in position ranges"
+            if g.ranged and g.halves is not None:
+                self.source = "window groups"
+            elif g.ranged:
+                self.no_source = ("the rows are held apart in position ranges and the counts have no window groups "
+                                  "(posstats count keeps their halves beside them; count.json says why not)")
             elif geo_parts is not None and len(geo_parts) in (2, 4):
                 self.source = "parts"
             elif groups is not None:
@@ -1590,14 +1634,27 @@ class _HalvesEdges:
     @functools.cached_property
     def _noise(self) -> HalvesNoise:
         """The halves' rescaled noise, once (none below :data:`HALVES_MIN_COVERAGE`)."""
+        if self._g.ranged:
+            return ranged_halves_noise(self._g.halves, self._g.occupancy, np.diff(self._g.rows.edges),
+                                       self._g.rows.shape[1], source=self.source, min_coverage=HALVES_MIN_COVERAGE)
         a, b = self._halves()
         return halves_noise(a, b, self._g.rows, source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+
+    def release(self) -> None:
+        """Let the halves' noise go (the ranges' rows of it too) once the edges the
+        analysis reads are measured; an edge not measured by then is not (analytic)."""
+        noise = self.__dict__.pop("_noise", None)
+        if noise is not None and hasattr(noise.matrix, "runner"):
+            noise.matrix.runner.release()
+        self.released = True
 
     def measured(self, weights: np.ndarray | None) -> HalvesEdge | None:
         """The :class:`HalvesEdge` for the ``weights`` (None: unweighted), or None."""
         if self.source is None:
             return None
         key = weights is not None
+        if key not in self._edges and self.released:
+            return None
         if key not in self._edges:
             t = time.perf_counter()
             self._edges[key] = self._noise.edge(weights, self._bias)

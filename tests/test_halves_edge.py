@@ -348,3 +348,69 @@ def test_count_in_steps_above_4096_positions_keeps_the_halves(tmp_path, mode):
         if not removed:
             (tmp_path / "b.parquet").unlink()
             assert main(["refresh", "--store", str(tmp_path / "store"), "--local", "--out", str(out)]) == 0
+
+
+@pytest.fixture(scope="module")
+def packed_halves(tmp_path_factory):
+    """A pack-mode corpus of 4,100 positions counted with its halves: (counts folder, the
+    analysis config of the tests below, the one-process report)."""
+    from posstats import load_counts
+    from posstats.cli import main
+    from posstats.counting.window_groups_io import load_window_groups
+
+    tmp = tmp_path_factory.mktemp("packed_halves")
+    rng = np.random.default_rng(7)
+    vocab, n = 150, 4100
+    z = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    docs = [rng.choice(vocab, size=rng.integers(300, 2 * n), p=z / z.sum()) for _ in range(40)]
+    _write_ids(tmp / "ids.parquet", docs)
+    out = tmp / "counts"
+    assert main(["count", "--input", str(tmp / "ids.parquet"), "--column", "input_ids", "--vocab-size",
+                 str(vocab), "--positions", str(n), "--mode", "pack", "--out", str(out)]) == 0
+    config = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off", exact_limit=1024)
+    counts = load_counts(out)
+    whole = analyze(counts, config, show_progress=False, window_groups=load_window_groups(out, counts)).report()
+    return out, config, whole
+
+
+def test_rows_held_apart_measure_the_same_edge_and_budget_for_it(packed_halves):
+    """Over position ranges (the analysis of counts too large for one process; here three
+    ranges in this process, the code path the Ray actors run) every range builds its rows of
+    the halves' noise and the edge is the one-process edge to rounding; the range budget
+    counts the ranges' rows of it, unless the analytic edge is asked for."""
+    import json
+
+    from posstats.analysis import analyze_in_ranges, budgeted_stored_counts
+    from posstats.counting.io import counts_file, load_indptr
+
+    out, config, whole = packed_halves
+    ranged = analyze_in_ranges(out, 3, config, show_progress=False).report()
+    assert ranged["geometry"]["ranges"] == 3
+    one, apart = whole["null"]["edge"], ranged["null"]["edge"]
+    assert one["method"] == apart["method"] == "halves" and apart["source"] == "window groups"
+    assert apart["noise_top"] == pytest.approx(one["noise_top"], rel=1e-9)
+    assert apart["rows"] == one["rows"] and apart["coverage"] == one["coverage"]
+    assert ranged["null"]["threshold"] == pytest.approx(whole["null"]["threshold"], rel=1e-9)
+    json.dumps(ranged["null"])  # the report stays plain JSON
+
+    stored = int(load_indptr(counts_file(out))[-1])
+    assert budgeted_stored_counts(out, stored, config) == stored + -(-stored * 12 // 16)
+    analytic = dataclasses.replace(config, mp_edge="analytic")
+    assert budgeted_stored_counts(out, stored, analytic) == stored
+    assert analyze_in_ranges(out, 3, analytic, show_progress=False).report()["null"]["edge"]["method"] == "analytic"
+
+
+@pytest.mark.ray
+def test_ray_actors_measure_the_edge_on_their_rows_of_the_halves(packed_halves, tmp_path, ray_session):
+    """``posstats analyze --ranges 3``: three Ray actors hold the rows and their rows of the
+    halves' noise; the edge is the one-process edge."""
+    import json
+
+    from posstats.cli import main
+
+    out, _, whole = packed_halves
+    assert main(["analyze", "--counts", str(out), "--ranges", "3", "--exact-limit", "1024", "--dims", "2",
+                 "--encodings", "mds", "--held-out", "off", "--out", str(tmp_path / "an"), "-q"]) == 0
+    report = json.loads((tmp_path / "an" / "report.json").read_text())
+    assert report["geometry"]["ranges"] == 3 and report["null"]["edge"]["method"] == "halves"
+    assert report["null"]["edge"]["noise_top"] == pytest.approx(whole["null"]["edge"]["noise_top"], rel=1e-9)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posstats.analysis import AnalysisConfig, ranges_refusal
+from posstats.analysis import AnalysisConfig, budgeted_stored_counts, ranges_refusal
 from posstats.cli._common import (
     add_analysis_args,
     analysis_config,
@@ -127,7 +127,7 @@ def _ranges(args: argparse.Namespace, config: AnalysisConfig) -> int:
     indptr = load_indptr(counts_file(args.counts))
     if indptr is None:
         raise OptionError(f"{flag}: {counts_file(args.counts)} holds dense counts; ranges read sparse ones")
-    k = args.ranges or budget_ranges(args.memory_budget, int(indptr[-1]))
+    k = args.ranges or budget_ranges(args.memory_budget, budgeted_stored_counts(args.counts, int(indptr[-1]), config))
     if args.ranges is None and k < 2:
         return 0  # one process fits the budget
     one_process = next((o for o in ("store", "parts", "reread") if getattr(args, o)), None)

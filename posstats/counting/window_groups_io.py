@@ -29,7 +29,7 @@ from posstats.counting.window_groups import WindowGroupCounter, WindowGroups
 from posstats.errors import InputError
 from posstats.storage.publish import atomic_path, published_dir
 
-__all__ = ["WINDOW_GROUPS_FILE", "load_window_groups", "save_halves_from_ranges", "save_window_group_blocks",
+__all__ = ["WINDOW_GROUPS_FILE", "load_halves_rows", "load_window_groups", "save_halves_from_ranges", "save_window_group_blocks",
            "save_window_groups", "sum_window_group_files", "window_groups_file"]
 
 WINDOW_GROUPS_FILE = "window-groups.safetensors"
@@ -162,6 +162,48 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
         msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
         raise InputError(msg)
     return WindowGroups(k, n, matrix, windows, classes, halves_only)
+
+
+def load_halves_rows(path: str | os.PathLike, positions: Any, expected: tuple[int, int, int, str], /
+                     ) -> tuple[sp.csr_array, sp.csr_array]:
+    """((m, V), (m, V)) int64 CSR: the even groups' and the odd groups' counts
+    (:meth:`~posstats.counting.window_groups.WindowGroups.halves`) at ``positions`` (sorted,
+    m of them) of the window-groups file beside the counts at ``path``, reading only the
+    rows between the first and the last position of each group: what a range of rows held
+    apart needs (:mod:`posstats.estimates.ranged_halves`). ``expected``: the counts'
+    (positions, vocabulary, tokens, fingerprint), as :func:`load_window_groups` checks.
+
+    Raises:
+        InputError: no such file, or one that is unreadable or belongs to other counts.
+    """
+    target = window_groups_file(path)
+    if target is None:
+        msg = f"{path}: no {WINDOW_GROUPS_FILE} beside the counts"
+        raise InputError(msg)
+    pos = np.asarray(positions, dtype=np.int64)
+    with _opened(target) as f:
+        h = _header(target, f)
+        found = (h.positions, h.vocab_size, h.tokens, h.fingerprint)
+        if found != tuple(expected):
+            msg = (f"{target}: belongs to other counts (positions, vocabulary, tokens, fingerprint {found} against "
+                   f"{tuple(expected)}); count again")
+            raise InputError(msg)
+        if pos.size and (pos[0] < 0 or pos[-1] >= h.positions or np.any(np.diff(pos) <= 0)):
+            msg = f"positions must be sorted, distinct and within [0, {h.positions}), got {pos[:3]}..."
+            raise ValueError(msg)
+        halves = [sp.csr_array((pos.size, h.vocab_size), dtype=np.int64) for _ in range(2)]
+        if not pos.size:
+            return halves[0], halves[1]
+        lo, hi = int(pos[0]), int(pos[-1]) + 1
+        for g in range(h.groups):
+            first = g * h.positions + lo
+            bounds = f.get_slice("indptr")[first : first + (hi - lo) + 1].astype(np.int64)
+            e0, e1 = int(bounds[0]), int(bounds[-1])
+            indices = f.get_slice("indices")[e0:e1] if e1 > e0 else np.zeros(0, np.int32)
+            data = f.get_slice("data")[e0:e1] if e1 > e0 else np.zeros(0, np.int64)
+            block = _csr_from(target, bounds - e0, indices, data, (hi - lo, h.vocab_size))
+            halves[g % 2] = halves[g % 2] + sp.csr_array(block[pos - lo])
+    return sp.csr_array(halves[0]), sp.csr_array(halves[1])
 
 
 _RANGE_ENTRIES = 1 << 24  # stored entries of all items summed at a time (about 400 MiB of temporaries)

@@ -62,8 +62,9 @@ from posstats.estimates.noise import bias_shift
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.mds import _row_block_views, _transposed_views, blocks_t_times, blocks_times, product_threads
 
-__all__ = ["HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "halves_coverage", "halves_edge", "halves_noise",
-           "halves_noise_matrix", "noise_top", "occupancy_bins"]
+__all__ = ["HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage", "halves_edge",
+           "halves_noise", "halves_noise_matrix", "noise_scale", "noise_top", "occupancy_bins", "rescale_noise",
+           "unscaled_noise"]
 
 HALVES_EDGE_MARGIN = 0.10  # the edge over the halves' top noise eigenvalue (module docstring)
 EQUAL_WEIGHTS = 0.01  # weights within this ratio of each other reuse the unweighted top, scaled (module docstring)
@@ -167,6 +168,47 @@ def _cell_variance(full: sp.csr_array, row_bin: np.ndarray, bins: int) -> np.nda
     return target
 
 
+def unscaled_noise(half_a: Any, half_b: Any, /) -> tuple[sp.csr_array, np.ndarray]:
+    """``(D, both)``: ``D = (S_A - S_B) / 2`` of two halves' (m, V) counts on the (m,) rows
+    ``both`` with tokens in each half, zero elsewhere (before :func:`rescale_noise`)."""
+    s_a, occ_a = _sqrt_rows(half_a)
+    s_b, occ_b = _sqrt_rows(half_b)
+    both = (occ_a > 0) & (occ_b > 0)
+    d = sp.csr_array(s_a - s_b)
+    del s_a, s_b
+    d.data *= np.repeat(np.where(both, 0.5, 0.0), np.diff(d.indptr))
+    d.eliminate_zeros()
+    return d, both
+
+
+def cell_sums(d: sp.csr_array, full: Any, row_bin: np.ndarray, bins: int, /) -> tuple[np.ndarray, np.ndarray]:
+    """``(have, target)``, each (bins * V,): ``sum_{i in bin k} D[i, v]^2`` and the full
+    counts' unbiased ``t[k, v]`` (:func:`halves_noise_matrix`) over the rows at hand. Sums:
+    rows held apart add theirs (:mod:`posstats.estimates.ranged_halves`)."""
+    full = sp.csr_array(full)
+    vocab = full.shape[1]
+    target = _cell_variance(full, row_bin, bins)
+    have = np.zeros(bins * vocab)
+    for a in range(0, d.nnz, _BLOCK):
+        b = min(a + _BLOCK, d.nnz)
+        cell = row_bin[_entry_rows(d, a, b)] * vocab + d.indices[a:b]
+        have += np.bincount(cell, weights=d.data[a:b] ** 2, minlength=bins * vocab)
+    return have, target
+
+
+def noise_scale(have: np.ndarray, target: np.ndarray, /) -> np.ndarray:
+    """(bins * V,) ``sqrt(target / have)``, 0 where ``D`` has nothing."""
+    return np.sqrt(np.divide(target, have, out=np.zeros_like(target), where=have > 0))
+
+
+def rescale_noise(d: sp.csr_array, row_bin: np.ndarray, scale: np.ndarray, /) -> None:
+    """Multiply each entry of ``d`` in place by its (bin of its row, column) ``scale``."""
+    vocab = d.shape[1]
+    for a in range(0, d.nnz, _BLOCK):
+        b = min(a + _BLOCK, d.nnz)
+        d.data[a:b] *= scale[row_bin[_entry_rows(d, a, b)] * vocab + d.indices[a:b]]
+
+
 def halves_noise_matrix(half_a: Any, half_b: Any, full: Any, /) -> tuple[sp.csr_array, np.ndarray]:
     """``(D', both)``: the (m, V) rescaled noise matrix of two independent halves of the
     (m, V) counts ``full`` (module docstring) and the (m,) rows with tokens in both halves
@@ -185,43 +227,38 @@ def halves_noise_matrix(half_a: Any, half_b: Any, full: Any, /) -> tuple[sp.csr_
     if not shapes[0] == shapes[1] == shapes[2]:
         msg = f"the halves and the counts must have one shape, got {shapes[0]}, {shapes[1]} and {shapes[2]}"
         raise ValueError(msg)
-    s_a, occ_a = _sqrt_rows(half_a)
-    s_b, occ_b = _sqrt_rows(half_b)
-    both = (occ_a > 0) & (occ_b > 0)
-    d = sp.csr_array(s_a - s_b)
-    del s_a, s_b
-    d.data *= np.repeat(np.where(both, 0.5, 0.0), np.diff(d.indptr))
-    d.eliminate_zeros()
+    d, both = unscaled_noise(half_a, half_b)
     row_bin = occupancy_bins(_occupancy(full))
-    bins, vocab = int(row_bin.max()) + 1, full.shape[1]
-    target = _cell_variance(full, row_bin, bins)
-    have = np.zeros(bins * vocab)
-    for a in range(0, d.nnz, _BLOCK):
-        b = min(a + _BLOCK, d.nnz)
-        cell = row_bin[_entry_rows(d, a, b)] * vocab + d.indices[a:b]
-        have += np.bincount(cell, weights=d.data[a:b] ** 2, minlength=bins * vocab)
-    scale = np.sqrt(np.divide(target, have, out=np.zeros_like(target), where=have > 0))
-    for a in range(0, d.nnz, _BLOCK):
-        b = min(a + _BLOCK, d.nnz)
-        d.data[a:b] *= scale[row_bin[_entry_rows(d, a, b)] * vocab + d.indices[a:b]]
+    have, target = cell_sums(d, full, row_bin, int(row_bin.max()) + 1)
+    rescale_noise(d, row_bin, noise_scale(have, target))
     return d, both
 
 
-def noise_top(d: sp.csr_array, weights: Any = None, diagonal: Any = None, /) -> float:
+def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /) -> float:
     """Top eigenvalue of ``W^1/2 J (D D^T - diag(b)) J W^1/2`` (``W = diag(weights)``, None:
     ``I``; ``b = diagonal``, None: 0) by ARPACK on products with the (m, V) ``d`` (never
-    m x m). With ``b`` the rows' sampling variances it is on the scale of the bias-corrected
-    Gram matrix ``B - H diag(b) H`` the rank test reads."""
+    m x m): a CSR matrix (products on threads), or rows held apart, any object with
+    ``shape``, ``times(X)`` (``D X``) and ``t_times(Y)`` (``D^T Y``) for (V, b) and (m, b)
+    blocks (:class:`posstats.estimates.ranged_halves.RangedNoise`). With ``b`` the rows'
+    sampling variances it is on the scale of the bias-corrected Gram matrix
+    ``B - H diag(b) H`` the rank test reads."""
     m, vocab = d.shape
     w = np.ones(m) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64).ravel())
     b = None if diagonal is None else np.asarray(diagonal, dtype=np.float64).ravel()
-    blocks = _row_block_views(d, product_threads())  # views of d's arrays, multiplied on threads
-    blocks_t = _transposed_views(blocks)
+    if sp.issparse(d):
+        blocks = _row_block_views(sp.csr_array(d), product_threads())  # views of d's arrays, on threads
+        blocks_t = _transposed_views(blocks)
+
+        def gram(y: np.ndarray) -> np.ndarray:
+            return blocks_times(blocks, blocks_t_times(blocks_t, y[:, None], vocab), vocab).ravel()
+    else:
+        def gram(y: np.ndarray) -> np.ndarray:
+            return np.asarray(d.times(d.t_times(y[:, None])), dtype=np.float64).ravel()
 
     def product(x: np.ndarray) -> np.ndarray:
         y = w * x.ravel()
         y -= y.mean()
-        z = blocks_times(blocks, blocks_t_times(blocks_t, y[:, None], vocab), vocab).ravel()
+        z = gram(y)
         if b is not None:
             z -= b * y
         z -= z.mean()
@@ -243,8 +280,9 @@ class HalvesNoise:
     read on as many scales as the analysis tests (:meth:`edge`).
 
     Attributes:
-        matrix: (m, V) the rescaled noise matrix, or None when the halves' ``coverage`` was
-            below the least asked for (then it would not be used).
+        matrix: (m, V) the rescaled noise matrix (CSR, or rows held apart: any ``d`` of
+            :func:`noise_top`), or None when the halves' ``coverage`` was below the least
+            asked for (then it would not be used).
         rows: rows with tokens in both halves (0 without a matrix).
         coverage: :func:`halves_coverage`.
         source: where the halves came from, for the report.
