@@ -92,7 +92,7 @@ class CountOptions:
              "tokens together (rotation; docs/calibration.md); above 4,096 positions only their even and odd halves, "
              "on which analyze measures its rank test's edge; 0: off. In this process while 16 bytes a token fit "
              "--memory-budget; in steps (--ray, --store, the pipeline) in truncate and chunk mode, each shard's "
-             "groups summed by the reduce")
+             "groups summed by the reduce, and above 4,096 positions in pack mode, the shards by rank parity as halves")
     memory_budget: float = option(
         4.0, group=_COUNTING, metavar="GiB", unit="GiB", minimum=0.0, strict=True, key="memory_budget_gib",
         help="count into a dense n x V array while 8*n*V bytes fit this budget and the corpus has at least n*V/8 "
