@@ -304,7 +304,8 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                     else:  # with the tokens sampler up to 4,096 positions: the window groups posstats count writes
                         k = kept_window_groups(n, DEFAULT_WINDOW_GROUPS) if grouped else 0
                         corpus = known_corpus(kind, n, tokens=N, seed=seed_k, sampler=sampler, window_groups=k,
-                                              occupancy_ratio=occupancy_ratio)
+                                              occupancy_ratio=occupancy_ratio,
+                                              halves_only=grouped and n > WINDOW_GROUP_POSITIONS)
                         counts, groups = _compact(corpus.counts), corpus.window_groups
                     t_corpus = time.perf_counter()
                     report = analyze(counts, cfg, window_groups=groups).report()

@@ -347,6 +347,7 @@ def known_corpus(
     sampler: str = "tokens",
     window_groups: int = 0,
     occupancy_ratio: float = 1.0,
+    halves_only: bool = False,
 ) -> KnownCorpus:
     """A corpus sampled from known ``mu_i`` (:class:`KnownCorpus`), the calibration suite's truth.
 
@@ -372,6 +373,10 @@ def known_corpus(
             with the rotation null as it does for a counted corpus; ``tokens`` sampler only
             (``counts`` keeps no documents). With falling occupancy the documents shorter
             than n go to their length classes, as ``posstats count`` puts them.
+        halves_only: the window groups as ``posstats count`` keeps them above 4,096
+            positions (:func:`posstats.corpus.count_step.kept_window_groups`): every
+            document, short ones too, in group ``t mod K``, no length classes, flagged never
+            to be rotated (the halves of the rank test's edge).
         occupancy_ratio: r in (0, 1]. Below 1 the corpus is ``tokens`` documents of
             lengths drawn by :func:`document_lengths` (position 0 holds ``tokens`` tokens,
             position n - 1 about ``r tokens``, falling geometrically between): the unequal
@@ -404,7 +409,8 @@ def known_corpus(
                                           0, "", {}), kind, base, planted, mix, perm, block, None, lengths, ratio)
     groups = None
     if window_groups:
-        counts, groups = _multinomial_rows(corpus, n, int(tokens), rng, groups=int(window_groups), lengths=lengths)
+        counts, groups = _multinomial_rows(corpus, n, int(tokens), rng, groups=int(window_groups), lengths=lengths,
+                                           halves_only=halves_only)
     else:
         counts = _SAMPLERS[sampler](corpus, n, int(tokens), rng, lengths=lengths)
     spec = CountSpec(positions=n, vocab_size=base.size)
@@ -415,19 +421,20 @@ def known_corpus(
 
 
 def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator, *, groups: int = 0,
-                      lengths: Any = None) -> Any:
+                      lengths: Any = None, halves_only: bool = False) -> Any:
     """(n, V) CSR: ``Multinomial(tokens, mu_i)`` per row, by inverse-CDF draws of the base
     (and of the second component where ``mix > 0``), never an n x V array. With ``groups =
     K > 0``: ``(counts, WindowGroups)``, draw t of every row being document t, in group
     ``t mod K`` (the same draws: the counts do not change). With ``lengths`` ((tokens,)
     document lengths, longest first): row i counts the draws of the documents longer than i
-    alone, and a document shorter than n goes to its length class (rows ``(K + L) n + i``)."""
+    alone, and a document shorter than n goes to its length class (rows ``(K + L) n + i``);
+    with ``halves_only`` to its group ``t mod K`` as the full ones (no classes)."""
     cdf = np.cumsum(corpus.base)
     cdf /= cdf[-1]
     blocks, group_blocks = [], []
-    classes = 0 if lengths is None else n - 1
+    classes = 0 if lengths is None or halves_only else n - 1
     if groups:
-        if lengths is None:
+        if lengths is None or halves_only:
             doc_rows = np.arange(tokens, dtype=np.int64) % groups * n  # document t's first row
         else:  # full documents in turn over the groups; a short one in its length class
             full = lengths == n
@@ -466,7 +473,7 @@ def _multinomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.G
     grouped = sp.csr_array(functools.reduce(lambda a, b: a + b, group_blocks))
     grouped.sum_duplicates()
     windows = tokens if lengths is None else int(np.count_nonzero(lengths == n))
-    return m, WindowGroups(groups, n, grouped, windows, classes)
+    return m, WindowGroups(groups, n, grouped, windows, classes, halves_only)
 
 
 def _binomial_rows(corpus: KnownCorpus, n: int, tokens: int, rng: np.random.Generator, *,

@@ -202,3 +202,19 @@ def test_falling_occupancy_groups_documents_as_posstats_count_does():
         assert (cls[:length] == (corpus.lengths == length).sum()).all() and not cls[length:].any()
     rotated = wg.rotated(wg.draw_shifts(np.random.default_rng(0)))
     assert np.array_equal(np.asarray(rotated.sum(axis=1)).ravel(), corpus.occupancy)
+
+
+def test_halves_only_groups_put_every_document_in_group_t_mod_k():
+    """``halves_only`` (the groups posstats count keeps above 4,096 positions): document t,
+    whatever its length, in group t mod 2; no length classes, no tail; the groups sum to the
+    counts, and the halves hold every token."""
+    n = 12
+    corpus = known_corpus("planted", n, tokens=400, seed=3, occupancy_ratio=0.2, window_groups=2, halves_only=True)
+    wg = corpus.window_groups
+    assert wg.halves_only and wg.classes == 0 and wg.groups == 2
+    assert (wg.total() != corpus.counts.matrix).nnz == 0
+    rows = np.asarray(wg.matrix.sum(axis=1)).ravel().reshape(3, n)
+    t = np.arange(corpus.lengths.size)
+    for g in (0, 1):  # position i of group g: its documents longer than i
+        assert np.array_equal(rows[g], [(corpus.lengths[t % 2 == g] > i).sum() for i in range(n)])
+    assert not rows[2].any()
