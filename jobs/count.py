@@ -934,15 +934,18 @@ def _window_group_items(run: _Run, items: list[tuple[str, int]],
                   "permutation null")
 
 
+def _pack_halves_asked(run: _Run) -> bool:
+    """A pack-mode count in steps with window groups asked for above 4,096 positions: it
+    keeps the corpus' halves (:func:`_pack_halves_items`)."""
+    return (run.spec.mode == "pack" and run.spec.positions > WINDOW_GROUP_POSITIONS
+            and kept_window_groups(run.spec.positions, run.opts.window_groups) == HALVES_GROUPS)
+
+
 def _pack_halves_items(run: _Run, full: list[tuple[str, int]]) -> list[tuple[str, int]] | None:
-    """The partials whose shards make the corpus' two halves (by shard-id rank parity) in
-    a pack-mode count with window groups asked for above 4,096 positions and two shards
-    or more (:meth:`_Reduce._halves`); None otherwise."""
-    if run.spec.mode != "pack" or kept_window_groups(run.spec.positions, run.opts.window_groups) != HALVES_GROUPS:
-        return None
-    if run.spec.positions <= WINDOW_GROUP_POSITIONS or len(full) < 2:
-        return None
-    return sorted(full)
+    """The partials whose shards make the corpus' two halves (by shard-id rank parity)
+    where :func:`_pack_halves_asked` and the corpus has two shards or more
+    (:meth:`_Reduce._halves`); None otherwise."""
+    return sorted(full) if _pack_halves_asked(run) and len(full) >= 2 else None
 
 
 def _reduce(run: _Run, engine: _Executor, counted: _Counted, result_dir: Path) -> tuple[dict[str, Any], str]:
@@ -956,8 +959,13 @@ def _reduce(run: _Run, engine: _Executor, counted: _Counted, result_dir: Path) -
                                          removed=plan.removed, old_result=old_result if run.incremental else None)
         full = [(str(store.partial_dir(sid)), 1) for sid in good]
         groups = _window_group_items(run, items, full)
+        halves = _pack_halves_items(run, full)
+        if halves is None and _pack_halves_asked(run):
+            groups = (None, f"pack mode counted in steps keeps the corpus' halves as its shards of even and odd rank, "
+                            f"but the corpus has {len(full)} shard(s) (count with a smaller --shard-size); the rank "
+                            "test's edge is the analytic one")
         reduced = engine.reduce(items, scratch=store.reduce_dir(run.run_id), final_dir=result_dir,
-                                window_groups=groups, halves=_pack_halves_items(run, full))
+                                window_groups=groups, halves=halves)
         if "corrupt" not in reduced:
             break
         _recount_corrupt(run, engine, counted, reduced["corrupt"], last=last)

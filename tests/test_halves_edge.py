@@ -348,6 +348,11 @@ def test_count_in_steps_above_4096_positions_keeps_the_halves(tmp_path, mode):
         if not removed:
             (tmp_path / "b.parquet").unlink()
             assert main(["refresh", "--store", str(tmp_path / "store"), "--local", "--out", str(out)]) == 0
+    if mode == "pack":  # one shard left: no halves, and count.json says why
+        (tmp_path / "c.parquet").unlink()
+        assert main(["refresh", "--store", str(tmp_path / "store"), "--local", "--out", str(out)]) == 0
+        assert "1 shard(s)" in json.loads((out / "count.json").read_text())["window_groups"]["skipped"]
+        assert load_window_groups(out, load_counts(out)) is None
 
 
 @pytest.fixture(scope="module")
