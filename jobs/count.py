@@ -419,7 +419,8 @@ class _Reduce:
         in the stream (:func:`posstats.counting.pack.stitch`) and range-summed on the
         actors, then streamed into the window-groups file. The partials the reduce did not
         read (an incremental refresh's) are checked first. Returns the summary entry."""
-        unchecked = [p for p, _ in partials if p not in set(checked)]
+        done = set(checked)
+        unchecked = [p for p, _ in partials if p not in done]
         corrupt = [c for c in self.run_tasks([("check", (p,)) for p in unchecked], what="partial check") if c]
         if corrupt:
             return {"skipped": f"{len(corrupt)} partial(s) fail their check, so the halves are not kept: {corrupt[0]}"}

@@ -419,3 +419,32 @@ def test_ray_actors_measure_the_edge_on_their_rows_of_the_halves(packed_halves, 
     report = json.loads((tmp_path / "an" / "report.json").read_text())
     assert report["geometry"]["ranges"] == 3 and report["null"]["edge"]["method"] == "halves"
     assert report["null"]["edge"]["noise_top"] == pytest.approx(whole["null"]["edge"]["noise_top"], rel=1e-9)
+
+
+def test_real_text_packed_over_4096_positions_is_tested_against_its_halves(tmp_path, data_dir):
+    """The bundled fortunes (real text, BERT WordPiece) packed into windows of 4,100
+    positions: 36 full windows and the stream's short last one. The halves are the even and
+    the odd full windows (one window a block): each holds exactly 18 tokens at every position
+    (the oracle: one token per full window per position), the short window is in neither,
+    and the rank test's edge is measured on them, counting nothing."""
+    import json
+
+    from posstats import load_counts
+    from posstats.cli import main
+    from posstats.counting.window_groups_io import load_window_groups
+
+    out = tmp_path / "run"
+    assert main(["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"),
+                 "--positions", "4100", "--mode", "pack", "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "count.json").read_text())
+    groups = load_window_groups(out, load_counts(out))
+    full = summary["window_groups"]["windows"]
+    assert groups.halves_only and summary["windows"] == full + 1
+    a, b = groups.halves()
+    occupancy_a, occupancy_b = (np.asarray(h.sum(axis=1)).ravel() for h in (a, b))
+    assert (occupancy_a == (full + 1) // 2).all() and (occupancy_b == full // 2).all()
+    edge = json.loads((out / "report.json").read_text())["null"]["edge"]
+    assert edge["method"] == "halves" and edge["coverage"] == pytest.approx(full / (full + 1))
+    assert json.loads((out / "report.json").read_text())["null"]["components_above_null"] == 0
