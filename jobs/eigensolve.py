@@ -32,10 +32,16 @@ operator shifted by ``W U``, the sampled pairs adjusted; ``noise.occupancy_adjus
 from a random split of their tokens (:func:`posstats.estimates.thinning.range_noise_floor`,
 seeded by ``--seed`` and the range) while it reads them; the driver joins the floors
 (:func:`posstats.estimates.noise.merge_noise_floors`), takes the per-position bias ``b`` as
-the diagonal, the analytic Marchenko-Pastur edge as the noise level (eigenpairs inside
-the noise bulk to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the
-analysis does), and counts the components above that edge: where occupancies differ, the
-occupancy-weighted eigenvalues against the weighted edge, as the analysis
+the diagonal, the rank test's edge as the noise level (eigenpairs inside the noise bulk
+to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the analysis does),
+and counts the components above that edge. The edge is the analysis': where a
+window-groups file is beside the counts (``posstats count`` keeps one) it is measured on
+the corpus' two independent halves, the even and odd window groups, each actor building
+its rows of their noise (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`,
+let go once the edges are read); otherwise, or with ``--mp-edge analytic``, the analytic
+Marchenko-Pastur edge (the summary's ``noise.edge_method`` says which, and why not the
+halves). Where occupancies differ, the occupancy-weighted eigenvalues are counted
+against the weighted edge, as the analysis
 (``noise.weighting``, ``noise.tested_eigenvalues``), and the counted components'
 occupancy-weighted coordinates go to ``mds.safetensors`` as ``weighted_encoding``
 (``noise.weighted_mds_components``). The summary's ``noise`` entry gives
@@ -61,11 +67,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from posstats.analysis import HALVES_MIN_COVERAGE, stored_with_halves
 from posstats.counting.io import counts_file, load_header, load_indptr
+from posstats.counting.window_groups_io import window_groups_file
 from posstats.estimates.noise import (
     bias_shift,
     edge_decision_level,
@@ -76,7 +85,9 @@ from posstats.estimates.noise import (
 )
 from posstats.estimates.permutation import occupancy_weights
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
+from posstats.estimates.halves_edge import HalvesEdge
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
+from posstats.estimates.ranged_halves import ranged_halves_noise
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
 from posstats.geometry.mds import (
@@ -95,7 +106,7 @@ from posstats.storage.jsontext import write_json_atomic
 
 from .hellinger import add_common_args, connect, run_job
 from .output import ArgumentParser, peak_rss_bytes
-from .ranges import ActorRanges, budget_ranges, range_flags_problem, start_range_workers
+from .ranges import ActorRanges, actor_halves, budget_ranges, range_flags_problem, start_range_workers
 
 __all__ = ["build_parser", "main"]
 
@@ -116,8 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "their products run in parallel). Default on CPUs: one per CPU of the cluster, at most 64")
     p.add_argument("--distances", choices=("plugin", "corrected"), default="plugin",
                    help="plugin: B of the plug-in distances (default); corrected: the bias-corrected B - H diag(b) H "
-                        "that 'posstats analyze' reports, with each range's noise floor, the analytic noise edge and "
-                        "the components above it (ranges only)")
+                        "that 'posstats analyze' reports, with each range's noise floor, the rank test's noise edge "
+                        "and the components above it (ranges only)")
+    p.add_argument("--mp-edge", choices=("auto", "analytic"), default="auto",
+                   help="--distances corrected: the noise edge. auto (default) measures the top of the noise bulk on "
+                        "the corpus' two independent halves (the even and odd window groups 'posstats count' keeps "
+                        "beside the counts) and counts eigenvalues 10 %% above it, as 'posstats analyze'; without a "
+                        "window-groups file, and with analytic, the analytic Marchenko-Pastur edge (an upper estimate)")
     p.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
                    help="--distances corrected: the random split of each range's tokens into 2 or 4 parts (default 4)")
     p.add_argument("--stress-dims", default=None, metavar="D,D",
@@ -243,39 +259,50 @@ def _ranged_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _range_count(args: argparse.Namespace, stored: int, cpus: float) -> int:
+def _range_count(args: argparse.Namespace, stored: int, cpus: float, path: str | os.PathLike) -> int:
     """K: at least ``--ranges`` (default: one per CPU of the cluster, at most
-    :data:`DEFAULT_MAX_RANGES`), and enough that one range's build fits ``--memory-budget``."""
+    :data:`DEFAULT_MAX_RANGES`), and enough that one range's build fits ``--memory-budget``
+    (with its rows of the halves' noise when the edge is measured on them:
+    :func:`posstats.analysis.stored_with_halves`)."""
     at_least = args.ranges or max(1, min(int(cpus), DEFAULT_MAX_RANGES))
     if args.memory_budget is None:
         return at_least
+    if args.distances == "corrected" and args.mp_edge == "auto":
+        stored = stored_with_halves(path, stored)
     return budget_ranges(args.memory_budget, stored, at_least=at_least)
 
 
-def _corrected_solve(floor: Any, share: float, /) -> dict[str, Any]:
+def _corrected_solve(floor: Any, share: float, /, *, edge: float | None = None) -> dict[str, Any]:
     """``classical_mds`` arguments for the bias-corrected operator: the diagonal ``b`` and,
-    with a finite positive analytic edge and ``share > 0``, the noise level (the edge on the
-    corrected scale, ``edge - mean(b)``) and residual ``share x edge``, as
-    :func:`posstats.analysis.analyze` gives them."""
+    with a finite positive edge (``edge``, measured on the halves; None: the analytic one)
+    and ``share > 0``, the noise level (the edge on the corrected scale, ``edge - mean(b)``)
+    and residual ``share x edge``, as :func:`posstats.analysis.analyze` gives them."""
     out: dict[str, Any] = {"diagonal": np.nan_to_num(np.asarray(floor.bias, dtype=np.float64), nan=0.0)}
-    edge = mp_edge([], floor)
+    edge = mp_edge([], floor) if edge is None else float(edge)
     if share > 0 and math.isfinite(edge) and edge > 0:
         out["noise_level"] = edge - float(np.nanmean(floor.bias))
         out["noise_residual"] = share * edge
     return out
 
 
-def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: argparse.Namespace,
-                        /) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Where occupancies differ, the occupancy-weighted eigenpairs of the bias-corrected
-    operator the analytic edge tests, as the analysis computes them
-    (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as many as the count needs:
-    :func:`posstats.estimates.noise.first_then_all`): ``(eigenvalues, weights, vectors)``;
-    None at equal occupancy."""
+def _rank_test_weights(floor: Any, /) -> np.ndarray | None:
+    """The occupancy weights of the rank test (:func:`posstats.estimates.permutation.occupancy_weights`):
+    None at equal occupancy or where the floor cannot give the weighted analytic edge."""
     weights = occupancy_weights(floor.occupancy)
-    if weights is None or floor.occupancy_column_noise is None:
+    return None if weights is None or floor.occupancy_column_noise is None else weights
+
+
+def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: argparse.Namespace,
+                        /, *, edge: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Where occupancies differ, the occupancy-weighted eigenpairs of the bias-corrected
+    operator the weighted edge tests (``edge``, measured on the halves; None: analytic), as
+    the analysis computes them (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as
+    many as the count needs: :func:`posstats.estimates.noise.first_then_all`):
+    ``(eigenvalues, weights, vectors)``; None at equal occupancy."""
+    weights = _rank_test_weights(floor)
+    if weights is None:
         return None
-    level = edge_decision_level([], floor, solve["diagonal"], weights)
+    level = edge_decision_level([], floor, solve["diagonal"], weights, edge=edge)
     w_level, w_residual = level if level is not None else (None, None)
     tested, vectors = first_then_all(
         lambda k: weighted_gram_eigenpairs(products, weights, k=k, diagonal=solve["diagonal"], tol=args.tol,
@@ -299,15 +326,87 @@ def _weighted_encoding(weighted: tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return weighted_coordinates(vectors[:, :k], tested[:k], weights)
 
 
-def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /,
+NO_WINDOW_GROUPS = ("the counts have no window groups (posstats count keeps their halves beside them; count.json "
+                    "says why not)")
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """The rank test's edges over the ranges: ``found`` maps weighted (True) or not (False)
+    to the :class:`~posstats.estimates.halves_edge.HalvesEdge` measured on the counts'
+    halves; an edge missing or unusable there (:data:`posstats.analysis.HALVES_MIN_COVERAGE`)
+    is the analytic one, for the reason ``why_not`` or the halves' own."""
+
+    found: dict[bool, HalvesEdge]
+    why_not: str | None = None
+
+    def measured(self, weighted: bool, /) -> HalvesEdge | None:
+        """The usable halves' edge, or None (analytic)."""
+        found = self.found.get(weighted)
+        if found is None or found.coverage < HALVES_MIN_COVERAGE or not (math.isfinite(found.edge) and found.edge > 0):
+            return None
+        return found
+
+    def edge(self, weighted: bool, /) -> float | None:
+        """The halves' edge on the plug-in scale, or None (analytic)."""
+        found = self.measured(weighted)
+        return None if found is None else found.edge
+
+    def entry(self, weighted: bool, /) -> dict[str, Any]:
+        """The summary's ``noise.edge_method``: the halves' edge (``HalvesEdge.to_dict``) or
+        ``{"method": "analytic", "halves_not_used": why}``, as the report's ``null.edge``."""
+        measured = self.measured(weighted)
+        if measured is not None:
+            return measured.to_dict()
+        found = self.found.get(weighted)
+        if found is None:
+            why = self.why_not
+        elif found.coverage < HALVES_MIN_COVERAGE:
+            why = (f"the {found.source} hold {found.coverage:.0%} of some position's tokens (below "
+                   f"{HALVES_MIN_COVERAGE:.0%}: the rest, short windows or documents, is in neither half)")
+        else:
+            why = f"the {found.source} leave fewer than two positions with tokens in both halves"
+        return {"method": "analytic", **({"halves_not_used": why} if why else {})}
+
+
+def _measure_edges(args: argparse.Namespace, path: str, header: Any, actors: list[Any], op: RangedSqrt,
+                   occupancy: np.ndarray, floor: Any, /) -> _Edges:
+    """The rank test's edges of the corrected solve, unweighted and (where occupancies
+    differ) occupancy-weighted, measured on the even and odd window groups beside the counts
+    at ``path``: each actor builds its rows of the halves' noise
+    (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`), both edges are read, and
+    the rows are let go before the MDS. None measured (the analytic edge) with
+    ``--mp-edge analytic`` or no window-groups file."""
+    if args.mp_edge != "auto":
+        return _Edges({}, "--mp-edge analytic")
+    if window_groups_file(path) is None:
+        return _Edges({}, NO_WINDOW_GROUPS)
+    expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
+    noise = ranged_halves_noise(actor_halves(actors, os.path.abspath(path), expected), occupancy, np.diff(op.edges),
+                                header.vocab_size, source="window groups", min_coverage=HALVES_MIN_COVERAGE)
+    try:
+        found = {False: noise.edge(None, floor.bias)}
+        weights = _rank_test_weights(floor)
+        if weights is not None:
+            found[True] = noise.edge(weights, floor.bias)
+    finally:
+        if noise.matrix is not None:
+            noise.matrix.runner.release()
+    return _Edges(found)
+
+
+def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], edges: _Edges, /,
                  weighted: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
-    """The summary's ``noise``: the analytic edge, the components above it (eigenvalues
-    compared on the plug-in scale, shifted up by the mean bias, as the analysis does; with
-    ``weighted`` = ``(eigenvalues, weights)``, those occupancy-weighted eigenvalues against
-    the weighted edge), the bias and the split-half distances."""
+    """The summary's ``noise``: the edge (``edges``: measured on the halves, else analytic)
+    and ``edge_method`` saying which, the components above it (eigenvalues compared on the
+    plug-in scale, shifted up by the mean bias, as the analysis does; with ``weighted`` =
+    ``(eigenvalues, weights)``, those occupancy-weighted eigenvalues against the weighted
+    edge), the bias and the split-half distances."""
     tested, weights = weighted if weighted is not None else (eigenvalues, None)
     shift = bias_shift(floor.bias, weights)
-    nr = null_rank(np.asarray(tested, dtype=np.float64) + shift, method="mp", floor=floor, weighted=weighted is not None)
+    measured = edges.measured(weighted is not None)
+    nr = null_rank(np.asarray(tested, dtype=np.float64) + shift, method="mp", floor=floor, weighted=weighted is not None,
+                   threshold=None if measured is None else measured.edge)
 
     def stats(x: np.ndarray) -> dict[str, float | None]:
         v = x[np.isfinite(x)]
@@ -318,6 +417,7 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], /,
         "source": floor.source,
         "parts": int(floor.parts),
         "edge": float(nr.threshold),
+        "edge_method": edges.entry(weighted is not None),
         "eigenvalue_shift": shift,
         "components_above_noise": int(nr.components_above_null),
         "saturated": bool(nr.saturated),
@@ -386,7 +486,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
     try:
         indptr = load_indptr(path)
         stored = int(indptr[-1]) if indptr is not None else header.positions * header.vocab_size
-        bounds = file_ranges(path, _range_count(args, stored, float(ray.cluster_resources().get("CPU", 1))))
+        bounds = file_ranges(path, _range_count(args, stored, float(ray.cluster_resources().get("CPU", 1)), path))
         corrected = args.distances == "corrected"
         actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy,
                                         noise_parts=args.noise_parts if corrected else None, seed=args.seed)
@@ -399,7 +499,11 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             standout = standout_test(positions, occupancy, pooled_totals=op.count_totals, distance_to=op.distance_to)
             t_standout = time.perf_counter() - t_standout
             floor = merge_noise_floors(op.ranges.call("noise")) if corrected else None
-            solve = _corrected_solve(floor, args.lanczos_noise_share) if floor is not None else {}
+            t_edges = time.perf_counter()
+            edges = _measure_edges(args, path, header, actors, op, occupancy, floor) if floor is not None else None
+            t_edges = time.perf_counter() - t_edges
+            solve = (_corrected_solve(floor, args.lanczos_noise_share, edge=edges.edge(False))
+                     if floor is not None else {})
             # corrected distances have the square roots' occupancy shrinkage removed, as in the analysis
             shrunk = _occupancy_shrinkage(op, occupancy) if floor is not None else None
             products = op if shrunk is None else shifted_operator(op, shrunk[0].weights(occupancy), shrunk[0].shrinkage)
@@ -407,8 +511,9 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
                                 **solve)
             weighted = None
             if floor is not None:
-                test = _weighted_rank_test(products, floor, solve, args)
-                noise = _noise_entry(floor, mds.eigenvalues, solve, None if test is None else test[:2])
+                test = _weighted_rank_test(products, floor, solve, args, edge=edges.edge(True))
+                noise = _noise_entry(floor, mds.eigenvalues, solve, edges, None if test is None else test[:2])
+                noise["edge_seconds"] = round(t_edges, 3)
                 noise["occupancy_adjusted"] = shrunk is not None
                 weighted = _weighted_encoding(test, noise)
             t_stress = time.perf_counter()

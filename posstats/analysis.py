@@ -912,7 +912,17 @@ def budgeted_stored_counts(path: str | os.PathLike, stored: int, config: Analysi
     measured (:data:`posstats.estimates.ranged_halves.HALVES_BYTES_PER_STORED_COUNT` per
     stored count, in stored counts' worth) when a window-groups file is beside the counts
     at ``path`` and ``config.mp_edge`` is ``auto``."""
-    if config.mp_edge != "auto" or config.null not in ("auto", "mp") or window_groups_file(path) is None:
+    if config.mp_edge != "auto" or config.null not in ("auto", "mp"):
+        return int(stored)
+    return stored_with_halves(path, stored)
+
+
+def stored_with_halves(path: str | os.PathLike, stored: int, /) -> int:
+    """``stored`` counts plus, when a window-groups file is beside the counts at ``path``,
+    what a range holds of the halves' noise while the edge is measured on them, in stored
+    counts' worth (:data:`posstats.estimates.ranged_halves.HALVES_BYTES_PER_STORED_COUNT`
+    per stored count against :data:`posstats.geometry.ranged.BYTES_PER_STORED_COUNT`)."""
+    if window_groups_file(path) is None:
         return int(stored)
     return int(stored) + -(-int(stored) * HALVES_BYTES_PER_STORED_COUNT // BYTES_PER_STORED_COUNT)
 

@@ -421,6 +421,46 @@ def test_ray_actors_measure_the_edge_on_their_rows_of_the_halves(packed_halves, 
     assert report["null"]["edge"]["noise_top"] == pytest.approx(whole["null"]["edge"]["noise_top"], rel=1e-9)
 
 
+@pytest.mark.ray
+def test_ranged_eigensolve_job_counts_against_the_halves_edge(packed_halves, tmp_path, ray_session):
+    """``python -m posstats.jobs.eigensolve --distances corrected``: the actors build their
+    rows of the halves' noise and the job counts components against the edge the analysis
+    measures on the same rows (its ``null.threshold``), says so in ``noise.edge_method``,
+    and sizes a memory budget's ranges for those rows; ``--mp-edge analytic`` keeps the
+    analytic edge."""
+    import json
+    from types import SimpleNamespace
+
+    from posstats.analysis import analyze_in_ranges
+    from posstats.counting.io import counts_file, load_indptr
+    from posstats.jobs.eigensolve import _range_count, main
+
+    out, config, _ = packed_halves
+    ranged = analyze_in_ranges(out, 3, config, show_progress=False).report()
+    job = tmp_path / "job"
+    assert main(["--counts", str(out), "--out", str(job), "--k", "4", "--ranges", "3", "--distances", "corrected",
+                 "--stress-dims", "none"]) == 0
+    noise = json.loads((job / "eigensolve.json").read_text())["noise"]
+    assert noise["edge_method"]["method"] == "halves" and noise["edge_method"]["source"] == "window groups"
+    assert noise["edge"] == pytest.approx(ranged["null"]["threshold"], rel=1e-9)
+    assert noise["edge_method"]["noise_top"] == pytest.approx(ranged["null"]["edge"]["noise_top"], rel=1e-9)
+    assert noise["components_above_noise"] == ranged["null"]["components_above_null"] == 0  # a stationary stream
+
+    analytic = tmp_path / "analytic"
+    assert main(["--counts", str(out), "--out", str(analytic), "--k", "4", "--ranges", "3", "--distances",
+                 "corrected", "--stress-dims", "none", "--mp-edge", "analytic"]) == 0
+    plain = json.loads((analytic / "eigensolve.json").read_text())["noise"]
+    assert plain["edge_method"] == {"method": "analytic", "halves_not_used": "--mp-edge analytic"}
+    assert plain["edge"] > noise["edge"]  # the analytic edge is an upper estimate of the bulk's top
+    assert plain["noise_level"] > noise["noise_level"]  # the Lanczos solve's bulk starts at the edge used
+
+    stored = int(load_indptr(counts_file(out))[-1])
+    asked = SimpleNamespace(ranges=1, memory_budget=(256 * 2**20 + 16 * stored / 2) / 2**30, distances="corrected",
+                            mp_edge="auto")
+    assert _range_count(asked, stored, 1, out) > _range_count(SimpleNamespace(**{**vars(asked), "mp_edge": "analytic"}),
+                                                              stored, 1, out)
+
+
 def test_real_text_packed_over_4096_positions_is_tested_against_its_halves(tmp_path, data_dir):
     """The bundled fortunes (real text, BERT WordPiece) packed into windows of 4,100
     positions: 36 full windows and the stream's short last one. The halves are the even and

@@ -114,6 +114,7 @@ def test_corrected_eigensolve_over_ranges_is_the_analysis_geometry(ray_session, 
     assert summary["distances"] == "bias_corrected" and len(summary["ranges"]) == 3
     assert noise["occupancy_adjusted"] is True  # rows of 2,836-3,168 tokens: their shrinkage removed
     assert noise["source"] == "token split" and noise["parts"] == 4 and noise["edge"] > 0
+    assert noise["edge_method"]["method"] == "analytic" and "no window groups" in noise["edge_method"]["halves_not_used"]
     bias = position_sampling_variance(counts.matrix)
     shrinkage = OccupancyShrinkage.of(counts.matrix)
     dense = classical_mds(counts.matrix, k=8, method="dense", diagonal=bias,
