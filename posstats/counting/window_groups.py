@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from posstats.counting.blocks import CountBlocks
-from posstats.counting.scipy_sparse import sp
+from posstats.counting.scipy_sparse import csr_rows_view, sp
 from posstats.counting.sorted_keys import SortedKeyCounter, block_positions
 
 __all__ = ["DEFAULT_WINDOW_GROUPS", "WindowGroupCounter", "WindowGroups"]
@@ -144,20 +144,23 @@ class WindowGroups:
         that depend on each other stay in one half; the tail and the length classes are in
         neither (:mod:`posstats.estimates.halves_edge` rescales the halves' noise). Each
         half is a pairwise (tree) sum of its groups' row blocks: every stored entry is merged
-        about log2(K / 2) times, and no more than two levels are held at once."""
+        about log2(K / 2) times, and no more than two levels are held at once; with one group
+        a half (counts above 4,096 positions keep only the halves) each half is a view of
+        the groups' storage (:func:`posstats.counting.scipy_sparse.csr_rows_view`): read it, do not
+        write to it."""
         n = self.positions
         pick = None if rows is None else np.asarray(rows, dtype=np.int64)
         halves = []
         for first in (0, 1):
             level = []
             for g in range(first, self.groups, 2):
-                block = sp.csr_array(self.matrix[g * n : (g + 1) * n])
+                block = csr_rows_view(self.matrix, g * n, (g + 1) * n)  # no copy of the group's entries
                 level.append(block if pick is None else sp.csr_array(block[pick]))
             if not level:
                 level = [sp.csr_array((n if pick is None else pick.size, self.vocab_size), dtype=self.matrix.dtype)]
             while len(level) > 1:
                 level = [level[k] + level[k + 1] if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
-            halves.append(sp.csr_array(level[0]))
+            halves.append(level[0])
         return halves[0], halves[1]
 
     def checked_shifts(self, shifts: Any, /) -> np.ndarray:
