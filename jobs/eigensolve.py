@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.analysis import HALVES_MIN_COVERAGE, stored_with_halves
+from posstats.analysis import HALVES_MIN_COVERAGE, halves_unusable, stored_with_halves
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.counting.window_groups_io import window_groups_file
 from posstats.estimates.noise import (
@@ -335,7 +335,8 @@ class _Edges:
     """The rank test's edges over the ranges: ``found`` maps weighted (True) or not (False)
     to the :class:`~posstats.estimates.halves_edge.HalvesEdge` measured on the counts'
     halves; an edge missing or unusable there (:data:`posstats.analysis.HALVES_MIN_COVERAGE`)
-    is the analytic one, for the reason ``why_not`` or the halves' own."""
+    is the analytic one, for the reason ``why_not`` or the halves' own
+    (:func:`posstats.analysis.halves_unusable`)."""
 
     found: dict[bool, HalvesEdge]
     why_not: str | None = None
@@ -343,9 +344,7 @@ class _Edges:
     def measured(self, weighted: bool, /) -> HalvesEdge | None:
         """The usable halves' edge, or None (analytic)."""
         found = self.found.get(weighted)
-        if found is None or found.coverage < HALVES_MIN_COVERAGE or not (math.isfinite(found.edge) and found.edge > 0):
-            return None
-        return found
+        return found if found is not None and halves_unusable(found) is None else None
 
     def edge(self, weighted: bool, /) -> float | None:
         """The halves' edge on the plug-in scale, or None (analytic)."""
@@ -359,13 +358,7 @@ class _Edges:
         if measured is not None:
             return measured.to_dict()
         found = self.found.get(weighted)
-        if found is None:
-            why = self.why_not
-        elif found.coverage < HALVES_MIN_COVERAGE:
-            why = (f"the {found.source} hold {found.coverage:.0%} of some position's tokens (below "
-                   f"{HALVES_MIN_COVERAGE:.0%}: the rest, short windows or documents, is in neither half)")
-        else:
-            why = f"the {found.source} leave fewer than two positions with tokens in both halves"
+        why = self.why_not if found is None else halves_unusable(found)
         return {"method": "analytic", **({"halves_not_used": why} if why else {})}
 
 

@@ -1597,6 +1597,18 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
 HALVES_MIN_COVERAGE = 0.9  # the halves' least share of a row's tokens for their edge to be used
 
 
+def halves_unusable(found: HalvesEdge, /) -> str | None:
+    """Why the edge ``found`` on two halves is not used (the analytic one is), or None: the
+    halves hold less than :data:`HALVES_MIN_COVERAGE` of some row's tokens, or fewer than
+    two rows have tokens in both (its edge is not finite and positive)."""
+    if found.coverage < HALVES_MIN_COVERAGE:
+        return (f"the {found.source} hold {found.coverage:.0%} of some position's tokens (below "
+                f"{HALVES_MIN_COVERAGE:.0%}: the rest, short windows or documents, is in neither half)")
+    if not (math.isfinite(found.edge) and found.edge > 0):
+        return f"the {found.source} leave fewer than two positions with tokens in both halves"
+    return None
+
+
 class _HalvesEdges:
     """The ``mp`` null's edge measured on two independent halves of the geometry rows
     (:func:`posstats.estimates.halves_edge.halves_edge`), unweighted and occupancy-weighted,
@@ -1670,21 +1682,13 @@ class _HalvesEdges:
             self._edges[key] = self._noise.edge(weights, self._bias)
             self.seconds += time.perf_counter() - t
         found = self._edges[key]
-        usable = found.coverage >= HALVES_MIN_COVERAGE and math.isfinite(found.edge) and found.edge > 0
-        return found if usable else None
+        return found if halves_unusable(found) is None else None
 
     def not_used(self, weights: np.ndarray | None) -> str | None:
         """Why the halves were measured for the ``weights`` but the analytic edge is used,
         or None."""
         found = self._edges.get(weights is not None)
-        if found is None:
-            return self.no_source
-        if self.measured(weights) is not None:
-            return None
-        if found.coverage < HALVES_MIN_COVERAGE:
-            return (f"the {self.source} hold {found.coverage:.0%} of some position's tokens (below "
-                    f"{HALVES_MIN_COVERAGE:.0%}: the rest, short windows or documents, is in neither half)")
-        return f"the {self.source} leave fewer than two positions with tokens in both halves"
+        return self.no_source if found is None else halves_unusable(found)
 
     def edge(self, weights: np.ndarray | None) -> float | None:
         """The edge for the ``weights``, or None (use the analytic one)."""

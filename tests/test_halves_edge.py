@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -419,6 +420,26 @@ def test_ray_actors_measure_the_edge_on_their_rows_of_the_halves(packed_halves, 
     report = json.loads((tmp_path / "an" / "report.json").read_text())
     assert report["geometry"]["ranges"] == 3 and report["null"]["edge"]["method"] == "halves"
     assert report["null"]["edge"]["noise_top"] == pytest.approx(whole["null"]["edge"]["noise_top"], rel=1e-9)
+
+
+def test_the_eigensolve_jobs_edge_says_why_the_halves_were_not_used():
+    """The job's ``noise.edge_method``: the halves' edge where usable, else the analytic one
+    with the reason the analysis gives (too little of a row's tokens in the halves, fewer
+    than two rows in both, no window groups)."""
+    from posstats.estimates.halves_edge import HalvesEdge
+    from posstats.jobs.eigensolve import NO_WINDOW_GROUPS, _Edges
+
+    good = HalvesEdge(2.0, 0.1, 40, "window groups", coverage=0.95)
+    thin = HalvesEdge(2.0, 0.1, 40, "window groups", coverage=0.5)
+    empty = HalvesEdge(math.nan, 0.1, 1, "window groups")
+    edges = _Edges({False: good, True: thin})
+    assert edges.edge(False) == pytest.approx(2.2) and edges.entry(False)["method"] == "halves"
+    assert edges.edge(True) is None
+    assert edges.entry(True) == {"method": "analytic", "halves_not_used": (
+        "the window groups hold 50% of some position's tokens (below 90%: the rest, short windows or documents, "
+        "is in neither half)")}
+    assert "fewer than two positions" in _Edges({False: empty}).entry(False)["halves_not_used"]
+    assert _Edges({}, NO_WINDOW_GROUPS).entry(True) == {"method": "analytic", "halves_not_used": NO_WINDOW_GROUPS}
 
 
 @pytest.mark.ray
