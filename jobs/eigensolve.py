@@ -2,7 +2,7 @@
 
     python -m posstats.jobs.eigensolve --counts runs/counts --k 64 --out runs/mds [--address ADDR]
         [--tol 1e-8] [--block 8] [--device auto|cpu|gpu] [--min-occupancy K] [--buckets log:8]
-        [--memory-budget GiB | --ranges K] [--distances plugin|corrected] [--stress-dims 2,16,64]
+        [--memory-budget GiB | --ranges K] [--distances auto|plugin|corrected] [--stress-dims 2,16,64]
 
 On a GPU (``--device gpu``, or ``auto`` on a cluster with one), or with ``--buckets``, one
 :class:`jobs.hellinger.GeometryWorker` actor (``num_gpus=1``, else ``num_cpus=1``) reads the counts and calls
@@ -25,7 +25,9 @@ products gather (n_r, b) rows and sum (V, b) partials from the actors. The summa
 ``ranges`` (each range's positions, stored counts, bytes held, pid and peak memory) and the
 driver's peak memory. Ranges run on CPUs (``--device auto`` or ``cpu``) with ``--buckets none``.
 
-``--distances corrected`` (ranges only) decomposes the bias-corrected ``B - H diag(b) H``
+``--distances corrected`` (ranges only; the default ``auto`` chooses it wherever the job runs
+on ranges, and plug-in distances on one GPU actor or with ``--buckets``, where the summary's
+``noise`` says that no rank test ran) decomposes the bias-corrected ``B - H diag(b) H``
 that ``posstats analyze`` reports by default, with the square roots' occupancy shrinkage
 removed as there (:mod:`posstats.estimates.occupancy`: the Lanczos products through the
 operator shifted by ``W U``, the sampled pairs adjusted; ``noise.occupancy_adjusted``): each actor computes its rows' noise floor
@@ -125,17 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranges", type=int, metavar="K",
                    help="at least this many position ranges, one Ray actor each (with or without --memory-budget; "
                         "their products run in parallel). Default on CPUs: one per CPU of the cluster, at most 64")
-    p.add_argument("--distances", choices=("plugin", "corrected"), default="plugin",
-                   help="plugin: B of the plug-in distances (default); corrected: the bias-corrected B - H diag(b) H "
+    p.add_argument("--distances", choices=("auto", "plugin", "corrected"), default="auto",
+                   help="auto (default): corrected where the job runs on position ranges (its default on CPUs), "
+                        "plugin on one GPU actor or with --buckets, where no rank test runs; plugin: B of the "
+                        "plug-in distances, every eigenpair reported, noise included; corrected: the bias-corrected B - H diag(b) H "
                         "that 'posstats analyze' reports, with each range's noise floor, the rank test's noise edge "
                         "and the components above it (ranges only)")
     p.add_argument("--mp-edge", choices=("auto", "analytic"), default="auto",
-                   help="--distances corrected: the noise edge. auto (default) measures the top of the noise bulk on "
+                   help="corrected distances (--distances auto on ranges, or corrected): the noise edge. auto (default) measures the top of the noise bulk on "
                         "the corpus' two independent halves (the even and odd window groups 'posstats count' keeps "
                         "beside the counts) and counts eigenvalues 10 %% above it, as 'posstats analyze'; without a "
                         "window-groups file, and with analytic, the analytic Marchenko-Pastur edge (an upper estimate)")
     p.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
-                   help="--distances corrected: the random split of each range's tokens into 2 or 4 parts (default 4)")
+                   help="corrected distances: the random split of each range's tokens into 2 or 4 parts (default 4)")
     p.add_argument("--stress-dims", default=None, metavar="D,D",
                    help="ranges: widths of P_MDS whose sampled stress is reported, each at most --k (default: those of "
                         "2,16,64 up to --k; 'none' leaves the stress out)")
@@ -144,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stress-max-pairs", type=int, default=20_000_000, metavar="P",
                    help="ranges: the most pairs drawn for the stress (default 20,000,000)")
     p.add_argument("--lanczos-noise-share", type=float, default=1e-3, metavar="S",
-                   help="--distances corrected: eigenpairs inside the noise bulk to the absolute residual S x the "
+                   help="corrected distances: eigenpairs inside the noise bulk to the absolute residual S x the "
                         "edge, the others to --tol (default 1e-3, as 'posstats analyze'; 0: every pair to --tol)")
     return p
 
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = run_ranged(args)
         else:
             summary = run_job(args, "eigensolve", k=args.k, tol=args.tol, block=args.block,
-                              min_occupancy=args.min_occupancy, buckets=args.buckets, seed=args.seed)
+                              min_occupancy=args.min_occupancy, buckets=args.buckets, seed=args.seed,
+                              extra={"distances": "plugin", "noise": {"tested": False, "reason": ONE_ACTOR_NOISE}})
     except PosstatsError as exc:
         print(f"posstats: error: {exc}", file=sys.stderr)
         return 2
@@ -184,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+ONE_ACTOR_NOISE = ("plug-in distances on one actor (a GPU or --buckets): no noise floor and no rank test, so every "
+                   "eigenpair is reported, sampling noise included; on CPUs over position ranges (the default there) "
+                   "the job decomposes the bias-corrected geometry and counts its components above noise")
 MAX_STRESS_DIMS = 16  # widths of P_MDS whose stress is sampled: each one's pairs cost the same as the others'
 
 
@@ -267,7 +275,7 @@ def _range_count(args: argparse.Namespace, stored: int, cpus: float, path: str |
     at_least = args.ranges or max(1, min(int(cpus), DEFAULT_MAX_RANGES))
     if args.memory_budget is None:
         return at_least
-    if args.distances == "corrected" and args.mp_edge == "auto":
+    if args.distances in ("auto", "corrected") and args.mp_edge == "auto":
         stored = stored_with_halves(path, stored)
     return budget_ranges(args.memory_budget, stored, at_least=at_least)
 
@@ -480,7 +488,7 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
         indptr = load_indptr(path)
         stored = int(indptr[-1]) if indptr is not None else header.positions * header.vocab_size
         bounds = file_ranges(path, _range_count(args, stored, float(ray.cluster_resources().get("CPU", 1)), path))
-        corrected = args.distances == "corrected"
+        corrected = args.distances in ("auto", "corrected")
         actors, _ = start_range_workers(os.path.abspath(path), bounds, min_occupancy=args.min_occupancy,
                                         noise_parts=args.noise_parts if corrected else None, seed=args.seed)
         loaded = time.perf_counter() - t

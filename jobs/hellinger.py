@@ -174,8 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_job(args: argparse.Namespace, method: str, **kwargs: Any) -> dict[str, Any]:
-    """Start the actor, run ``method`` on it, write OUT/<job>.json last, stop what we started."""
+def run_job(args: argparse.Namespace, method: str, /, *, extra: dict[str, Any] | None = None,
+            **kwargs: Any) -> dict[str, Any]:
+    """Start the actor, run ``method`` on it (with ``kwargs``), add ``extra`` to its summary,
+    write OUT/<job>.json last, stop what we started."""
     import ray
 
     counts_file(args.counts)  # a missing or foreign path fails here, before any actor starts
@@ -186,6 +188,7 @@ def run_job(args: argparse.Namespace, method: str, **kwargs: Any) -> dict[str, A
         where = ray.get(actor.where.remote())
         summary = ray.get(getattr(actor, method).remote(os.path.abspath(args.counts), os.path.abspath(args.out), **kwargs))
         summary["actor"] = where
+        summary.update(extra or {})
         write_json_atomic(Path(args.out) / f"{'hellinger' if method == 'hellinger' else 'eigensolve'}.json", summary)
         return summary
     finally:

@@ -57,7 +57,8 @@ def test_eigensolve_job_matches_dense_eigh(ray_session, counts_dir, tmp_path):
 
     path, counts = counts_dir
     out = tmp_path / "e"
-    assert main(["--counts", str(path), "--out", str(out), "--k", "16", "--tol", "1e-10", "--buckets", "none"]) == 0
+    assert main(["--counts", str(path), "--out", str(out), "--k", "16", "--tol", "1e-10", "--buckets", "none",
+                 "--distances", "plugin"]) == 0
     summary = json.loads((out / "eigensolve.json").read_text())
     assert summary["converged"] and summary["max_residual"] <= 1e-10 and summary["k"] == 16
     assert summary["peak_rss_bytes"] > 2**20  # the largest process' peak, in bytes
@@ -69,7 +70,9 @@ def test_eigensolve_job_matches_dense_eigh(ray_session, counts_dir, tmp_path):
     # --buckets (here one position per bucket) keeps the one actor holding the counts whole
     one = tmp_path / "one"
     assert main(["--counts", str(path), "--out", str(one), "--k", "16", "--tol", "1e-10", "--buckets", "fixed:1"]) == 0
-    assert "ranges" not in json.loads((one / "eigensolve.json").read_text())
+    one_actor = json.loads((one / "eigensolve.json").read_text())
+    assert "ranges" not in one_actor  # and --distances auto is plug-in there, saying no rank test ran
+    assert one_actor["distances"] == "plugin" and one_actor["noise"]["tested"] is False
     for folder in (out, one):
         t = load_file(str(folder / "mds.safetensors"))
         np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-12 * dense.eigenvalues[0])
@@ -83,7 +86,7 @@ def test_ranged_eigensolve_job_holds_ranges_apart_and_matches_dense_eigh(ray_ses
     stored = int(counts.matrix.nnz)
     out = tmp_path / "r"
     assert main(["--counts", str(path), "--out", str(out), "--k", "16", "--tol", "1e-10",
-                 "--memory-budget", "0.5", "--ranges", "3"]) == 0
+                 "--memory-budget", "0.5", "--ranges", "3", "--distances", "plugin"]) == 0
     summary = json.loads((out / "eigensolve.json").read_text())
     ranges = summary["ranges"]
     assert len(ranges) == 3 and len({r["pid"] for r in ranges}) == 3  # three processes
@@ -256,7 +259,8 @@ def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_sess
                 str(data / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
                 "--out", str(counts), "-q"]) == 0
     out = tmp_path / "mds"
-    assert main(["--counts", str(counts), "--out", str(out), "--k", "8", "--tol", "1e-10", "--ranges", "3"]) == 0
+    assert main(["--counts", str(counts), "--out", str(out), "--k", "8", "--tol", "1e-10", "--ranges", "3",
+                 "--distances", "plugin"]) == 0
     summary = json.loads((out / "eigensolve.json").read_text())
     assert len(summary["ranges"]) == 3 and summary["converged"]
     c = load_counts(counts)
@@ -266,12 +270,18 @@ def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_sess
     np.testing.assert_array_equal(t["positions"], used)
     np.testing.assert_allclose(t["eigenvalues"], dense.eigenvalues, rtol=0, atol=1e-11 * dense.eigenvalues[0])
     np.testing.assert_allclose(t["encoding"][:, :2], dense.encoding[:, :2], rtol=0, atol=1e-7)
-    # bias-corrected over the same ranges: B - H diag(b) H against dense eigh, and the
-    # standout test the analysis runs on the same rows (the bundled demo finds standouts)
+    # bias-corrected over the same ranges (the default on ranges): B - H diag(b) H against
+    # dense eigh, and the standout test the analysis runs on the same rows (the bundled
+    # demo finds standouts)
     corrected = tmp_path / "corrected"
     assert main(["--counts", str(counts), "--out", str(corrected), "--k", "8", "--tol", "1e-10", "--ranges", "3",
-                 "--distances", "corrected", "--lanczos-noise-share", "0", "--stress-dims", "2,8"]) == 0
+                 "--lanczos-noise-share", "0", "--stress-dims", "2,8"]) == 0
     summary = json.loads((corrected / "eigensolve.json").read_text())
+    assert summary["distances"] == "bias_corrected"
+    # most fortunes are shorter than 64 tokens: their windows are in no group, so the halves
+    # hold too little of the late positions' tokens and the analytic edge is used, saying why
+    edge = summary["noise"]["edge_method"]
+    assert edge["method"] == "analytic" and "of some position's tokens (below 90%" in edge["halves_not_used"]
     rows = c.rows(used)
     bias = position_sampling_variance(rows)
     # the fortunes' occupancy falls along the context: the square roots' shrinkage is removed
