@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=64, help="leading eigenpairs (default 64)")
     p.add_argument("--tol", type=float, default=1e-8, help="residual tolerance relative to the top eigenvalue (default 1e-8)")
     p.add_argument("--block", type=int, default=8, help="Lanczos block size (default 8)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the Lanczos start vectors, the noise floor's token split and the sampled pairs "
+                        "(default 0)")
     p.add_argument("--memory-budget", type=float, metavar="GiB",
                    help="memory per process: cut the counts into position ranges, one Ray actor each, so that each "
                         "actor stays within it (a 256 MiB baseline plus 16 bytes a stored count; the driver holds the "

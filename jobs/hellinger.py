@@ -163,8 +163,11 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", metavar="ADDR", help="Ray cluster (default $RAY_ADDRESS, else a local Ray)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="auto: a GPU actor when the cluster has a GPU (default)")
-    p.add_argument("--min-occupancy", type=int, default=1, metavar="K")
-    p.add_argument("--buckets", default="none", metavar="none|fixed:W|log:P")
+    p.add_argument("--min-occupancy", type=int, default=1, metavar="K",
+                   help="leave out positions with fewer than K counted tokens (default 1: every occupied one)")
+    p.add_argument("--buckets", default="none", metavar="none|fixed:W|log:P",
+                   help="merge positions into buckets before the geometry: none (default), fixed:W (W positions "
+                        "each) or log:P (P buckets an octave)")
 
 
 def build_parser() -> argparse.ArgumentParser:
