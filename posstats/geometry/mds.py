@@ -63,7 +63,6 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from threadpoolctl import threadpool_limits
 
-from posstats.counting.scipy_sparse import csr_rows_view
 from posstats.geometry.backend import array_namespace, get_cupy_sparse, to_numpy
 from posstats.geometry.hellinger import hellinger_sq, sqrt_distributions
 
@@ -546,7 +545,12 @@ def _row_block_views(m: sp.csr_array, threads: int) -> list[tuple[int, int, sp.c
     parts = max(1, min(int(threads), m.nnz // _THREADED_NNZ, m.shape[0]))
     cuts = np.searchsorted(m.indptr, np.linspace(0, m.nnz, parts + 1)[1:-1])
     edges = [0, *sorted({int(c) for c in cuts} - {0, m.shape[0]}), m.shape[0]]
-    return [(a, b, csr_rows_view(m, a, b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        lo, hi = int(m.indptr[a]), int(m.indptr[b])
+        ptr = (m.indptr[a : b + 1] - lo).astype(m.indptr.dtype, copy=False)
+        out.append((a, b, _csr_view(m.data[lo:hi], m.indices[lo:hi], ptr, (b - a, m.shape[1]))))
+    return out
 
 
 def _csr_view(data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, shape: tuple[int, int], /,
