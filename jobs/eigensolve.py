@@ -132,14 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distances", choices=("auto", "plugin", "corrected"), default="auto",
                    help="auto (default): corrected where the job runs on position ranges (its default on CPUs), "
                         "plugin on one GPU actor or with --buckets, where no rank test runs; plugin: B of the "
-                        "plug-in distances, every eigenpair reported, noise included; corrected: the bias-corrected B - H diag(b) H "
-                        "that 'posstats analyze' reports, with each range's noise floor, the rank test's noise edge "
-                        "and the components above it (ranges only)")
+                        "plug-in distances, every eigenpair reported, noise included; corrected: the "
+                        "bias-corrected B - H diag(b) H that 'posstats analyze' reports, with each range's noise "
+                        "floor, the rank test's noise edge and the components above it (ranges only)")
     p.add_argument("--mp-edge", choices=("auto", "analytic"), default="auto",
-                   help="corrected distances (--distances auto on ranges, or corrected): the noise edge. auto (default) measures the top of the noise bulk on "
-                        "the corpus' two independent halves (the even and odd window groups 'posstats count' keeps "
-                        "beside the counts) and counts eigenvalues 10 %% above it, as 'posstats analyze'; without a "
-                        "window-groups file, and with analytic, the analytic Marchenko-Pastur edge (an upper estimate)")
+                   help="corrected distances (--distances auto on ranges, or corrected): the noise edge. auto "
+                        "(default) measures the top of the noise bulk on the corpus' two independent halves (the "
+                        "even and odd window groups 'posstats count' keeps beside the counts) and counts eigenvalues "
+                        "10 %% above it, as 'posstats analyze'; without a window-groups file, and with analytic, the "
+                        "analytic Marchenko-Pastur edge (an upper estimate)")
     p.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
                    help="corrected distances: the random split of each range's tokens into 2 or 4 parts (default 4)")
     p.add_argument("--stress-dims", default=None, metavar="D,D",
