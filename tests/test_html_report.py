@@ -63,6 +63,14 @@ def test_report_is_self_contained_with_every_figure(run_dir):
     assert len(captions) == len(FIGURES)
     assert all(html.unescape(c).endswith(".") and "look for" in c for c in captions)
     assert "Low-rank MDS encodings (n = 30, d = 16)" in page
+    # the low-rank table says how many of its ranks stand above sampling noise (the verdict's count)
+    from posstats.reports.html import lowrank_noise_note
+
+    report = json.loads((run_dir / "report.json").read_text())
+    note = lowrank_noise_note(report)
+    assert html.escape(note) in page and note in (run_dir / "summary.md").read_text()
+    rank = report["verdict"]["components_above_noise"]
+    assert (f"Only the first {rank} component(s)" in note) if rank else note.startswith("No component stands above")
 
 
 def test_summary_markdown_links_existing_figures(run_dir):

@@ -113,6 +113,22 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
     return out
 
 
+def lowrank_noise_note(report: dict[str, Any], /) -> str:
+    """What the low-rank table's rows are worth: how many of the MDS components stand
+    above sampling noise (:func:`posstats.reports.export.informative_rank`), so that a lower
+    stress at a larger rank is not read as structure."""
+    rank = informative_rank(report)
+    if (report.get("verdict") or {}).get("withheld"):
+        return "The verdict is withheld, so no rank here is known to stand above sampling noise."
+    if rank is None:
+        return "No null was computed, so which of these ranks stand above sampling noise is untested."
+    if rank == 0:
+        return ("No component stands above sampling noise (the verdict): every row fits sampling noise, "
+                "whatever its stress.")
+    return (f"Only the first {rank} component(s) stand above sampling noise (the verdict): rows beyond r = {rank} "
+            "add components that fit sampling noise, so a lower stress there is no reason to keep them.")
+
+
 def _components_above_noise(report: dict[str, Any]) -> str:
     """The verdict's count (gated by the tests of one distribution, or withheld), with the
     null's own count beside it when they differ; the null's count for a report without a
@@ -222,6 +238,16 @@ def _held_out_intro(report: dict[str, Any]) -> str:
 
 _HELD_HEADER = ("encoding", "dim", "kind", "scaled stress, fit half", "scaled stress, held-out half", "change")
 _ENC_HEADER = ("encoding", "dim", "stress", "scaled stress", "scale a*", "pearson", "min separation", "monotonicity violations")
+def _saving(share: float, /) -> str:
+    """The low-rank table's saving as a percentage, with a second decimal where one would
+    round a small loss to "-0.0%" (r(n + d) just above n d).
+
+    >>> _saving(0.984), _saving(-0.000488), _saving(0.0)
+    ('98.4%', '-0.05%', '0.0%')
+    """
+    return f"{share:.2%}" if share and abs(share) < 0.0005 else f"{share:.1%}"
+
+
 _TRADE_HEADER = ("encoding", "rank r", "stress", "scaled stress", "parameters", "saving vs n*d")
 
 
@@ -232,7 +258,7 @@ def _tradeoff_rows(trade: list[dict[str, Any]], report: dict[str, Any], *, n: in
             rows.append([f"sinusoidal (d={width})", "-", _num(e.get("stress")), _num(e.get("scaled_stress")), "0 (fixed)", "-"])
     for t in trade:
         rows.append([f"P_MDS, r={t['rank']}", t["rank"], _num(t["stress"]), _num(t["scaled_stress"]),
-                     f"{t['parameters']:,}", f"{t['saving']:.1%}"])
+                     f"{t['parameters']:,}", _saving(t['saving'])])
     rows.append(["free n x d table", "<= d", "-", "-", f"{n * width:,}", "0%"])
     return rows
 
@@ -347,7 +373,8 @@ def _html_page(
         "the distances, so the stress, of the first r MDS coordinates"
         + (f" (stress over all pairs of an even sample of {stress_positions} of the {m} positions: the {m} x {m} "
            f"distance matrix of every position would take {8 * m * m / 1e9:.3g} GB)" if stress_positions < m else "")
-        + f", against the {_distances_name(report)} distances of the whole report.</p>",
+        + f", against the {_distances_name(report)} distances of the whole report. "
+        + f"{_esc(lowrank_noise_note(report))}</p>",
         _html_table(_TRADE_HEADER, trade_rows),
     ]
     if unc:
@@ -449,7 +476,8 @@ def _summary_markdown(report: dict[str, Any], trade_rows: list[list[str]], plots
         lines += [f"Held out: {_held_out_intro(report)}", ""]
         if _held_out_rows(report):
             lines += _md_table(_HELD_HEADER, _held_out_rows(report)) + [""]
-    lines += [f"Low-rank MDS encodings, n = {n}, d = {width} (P = A W^T: r(n + d) parameters):", ""]
+    lines += [f"Low-rank MDS encodings, n = {n}, d = {width} (P = A W^T: r(n + d) parameters). "
+              f"{lowrank_noise_note(report)}", ""]
     lines += _md_table(_TRADE_HEADER, trade_rows) + [""]
     for p in plots:
         lines += [f"![{p.title}]({FIGURES_DIR}/{p.name}.png)", f"*{p.caption}*", ""]
