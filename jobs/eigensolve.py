@@ -68,8 +68,8 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
