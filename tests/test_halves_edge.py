@@ -379,6 +379,33 @@ def packed_halves(tmp_path_factory):
     return out, config, whole
 
 
+def test_a_range_reads_its_rows_of_the_halves_as_the_whole_file_gives_them(packed_halves, tmp_path):
+    """``load_halves_rows``: a range's rows of the even and odd halves, contiguous or with
+    rows left out (``--min-occupancy``), equal the rows of the halves of the whole file:
+    above 4,096 positions (two groups) and below (64 groups summed by parity)."""
+    from posstats import load_counts
+    from posstats.cli import main
+    from posstats.counting.window_groups_io import load_halves_rows, load_window_groups
+
+    rng = np.random.default_rng(3)
+    _write_ids(tmp_path / "ids.parquet", [rng.integers(0, 40, size=int(rng.integers(5, 400))) for _ in range(300)])
+    small = tmp_path / "counts"
+    assert main(["count", "--input", str(tmp_path / "ids.parquet"), "--column", "input_ids", "--vocab-size", "40",
+                 "--positions", "32", "--mode", "pack", "--out", str(small), "-q"]) == 0
+    for out, cases in ((packed_halves[0], (np.arange(1000, 2100), np.array([3, 4, 90, 4000, 4099]), np.array([17]))),
+                       (small, (np.arange(32), np.array([0, 5, 6, 31]), np.arange(10, 20)))):
+        counts = load_counts(out)
+        groups = load_window_groups(out, counts)
+        expected = (counts.positions, counts.vocab_size, counts.tokens, counts.fingerprint)
+        even, odd = groups.halves()
+        for rows in cases:
+            a, b = load_halves_rows(out, rows, expected)
+            assert (a != even[rows]).nnz == 0 and (b != odd[rows]).nnz == 0
+            assert a.shape == b.shape == (rows.size, counts.vocab_size)
+            assert a.has_canonical_format and b.has_canonical_format
+    assert groups.groups == 64 and not groups.halves_only  # the small count kept every group
+
+
 def test_rows_held_apart_measure_the_same_edge_and_budget_for_it(packed_halves):
     """Over position ranges (the analysis of counts too large for one process; here three
     ranges in this process, the code path the Ray actors run) every range builds its rows of
