@@ -509,6 +509,38 @@ def test_ranged_eigensolve_job_counts_against_the_halves_edge(packed_halves, tmp
                                                               stored, 1, out)
 
 
+@pytest.mark.ray
+@pytest.mark.parametrize("kind", ["stationary", "planted", "drift"])
+def test_the_eigensolve_jobs_default_answers_as_the_analysis_on_known_corpora(kind, tmp_path, ray_session):
+    """Known corpora above 4,096 positions with their halves (N = 2,000): the job's default
+    (corrected distances over two ranges, the halves' edge) counts the components and
+    names the standouts the analysis does, against the same edge; stationary: nothing;
+    planted 0-3: exactly those standouts; drift: components above noise."""
+    import json
+
+    from posstats.counting.io import save_counts
+    from posstats.counting.window_groups_io import save_window_groups
+    from posstats.jobs.eigensolve import main
+    from posstats.testing import known_corpus
+
+    corpus = known_corpus(kind, 4100, tokens=2000, seed=1, window_groups=2, halves_only=True)
+    out = tmp_path / "counts"
+    save_counts(corpus.counts, out)
+    save_window_groups(corpus.window_groups, corpus.counts, out)
+    assert main(["--counts", str(out), "--out", str(tmp_path / "job"), "--k", "8", "--ranges", "2",
+                 "--stress-dims", "none"]) == 0
+    job = json.loads((tmp_path / "job" / "eigensolve.json").read_text())
+    config = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off", exact_limit=1024)
+    report = analyze(corpus.counts, config, show_progress=False, window_groups=corpus.window_groups).report()
+    assert job["distances"] == "bias_corrected" and job["noise"]["edge_method"]["method"] == "halves"
+    assert job["noise"]["edge"] == pytest.approx(report["null"]["threshold"], rel=1e-9)
+    assert job["noise"]["components_above_noise"] == report["null"]["components_above_null"]
+    assert job["standout_positions"]["positions"] == report["verdict"]["standout_positions"]["positions"]
+    found = job["standout_positions"]["positions"], job["noise"]["components_above_noise"]
+    assert {"stationary": lambda: found == ([], 0), "planted": lambda: found[0] == [0, 1, 2, 3],
+            "drift": lambda: found[1] >= 1}[kind]()
+
+
 def test_real_text_packed_over_4096_positions_is_tested_against_its_halves(tmp_path, data_dir):
     """The bundled fortunes (real text, BERT WordPiece) packed into windows of 4,100
     positions: 36 full windows and the stream's short last one. The halves are the even and
