@@ -238,6 +238,8 @@ def _held_out_intro(report: dict[str, Any]) -> str:
 
 _HELD_HEADER = ("encoding", "dim", "kind", "scaled stress, fit half", "scaled stress, held-out half", "change")
 _ENC_HEADER = ("encoding", "dim", "stress", "scaled stress", "scale a*", "pearson", "min separation", "monotonicity violations")
+
+
 def _saving(share: float, /) -> str:
     """The low-rank table's saving as a percentage, with a second decimal where one would
     round a small loss to "-0.0%" (r(n + d) just above n d).
