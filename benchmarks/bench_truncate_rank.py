@@ -73,7 +73,7 @@ def per_document(windows: list[np.ndarray], positions: int, vocab: int, rng: np.
 
 def loaded_occupancy(rows: sp.csr_array) -> float:
     """The occupancy median under the squared loadings of the top MDS component."""
-    from posstats.analysis import _loaded_occupancy
+    from posstats.analysis.null import _loaded_occupancy
     from posstats.estimates.sampling_variance import position_sampling_variance
     from posstats.geometry.hellinger import hellinger_sq
     from posstats.geometry.mds import gram_in_place

@@ -108,7 +108,7 @@ def test_public_api_has_real_types_under_mypy(tmp_path):
     text = out.stdout
     assert "import-not-found" not in text, text
     assert 'Revealed type is "posstats.counting.counts.PositionalCounts"' in text, text
-    assert 'Revealed type is "posstats.analysis.Analysis"' in text, text
+    assert 'Revealed type is "posstats.analysis.result.Analysis"' in text, text
     assert "def (head_dim: builtins.int" in text or "def (head_dim: int" in text, text
     assert "Incompatible types in assignment" in text, text  # not Any: the wrong use is caught
     assert "Literal['dnese']" in text and '"mds_method"' in text, text  # a Literal option's typo is caught

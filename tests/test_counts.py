@@ -264,7 +264,8 @@ def test_analysis_of_large_dense_counts_runs_on_csr_rows_with_the_same_answer(mo
     """Dense counts of ``DENSE_AS_SPARSE_ENTRIES`` cells or more are analysed as int32 CSR
     rows: the same report as the same counts given sparse (the limit lowered here; at its
     value a dense 131,072 x 5,000 drift went through COO in each step and passed 24 GB)."""
-    import posstats.analysis as analysis
+    import posstats.analysis.pipeline as pipeline
+    import posstats.analysis.rows as rows
     from posstats.analysis import AnalysisConfig, analyze
     from posstats.testing import known_corpus
 
@@ -272,20 +273,20 @@ def test_analysis_of_large_dense_counts_runs_on_csr_rows_with_the_same_answer(mo
     dense = sparse.to_dense()
     cfg = AnalysisConfig(dims=(2,), encodings=("mds", "sinusoidal"), held_out="off")
     seen = []
-    real = analysis._analysis
+    real = pipeline._analysis
 
     def spy(counts, config, g, **kw):
         seen.append((sp.issparse(g.rows), getattr(g.rows, "dtype", None)))
         return real(counts, config, g, **kw)
 
-    monkeypatch.setattr(analysis, "_analysis", spy)
-    monkeypatch.setattr(analysis, "DENSE_AS_SPARSE_ENTRIES", 40 * 200)
+    monkeypatch.setattr(pipeline, "_analysis", spy)
+    monkeypatch.setattr(rows, "DENSE_AS_SPARSE_ENTRIES", 40 * 200)
     want = analyze(sparse, cfg).report().to_dict()
     got = analyze(dense, cfg).report().to_dict()
     assert seen[1] == (True, np.int32)
     for key in ("spectrum", "verdict", "encodings", "hellinger"):
         assert got[key] == want[key], key
-    monkeypatch.setattr(analysis, "DENSE_AS_SPARSE_ENTRIES", 40 * 200 + 1)
+    monkeypatch.setattr(rows, "DENSE_AS_SPARSE_ENTRIES", 40 * 200 + 1)
     analyze(dense, cfg)
     assert seen[2] == (False, np.int64)  # below the limit dense rows stay dense
 

@@ -18,7 +18,8 @@ import scipy.sparse as sp
 from mounts import mounted
 from posstats.jobs.guard import run_guarded
 
-import posstats.analysis
+import posstats.analysis.config
+import posstats.analysis.rows
 import posstats.memory
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
@@ -181,7 +182,7 @@ def test_memory_error_past_the_estimate_is_one_line(ids_file, tmp_path, capsys, 
     # without the estimate, numpy's own MemoryError: still one line with the flags to change.
     # 2 x 10**16 float64 is more than any address space, so it fails at once whatever the
     # kernel's overcommit policy (nothing is ever touched).
-    for module in (posstats.memory, posstats.analysis):  # and where it was imported by name
+    for module in (posstats.memory, posstats.analysis.config, posstats.analysis.rows):  # and where it is imported by name
         monkeypatch.setattr(module, "require_memory", lambda *a, **k: None)
     out = tmp_path / "out"
     line = one_line_error(capsys, main(run_args(ids_file, out)[:-6] + ["--dims", str(10**16), "--out", str(out)]))

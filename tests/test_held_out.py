@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-import posstats.analysis as analysis_module
+import posstats.analysis.held_out as held_out_module
 from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.counting.counts import CountSpec, PositionalCounts
@@ -181,7 +181,7 @@ def test_held_out_ranges_are_not_given_for_thin_rows_nor_smacof_above_its_limit(
 def test_held_out_auto_off_and_a_position_empty_in_one_half(monkeypatch):
     counts = _counts(_noise(n=12, tokens=200))
     assert "held_out" not in analyze(counts, AnalysisConfig(dims=(2,), held_out="off"), show_progress=False).report()
-    monkeypatch.setattr(analysis_module, "HELD_OUT_AUTO_LIMIT", 8)
+    monkeypatch.setattr(held_out_module, "HELD_OUT_AUTO_LIMIT", 8)
     skipped = analyze(counts, AnalysisConfig(dims=(2,)), show_progress=False).report()["held_out"]
     assert "12 geometry rows > 8" in skipped["skipped"] and "--held-out on" in skipped["skipped"]
     a = np.array([[3, 0], [0, 4], [2, 2], [1, 1]])

@@ -269,12 +269,13 @@ def test_device_option_is_checked_before_any_work(monkeypatch, planted):
     """device: auto falls back to the host without a GPU; gpu without one is refused as the
     analysis starts (not after the noise floor; a config naming gpu may be made on a
     pipeline driver without one); unknown names when the config is made."""
-    import posstats.analysis as analysis_module
+    import posstats.analysis.pipeline as pipeline
+    import posstats.analysis.sampled as sampled
 
-    monkeypatch.setattr(analysis_module, "gpu_available", lambda: False)
-    assert analysis_module.mds_device("auto") is None and analysis_module.mds_device("cpu") is None
+    monkeypatch.setattr(sampled, "gpu_available", lambda: False)
+    assert sampled.mds_device("auto") is None and sampled.mds_device("cpu") is None
     config = AnalysisConfig(device="gpu")
-    monkeypatch.setattr(analysis_module, "_geometry_rows", lambda *a: pytest.fail("work started"))
+    monkeypatch.setattr(pipeline, "_geometry_rows", lambda *a: pytest.fail("work started"))
     with pytest.raises(PosstatsError, match="device gpu: .*(no CUDA device|not installed)"):
         analyze(planted.counts, config)
     with pytest.raises(PosstatsError, match="unknown device 'tpu'"):

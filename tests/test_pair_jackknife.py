@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.stats import t as student_t
 
-import posstats.analysis as analysis_module
+import posstats.analysis.intervals as intervals_module
 from posstats.analysis import AnalysisConfig, analyze
 from posstats.estimates.jackknife import jackknife_sd
 from posstats.estimates.pair_jackknife import (
@@ -132,7 +132,7 @@ def test_intervals_above_the_limit_cover_and_say_how(path, monkeypatch):
     pair-sample jackknife is always used): drift corpora (n = 64, N = 20,000, 12 seeds), the
     fixed encodings' intervals cover the true scaled stress in >= 9 of 12 (at 90 %
     coverage P(X <= 8) = 0.026), fitted ones give none and keep a tie range only."""
-    monkeypatch.setattr(analysis_module, "_JACKKNIFE_LIMIT", 32)
+    monkeypatch.setattr(intervals_module, "_JACKKNIFE_LIMIT", 32)
     extra = {"exact_limit": 32} if path == "sampled" else {}
     cfg = AnalysisConfig(dims=(2,), encodings=("sinusoidal", "mds"), held_out="off", null="none", **extra)
     n, covered, given = 64, 0, 0

@@ -1,0 +1,378 @@
+"""The rank test: how many MDS components stand above noise (shuffled, rotated or analytic
+null; the edge measured on independent halves above 4,096 rows) and the report's ``null``
+section (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from posstats.analysis.config import _NULL_SHUFFLE_LIMIT, AnalysisConfig
+from posstats.analysis.rows import _Rows
+from posstats.counting.counts import PositionalCounts, too_few_windows
+from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
+from posstats.estimates.noise import bias_shift, mp_edge, null_rank
+from posstats.estimates.permutation import (
+    null_distance_sums,
+    occupancy_weights,
+    permutation_null,
+    rank_test_eigenvalues,
+)
+from posstats.estimates.ranged_halves import ranged_halves_noise
+from posstats.estimates.rotation import rotation_null_corpora
+from posstats.geometry.mds import MDSResult, weighted_coordinates
+from posstats.progress import progress
+
+
+def _null_choice(config: AnalysisConfig, m: int, noise: Any) -> str:
+    """The null the analysis of ``m`` geometry rows draws: ``config.null``, with ``auto``
+    resolved (the shuffled corpora up to :data:`_NULL_SHUFFLE_LIMIT` rows, else the analytic
+    edge when a noise floor exists, else none)."""
+    if config.null != "auto":
+        return config.null
+    return "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
+
+
+def _untested(config: AnalysisConfig, m: int, noise: Any, standout: dict[str, Any] | None,
+              counts: PositionalCounts) -> str | None:
+    """Why no test of the analysis can find positional structure, known before the
+    geometry, or None. The verdict then ties every encoding whatever the MDS and the
+    stresses come out as (:func:`posstats.estimates.verdict.all_tied`): without the shuffle
+    null there is no homogeneity test, so non-stationarity rests on the standout test, and
+    it found no position (or the verdict is withheld for too few windows)."""
+    if _null_choice(config, m, noise) == "shuffle":
+        return None
+    withheld = too_few_windows(counts.spec.mode, counts.windows)
+    if withheld:
+        return f"the verdict is withheld: {withheld}"
+    if standout is None or int(standout.get("count") or 0) > 0:
+        return None
+    return "no standout position, and no homogeneity test without the shuffle null"
+
+
+def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: AnalysisConfig,
+                 m: int, *, untested: bool = False, edge: float | None = None) -> tuple[float, float] | None:
+    """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
+    before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
+    plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
+    are computed to the absolute residual ``share x edge`` only, with share
+    ``config.lanczos_noise_share`` (``untested_lanczos_noise_share`` when no test can find
+    structure: :func:`_untested`); None (every pair to ``lanczos_tol``) otherwise.
+    ``edge``: the edge measured on independent halves (:class:`_HalvesEdges`), else analytic."""
+    share = config.untested_lanczos_noise_share if untested else config.lanczos_noise_share
+    if not share:
+        return None
+    if _null_choice(config, m, noise) != "mp" or noise is None:
+        return None
+    edge = mp_edge(geo_parts, noise) if edge is None else edge
+    if not math.isfinite(edge) or edge <= 0:
+        return None
+    return edge - bias_shift(bias), share * edge
+
+
+HALVES_MIN_COVERAGE = 0.9  # the halves' least share of a row's tokens for their edge to be used
+
+
+def halves_unusable(found: HalvesEdge, /) -> str | None:
+    """Why the edge ``found`` on two halves is not used (the analytic one is), or None: the
+    halves hold less than :data:`HALVES_MIN_COVERAGE` of some row's tokens, or fewer than
+    two rows have tokens in both (its edge is not finite and positive)."""
+    if found.coverage < HALVES_MIN_COVERAGE:
+        return (f"the {found.source} hold {found.coverage:.0%} of some position's tokens (below "
+                f"{HALVES_MIN_COVERAGE:.0%}: the rest, short windows or documents, is in neither half)")
+    if not (math.isfinite(found.edge) and found.edge > 0):
+        return f"the {found.source} leave fewer than two positions with tokens in both halves"
+    return None
+
+
+class _HalvesEdges:
+    """The ``mp`` null's edge measured on two independent halves of the geometry rows
+    (:func:`posstats.estimates.halves_edge.halves_edge`), unweighted and occupancy-weighted,
+    each computed once when first asked for. The halves: the noise floor's parts (documents
+    by parity, or a run store's shards: 0 + 2 against 1 + 3 with four), else the even and
+    odd window groups; none (``edge`` returns None: the analytic edge is used) with
+    ``mp_edge = analytic``, another null, rows held apart or neither source. With ``bias``
+    (the bias-corrected eigenvalues are tested) the halves' noise is corrected alike
+    (:func:`posstats.estimates.halves_edge.noise_top`), and the edge stated on the plug-in
+    scale as the analytic one is (``shift``)."""
+
+    def __init__(self, config: AnalysisConfig, g: _Rows, noise: Any, geo_parts: Any, groups: Any,
+                 bias: np.ndarray | None) -> None:
+        self._g, self._parts, self._groups, self._bias = g, geo_parts, groups, bias
+        self._edges: dict[bool, HalvesEdge] = {}
+        self.source: str | None = None
+        self.no_source: str | None = None  # why no halves, where the analytic edge is the default's fallback
+        self.seconds = 0.0  # spent measuring the edges
+        self.released = False
+        if (config.mp_edge == "auto" and noise is not None
+                and _null_choice(config, len(g.index), noise) == "mp"):
+            if g.ranged and g.halves is not None:
+                self.source = "window groups"
+            elif g.ranged:
+                self.no_source = ("the rows are held apart in position ranges and the counts have no window groups "
+                                  "(posstats count keeps their halves beside them; count.json says why not)")
+            elif geo_parts is not None and len(geo_parts) in (2, 4):
+                self.source = "parts"
+            elif groups is not None:
+                self.source = "window groups"
+            else:
+                self.no_source = ("no independent halves: the noise floor split the counted tokens at random, and the "
+                                  "counts have no window groups (analyse with --reread, --store or --parts to measure "
+                                  "the edge on documents by parity)")
+
+    def _halves(self) -> tuple[sp.csr_array, sp.csr_array]:
+        index = self._g.index
+        every = index.size == self._g.geo.positions and bool(np.all(index == np.arange(index.size)))
+        if self.source == "parts":
+            mats = [sp.csr_array(p.matrix if every else p.matrix[index]) if p.is_sparse
+                    else sp.csr_array(np.asarray(p.matrix)[index]) for p in self._parts]
+            return (mats[0] + mats[2], mats[1] + mats[3]) if len(mats) == 4 else (mats[0], mats[1])
+        return self._groups.halves(None if every else index)
+
+    @functools.cached_property
+    def _noise(self) -> HalvesNoise:
+        """The halves' rescaled noise, once (none below :data:`HALVES_MIN_COVERAGE`)."""
+        if self._g.ranged:
+            return ranged_halves_noise(self._g.halves, self._g.occupancy, np.diff(self._g.rows.edges),
+                                       self._g.rows.shape[1], source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+        a, b = self._halves()
+        return halves_noise(a, b, self._g.rows, source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+
+    def release(self) -> None:
+        """Let the halves' noise go (the ranges' rows of it too) once the edges the
+        analysis reads are measured; an edge not measured by then is not (analytic)."""
+        noise = self.__dict__.pop("_noise", None)
+        if noise is not None and hasattr(noise.matrix, "runner"):
+            noise.matrix.runner.release()
+        self.released = True
+
+    def measured(self, weights: np.ndarray | None) -> HalvesEdge | None:
+        """The :class:`HalvesEdge` for the ``weights`` (None: unweighted), or None."""
+        if self.source is None:
+            return None
+        key = weights is not None
+        if key not in self._edges and self.released:
+            return None
+        if key not in self._edges:
+            t = time.perf_counter()
+            self._edges[key] = self._noise.edge(weights, self._bias)
+            self.seconds += time.perf_counter() - t
+        found = self._edges[key]
+        return found if halves_unusable(found) is None else None
+
+    def not_used(self, weights: np.ndarray | None) -> str | None:
+        """Why the halves were measured for the ``weights`` but the analytic edge is used,
+        or None."""
+        found = self._edges.get(weights is not None)
+        return self.no_source if found is None else halves_unusable(found)
+
+    def edge(self, weights: np.ndarray | None) -> float | None:
+        """The edge for the ``weights``, or None (use the analytic one)."""
+        found = self.measured(weights)
+        return None if found is None else found.edge
+
+
+def _edge_weights(config: AnalysisConfig, g: _Rows, noise: Any) -> np.ndarray | None:
+    """The occupancy weights of the analytic edge's rank test
+    (:func:`posstats.estimates.permutation.occupancy_weights`): None unless that null runs,
+    occupancies differ and the noise floor can give the weighted edge (a token-split floor
+    carries its weighted column noise; one from parts computes it)."""
+    if _null_choice(config, len(g.index), noise) != "mp" or noise is None:
+        return None
+    if noise.column_noise is not None and noise.occupancy_column_noise is None:
+        return None
+    return occupancy_weights(g.occupancy)
+_TESTED_SHOWN = 16  # occupancy-weighted eigenvalues the report lists beside the null's threshold
+_RANK_TEST_K = 128  # occupancy-weighted eigenvalues the rank test computes at most (more above: saturated)
+
+
+def _rank_test_k(computed: int, /) -> int:
+    """How many occupancy-weighted eigenvalues the rank test computes: as many as the MDS
+    gave, at most :data:`_RANK_TEST_K` (the count is then saturated, as when every computed
+    MDS eigenvalue is above the threshold)."""
+    return max(1, min(int(computed), _RANK_TEST_K))
+
+
+_EIGEN_REPLICATE_ROWS = 1024  # above this many rows the rank test uses 19 of the shuffled corpora
+
+
+def _eigen_replicates(m: int, replicates: int) -> int:
+    """How many shuffled corpora get a top eigenvalue: all up to 1,024 rows, else at most 19
+    (an m x m solve each; the rank test is then at level 5 %, its claims still gated by the
+    homogeneity and standout tests, whose levels are unchanged)."""
+    return replicates if m <= _EIGEN_REPLICATE_ROWS else min(replicates, 19)
+
+
+def _null_section(
+    mds: MDSResult,
+    bias: np.ndarray | None,
+    noise: Any,
+    g: _Rows,
+    geo_parts: Any,
+    config: AnalysisConfig,
+    timings: dict[str, float],
+    show_progress: bool | None,
+    *,
+    distances: np.ndarray | None = None,
+    windows: tuple[Any, str | None] = (None, None),
+    shrinkage: Any = None,
+    rank_test: tuple[np.ndarray, np.ndarray] | None = None,
+    halves: _HalvesEdges | None = None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
+    """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
+    above a null corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
+    the test of homogeneity (None without them). The null corpora are shuffled
+    (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
+    (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`:
+    the dependence inside windows kept, for both tests). With the exact path's (m, m)
+    ``distances`` the null also says which share of their sum sampling noise alone reaches
+    (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
+    they move (:func:`posstats.estimates.permutation.null_distance_sums`). ``rank_test``: the
+    data's occupancy-weighted eigenvalues and eigenvectors when the geometry computed
+    them (the exact path from its distance matrix; the sampled path, for the analytic edge,
+    by Lanczos on its operator); for the shuffled or rotated null they are otherwise
+    computed here where occupancies differ. ``weighted``: where the test was weighted and
+    counts components, their (m, k) coordinates
+    (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
+    m = len(g.index)
+    choice = _null_choice(config, m, noise)
+    if choice == "none":
+        return None, None, None
+    adjust = {"shrinkage": shrinkage} if shrinkage is not None else {}
+    t = time.perf_counter()
+    lam = np.asarray(mds.eigenvalues, dtype=np.float64)
+    homogeneity = None
+    groups, why_not = windows
+    weights = None
+    if choice == "shuffle":
+        # where occupancies differ, the rank test reads the occupancy-whitened Gram matrix
+        # (posstats.estimates.permutation, "Occupancy weighting"): None at equal occupancy
+        weights = occupancy_weights(g.occupancy)
+        options = {"replicates": config.null_replicates, "corrected": bias is not None, "seed": config.seed,
+                   "eigen_replicates": _eigen_replicates(m, config.null_replicates), "weights": weights}
+        what = "rotated corpora" if groups is not None else "shuffled corpora"
+        shuffled_sums = groups is not None and distances is not None  # the noise share's own shuffled corpora
+        total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
+        with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
+            if groups is not None:
+                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
+            else:
+                perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
+            if shuffled_sums:
+                noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
+                                                corrected=bias is not None, seed=config.seed,
+                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
+        vectors = None
+        top_vector = mds.encoding[:, 0] if mds.encoding.shape[1] else None
+        if weights is None:
+            tested = lam
+        else:  # the exact path's, from its distance matrix (formed once), else from the rows
+            tested, vectors = rank_test if rank_test is not None else rank_test_eigenvalues(
+                g.rows, corrected=bias is not None, k=_rank_test_k(lam.size), weights=weights, **adjust)
+            top_vector = vectors[:, 0]
+        nr = null_rank(tested, method="shuffle", permutation=perm)
+        scale = "bias_corrected" if bias is not None else "plugin"
+        homogeneity = {
+            "method": "permutation" if groups is None else "rotation",
+            **({"window_groups": int(groups.groups), "rotated_share": groups.rotated_share()}
+               if groups is not None else {}),
+            **({"window_null": why_not} if why_not else {}),
+            "statistic": perm.homogeneity,
+            "statistic_formula": "S = sum_i N_i d_H^2(mu_hat_i, pooled), plug-in",
+            "null_max": float(np.max(perm.null_homogeneity)),
+            "p_value": perm.homogeneity_p_value,
+            "replicates": perm.replicates,
+            "level": perm.level(),
+            "rejected": bool(perm.homogeneity > np.max(perm.null_homogeneity)),
+        }
+    else:
+        if noise is None:
+            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None, None
+        # where occupancies differ, the edge tests the occupancy-whitened Gram matrix too,
+        # its eigenvalues computed with the geometry (rank_test) and the edge weighted alike
+        weights = occupancy_weights(g.occupancy) if rank_test is not None else None
+        tested, vectors = rank_test if weights is not None else (lam, None)
+        top_vector = None if vectors is None else vectors[:, 0]
+        scale, shift = "plugin", 0.0
+        if bias is not None:
+            # B_c = B - H diag(b) H shifts the spectrum down by about mean(b) (W^1/2 B_c W^1/2:
+            # by mean(w_i b_i)); the MP edge is plug-in, so compare on the plug-in scale (the
+            # report keeps the eigenvalues on their own scale, the threshold on the edge's)
+            shift = bias_shift(bias, weights)
+            scale = "corrected + mean bias"
+        measured = None if halves is None else halves.measured(weights)
+        nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None,
+                       threshold=None if measured is None else measured.edge)
+    timings["null"] = time.perf_counter() - t
+    out = nr.to_dict()
+    out["eigenvalue_scale"] = scale
+    if scale == "corrected + mean bias":
+        out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
+    if choice == "mp":  # which edge: measured on independent halves, or the analytic bound
+        out["edge"] = measured.to_dict() if measured is not None else {"method": "analytic"}
+        why = None if halves is None else halves.not_used(weights)
+        if why:
+            out["edge"]["halves_not_used"] = why
+    if choice == "shuffle":
+        out["level"] = 1.0 / (nr.replicates + 1)
+        out["null_corpora"] = "rotated" if groups is not None else "shuffled"
+    out["weighting"] = "occupancy" if weights is not None else "none"
+    weighted = None
+    if weights is not None:  # the threshold is on this scale, not the spectrum's
+        out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
+        out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+    if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
+        out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
+        out["median_occupancy"] = float(np.median(g.occupancy))
+    if weights is not None and nr.components_above_null:
+        # the MDS (unweighted) components the verdict's count stands for: where each loads
+        # (a leading component on thin positions is their noise, not the structure tested)
+        k = min(int(nr.components_above_null), mds.encoding.shape[1], _TESTED_SHOWN)
+        out["mds_component_occupancy"] = [_loaded_occupancy(mds.encoding[:, j], g.occupancy) for j in range(k)]
+        out["median_occupancy"] = float(np.median(g.occupancy))
+        # the components that test counted, as coordinates (what an export writes where the
+        # MDS's leading components are thin positions' noise: posstats.reports.export)
+        counted = min(int(nr.components_above_null), vectors.shape[1])
+        weighted = weighted_coordinates(vectors[:, :counted], np.asarray(tested[:counted]), weights)
+        out["weighted_mds_components"] = counted
+    if choice == "shuffle" and distances is not None:
+        out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
+                                 _distance_noise_entry(noise_sums, distances,
+                                                       rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS)))
+    return out, homogeneity, weighted
+
+
+def _loaded_occupancy(column: np.ndarray, occupancy: np.ndarray) -> float:
+    """The median occupancy of the positions an MDS component loads on: the occupancy
+    median weighted by the component's squared loadings (a component on thinly occupied
+    positions, whose sampling noise is large, has a low one; the verdict's caveat reads it)."""
+    order = np.argsort(occupancy, kind="stable")
+    weight = np.cumsum(np.asarray(column, dtype=np.float64)[order] ** 2)
+    return float(np.asarray(occupancy)[order][min(int(np.searchsorted(weight, 0.5 * weight[-1])), order.size - 1)])
+
+
+def _distance_noise_entry(null_sums: np.ndarray, distances: np.ndarray, *,
+                          rows_per_replicate: int | None = None) -> dict[str, Any]:
+    """The ``null.distance_noise`` entry: the data's summed pairwise distances, the mean sum
+    of shuffled corpora (stationary, same occupancies, same estimator; ``null_sums``) and
+    their ratio, the share of the distances that sampling noise alone reaches
+    (:meth:`posstats.estimates.permutation.PermutationNull.distance_noise_share`).
+    ``rows_per_replicate``: the rows of each shuffled corpus its sum was estimated from
+    (:func:`posstats.estimates.permutation.null_distance_sums`), when they were drawn apart
+    from the tests' null corpora."""
+    data = float(np.sum(distances, dtype=np.float64)) / 2.0  # symmetric, zero diagonal: the sum over i < j
+    share = float(np.mean(null_sums)) / data if null_sums.size and data > 0 else None
+    return {
+        "data_sum": data,
+        "null_mean_sum": float(np.mean(null_sums)),
+        "replicates": int(null_sums.size),
+        "null_corpora": "shuffled",
+        **({"rows_per_replicate": int(rows_per_replicate)} if rows_per_replicate is not None else {}),
+        "share": share,
+    }
