@@ -48,7 +48,8 @@ from bench_mds import make_counts  # noqa: E402
 from posstats.geometry.backend import get_cupy, gpu_available, to_numpy  # noqa: E402
 from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
 from posstats.counting.io import load_counts  # noqa: E402
-from posstats.geometry.mds import classical_mds, sqrt_operator  # noqa: E402
+from posstats.geometry.mds import classical_mds
+from posstats.geometry.sqrt_operator import sqrt_operator  # noqa: E402
 
 
 def _best(fn, repeats: int) -> tuple[float, object]:

@@ -32,7 +32,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import classical_mds, product_threads
+from posstats.geometry.mds import classical_mds
+from posstats.geometry.products import product_threads
 
 
 def _zipf_cdf(size: int, exponent: float, rng: np.random.Generator) -> np.ndarray:

@@ -92,13 +92,9 @@ from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.ranged_halves import ranged_halves_noise
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.verdict import standout_test
-from posstats.geometry.mds import (
-    classical_mds,
-    shifted_operator,
-    wanted_residuals,
-    weighted_coordinates,
-    weighted_gram_eigenpairs,
-)
+from posstats.geometry.mds import classical_mds, weighted_coordinates, weighted_gram_eigenpairs
+from posstats.geometry.sqrt_operator import shifted_operator
+from posstats.geometry.lanczos import wanted_residuals
 from posstats.geometry.ranged import RangedSqrt, file_ranges
 from posstats.runs.run_folder import MDS_FILE, write_mds
 

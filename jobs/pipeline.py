@@ -686,7 +686,7 @@ def _largest_node_cpus(ray: Any, *, with_gpu: bool = False) -> float:
     a GPU, when the task asks for one: it must fit on such a node), but no more than the
     cluster has free now (the counting actors are gone by then; whatever else holds CPUs
     is never waited on), at least 1. Ray sets the worker's OMP_NUM_THREADS to them, and the
-    sparse products run on that many threads (:func:`posstats.geometry.mds.product_threads`)."""
+    sparse products run on that many threads (:func:`posstats.geometry.products.product_threads`)."""
     cpus = [float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")
             and (not with_gpu or float(node.get("Resources", {}).get("GPU", 0)) >= 1)]
     largest = max([c for c in cpus if c > 0], default=1.0)

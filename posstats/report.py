@@ -102,7 +102,7 @@ class PositionsSummary:
 @dataclass(frozen=True)
 class SpectrumSummary:
     """``report.json``'s ``spectrum``: the MDS eigenvalues and what they explain
-    (:class:`posstats.geometry.mds.Spectrum`).
+    (:class:`posstats.geometry.spectrum.Spectrum`).
 
     Attributes:
         eigenvalues: descending eigenvalues of B (the top k on the long-context path).

@@ -28,7 +28,8 @@ from posstats.estimates.noise import corrected_squared_distances, noise_floor
 from posstats.geometry.backend import array_namespace, to_numpy
 from posstats.geometry.encodings import make_encoding
 from posstats.geometry.hellinger import hellinger, hellinger_sq
-from posstats.geometry.mds import _SplitSqrt, classical_mds, sqrt_operator
+from posstats.geometry.sqrt_operator import _SplitSqrt, sqrt_operator
+from posstats.geometry.mds import classical_mds
 from posstats.geometry.stress import stress_report
 from posstats.reports.summary import verdict_items
 from posstats.testing import known_corpus, split_counts, synthetic_counts

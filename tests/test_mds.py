@@ -15,9 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from posstats.geometry import mds as mds_module
+from posstats.geometry import products as products_module
+from posstats.geometry import sqrt_operator as sqrt_module
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import MDSResult, Spectrum, classical_mds, spectrum_summary
+from posstats.geometry.mds import MDSResult, classical_mds
+from posstats.geometry.spectrum import Spectrum, spectrum_summary
 
 
 def centred_sqrt(counts: np.ndarray) -> np.ndarray:
@@ -159,11 +161,11 @@ def test_iterative_matches_dense_sparse(corpus_300, dense_300):
 @pytest.mark.parametrize("threads", [2, 3, 7])
 def test_row_blocks_product_equals_csr(threads, monkeypatch):
     # Row blocks of equal nnz (empty rows included) give the same product, vector or block.
-    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 1)
+    monkeypatch.setattr(products_module, "_THREADED_NNZ", 1)
     rng = np.random.default_rng(threads)
     m = sp.random_array((40, 30), density=0.2, rng=rng, format="csr")
     m = sp.csr_array(m.toarray() * (rng.random((40, 1)) > 0.3))  # some empty rows
-    blocks = mds_module._RowBlocks(m, threads=threads)
+    blocks = products_module._RowBlocks(m, threads=threads)
     assert len(blocks.blocks) == min(threads, m.shape[0])
     assert sum(b.shape[0] for b in blocks.blocks) == 40
     for x in (rng.random(30), rng.random((30, 5))):
@@ -174,23 +176,23 @@ def test_row_blocks_product_equals_csr(threads, monkeypatch):
 def test_operator_row_blocks_are_views_and_multiply_like_the_whole(threads, monkeypatch):
     """The square-root operator's row blocks share its arrays (scipy's constructor copied any
     block under half the entries: +2.9 GB at 1 B tokens) and multiply like the whole."""
-    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 1)
+    monkeypatch.setattr(products_module, "_THREADED_NNZ", 1)
     rng = np.random.default_rng(threads)
     counts = sp.csr_array(rng.poisson(0.4, size=(60, 25)) * (rng.random((60, 1)) > 0.2))
     counts = counts[np.flatnonzero(counts.sum(axis=1) > 0)]
-    op = mds_module._SplitSqrt(counts, split=False)
-    blocks = mds_module._row_block_views(op.rest, threads)
+    op = sqrt_module._SplitSqrt(counts, split=False)
+    blocks = products_module._row_block_views(op.rest, threads)
     assert len(blocks) == threads and any(blk.nnz < op.rest.nnz / 2 for *_, blk in blocks)
     for a, b, blk in blocks:
         assert np.shares_memory(blk.data, op.rest.data) and np.shares_memory(blk.indices, op.rest.indices)
         np.testing.assert_array_equal(blk.toarray(), op.rest[a:b].toarray())
     x, y = rng.random((25, 4)), rng.random((counts.shape[0], 4))
-    op._blocks, op._blocks_t = blocks, mds_module._transposed_views(blocks)
+    op._blocks, op._blocks_t = blocks, products_module._transposed_views(blocks)
     for (a, b, blk), (_, _, t) in zip(blocks, op._blocks_t, strict=True):  # transposes are views too
         assert np.shares_memory(t.data, blk.data) and t.shape == (25, b - a)
-    whole = mds_module._SplitSqrt(counts, split=False)
-    whole._blocks = mds_module._row_block_views(whole.rest, 1)
-    whole._blocks_t = mds_module._transposed_views(whole._blocks)
+    whole = sqrt_module._SplitSqrt(counts, split=False)
+    whole._blocks = products_module._row_block_views(whole.rest, 1)
+    whole._blocks_t = products_module._transposed_views(whole._blocks)
     assert len(whole._blocks) == 1
     np.testing.assert_allclose(op.apply(x), whole.apply(x), rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(op.apply_t(y), whole.apply_t(y), rtol=1e-13, atol=1e-15)
@@ -205,22 +207,23 @@ def test_wide_products_run_in_column_chunks_with_the_same_result(threads, monkey
     """A block wider than the cache-sized chunk (:func:`_column_chunk`) is multiplied a chunk
     at a time (at V = 50,257, 16 columns ran 0.12 s a column against 0.33 s at 64), and the
     result is the same as one product."""
-    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 1)
-    monkeypatch.setattr(mds_module, "product_threads", lambda: threads)
+    monkeypatch.setattr(products_module, "_THREADED_NNZ", 1)
+    monkeypatch.setattr(products_module, "product_threads", lambda: threads)
+    monkeypatch.setattr(sqrt_module, "product_threads", lambda: threads)
     rng = np.random.default_rng(5)
     counts = sp.csr_array(rng.poisson(0.5, size=(50, 30)))
     counts = counts[np.flatnonzero(counts.sum(axis=1) > 0)]
-    op = mds_module._SplitSqrt(counts, split=False)
+    op = sqrt_module._SplitSqrt(counts, split=False)
     x, y = rng.random((30, 7)), rng.random((counts.shape[0], 7))
     one_x, one_y = op.apply(x), op.apply_t(y)  # 7 columns <= 16: one product each
     widths = []
-    real, chunk = mds_module._in_column_chunks, mds_module._column_chunk
+    real, chunk = products_module._in_column_chunks, products_module._column_chunk
 
     def spy(fn, z, step):
         return real(lambda zc: widths.append(zc.shape[1]) or fn(zc), z, step)
 
-    monkeypatch.setattr(mds_module, "_in_column_chunks", spy)
-    monkeypatch.setattr(mds_module, "_column_chunk", lambda vocab: 3)
+    monkeypatch.setattr(products_module, "_in_column_chunks", spy)
+    monkeypatch.setattr(products_module, "_column_chunk", lambda vocab: 3)
     np.testing.assert_allclose(op.apply(x), one_x, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(op.apply_t(y), one_y, rtol=1e-13, atol=1e-15)
     assert widths == [3, 3, 1, 3, 3, 1]
@@ -228,16 +231,16 @@ def test_wide_products_run_in_column_chunks_with_the_same_result(threads, monkey
 
 
 def test_iterative_threaded_products_match(corpus_300, dense_300, monkeypatch):
-    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 64)
+    monkeypatch.setattr(products_module, "_THREADED_NNZ", 64)
     it = classical_mds(sp.csr_array(corpus_300), k=16, method="iterative", seed=3)
     np.testing.assert_allclose(it.eigenvalues, dense_300.eigenvalues, rtol=1e-8, atol=0)
 
 
 def test_product_threads_honours_omp_num_threads(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert mds_module.product_threads() == 3
+    assert products_module.product_threads() == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "junk")
-    assert mds_module.product_threads() >= 1
+    assert products_module.product_threads() >= 1
 
 
 def test_dense_topk_matches_full(xp, corpus_300):
@@ -401,9 +404,9 @@ def test_to_dict_json_ready(corpus_300, dense_300):
 def test_threaded_products_work_in_a_forked_child(monkeypatch):
     import os
 
-    monkeypatch.setattr(mds_module, "_THREADED_NNZ", 1)
+    monkeypatch.setattr(products_module, "_THREADED_NNZ", 1)
     m = sp.csr_array(np.arange(1.0, 61.0).reshape(6, 10))
-    blocks = mds_module._RowBlocks(m, threads=2)
+    blocks = products_module._RowBlocks(m, threads=2)
     x = np.ones(10)
     np.testing.assert_array_equal(blocks @ x, m @ x)  # the parent's pool exists now
     pid = os.fork()

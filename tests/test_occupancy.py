@@ -145,7 +145,7 @@ def test_shifted_operator_is_the_shifted_rows_centred():
     """``shifted_operator`` (the Lanczos products of the square roots with their shrinkage
     removed) against the dense ``X_c = S_c - (W U)_c``: both products and the total variance."""
     from posstats.geometry.hellinger import sqrt_distributions
-    from posstats.geometry.mds import shifted_operator, sqrt_operator
+    from posstats.geometry.sqrt_operator import shifted_operator, sqrt_operator
 
     rng = np.random.default_rng(7)
     rows = _rows(np.geomspace(100, 5000, 12).astype(int), _zipf(400), rng)

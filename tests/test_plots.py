@@ -128,7 +128,7 @@ def test_spectrum_curve_is_monotone_at_most_1_and_the_threshold_is_drawn():
     """Negative eigenvalues (a bias-corrected B) add nothing: the plotted cumulative share
     never falls and never exceeds 1; the noise threshold is a drawn line that counts the
     components above it, and the caption says how many."""
-    from posstats.geometry.mds import spectrum_summary
+    from posstats.geometry.spectrum import spectrum_summary
 
     lam = np.array([4.0, 2.0, 1.0, 0.5, 0.2, -0.3, -1.5])
     explained = spectrum_summary(lam).explained_variance

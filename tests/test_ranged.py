@@ -20,7 +20,8 @@ from posstats.estimates.thinning import range_noise_floor
 from posstats.estimates.verdict import standout_positions, standout_test
 from posstats.geometry import ranged
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
-from posstats.geometry.mds import classical_mds, sqrt_operator
+from posstats.geometry.mds import classical_mds
+from posstats.geometry.sqrt_operator import sqrt_operator
 from posstats.geometry.ranged import (
     BYTES_PER_STORED_COUNT,
     PROCESS_BASELINE_BYTES,

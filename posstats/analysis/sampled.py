@@ -24,7 +24,8 @@ from posstats.estimates.sampled import SampledGeometry
 from posstats.geometry.backend import get_cupy, gpu_available
 from posstats.geometry.diagnostics import monotonicity_of_encoding
 from posstats.geometry.encodings import family_of, make_encoding
-from posstats.geometry.mds import MDSResult, classical_mds, shifted_operator, sqrt_operator, weighted_gram_eigenpairs
+from posstats.geometry.mds import MDSResult, classical_mds, weighted_gram_eigenpairs
+from posstats.geometry.sqrt_operator import shifted_operator, sqrt_operator
 from posstats.progress import progress
 
 # ----------------------------------------------------------------------------- sampled path

@@ -60,7 +60,13 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 
 from posstats.estimates.noise import bias_shift
 from posstats.estimates.sampling_variance import sqrt_count_variance
-from posstats.geometry.mds import _row_block_views, _transposed_views, blocks_t_times, blocks_times, product_threads
+from posstats.geometry.products import (
+    _row_block_views,
+    _transposed_views,
+    blocks_t_times,
+    blocks_times,
+    product_threads,
+)
 
 __all__ = ["HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage", "halves_edge",
            "halves_noise", "halves_noise_matrix", "noise_scale", "noise_top", "occupancy_bins", "rescale_noise",

@@ -65,7 +65,8 @@ from posstats.estimates.thinning import thin
 from posstats.estimates.verdict import NO_STRUCTURE_INTERVAL, best_encodings, held_out_row
 from posstats.geometry.encodings import family_of, make_encoding
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import classical_mds, shifted_operator, sqrt_operator
+from posstats.geometry.mds import classical_mds
+from posstats.geometry.sqrt_operator import shifted_operator, sqrt_operator
 from posstats.geometry.stress import stress_report
 
 __all__ = [

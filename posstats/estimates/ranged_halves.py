@@ -38,7 +38,7 @@ import numpy as np
 
 from posstats.counting.window_groups_io import load_halves_rows
 from posstats.estimates.halves_edge import HalvesNoise, cell_sums, noise_scale, occupancy_bins, rescale_noise, unscaled_noise
-from posstats.geometry.mds import _row_block_views, _transposed_views, blocks_t_times, blocks_times
+from posstats.geometry.products import _row_block_views, _transposed_views, blocks_t_times, blocks_times
 from posstats.geometry.ranged import LocalRanges
 
 __all__ = ["HALVES_BYTES_PER_STORED_COUNT", "LocalHalves", "RangeHalves", "RangedNoise", "local_halves",

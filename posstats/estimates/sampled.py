@@ -44,7 +44,7 @@ import scipy.sparse as sp
 
 from posstats.geometry.diagnostics import Monotonicity, _as_positions, _monotonicity
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
-from posstats.geometry.mds import product_threads, thread_map
+from posstats.geometry.products import product_threads, thread_map
 
 __all__ = [
     "SampledGeometry",
@@ -242,7 +242,7 @@ def _sqrt_rows(counts: Any) -> sp.csr_array:
 
 class _CSRDots:
     """Row dot products ``<s_i, s_j>`` of a CSR matrix (the interface of
-    :func:`posstats.geometry.mds.sqrt_operator`'s ``row_dots``)."""
+    :func:`posstats.geometry.sqrt_operator.sqrt_operator`'s ``row_dots``)."""
 
     def __init__(self, s: sp.csr_array) -> None:
         self.s = s
@@ -266,7 +266,7 @@ class SampledGeometry:
             form (exact to a few eps).
         seed: seeds the pair sample.
         sqrt: the square-root rows already built for the MDS
-            (:func:`posstats.geometry.mds.sqrt_operator` of the same counts), shared instead
+            (:func:`posstats.geometry.sqrt_operator.sqrt_operator` of the same counts), shared instead
             of building them again.
         shrinkage: with ``bias``, an :class:`~posstats.estimates.occupancy.OccupancyShrinkage`
             of these counts, or (rows held apart) its

@@ -43,7 +43,7 @@ from posstats.estimates.noise import (
     usable_rows,
 )
 from posstats.estimates.sampling_variance import entries_sampling_variance
-from posstats.geometry.mds import thread_pool
+from posstats.geometry.products import thread_pool
 from posstats.progress import progress
 
 __all__ = ["BLOCK_ENTRIES", "range_noise_floor", "split_noise_floor", "thin"]

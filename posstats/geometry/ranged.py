@@ -12,9 +12,9 @@ holds every non-zero. The products the eigensolver needs are assembled from the 
 so only (V, b) and (n_r, b) blocks move between processes. ``m = sum_r colsum(S_r) / n``
 takes one pass over the ranges before the first product, and the trace of the Gram matrix
 ``||S_c||_F^2 = sum_r [sum_stored (s_iv - m_v)^2 + (n_r - stored_rv) m_v^2]`` one more (the
-two-pass column variance of :func:`posstats.geometry.mds.sqrt_operator`, no cancellation).
+two-pass column variance of :func:`posstats.geometry.sqrt_operator.sqrt_operator`, no cancellation).
 
-:class:`RangedSqrt` has the interface of :func:`posstats.geometry.mds.sqrt_operator`'s
+:class:`RangedSqrt` has the interface of :func:`posstats.geometry.sqrt_operator.sqrt_operator`'s
 operator that :func:`posstats.geometry.mds.classical_mds` (``method="lanczos"``) uses, so the
 block Lanczos, its tolerances and the bias-corrected ``diagonal`` are one code path whether
 the counts sit in one array or in many processes. The results equal the in-process
@@ -35,18 +35,16 @@ from posstats.counting.counts import csr_row_sums
 from posstats.counting.io import load_header, load_indptr, load_rows
 
 from .hellinger import hellinger_sq_pairs
-from .mds import (
-    _canonical_counts,
-    _check_count_values,
+from .products import (
     _csr_view,
     _row_block_views,
-    _sqrt_sharing_pattern,
     _transposed_views,
     blocks_t_times,
     blocks_times,
     product_threads,
     thread_map,
 )
+from .sqrt_operator import _canonical_counts, _check_count_values, _sqrt_sharing_pattern
 
 __all__ = [
     "BYTES_PER_STORED_COUNT",

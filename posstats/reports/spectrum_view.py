@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.geometry.mds import Spectrum, spectrum_summary
+from posstats.geometry.spectrum import Spectrum, spectrum_summary
 
 __all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_eigenvalues"]
 
@@ -30,7 +30,7 @@ def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
 
 def explained_share(eigenvalues: Any, report: dict[str, Any], /) -> np.ndarray:
     """(k,) cumulative share of the positive variance of ``eigenvalues`` (monotone, <= 1;
-    :func:`posstats.geometry.mds.spectrum_summary`). Recomputed rather than read from the
+    :func:`posstats.geometry.spectrum.spectrum_summary`). Recomputed rather than read from the
     report: reports written before 2026-11-26 counted negative eigenvalues, so their curve
     fell after reaching 1."""
     return _spectrum(eigenvalues, report).explained_variance
