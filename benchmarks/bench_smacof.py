@@ -36,7 +36,8 @@ import numpy as np
 
 from posstats.geometry.backend import get_cupy, to_numpy
 from posstats.geometry.mds import classical_mds as library_mds
-from posstats.geometry.smacof import smacof, smacof_stress, stochastic_smacof
+from posstats.geometry.smacof import smacof, smacof_stress
+from posstats.geometry.stochastic_smacof import stochastic_smacof
 
 
 def sqrt_distributions(n: int, *, vocab: int = 256, seed: int = 0, tokens: int = 2000):

@@ -12,15 +12,8 @@ from hypothesis import strategies as st
 
 from posstats.errors import InputError
 from posstats.geometry.backend import array_namespace, to_numpy
-from posstats.geometry.smacof import (
-    SmacofResult,
-    pair_weights,
-    sampled_stress,
-    smacof,
-    smacof_lowrank,
-    smacof_stress,
-    stochastic_smacof,
-)
+from posstats.geometry.smacof import SmacofResult, pair_weights, smacof, smacof_lowrank, smacof_stress
+from posstats.geometry.stochastic_smacof import sampled_stress, stochastic_smacof
 
 # --------------------------------------------------------------------------- helpers
 # Independent of posstats.geometry.hellinger / posstats.geometry.mds on purpose: brute-force oracles.
