@@ -450,7 +450,8 @@ def _markdown(path: Path, paragraphs: int) -> Path:
 
 
 def test_document_units_by_suffix_and_by_flag():
-    from posstats.corpus.readers import _documents, document_note, document_unit
+    from posstats.corpus.readers import document_note, document_unit
+    from posstats.corpus.readers.text import _documents
 
     assert document_unit("a.md") == "paragraph" and document_unit("a.md.gz") == "paragraph"
     assert document_unit("a.txt") == "line" and document_unit("a.txt", "file") == "file"
