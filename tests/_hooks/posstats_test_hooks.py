@@ -6,13 +6,13 @@ the drivers of ``posstats`` commands included, runs ``sitecustomize.py`` here, w
 :func:`install`. Installing patches three functions when (and only when) their module is
 imported, each to sleep first:
 
-==========================  =======================================  ==========================
-delay                       function                                 so that a test can kill ...
-==========================  =======================================  ==========================
-``shard_delay``             ``RunStore.write_partial``               a shard counted, not saved
-``reduce_delay``            ``posstats.jobs.count.sum_row_range``    a reduce range being summed
-``geometry_delay``          ``posstats.jobs.pipeline.analyze``       the pipeline's geometry task
-==========================  =======================================  ==========================
+==================  =============================================  ============================
+delay               function                                       so that a test can kill ...
+==================  =============================================  ============================
+``shard_delay``     ``RunStore.write_partial``                     a shard counted, not saved
+``reduce_delay``    ``posstats.jobs.count_workers.sum_row_range``  a reduce range being summed
+``geometry_delay``  ``posstats.jobs.pipeline.analyze``             the pipeline's geometry task
+==================  =============================================  ============================
 
 A delay is read at each call, from the process' environment
 (``POSSTATS_TEST_SHARD_DELAY``, ``..._REDUCE_DELAY``, ``..._GEOMETRY_DELAY``: for processes a
@@ -37,8 +37,8 @@ ENV = {"shard_delay": "POSSTATS_TEST_SHARD_DELAY", "reduce_delay": "POSSTATS_TES
 # module -> (class or None, function, delay); posstats.jobs is also importable as jobs
 PATCHES: dict[str, list[tuple[str | None, str, str]]] = {
     "posstats.corpus.shard_store": [("RunStore", "write_partial", "shard_delay")],
-    "posstats.jobs.count": [(None, "sum_row_range", "reduce_delay")],
-    "jobs.count": [(None, "sum_row_range", "reduce_delay")],
+    "posstats.jobs.count_workers": [(None, "sum_row_range", "reduce_delay")],
+    "jobs.count_workers": [(None, "sum_row_range", "reduce_delay")],
     "posstats.jobs.pipeline": [(None, "analyze", "geometry_delay")],  # in the geometry task, once it started
     "jobs.pipeline": [(None, "analyze", "geometry_delay")],
 }
