@@ -354,7 +354,7 @@ def test_client_errors_are_told_apart_whatever_the_port(port):
     """A port holding "401" or "403" (``:44403``) is not an HTTP status: an unreachable
     server is reported as unreachable, and only the server's own 401 / 403 as a token problem
     (the messages Ray's SDK raises, for this port)."""
-    from jobs.pipeline import _client_error
+    from jobs.submit import _client_error
 
     url = f"http://127.0.0.1:{port}"
     unreachable = _client_error(url, ConnectionError(f"Failed to connect to Ray at address: {url}."))

@@ -8,7 +8,7 @@ import sys
 from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
 from posstats.jobs.flags import storage_options
-from posstats.jobs.pipeline import job_logs
+from posstats.jobs.submit import job_logs
 from posstats.service.pipeline_store import Store, validate_run_id
 
 HELP = "logs of a submitted pipeline job (JOB_ID [--follow]), or of a scheduled run (--store --run-id)"

@@ -10,7 +10,7 @@ from posstats.cli.submit import add_address_args, resolve_address
 from posstats.errors import PosstatsError
 from posstats.jobs.flags import storage_options
 from posstats.jobs.output import print_json
-from posstats.jobs.pipeline import job_status
+from posstats.jobs.submit import job_status
 from posstats.service.pipeline_store import (
     DEFAULT_STALE_AFTER_S,
     STAGES,

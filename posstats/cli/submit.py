@@ -7,13 +7,8 @@ import os
 
 from posstats.errors import PosstatsError
 from posstats.jobs.output import print_json
-from posstats.jobs.pipeline import (
-    add_pipeline_args,
-    config_from_args,
-    default_run_id,
-    job_status,
-    submit_job,
-)
+from posstats.jobs.pipeline import add_pipeline_args, config_from_args, default_run_id
+from posstats.jobs.submit import job_status, submit_job
 from posstats.service.config import dumps_toml, refuse_secrets
 
 HELP = "submit a pipeline run to a Ray cluster as a Ray job; prints the job id"
