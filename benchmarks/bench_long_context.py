@@ -241,12 +241,9 @@ def step_real(args: argparse.Namespace) -> dict:
     truncate and pack mode (GPT-2 tokens, 128 positions, document quarters)."""
     from posstats.corpus.source import CorpusSource
     from posstats.counting.counts import CountSpec
-    from posstats.estimates.noise import (
-        corrected_squared_distances,
-        count_parts,
-        noise_floor,
-        null_rank,
-    )
+    from posstats.estimates.noise import corrected_squared_distances, noise_floor
+    from posstats.estimates.null_rank import null_rank
+    from posstats.runs.noise_parts import count_parts
     from posstats.geometry.hellinger import hellinger_sq
     from posstats.geometry.mds import classical_mds
 

@@ -4,7 +4,7 @@
         [--seeds 3] [--kinds stationary,markov]
 
 Above 4,096 rows the rank test counts the eigenvalues of the centred Gram matrix above the
-analytic edge ``(sqrt(max_i b_i) + sqrt(max_v c_v))^2`` (:func:`posstats.estimates.noise.mp_edge_value`),
+analytic edge ``(sqrt(max_i b_i) + sqrt(max_v c_v))^2`` (:func:`posstats.estimates.null_rank.mp_edge_value`),
 an upper estimate. This benchmark measures it against the bulk it bounds, on corpora whose
 every position has one known distribution (:func:`posstats.testing.known_corpus`,
 ``stationary``, V = 5,000, Zipf 1.1, N tokens a position, the ``counts`` sampler), and on
@@ -104,7 +104,7 @@ def top_eigenvalues(counts: sp.csr_array, k: int = 3, /) -> np.ndarray:
 
 def one_corpus(kind: str, n: int, tokens: int, seed: int, stay: float = 0.5) -> dict:
     """``top``, ``edge`` for one corpus of ``kind``."""
-    from posstats.estimates.noise import mp_edge_value
+    from posstats.estimates.null_rank import mp_edge_value
     from posstats.estimates.thinning import split_noise_floor
     from posstats.testing import known_corpus, markov_packed_counts
 
@@ -154,7 +154,7 @@ def text_cell(tokens: np.ndarray, vocab: int, n: int, /, *, seed: int = 0) -> di
     """Real text packed into windows of ``n`` against the same tokens shuffled: ``top``,
     ``edge`` and the pooled distribution's ``gmp`` for each (module docstring)."""
     from posstats.estimates.halves_edge import halves_edge
-    from posstats.estimates.noise import mp_edge_value
+    from posstats.estimates.null_rank import mp_edge_value
     from posstats.estimates.thinning import split_noise_floor
 
     windows = tokens.size // n

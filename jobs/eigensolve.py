@@ -77,14 +77,8 @@ import numpy as np
 from posstats.analysis import HALVES_MIN_COVERAGE, halves_unusable, stored_with_halves
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.counting.window_groups_io import window_groups_file
-from posstats.estimates.noise import (
-    bias_shift,
-    edge_decision_level,
-    first_then_all,
-    merge_noise_floors,
-    mp_edge,
-    null_rank,
-)
+from posstats.estimates.null_rank import bias_shift, edge_decision_level, first_then_all, mp_edge, null_rank
+from posstats.estimates.noise import merge_noise_floors
 from posstats.estimates.permutation import occupancy_weights
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
 from posstats.estimates.halves_edge import HalvesEdge
@@ -304,7 +298,7 @@ def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: 
     """Where occupancies differ, the occupancy-weighted eigenpairs of the bias-corrected
     operator the weighted edge tests (``edge``, measured on the halves; None: analytic), as
     the analysis computes them (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as
-    many as the count needs: :func:`posstats.estimates.noise.first_then_all`):
+    many as the count needs: :func:`posstats.estimates.null_rank.first_then_all`):
     ``(eigenvalues, weights, vectors)``; None at equal occupancy."""
     weights = _rank_test_weights(floor)
     if weights is None:

@@ -4,7 +4,7 @@ Positional counts -> Hellinger geometry -> classical MDS -> encodings and stress
 (THEORY.md). The public names are declared once, in ``__init__.pyi`` (what type checkers
 read), and imported here on first use (Scientific Python SPEC 1), so ``import posstats``
 stays light and never imports torch, cupy or ray. Everything else is reached through its
-subpackage: ``posstats.geometry.mds.classical_mds``, ``posstats.estimates.noise.null_rank``.
+subpackage: ``posstats.geometry.mds.classical_mds``, ``posstats.estimates.null_rank.null_rank``.
 
 >>> import posstats
 >>> c = posstats.count_sequences([[1, 2], [1, 3]], positions=2, vocab_size=4)

@@ -37,7 +37,6 @@ import scipy.sparse as sp
 
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.window_groups import WindowGroups
-from posstats.estimates.noise import poisson_rows
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "split_counts",
            "successor_stream", "synthetic_counts"]
@@ -659,3 +658,108 @@ def markov_packed_counts(n: int, /, *, windows: int, stay: float = 0.5, vocab: i
     spec = CountSpec(positions=int(n), vocab_size=vocab, mode="pack")
     return PositionalCounts(spec, matrix, int(windows), int(windows), int(n) * int(windows), "",
                             {"known": f"markov stay={stay} windows={windows} seed={seed} sampler={sampler}"})
+
+
+# Poisson rows: the sampler of the generated corpora
+
+_CHUNK_ELEMENTS = 1 << 22  # rows x columns per temporary in the sampler (32 MiB of int64)
+
+
+def _alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walker's alias table of a probability vector: O(1) per draw."""
+    k = p.size
+    prob = p * (k / p.sum())
+    alias = np.arange(k, dtype=np.int64)
+    small = list(np.flatnonzero(prob < 1.0))
+    large = list(np.flatnonzero(prob >= 1.0))
+    while small and large:
+        s, g = small.pop(), large[-1]
+        alias[s] = g
+        prob[g] -= 1.0 - prob[s]
+        if prob[g] < 1.0:
+            large.pop()
+            small.append(g)
+    prob[small + large] = 1.0
+    return prob, alias
+
+
+def poisson_rows(
+    n: int,
+    vocab: int,
+    *,
+    dense_cols: np.ndarray,
+    dense_rates: Any,
+    tail_cols: np.ndarray,
+    tail_p: np.ndarray,
+    tail_rate: np.ndarray,
+    rng: np.random.Generator,
+) -> sp.csr_array:
+    """(n, vocab) sparse int64 Poisson counts, drawn in row blocks (never an n x vocab array).
+
+    ``C[i, dense_cols] ~ Poisson(dense_rates(lo, hi)[i - lo])`` for the columns drawn
+    densely, and ``C[i, tail_cols] ~ Poisson(tail_rate[i] * tail_p)`` for the tail, drawn
+    as ``Poisson(tail_rate[i])`` tokens per row placed by an alias table of ``tail_p``
+    (O(tokens)). The sampler of the generated corpora here.
+
+    Args:
+        n, vocab: shape of the result.
+        dense_cols: (h,) columns drawn densely.
+        dense_rates: ``(lo, hi) -> (hi - lo, h)`` Poisson means of rows ``lo .. hi - 1``.
+        tail_cols: (t,) the other columns with mass.
+        tail_p: (t,) distribution over ``tail_cols`` (empty when t = 0).
+        tail_rate: (n,) expected tail tokens per row.
+        rng: consumed in row-block order (seeded draws are reproducible).
+    """
+    chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, dense_cols.size + 1)))
+    prob, alias = _alias_table(tail_p) if tail_cols.size else (None, None)
+    pieces = []
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        b = hi - lo
+        rates = dense_rates(lo, hi)
+        front = rng.poisson(rates) if dense_cols.size else np.zeros((b, 0), dtype=np.int64)
+        fr, fc = np.nonzero(front)
+        rows_parts = [fr.astype(np.int64)]
+        cols_parts = [dense_cols[fc].astype(np.int64)]
+        vals_parts = [front[fr, fc].astype(np.int64)]
+        if tail_cols.size:
+            ntail = rng.poisson(tail_rate[lo:hi])
+            m = int(ntail.sum())
+            j = rng.integers(0, tail_cols.size, m)
+            j = np.where(rng.random(m) < prob[j], j, alias[j])
+            keys = np.repeat(np.arange(b, dtype=np.int64) * tail_cols.size, ntail) + j
+            keys, cnt = np.unique(keys, return_counts=True)
+            r, c = np.divmod(keys, tail_cols.size)
+            rows_parts.append(r)
+            cols_parts.append(tail_cols[c].astype(np.int64))
+            vals_parts.append(cnt.astype(np.int64))
+        piece = sp.csr_array(
+            (np.concatenate(vals_parts), (np.concatenate(rows_parts), np.concatenate(cols_parts))),
+            shape=(b, vocab),
+            dtype=np.int64,
+        )
+        piece.sum_duplicates()
+        pieces.append(piece)
+    return _concatenate_rows(pieces, n, vocab)
+
+
+def _concatenate_rows(pieces: list[sp.csr_array], n: int, vocab: int) -> sp.csr_array:
+    """Stack CSR row blocks (n rows in all) into one (n, vocab) CSR, emptying ``pieces``.
+
+    By hand rather than ``sp.vstack``: one copy of the data, and int32 indices / indptr
+    when they fit (scipy upcasts both if either is int64): a third less memory.
+    """
+    nnz = sum(int(p.nnz) for p in pieces)
+    index_dtype = np.int32 if nnz < 2**31 and vocab < 2**31 else np.int64
+    data = np.empty(nnz, dtype=np.int64)
+    indices = np.empty(nnz, dtype=index_dtype)
+    indptr = np.zeros(n + 1, dtype=index_dtype)
+    pos, row = 0, 0
+    while pieces:
+        p = pieces.pop(0)
+        data[pos : pos + p.nnz] = p.data
+        indices[pos : pos + p.nnz] = p.indices
+        indptr[row + 1 : row + 1 + p.shape[0]] = p.indptr[1:] + pos
+        pos += int(p.nnz)
+        row += int(p.shape[0])
+    return sp.csr_array((data, indices, indptr), shape=(n, vocab))

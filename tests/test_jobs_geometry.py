@@ -12,7 +12,8 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from posstats.counting.io import save_counts
-from posstats.estimates.noise import bias_shift, merge_noise_floors, mp_edge
+from posstats.estimates.null_rank import bias_shift, mp_edge
+from posstats.estimates.noise import merge_noise_floors
 from posstats.estimates.permutation import occupancy_weights, top_eigenpairs, weighted_gram
 from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.pair_jackknife import pair_noise_share

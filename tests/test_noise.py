@@ -21,15 +21,8 @@ from posstats.corpus.count_step import count_corpus
 from posstats.corpus.tokenizer import load_tokenizer
 from posstats.counting.counts import CountSpec, PositionalCounts, count_sequences
 from posstats.errors import PosstatsError
-from posstats.estimates.noise import (
-    bias_shift,
-    corrected_squared_distances,
-    first_then_all,
-    mp_edge,
-    mp_edge_value,
-    noise_floor,
-    null_rank,
-)
+from posstats.estimates.null_rank import bias_shift, first_then_all, mp_edge, mp_edge_value, null_rank
+from posstats.estimates.noise import corrected_squared_distances, noise_floor
 from posstats.estimates.occupancy import adjusted
 from posstats.estimates.permutation import occupancy_weights, top_eigenpairs, weighted_gram
 from posstats.estimates.thinning import split_noise_floor

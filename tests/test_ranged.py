@@ -13,7 +13,8 @@ import scipy.sparse as sp
 
 from posstats.counting.counts import count_sequences
 from posstats.counting.io import save_counts
-from posstats.estimates.noise import merge_noise_floors, mp_edge
+from posstats.estimates.noise import merge_noise_floors
+from posstats.estimates.null_rank import mp_edge
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import range_noise_floor

@@ -12,7 +12,8 @@ from posstats.corpus.source import CorpusSource
 from posstats.corpus.count_step import count_corpus
 from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.rows import row_blocks
-from posstats.estimates.noise import mp_edge, noise_floor
+from posstats.estimates.null_rank import mp_edge
+from posstats.estimates.noise import noise_floor
 from posstats.estimates.thinning import _row_sums, split_noise_floor, thin
 from posstats.runs.noise_parts import count_parts
 from posstats.testing import synthetic_counts

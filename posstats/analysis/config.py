@@ -90,7 +90,7 @@ class AnalysisConfig:
         mp_edge: ``auto`` | ``analytic``: the ``mp`` null's edge. ``auto``: measured on two
             independent halves of the corpus where the counts have them (the noise floor's
             parts, else the even and odd window groups; :mod:`posstats.estimates.halves_edge`),
-            else analytic (:func:`posstats.estimates.noise.mp_edge`).
+            else analytic (:func:`posstats.estimates.null_rank.mp_edge`).
         bootstrap: withdrawn; only 0 is accepted (the shard bootstrap's intervals covered no
             truth on corpora of known distributions: docs/calibration.md).
         corpus_triples: sampled path: triples for the corpus' own monotonicity (A3).

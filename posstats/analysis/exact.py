@@ -14,7 +14,8 @@ from posstats.analysis.null import _rank_test_k
 from posstats.analysis.rows import _Geometry, _Rows
 from posstats.analysis.scoring import _evaluate
 from posstats.analysis.sections import _HELLINGER_CONVENTION, _off_diagonal, _summary
-from posstats.estimates.noise import corrected_squared_distances, first_then_all
+from posstats.estimates.noise import corrected_squared_distances
+from posstats.estimates.null_rank import first_then_all
 from posstats.estimates.occupancy import OccupancyShrinkage
 from posstats.estimates.permutation import occupancy_weights, top_eigenpairs, weighted_gram
 from posstats.geometry.diagnostics import corpus_diagnostics
@@ -110,8 +111,8 @@ def _exact_geometry(
     the MDS (dense path), the stress, the diagnostics and, with ``rank_test`` (a null will
     run) where occupancies differ, the rank test's occupancy-weighted eigenvalues
     (:func:`posstats.estimates.permutation.weighted_gram`, then ``top_eigenpairs``; with
-    the analytic edge's ``edge_level``, :func:`posstats.estimates.noise.edge_decision_level`,
-    only as many as the count needs: :func:`posstats.estimates.noise.first_then_all`)."""
+    the analytic edge's ``edge_level``, :func:`posstats.estimates.null_rank.edge_decision_level`,
+    only as many as the count needs: :func:`posstats.estimates.null_rank.first_then_all`)."""
     t = time.perf_counter()
     d2 = hellinger_sq(g.rows)
     corrected, summary, shrinkage = _corrected(d2, bias, g.rows) if bias is not None else (None, None, None)

@@ -17,7 +17,7 @@ from posstats.analysis.config import _NULL_SHUFFLE_LIMIT, AnalysisConfig
 from posstats.analysis.rows import _Rows
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
-from posstats.estimates.noise import bias_shift, mp_edge, null_rank
+from posstats.estimates.null_rank import bias_shift, mp_edge, null_rank
 from posstats.estimates.permutation import (
     null_distance_sums,
     occupancy_weights,
@@ -226,7 +226,7 @@ def _null_section(
     halves: _HalvesEdges | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
     """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
-    above a null corpus (:func:`posstats.estimates.noise.null_rank`) and, from the same null corpora,
+    above a null corpus (:func:`posstats.estimates.null_rank.null_rank`) and, from the same null corpora,
     the test of homogeneity (None without them). The null corpora are shuffled
     (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
     (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`:

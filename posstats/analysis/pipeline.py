@@ -34,7 +34,7 @@ from posstats.analysis.sampled import _sampled_geometry, _triples, mds_device
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.counting.io import counts_file, load_header
 from posstats.errors import InputError, OptionError
-from posstats.estimates.noise import edge_decision_level
+from posstats.estimates.null_rank import edge_decision_level
 from posstats.estimates.ranged_jackknife import local_replicates
 from posstats.estimates.thinning import range_noise_floor
 from posstats.estimates.verdict import non_stationarity

@@ -17,7 +17,7 @@ from posstats.analysis.rows import _Geometry, _Rows
 from posstats.analysis.scoring import _details_entry
 from posstats.analysis.sections import _HELLINGER_CONVENTION, _mean_interval
 from posstats.errors import OptionError, PosstatsError
-from posstats.estimates.noise import first_then_all
+from posstats.estimates.null_rank import first_then_all
 from posstats.estimates.occupancy import OccupancyShrinkage
 from posstats.estimates.pair_jackknife import draw_jackknife_pairs
 from posstats.estimates.sampled import SampledGeometry

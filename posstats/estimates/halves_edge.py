@@ -3,7 +3,7 @@
 Above 4,096 rows the rank test counts the eigenvalues of the Gram matrix
 ``B = J S S^T J`` (rows of ``S`` the square roots of each position's frequencies, ``J`` the
 centring) above the top of the noise bulk. The analytic edge
-(:func:`posstats.estimates.noise.mp_edge_value`) bounds that top from the noise's row and
+(:func:`posstats.estimates.null_rank.mp_edge_value`) bounds that top from the noise's row and
 column variances; it stands 1.3-2.2 times above it with independent tokens, and it does not
 see the dependence of nearby tokens of one window, which lifts the bulk
 (``benchmarks/bench_mp_edge.py``).
@@ -58,7 +58,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, eigsh
 
-from posstats.estimates.noise import bias_shift
+from posstats.estimates.null_rank import bias_shift
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.products import (
     _row_block_views,
@@ -91,7 +91,7 @@ class HalvesEdge:
             corpus' documents are shorter than n and in neither window group, their
             pattern is not the data's).
         shift: what takes bias-corrected eigenvalues to the plug-in scale the edge is
-            stated on (:func:`posstats.estimates.noise.bias_shift`; 0 for plug-in ones).
+            stated on (:func:`posstats.estimates.null_rank.bias_shift`; 0 for plug-in ones).
         weights_bound: ``max(w) / min(w)`` where the weighted top is the unweighted one
             times the largest weight (weights equal to :data:`EQUAL_WEIGHTS`: an upper
             bound at most that much above it); None where it was solved.

@@ -1,4 +1,4 @@
-"""Honest estimates (THEORY.md section 7): noise floor, bias-corrected distances, null rank.
+"""Honest estimates (THEORY.md section 7): the noise floor and the bias-corrected distances.
 
 ``mu_i`` is estimated from ``occ[i]`` tokens, and the plug-in ``d_H`` is biased upward:
 two samples of the *same* distribution are apart. For a Zipf-like 50k vocabulary and
@@ -41,28 +41,7 @@ diagonal, 0 on it (:func:`corrected_squared_distances`). Classical MDS of the un
 double centring removes the ``b_i + b_j`` part and what is left subtracts each position's
 own noise variance from the diagonal of the Gram matrix ``S_c S_c^T``.
 
-**Null rank.** How many MDS components stand above sampling noise: the eigenvalues of
-``B`` compared with those of a *null corpus* in which positions carry no information
-(:func:`null_rank`):
-
-- ``shuffle``: the permutation null of :mod:`posstats.estimates.permutation` (the tokens
-  shuffled across positions, each position's occupancy and the pooled counts kept, 39
-  corpora by default). An eigenvalue counts when it exceeds the largest top eigenvalue of
-  every shuffled corpus: a Monte Carlo test at level 1 / (R + 1). The null goes through
-  the data's own estimator (plug-in or bias-corrected with its own ``b``), so the scales
-  match exactly; artefacts of unequal occupancy are in the null too. An earlier rule (the
-  largest of 3 Poisson-drawn null corpora plus two standard deviations) claimed a
-  component in 7-25 % of stationary corpora.
-- ``mp``: an analytic Marchenko-Pastur-type edge ``(sqrt(max_i r_i) + sqrt(max_v c_v))^2``
-  from the noise variance of each row (``r_i = b_i``) and each column
-  (``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``, the split halves' differences
-  scaled to the bias). For independent noise of equal variance this is exactly the MP
-  edge ``sigma^2 (1 + sqrt(n / V))^2``; with unequal variances the maxima make it an
-  upper estimate. It needs the parts but no second solve (for very long contexts); its
-  level is not calibrated (docs/calibration.md).
-
-The ``mp`` edge is on the plug-in scale (``B``, not ``B_c``): the analysis shifts
-bias-corrected eigenvalues back by the mean bias before comparing.
+How many MDS components stand above this noise is :mod:`posstats.estimates.null_rank`'s.
 """
 
 from __future__ import annotations
@@ -77,44 +56,22 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.counting.counts import (
-    CountSpec,
-    PositionalCounts,
-)
-from posstats.estimates.permutation import PermutationNull, permutation_null
+from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.estimates.sampling_variance import entries_sampling_variance
-from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
+from posstats.geometry.hellinger import hellinger_sq_pairs
 
 __all__ = [
     "BIAS_RULE_D_H2",
-    "EDGE_DECISION_SHARE",
-    "EDGE_RANK_TEST_FIRST",
-    "NULL_METHODS",
     "UNBIASED_METHOD",
     "NoiseFloor",
-    "NullRank",
     "bias_can_matter",
-    "bias_shift",
     "corrected_squared_distances",
-    "edge_decision_level",
-    "first_then_all",
     "fitted_bias",
     "merge_noise_floors",
-    "mp_edge",
-    "mp_edge_value",
     "noise_floor",
-    "null_rank",
-    "poisson_rows",
     "split_half",
     "usable_rows",
 ]
-
-NULL_METHODS = ("shuffle", "mp")
-_CHUNK_ELEMENTS = 1 << 22  # rows x columns per temporary in the samplers (32 MiB of int64)
-
-
-# ---------------------------------------------------------------------------------------
-# Noise floor
 
 
 def _rows_csr(counts: PositionalCounts, rows: np.ndarray) -> sp.csr_array:
@@ -450,190 +407,6 @@ def corrected_squared_distances(d2: Any, bias: Any, /) -> np.ndarray:
     return d
 
 
-# ---------------------------------------------------------------------------------------
-# Samplers (null corpora here; generated corpora with known truth in posstats.testing)
-
-
-def _alias_table(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Walker's alias table of a probability vector: O(1) per draw."""
-    k = p.size
-    prob = p * (k / p.sum())
-    alias = np.arange(k, dtype=np.int64)
-    small = list(np.flatnonzero(prob < 1.0))
-    large = list(np.flatnonzero(prob >= 1.0))
-    while small and large:
-        s, g = small.pop(), large[-1]
-        alias[s] = g
-        prob[g] -= 1.0 - prob[s]
-        if prob[g] < 1.0:
-            large.pop()
-            small.append(g)
-    prob[small + large] = 1.0
-    return prob, alias
-
-
-def poisson_rows(
-    n: int,
-    vocab: int,
-    *,
-    dense_cols: np.ndarray,
-    dense_rates: Any,
-    tail_cols: np.ndarray,
-    tail_p: np.ndarray,
-    tail_rate: np.ndarray,
-    rng: np.random.Generator,
-) -> sp.csr_array:
-    """(n, vocab) sparse int64 Poisson counts, drawn in row blocks (never an n x vocab array).
-
-    ``C[i, dense_cols] ~ Poisson(dense_rates(lo, hi)[i - lo])`` for the columns drawn
-    densely, and ``C[i, tail_cols] ~ Poisson(tail_rate[i] * tail_p)`` for the tail, drawn
-    as ``Poisson(tail_rate[i])`` tokens per row placed by an alias table of ``tail_p``
-    (O(tokens)). The sampler of the null corpora here and of the generated corpora of
-    :mod:`posstats.testing`.
-
-    Args:
-        n, vocab: shape of the result.
-        dense_cols: (h,) columns drawn densely.
-        dense_rates: ``(lo, hi) -> (hi - lo, h)`` Poisson means of rows ``lo .. hi - 1``.
-        tail_cols: (t,) the other columns with mass.
-        tail_p: (t,) distribution over ``tail_cols`` (empty when t = 0).
-        tail_rate: (n,) expected tail tokens per row.
-        rng: consumed in row-block order (seeded draws are reproducible).
-    """
-    chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, dense_cols.size + 1)))
-    prob, alias = _alias_table(tail_p) if tail_cols.size else (None, None)
-    pieces = []
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        b = hi - lo
-        rates = dense_rates(lo, hi)
-        front = rng.poisson(rates) if dense_cols.size else np.zeros((b, 0), dtype=np.int64)
-        fr, fc = np.nonzero(front)
-        rows_parts = [fr.astype(np.int64)]
-        cols_parts = [dense_cols[fc].astype(np.int64)]
-        vals_parts = [front[fr, fc].astype(np.int64)]
-        if tail_cols.size:
-            ntail = rng.poisson(tail_rate[lo:hi])
-            m = int(ntail.sum())
-            j = rng.integers(0, tail_cols.size, m)
-            j = np.where(rng.random(m) < prob[j], j, alias[j])
-            keys = np.repeat(np.arange(b, dtype=np.int64) * tail_cols.size, ntail) + j
-            keys, cnt = np.unique(keys, return_counts=True)
-            r, c = np.divmod(keys, tail_cols.size)
-            rows_parts.append(r)
-            cols_parts.append(tail_cols[c].astype(np.int64))
-            vals_parts.append(cnt.astype(np.int64))
-        piece = sp.csr_array(
-            (np.concatenate(vals_parts), (np.concatenate(rows_parts), np.concatenate(cols_parts))),
-            shape=(b, vocab),
-            dtype=np.int64,
-        )
-        piece.sum_duplicates()
-        pieces.append(piece)
-    return _concatenate_rows(pieces, n, vocab)
-
-
-def _concatenate_rows(pieces: list[sp.csr_array], n: int, vocab: int) -> sp.csr_array:
-    """Stack CSR row blocks (n rows in all) into one (n, vocab) CSR, emptying ``pieces``.
-
-    By hand rather than ``sp.vstack``: one copy of the data, and int32 indices / indptr
-    when they fit (scipy upcasts both if either is int64): a third less memory.
-    """
-    nnz = sum(int(p.nnz) for p in pieces)
-    index_dtype = np.int32 if nnz < 2**31 and vocab < 2**31 else np.int64
-    data = np.empty(nnz, dtype=np.int64)
-    indices = np.empty(nnz, dtype=index_dtype)
-    indptr = np.zeros(n + 1, dtype=index_dtype)
-    pos, row = 0, 0
-    while pieces:
-        p = pieces.pop(0)
-        data[pos : pos + p.nnz] = p.data
-        indices[pos : pos + p.nnz] = p.indices
-        indptr[row + 1 : row + 1 + p.shape[0]] = p.indptr[1:] + pos
-        pos += int(p.nnz)
-        row += int(p.shape[0])
-    return sp.csr_array((data, indices, indptr), shape=(n, vocab))
-
-
-# ---------------------------------------------------------------------------------------
-# Null rank
-
-
-@dataclass(frozen=True)
-class NullRank:
-    """How many MDS components stand above the null (module docstring).
-
-    Attributes:
-        method: ``"shuffle"`` or ``"mp"``.
-        threshold: shuffle: the largest top eigenvalue of the shuffled corpora; mp: the
-            analytic edge.
-        components_above_null: eigenvalues of the data strictly above ``threshold``.
-        null_eigenvalues: (replicates, 1) top eigenvalue of each shuffled corpus, else empty.
-        replicates: null corpora drawn (shuffle).
-        saturated: every given data eigenvalue is above the null (the true count may be
-            larger than the number computed).
-    """
-
-    method: str
-    threshold: float
-    components_above_null: int
-    null_eigenvalues: np.ndarray
-    replicates: int
-    saturated: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "threshold": float(self.threshold),
-            "components_above_null": int(self.components_above_null),
-            "null_top_eigenvalues": [[float(x) for x in row] for row in np.atleast_2d(self.null_eigenvalues)],
-            "replicates": int(self.replicates),
-            "saturated": bool(self.saturated),
-        }
-
-
-def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /, *, weighted: bool = False) -> float:
-    """Analytic Marchenko-Pastur-type edge of the noise eigenvalues of ``B`` (module docstring).
-
-    Uses :attr:`NoiseFloor.column_noise` when the floor carries it (a floor from a token
-    split, :mod:`posstats.estimates.thinning`); else the first two parts' union halves
-    (parts 0+2 vs 1+3 with four parts) for the per-entry differences and
-    :attr:`NoiseFloor.bias` for their scale.
-
-    ``weighted``: the edge of ``W^1/2 B W^1/2``, ``W = diag(N_i / mean N)`` over the
-    floor's positions (the occupancy-weighted rank test, module docstring): each row's
-    noise scaled by its weight, ``r_i = w_i b_i`` and ``c_v = sum_i w_i (b_i / h_i)
-    (s_A[i, v] - s_B[i, v])^2``. At equal occupancy it is the unweighted edge.
-    """
-    ok = usable_rows(floor.split_half, floor.bias)
-    m = floor.positions.size
-    occ = np.asarray(floor.occupancy, dtype=np.float64)
-    weights = occ / occ.mean() if weighted and occ.size and occ.mean() > 0 else np.ones(m)
-    if floor.column_noise is not None:
-        if not weighted:
-            return mp_edge_value(floor.bias[ok], floor.column_noise, m)
-        if floor.occupancy_column_noise is None:
-            msg = "this noise floor has no occupancy-weighted column noise (computed with the token split)"
-            raise ValueError(msg)
-        return mp_edge_value((weights * floor.bias)[ok], floor.occupancy_column_noise / occ.mean(), m)
-    rows = floor.positions
-    mats = [_rows_csr(p, rows) for p in parts]
-    a, b = (_union(mats, (0, 2)), _union(mats, (1, 3))) if len(mats) == 4 else mats
-    # with four parts h averages both pairings into halves: it can be finite where the
-    # union read here is empty (a position of one to three tokens), which gives no difference
-    ok &= (np.asarray(a.sum(axis=1)).ravel() > 0) & (np.asarray(b.sum(axis=1)).ravel() > 0)
-    idx = np.flatnonzero(ok)
-    if idx.size == 0:
-        return math.nan
-    sa = sqrt_distributions(a[idx])
-    sb = sqrt_distributions(b[idx])
-    diff = sp.csr_array(sa - sb)
-    scale = weights[idx] * floor.bias[idx] / floor.split_half[idx]
-    diff.data = diff.data**2 * np.repeat(scale, np.diff(diff.indptr))
-    col = np.asarray(diff.sum(axis=0)).ravel()
-    return mp_edge_value((weights * floor.bias)[idx], col, m)
-
-
 def merge_noise_floors(floors: Sequence[NoiseFloor], /) -> NoiseFloor:
     """One :class:`NoiseFloor` of the rows of ``floors`` taken in turn (the position ranges
     of :mod:`posstats.geometry.ranged`): per-row fields concatenated, the column noise
@@ -680,126 +453,3 @@ def usable_rows(split_half: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """(m,) bool: positions whose split-half distance is positive and bias finite (the
     rows that enter the column noise of :func:`mp_edge`)."""
     return np.isfinite(split_half) & (split_half > 0) & np.isfinite(bias)
-
-
-def mp_edge_value(bias: np.ndarray, column_noise: np.ndarray, m: int, /) -> float:
-    """``(sqrt(max_i b_i (1 - 1/m)) + sqrt(max_v c_v))^2`` for the row noise ``bias`` of
-    the usable rows (:func:`usable_rows`) of m positions and the (V,) column noise
-    ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``; NaN when no row is usable."""
-    b = np.asarray(bias, dtype=np.float64)
-    if not b.size or not np.size(column_noise):
-        return math.nan
-    row_max = float(b.max()) * (1.0 - 1.0 / max(int(m), 1))
-    return (math.sqrt(row_max) + math.sqrt(max(float(np.max(column_noise)), 0.0))) ** 2
-
-
-EDGE_RANK_TEST_FIRST = 16  # weighted eigenvalues the edge's rank test computes first (all: when every one is above)
-EDGE_DECISION_SHARE = 0.1  # the weighted rank test's solve: residual of the eigenvalues decided below the edge
-
-
-def bias_shift(bias: Any, weights: Any = None, /) -> float:
-    """The shift between the bias-corrected eigenvalues and the plug-in scale the analytic
-    edge is on: ``B_c = B - H diag(b) H`` lowers the noise bulk by about ``mean(b)``, and the
-    occupancy-weighted ``W^1/2 B_c W^1/2`` by about ``mean(w_i b_i)``; 0 without a
-    correction (``bias`` None)."""
-    if bias is None:
-        return 0.0
-    b = np.asarray(bias, dtype=np.float64)
-    return float(np.nanmean(b if weights is None else np.asarray(weights, dtype=np.float64) * b))
-
-
-def edge_decision_level(parts: Sequence[PositionalCounts], floor: NoiseFloor, bias: Any, weights: Any,
-                        /, *, edge: float | None = None) -> tuple[float, float] | None:
-    """``(level, residual)`` for the solve of the occupancy-weighted rank test against the
-    analytic edge: ``level`` is the weighted edge (:func:`mp_edge`) on the scale of the
-    eigenvalues solved for (``W^1/2 B_c W^1/2`` with ``bias``: shifted by :func:`bias_shift`).
-    The test only needs to know which eigenvalues are above it: a Ritz value
-    ``theta <= level - r`` whose residual is ``r`` has an eigenvalue within ``r``, below the
-    edge, so it is decided at ``r = EDGE_DECISION_SHARE x edge`` (0.1); values nearer the
-    edge, or above it, converge to the solver's tolerance. None when the edge is not
-    positive and finite. ``edge``: the weighted edge measured otherwise
-    (:mod:`posstats.estimates.halves_edge`) in place of the analytic one."""
-    edge = mp_edge(parts, floor, weighted=True) if edge is None else float(edge)
-    if not math.isfinite(edge) or edge <= 0:
-        return None
-    return edge - bias_shift(bias, weights), EDGE_DECISION_SHARE * edge
-
-
-def first_then_all(solve: Callable[[int], tuple[np.ndarray, np.ndarray]], full: int, level: float | None,
-                   /) -> tuple[np.ndarray, np.ndarray]:
-    """``solve(k)`` (the top k eigenvalues, descending, and a vector) for a rank test against
-    ``level``: the first :data:`EDGE_RANK_TEST_FIRST` only, unless every one of them is above
-    ``level``: then all ``full``. The count above the level is the same; below it no
-    eigenvalue is needed. ``level`` None: all ``full`` at once."""
-    for k in [full] if level is None else sorted({min(EDGE_RANK_TEST_FIRST, full), full}):
-        out = solve(k)
-        if level is None or out[0][-1] <= level:
-            break
-    return out
-
-
-def null_rank(
-    eigenvalues: Any,
-    /,
-    *,
-    method: str = "shuffle",
-    counts: PositionalCounts | None = None,
-    positions: Any = None,
-    parts: Sequence[PositionalCounts] | None = None,
-    floor: NoiseFloor | None = None,
-    replicates: int = 39,
-    corrected: bool = False,
-    permutation: PermutationNull | None = None,
-    seed: int = 0,
-    weighted: bool = False,
-    threshold: float | None = None,
-) -> NullRank:
-    """Count the data's MDS eigenvalues above those of a null corpus.
-
-    Args:
-        eigenvalues: the data's (top-k) eigenvalues, on the scale ``corrected`` names for
-            ``shuffle`` (plug-in ``B`` or the bias-corrected ``B - H diag(b) H``), on the
-            plug-in scale for ``mp``.
-        method: ``"shuffle"`` (needs ``counts``, or a ``permutation`` null drawn already:
-            :mod:`posstats.estimates.permutation`) or ``"mp"`` (needs the ``floor``, and
-            its ``parts`` unless the floor carries :attr:`NoiseFloor.column_noise`).
-        positions: rows of ``counts`` in the geometry (every one occupied).
-        replicates: shuffled corpora for ``shuffle``; the threshold is the largest of their
-            top eigenvalues, a Monte Carlo test at level ``1 / (replicates + 1)`` (2.5 % with
-            the default 39).
-        corrected: ``shuffle``: the eigenvalues are bias-corrected (the null is too).
-        permutation: ``shuffle``: a null drawn already (``counts``, ``replicates``,
-            ``corrected`` and ``seed`` are then not used).
-        seed: seeds the shuffled corpora.
-        weighted: ``mp``: the eigenvalues are those of the occupancy-whitened
-            ``W^1/2 B W^1/2``; the edge is weighted alike (:func:`mp_edge`).
-        threshold: ``mp``: the edge measured from independent halves
-            (:mod:`posstats.estimates.halves_edge`), in place of the analytic one.
-
-    Returns:
-        :class:`NullRank`.
-    """
-    lam = np.sort(np.asarray(eigenvalues, dtype=np.float64).ravel())[::-1]
-    if method == "shuffle":
-        if permutation is None:
-            if counts is None:
-                msg = "null_rank(method='shuffle') needs the counts"
-                raise ValueError(msg)
-            rows = np.arange(counts.positions) if positions is None else np.asarray(positions, dtype=np.int64)
-            mat = counts.matrix[rows] if counts.is_sparse else np.asarray(counts.matrix)[rows]
-            permutation = permutation_null(mat, replicates=replicates, corrected=corrected, seed=seed)
-        null_arr = permutation.null_top_eigenvalues[:, None]
-        threshold, reps = permutation.eigenvalue_threshold, int(permutation.null_top_eigenvalues.size)
-    elif method == "mp":
-        if threshold is not None:
-            threshold, null_arr, reps = float(threshold), np.zeros((0, 0)), 0
-        elif floor is None or (parts is None and floor.column_noise is None):
-            msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"
-            raise ValueError(msg)
-        else:
-            threshold, null_arr, reps = mp_edge(parts, floor, weighted=weighted), np.zeros((0, 0)), 0
-    else:
-        msg = f"unknown null method {method!r}; choose one of {', '.join(NULL_METHODS)}"
-        raise ValueError(msg)
-    above = int(np.count_nonzero(lam > threshold)) if math.isfinite(threshold) else 0
-    return NullRank(method, threshold, above, null_arr, reps, bool(lam.size and above == lam.size))

@@ -18,7 +18,7 @@ tokens together. With ``truncate`` mode, or documents shorter than n, the two ag
 :func:`split_noise_floor` streams: rows are thinned and reduced block by block (about
 :data:`BLOCK_ENTRIES` stored entries at a time), so its memory is a few copies of one
 block whatever the corpus size, and it accumulates on the way the column noise ``c_v``
-of the analytic null (:func:`posstats.estimates.noise.mp_edge`).
+of the analytic null (:func:`posstats.estimates.null_rank.mp_edge`).
 
 >>> import scipy.sparse as sp
 >>> c = sp.csr_array(np.array([[3, 0, 1], [0, 2, 2]]))
@@ -36,12 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from posstats.counting.rows import row_blocks
-from posstats.estimates.noise import (
-    UNBIASED_METHOD,
-    NoiseFloor,
-    split_half,
-    usable_rows,
-)
+from posstats.estimates.noise import UNBIASED_METHOD, NoiseFloor, split_half, usable_rows
 from posstats.estimates.sampling_variance import entries_sampling_variance
 from posstats.geometry.products import thread_pool
 from posstats.progress import progress

@@ -30,7 +30,7 @@ positions one distribution) is at most 5 %, split between two tests of that one 
 - **Non-stationary** (H1 of THEORY.md section 6) and **positions distinguishable**: either
   test rejects. Level <= 2.5 % + 2.5 % = 5 %.
 - **Components above noise**: the MDS eigenvalues above the null
-  (:func:`posstats.estimates.noise.null_rank`), counted only when the corpus is
+  (:func:`posstats.estimates.null_rank.null_rank`), counted only when the corpus is
   non-stationary (a gatekeeping order: under the stationary null every claim needs the
   first test to reject, so the family-wise level stays 5 %).
 - **Withheld** (:func:`withheld_reason`): in pack or chunk mode with fewer than 30

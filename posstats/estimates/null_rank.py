@@ -1,0 +1,253 @@
+"""The null rank (THEORY.md section 7): how many MDS components stand above sampling noise.
+
+The eigenvalues of ``B`` are compared with those of a *null corpus* in which positions carry
+no information (:func:`null_rank`):
+
+- ``shuffle``: the permutation null of :mod:`posstats.estimates.permutation` (the tokens
+  shuffled across positions, each position's occupancy and the pooled counts kept, 39
+  corpora by default). An eigenvalue counts when it exceeds the largest top eigenvalue of
+  every shuffled corpus: a Monte Carlo test at level 1 / (R + 1). The null goes through
+  the data's own estimator (plug-in or bias-corrected with its own ``b``), so the scales
+  match exactly; artefacts of unequal occupancy are in the null too. An earlier rule (the
+  largest of 3 Poisson-drawn null corpora plus two standard deviations) claimed a
+  component in 7-25 % of stationary corpora.
+- ``mp``: an analytic Marchenko-Pastur-type edge ``(sqrt(max_i r_i) + sqrt(max_v c_v))^2``
+  from the noise variance of each row (``r_i = b_i``) and each column
+  (``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``, the split halves' differences
+  scaled to the bias). For independent noise of equal variance this is exactly the MP
+  edge ``sigma^2 (1 + sqrt(n / V))^2``; with unequal variances the maxima make it an
+  upper estimate. It needs the parts but no second solve (for very long contexts); its
+  level is not calibrated (docs/calibration.md).
+
+The ``mp`` edge is on the plug-in scale (``B``, not ``B_c``): the analysis shifts
+bias-corrected eigenvalues back by the mean bias before comparing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from posstats.counting.counts import PositionalCounts
+from posstats.estimates.noise import NoiseFloor, _rows_csr, _union, usable_rows
+from posstats.estimates.permutation import PermutationNull, permutation_null
+from posstats.geometry.hellinger import sqrt_distributions
+
+__all__ = [
+    "EDGE_DECISION_SHARE",
+    "EDGE_RANK_TEST_FIRST",
+    "NULL_METHODS",
+    "NullRank",
+    "bias_shift",
+    "edge_decision_level",
+    "first_then_all",
+    "mp_edge",
+    "mp_edge_value",
+    "null_rank",
+]
+
+
+NULL_METHODS = ("shuffle", "mp")
+
+
+@dataclass(frozen=True)
+class NullRank:
+    """How many MDS components stand above the null (module docstring).
+
+    Attributes:
+        method: ``"shuffle"`` or ``"mp"``.
+        threshold: shuffle: the largest top eigenvalue of the shuffled corpora; mp: the
+            analytic edge.
+        components_above_null: eigenvalues of the data strictly above ``threshold``.
+        null_eigenvalues: (replicates, 1) top eigenvalue of each shuffled corpus, else empty.
+        replicates: null corpora drawn (shuffle).
+        saturated: every given data eigenvalue is above the null (the true count may be
+            larger than the number computed).
+    """
+
+    method: str
+    threshold: float
+    components_above_null: int
+    null_eigenvalues: np.ndarray
+    replicates: int
+    saturated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "threshold": float(self.threshold),
+            "components_above_null": int(self.components_above_null),
+            "null_top_eigenvalues": [[float(x) for x in row] for row in np.atleast_2d(self.null_eigenvalues)],
+            "replicates": int(self.replicates),
+            "saturated": bool(self.saturated),
+        }
+
+
+def mp_edge(parts: Sequence[PositionalCounts], floor: NoiseFloor, /, *, weighted: bool = False) -> float:
+    """Analytic Marchenko-Pastur-type edge of the noise eigenvalues of ``B`` (module docstring).
+
+    Uses :attr:`NoiseFloor.column_noise` when the floor carries it (a floor from a token
+    split, :mod:`posstats.estimates.thinning`); else the first two parts' union halves
+    (parts 0+2 vs 1+3 with four parts) for the per-entry differences and
+    :attr:`NoiseFloor.bias` for their scale.
+
+    ``weighted``: the edge of ``W^1/2 B W^1/2``, ``W = diag(N_i / mean N)`` over the
+    floor's positions (the occupancy-weighted rank test, module docstring): each row's
+    noise scaled by its weight, ``r_i = w_i b_i`` and ``c_v = sum_i w_i (b_i / h_i)
+    (s_A[i, v] - s_B[i, v])^2``. At equal occupancy it is the unweighted edge.
+    """
+    ok = usable_rows(floor.split_half, floor.bias)
+    m = floor.positions.size
+    occ = np.asarray(floor.occupancy, dtype=np.float64)
+    weights = occ / occ.mean() if weighted and occ.size and occ.mean() > 0 else np.ones(m)
+    if floor.column_noise is not None:
+        if not weighted:
+            return mp_edge_value(floor.bias[ok], floor.column_noise, m)
+        if floor.occupancy_column_noise is None:
+            msg = "this noise floor has no occupancy-weighted column noise (computed with the token split)"
+            raise ValueError(msg)
+        return mp_edge_value((weights * floor.bias)[ok], floor.occupancy_column_noise / occ.mean(), m)
+    rows = floor.positions
+    mats = [_rows_csr(p, rows) for p in parts]
+    a, b = (_union(mats, (0, 2)), _union(mats, (1, 3))) if len(mats) == 4 else mats
+    # with four parts h averages both pairings into halves: it can be finite where the
+    # union read here is empty (a position of one to three tokens), which gives no difference
+    ok &= (np.asarray(a.sum(axis=1)).ravel() > 0) & (np.asarray(b.sum(axis=1)).ravel() > 0)
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return math.nan
+    sa = sqrt_distributions(a[idx])
+    sb = sqrt_distributions(b[idx])
+    diff = sp.csr_array(sa - sb)
+    scale = weights[idx] * floor.bias[idx] / floor.split_half[idx]
+    diff.data = diff.data**2 * np.repeat(scale, np.diff(diff.indptr))
+    col = np.asarray(diff.sum(axis=0)).ravel()
+    return mp_edge_value((weights * floor.bias)[idx], col, m)
+
+
+def mp_edge_value(bias: np.ndarray, column_noise: np.ndarray, m: int, /) -> float:
+    """``(sqrt(max_i b_i (1 - 1/m)) + sqrt(max_v c_v))^2`` for the row noise ``bias`` of
+    the usable rows (:func:`usable_rows`) of m positions and the (V,) column noise
+    ``c_v = sum_i (b_i / h_i) (s_A[i, v] - s_B[i, v])^2``; NaN when no row is usable."""
+    b = np.asarray(bias, dtype=np.float64)
+    if not b.size or not np.size(column_noise):
+        return math.nan
+    row_max = float(b.max()) * (1.0 - 1.0 / max(int(m), 1))
+    return (math.sqrt(row_max) + math.sqrt(max(float(np.max(column_noise)), 0.0))) ** 2
+
+
+EDGE_RANK_TEST_FIRST = 16  # weighted eigenvalues the edge's rank test computes first (all: when every one is above)
+EDGE_DECISION_SHARE = 0.1  # the weighted rank test's solve: residual of the eigenvalues decided below the edge
+
+
+def bias_shift(bias: Any, weights: Any = None, /) -> float:
+    """The shift between the bias-corrected eigenvalues and the plug-in scale the analytic
+    edge is on: ``B_c = B - H diag(b) H`` lowers the noise bulk by about ``mean(b)``, and the
+    occupancy-weighted ``W^1/2 B_c W^1/2`` by about ``mean(w_i b_i)``; 0 without a
+    correction (``bias`` None)."""
+    if bias is None:
+        return 0.0
+    b = np.asarray(bias, dtype=np.float64)
+    return float(np.nanmean(b if weights is None else np.asarray(weights, dtype=np.float64) * b))
+
+
+def edge_decision_level(parts: Sequence[PositionalCounts], floor: NoiseFloor, bias: Any, weights: Any,
+                        /, *, edge: float | None = None) -> tuple[float, float] | None:
+    """``(level, residual)`` for the solve of the occupancy-weighted rank test against the
+    analytic edge: ``level`` is the weighted edge (:func:`mp_edge`) on the scale of the
+    eigenvalues solved for (``W^1/2 B_c W^1/2`` with ``bias``: shifted by :func:`bias_shift`).
+    The test only needs to know which eigenvalues are above it: a Ritz value
+    ``theta <= level - r`` whose residual is ``r`` has an eigenvalue within ``r``, below the
+    edge, so it is decided at ``r = EDGE_DECISION_SHARE x edge`` (0.1); values nearer the
+    edge, or above it, converge to the solver's tolerance. None when the edge is not
+    positive and finite. ``edge``: the weighted edge measured otherwise
+    (:mod:`posstats.estimates.halves_edge`) in place of the analytic one."""
+    edge = mp_edge(parts, floor, weighted=True) if edge is None else float(edge)
+    if not math.isfinite(edge) or edge <= 0:
+        return None
+    return edge - bias_shift(bias, weights), EDGE_DECISION_SHARE * edge
+
+
+def first_then_all(solve: Callable[[int], tuple[np.ndarray, np.ndarray]], full: int, level: float | None,
+                   /) -> tuple[np.ndarray, np.ndarray]:
+    """``solve(k)`` (the top k eigenvalues, descending, and a vector) for a rank test against
+    ``level``: the first :data:`EDGE_RANK_TEST_FIRST` only, unless every one of them is above
+    ``level``: then all ``full``. The count above the level is the same; below it no
+    eigenvalue is needed. ``level`` None: all ``full`` at once."""
+    for k in [full] if level is None else sorted({min(EDGE_RANK_TEST_FIRST, full), full}):
+        out = solve(k)
+        if level is None or out[0][-1] <= level:
+            break
+    return out
+
+
+def null_rank(
+    eigenvalues: Any,
+    /,
+    *,
+    method: str = "shuffle",
+    counts: PositionalCounts | None = None,
+    positions: Any = None,
+    parts: Sequence[PositionalCounts] | None = None,
+    floor: NoiseFloor | None = None,
+    replicates: int = 39,
+    corrected: bool = False,
+    permutation: PermutationNull | None = None,
+    seed: int = 0,
+    weighted: bool = False,
+    threshold: float | None = None,
+) -> NullRank:
+    """Count the data's MDS eigenvalues above those of a null corpus.
+
+    Args:
+        eigenvalues: the data's (top-k) eigenvalues, on the scale ``corrected`` names for
+            ``shuffle`` (plug-in ``B`` or the bias-corrected ``B - H diag(b) H``), on the
+            plug-in scale for ``mp``.
+        method: ``"shuffle"`` (needs ``counts``, or a ``permutation`` null drawn already:
+            :mod:`posstats.estimates.permutation`) or ``"mp"`` (needs the ``floor``, and
+            its ``parts`` unless the floor carries :attr:`NoiseFloor.column_noise`).
+        positions: rows of ``counts`` in the geometry (every one occupied).
+        replicates: shuffled corpora for ``shuffle``; the threshold is the largest of their
+            top eigenvalues, a Monte Carlo test at level ``1 / (replicates + 1)`` (2.5 % with
+            the default 39).
+        corrected: ``shuffle``: the eigenvalues are bias-corrected (the null is too).
+        permutation: ``shuffle``: a null drawn already (``counts``, ``replicates``,
+            ``corrected`` and ``seed`` are then not used).
+        seed: seeds the shuffled corpora.
+        weighted: ``mp``: the eigenvalues are those of the occupancy-whitened
+            ``W^1/2 B W^1/2``; the edge is weighted alike (:func:`mp_edge`).
+        threshold: ``mp``: the edge measured from independent halves
+            (:mod:`posstats.estimates.halves_edge`), in place of the analytic one.
+
+    Returns:
+        :class:`NullRank`.
+    """
+    lam = np.sort(np.asarray(eigenvalues, dtype=np.float64).ravel())[::-1]
+    if method == "shuffle":
+        if permutation is None:
+            if counts is None:
+                msg = "null_rank(method='shuffle') needs the counts"
+                raise ValueError(msg)
+            rows = np.arange(counts.positions) if positions is None else np.asarray(positions, dtype=np.int64)
+            mat = counts.matrix[rows] if counts.is_sparse else np.asarray(counts.matrix)[rows]
+            permutation = permutation_null(mat, replicates=replicates, corrected=corrected, seed=seed)
+        null_arr = permutation.null_top_eigenvalues[:, None]
+        threshold, reps = permutation.eigenvalue_threshold, int(permutation.null_top_eigenvalues.size)
+    elif method == "mp":
+        if threshold is not None:
+            threshold, null_arr, reps = float(threshold), np.zeros((0, 0)), 0
+        elif floor is None or (parts is None and floor.column_noise is None):
+            msg = "null_rank(method='mp') needs a noise floor, and the parts unless it carries its column noise"
+            raise ValueError(msg)
+        else:
+            threshold, null_arr, reps = mp_edge(parts, floor, weighted=weighted), np.zeros((0, 0)), 0
+    else:
+        msg = f"unknown null method {method!r}; choose one of {', '.join(NULL_METHODS)}"
+        raise ValueError(msg)
+    above = int(np.count_nonzero(lam > threshold)) if math.isfinite(threshold) else 0
+    return NullRank(method, threshold, above, null_arr, reps, bool(lam.size and above == lam.size))
