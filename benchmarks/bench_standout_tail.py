@@ -37,7 +37,7 @@ from scipy.special import ndtr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from posstats.estimates.saddlepoint import JointCgf, calibrated_z, importance_tail, lower_tail_z  # noqa: E402
-from posstats.estimates.verdict import null_distance_to_pool  # noqa: E402
+from posstats.estimates.standout import null_distance_to_pool  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_calibration import _TALLIED, _proportion  # noqa: E402
 
-from posstats.estimates.verdict import position_ranges  # noqa: E402
+from posstats.estimates.standout import position_ranges  # noqa: E402
 
 
 class TallyError(ValueError):

@@ -50,7 +50,7 @@ occupancy-weighted coordinates go to ``mds.safetensors`` as ``weighted_encoding`
 the edge, the bias and ``components_above_noise``.
 
 On ranges the summary also gives ``standout_positions``: the analysis' per-position test
-against the pooled distribution (:func:`posstats.estimates.verdict.standout_test`, the
+against the pooled distribution (:func:`posstats.estimates.standout.standout_test`, the
 same decision as ``posstats analyze``'s), from two reductions over the ranges (the pooled
 counts, recovered exactly from the square roots, and each row's distance to the pool);
 and ``stress``: the sampled stress of P_MDS at each width of ``--stress-dims`` against the
@@ -85,7 +85,7 @@ from posstats.estimates.halves_edge import HalvesEdge
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.ranged_halves import ranged_halves_noise
 from posstats.estimates.sampled import SampledGeometry
-from posstats.estimates.verdict import standout_test
+from posstats.estimates.standout import standout_test
 from posstats.geometry.mds import classical_mds, weighted_coordinates, weighted_gram_eigenpairs
 from posstats.geometry.sqrt_operator import shifted_operator
 from posstats.geometry.lanczos import wanted_residuals

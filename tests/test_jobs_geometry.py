@@ -20,7 +20,7 @@ from posstats.estimates.pair_jackknife import pair_noise_share
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import range_noise_floor
-from posstats.estimates.verdict import standout_positions
+from posstats.estimates.standout import standout_positions
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import classical_mds
 from posstats.geometry.ranged import local_ranges

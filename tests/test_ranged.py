@@ -18,7 +18,7 @@ from posstats.estimates.null_rank import mp_edge
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.sampled import SampledGeometry
 from posstats.estimates.thinning import range_noise_floor
-from posstats.estimates.verdict import standout_positions, standout_test
+from posstats.estimates.standout import standout_positions, standout_test
 from posstats.geometry import ranged
 from posstats.geometry.hellinger import hellinger_sq_pairs, sqrt_distributions
 from posstats.geometry.mds import classical_mds

@@ -11,7 +11,7 @@ import pytest
 from scipy.special import ndtr
 
 from posstats.estimates.saddlepoint import JointCgf, calibrated_z, lower_tail_z
-from posstats.estimates.verdict import null_distance_to_pool
+from posstats.estimates.standout import null_distance_to_pool
 
 
 def _zipf(vocab: int) -> np.ndarray:

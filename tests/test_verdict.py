@@ -19,12 +19,14 @@ from posstats.estimates.verdict import (
     WINDOW_HOMOGENEITY_CAVEAT,
     best_encodings,
     caveats,
+    verdict,
+)
+from posstats.estimates.standout import (
     distance_to_pool,
     null_distance_to_pool,
     position_ranges,
     standout_positions,
     standout_threshold,
-    verdict,
 )
 from posstats.testing import known_corpus, synthetic_counts
 
@@ -528,11 +530,7 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     """Decisions live in the verdict (issue #29): its ``structure`` and ``fitted_better_at``
     are what the summary words; the wording code decides nothing (a verdict edited to say
     otherwise changes the sentences accordingly)."""
-    from posstats.estimates.verdict import (
-        WIDESPREAD_SHARE,
-        fitted_better,
-        structure_kind,
-    )
+    from posstats.estimates.verdict import WIDESPREAD_SHARE, fitted_better, structure_kind
     from posstats.reports.summary import answer_sentences
 
     assert structure_kind(None, None, 10) == "untested" and structure_kind(False, None, 10) == "none"

@@ -41,7 +41,7 @@ class Analysis:
         hellinger_summary: the ``hellinger`` report entry when it is not computed from
             ``distances`` (sampled path, bias-corrected distances).
         standout: the positions that stand out from the pooled distribution
-            (:func:`posstats.estimates.verdict.standout_positions`).
+            (:func:`posstats.estimates.standout.standout_positions`).
         occupancy: (n,) tokens at every position, when ``counts`` holds only the header
             (:func:`analyze_ranges`); None: ``counts.occupancy()``.
         counts_source: the counts file the ranges were read from (:func:`analyze_ranges`),

@@ -21,7 +21,7 @@ from posstats.counting.rows import select_rows
 from posstats.errors import OptionError
 from posstats.estimates.noise import bias_can_matter, merge_noise_floors, noise_floor
 from posstats.estimates.thinning import split_noise_floor
-from posstats.estimates.verdict import standout_positions, standout_test
+from posstats.estimates.standout import standout_positions, standout_test
 from posstats.geometry.mds import MDSResult
 from posstats.geometry.ranged import RangedSqrt
 from posstats.memory import analysis_bytes, require_memory
@@ -180,7 +180,7 @@ class _Geometry:
 
 
 def _standout(g: _Rows) -> dict[str, Any]:
-    """The standout test (:func:`posstats.estimates.verdict.standout_test`) of the rows: on the
+    """The standout test (:func:`posstats.estimates.standout.standout_test`) of the rows: on the
     counts, or from the ranges' two reductions (pooled counts, distances to the pool)."""
     if g.ranged:
         return standout_test(g.positions, g.occupancy, pooled_totals=g.pooled_totals,

@@ -38,7 +38,8 @@ from posstats.estimates.two_sample import (
     block_bounds,
     compare_positions,
 )
-from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT, position_ranges
+from posstats.estimates.verdict import DISTANCE_NOISE_CAVEAT
+from posstats.estimates.standout import position_ranges
 from posstats.geometry.procrustes import procrustes_drift
 
 __all__ = ["DIFF_SCHEMA_VERSION", "DiffResult", "SideGeometry", "diff", "headline", "side_geometry"]

@@ -72,7 +72,7 @@ import scipy.sparse.linalg as spla
 
 from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.sampling_variance import position_sampling_variance
-from posstats.estimates.verdict import distance_to_pool
+from posstats.estimates.standout import distance_to_pool
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import gram_in_place
 

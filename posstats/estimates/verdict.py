@@ -3,23 +3,10 @@
 Every decision is a test whose family-wise error rate on a stationary corpus (all
 positions one distribution) is at most 5 %, split between two tests of that one null:
 
-- **Positions that stand out** (:func:`standout_positions`, family-wise 2.5 %): position i's
-  plug-in squared distance to the pooled distribution ``p`` of all geometry rows,
-  ``d_i = d_H^2(mu_hat_i, p)``, against what a sample of the same ``N_i`` tokens drawn from
-  ``p`` itself would give (:func:`null_distance_to_pool`: Poisson moments of ``sqrt X``,
-  series for small ``N p_v``, expansions above 50, the variance conditioned on the sample's
-  size). In the sparse regime that expectation is far above 0 (most tokens are unseen):
-  comparing with it, not with 0, is what keeps noise from standing out. The pool leaves
-  out the most extreme positions (normal ``z_i = (d_i - E d) / sd`` above the threshold and
-  above half the largest new z) and the test is repeated until no new position stands out
-  (at most 32 rounds): a few very different positions (say the first tokens of every
-  document) would otherwise shift the pool and make every other position differ from it.
-  A position then stands out when its *calibrated* z, ``Phi^-1(1 - P_null(d >= d_i))``
-  with the tail from a conditional saddlepoint (:mod:`posstats.estimates.saddlepoint`; the
-  normal tail is several times too light where it is read; tabulated, and solved per row
-  within [-0.5, +1] of the threshold), exceeds
-  ``max(5, Phi^-1(1 - 0.025 / m))``: a Bonferroni bound over the m positions, never below 5.
-  Reported whatever the rank test says.
+- **Positions that stand out** (:func:`~posstats.estimates.standout.standout_positions`,
+  family-wise 2.5 %): each position's distance to the pooled distribution against what
+  sampling alone gives (:mod:`posstats.estimates.standout`). Reported whatever the rank test
+  says.
 - **Homogeneity** (the report's ``homogeneity`` section, level 2.5 %): the Monte Carlo test
   of :mod:`posstats.estimates.permutation` on ``sum_i N_i d_i``, powerful where many
   positions move a little (a drift), where no single one stands out. Computed with the
@@ -50,27 +37,19 @@ positions one distribution) is at most 5 %, split between two tests of that one 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import scipy.sparse as sp
-from scipy.special import gammaln, ndtri
-
 from posstats.counting.counts import MIN_WINDOWS, too_few_windows
-from posstats.counting.rows import row_blocks
-from posstats.estimates.saddlepoint import calibrated_z, solved_near
+from posstats.estimates.standout import FAMILY_LEVEL
 from posstats.geometry.encodings import FITTED_ENCODINGS
 
 __all__ = [
     "DISTANCE_NOISE_CAVEAT",
-    "FAMILY_LEVEL",
     "MIN_WINDOWS",
     "NOISE_WITHHELD",
     "NO_STRUCTURE_INTERVAL",
     "ROTATED_SHARE_CAVEAT",
-    "STANDOUT_Z",
     "Verdict",
     "WINDOW_HOMOGENEITY_CAVEAT",
     "all_tied",
@@ -81,239 +60,10 @@ __all__ = [
     "homogeneity_test_name",
     "independent_rank_null_caveat",
     "non_stationarity",
-    "null_distance_to_pool",
-    "position_ranges",
-    "standout_positions",
-    "standout_test",
-    "standout_threshold",
     "thin_mds_components",
     "verdict",
     "withheld_reason",
 ]
-
-_LISTED = 64  # positions listed in the report (all are counted)
-
-
-_BLOCK = 1 << 22  # stored entries handled at a time: no temporary of the matrix' size
-
-
-def _row_totals(rows: Any) -> tuple[Any, np.ndarray]:
-    """(rows as canonical CSR or a float ndarray, (m,) occupancies)."""
-    if sp.issparse(rows):
-        c = sp.csr_array(rows)
-        occ = np.zeros(c.shape[0])
-        for lo, hi in row_blocks(c.indptr, _BLOCK):
-            a, b = int(c.indptr[lo]), int(c.indptr[hi])
-            occ[lo:hi] = np.add.reduceat(c.data[a:b].astype(np.float64), c.indptr[lo:hi] - a) if b > a else 0.0
-        occ[np.diff(c.indptr) == 0] = 0.0  # reduceat repeats the next value for an empty row
-        return c, occ
-    c = np.asarray(rows, dtype=np.float64)
-    return c, c.sum(axis=1)
-
-
-def _pooled_totals(c: Any, keep: np.ndarray) -> np.ndarray:
-    """(V,) tokens per vocabulary entry over the rows ``keep`` (bool (m,))."""
-    if sp.issparse(c):
-        totals = np.zeros(c.shape[1])
-        for lo, hi in row_blocks(c.indptr, _BLOCK):
-            a, b = int(c.indptr[lo]), int(c.indptr[hi])
-            w = np.repeat(keep[lo:hi], np.diff(c.indptr[lo : hi + 1]))
-            totals += np.bincount(c.indices[a:b][w], weights=c.data[a:b][w], minlength=c.shape[1])
-        return totals
-    return c[keep].sum(axis=0)
-
-
-def _pool_sqrt(c: Any, keep: np.ndarray) -> np.ndarray:
-    """(V,) ``sqrt(p)`` of the distribution pooled over the rows ``keep`` (bool (m,))."""
-    totals = _pooled_totals(c, keep)
-    return np.sqrt(totals / max(float(totals.sum()), 1.0))
-
-
-def _distance_to(c: Any, occ: np.ndarray, s_pool: np.ndarray) -> np.ndarray:
-    """(m,) ``2 - 2 sum_v sqrt(C_iv / occ_i) s_pool[v]``, clipped at 0."""
-    if not sp.issparse(c):
-        dots = np.sqrt(c / occ[:, None]) @ s_pool
-    else:
-        dots = np.zeros(c.shape[0])
-        for lo, hi in row_blocks(c.indptr, _BLOCK):
-            a, b = int(c.indptr[lo]), int(c.indptr[hi])
-            lengths = np.diff(c.indptr[lo : hi + 1])
-            w = np.sqrt(c.data[a:b] / np.repeat(occ[lo:hi], lengths)) * s_pool[c.indices[a:b]]
-            dots[lo:hi] = np.bincount(np.repeat(np.arange(hi - lo), lengths), weights=w, minlength=hi - lo)
-    return np.maximum(2.0 - 2.0 * dots, 0.0)
-
-
-def distance_to_pool(rows: Any, /, *, keep: Any = None) -> np.ndarray:
-    """(m,) plug-in ``d_H^2(mu_i, p) = 2 - 2 sum_v sqrt(C_iv / occ_i) sqrt(p_v)`` of every row
-    to the distribution ``p`` pooled over the rows ``keep`` (bool (m,); default all).
-    Rows must be occupied."""
-    c, occ = _row_totals(rows)
-    keep = np.ones(c.shape[0], dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
-    return _distance_to(c, occ, _pool_sqrt(c, keep))
-
-
-def position_ranges(positions: Any, /) -> str:
-    """Sorted positions as compact ranges.
-
-    >>> position_ranges([0, 1, 2, 3, 7, 9, 10])
-    '0-3, 7, 9-10'
-    """
-    p = np.unique(np.asarray(positions, dtype=np.int64))
-    if not p.size:
-        return ""
-    breaks = np.flatnonzero(np.diff(p) != 1)
-    starts = np.concatenate([[p[0]], p[breaks + 1]])
-    stops = np.concatenate([p[breaks], [p[-1]]])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in zip(starts.tolist(), stops.tolist()))
-
-
-_POOL_ROUNDS = 32  # the pool leaves out the positions that stand out, the most extreme first, until none is new
-_SERIES_LIMIT = 50.0  # Poisson means above this use the asymptotic expansions
-STANDOUT_Z = 5.0  # the smallest z a standout needs, whatever the number of positions
-FAMILY_LEVEL = 0.025  # family-wise level of the standout test (the homogeneity test has the other 2.5 %)
-
-
-def standout_threshold(m: int, /) -> float:
-    """The z a position needs to stand out among ``m``: ``max(5, Phi^-1(1 - 0.025 / m))``.
-
-    >>> round(standout_threshold(64), 3), round(standout_threshold(131_072), 3)
-    (5.0, 5.078)
-    """
-    return max(STANDOUT_Z, float(-ndtri(FAMILY_LEVEL / max(int(m), 1))))
-
-
-def _sqrt_poisson_moments(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(E sqrt X, Var sqrt X, Cov(sqrt X, X))`` for ``X ~ Poisson(lam)``, elementwise: the
-    series below :data:`_SERIES_LIMIT`, else the expansions to second order,
-    ``sqrt(lam) (1 - 1/(8 lam) - 7/(128 lam^2))``, ``1/4 + 3/(32 lam)`` and
-    ``sqrt(lam) / 2 + 1 / (16 sqrt(lam))``.
-
-    >>> m, v, c = _sqrt_poisson_moments(np.array([0.0, 1.0, 400.0]))
-    >>> m.round(4).tolist(), v.round(4).tolist(), c.round(4).tolist()
-    ([0.0, 0.7732, 19.9937], [0.0, 0.4022, 0.2502], [0.0, 0.5995, 10.0031])
-    """
-    lam = np.asarray(lam, dtype=np.float64)
-    mean, var, cov = np.zeros(lam.shape), np.zeros(lam.shape), np.zeros(lam.shape)
-    big = lam > _SERIES_LIMIT
-    lb = lam[big]
-    mean[big] = np.sqrt(lb) * (1.0 - 1.0 / (8.0 * lb) - 7.0 / (128.0 * lb**2))
-    var[big] = 0.25 + 3.0 / (32.0 * lb)
-    cov[big] = 0.5 * np.sqrt(lb) + 1.0 / (16.0 * np.sqrt(lb))
-    small = np.flatnonzero(~big & (lam > 0))
-    if small.size:
-        # pooled counts are integers, so few distinct means: the series once per distinct
-        # value, in ascending chunks, each summed to k = lam + 12 sqrt(lam) + 25 of its largest
-        values, inverse = np.unique(lam[small], return_inverse=True)
-        m_u, v_u, c_u = np.empty(values.size), np.empty(values.size), np.empty(values.size)
-        for a in range(0, values.size, 4096):
-            lam_c = values[a : a + 4096, None]
-            top = float(lam_c[-1, 0])
-            k = np.arange(int(np.ceil(top + 12.0 * np.sqrt(top) + 25.0)), dtype=np.float64)
-            pmf = np.exp(k[None, :] * np.log(lam_c) - lam_c - gammaln(k + 1.0)[None, :])
-            m1 = pmf @ np.sqrt(k)
-            m_u[a : a + 4096] = m1
-            v_u[a : a + 4096] = np.maximum(lam_c[:, 0] - m1**2, 0.0)
-            c_u[a : a + 4096] = pmf @ k**1.5 - lam_c[:, 0] * m1
-        mean[small], var[small], cov[small] = m_u[inverse], v_u[inverse], c_u[inverse]
-    return mean, var, cov
-
-
-def null_distance_to_pool(p: Any, occupancy: Any, /, *, grid: int = 48) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and standard deviation of ``d = d_H^2(mu_hat, p)`` for a sample of ``N`` tokens
-    drawn from ``p`` itself, for every ``N`` of ``occupancy`` (m,).
-
-    With Poisson counts ``X_v ~ Poisson(N p_v)`` and ``s_v = sqrt(X_v / N)``:
-    ``E d = 2 - 2 sum_v sqrt(p_v) E s_v``; the variance is that of Poisson counts given
-    their total ``T = N`` (a multinomial sample), to second order
-    ``Var d = Var_P d - Cov_P(d, T)^2 / N`` with ``Var_P d = (4 / N) sum_v p_v Var sqrt X_v``
-    and ``Cov_P(d, T) = -(2 / sqrt N) sum_v sqrt(p_v) Cov(sqrt X_v, X_v)`` (without the
-    conditioning the first-order fluctuation, which a fixed total cancels, would dominate).
-    Computed on ``grid`` log-spaced occupancies and interpolated in ``log N``.
-
-    Returns:
-        ((m,) mean, (m,) standard deviation).
-    """
-    p = np.asarray(p, dtype=np.float64)
-    p = p[p > 0] / p.sum()
-    sqrt_p = np.sqrt(p)
-    occ = np.asarray(occupancy, dtype=np.float64)
-    lo, hi = max(float(occ[occ > 0].min()) if np.any(occ > 0) else 1.0, 1.0), max(float(occ.max()), 1.0)
-    grid_n = np.unique(np.geomspace(lo, hi, grid)) if hi > lo else np.array([lo])
-    means, sds = [], []
-    for n in grid_n:
-        m1, v1, c1 = _sqrt_poisson_moments(n * p)
-        means.append(2.0 - 2.0 * float(sqrt_p @ m1) / np.sqrt(n))
-        var = 4.0 / n * (float(p @ v1) - float(sqrt_p @ c1) ** 2 / n)
-        sds.append(np.sqrt(max(var, 0.0)))
-    logn = np.log(np.maximum(occ, 1.0))
-    return np.interp(logn, np.log(grid_n), means), np.interp(logn, np.log(grid_n), sds)
-
-
-def standout_positions(rows: Any, positions: Any, /) -> dict[str, Any]:
-    """The positions whose distribution stands out from the pooled one (module docstring).
-
-    Args:
-        rows: (m, V) counts of the geometry rows (every row occupied).
-        positions: (m,) the positions the rows stand for.
-
-    Returns:
-        JSON-ready ``{"count", "positions" (the first 64), "ranges", "z_threshold",
-        "max_z", "family_level", "rule"}``.
-    """
-    c, occ = _row_totals(rows)
-    return standout_test(positions, occ, pooled_totals=lambda keep: _pooled_totals(c, keep),
-                         distance_to=lambda s_pool: _distance_to(c, occ, s_pool))
-
-
-def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[[np.ndarray], np.ndarray],
-                  distance_to: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
-    """:func:`standout_positions` of rows held anywhere (in this process, or in position
-    ranges held apart: :class:`posstats.geometry.ranged.RangedSqrt`), through the two
-    reductions it needs.
-
-    Args:
-        positions: (m,) the positions of the rows; ``occupancy``: (m,) their token counts.
-        pooled_totals: ``keep`` (bool (m,)) -> (V,) the tokens of the rows ``keep`` per
-            vocabulary entry.
-        distance_to: ``s_pool`` (V,) -> (m,) plug-in ``d_H^2`` of every row to the
-            distribution whose square root is ``s_pool``.
-
-    Returns:
-        As :func:`standout_positions`.
-    """
-    positions = np.asarray(positions, dtype=np.int64)
-    occ = np.asarray(occupancy, dtype=np.float64)
-    m = occ.size
-    threshold = standout_threshold(m)
-    pooled_out = np.zeros(m, dtype=bool)  # left out of the pool
-    for _ in range(_POOL_ROUNDS):
-        totals = np.asarray(pooled_totals(~pooled_out), dtype=np.float64)
-        s_pool = np.sqrt(totals / max(float(totals.sum()), 1.0))
-        mean, sd = null_distance_to_pool(s_pool**2, occ)
-        z = (np.asarray(distance_to(s_pool), dtype=np.float64) - mean) / np.maximum(sd, 1e-300)
-        fresh = (z > threshold) & ~pooled_out
-        if not fresh.any() or pooled_out.all():
-            break
-        # leave out the most extreme first: a pool shifted by a few very different positions
-        # lifts every other z, and leaving out all that cross the threshold at once
-        # oscillates (the pool left would be the deepest, rarest positions)
-        pooled_out |= fresh & (z >= max(threshold, 0.5 * float(z[fresh].max())))
-    # the normal z above picks what leaves the pool; the decision reads the saddlepoint's tail
-    z_normal, z = z, calibrated_z(z, occ, s_pool**2, mean, sd)
-    z, _ = solved_near(z, z_normal, occ, s_pool**2, mean, sd, threshold=threshold)
-    out = z > threshold
-    picked = positions[out]
-    return {
-        "count": int(picked.size),
-        "positions": picked[:_LISTED].tolist(),
-        "ranges": position_ranges(picked) if picked.size <= 4096 else position_ranges(picked[:4096]) + ", ...",
-        "z_threshold": threshold,
-        "max_z": float(np.max(z)) if z.size else 0.0,
-        "family_level": FAMILY_LEVEL,
-        "rule": ("z_i = Phi^-1(1 - P_null(d >= d_H^2(mu_i, pool))) > max(5, Phi^-1(1 - 0.025 / m)), the null being N_i "
-                 "tokens drawn from the pool, its tail by a conditional saddlepoint (solved per row near the threshold)"),
-    }
-
 
 # Exact scaled stresses that agree to this relative tolerance are equal (the same distances
 # computed in another order, e.g. RoPE variants that differ only in pairs a width leaves out).
@@ -425,8 +175,6 @@ def non_stationarity(homogeneity: dict[str, Any] | None, standout: dict[str, Any
     if standouts is not None:
         tests.append(f"standout positions (family-wise {100 * FAMILY_LEVEL:.1f} %)")
     return bool(standouts or homogeneous), "either rejects: " + " or ".join(tests)
-
-
 
 
 def homogeneity_test_name(homogeneity: dict[str, Any], /) -> str:
