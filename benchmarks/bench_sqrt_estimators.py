@@ -11,7 +11,10 @@ polynomial-approximation estimators in the manner of Jiao, Venkat, Han and Weiss
 below ``c0`` counts the unbiased estimate ``sum_k a_k (c)_k / (N)_k`` of a degree-``K``
 polynomial without constant term fitted to ``sqrt`` on ``[0, 2 c0 / N]`` (Chebyshev-weighted
 least squares), above it the plug-in with its second-order correction
-``(1 - c/N) / (8 sqrt(c N))``.
+``(1 - c/N) / (8 sqrt(c N))``; and (``--shifts``) the shifted square root
+``sqrt((c + a) / N)`` for ``c >= 1`` (0 at ``c = 0``), whose shift ``a`` offsets the plug-in's
+``-1 / (8 sqrt(N p))`` for well-sampled tokens (Anscombe's ``a = 3/8`` in the variance
+stabilising transform).
 
 Pairs (the truths of ``posstats.testing.known_corpus``, V = ``--vocab``, Zipf 1.1): the drift's
 ends (positions 0 and 63 of 64), drift 16 apart, a planted position against the base. For
@@ -63,6 +66,12 @@ def polynomial_estimator(n: int, c0: int, degree: int, /) -> np.ndarray:
     return np.where(c <= c0, poly, g)
 
 
+def shifted_estimator(n: int, shift: float, /) -> np.ndarray:
+    """(n + 1,) ``sqrt((c + shift) / n)`` for c = 1..n, 0 at c = 0 (an unseen token adds nothing)."""
+    c = np.arange(n + 1, dtype=np.float64)
+    return np.where(c > 0, np.sqrt((c + shift) / n), 0.0)
+
+
 def moments(g: np.ndarray, p: np.ndarray, n: int, /, *, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """((V,) E g(c), (V,) Var g(c)) with ``c ~ Binomial(n, p_v)``: the binomial sums over the
     counts within 12 sd (and 12 counts) of the mean, whose outside mass is below 1e-30."""
@@ -106,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="2000,20000", help="comma-separated N (tokens a position)")
     ap.add_argument("--vocab", type=int, default=5000)
     ap.add_argument("--estimators", default="4:4,8:6", help="comma-separated c0:K of the polynomial estimators")
+    ap.add_argument("--shifts", default="", help="comma-separated shifts a of the shifted square root (none by default)")
     args = ap.parse_args(argv)
     drift = known_corpus("drift", 64, tokens=10, seed=0, vocab=args.vocab)
     planted = known_corpus("planted", 64, tokens=10, seed=0, vocab=args.vocab)
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.estimators.split(","):
             c0, degree = (int(x) for x in spec.split(":"))
             estimators[f"polynomial c0={c0} K={degree}"] = polynomial_estimator(n, c0, degree)
+        for shift in (float(x) for x in args.shifts.split(",") if x):
+            estimators[f"shifted a={shift:g}"] = shifted_estimator(n, shift)
         for name, g in estimators.items():
             rows.append({"N": n, "estimator": name, **{k: pair_errors(g, p, q, n) for k, (p, q) in pairs.items()}})
     print(json.dumps({"benchmark": "sqrt_estimators", "vocab": args.vocab, "baseline": "plugin", "rows": rows,
