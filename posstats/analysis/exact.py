@@ -23,9 +23,6 @@ from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.mds import MDSResult, classical_mds
 from posstats.progress import progress
 
-# ----------------------------------------------------------------------------- exact path
-
-
 def _corrected(d2: np.ndarray, bias: np.ndarray, rows: Any) -> tuple[np.ndarray, dict[str, Any], Any]:
     """Bias-corrected ``d_H = sqrt(max(D' - b_i - b_j, 0))`` (m, m) with ``D'`` the plug-in
     ``d2`` with the square roots' occupancy shrinkage removed, **in place**

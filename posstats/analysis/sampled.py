@@ -28,9 +28,6 @@ from posstats.geometry.mds import MDSResult, classical_mds, weighted_gram_eigenp
 from posstats.geometry.sqrt_operator import shifted_operator, sqrt_operator
 from posstats.progress import progress
 
-# ----------------------------------------------------------------------------- sampled path
-
-
 def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list[tuple[int, Any]]:
     """Every (width, encoding) of the config built on the m rows; SMACOF is refused (it
     needs the n x n distances)."""

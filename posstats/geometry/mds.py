@@ -349,10 +349,6 @@ def _iterative_mds(counts: Any, *, k: int, tol: float, seed: int) -> MDSResult:
     )
 
 
-# ---------------------------------------------------------------------------------------
-# Block Lanczos for very long contexts
-
-
 def gram_in_place(d2: Any, diagonal: Any = None, /, *, xp: types.ModuleType = np) -> Any:
     """Turn the symmetric (n, n) squared distances ``d2`` into classical MDS's Gram matrix in
     place and return it: ``B = -1/2 H D H``, and with ``diagonal`` (n,) ``b`` the

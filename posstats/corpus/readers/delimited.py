@@ -24,10 +24,6 @@ from posstats.corpus.remote import is_url, open_url, url_info
 from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 
-# ----------------------------------------------------------------------------------------
-# CSV / TSV
-
-
 def _csv_source(path: str, spec: ReaderSpec) -> contextlib.AbstractContextManager[Any]:
     """What Arrow's CSV reader opens: the local path (Arrow decompresses by suffix), or a URL
     streamed and decompressed by fsspec."""

@@ -166,10 +166,6 @@ def guess_format(path: str | os.PathLike[str], /) -> str:
     return fmt
 
 
-# ----------------------------------------------------------------------------------------
-# Arrow arrays -> TokenBatch (shared by the parquet, arrow, csv and hf readers)
-
-
 def _check_file(path: str, storage_options: Mapping[str, Any]) -> None:
     if is_url(path):
         if url_info(path, storage_options).get("type") == "directory":

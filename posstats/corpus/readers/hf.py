@@ -18,10 +18,6 @@ from posstats.corpus.remote import hub_dataset, is_url, url_filesystem, url_info
 from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, OptionError, PosstatsError
 
-# ----------------------------------------------------------------------------------------
-# Hugging Face datasets (offline: local folders and files only)
-
-
 def _import_datasets() -> Any:
     """The ``datasets`` package (an optional extra: only Hugging Face inputs need it)."""
     try:

@@ -18,10 +18,6 @@ from posstats.corpus.tokenizer import encode_texts
 from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError
 
-# ----------------------------------------------------------------------------------------
-# Line-oriented files: JSON Lines and plain text
-
-
 def _open_text(path: str, storage_options: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
     """``path`` as text, UTF-8, bad bytes kept as lone surrogates (see :func:`checked_lines`);
     ``.gz .bz2 .xz`` decompressed; URLs streamed (:func:`posstats.corpus.remote.open_url`).
