@@ -52,6 +52,36 @@ def test_window_groups_add_up_to_the_counts_over_batches_and_streams(separator):
     assert occupancy[3].sum() == counts.tokens - 5 * wg.windows
 
 
+@pytest.mark.parametrize(("groups", "halves"), [(3, False), (2, True)])
+def test_pack_window_groups_match_a_brute_force_count_past_a_padded_block(groups, halves):
+    """n = 40 positions in blocks of 16 (the last block padded past n), windows that span
+    batches, two streams: every group's rows and the tail equal a count of the stream cut
+    by hand (window w of the corpus in group floor(w / B) mod K, a stream's last short
+    window in the tail), with K groups and with the halves (``window_halves``)."""
+    n, vocab, block = 40, 11, 2
+    rng = np.random.default_rng(5)
+    spec = CountSpec(positions=n, vocab_size=vocab, mode="pack")
+    acc = CountAccumulator(spec, dense=False, window_groups=groups, window_block=block, window_halves=halves)
+    streams: dict[str, list[int]] = {"a": [], "b": []}
+    for b in range(10):
+        source = "a" if b < 6 else "b"
+        docs = [rng.integers(0, vocab, rng.integers(1, 60)) for _ in range(rng.integers(1, 4))]
+        offsets = np.cumsum([0] + [len(d) for d in docs])
+        acc.add(TokenBatch(np.concatenate(docs).astype(np.int64), offsets, source, 0))
+        streams[source].extend(np.concatenate(docs).tolist())
+    wg = acc.window_groups()
+    expected = np.zeros((groups + 1, n, vocab), dtype=np.int64)
+    w = 0
+    for stream in streams.values():
+        for start in range(0, len(stream), n):
+            window = stream[start:start + n]
+            g = (w // block) % groups if len(window) == n else groups
+            w += len(window) == n
+            expected[g, np.arange(len(window)), window] += 1
+    assert wg.windows == w
+    np.testing.assert_array_equal(wg.matrix.toarray().reshape(groups + 1, n, vocab), expected)
+
+
 def test_window_group_of_each_window_follows_its_block():
     """Window w (in stream order) is counted in group floor(w / B) mod K."""
     n, k, block = 2, 3, 2

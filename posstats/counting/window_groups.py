@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from posstats.counting.blocks import CountBlocks
 from posstats.counting.scipy_sparse import csr_rows_view, sp
@@ -290,12 +291,11 @@ class WindowGroupCounter:
             msg = "window groups: a short window before a full one"
             raise ValueError(msg)
         if k:
-            rows = np.full((k, self._padded), self._pad, dtype=self._sorted.token_dtype)
-            rows[:, :n] = values[starts[:k, None] + np.arange(n, dtype=np.int64)]
+            values = values.astype(self._sorted.token_dtype, copy=False)
             group = ((self.windows + np.arange(k, dtype=np.int64)) // self.block) % self.groups
             cuts = np.flatnonzero(np.diff(group)) + 1  # consecutive windows share a group
             for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, k]):
-                self._commit(rows[lo:hi], int(group[lo]))
+                self._commit_full(values, starts[lo:hi], int(group[lo]))
             self.windows += k
         if k < lengths.size:
             if k != lengths.size - 1 or self._open_len:
@@ -386,6 +386,23 @@ class WindowGroupCounter:
         stacked = blocks.to_csr()
         matrix = sp.csr_array(stacked[rows]) if rows.size != stacked.shape[0] else stacked
         return WindowGroups(self.groups, self.positions, matrix, self.windows, self.classes, self.halves_only)
+
+    def _commit_full(self, values: np.ndarray, starts: np.ndarray, group: int) -> None:
+        """Count full windows (window w holds ``values[starts[w] + j]`` at position j < n)
+        into ``group``'s rows, one position block at a time: each block's rows are slices
+        of a sliding-window view of ``values`` (one copy each, no (windows x n) index grid;
+        padding only in the last block, past n)."""
+        width, n = self._sorted.block, self.positions
+        view = sliding_window_view(values, width)  # a full window lies in values: values.size >= n >= width
+        first = group * self._blocks
+        for b in range(self._blocks):
+            p0 = b * width
+            if p0 + width <= n:
+                rows = view[starts + p0]
+            else:
+                rows = np.full((starts.size, width), self._pad, dtype=self._sorted.token_dtype)
+                rows[:, : min(width, n - p0)] = values[starts[:, None] + np.arange(p0, min(p0 + width, n))]
+            self._sorted.add_rows(first + b, rows)
 
     def _commit(self, rows: np.ndarray, group: int, *, length: int | None = None) -> None:
         """Count windows (``rows``: (k, padded n) token ids, padding past n, or past
