@@ -568,3 +568,23 @@ def test_real_text_packed_over_4096_positions_is_tested_against_its_halves(tmp_p
     edge = json.loads((out / "report.json").read_text())["null"]["edge"]
     assert edge["method"] == "halves" and edge["coverage"] == pytest.approx(full / (full + 1))
     assert json.loads((out / "report.json").read_text())["null"]["components_above_null"] == 0
+
+
+def test_window_groups_are_kept_while_16_bytes_a_token_fit_the_budget():
+    """In one process the K groups (up to 4,096 positions) and the two halves (above) are
+    kept while 16 bytes a token fit the memory budget (the halves' cap is the analysis'
+    memory, not the count's); past it none, and the reason says how many GiB."""
+    from posstats.corpus.inputs import CountInputs
+    from posstats.corpus.source import CorpusSource
+    from posstats.counting.counts import CountSpec
+    from posstats.runs.counts_folder import window_groups_to_count
+
+    def decide(n: int, tokens: int):
+        inputs = CountInputs(CorpusSource(inputs=["x.parquet"]), CountSpec(positions=n, vocab_size=50_257),
+                             window_groups=64)
+        return window_groups_to_count(inputs, tokens=tokens, budget_bytes=4 * 2**30)
+
+    for n in (4096, 131_072):
+        assert decide(n, 2**28) == (64, None)  # exactly 4 GiB
+        k, why = decide(n, 2**28 + 1)
+        assert k == 0 and "4.0 GiB for the window groups" in why and "budget of 4.0 GiB" in why

@@ -461,7 +461,8 @@ class CountAccumulator:
     counted together (sparse: at most ``floor(2**32 / V)``); it changes speed, never the
     counts. ``buffer_keys`` (sparse only) is how many tokens are buffered before a
     compaction; None: :func:`~posstats.counting.sorted_keys.buffer_tokens` of
-    ``dense_budget`` (half of it in token ids). ``window_groups = K > 0`` also
+    ``dense_budget`` (half of it in token ids; with ``window_halves`` a quarter for the
+    counts' tokens and a quarter for the halves'). ``window_groups = K > 0`` also
     counts the windows in K groups (:mod:`posstats.counting.window_groups`, read with
     :meth:`window_groups`), for the homogeneity null that respects windows;
     ``window_halves``: the groups are the corpus' halves only (``halves_only``).
@@ -500,8 +501,8 @@ class CountAccumulator:
             self._block = int(block_positions or min(max(2**22 // V, 16), n))
             self._dtype = np.dtype(np.int64)
         else:
-            if buffer_keys is None:
-                buffer_keys = buffer_tokens(dense_budget, V)
+            if buffer_keys is None:  # the halves' counter (below) buffers as many: the budget split between them
+                buffer_keys = buffer_tokens(dense_budget / 2 if window_groups and window_halves else dense_budget, V)
             self._sorted = SortedKeyCounter(positions=n, vocab_size=V, buffer_keys=buffer_keys, block=block_positions)
             self._block = self._sorted.block
             self._dtype = self._sorted.token_dtype
@@ -522,10 +523,11 @@ class CountAccumulator:
         self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
         self._groups = None
         if window_groups:  # chunk and truncate mode: short windows turn within their length
-            # the halves hold every token once more, as the counts do: the same buffer, so
-            # that they are sorted once too (2**26 tokens would re-merge them every 67 M
-            # tokens: at n = 131,072 and 2e8 tokens, 7 s of an 11 s count)
-            extra = {"buffer_keys": buffer_tokens(dense_budget, V)} if window_halves else {}
+            # the halves hold every token once more, as the counts do: a buffer as large as
+            # the counts' (half the budget's each), so that they are sorted once too (2**26
+            # tokens re-merged them every 67 M tokens: at n = 131,072 and 2e8 tokens, 7 s of
+            # an 11 s count)
+            extra = {"buffer_keys": buffer_tokens(dense_budget / 2, V)} if window_halves else {}
             self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block,
                                               classes=spec.mode in ("chunk", "truncate"), halves_only=window_halves,
                                               **extra)

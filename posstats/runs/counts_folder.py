@@ -95,7 +95,13 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
     return counts, summary
 
 
-WINDOW_GROUP_BYTES_PER_TOKEN = 16  # a held (key, count) pair per non-zero, at most one per token
+# a held (key, count) pair per non-zero, at most one per token, while K groups' blocks are
+# merged. The halves (above 4,096 positions) cost the count less, about 2 bytes a token
+# (n = 131,072, 1e9 generated tokens, pack: 5.57 GB against 3.62 GB without), but the
+# same cap keeps them below the size whose halves edge the analysis can hold: with the
+# halves of those 1e9 tokens `posstats analyze` passed 24 GB and was killed, where it
+# needs 11 GB with the analytic edge (docs/long-context.md).
+WINDOW_GROUP_BYTES_PER_TOKEN = 16
 
 
 def window_groups_to_count(inputs: CountInputs, /, *, tokens: int, budget_bytes: float) -> tuple[int, str | None]:
