@@ -22,6 +22,7 @@ from posstats.errors import OptionError
 from posstats.geometry.backend import get_cupy
 
 __all__ = [
+    "ANALYSIS_BYTES_PER_STORED_COUNT",
     "MEMORY_HINTS",
     "analysis_bytes",
     "available_memory",
@@ -176,6 +177,18 @@ def encoding_probe_bytes(dims, /) -> tuple[int, str, str]:
     return 2 * 2 * 8 * d, f"encodings of width {d:,} ({{dims}})", "lower {dims}"
 
 
+# Bytes a stored (sparse) count of the geometry rows costs an analysis in one process beyond
+# the loaded counts: the square roots ``S`` and the row-major ``S^T`` of the MDS operator
+# (float64 and an int32 index each: 24), the halves' noise where it is measured (12 a
+# stored entry) and the sampled geometry's gathers. Measured with the defaults at
+# n = 131,072 on 2.02e8 generated tokens (1.26e8 stored, pack, with the halves): 7.7-8.2 GB
+# peak, 58-62 bytes a stored count with the counts (8) and the interpreter (0.3 GB); 40
+# stays below what is certainly allocated beyond the counts. On 1.0e9 tokens (5.25e8
+# stored) the one-process analysis passed 24 GB and was killed (226 s in, without the
+# halves); the refusal now comes after loading the counts, with the ranges as the way out.
+ANALYSIS_BYTES_PER_STORED_COUNT = 40
+
+
 def analysis_bytes(
     rows: int,
     vocab_size: int,
@@ -185,6 +198,7 @@ def analysis_bytes(
     encodings: int,
     exact: bool,
     dense_counts: bool,
+    stored: int = 0,
 ) -> tuple[int, str, str]:
     """The peak of :func:`posstats.analysis.analyze` on ``rows`` geometry rows.
 
@@ -192,22 +206,37 @@ def analysis_bytes(
     ``m x m`` matrix alive with it (the centred MDS matrix, then each encoding's own
     distances in the stress), plus one ``m x D`` encoding; dense counts also make the
     float64 square-root rows (``m x V``) and one temporary of that size. Sampled path: no
-    ``m x m`` matrix, but every (encoding, width) is held at once (``m x D`` each).
+    ``m x m`` matrix, but every (encoding, width) is held at once (``m x D`` each). Sparse
+    rows: :data:`ANALYSIS_BYTES_PER_STORED_COUNT` for each of their ``stored`` counts.
+
+    >>> need, what, hint = analysis_bytes(131_072, 50_257, dims=[2, 16, 64], encodings=6, exact=False,
+    ...                                   dense_counts=False, stored=525_000_000)
+    >>> round(need / 2**30, 1), what.split(" (")[0], "{memory_budget}" in hint
+    (20.0, 'the 525,000,000 stored counts of 131,072 positions held in one process', True)
     """
     m, v = int(rows), int(vocab_size)
     widths = [int(d) for d in dims]
     encodings = max(int(encodings), 1)
     sqrt_rows = 2 * 8 * m * v if dense_counts else 3 * 8 * v
+    stored_part = 0 if dense_counts else ANALYSIS_BYTES_PER_STORED_COUNT * int(stored)
     if exact:
         parts = {
             "matrix": 2 * 8 * m * m,
             "encodings": 8 * m * max(widths),
             "rows": sqrt_rows,
+            "stored": stored_part,
         }
     else:
-        parts = {"encodings": 8 * m * sum(widths) * encodings, "rows": 8 * v if not dense_counts else sqrt_rows}
+        parts = {"encodings": 8 * m * sum(widths) * encodings, "rows": 8 * v if not dense_counts else sqrt_rows,
+                 "stored": stored_part}
     total = sum(parts.values())
     top = max(parts, key=parts.get)
+    if top == "stored":
+        what = (f"the {int(stored):,} stored counts of {m:,} positions held in one process (their square roots, "
+                "the MDS operator's transpose, the halves' noise)")
+        hint = ("analyse over position ranges held by Ray actors: {memory_budget} GIB (each range within it) or "
+                "{ranges} K, or use {buckets}")
+        return total, what, hint
     if top == "matrix":
         what = f"the {m:,} x {m:,} distance matrix and its working copy"
         hint = "lower {exact_limit} (pairs are sampled above it) or use {buckets}"

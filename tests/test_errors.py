@@ -472,3 +472,28 @@ def test_forged_safetensors_through_audit_and_learned_are_one_line(small_run, tm
     line = one_line_error(capsys, main(["analyze", "--counts", str(small_run), "--dims", "2", "--encodings",
                                         f"learned:{forged}", "--out", str(tmp_path / "a")]))
     assert "forged.safetensors: not a readable safetensors file" in line
+
+
+def test_analysis_of_more_stored_counts_than_memory_holds_is_refused_with_the_ranges_as_the_way_out(monkeypatch):
+    """Sparse counts cost a one-process analysis ANALYSIS_BYTES_PER_STORED_COUNT each: where
+    they do not fit, analyze refuses at once (naming the stored counts and the ranges of
+    --memory-budget), instead of being killed minutes later (1e9 tokens at n = 131,072
+    passed 24 GB); with the memory they need it runs."""
+    from posstats import memory
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.errors import OptionError
+    from posstats.testing import known_corpus
+
+    counts = known_corpus("stationary", 64, tokens=200, seed=1).counts
+    assert counts.is_sparse
+    stored = counts.matrix.nnz
+    config = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")
+    need = memory.ANALYSIS_BYTES_PER_STORED_COUNT * stored
+    monkeypatch.setattr(memory, "available_memory", lambda: need // 2)
+    with pytest.raises(OptionError) as info:
+        analyze(counts, config, show_progress=False)
+    message = info.value.naming({"memory_budget": "--memory-budget", "ranges": "--ranges"})
+    assert f"the {stored:,} stored counts of 64 positions held in one process" in message
+    assert "--memory-budget GIB" in message and "--ranges K" in message
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * need + 2**20)
+    assert analyze(counts, config, show_progress=False).report()["geometry"]["rows"] == 64

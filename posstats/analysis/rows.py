@@ -98,8 +98,10 @@ def _geometry_rows(counts: PositionalCounts, config: AnalysisConfig) -> _Rows:
     # large dense counts are held as CSR (every step works on CSR rows: converting the
     # dense matrix in each went through COO, 16 bytes of coordinates per non-zero)
     as_sparse = not sel.counts.is_sparse and m * sel.counts.vocab_size >= DENSE_AS_SPARSE_ENTRIES
+    sparse = sel.counts.is_sparse or as_sparse
+    stored = int(sel.counts.matrix.nnz) if sel.counts.is_sparse else 0  # as_sparse: dense m x V already held
     need, what, hint = analysis_bytes(m, sel.counts.vocab_size, dims=config.dims, encodings=len(config.encodings),
-                                      exact=m <= config.exact_limit, dense_counts=not (sel.counts.is_sparse or as_sparse))
+                                      exact=m <= config.exact_limit, dense_counts=not sparse, stored=stored)
     require_memory(need, what=what, hint=hint, command="analyze")
     rows = csr_from_dense(sel.rows(), compact=True) if as_sparse else sel.rows()
     return _Rows(sel.counts, sel.buckets, sel.index, sel.positions, rows, sel.occupancy(), counts.positions)
