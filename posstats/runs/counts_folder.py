@@ -96,11 +96,14 @@ def count_in_process(inputs: CountInputs, stage: Path, /, *, budget_bytes: float
 
 
 # a held (key, count) pair per non-zero, at most one per token, while K groups' blocks are
-# merged. The halves (above 4,096 positions) cost the count less, about 2 bytes a token
-# (n = 131,072, 1e9 generated tokens, pack: 5.57 GB against 3.62 GB without), but the
-# same cap keeps them below the size whose halves edge the analysis can hold: with the
-# halves of those 1e9 tokens `posstats analyze` passed 24 GB and was killed, where it
-# needs 11 GB with the analytic edge (docs/long-context.md).
+# merged. The halves (above 4,096 positions) cost the count less, about 2 bytes a token,
+# but far more time than that at this size (n = 131,072, 1e9 generated tokens, pack: 48.7 s
+# and 5.57 GB with them against 18.7 s and 3.62 GB without); the same cap keeps them to
+# counts an analysis in one process can hold (past 2.7e8 tokens, at the default 4 GiB, it
+# cannot: 1e9 tokens need 20 GiB, posstats.memory.ANALYSIS_BYTES_PER_STORED_COUNT). Over
+# ranges the halves of 1e9 tokens were measured (427 s, 13.0 GB the largest process):
+# count such corpora with --ray, whose pack-mode shards by rank parity are the halves, or
+# raise --memory-budget.
 WINDOW_GROUP_BYTES_PER_TOKEN = 16
 
 
