@@ -182,8 +182,9 @@ def encoding_probe_bytes(dims, /) -> tuple[int, str, str]:
 # (float64 and an int32 index each: 24), the halves' noise where it is measured (12 a
 # stored entry) and the sampled geometry's gathers. Measured with the defaults at
 # n = 131,072 on 2.02e8 generated tokens (1.26e8 stored, pack, with the halves): 7.7-8.2 GB
-# peak, 58-62 bytes a stored count with the counts (8) and the interpreter (0.3 GB); 40
-# stays below what is certainly allocated beyond the counts. On 1.0e9 tokens (5.25e8
+# peak, 58-62 bytes a stored count with the counts (8) and the interpreter (0.3 GB), so
+# 50-54 beyond the counts; 40 stays below that measured peak (the certain part, S and S^T,
+# is 24), so a run that fits is not refused. On 1.0e9 tokens (5.25e8
 # stored) the one-process analysis passed 24 GB and was killed (226 s in, without the
 # halves); the refusal now comes after loading the counts, with the ranges as the way out.
 ANALYSIS_BYTES_PER_STORED_COUNT = 40

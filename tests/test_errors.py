@@ -497,3 +497,29 @@ def test_analysis_of_more_stored_counts_than_memory_holds_is_refused_with_the_ra
     assert "--memory-budget GIB" in message and "--ranges K" in message
     monkeypatch.setattr(memory, "available_memory", lambda: 2 * need + 2**20)
     assert analyze(counts, config, show_progress=False).report()["geometry"]["rows"] == 64
+
+
+def test_analyze_command_refuses_counts_it_cannot_hold_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """``posstats count`` of the bundled fortunes (BERT WordPiece, sparse counts), then
+    ``posstats analyze`` with less memory than their stored counts need: one line naming
+    the stored counts (the counts file's own number) and the flags of the ranges, exit 2,
+    no output folder; with the memory it runs."""
+    import json as _json
+
+    from posstats import memory
+
+    counts_dir, out = tmp_path / "counts", tmp_path / "analysis"
+    assert main(["count", "--input", "data/fortunes-sample.jsonl", "--text-column", "text", "--tokenizer",
+                 "data/tokenizers/bert-base-uncased.tokenizer.json", "--positions", "64", "--out",
+                 str(counts_dir)]) == 0
+    counts = load_counts(counts_dir)
+    assert counts.is_sparse
+    stored = counts.matrix.nnz
+    capsys.readouterr()
+    monkeypatch.setattr(memory, "available_memory", lambda: memory.ANALYSIS_BYTES_PER_STORED_COUNT * stored // 2)
+    line = one_line_error(capsys, main(["analyze", "--counts", str(counts_dir), "--out", str(out)]))
+    assert f"for the {stored:,} stored counts of" in line and "--memory-budget GIB" in line and "--ranges K" in line
+    assert not out.exists()
+    monkeypatch.setattr(memory, "available_memory", lambda: None)
+    assert main(["analyze", "--counts", str(counts_dir), "--dims", "2", "--encodings", "mds", "--out", str(out)]) == 0
+    assert _json.loads((out / "report.json").read_text())["corpus"]["tokens_counted"] == counts.tokens

@@ -493,6 +493,10 @@ class CountAccumulator:
         self.spec = spec
         n, V = spec.positions, spec.vocab_size
         self.dense = spec.fits_dense(dense_budget) if dense is None else bool(dense)
+        # the halves hold every token once more, as the counts do: each counter buffers a
+        # quarter of the budget, so that both are sorted once (2**26 tokens re-merged the
+        # halves every 67 M tokens: at n = 131,072 and 2e8 tokens, 7 s of an 11 s count)
+        share = dense_budget / 2 if window_groups and window_halves else dense_budget
         if self.dense:
             self._matrix = _dense_output(out, (n, V))
             self._flat = self._matrix.reshape(-1)
@@ -501,8 +505,8 @@ class CountAccumulator:
             self._block = int(block_positions or min(max(2**22 // V, 16), n))
             self._dtype = np.dtype(np.int64)
         else:
-            if buffer_keys is None:  # the halves' counter (below) buffers as many: the budget split between them
-                buffer_keys = buffer_tokens(dense_budget / 2 if window_groups and window_halves else dense_budget, V)
+            if buffer_keys is None:
+                buffer_keys = buffer_tokens(share, V)
             self._sorted = SortedKeyCounter(positions=n, vocab_size=V, buffer_keys=buffer_keys, block=block_positions)
             self._block = self._sorted.block
             self._dtype = self._sorted.token_dtype
@@ -523,11 +527,7 @@ class CountAccumulator:
         self._piece: bool | None = None  # piece mode (start_piece): whether the piece continues a stream
         self._groups = None
         if window_groups:  # chunk and truncate mode: short windows turn within their length
-            # the halves hold every token once more, as the counts do: a buffer as large as
-            # the counts' (half the budget's each), so that they are sorted once too (2**26
-            # tokens re-merged them every 67 M tokens: at n = 131,072 and 2e8 tokens, 7 s of
-            # an 11 s count)
-            extra = {"buffer_keys": buffer_tokens(dense_budget / 2, V)} if window_halves else {}
+            extra = {"buffer_keys": buffer_tokens(share, V)} if window_halves else {}
             self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block,
                                               classes=spec.mode in ("chunk", "truncate"), halves_only=window_halves,
                                               **extra)
