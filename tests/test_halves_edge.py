@@ -200,6 +200,23 @@ def test_noise_top_is_the_top_of_the_weighted_corrected_gram():
     assert noise_top(d) == pytest.approx(np.linalg.eigvalsh(plain)[-1], rel=1e-6)
 
 
+def test_noise_top_default_tolerance_is_within_its_stated_share_of_the_top():
+    """The default ARPACK tolerance (NOISE_TOP_TOL, 1e-3) on a flat noise bulk (a sparse
+    Gaussian matrix, the halves' kind): the Ritz value never above the dense top and within
+    0.1 % of it, a tighter tolerance nearer still."""
+    from posstats.estimates.halves_edge import NOISE_TOP_TOL
+
+    rng = np.random.default_rng(11)
+    d = sp.random_array((600, 900), density=0.05, random_state=rng, format="csr", data_sampler=rng.standard_normal)
+    j = np.eye(600) - 1 / 600
+    dense = d.toarray()
+    top = np.linalg.eigvalsh(j @ dense @ dense.T @ j)[-1]
+    loose, tight = noise_top(d), noise_top(d, tol=1e-10)
+    assert NOISE_TOP_TOL == 1e-3
+    assert loose <= top * (1 + 1e-12) and loose >= top * (1 - NOISE_TOP_TOL)
+    assert tight == pytest.approx(top, rel=1e-9)
+
+
 def test_nearly_equal_weights_reuse_the_unweighted_top_as_an_upper_bound():
     """Weights within 1 % of each other: the weighted top is the unweighted one (solved once
     for a bias) times the largest weight, never under the solved weighted top and at most

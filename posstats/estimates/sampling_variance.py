@@ -87,16 +87,18 @@ def sqrt_count_variance(counts: Any, /, *, total: Any = None) -> np.ndarray:
         msg = "counts must be non-negative integers"
         raise ValueError(msg)
     shape = k.shape
-    k = k.astype(np.int64, copy=False).reshape(-1)
-    out = _TABLE[np.minimum(k, TABLE_MAX_COUNT)]
-    big = k > TABLE_MAX_COUNT
-    if np.any(big):
-        out = out.copy()
+    k = k.reshape(-1)
+    out = np.take(_TABLE, k, mode="clip")  # one gather; counts above the table are set below
+    if k.size and int(k.max()) > TABLE_MAX_COUNT:
+        big = k > TABLE_MAX_COUNT
         out[big] = _series(k[big])
     if total is not None:
         n = np.broadcast_to(np.asarray(total, dtype=np.float64), shape).reshape(-1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            out = out * np.where(n > 0, 1.0 - k / n, 1.0)
+            factor = k / n  # 1 - k / N where N > 0, else 1
+        np.subtract(1.0, factor, out=factor)
+        factor[~(n > 0)] = 1.0
+        out *= factor
     return out.reshape(shape)
 
 
