@@ -35,7 +35,7 @@ from a random split of their tokens (:func:`posstats.estimates.thinning.range_no
 seeded by ``--seed`` and the range) while it reads them; the driver joins the floors
 (:func:`posstats.estimates.noise.merge_noise_floors`), takes the per-position bias ``b`` as
 the diagonal, the rank test's edge as the noise level (eigenpairs inside the noise bulk
-to ``--lanczos-noise-share`` x the edge, the others to ``--tol``, as the analysis does),
+to ``--lanczos-noise-share`` x the analytic edge, the others to ``--tol``, as the analysis does),
 and counts the components above that edge. The edge is the analysis': where a
 window-groups file is beside the counts (``posstats count`` keeps one) it is measured on
 the corpus' two independent halves, the even and odd window groups, each actor building
@@ -77,7 +77,7 @@ import numpy as np
 from posstats.analysis import HALVES_MIN_COVERAGE, halves_unusable, stored_with_halves
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.counting.window_groups_io import window_groups_file
-from posstats.estimates.null_rank import bias_shift, edge_decision_level, first_then_all, mp_edge, null_rank
+from posstats.estimates.null_rank import bias_shift, bulk_residual, edge_decision_level, first_then_all, mp_edge, null_rank
 from posstats.estimates.noise import merge_noise_floors
 from posstats.estimates.permutation import occupancy_weights
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranges: the most pairs drawn for the stress (default 20,000,000)")
     p.add_argument("--lanczos-noise-share", type=float, default=1e-3, metavar="S",
                    help="corrected distances: eigenpairs inside the noise bulk to the absolute residual S x the "
-                        "edge, the others to --tol (default 1e-3, as 'posstats analyze'; 0: every pair to --tol)")
+                        "analytic edge, the others to --tol (default 1e-3, as 'posstats analyze'; 0: every pair to --tol)")
     return p
 
 
@@ -277,12 +277,14 @@ def _corrected_solve(floor: Any, share: float, /, *, edge: float | None = None) 
     """``classical_mds`` arguments for the bias-corrected operator: the diagonal ``b`` and,
     with a finite positive edge (``edge``, measured on the halves; None: the analytic one)
     and ``share > 0``, the noise level (the edge on the corrected scale, ``edge - mean(b)``)
-    and residual ``share x edge``, as :func:`posstats.analysis.analyze` gives them."""
+    and residual ``share x`` the analytic edge (:func:`posstats.estimates.null_rank.bulk_residual`),
+    as :func:`posstats.analysis.analyze` gives them."""
     out: dict[str, Any] = {"diagonal": np.nan_to_num(np.asarray(floor.bias, dtype=np.float64), nan=0.0)}
-    edge = mp_edge([], floor) if edge is None else float(edge)
+    analytic = mp_edge([], floor)
+    edge = analytic if edge is None else float(edge)
     if share > 0 and math.isfinite(edge) and edge > 0:
         out["noise_level"] = edge - float(np.nanmean(floor.bias))
-        out["noise_residual"] = share * edge
+        out["noise_residual"] = bulk_residual(share, edge, analytic)
     return out
 
 

@@ -241,7 +241,7 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
         assert fast["verdict"][key] == full["verdict"][key], key
     assert all(row["tied_with"] for row in fast["verdict"]["best_encodings"])  # every encoding tied
     said = dict(verdict_items(fast))["accuracy"]  # the summary, markdown and HTML say why and how far
-    assert said.startswith("descriptive: no standout position") and "+-0.005" in said and "0.03 of the null's edge" in said
+    assert said.startswith("descriptive: no standout position") and "+-0.005" in said and "0.03 of the analytic edge" in said
     assert (untested["corpus_triples"], untested["encoding_triples"]) == (40_000, 40_000)
     assert "from 40,000 (corpus) and 40,000 (each encoding) sampled triples" in said
     a3, full_a3 = fast["diagnostics"]["a3"], full["diagnostics"]["a3"]
@@ -264,6 +264,26 @@ def test_untested_geometry_is_descriptive_and_the_tested_one_is_not():
     assert tested["spectrum"]["noise_residual"] == pytest.approx(1e-3 * tested["null"]["threshold"], rel=1e-12)
     lo, hi = tested["encodings"][0]["scaled_stress_pairs_ci95"]
     assert hi - lo <= 2 * 1e-3
+
+
+def test_the_bulk_residual_is_a_share_of_the_analytic_edge_whichever_edge_is_read():
+    """The MDS noise bulk's residual is the share of the analytic edge (the scale the
+    shares were measured on) also where the rank test reads the lower edge measured on the
+    corpus' halves; the level it decides against is the halves' edge. The same corpus
+    read against its analytic edge gives the same residual and that edge as its threshold."""
+    base = dict(dims=(2, 8), encodings=("mds",), held_out="off", exact_limit=300, null="mp",
+                monotonicity_exact_limit=300)
+    corpus = known_corpus("stationary", 400, tokens=2000, seed=3, window_groups=2, halves_only=True)
+    halves = analyze(corpus.counts, AnalysisConfig(**base), window_groups=corpus.window_groups).report()
+    analytic = analyze(corpus.counts, AnalysisConfig(mp_edge="analytic", **base),
+                       window_groups=corpus.window_groups).report()
+    assert halves["null"]["edge"]["method"] == "halves" and "untested" in halves["geometry"]
+    assert halves["null"]["threshold"] < 0.9 * analytic["null"]["threshold"]  # the halves' edge is the lower
+    share = AnalysisConfig().untested_lanczos_noise_share
+    assert analytic["spectrum"]["noise_residual"] == pytest.approx(share * analytic["null"]["threshold"], rel=1e-12)
+    assert halves["spectrum"]["noise_residual"] == pytest.approx(analytic["spectrum"]["noise_residual"], rel=1e-12)
+    shift = halves["null"]["eigenvalue_shift"]
+    assert halves["spectrum"]["noise_level"] == pytest.approx(halves["null"]["threshold"] - shift, rel=1e-9)
 
 
 def test_device_option_is_checked_before_any_work(monkeypatch, planted):

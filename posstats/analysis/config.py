@@ -141,7 +141,7 @@ class AnalysisConfig:
                                 metavar="TOL", minimum=0, strict=True, group=_LONG)
     lanczos_noise_share: float = option(
         1e-3, help="with the analytic null: eigenpairs inside the noise bulk are computed to this share of the "
-                   "null's edge as an absolute residual, the others to the Lanczos tolerance (0: every pair to "
+                   "analytic edge as an absolute residual, the others to the Lanczos tolerance (0: every pair to "
                    "it; docs/long-context.md)", metavar="S", minimum=0, group=_LONG)
     untested_stress_halfwidth: float = option(
         5e-3, help="sampled path, when no test can find structure (the analytic null has no homogeneity test "

@@ -17,7 +17,7 @@ from posstats.analysis.config import _NULL_SHUFFLE_LIMIT, AnalysisConfig
 from posstats.analysis.rows import _Rows
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
-from posstats.estimates.null_rank import bias_shift, mp_edge, null_rank
+from posstats.estimates.null_rank import bias_shift, bulk_residual, mp_edge, null_rank
 from posstats.estimates.permutation import (
     null_distance_sums,
     occupancy_weights,
@@ -61,7 +61,8 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
     """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
     before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
     plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
-    are computed to the absolute residual ``share x edge`` only, with share
+    are computed to the absolute residual ``share x`` the analytic edge only
+    (:func:`~posstats.estimates.null_rank.bulk_residual`), with share
     ``config.lanczos_noise_share`` (``untested_lanczos_noise_share`` when no test can find
     structure: :func:`_untested`); None (every pair to ``lanczos_tol``) otherwise.
     ``edge``: the edge measured on independent halves (:class:`_HalvesEdges`), else analytic."""
@@ -70,10 +71,11 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
         return None
     if _null_choice(config, m, noise) != "mp" or noise is None:
         return None
-    edge = mp_edge(geo_parts, noise) if edge is None else edge
+    analytic = mp_edge(geo_parts, noise)
+    edge = analytic if edge is None else edge
     if not math.isfinite(edge) or edge <= 0:
         return None
-    return edge - bias_shift(bias), share * edge
+    return edge - bias_shift(bias), bulk_residual(share, edge, analytic)
 
 
 HALVES_MIN_COVERAGE = 0.9  # the halves' least share of a row's tokens for their edge to be used

@@ -308,7 +308,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     if untested:
         items.append(("accuracy", f"descriptive: {untested['reason']}, so every encoding is tied whatever the "
                                   f"geometry; stresses sampled to +-{untested['stress_halfwidth']:g}, the MDS noise "
-                                  f"bulk to {untested['lanczos_noise_share']:g} of the null's edge"
+                                  f"bulk to {untested['lanczos_noise_share']:g} of the analytic edge"
                                   f"{_triples_clause(untested)} (docs/long-context.md)"))
     items.append(("distances", _noise_clause(report)))
     items += [("caveat", c) for c in v.get("caveats") or []]
