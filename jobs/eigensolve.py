@@ -77,7 +77,16 @@ import numpy as np
 from posstats.analysis import HALVES_MIN_COVERAGE, halves_unusable, stored_with_halves
 from posstats.counting.io import counts_file, load_header, load_indptr
 from posstats.counting.window_groups_io import window_groups_file
-from posstats.estimates.null_rank import bias_shift, bulk_residual, edge_decision_level, first_then_all, mp_edge, null_rank
+from posstats.estimates.null_rank import (
+    bias_shift,
+    bounded_rank_test,
+    bulk_residual,
+    edge_decision_level,
+    equal_weights_ratio,
+    first_then_all,
+    mp_edge,
+    null_rank,
+)
 from posstats.estimates.noise import merge_noise_floors
 from posstats.estimates.permutation import occupancy_weights
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
@@ -295,24 +304,31 @@ def _rank_test_weights(floor: Any, /) -> np.ndarray | None:
     return None if weights is None or floor.occupancy_column_noise is None else weights
 
 
-def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: argparse.Namespace,
-                        /, *, edge: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: argparse.Namespace, mds: Any,
+                        /, *, edge: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None] | None:
     """Where occupancies differ, the occupancy-weighted eigenpairs of the bias-corrected
     operator the weighted edge tests (``edge``, measured on the halves; None: analytic), as
     the analysis computes them (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as
-    many as the count needs: :func:`posstats.estimates.null_rank.first_then_all`):
-    ``(eigenvalues, weights, vectors)``; None at equal occupancy."""
+    many as the count needs: :func:`posstats.estimates.null_rank.first_then_all`; or, where
+    the weights are equal to 1 % and the unweighted ``mds`` bounds them below the level,
+    its eigenvalues' upper bounds: :func:`posstats.estimates.null_rank.bounded_rank_test`):
+    ``(eigenvalues, weights, vectors, bound)``, ``bound`` the weights' max/min ratio where
+    the eigenvalues are bounds (else None); None at equal occupancy."""
     weights = _rank_test_weights(floor)
     if weights is None:
         return None
     level = edge_decision_level([], floor, solve["diagonal"], weights, edge=edge)
     w_level, w_residual = level if level is not None else (None, None)
+    bounded = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
+                                                              weights, w_level)
+    if bounded is not None:
+        return bounded[0], weights, bounded[1], equal_weights_ratio(weights)
     tested, vectors = first_then_all(
         lambda k: weighted_gram_eigenpairs(products, weights, k=k, diagonal=solve["diagonal"], tol=args.tol,
                                            block=args.block, seed=args.seed, noise_level=w_level,
                                            noise_residual=w_residual),
         args.k, w_level)
-    return tested, weights, vectors
+    return tested, weights, vectors, None
 
 
 def _weighted_encoding(weighted: tuple[np.ndarray, np.ndarray, np.ndarray] | None, noise: dict[str, Any],
@@ -323,7 +339,7 @@ def _weighted_encoding(weighted: tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     None when the test was not weighted or counted none."""
     if weighted is None or not noise.get("components_above_noise"):
         return None
-    tested, weights, vectors = weighted
+    tested, weights, vectors = weighted[:3]
     k = min(int(noise["components_above_noise"]), vectors.shape[1])
     noise["weighted_mds_components"] = k
     return weighted_coordinates(vectors[:, :k], tested[:k], weights)
@@ -392,12 +408,15 @@ def _measure_edges(args: argparse.Namespace, path: str, header: Any, actors: lis
 
 
 def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], edges: _Edges, /,
-                 weighted: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+                 weighted: tuple[np.ndarray, np.ndarray] | None = None, *,
+                 tested_bound: float | None = None) -> dict[str, Any]:
     """The summary's ``noise``: the edge (``edges``: measured on the halves, else analytic)
     and ``edge_method`` saying which, the components above it (eigenvalues compared on the
     plug-in scale, shifted up by the mean bias, as the analysis does; with ``weighted`` =
     ``(eigenvalues, weights)``, those occupancy-weighted eigenvalues against the weighted
-    edge), the bias and the split-half distances."""
+    edge; ``tested_bound``: the weights' max/min ratio where those are the unweighted
+    eigenvalues' upper bounds, as the report's ``null.tested_bound``), the bias and the
+    split-half distances."""
     tested, weights = weighted if weighted is not None else (eigenvalues, None)
     shift = bias_shift(floor.bias, weights)
     measured = edges.measured(weighted is not None)
@@ -420,6 +439,9 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], edges: _Ed
         "weighting": "occupancy" if weighted is not None else "none",
         **({"tested_eigenvalues": [float(x) for x in tested[:16]],
             "weighting_formula": "W^1/2 B W^1/2, W = diag(N_i / mean N)"} if weighted is not None else {}),
+        **({"tested_bound": {"method": "ostrowski", "weights_ratio": tested_bound,
+                             "formula": "max(w) x the unweighted MDS eigenvalues (upper bounds)"}}
+           if weighted is not None and tested_bound is not None else {}),
         "noise_level": solve.get("noise_level"),
         "noise_residual": solve.get("noise_residual"),
         "bias_d_h2": stats(np.asarray(floor.bias, dtype=np.float64)),
@@ -507,8 +529,9 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
                                 **solve)
             weighted = None
             if floor is not None:
-                test = _weighted_rank_test(products, floor, solve, args, edge=edges.edge(True))
-                noise = _noise_entry(floor, mds.eigenvalues, solve, edges, None if test is None else test[:2])
+                test = _weighted_rank_test(products, floor, solve, args, mds, edge=edges.edge(True))
+                noise = _noise_entry(floor, mds.eigenvalues, solve, edges, None if test is None else test[:2],
+                                     tested_bound=None if test is None else test[3])
                 noise["edge_seconds"] = round(t_edges, 3)
                 noise["occupancy_adjusted"] = shrunk is not None
                 weighted = _weighted_encoding(test, noise)

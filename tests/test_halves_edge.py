@@ -510,6 +510,7 @@ def test_ranged_eigensolve_job_counts_against_the_halves_edge(packed_halves, tmp
     assert noise["edge"] == pytest.approx(ranged["null"]["threshold"], rel=1e-9)
     assert noise["edge_method"]["noise_top"] == pytest.approx(ranged["null"]["edge"]["noise_top"], rel=1e-9)
     assert noise["components_above_noise"] == ranged["null"]["components_above_null"] == 0  # a stationary stream
+    assert noise.get("tested_bound") == ranged["null"].get("tested_bound")  # 7 or 8 windows a position: solved
 
     analytic = tmp_path / "analytic"
     assert main(["--counts", str(out), "--out", str(analytic), "--k", "4", "--ranges", "3", "--distances",
@@ -605,3 +606,94 @@ def test_window_groups_are_kept_while_16_bytes_a_token_fit_the_budget():
         assert decide(n, 2**28) == (64, None)  # exactly 4 GiB
         k, why = decide(n, 2**28 + 1)
         assert k == 0 and "4.0 GiB for the window groups" in why and "budget of 4.0 GiB" in why
+
+
+def test_the_congruence_bound_holds_every_weighted_eigenvalue_and_decides_only_below_the_level():
+    """Ostrowski on a symmetric indefinite matrix with weights within 1 %: every eigenvalue of
+    ``W^1/2 A W^1/2`` is at most the bound of its unweighted one and within ``max/min`` of it
+    (a wrong end of the weights, or an unscaled eigenvalue, fails on the negative or positive
+    ones). The rank test is decided from the MDS only where the bound of the top Ritz value
+    plus its residual is at or below the level, and never for weights 2 % apart."""
+    from posstats.estimates.null_rank import EQUAL_WEIGHTS, bounded_rank_test, congruence_upper_bound
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((50, 50))
+    a = (x + x.T) / 2
+    lam, vec = np.linalg.eigh(a)
+    lam, vec = lam[::-1], vec[:, ::-1]
+    for spread in (0.3 * EQUAL_WEIGHTS, 0.9 * EQUAL_WEIGHTS):
+        w = 1.0 + rng.uniform(0.0, spread, 50)
+        root = np.sqrt(w)
+        weighted = np.linalg.eigvalsh(root[:, None] * a * root[None, :])[::-1]
+        bound = congruence_upper_bound(lam, w)
+        assert np.all(weighted <= bound + 1e-12)
+        assert np.all(np.abs(bound - weighted) <= (w.max() / w.min() - 1.0) * np.abs(lam) + 1e-12)
+        assert np.sum(weighted < 0) > 10 and np.sum(weighted > 0) > 10  # both ends were read
+        coords = vec * np.sqrt(np.maximum(lam, 0.0))[None, :]
+        resid = np.full(lam.size, 1e-3)  # relative to |theta_1|
+        reach = (lam[0] + 1e-3 * abs(lam[0])) * w.max()
+        values, units = bounded_rank_test(lam, resid, coords, w, reach * (1 + 1e-9))
+        assert values.shape == (16,) and np.allclose(values, bound[:16])
+        assert np.allclose(np.abs(units[:, 0]), np.abs(vec[:, 0])) and np.allclose(np.linalg.norm(units, axis=0)[:3], 1)
+        assert bounded_rank_test(lam, resid, coords, w, reach * (1 - 1e-6)) is None
+    wide = 1.0 + np.linspace(0.0, 0.02, 50)
+    assert bounded_rank_test(lam, np.zeros(50), vec, wide, 1e9) is None
+
+
+def test_pack_like_occupancy_decides_the_rank_test_from_the_mds_as_the_solve_does(monkeypatch):
+    """Occupancies within 0.6 % (as in pack mode) on the sampled path with the halves' edge:
+    the weighted rank test is bounded from the unweighted MDS (no solve; the report says
+    so), above the eigenvalues the weighted solve gives, with the same count (0) and verdict
+    on a stationary and a planted corpus; wider occupancies are solved as before."""
+    import posstats.analysis.sampled as sampled
+
+    base = dict(dims=(2, 8), encodings=("mds",), held_out="off", exact_limit=300, null="mp",
+                monotonicity_exact_limit=300)
+    keys = ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions")
+    for kind in ("stationary", "planted"):
+        c = known_corpus(kind, 400, tokens=2000, seed=3, window_groups=2, halves_only=True, occupancy_ratio=0.995)
+        bounded = analyze(c.counts, AnalysisConfig(**base), window_groups=c.window_groups).report()
+        with monkeypatch.context() as m:
+            m.setattr(sampled, "bounded_rank_test", lambda *a, **k: None)
+            solved = analyze(c.counts, AnalysisConfig(**base), window_groups=c.window_groups).report()
+        nb, ns = bounded["null"], solved["null"]
+        assert nb["edge"]["method"] == "halves" and nb["weighting"] == "occupancy"
+        assert nb["tested_bound"]["method"] == "ostrowski" and "tested_bound" not in ns
+        assert 1.0 < nb["tested_bound"]["weights_ratio"] <= 1.01
+        assert nb["threshold"] == ns["threshold"]
+        assert nb["tested_eigenvalues"][0] >= ns["tested_eigenvalues"][0]
+        assert nb["tested_eigenvalues"][0] + nb["eigenvalue_shift"] <= nb["threshold"]
+        assert nb["components_above_null"] == ns["components_above_null"] == 0
+        assert {k: bounded["verdict"][k] for k in keys} == {k: solved["verdict"][k] for k in keys}
+    wide = known_corpus("stationary", 400, tokens=2000, seed=3, window_groups=2, halves_only=True,
+                        occupancy_ratio=0.9)
+    report = analyze(wide.counts, AnalysisConfig(**base), window_groups=wide.window_groups).report()
+    assert report["null"]["weighting"] == "occupancy" and "tested_bound" not in report["null"]
+
+
+@pytest.mark.ray
+def test_the_eigensolve_job_bounds_the_weighted_test_as_the_analysis_does(tmp_path, ray_session):
+    """Occupancies within 0.6 % (as in pack mode), above 4,096 positions with the halves:
+    the job, like the analysis, decides the occupancy-weighted rank test from the unweighted
+    MDS's bound (``noise.tested_bound``), against the same edge, with the same count."""
+    import json
+
+    from posstats.counting.io import save_counts
+    from posstats.counting.window_groups_io import save_window_groups
+    from posstats.jobs.eigensolve import main
+
+    corpus = known_corpus("stationary", 4100, tokens=2000, seed=2, window_groups=2, halves_only=True,
+                          occupancy_ratio=0.995)
+    out = tmp_path / "counts"
+    save_counts(corpus.counts, out)
+    save_window_groups(corpus.window_groups, corpus.counts, out)
+    assert main(["--counts", str(out), "--out", str(tmp_path / "job"), "--k", "8", "--ranges", "2",
+                 "--stress-dims", "none"]) == 0
+    noise = json.loads((tmp_path / "job" / "eigensolve.json").read_text())["noise"]
+    config = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off", exact_limit=1024)
+    report = analyze(corpus.counts, config, show_progress=False, window_groups=corpus.window_groups).report()
+    assert noise["weighting"] == report["null"]["weighting"] == "occupancy"
+    assert noise["tested_bound"]["method"] == report["null"]["tested_bound"]["method"] == "ostrowski"
+    assert noise["tested_bound"]["weights_ratio"] == pytest.approx(report["null"]["tested_bound"]["weights_ratio"])
+    assert noise["edge"] == pytest.approx(report["null"]["threshold"], rel=1e-9)
+    assert noise["components_above_noise"] == report["null"]["components_above_null"] == 0

@@ -226,6 +226,7 @@ def _null_section(
     shrinkage: Any = None,
     rank_test: tuple[np.ndarray, np.ndarray] | None = None,
     halves: _HalvesEdges | None = None,
+    rank_test_bound: float | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
     """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
     above a null corpus (:func:`posstats.estimates.null_rank.null_rank`) and, from the same null corpora,
@@ -239,7 +240,9 @@ def _null_section(
     data's occupancy-weighted eigenvalues and eigenvectors when the geometry computed
     them (the exact path from its distance matrix; the sampled path, for the analytic edge,
     by Lanczos on its operator); for the shuffled or rotated null they are otherwise
-    computed here where occupancies differ. ``weighted``: where the test was weighted and
+    computed here where occupancies differ. ``rank_test_bound``: ``max(w) / min(w)`` where
+    the weighted eigenvalues are the MDS's times ``max(w)``, upper bounds that decided the
+    test (:func:`posstats.estimates.null_rank.bounded_rank_test`). ``weighted``: where the test was weighted and
     counts components, their (m, k) coordinates
     (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
     m = len(g.index)
@@ -329,6 +332,9 @@ def _null_section(
     if weights is not None:  # the threshold is on this scale, not the spectrum's
         out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
         out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+        if rank_test_bound is not None:  # not solved: bounds from the unweighted MDS, all below the edge
+            out["tested_bound"] = {"method": "ostrowski", "weights_ratio": rank_test_bound,
+                                   "formula": "max(w) x the unweighted MDS eigenvalues (upper bounds)"}
     if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
         out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
         out["median_occupancy"] = float(np.median(g.occupancy))

@@ -209,7 +209,8 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                    rank_test=shuffled or weights is not None, edge_level=edge_level)
     null, homogeneity, weighted = _null_section(
         geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress, distances=geometry.distances,
-        shrinkage=geometry.shrinkage, windows=windows, rank_test=geometry.rank_test, halves=halves)
+        shrinkage=geometry.shrinkage, windows=windows, rank_test=geometry.rank_test, halves=halves,
+        rank_test_bound=geometry.rank_test_bound)
     if null is not None:
         sections["null"] = null
     if halves.seconds:

@@ -179,6 +179,8 @@ class _Geometry:
     shrinkage: Any = None  # the OccupancyShrinkage of the used rows (None: equal occupancies)
     # the rank test's occupancy-weighted eigenvalues and eigenvectors (None: not needed)
     rank_test: tuple[np.ndarray, np.ndarray] | None = None
+    # max(w) / min(w) where those are the MDS's eigenvalues' upper bounds, not solved (weights equal to 1 %)
+    rank_test_bound: float | None = None
 
 
 def _standout(g: _Rows) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from posstats.analysis.rows import _Geometry, _Rows
 from posstats.analysis.scoring import _details_entry
 from posstats.analysis.sections import _HELLINGER_CONVENTION, _mean_interval
 from posstats.errors import OptionError, PosstatsError
-from posstats.estimates.null_rank import first_then_all
+from posstats.estimates.null_rank import bounded_rank_test, equal_weights_ratio, first_then_all
 from posstats.estimates.occupancy import OccupancyShrinkage
 from posstats.estimates.pair_jackknife import draw_jackknife_pairs
 from posstats.estimates.sampled import SampledGeometry
@@ -149,7 +149,10 @@ def _sampled_geometry(
     to ``config.untested_stress_halfwidth``. ``rank_test``: ``(weights, noise level)`` when
     the analytic edge will test occupancy-weighted eigenvalues: they are computed here, by
     Lanczos on the MDS's own operator
-    (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`)."""
+    (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`), or, where the weights are
+    equal to 1 % and the MDS's top eigenvalue bounds them below the level, bounded from it
+    (:func:`posstats.estimates.null_rank.bounded_rank_test`; ``rank_test_bound`` the
+    weights' ratio)."""
     m = len(g.positions)
     t = time.perf_counter()
     # the corrected distances have the square roots' occupancy shrinkage removed, as on the
@@ -173,10 +176,15 @@ def _sampled_geometry(
                             seed=config.seed, diagonal=bias, progress=report, noise_level=level,
                             noise_residual=residual, xp=gpu)
     timings["mds"] = time.perf_counter() - t
-    tested = None
+    tested, bound = None, None
     if rank_test is not None:  # the same operator, whitened by the occupancy weights
         t = time.perf_counter()
         weights, (w_level, w_residual) = rank_test[0], rank_test[1] or (None, None)
+        # weights equal to 1 % (pack mode): the MDS's top bounds the weighted one, no solve
+        tested = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
+                                                                 weights, w_level)
+        bound = None if tested is None else equal_weights_ratio(weights)
+    if rank_test is not None and tested is None:
         with progress(desc="rank test (occupancy-weighted Lanczos)", unit="products", enabled=show_progress) as bar:
             before = [0]
 
@@ -188,6 +196,7 @@ def _sampled_geometry(
                 return out
 
             tested = first_then_all(solve, _rank_test_k(mds.eigenvalues.size), w_level)
+    if rank_test is not None:
         timings["rank_test_eigenvalues"] = time.perf_counter() - t
     del products  # the device copy: freed once the pool lets go of it
     if gpu is not None:
@@ -238,7 +247,8 @@ def _sampled_geometry(
     # the stress intervals' pairs, drawn while the square-root rows are held
     i, j = draw_jackknife_pairs(m, entries_per_row=float(np.mean(sampled.row_entries)), seed=config.seed)
     return _Geometry(mds, diagnostics, results, summary, jackknife_pairs=(i, j, sampled.distances(i, j)),
-                     occupancy_adjusted=bias is not None, shrinkage=shrinkage, rank_test=tested)
+                     occupancy_adjusted=bias is not None, shrinkage=shrinkage, rank_test=tested,
+                     rank_test_bound=bound)
 
 
 # Exact nearest-neighbour search (k-d tree) is fast only in low dimension.

@@ -58,7 +58,12 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator, eigsh
 
-from posstats.estimates.null_rank import bias_shift
+from posstats.estimates.null_rank import (
+    EQUAL_WEIGHTS,
+    bias_shift,
+    congruence_upper_bound,
+    equal_weights_ratio,
+)
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.products import (
     _row_block_views,
@@ -68,7 +73,7 @@ from posstats.geometry.products import (
     product_threads,
 )
 
-__all__ = ["HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage", "halves_edge",
+__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage", "halves_edge",
            "halves_noise", "halves_noise_matrix", "noise_scale", "noise_top", "occupancy_bins", "rescale_noise",
            "unscaled_noise"]
 
@@ -78,7 +83,6 @@ HALVES_EDGE_MARGIN = 0.10  # the edge over the halves' top noise eigenvalue (mod
 # (2.02e8 packed tokens) it took 41 products against 71 at 1e-4 (20 s -> 15 s) for a value
 # 2.8e-5 lower (1e-6 took 1.7x the products of 1e-4 for the same value to 1e-6).
 NOISE_TOP_TOL = 1e-3
-EQUAL_WEIGHTS = 0.01  # weights within this ratio of each other reuse the unweighted top, scaled (module docstring)
 
 
 @dataclass(frozen=True)
@@ -342,8 +346,8 @@ class HalvesNoise:
         if self.matrix is None or self.rows < 2:
             return HalvesEdge(math.nan, float(margin), self.rows, self.source, self.coverage, shift)
         w = None if weights is None else np.asarray(weights, dtype=np.float64).ravel()
-        ratio = None if w is None or w.min() <= 0 else float(w.max() / w.min())
-        if w is not None and (ratio is None or ratio > 1.0 + EQUAL_WEIGHTS):
+        ratio = None if w is None else equal_weights_ratio(w)
+        if w is not None and ratio is None:
             return HalvesEdge(noise_top(self.matrix, w, bias), float(margin), self.rows, self.source, self.coverage,
                               shift)
         key = None if bias is None else np.asarray(bias, dtype=np.float64).tobytes()
@@ -352,7 +356,7 @@ class HalvesNoise:
         top = self._unweighted[key]
         if w is None:
             return HalvesEdge(top, float(margin), self.rows, self.source, self.coverage, shift)
-        scaled = top * (float(w.max()) if top > 0 else float(w.min()))  # Ostrowski: the larger end bounds it
+        scaled = float(congruence_upper_bound([top], w)[0])  # Ostrowski: the larger end bounds it
         return HalvesEdge(scaled, float(margin), self.rows, self.source, self.coverage, shift, weights_bound=ratio)
 
 

@@ -205,6 +205,7 @@ def spectrum_figure(
     noise_floor: float | None = None,
     explained_label: str = "cumulative share of the positive variance",
     tested: Sequence[float] | None = None,
+    tested_bound: float | None = None,
 ) -> Plot:
     """MDS eigenvalues (log scale) and cumulative explained variance.
 
@@ -218,6 +219,8 @@ def spectrum_figure(
         tested: optional descending eigenvalues the rank test compared with ``noise_floor``
             when they are not ``eigenvalues`` (the occupancy-weighted ones): drawn as their
             own series, and the components above noise counted on them.
+        tested_bound: ``max(w) / min(w)`` where ``tested`` are upper bounds, the
+            eigenvalues times the largest weight, not solved (``null.tested_bound``).
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     cum = np.asarray(explained, dtype=np.float64)
@@ -241,7 +244,8 @@ def spectrum_figure(
         kt = np.arange(1, compared.size + 1)
         ok = compared > top * 1e-12 if top > 0 else compared > 0
         ax.semilogy(kt[ok], compared[ok], "x-", color="C2", ms=4, lw=0.8,
-                    label="occupancy-weighted eigenvalue (the rank test's)")
+                    label=("occupancy-weighted, upper bound (the rank test's)" if tested_bound
+                           else "occupancy-weighted eigenvalue (the rank test's)"))
     if noise_floor is not None and noise_floor > 0:
         above = int(np.count_nonzero(compared > noise_floor))
         scale = " on the weighted scale" if tested is not None else ""
@@ -283,6 +287,10 @@ def spectrum_figure(
         caption += (" Positions' occupancies differ, so the rank test compared the eigenvalues of W^1/2 B W^1/2, "
                     "W = diag(N_i / mean N), which weighs each position by its occupancy (the thin positions' noise "
                     "down-weighted), with the threshold on that scale (crosses).")
+        if tested_bound:
+            caption += (f" The weights are equal to within {tested_bound - 1.0:.2%}, so the crosses are the "
+                        "eigenvalues times the largest weight: upper bounds (Ostrowski's theorem), all below the "
+                        "threshold, so the weighted matrix was not decomposed again.")
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
 

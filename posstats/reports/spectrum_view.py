@@ -13,7 +13,7 @@ import numpy as np
 
 from posstats.geometry.spectrum import Spectrum, spectrum_summary
 
-__all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_eigenvalues"]
+__all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_bound", "rank_test_eigenvalues"]
 
 
 def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
@@ -77,3 +77,12 @@ def rank_test_eigenvalues(report: dict[str, Any], /) -> list[float] | None:
     if null.get("weighting") != "occupancy" or not isinstance(tested, list):
         return None
     return [float(x) for x in tested]
+
+
+def rank_test_bound(report: dict[str, Any], /) -> float | None:
+    """``max(w) / min(w)`` where the rank test's eigenvalues (:func:`rank_test_eigenvalues`)
+    are upper bounds from the unweighted spectrum, not solved (``null.tested_bound``), else
+    None."""
+    bound = (report.get("null") or {}).get("tested_bound")
+    ratio = bound.get("weights_ratio") if isinstance(bound, dict) else None
+    return float(ratio) if isinstance(ratio, (int, float)) else None
