@@ -96,7 +96,8 @@ _RARER_BINS = (0.0, 1.0, 10.0, math.inf)
 def pair_errors(g: np.ndarray, p: np.ndarray, q: np.ndarray, n: int, /) -> dict:
     """Truth, bias without correction, remainder after the exact per-position correction, sd,
     and the remainder split by the token's mean count on its rarer side, ``N min(p_v, q_v)``
-    (``remainder_by_rarer_count``: below 1, 1-10, 10 and more)."""
+    (``remainder_by_rarer_count``: below 1, 1-10, 10 and more), and its part below 1 split by
+    the other side's mean count (``rarer_below_1_by_other_side``: below 1 too, or not)."""
     truth_v = (np.sqrt(p) - np.sqrt(q)) ** 2
     ep, vp = moments(g, p, n)
     eq, vq = moments(g, q, n)
@@ -104,9 +105,15 @@ def pair_errors(g: np.ndarray, p: np.ndarray, q: np.ndarray, n: int, /) -> dict:
     rarer = n * np.minimum(p, q)
     by_count = {f"{lo:g}-{hi:g}": round(float(remainder_v[(rarer >= lo) & (rarer < hi)].sum()), 5)
                 for lo, hi in zip(_RARER_BINS[:-1], _RARER_BINS[1:])}
+    # of the tokens seen less than once on their rarer side: also less than once on the other
+    # (whether two positions share them is not identifiable from counts), or more there
+    other = n * np.maximum(p, q)
+    by_sides = {side: round(float(remainder_v[(rarer < 1.0) & pick].sum()), 5)
+                for side, pick in (("both_below_1", other < 1.0), ("other_at_least_1", other >= 1.0))}
     truth = float(truth_v.sum())
     return {"d2": round(truth, 5), "bias": round(2 - 2 * float(ep @ eq) - truth, 5),
             "remainder": round(float(remainder_v.sum()), 5), "remainder_by_rarer_count": by_count,
+            "rarer_below_1_by_other_side": by_sides,
             "sd": round(2 * math.sqrt(float(vp @ eq**2 + vq @ ep**2 + vp @ vq)), 5)}
 
 
