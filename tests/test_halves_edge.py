@@ -665,6 +665,9 @@ def test_pack_like_occupancy_decides_the_rank_test_from_the_mds_as_the_solve_doe
         assert nb["tested_eigenvalues"][0] + nb["eigenvalue_shift"] <= nb["threshold"]
         assert nb["components_above_null"] == ns["components_above_null"] == 0
         assert {k: bounded["verdict"][k] for k in keys} == {k: solved["verdict"][k] for k in keys}
+        said = dict(verdict_items(bounded))["verdict"]
+        assert "bounded by the unweighted MDS's, all below it" in said
+        assert "bounded" not in dict(verdict_items(solved))["verdict"]
     wide = known_corpus("stationary", 400, tokens=2000, seed=3, window_groups=2, halves_only=True,
                         occupancy_ratio=0.9)
     report = analyze(wide.counts, AnalysisConfig(**base), window_groups=wide.window_groups).report()

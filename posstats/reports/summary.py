@@ -245,6 +245,9 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     else:
         weighted = ("; eigenvalues weighted by occupancy, the thin positions' noise down-weighted"
                     if null.get("weighting") == "occupancy" else "")
+        bound = (null.get("tested_bound") or {}).get("weights_ratio") if weighted else None
+        if isinstance(bound, (int, float)):  # not solved: the unweighted MDS bounds them (Ostrowski)
+            weighted += f"; weights within {bound - 1.0:.2%}, so bounded by the unweighted MDS's, all below it"
         first = (f"{above} MDS component(s) stand above sampling noise "
                  f"(null: {_null_name(null)}, threshold {_fmt(null.get('threshold'), '.4g')}{weighted})")
     so = v.get("standout_positions") or {}
