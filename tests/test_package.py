@@ -19,6 +19,16 @@ def test_every_export_resolves(name):
     assert getattr(posstats, name) is not None
 
 
+def test_python_dash_m_runs_the_command_line():
+    """``python -m posstats`` is the ``posstats`` command: the same version line, and a bad
+    command exits non-zero with argparse's message."""
+    ok = subprocess.run([sys.executable, "-m", "posstats", "--version"], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and ok.stdout.strip() == f"posstats {posstats.__version__}"
+    bad = subprocess.run([sys.executable, "-m", "posstats", "no-such-command"], capture_output=True, text=True,
+                         check=False)
+    assert bad.returncode != 0 and "invalid choice" in bad.stderr
+
+
 def test_import_is_light():
     code = "import sys, posstats, posstats.analysis, posstats.cli; print(sorted(m for m in ('ray', 'torch', 'cupy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
