@@ -73,9 +73,9 @@ from posstats.geometry.products import (
     product_threads,
 )
 
-__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage", "halves_edge",
-           "halves_noise", "halves_noise_matrix", "noise_scale", "noise_top", "occupancy_bins", "rescale_noise",
-           "unscaled_noise"]
+__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage",
+           "halves_edge", "halves_noise", "halves_noise_matrix", "noise_scale", "noise_top", "occupancy_bins",
+           "rescale_noise", "unscaled_noise"]
 
 HALVES_EDGE_MARGIN = 0.10  # the edge over the halves' top noise eigenvalue (module docstring)
 # ARPACK's relative tolerance for the noise top: the Ritz value is then within 0.1 % of the
