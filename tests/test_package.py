@@ -20,11 +20,12 @@ def test_every_export_resolves(name):
 
 
 def test_python_dash_m_runs_the_command_line():
-    """``python -m posstats`` is the ``posstats`` command: the same version line, and a bad
-    command exits non-zero with argparse's message."""
-    ok = subprocess.run([sys.executable, "-m", "posstats", "--version"], capture_output=True, text=True, check=False)
+    """``python -m posstats.cli`` is the ``posstats`` command (docs/cli.md): the same version
+    line, and a bad command exits non-zero with argparse's message."""
+    ok = subprocess.run([sys.executable, "-m", "posstats.cli", "--version"], capture_output=True, text=True,
+                        check=False)
     assert ok.returncode == 0 and ok.stdout.strip() == f"posstats {posstats.__version__}"
-    bad = subprocess.run([sys.executable, "-m", "posstats", "no-such-command"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-m", "posstats.cli", "no-such-command"], capture_output=True, text=True,
                          check=False)
     assert bad.returncode != 0 and "invalid choice" in bad.stderr
 
