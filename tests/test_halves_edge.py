@@ -672,6 +672,11 @@ def test_pack_like_occupancy_decides_the_rank_test_from_the_mds_as_the_solve_doe
                         occupancy_ratio=0.9)
     report = analyze(wide.counts, AnalysisConfig(**base), window_groups=wide.window_groups).report()
     assert report["null"]["weighting"] == "occupancy" and "tested_bound" not in report["null"]
+    # equal weights but structure above the edge: the bound cannot decide, the matrix is solved
+    drift = known_corpus("drift", 400, tokens=2000, seed=3, window_groups=2, halves_only=True, occupancy_ratio=0.995)
+    found = analyze(drift.counts, AnalysisConfig(**base), window_groups=drift.window_groups).report()
+    assert "tested_bound" not in found["null"] and found["null"]["components_above_null"] >= 1
+    assert found["null"]["tested_eigenvalues"][0] + found["null"]["eigenvalue_shift"] > found["null"]["threshold"]
 
 
 @pytest.mark.ray
