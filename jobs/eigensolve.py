@@ -82,10 +82,10 @@ from posstats.estimates.null_rank import (
     bounded_rank_test,
     bulk_residual,
     edge_decision_level,
-    equal_weights_ratio,
     first_then_all,
     mp_edge,
     null_rank,
+    tested_bound_entry,
 )
 from posstats.estimates.noise import merge_noise_floors
 from posstats.estimates.permutation import occupancy_weights
@@ -322,7 +322,7 @@ def _weighted_rank_test(products: Any, floor: Any, solve: dict[str, Any], args: 
     bounded = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
                                                               weights, w_level)
     if bounded is not None:
-        return bounded[0], weights, bounded[1], equal_weights_ratio(weights)
+        return bounded[0], weights, bounded[1], bounded[2]
     tested, vectors = first_then_all(
         lambda k: weighted_gram_eigenpairs(products, weights, k=k, diagonal=solve["diagonal"], tol=args.tol,
                                            block=args.block, seed=args.seed, noise_level=w_level,
@@ -439,8 +439,7 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], edges: _Ed
         "weighting": "occupancy" if weighted is not None else "none",
         **({"tested_eigenvalues": [float(x) for x in tested[:16]],
             "weighting_formula": "W^1/2 B W^1/2, W = diag(N_i / mean N)"} if weighted is not None else {}),
-        **({"tested_bound": {"method": "ostrowski", "weights_ratio": tested_bound,
-                             "formula": "max(w) x the unweighted MDS eigenvalues (upper bounds)"}}
+        **({"tested_bound": tested_bound_entry(tested_bound)}
            if weighted is not None and tested_bound is not None else {}),
         "noise_level": solve.get("noise_level"),
         "noise_residual": solve.get("noise_residual"),

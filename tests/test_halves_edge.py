@@ -257,7 +257,11 @@ def test_halves_only_counter_puts_every_window_in_the_group_of_its_order_and_rou
     never rotated (the analysis says why), while their halves still give the rank test's edge;
     summing them with groups that are not halves is refused in one line."""
     from posstats.counting.counts import CountAccumulator, CountSpec
-    from posstats.counting.window_groups_io import load_window_groups, save_window_groups, sum_window_group_files
+    from posstats.counting.window_groups_io import (
+        load_window_groups,
+        save_window_groups,
+        sum_window_group_files,
+    )
     from posstats.errors import InputError
 
     rng = np.random.default_rng(3)
@@ -614,7 +618,11 @@ def test_the_congruence_bound_holds_every_weighted_eigenvalue_and_decides_only_b
     (a wrong end of the weights, or an unscaled eigenvalue, fails on the negative or positive
     ones). The rank test is decided from the MDS only where the bound of the top Ritz value
     plus its residual is at or below the level, and never for weights 2 % apart."""
-    from posstats.estimates.null_rank import EQUAL_WEIGHTS, bounded_rank_test, congruence_upper_bound
+    from posstats.estimates.null_rank import (
+        EQUAL_WEIGHTS,
+        bounded_rank_test,
+        congruence_upper_bound,
+    )
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal((50, 50))
@@ -632,7 +640,8 @@ def test_the_congruence_bound_holds_every_weighted_eigenvalue_and_decides_only_b
         coords = vec * np.sqrt(np.maximum(lam, 0.0))[None, :]
         resid = np.full(lam.size, 1e-3)  # relative to |theta_1|
         reach = (lam[0] + 1e-3 * abs(lam[0])) * w.max()
-        values, units = bounded_rank_test(lam, resid, coords, w, reach * (1 + 1e-9))
+        values, units, ratio = bounded_rank_test(lam, resid, coords, w, reach * (1 + 1e-9))
+        assert ratio == pytest.approx(w.max() / w.min())
         assert values.shape == (16,) and np.allclose(values, bound[:16])
         assert np.allclose(np.abs(units[:, 0]), np.abs(vec[:, 0])) and np.allclose(np.linalg.norm(units, axis=0)[:3], 1)
         assert bounded_rank_test(lam, resid, coords, w, reach * (1 - 1e-6)) is None
@@ -705,3 +714,41 @@ def test_the_eigensolve_job_bounds_the_weighted_test_as_the_analysis_does(tmp_pa
     assert noise["tested_bound"]["weights_ratio"] == pytest.approx(report["null"]["tested_bound"]["weights_ratio"])
     assert noise["edge"] == pytest.approx(report["null"]["threshold"], rel=1e-9)
     assert noise["components_above_noise"] == report["null"]["components_above_null"] == 0
+
+
+def test_real_packed_text_bounds_the_weighted_rank_test_through_the_cli(shared_dir, tmp_path, monkeypatch):
+    """The shared Shakespeare (about 1.3 M GPT-2 tokens, real text) packed into windows of
+    4,100 positions, counted and analysed by the commands a user runs, on the sampled path
+    (``--exact-limit 4096``): about 317 windows fill every position but the last window's, so
+    the occupancy weights are equal to 1 % and the weighted rank test is bounded from the
+    MDS. The oracle is the weighted matrix solved on the same counts: its top is under the
+    bound, and the threshold, count (real text packed is stationary: 0) and verdict agree."""
+    import json
+
+    import posstats.analysis.sampled as sampled
+    from posstats import load_counts
+    from posstats.cli import main
+    from posstats.counting.window_groups_io import load_window_groups
+
+    counts = tmp_path / "counts"
+    assert main(["count", "--input", str(shared_dir / "corpora/shakespeare.md.gz"), "--format", "text", "--tokenizer",
+                 "data/tokenizers/gpt2.tokenizer.json", "--positions", "4100", "--mode", "pack",
+                 "--out", str(counts)]) == 0
+    flags = ["--dims", "2", "--encodings", "mds", "--held-out", "off", "--exact-limit", "4096"]
+    assert main(["analyze", "--counts", str(counts), "--out", str(tmp_path / "a"), *flags]) == 0
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    null = report["null"]
+    assert null["edge"]["method"] == "halves" and null["weighting"] == "occupancy"
+    assert null["tested_bound"]["method"] == "ostrowski" and null["tested_bound"]["weights_ratio"] <= 1.01
+
+    with monkeypatch.context() as m:
+        m.setattr(sampled, "bounded_rank_test", lambda *a, **k: None)
+        assert main(["analyze", "--counts", str(counts), "--out", str(tmp_path / "b"), *flags]) == 0
+    solved = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert "tested_bound" not in solved["null"]
+    assert solved["null"]["tested_eigenvalues"][0] <= null["tested_eigenvalues"][0]
+    assert solved["null"]["threshold"] == null["threshold"]
+    assert solved["null"]["components_above_null"] == null["components_above_null"] == 0
+    for key in ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions"):
+        assert solved["verdict"][key] == report["verdict"][key], key
+    assert load_window_groups(counts, load_counts(counts)).halves_only

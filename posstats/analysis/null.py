@@ -17,7 +17,13 @@ from posstats.analysis.config import _NULL_SHUFFLE_LIMIT, AnalysisConfig
 from posstats.analysis.rows import _Rows
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
-from posstats.estimates.null_rank import bias_shift, bulk_residual, mp_edge, null_rank
+from posstats.estimates.null_rank import (
+    bias_shift,
+    bulk_residual,
+    mp_edge,
+    null_rank,
+    tested_bound_entry,
+)
 from posstats.estimates.permutation import (
     null_distance_sums,
     occupancy_weights,
@@ -242,8 +248,8 @@ def _null_section(
     by Lanczos on its operator); for the shuffled or rotated null they are otherwise
     computed here where occupancies differ. ``rank_test_bound``: ``max(w) / min(w)`` where
     the weighted eigenvalues are the MDS's times ``max(w)``, upper bounds that decided the
-    test (:func:`posstats.estimates.null_rank.bounded_rank_test`). ``weighted``: where the test was weighted and
-    counts components, their (m, k) coordinates
+    test (:func:`posstats.estimates.null_rank.bounded_rank_test`). ``weighted``: where the
+    test was weighted and counts components, their (m, k) coordinates
     (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
     m = len(g.index)
     choice = _null_choice(config, m, noise)
@@ -333,8 +339,7 @@ def _null_section(
         out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
         out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
         if rank_test_bound is not None:  # not solved: bounds from the unweighted MDS, all below the edge
-            out["tested_bound"] = {"method": "ostrowski", "weights_ratio": rank_test_bound,
-                                   "formula": "max(w) x the unweighted MDS eigenvalues (upper bounds)"}
+            out["tested_bound"] = tested_bound_entry(rank_test_bound)
     if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
         out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
         out["median_occupancy"] = float(np.median(g.occupancy))

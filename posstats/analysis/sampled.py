@@ -17,7 +17,7 @@ from posstats.analysis.rows import _Geometry, _Rows
 from posstats.analysis.scoring import _details_entry
 from posstats.analysis.sections import _HELLINGER_CONVENTION, _mean_interval
 from posstats.errors import OptionError, PosstatsError
-from posstats.estimates.null_rank import bounded_rank_test, equal_weights_ratio, first_then_all
+from posstats.estimates.null_rank import bounded_rank_test, first_then_all
 from posstats.estimates.occupancy import OccupancyShrinkage
 from posstats.estimates.pair_jackknife import draw_jackknife_pairs
 from posstats.estimates.sampled import SampledGeometry
@@ -181,9 +181,10 @@ def _sampled_geometry(
         t = time.perf_counter()
         weights, (w_level, w_residual) = rank_test[0], rank_test[1] or (None, None)
         # weights equal to 1 % (pack mode): the MDS's top bounds the weighted one, no solve
-        tested = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
-                                                                 weights, w_level)
-        bound = None if tested is None else equal_weights_ratio(weights)
+        bounded = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
+                                                                  weights, w_level)
+        if bounded is not None:
+            tested, bound = bounded[:2], bounded[2]
     if rank_test is not None and tested is None:
         with progress(desc="rank test (occupancy-weighted Lanczos)", unit="products", enabled=show_progress) as bar:
             before = [0]

@@ -54,6 +54,7 @@ __all__ = [
     "mp_edge",
     "mp_edge_value",
     "null_rank",
+    "tested_bound_entry",
 ]
 
 
@@ -214,7 +215,7 @@ def congruence_upper_bound(eigenvalues: Any, weights: Any, /) -> np.ndarray:
 
 
 def bounded_rank_test(eigenvalues: Any, residuals: Any, vectors: Any, weights: Any, level: float, /,
-                      *, shown: int = EDGE_RANK_TEST_FIRST) -> tuple[np.ndarray, np.ndarray] | None:
+                      *, shown: int = EDGE_RANK_TEST_FIRST) -> tuple[np.ndarray, np.ndarray, float] | None:
     """The occupancy-weighted rank test decided from the unweighted MDS, without a solve of
     its own, or None (solve it).
 
@@ -236,13 +237,15 @@ def bounded_rank_test(eigenvalues: Any, residuals: Any, vectors: Any, weights: A
         level: the weighted edge on the tested eigenvalues' scale.
 
     Returns:
-        ``(values, unit vectors)``: the first ``shown`` Ritz values' upper bounds
+        ``(values, unit vectors, ratio)``: the first ``shown`` Ritz values' upper bounds
         ``congruence_upper_bound`` (what the report lists as the tested eigenvalues, all at
-        or below ``level``) and the MDS's unit eigenvectors, or None where the weights
-        differ by more or the bound does not decide.
+        or below ``level``), the MDS's unit eigenvectors and the weights' ``max / min``
+        (:func:`tested_bound_entry`), or None where the weights differ by more or the bound
+        does not decide.
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
-    if lam.size == 0 or equal_weights_ratio(weights) is None:
+    ratio = equal_weights_ratio(weights)
+    if lam.size == 0 or ratio is None:
         return None
     top = abs(float(lam[0])) or 1.0
     reach = float(lam[0]) + float(np.asarray(residuals, dtype=np.float64)[0]) * top
@@ -250,7 +253,15 @@ def bounded_rank_test(eigenvalues: Any, residuals: Any, vectors: Any, weights: A
         return None
     k = min(int(shown), lam.size)
     cols = np.asarray(vectors, dtype=np.float64)[:, :k]
-    return congruence_upper_bound(lam[:k], weights), cols / np.maximum(np.linalg.norm(cols, axis=0), 1e-300)
+    return congruence_upper_bound(lam[:k], weights), cols / np.maximum(np.linalg.norm(cols, axis=0), 1e-300), ratio
+
+
+def tested_bound_entry(ratio: float, /) -> dict[str, Any]:
+    """The report's ``null.tested_bound`` (and the eigensolve job's ``noise.tested_bound``):
+    the tested eigenvalues are :func:`bounded_rank_test`'s upper bounds, weights ``ratio``
+    = ``max(w) / min(w)``."""
+    return {"method": "ostrowski", "weights_ratio": float(ratio),
+            "formula": "max(w) x the unweighted MDS eigenvalues (upper bounds)"}
 
 
 def edge_decision_level(parts: Sequence[PositionalCounts], floor: NoiseFloor, bias: Any, weights: Any,
