@@ -5,6 +5,7 @@
     python benchmarks/bench_pack_homogeneity.py --mode truncate [--document-lengths 8-32] [--positions 16,64]
     python benchmarks/bench_pack_homogeneity.py --markov-stay 0.8 --markov-vocab 256 --streams 100 \
         --positions 4096 --windows 200
+    python benchmarks/bench_pack_homogeneity.py --reader posstats --windows 0 --positions 101:700:9 --no-permutation
 
 In pack mode a corpus is one stream of text cut into windows of n tokens. Documents start
 at offsets unrelated to n, so every position has the same token distribution: the
@@ -30,6 +31,18 @@ its first token, the first n kept, a chunk being ``--windows`` documents. A docu
 at an offset unrelated to n, so H0 holds too, with the dependence of real text inside each
 truncated document (the case of a truncate-mode corpus of running text); the rotation null
 rotates the full ones, the shorter ones stay in place.
+
+``--reader posstats`` reads the text as ``posstats count`` does (its documents: paragraphs
+in ``.md``, lines elsewhere, each line stripped, :func:`posstats.corpus.readers.read_token_batches`)
+and packs the documents' ids into the stream, so a cell's counts are those of ``posstats
+count --mode pack``; the default (``stream``) tokenises the raw text. ``--windows 0`` makes
+one chunk of every full window of the stream at each n (the whole corpus, as a user would
+count it), and ``--positions A:B:S`` takes the context lengths ``range(A, B, S)``: one
+corpus tested at many n, each a different folding of the same text, is a null replicate
+of its own (a multiple of another n shares its alignment: 128, 256 and 512 fold the
+stream alike). ``--no-permutation`` runs the rotation test alone (the permutation test
+and its shuffled baseline shuffle every token 39 times a cell). The JSON's ``over_cells``
+sums the rotation test's rejections over the cells.
 
 With ``--markov-stay`` the null corpora are ``--streams`` Markov streams instead
 (:func:`posstats.testing.markov_stream`: one stream of ``--windows`` windows of n tokens,
@@ -71,6 +84,33 @@ from bench_calibration import _proportion  # noqa: E402
 def read_text(path: Path) -> str:
     """The text of ``path`` (gzip when it ends in ``.gz``)."""
     return gzip.open(path, "rt", encoding="utf-8").read() if path.suffix == ".gz" else path.read_text(encoding="utf-8")
+
+
+def document_stream(path: Path, tokenizer: Path) -> tuple[np.ndarray, int]:
+    """``(ids, vocab)``: the documents of ``path`` as ``posstats count`` reads them
+    (:func:`posstats.corpus.readers.read_token_batches`), their ids in order as one stream."""
+    from posstats.corpus.readers import read_token_batches
+    from posstats.corpus.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    values = [np.asarray(b.values, dtype=np.int64) for b in read_token_batches(path, tokenizer=tok)]
+    return np.concatenate(values) if values else np.zeros(0, dtype=np.int64), tok.get_vocab_size()
+
+
+def context_lengths(text: str, parser: argparse.ArgumentParser) -> list[int]:
+    """``--positions``: comma-separated n, or ``A:B:S`` for ``range(A, B, S)``; a bad value
+    is a one-line parser error."""
+    try:
+        if ":" in text:
+            a, b, step = (int(x) for x in text.split(":"))
+            values = list(range(a, b, step))
+        else:
+            values = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"--positions takes N,N,... or A:B:S, got {text!r}")
+    if not values or min(values) < 2:
+        parser.error(f"--positions needs context lengths of at least 2, got {text!r}")
+    return values
 
 
 def token_stream(text: str, tokenizer: Path) -> tuple[np.ndarray, int]:
@@ -183,8 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text", type=Path, default=SHARED if SHARED.exists() else BUNDLED,
                    help="plain or .gz text (default ../shared/corpora/shakespeare.md.gz, else data/shakespeare-sample.txt)")
     p.add_argument("--tokenizer", type=Path, default=REPO / "data" / "tokenizers" / "gpt2.tokenizer.json")
-    p.add_argument("--positions", default="16,64,256", help="window lengths n, comma-separated (default 16,64,256)")
-    p.add_argument("--windows", type=int, default=1000, help="windows per chunk (default 1000)")
+    p.add_argument("--positions", default="16,64,256",
+                   help="window lengths n, comma-separated, or A:B:S for range(A, B, S) (default 16,64,256)")
+    p.add_argument("--windows", type=int, default=1000,
+                   help="windows per chunk; 0: one chunk of every full window at each n (default 1000)")
+    p.add_argument("--reader", choices=("stream", "posstats"), default="stream",
+                   help="stream: the raw text tokenised as one stream; posstats: its documents as posstats count reads "
+                        "them, packed in order (default stream)")
+    p.add_argument("--no-permutation", action="store_true",
+                   help="the rotation test alone (no permutation test, no shuffled baseline)")
     p.add_argument("--replicates", type=int, default=39, help="shuffled corpora per test (default 39: level 2.5 %%)")
     p.add_argument("--markov-stay", type=float, default=None,
                    help="null corpora from Markov streams with this repeat probability instead of the text")
@@ -201,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.mode == "truncate" and args.markov_stay is not None:
         p.error("--mode truncate cuts the text into documents; it takes no --markov-stay")
+    if args.windows < 0 or (args.windows == 0 and (args.mode == "truncate" or args.markov_stay is not None)):
+        p.error(f"--windows must be >= 1 (0, the whole stream, in pack mode on text only), got {args.windows}")
+    if args.no_permutation and not args.window_groups:
+        p.error("--no-permutation runs the rotation test alone: it needs --window-groups > 0")
+    positions = context_lengths(args.positions, p)
     _lengths(args.document_lengths, 1, p)  # a bad range is refused before the text is read
     t = time.perf_counter()
     from posstats.estimates.permutation import shuffled_rows
@@ -209,14 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     out = {"benchmark": "pack_homogeneity", "windows_per_chunk": args.windows, "replicates": args.replicates,
            "level": level, "cells": []}
     if args.markov_stay is None:
-        ids, vocab = token_stream(read_text(args.text), args.tokenizer)
-        out |= {"text": args.text.name, "tokens": int(ids.size), "vocab": vocab}
+        if args.reader == "posstats":
+            ids, vocab = document_stream(args.text, args.tokenizer)
+        else:
+            ids, vocab = token_stream(read_text(args.text), args.tokenizer)
+        out |= {"text": args.text.name, "reader": args.reader, "tokens": int(ids.size), "vocab": vocab}
     else:
         out |= {"markov": {"stay": args.markov_stay, "vocab": args.markov_vocab, "streams": args.streams}}
     out["mode"] = args.mode
-    for n in (int(x) for x in args.positions.split(",")):
-        size = n * args.windows
-        chunks = args.streams if args.markov_stay is not None else ids.size // size
+    all_rot_p: list[float] = []
+    all_rot_z: list[float] = []
+    for n in positions:
+        size = n * (args.windows or ids.size // n)
+        chunks = args.streams if args.markov_stay is not None else (ids.size // size if size else 0)
         real_p, real_z, base_p, base_z, rot_p, rot_z = [], [], [], [], [], []
         if args.mode == "truncate":
             lo, hi = _lengths(args.document_lengths, n, p)
@@ -234,25 +291,33 @@ def main(argv: list[str] | None = None) -> int:
                                                args.window_groups)
             else:
                 counts, groups = packed_counts(ids[k * size:(k + 1) * size], n, vocab, args.window_groups)
-            pk, zk = chunk_test(counts, args.replicates, rng)
-            real_p.append(pk)
-            real_z.append(zk)
+            if not args.no_permutation:
+                pk, zk = chunk_test(counts, args.replicates, rng)
+                real_p.append(pk)
+                real_z.append(zk)
             if groups is not None:
                 pk, zk = rotation_test(counts, groups, args.replicates, seed=k)
                 rot_p.append(pk)
                 rot_z.append(zk)
-            pk, zk = chunk_test(shuffled_rows(counts, rng), args.replicates, rng)
-            base_p.append(pk)
-            base_z.append(zk)
+            if not args.no_permutation:
+                pk, zk = chunk_test(shuffled_rows(counts, rng), args.replicates, rng)
+                base_p.append(pk)
+                base_z.append(zk)
         cell = {"positions": n, "chunks": chunks}
         if args.mode == "truncate":
             cell["document_lengths"] = [lo, hi]
-        if chunks:
+        if real_p:
             cell |= {"real": _summary(real_p, real_z, level), "baseline_shuffled": _summary(base_p, base_z, level)}
-            if rot_p:
-                cell["real_rotation"] = _summary(rot_p, rot_z, level)
+        if rot_p:
+            cell["real_rotation"] = _summary(rot_p, rot_z, level)
+            all_rot_p += rot_p
+            all_rot_z += rot_z
         out["cells"].append(cell)
         print(f"n={n}: {json.dumps(cell)}", file=sys.stderr, flush=True)
+    if all_rot_p:
+        out["over_cells"] = {"real_rotation": _summary(all_rot_p, all_rot_z, level),
+                             "rejected_at": [c["positions"] for c in out["cells"]
+                                             if (c.get("real_rotation") or {}).get("rejected", {}).get("count")]}
     out["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(out, indent=1))
     return 0

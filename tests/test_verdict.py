@@ -226,19 +226,25 @@ def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_s
     get a caveat naming both values and why: a top component on thin positions (at most
     half the median occupancy), whose noise outweighs the structure, with the option that
     leaves them out; else the structure moved by the rotations (a conservative count),
-    also when the null recorded no occupancies; not without a rejection, not with
-    shuffled corpora, not when the corpus' top is above the null."""
-    def said(threshold, top, corpora="rotated", rejected=True, **null):
+    also when the null recorded no occupancies, with the documents' openings as the reason
+    in truncate mode and not in pack mode, where no window starts a document; not without
+    a rejection, not with shuffled corpora, not when the corpus' top is above the null."""
+    def said(threshold, top, corpora="rotated", rejected=True, mode="truncate", **null):
         report = {"null": {"method": "shuffle", "components_above_null": 0, "threshold": threshold,
                            "null_corpora": corpora, **null},
                   "homogeneity": {"method": "rotation", "rejected": rejected, "rotated_share": 1.0, "level": 0.025,
                                   "p_value": 0.025, "replicates": 39},
-                  "spectrum": {"eigenvalues": [top, 1.0]}, "corpus": {"mode": "truncate", "windows": 3000}}
+                  "spectrum": {"eigenvalues": [top, 1.0]}, "corpus": {"mode": mode, "windows": 3000}}
         return [c for c in verdict(report, {"count": 7}).caveats if c.startswith("the homogeneity test found")]
 
     (caveat,) = said(82.03, 51.22)
     assert "largest eigenvalue (51.22) is within what the rotated null corpora reach (82.03)" in caveat
     assert "conservative" in caveat and "--min-occupancy" not in caveat  # a report written before the occupancies
+    assert "opening" in caveat and "window grid" not in caveat
+    (packed,) = said(0.1041, 0.1004, mode="pack", top_component_occupancy=5855.0, median_occupancy=5854.0)
+    assert "(0.1004) is within what the rotated null corpora reach (0.1041)" in packed
+    assert "conservative" in packed and "window grid" in packed and "opening" not in packed
+    assert "document" not in packed.split("(0.1041)")[1]
     (caveat,) = said(82.03, 51.22, top_component_occupancy=3.0, median_occupancy=1250.5)
     assert "positions of about 3 counted tokens" in caveat and "1,250 over all used positions" in caveat
     assert "--min-occupancy" in caveat and "conservative" not in caveat
@@ -266,6 +272,23 @@ def test_the_answer_hedges_a_gradual_change_found_by_the_permutation_test_alone(
         assert first.startswith("Token distributions may change gradually" if hedged else
                                 "Token distributions change gradually"), first
         assert ("dependent text" in first) == hedged
+
+
+def test_the_positions_row_names_the_null_corpora_its_p_value_bound_counts():
+    """A rejection at the Monte Carlo floor 1 / (R + 1) names the corpora none of which
+    reached the statistic: rotated ones with the rotation null, shuffled ones with the
+    permutation null (the pack-mode Shakespeare report said "shuffled" under the rotation
+    test)."""
+    from posstats.reports.summary import verdict_items
+
+    permutation = {"method": "permutation", "rejected": True, "level": 0.025, "p_value": 0.025, "replicates": 39}
+    for homogeneity, corpora in ((permutation, "shuffled"), ({**permutation, "method": "rotation", "window_groups": 64},
+                                                             "rotated")):
+        report = {"null": {"method": "shuffle", "components_above_null": 0}, "homogeneity": homogeneity,
+                  "corpus": {"mode": "pack", "windows": 5854}, "positions": {"used": 256}}
+        report["verdict"] = verdict(report, {"count": 0}).to_dict()
+        row = dict(verdict_items(report))["positions"]
+        assert f"p <= 0.025 (no {corpora} corpus of 39 reached it)" in row, row
 
 
 def test_best_encodings_ties_by_interval_overlap():

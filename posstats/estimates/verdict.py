@@ -298,7 +298,7 @@ def caveats(report: dict[str, Any], /) -> list[str]:
     top = (null.get("tested_eigenvalues") or (report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
     if (null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
             and null.get("threshold") is not None and float(null["threshold"]) > float(top)):
-        out.append(_unseen_structure_caveat(null, float(top)))
+        out.append(_unseen_structure_caveat(null, float(top), (report.get("corpus") or {}).get("mode")))
     thin = thin_mds_components(report)
     if thin:
         out.append(_thin_mds_caveat(null, thin))
@@ -358,7 +358,7 @@ def _thin_mds_caveat(null: dict[str, Any], thin: list[int]) -> str:
             "positions out (docs/calibration.md)")
 
 
-def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
+def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None = None) -> str:
     """The caveat for structure the homogeneity test found that no eigenvalue shows: the
     rotated corpora's largest top eigenvalue exceeds the corpus' own. Two causes, told
     apart by where the corpus' top component loads (``null.top_component_occupancy``
@@ -369,10 +369,15 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
       there a few documents fill a run of positions, whose sampling noise, shared along
       that run, outweighs the structure; any rotation reproduces that noise (one offset a
       length class or one a document alike), so ``--min-occupancy`` is the remedy;
-    - elsewhere: the rotations moved the structure rather than removed it (a turned
-      document's opening lands on another of its positions, and with most documents
-      shorter than the context the openings pile up where they reach), and the count of
-      components above noise is conservative.
+    - elsewhere: the rotations moved the structure rather than removed it, and the count of
+      components above noise is conservative. In ``truncate`` and ``chunk`` mode (``mode``,
+      the corpus' counting mode; None for a report that does not say) a turned document's
+      opening lands on another of its positions, and with most documents shorter than the
+      context the openings pile up where they reach. In ``pack`` mode no window starts a
+      document, so the caveat says what holds there: each rotated corpus keeps a share of
+      a change tied to the window grid, turned to other offsets, and a change spread thinly
+      over many positions raises the homogeneity statistic (a sum over every position)
+      before it lifts any one eigenvalue.
     """
     weighted = " occupancy-weighted" if null.get("weighting") == "occupancy" else ""
     head = (f"the homogeneity test found structure, but the corpus' largest{weighted} eigenvalue ({top:.4g}) is within "
@@ -383,6 +388,11 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float) -> str:
                 f"under its loadings; {float(median):,.0f} over all used positions), where the few documents that "
                 "reach a position share its sampling noise along the positions they fill, which outweighs the structure "
                 "in this geometry; --min-occupancy K leaves thinly occupied positions out (docs/calibration.md)")
+    if mode == "pack":
+        return (f"{head}: rotations move that structure rather than remove it (each rotated corpus keeps a share of a "
+                "change tied to the window grid, turned to other offsets), and a change spread thinly over many "
+                "positions raises the homogeneity statistic, a sum over every position, before it lifts any one "
+                "eigenvalue; so the count of components above noise is conservative here (docs/calibration.md)")
     return (f"{head}: rotations move that structure rather than remove it (a turned document's opening lands on "
             "another of its positions, and where most documents are shorter than the context the openings pile up where "
             "they reach), so the count of components above noise is conservative here (docs/calibration.md)")

@@ -45,12 +45,13 @@ def _noise_clause(report: dict[str, Any]) -> str:
 
 def _p_value(section: dict[str, Any]) -> str:
     """A Monte Carlo p-value as the bound it is: ``p <= 0.025`` at its floor 1 / (R + 1),
-    else ``p = 0.05``."""
+    naming the null corpora (rotated with the rotation null, else shuffled), else ``p = 0.05``."""
     p, reps = section.get("p_value"), section.get("replicates")
     if p is None:
         return "p unknown"
     if reps and p <= 1.0 / (int(reps) + 1) + 1e-12:
-        return f"p <= {p:.2g} (no shuffled corpus of {int(reps)} reached it)"
+        corpora = "rotated" if section.get("method") == "rotation" else "shuffled"
+        return f"p <= {p:.2g} (no {corpora} corpus of {int(reps)} reached it)"
     return f"p = {p:.2g}"
 
 
