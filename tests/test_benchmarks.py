@@ -354,6 +354,44 @@ def test_bench_pack_homogeneity_small():
     assert (real[[3]].toarray().ravel() == np.bincount(ids[3:3200:16], minlength=vocab)).all()
 
 
+def test_bench_pack_homogeneity_whole_corpus_read_as_posstats_count_reads_it(tmp_path):
+    """--reader posstats --windows 0 --positions A:B:S: one chunk of every full window at
+    each n, counts equal to `posstats count --mode pack` of the same file (the documents
+    as the CLI reads them), the rotation test alone with --no-permutation, and the
+    rejections summed over the cells; bad values are one-line errors."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from bench_pack_homogeneity import BUNDLED, document_stream, packed_counts
+
+    from posstats.cli import main as cli
+    from posstats.counting.io import load_counts
+
+    r = run_bench("bench_pack_homogeneity.py", "--text", str(BUNDLED), "--reader", "posstats", "--windows", "0",
+                  "--positions", "16:40:8", "--no-permutation")
+    assert r["reader"] == "posstats" and [c["positions"] for c in r["cells"]] == [16, 24, 32]
+    assert all(c["chunks"] == 1 and "real" not in c and c["real_rotation"]["rejected"]["of"] == 1 for c in r["cells"])
+    over = r["over_cells"]
+    assert over["real_rotation"]["rejected"]["of"] == 3 and len(over["rejected_at"]) == over["real_rotation"]["rejected"]["count"]
+
+    tokenizer = BENCH.parent / "data" / "tokenizers" / "gpt2.tokenizer.json"
+    ids, vocab = document_stream(BUNDLED, tokenizer)
+    assert r["tokens"] == ids.size
+    full = ids.size // 24 * 24
+    counts, _ = packed_counts(ids[:full], 24, vocab, 64)
+    assert cli(["count", "--input", str(BUNDLED), "--tokenizer", str(tokenizer), "--positions", "24", "--mode", "pack",
+                "--out", str(tmp_path / "c"), "-q"]) == 0
+    stored = load_counts(tmp_path / "c").matrix.toarray()
+    stored[np.arange(ids.size - full), ids[full:]] -= 1  # the stream's last, short window, which the bench leaves out
+    assert (stored == counts.toarray()).all()
+    for argv, says in ((["--positions", "9:3:1"], "context lengths of at least 2"),
+                       (["--positions", "a:b"], "N,N,... or A:B:S"),
+                       (["--windows", "0", "--mode", "truncate"], "--windows must be >= 1"),
+                       (["--no-permutation", "--window-groups", "0"], "needs --window-groups > 0")):
+        bad = subprocess.run([sys.executable, str(BENCH / "bench_pack_homogeneity.py"), "--text", str(BUNDLED), *argv],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and says in bad.stderr.strip().splitlines()[-1], bad.stderr
+
+
 def test_bench_rotation_short_windows_small():
     """bench_rotation_short_windows.py: one row per length range and planted share, each
     with the share of tokens in full windows and both tests' rejection counts; documents
