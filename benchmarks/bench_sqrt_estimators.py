@@ -14,7 +14,17 @@ least squares), above it the plug-in with its second-order correction
 ``(1 - c/N) / (8 sqrt(c N))``; and (``--shifts``) the shifted square root
 ``sqrt((c + a) / N)`` for ``c >= 1`` (0 at ``c = 0``), whose shift ``a`` offsets the plug-in's
 ``-1 / (8 sqrt(N p))`` for well-sampled tokens (Anscombe's ``a = 3/8`` in the variance
-stabilising transform).
+stabilising transform); and (``--jackknife``) Quenouille's delete-one jackknife, which the
+calibration issue named: per entry, ``J(c) = N g(c) - (N - 1) E[g(c - B) | c]`` with
+``g(c) = sqrt(c / N)`` before and ``sqrt(c' / (N - 1))`` after deleting one of the N tokens
+(``B`` = 1 when the deleted token is this entry's, probability ``c / N``), as one more
+estimator of ``sqrt(p)`` under the exact per-position correction; and the two-sample
+jackknife of the whole plug-in distance, ``T_J = T + (N - 1)(T - mean_i T_(-1)) + (N -
+1)(T - mean_j T_(-1))`` over deleting one token at either position, which needs no
+per-position correction of its own. Since ``T = 2 - 2 sum_v s(x_v) s(y_v)`` before and
+after a deletion, ``T_J = 2 - 2 sum_v [J(x_v) s(y_v) + s(x_v) J(y_v) - s(x_v) s(y_v)]``: a
+pair-aware (bilinear) correction. Its rows (``two_sample_jackknife``) give its exact error on
+identical positions too, where the per-position correction posstats uses is unbiased.
 
 Pairs (the truths of ``posstats.testing.known_corpus``, V = ``--vocab``, Zipf 1.1): the drift's
 ends (positions 0 and 63 of 64), drift 16 apart, a planted position against the base. For
@@ -72,6 +82,38 @@ def shifted_estimator(n: int, shift: float, /) -> np.ndarray:
     return np.where(c > 0, np.sqrt((c + shift) / n), 0.0)
 
 
+def jackknife_estimator(n: int, /) -> np.ndarray:
+    """(n + 1,) the delete-one jackknife ``J(c) = n s(c) - (n - 1) h(c)`` of ``s(c) =
+    sqrt(c / n)``, ``h(c) = (c / n) sqrt((c - 1) / (n - 1)) + (1 - c / n) sqrt(c / (n - 1))``
+    the mean of ``s`` over the n samples with one token deleted (module docstring)."""
+    c = np.arange(n + 1, dtype=np.float64)
+    h = (c / n) * np.sqrt(np.maximum(c - 1, 0) / (n - 1)) + (1 - c / n) * np.sqrt(c / (n - 1))
+    return n * np.sqrt(c / n) - (n - 1) * h
+
+
+def two_sample_jackknife_errors(p: np.ndarray, q: np.ndarray, n: int, /) -> dict:
+    """Truth, exact bias and sd of the two-sample jackknife ``T_J`` of the plug-in ``d_H^2``
+    between positions of n tokens each drawn from ``p`` and ``q`` (module docstring), per
+    token ``J(x) s(y) + s(x) J(y) - s(x) s(y)``, tokens independent binomials as in
+    :func:`pair_errors`; also the bias as a share of the plug-in's."""
+    s, jack = plugin(n), jackknife_estimator(n)
+    truth = float(((np.sqrt(p) - np.sqrt(q)) ** 2).sum())
+    es_p, vs_p = moments(s, p, n)
+    es_q, vs_q = moments(s, q, n)
+    ej_p, vj_p = moments(jack, p, n)
+    ej_q, vj_q = moments(jack, q, n)
+    esj_p, esj_q = moments(s * jack, p, n)[0], moments(s * jack, q, n)[0]
+    mean_v = ej_p * es_q + es_p * ej_q - es_p * es_q
+    # E[(J_x s_y + s_x (J_y - s_y))^2], x ~ p and y ~ q independent
+    second_v = ((vj_p + ej_p**2) * q + p * (vj_q + ej_q**2 - 2 * esj_q + q)
+                + 2 * esj_p * (esj_q - q))
+    plugin_bias = 2 - 2 * float(es_p @ es_q) - truth
+    bias = 2 - 2 * float(mean_v.sum()) - truth
+    return {"d2": round(truth, 5), "bias": round(bias, 5),
+            "share_of_plugin_bias": round(bias / plugin_bias, 4) if plugin_bias else None,
+            "sd": round(2 * math.sqrt(max(float((second_v - mean_v**2).sum()), 0.0)), 5)}
+
+
 def moments(g: np.ndarray, p: np.ndarray, n: int, /, *, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """((V,) E g(c), (V,) Var g(c)) with ``c ~ Binomial(n, p_v)``: the binomial sums over the
     counts within 12 sd (and 12 counts) of the mean, whose outside mass is below 1e-30."""
@@ -123,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=5000)
     ap.add_argument("--estimators", default="4:4,8:6", help="comma-separated c0:K of the polynomial estimators")
     ap.add_argument("--shifts", default="", help="comma-separated shifts a of the shifted square root (none by default)")
+    ap.add_argument("--jackknife", action="store_true",
+                    help="also the delete-one jackknife: of sqrt(p) per entry, and of the whole distance (two-sample)")
     args = ap.parse_args(argv)
     drift = known_corpus("drift", 64, tokens=10, seed=0, vocab=args.vocab)
     planted = known_corpus("planted", 64, tokens=10, seed=0, vocab=args.vocab)
     pairs = {"drift_ends": (drift.mu(0), drift.mu(63)), "drift_16_apart": (drift.mu(0), drift.mu(16)),
              "planted_vs_base": (planted.mu(0), planted.mu(10))}
     t0 = time.perf_counter()
-    rows = []
+    rows, jackknife_rows = [], []
     for n in (int(float(x)) for x in args.tokens.split(",")):
         estimators = {"plugin": plugin(n)}
         for spec in args.estimators.split(","):
@@ -137,10 +181,17 @@ def main(argv: list[str] | None = None) -> int:
             estimators[f"polynomial c0={c0} K={degree}"] = polynomial_estimator(n, c0, degree)
         for shift in (float(x) for x in args.shifts.split(",") if x):
             estimators[f"shifted a={shift:g}"] = shifted_estimator(n, shift)
+        if args.jackknife:
+            estimators["jackknife"] = jackknife_estimator(n)
+            with_identical = {"identical": (drift.mu(0), drift.mu(0)), **pairs}
+            jackknife_rows.append({"N": n, **{k: two_sample_jackknife_errors(p, q, n)
+                                              for k, (p, q) in with_identical.items()}})
         for name, g in estimators.items():
             rows.append({"N": n, "estimator": name, **{k: pair_errors(g, p, q, n) for k, (p, q) in pairs.items()}})
-    print(json.dumps({"benchmark": "sqrt_estimators", "vocab": args.vocab, "baseline": "plugin", "rows": rows,
-                      "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
+    out = {"benchmark": "sqrt_estimators", "vocab": args.vocab, "baseline": "plugin", "rows": rows}
+    if args.jackknife:
+        out["two_sample_jackknife"] = jackknife_rows
+    print(json.dumps(out | {"seconds": round(time.perf_counter() - t0, 1)}, indent=2))
     return 0
 
 

@@ -246,6 +246,46 @@ def test_bench_sqrt_estimators_small():
             assert abs(sum(split.values()) - row[pair]["remainder"]) < 5e-5
 
 
+def test_bench_sqrt_estimators_jackknife_is_the_delete_one_jackknife():
+    """--jackknife: the per-entry J(c) and the two-sample formula equal the jackknife done
+    by hand (every token of a small sample deleted in turn, the plug-in distance recomputed);
+    J removes the plug-in's 1/N bias of sqrt(p) where tokens are well sampled; the two-sample
+    rows give the error on identical positions too."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from bench_sqrt_estimators import jackknife_estimator, moments, plugin
+
+    n, x, y = 12, np.array([5, 0, 4, 1, 2]), np.array([1, 6, 0, 3, 2])
+
+    def distance(a, b):
+        return float(((np.sqrt(a / a.sum()) - np.sqrt(b / b.sum())) ** 2).sum())
+
+    def deleted(a):  # the n samples with one token of a deleted, as their distinct count vectors
+        return [(int(k), a - np.eye(a.size, dtype=int)[v]) for v, k in enumerate(a) if k]
+
+    t = distance(x, y)
+    mean_i = sum(k * distance(a, y) for k, a in deleted(x)) / n
+    mean_j = sum(k * distance(x, b) for k, b in deleted(y)) / n
+    by_hand = t + (n - 1) * (t - mean_i) + (n - 1) * (t - mean_j)
+    s, jack = plugin(n), jackknife_estimator(n)
+    formula = 2 - 2 * float((jack[x] * s[y] + s[x] * jack[y] - s[x] * s[y]).sum())
+    assert abs(by_hand - formula) < 1e-12
+    for v, k in enumerate(x):  # per entry: n s(c) - (n - 1) mean of sqrt(c' / (n - 1)) over the deletions
+        after = sum(kk * np.sqrt(a[v] / (n - 1)) for kk, a in deleted(x)) / n
+        assert abs(jack[k] - (n * np.sqrt(k / n) - (n - 1) * after)) < 1e-12
+
+    big, p = 100_000, np.array([0.01, 0.002])
+    err_plugin = moments(plugin(big), p, big)[0] - np.sqrt(p)
+    err_jack = moments(jackknife_estimator(big), p, big)[0] - np.sqrt(p)
+    assert np.all(np.abs(err_jack) < np.abs(err_plugin) / 50)
+
+    r = run_bench("bench_sqrt_estimators.py", "--tokens", "200", "--vocab", "300", "--estimators", "4:4", "--jackknife")
+    assert [row["estimator"] for row in r["rows"]] == ["plugin", "polynomial c0=4 K=4", "jackknife"]
+    (row,) = r["two_sample_jackknife"]
+    assert set(row) == {"N", "identical", "drift_ends", "drift_16_apart", "planted_vs_base"}
+    assert row["identical"]["d2"] == 0 and row["identical"]["bias"] > 0 and row["drift_ends"]["sd"] > 0
+
+
 def test_bench_smacof_acceleration_table():
     """bench_smacof's acceleration section at a tiny size: both runs on one budget, gaps
     measured from the lower of the long runs, SQUAREM's no farther than plain transforms'
