@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from tqdm import (
     tqdm,  # the terminal bar: tqdm.auto would import asyncio (15 ms of every start-up) for notebooks
 )
 
-__all__ = ["progress"]
+__all__ = ["bars_shown", "progress"]
 
 
 _QUIET = [False]
+
+
+def bars_shown() -> bool:
+    """Whether a bar left to its default (``enabled=None``) shows: not ``-q`` and stderr a
+    terminal. Libraries with bars of their own (Hugging Face ``datasets`` building its Arrow
+    cache) follow it."""
+    return not _QUIET[0] and sys.stderr.isatty()
 
 
 def set_quiet(quiet: bool, /) -> bool:

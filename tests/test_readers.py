@@ -525,6 +525,36 @@ def test_hf_folder_of_data_files(tmp_path):
     assert sorted(collect(read_token_batches([folder], column="ids", hf_streaming=True))) == sorted(SEQS)
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+def test_hf_cache_building_shows_no_bar_where_posstats_shows_none(tmp_path, capfd, quiet):
+    """`datasets` building its Arrow cache of a folder drew "Generating train split" bars
+    through `posstats count -q` and into logs: its bars follow posstats' own (none with -q,
+    none when stderr is not a terminal), and its setting is put back after."""
+    import datasets
+
+    from posstats.cli import main
+    from posstats.progress import bars_shown, set_quiet
+
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    write_parquet(folder / "part-0.parquet", SEQS[:5])
+    write_parquet(folder / "part-1.parquet", SEQS[5:])
+    logging = datasets.utils.logging
+    before = logging.is_progress_bar_enabled()
+    previous = set_quiet(False)
+    try:
+        argv = ["count", "--input", str(folder), "--column", "ids", "--positions", "4", "--vocab-size", "30522",
+                "--out", str(tmp_path / "c"), *(["-q"] if quiet else [])]
+        assert main(argv) == 0
+        assert not bars_shown()  # stderr is captured, not a terminal
+    finally:
+        set_quiet(previous)
+    err = capfd.readouterr().err
+    assert "Generating" not in err and "examples/s" not in err, err
+    assert logging.is_progress_bar_enabled() == before
+    assert collect(read_token_batches([folder], column="ids")) == SEQS  # the cache it built reads back
+
+
 def test_hf_errors(tmp_path):
     folder = tmp_path / "saved"
     _dataset().save_to_disk(str(folder))

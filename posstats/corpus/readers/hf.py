@@ -4,6 +4,7 @@ batches: the split, the column, and Arrow batches of it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from posstats.corpus.readers.spec import ReaderSpec, describe_exception
 from posstats.corpus.remote import hub_dataset, is_url, url_filesystem, url_info
 from posstats.counting.tokens import TokenBatch
 from posstats.errors import InputError, OptionError, PosstatsError
+from posstats.progress import bars_shown
 
 def _import_datasets() -> Any:
     """The ``datasets`` package (an optional extra: only Hugging Face inputs need it)."""
@@ -26,6 +28,22 @@ def _import_datasets() -> Any:
         msg = "reading a Hugging Face dataset needs the datasets package: pip install 'posstats[hf]'"
         raise InputError(msg) from None
     return datasets
+
+
+@contextlib.contextmanager
+def _datasets_bars(datasets: Any) -> Iterator[None]:
+    """``datasets``' own progress bars (building its Arrow cache) shown only where posstats'
+    bars show (:func:`posstats.progress.bars_shown`: not ``-q``, stderr a terminal), and
+    put back as they were after."""
+    logging = datasets.utils.logging
+    was = logging.is_progress_bar_enabled()
+    if was and not bars_shown():
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 def _read_hf(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
@@ -48,14 +66,15 @@ def _read_hf(path: str, spec: ReaderSpec) -> Iterator[TokenBatch]:
         spec = dataclasses.replace(spec, text_column="text")  # the text builder's only column
     remote = {"storage_options": dict(spec.storage_options)} if is_url(path) and spec.storage_options else {}
     try:
-        if saved:
-            ds = datasets.load_from_disk(path, **remote)
-        elif builder is None:
-            revision = path.rstrip("/").partition("@")[2] or None
-            ds = datasets.load_dataset(hub_dataset(path) or path, revision=revision, streaming=spec.hf_streaming)
-        else:
-            kwargs = {"delimiter": "\t"} if builder == "csv" and ".tsv" in path.lower() else {}
-            ds = datasets.load_dataset(builder, data_files=[path], streaming=spec.hf_streaming, **remote, **kwargs)
+        with _datasets_bars(datasets):
+            if saved:
+                ds = datasets.load_from_disk(path, **remote)
+            elif builder is None:
+                revision = path.rstrip("/").partition("@")[2] or None
+                ds = datasets.load_dataset(hub_dataset(path) or path, revision=revision, streaming=spec.hf_streaming)
+            else:
+                kwargs = {"delimiter": "\t"} if builder == "csv" and ".tsv" in path.lower() else {}
+                ds = datasets.load_dataset(builder, data_files=[path], streaming=spec.hf_streaming, **remote, **kwargs)
     except Exception as exc:  # noqa: BLE001 - datasets raises many unrelated types
         msg = f"{path}: cannot load as a Hugging Face dataset ({describe_exception(exc)})"
         raise InputError(msg) from exc
