@@ -201,6 +201,35 @@ def test_both_samplers_draw_the_same_table_distribution():
         np.testing.assert_array_less(np.abs(freq - expected), 5 * np.sqrt(expected * (1 - expected) / 3000) + 1e-9)
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 5, 10**6])  # a row a chunk, two rows a chunk, one chunk
+def test_rows_drawn_in_chunks_have_the_law_of_a_shuffle(monkeypatch, chunk_tokens):
+    """``_shuffled_in_chunks`` (a few rows of a large pool, for the noise share's shuffled
+    corpora) draws what a shuffle of every token puts in those rows: row sums exact, and
+    the count of token 0 in any set of rows hypergeometric (a pool of 12 tokens, 6 of them
+    token 0, the rows holding 8), within a chunk, across chunks and over all of them;
+    4,000 draws, each frequency within 5 binomial sd of the pmf."""
+    from scipy.stats import hypergeom
+
+    from posstats.estimates import permutation
+
+    monkeypatch.setattr(permutation, "_CHUNK_TOKENS", chunk_tokens)
+    occ, cols, pool = np.array([3, 2, 2, 1]), np.array([0, 2, 5]), np.array([6, 4, 2])
+    rng = np.random.default_rng(11)
+    draws = [permutation._shuffled_in_chunks(occ, cols, pool, 7, rng) for _ in range(4000)]
+    for s in draws[:20]:
+        np.testing.assert_array_equal(s.sum(axis=1), occ)
+        assert s.has_canonical_format and s.shape == (4, 7) and np.all(s.sum(axis=0)[cols] <= pool)
+        assert s[:, [1, 3, 4, 6]].nnz == 0  # only the pool's tokens
+    for rows in ([2], [1, 2], [0, 1, 2, 3]):
+        got = np.array([int(s[rows, [0]].sum()) for s in draws])
+        drawn = int(occ[rows].sum())
+        expected = hypergeom(12, 6, drawn).pmf(np.arange(drawn + 1))
+        freq = np.bincount(got, minlength=drawn + 1) / got.size
+        np.testing.assert_array_less(np.abs(freq - expected), 5 * np.sqrt(expected * (1 - expected) / got.size) + 1e-9)
+    whole = permutation._shuffled_in_chunks(np.array([7, 5]), cols, pool, 7, rng)  # every token of the pool
+    np.testing.assert_array_equal(whole.sum(axis=0)[cols], pool)
+
+
 def test_eigen_replicates_are_the_first_of_the_shuffles():
     rows = known_corpus("stationary", 12, tokens=300, seed=2).counts.matrix
     full = permutation_null(rows, replicates=5, seed=3)
