@@ -66,6 +66,26 @@ def test_adjustment_is_the_dense_shrinkage_removed_and_pairs_agree():
         shrink.weights([10])
 
 
+def test_features_on_threads_are_the_one_product_bitwise(monkeypatch):
+    """``features``' ``<s_i, U_k>`` by row blocks on two threads and in column chunks
+    (more grid points than one chunk's columns) is the one sparse product to the bit: each
+    row's sums are formed alike, so the null corpora's adjustments did not move."""
+    from posstats.geometry import products
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(products, "_THREADED_NNZ", 1 << 10)
+    rng = np.random.default_rng(8)
+    occ = np.geomspace(40, 40_000, 60).astype(np.int64)  # about 150 grid points: several column chunks
+    rows = _rows(occ, _zipf(3000), rng)
+    shrink = OccupancyShrinkage.of(rows)
+    assert shrink.shrinkage.shape[0] > products._column_chunk(rows.shape[1])
+    assert len(products._row_block_views(sp.csr_array(rows, dtype=np.float64), 2)) == 2
+    c = sp.csr_array(rows, dtype=np.float64)
+    s = c.multiply(1.0 / occ[:, None]).tocsr()
+    s.data = np.sqrt(s.data)
+    np.testing.assert_array_equal(shrink.features(rows).a, np.asarray(s @ shrink.shrinkage.T))
+
+
 def test_pair_adjustments_by_gathers_equal_the_dense_form():
     """The pair form gathers each row's two grid weights instead of forming (P, K)
     differences: on 400 rows of occupancy 1 to 5,000 and 20,000 random pairs (repeats and

@@ -56,6 +56,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln, xlogy
 
+from posstats.geometry.products import _row_block_views, blocks_times, product_threads
+
 __all__ = ["OccupancyShrinkage", "ShrinkageFeatures", "adjusted", "sqrt_shrinkage"]
 
 _GRID_STEP = 0.05  # log-occupancy step of the grid (5 % in N): interpolation error ~1e-4 of m
@@ -160,7 +162,14 @@ class OccupancyShrinkage:
         occ = np.asarray(c.sum(axis=1)).ravel()
         s = c.multiply(1.0 / occ[:, None]).tocsr()
         s.data = np.sqrt(s.data)
-        return ShrinkageFeatures(np.asarray(s @ self.shrinkage.T), self.weights(occ), self.gram)
+        # row blocks on threads: each row's dot products as one product computes them
+        dots = blocks_times(_row_block_views(s, product_threads()), self._shrinkage_t, int(s.shape[1]))
+        return ShrinkageFeatures(dots, self.weights(occ), self.gram)
+
+    @functools.cached_property
+    def _shrinkage_t(self) -> np.ndarray:
+        """(V, K) ``U^T``, contiguous (the right-hand side of :meth:`features`' product)."""
+        return np.ascontiguousarray(self.shrinkage.T)
 
     def operator_features(self, op: Any, occupancy: Any, /) -> ShrinkageFeatures:
         """:meth:`features` of rows held as a centred square-root operator ``op`` (e.g. over
