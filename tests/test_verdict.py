@@ -291,6 +291,31 @@ def test_the_positions_row_names_the_null_corpora_its_p_value_bound_counts():
         assert f"p <= 0.025 (no {corpora} corpus of 39 reached it)" in row, row
 
 
+def test_the_verdict_line_says_how_unequal_the_occupancy_weights_were():
+    """The rank test's occupancy weighting is worded by how unequal the weights were
+    (``null.weights_ratio``): within 1 % (pack mode, only the last window short) "as good as
+    unweighted", not "the thin positions' noise down-weighted", which stays for truly
+    unequal occupancies and for reports written before the ratio was recorded."""
+    from posstats.reports.summary import verdict_items
+
+    def line(**null):
+        report = {"null": {"method": "shuffle", "components_above_null": 0, "threshold": 0.079,
+                           "null_corpora": "rotated", "weighting": "occupancy", **null},
+                  "homogeneity": {"method": "rotation", "rejected": False, "level": 0.025, "p_value": 0.4,
+                                  "replicates": 39},
+                  "corpus": {"mode": "pack", "windows": 5000}, "positions": {"used": 128}}
+        report["verdict"] = verdict(report, {"count": 0}).to_dict()
+        return dict(verdict_items(report))["verdict"]
+
+    packed = line(weights_ratio=1.0002)
+    assert "weights within 0.02%: as good as unweighted" in packed and "thin positions" not in packed
+    assert "thin positions' noise down-weighted" in line(weights_ratio=3.0)
+    assert "thin positions' noise down-weighted" in line()  # a report without the ratio
+    bounded = line(weights_ratio=1.0052, tested_bound={"method": "ostrowski", "weights_ratio": 1.0052})
+    assert "weights within 0.52%, so bounded by the unweighted MDS's, all below it" in bounded
+    assert "weighted by occupancy" not in line(weighting="none")
+
+
 def test_best_encodings_ties_by_interval_overlap():
     enc = [
         {"name": "mds", "dim": 2, "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11]},

@@ -338,6 +338,7 @@ def _null_section(
     if weights is not None:  # the threshold is on this scale, not the spectrum's
         out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
         out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+        out["weights_ratio"] = float(np.max(weights) / np.min(weights))  # max(w) / min(w): how unequal
         if rank_test_bound is not None:  # not solved: bounds from the unweighted MDS, all below the edge
             out["tested_bound"] = tested_bound_entry(rank_test_bound)
     if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)

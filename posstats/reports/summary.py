@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posstats.estimates.null_rank import EQUAL_WEIGHTS
 from posstats.estimates.verdict import (
     WINDOW_HOMOGENEITY_CAVEAT,
     all_tied,
@@ -53,6 +54,25 @@ def _p_value(section: dict[str, Any]) -> str:
         corpora = "rotated" if section.get("method") == "rotation" else "shuffled"
         return f"p <= {p:.2g} (no {corpora} corpus of {int(reps)} reached it)"
     return f"p = {p:.2g}"
+
+
+def _weighting_clause(null: dict[str, Any]) -> str:
+    """How the rank test's eigenvalues were weighted, for the verdict line: nothing without
+    the occupancy weighting; where the occupancies are equal to
+    :data:`~posstats.estimates.null_rank.EQUAL_WEIGHTS` (pack mode: only the last window
+    is short) that they are, and where the weighted eigenvalues were bounded from the
+    unweighted MDS (``null.tested_bound``) that too; else that thin positions' noise is
+    down-weighted (the case the weighting is for)."""
+    if null.get("weighting") != "occupancy":
+        return ""
+    bound = (null.get("tested_bound") or {}).get("weights_ratio")
+    if isinstance(bound, (int, float)):  # not solved: the unweighted MDS bounds them (Ostrowski)
+        return (f"; eigenvalues weighted by occupancy, weights within {bound - 1.0:.2%}, so bounded by the "
+                "unweighted MDS's, all below it")
+    ratio = null.get("weights_ratio")
+    if isinstance(ratio, (int, float)) and ratio <= 1.0 + EQUAL_WEIGHTS:
+        return f"; eigenvalues weighted by occupancy, weights within {ratio - 1.0:.2%}: as good as unweighted"
+    return "; eigenvalues weighted by occupancy, the thin positions' noise down-weighted"
 
 
 def _dims(dims: list[int]) -> str:
@@ -244,11 +264,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
         first = ("0 MDS components stand above sampling noise (the corpus is not shown to be non-stationary, so "
                  f"the {null['components_above_null']} eigenvalue(s) above the null threshold are not claimed)")
     else:
-        weighted = ("; eigenvalues weighted by occupancy, the thin positions' noise down-weighted"
-                    if null.get("weighting") == "occupancy" else "")
-        bound = (null.get("tested_bound") or {}).get("weights_ratio") if weighted else None
-        if isinstance(bound, (int, float)):  # not solved: the unweighted MDS bounds them (Ostrowski)
-            weighted += f"; weights within {bound - 1.0:.2%}, so bounded by the unweighted MDS's, all below it"
+        weighted = _weighting_clause(null)
         first = (f"{above} MDS component(s) stand above sampling noise "
                  f"(null: {_null_name(null)}, threshold {_fmt(null.get('threshold'), '.4g')}{weighted})")
     so = v.get("standout_positions") or {}
