@@ -81,6 +81,7 @@ from posstats.reports.spectrum_view import (
     noise_threshold,
     rank_test_bound,
     rank_test_eigenvalues,
+    weights_ratio,
 )
 from posstats.runs.run_folder import RunData, load_run, run_distances, with_distances
 from posstats.storage.publish import atomic_path
@@ -520,7 +521,7 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     spectrum = run.report.get("spectrum") or {}
     fig = spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, run.report), rank=spectrum.get("rank"),
                           noise_floor=noise_threshold(run.report), tested=rank_test_eigenvalues(run.report),
-                          tested_bound=rank_test_bound(run.report),
+                          tested_bound=rank_test_bound(run.report), weights_ratio=weights_ratio(run.report),
                           explained_label=explained_label(run.eigenvalues, run.report))
     written = [_save_named(fig, files.card[1]),
                _save_named(lowrank_figure(tradeoff, n=n, width=dim, informative=informative_rank(run.report)), files.card[2])]

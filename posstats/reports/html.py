@@ -63,6 +63,7 @@ from posstats.reports.spectrum_view import (
     noise_threshold,
     rank_test_bound,
     rank_test_eigenvalues,
+    weights_ratio,
 )
 from posstats.reports.summary import (
     GLOSSARY,
@@ -307,7 +308,7 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     plots.append(spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, report), rank=report.get("spectrum", {}).get("rank"),
                                  eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95"),
                                  noise_floor=noise_threshold(report), tested=rank_test_eigenvalues(report),
-                                 tested_bound=rank_test_bound(report),
+                                 tested_bound=rank_test_bound(report), weights_ratio=weights_ratio(report),
                                  explained_label=explained_label(run.eigenvalues, report)))
     plots.append(encoding_scatter_figure(run.encoding, run.positions))
     if k >= 3:

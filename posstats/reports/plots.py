@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from posstats.reports.spectrum_view import weighting_phrase
 from posstats.runs.run_folder import even_subsample
 from posstats.storage.publish import atomic_path
 
@@ -206,6 +207,7 @@ def spectrum_figure(
     explained_label: str = "cumulative share of the positive variance",
     tested: Sequence[float] | None = None,
     tested_bound: float | None = None,
+    weights_ratio: float | None = None,
 ) -> Plot:
     """MDS eigenvalues (log scale) and cumulative explained variance.
 
@@ -221,6 +223,9 @@ def spectrum_figure(
             own series, and the components above noise counted on them.
         tested_bound: ``max(w) / min(w)`` where ``tested`` are upper bounds, the
             eigenvalues times the largest weight, not solved (``null.tested_bound``).
+        weights_ratio: ``max(w) / min(w)`` of the weights behind ``tested``
+            (``null.weights_ratio``): the caption says how unequal they were
+            (:func:`~posstats.reports.spectrum_view.weighting_phrase`).
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     cum = np.asarray(explained, dtype=np.float64)
@@ -285,8 +290,8 @@ def spectrum_figure(
     )
     if tested is not None:
         caption += (" Positions' occupancies differ, so the rank test compared the eigenvalues of W^1/2 B W^1/2, "
-                    "W = diag(N_i / mean N), which weighs each position by its occupancy (the thin positions' noise "
-                    "down-weighted), with the threshold on that scale (crosses).")
+                    f"W = diag(N_i / mean N), which weighs each position by its occupancy "
+                    f"({weighting_phrase(weights_ratio)}), with the threshold on that scale (crosses).")
         if tested_bound:
             caption += (f" The weights are equal to within {tested_bound - 1.0:.2%}, so the crosses are the "
                         "eigenvalues times the largest weight: upper bounds (Ostrowski's theorem), all below the "

@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from posstats.estimates.null_rank import EQUAL_WEIGHTS
 from posstats.geometry.spectrum import Spectrum, spectrum_summary
 
-__all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_bound", "rank_test_eigenvalues"]
+__all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_bound", "rank_test_eigenvalues",
+           "weighting_phrase", "weights_ratio"]
 
 
 def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
@@ -77,6 +79,28 @@ def rank_test_eigenvalues(report: dict[str, Any], /) -> list[float] | None:
     if null.get("weighting") != "occupancy" or not isinstance(tested, list):
         return None
     return [float(x) for x in tested]
+
+
+def weights_ratio(report: dict[str, Any], /) -> float | None:
+    """``max(w) / min(w)`` of the rank test's occupancy weights (``null.weights_ratio``), or
+    None (no weighting, or a report written before the ratio was recorded)."""
+    ratio = (report.get("null") or {}).get("weights_ratio")
+    return float(ratio) if isinstance(ratio, (int, float)) else None
+
+
+def weighting_phrase(ratio: float | None, /) -> str:
+    """What the occupancy weighting did, in the report's words (the verdict line and the
+    scree figure's caption): weights within
+    :data:`~posstats.estimates.null_rank.EQUAL_WEIGHTS` of each other (pack mode: only the
+    last window is short) are as good as none; otherwise (or with ``ratio`` None, a report
+    before it was recorded) thin positions' noise is down-weighted, the case it is for.
+
+    >>> weighting_phrase(1.0002), weighting_phrase(3.0)
+    ('weights within 0.02%: as good as unweighted', "the thin positions' noise down-weighted")
+    """
+    if ratio is not None and ratio <= 1.0 + EQUAL_WEIGHTS:
+        return f"weights within {ratio - 1.0:.2%}: as good as unweighted"
+    return "the thin positions' noise down-weighted"
 
 
 def rank_test_bound(report: dict[str, Any], /) -> float | None:

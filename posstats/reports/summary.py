@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from posstats.estimates.null_rank import EQUAL_WEIGHTS
 from posstats.estimates.verdict import (
     WINDOW_HOMOGENEITY_CAVEAT,
     all_tied,
@@ -13,6 +12,7 @@ from posstats.estimates.verdict import (
     structure_kind,
     thin_mds_components,
 )
+from posstats.reports.spectrum_view import weighting_phrase, weights_ratio
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
@@ -62,17 +62,14 @@ def _weighting_clause(null: dict[str, Any]) -> str:
     :data:`~posstats.estimates.null_rank.EQUAL_WEIGHTS` (pack mode: only the last window
     is short) that they are, and where the weighted eigenvalues were bounded from the
     unweighted MDS (``null.tested_bound``) that too; else that thin positions' noise is
-    down-weighted (the case the weighting is for)."""
+    down-weighted (the case the weighting is for): :func:`~posstats.reports.spectrum_view.weighting_phrase`."""
     if null.get("weighting") != "occupancy":
         return ""
     bound = (null.get("tested_bound") or {}).get("weights_ratio")
     if isinstance(bound, (int, float)):  # not solved: the unweighted MDS bounds them (Ostrowski)
         return (f"; eigenvalues weighted by occupancy, weights within {bound - 1.0:.2%}, so bounded by the "
                 "unweighted MDS's, all below it")
-    ratio = null.get("weights_ratio")
-    if isinstance(ratio, (int, float)) and ratio <= 1.0 + EQUAL_WEIGHTS:
-        return f"; eigenvalues weighted by occupancy, weights within {ratio - 1.0:.2%}: as good as unweighted"
-    return "; eigenvalues weighted by occupancy, the thin positions' noise down-weighted"
+    return f"; eigenvalues weighted by occupancy, {weighting_phrase(weights_ratio({'null': null}))}"
 
 
 def _dims(dims: list[int]) -> str:
