@@ -602,3 +602,81 @@ def test_window_group_files_sum_with_signs_a_range_at_a_time(tmp_path, monkeypat
     _truncate_part([rng.integers(0, vocab, 5) for _ in range(10)], n, vocab, 5, tmp_path / "k5")
     with pytest.raises(InputError, match="differ from the other items'"):
         sum_window_group_files([*items, (tmp_path / "k5", 1)], header, tmp_path / "y")
+
+
+def test_rank_test_stops_once_a_rotated_corpus_reaches_the_data_and_decides_as_the_full_test():
+    """``stop_at`` (posstats.estimates.permutation, "Stopping once decided"): the rotated
+    corpora solved are the full run's first ones, up to the first whose top eigenvalue
+    reaches the data's; the homogeneity statistics are all the full run's; the level is
+    still 1 / (R' + 1); and the count is the full test's on every seed (stationary corpora,
+    where the stop is reached, and planted ones, where the data's top stands above every
+    null corpus and all are solved). A stop at another eigenvalue than the one tested is
+    refused rather than miscounted."""
+    from posstats.estimates.null_rank import null_rank
+    from posstats.estimates.permutation import top_eigenvalue
+    from posstats.estimates.rotation import rotation_null_corpora
+    from posstats.testing import known_corpus
+
+    stopped_seeds = 0
+    for kind, seed in [("stationary", 0), ("stationary", 1), ("stationary", 2), ("planted", 0)]:
+        corpus = known_corpus(kind, 48, tokens=1_000, seed=seed, window_groups=64)
+        rows = sp.csr_array(corpus.counts.matrix)
+        top = top_eigenvalue(rows, corrected=True)
+        full = rotation_null_corpora(corpus.window_groups, rows, replicates=9, eigen_replicates=7, corrected=True,
+                                     seed=seed)
+        cut = rotation_null_corpora(corpus.window_groups, rows, replicates=9, eigen_replicates=7, corrected=True,
+                                    seed=seed, stop_at=top)
+        reached = np.flatnonzero(full.null_top_eigenvalues >= top)
+        solved = int(reached[0]) + 1 if reached.size else 7
+        np.testing.assert_array_equal(cut.null_top_eigenvalues, full.null_top_eigenvalues[:solved])
+        np.testing.assert_array_equal(cut.null_distance_sums, full.null_distance_sums[:solved])
+        # a corpus not solved gets its statistic in one pass over the groups (rotated_statistic)
+        np.testing.assert_allclose(cut.null_homogeneity, full.null_homogeneity, rtol=1e-12)
+        assert cut.eigen_replicates == 7 and cut.eigenvalue_level() == full.eigenvalue_level() == 1 / 8
+        assert cut.eigen_planned == (7 if solved < 7 else None)
+        a, b = null_rank([top], permutation=full), null_rank([top], permutation=cut)
+        assert a.components_above_null == b.components_above_null and a.replicates == b.replicates == 7
+        assert (b.solved is not None) == (solved < 7) and b.threshold <= a.threshold
+        if kind == "planted":
+            assert solved == 7 and a.components_above_null == 1
+        stopped_seeds += solved < 7
+        if solved < 7:
+            with pytest.raises(ValueError, match="stopped at another eigenvalue"):
+                null_rank([2.0 * top], permutation=cut)
+    assert stopped_seeds >= 2  # stationary: a null corpus reaches the data's top within 7 in most seeds
+
+
+def test_analysis_reports_a_stopped_rank_test_as_a_lower_bound(tmp_path):
+    """Through ``analyze`` and the report on a stationary corpus with window groups: the
+    rank test stops (``null.replicates_solved`` below ``null.replicates``, the level still
+    1 / 40), counts no component, and the verdict line, summary and scree figure say the
+    threshold is a lower bound; a planted corpus solves all 39 and says nothing of it."""
+    from posstats.analysis import AnalysisConfig, analyze
+    from posstats.reports import plots
+    from posstats.reports.spectrum_view import noise_threshold, null_stopped
+    from posstats.reports.summary import verdict_items
+    from posstats.testing import known_corpus
+
+    cfg = AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off")
+    corpus = known_corpus("stationary", 64, tokens=2_000, seed=0, window_groups=64)
+    report = analyze(corpus.counts, cfg, window_groups=corpus.window_groups).report()
+    null = report["null"]
+    assert null["null_corpora"] == "rotated" and null["replicates"] == 39 and null["level"] == 1 / 40
+    assert 1 <= null["replicates_solved"] < 39
+    assert len(null["null_top_eigenvalues"]) == null["replicates_solved"] and null["components_above_null"] == 0
+    assert max(x for (x,) in null["null_top_eigenvalues"]) >= report["spectrum"]["eigenvalues"][0]
+    assert null_stopped(report) == (null["replicates_solved"], 39)
+    line = dict(verdict_items(report))["verdict"]
+    assert f"threshold at least {null['threshold']:.4g}" in line and "of 39 already reached the corpus' top" in line
+    lam = np.asarray(report["spectrum"]["eigenvalues"], dtype=float)
+    fig = plots.spectrum_figure(lam, np.cumsum(np.clip(lam, 0, None)) / np.clip(lam, 0, None).sum(),
+                                noise_floor=noise_threshold(report), stopped=null_stopped(report))
+    assert _lines(fig.figure, "noise threshold, at least (0 above)") and "is a lower bound" in fig.caption
+    planted = known_corpus("planted", 64, tokens=2_000, seed=0, window_groups=64)
+    pn = analyze(planted.counts, cfg, window_groups=planted.window_groups).report()
+    assert "replicates_solved" not in pn["null"] and pn["null"]["components_above_null"] >= 1
+    assert null_stopped(pn) is None and "at least" not in dict(verdict_items(pn))["verdict"]
+
+
+def _lines(fig, label):
+    return [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_label() == label]

@@ -270,15 +270,6 @@ def _null_section(
         what = "rotated corpora" if groups is not None else "shuffled corpora"
         shuffled_sums = groups is not None and distances is not None  # the noise share's own shuffled corpora
         total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
-        with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
-            if groups is not None:
-                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
-            else:
-                perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
-            if shuffled_sums:
-                noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
-                                                corrected=bias is not None, seed=config.seed,
-                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
         vectors = None
         top_vector = mds.encoding[:, 0] if mds.encoding.shape[1] else None
         if weights is None:
@@ -287,6 +278,17 @@ def _null_section(
             tested, vectors = rank_test if rank_test is not None else rank_test_eigenvalues(
                 g.rows, corrected=bias is not None, k=_rank_test_k(lam.size), weights=weights, **adjust)
             top_vector = vectors[:, 0]
+        with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
+            if groups is not None:  # stops solving null corpora once no component can count
+                stop_at = float(np.max(tested)) if np.size(tested) else None
+                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, stop_at=stop_at,
+                                             **options, **adjust)
+            else:  # every shuffled corpus is solved: their distance sums give the noise share
+                perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
+            if shuffled_sums:
+                noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
+                                                corrected=bias is not None, seed=config.seed,
+                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
         nr = null_rank(tested, method="shuffle", permutation=perm)
         scale = "bias_corrected" if bias is not None else "plugin"
         homogeneity = {

@@ -70,10 +70,14 @@ class NullRank:
         threshold: shuffle: the largest top eigenvalue of the shuffled corpora; mp: the
             analytic edge.
         components_above_null: eigenvalues of the data strictly above ``threshold``.
-        null_eigenvalues: (replicates, 1) top eigenvalue of each shuffled corpus, else empty.
-        replicates: null corpora drawn (shuffle).
+        null_eigenvalues: (solved, 1) top eigenvalue of each solved null corpus, else empty.
+        replicates: null corpora the test is at level ``1 / (replicates + 1)`` against (shuffle).
         saturated: every given data eigenvalue is above the null (the true count may be
             larger than the number computed).
+        solved: how many of them were solved when the test stopped once decided (a null
+            corpus' top eigenvalue reached the data's largest: no component can count, and
+            ``threshold`` is a lower bound of the full one;
+            :mod:`posstats.estimates.permutation`, "Stopping once decided"); None when all were.
     """
 
     method: str
@@ -82,6 +86,7 @@ class NullRank:
     null_eigenvalues: np.ndarray
     replicates: int
     saturated: bool
+    solved: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -91,6 +96,7 @@ class NullRank:
             "null_top_eigenvalues": [[float(x) for x in row] for row in np.atleast_2d(self.null_eigenvalues)],
             "replicates": int(self.replicates),
             "saturated": bool(self.saturated),
+            **({"replicates_solved": int(self.solved)} if self.solved is not None else {}),
         }
 
 
@@ -336,6 +342,7 @@ def null_rank(
         :class:`NullRank`.
     """
     lam = np.sort(np.asarray(eigenvalues, dtype=np.float64).ravel())[::-1]
+    solved = None
     if method == "shuffle":
         if permutation is None:
             if counts is None:
@@ -345,7 +352,9 @@ def null_rank(
             mat = counts.matrix[rows] if counts.is_sparse else np.asarray(counts.matrix)[rows]
             permutation = permutation_null(mat, replicates=replicates, corrected=corrected, seed=seed)
         null_arr = permutation.null_top_eigenvalues[:, None]
-        threshold, reps = permutation.eigenvalue_threshold, int(permutation.null_top_eigenvalues.size)
+        threshold, reps = permutation.eigenvalue_threshold, permutation.eigen_replicates
+        if permutation.eigen_planned is not None:
+            solved = int(permutation.null_top_eigenvalues.size)
     elif method == "mp":
         if threshold is not None:
             threshold, null_arr, reps = float(threshold), np.zeros((0, 0)), 0
@@ -358,4 +367,8 @@ def null_rank(
         msg = f"unknown null method {method!r}; choose one of {', '.join(NULL_METHODS)}"
         raise ValueError(msg)
     above = int(np.count_nonzero(lam > threshold)) if math.isfinite(threshold) else 0
-    return NullRank(method, threshold, above, null_arr, reps, bool(lam.size and above == lam.size))
+    if solved is not None and above:
+        msg = (f"the null stopped after {solved} of {reps} corpora at {threshold:.6g}, below the largest eigenvalue "
+               f"tested here ({lam[0]:.6g}): it was stopped at another eigenvalue than these")
+        raise ValueError(msg)
+    return NullRank(method, threshold, above, null_arr, reps, bool(lam.size and above == lam.size), solved)

@@ -126,6 +126,7 @@ def rotation_null_corpora(
     progress: Callable[[int], None] | None = None,
     shrinkage: Any = None,
     weights: Any = None,
+    stop_at: float | None = None,
 ) -> PermutationNull:
     """The rotation counterpart of :func:`posstats.estimates.permutation.permutation_null`:
     R rotated corpora and, from them, the homogeneity statistic of each and, for the first
@@ -146,24 +147,33 @@ def rotation_null_corpora(
         shrinkage, weights: as :func:`posstats.estimates.permutation.null_geometry`
             (rotated corpora keep every occupancy and the pooled counts, so they share the
             data's).
+        stop_at: the data's largest tested eigenvalue: once a rotated corpus' top
+            eigenvalue reaches it, the rank test counts no component whatever the others
+            give, so no further corpus gets an eigenvalue or a distance sum (their
+            homogeneity statistics are still computed; :mod:`posstats.estimates.permutation`,
+            "Stopping once decided"). None: all ``eigen_replicates`` are solved.
 
     Returns:
         A :class:`~posstats.estimates.permutation.PermutationNull` whose null corpora are
-        the rotated ones.
+        the rotated ones (``eigen_planned`` set when it stopped early).
     """
     eigen = checked_replicates(replicates, eigen_replicates, null="rotation")
     every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     s_null, top, sums = np.empty(replicates), np.empty(eigen), np.empty(eigen)
+    solved = 0
     for r in range(replicates):
         shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
-        if r < eigen or not every_row:
+        solve = r < eigen and (stop_at is None or solved == 0 or top[solved - 1] < stop_at)
+        if solve or not every_row:
             rotated = groups.rotated(shifts)
             rotated = rotated if every_row else rotated[np.asarray(rows)]
             s_null[r] = homogeneity_statistic(rotated)
-            if r < eigen:
+            if solve:
                 top[r], sums[r] = null_geometry(rotated, corrected=corrected, shrinkage=shrinkage, weights=weights)
+                solved += 1
         else:
             s_null[r] = rotated_statistic(groups, shifts)
         if progress is not None:
             progress(1)
-    return PermutationNull(int(replicates), homogeneity_statistic(data_rows), s_null, top, bool(corrected), sums)
+    return PermutationNull(int(replicates), homogeneity_statistic(data_rows), s_null, top[:solved], bool(corrected),
+                           sums[:solved], eigen_planned=eigen if solved < eigen else None)

@@ -79,6 +79,7 @@ from posstats.reports.spectrum_view import (
     explained_label,
     explained_share,
     noise_threshold,
+    null_stopped,
     rank_test_bound,
     rank_test_eigenvalues,
     weights_ratio,
@@ -522,6 +523,7 @@ def _card_figures(run: RunData, idx: np.ndarray, dist: np.ndarray, files: _Files
     fig = spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, run.report), rank=spectrum.get("rank"),
                           noise_floor=noise_threshold(run.report), tested=rank_test_eigenvalues(run.report),
                           tested_bound=rank_test_bound(run.report), weights_ratio=weights_ratio(run.report),
+                          stopped=null_stopped(run.report),
                           explained_label=explained_label(run.eigenvalues, run.report))
     written = [_save_named(fig, files.card[1]),
                _save_named(lowrank_figure(tradeoff, n=n, width=dim, informative=informative_rank(run.report)), files.card[2])]

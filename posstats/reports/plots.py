@@ -208,6 +208,7 @@ def spectrum_figure(
     tested: Sequence[float] | None = None,
     tested_bound: float | None = None,
     weights_ratio: float | None = None,
+    stopped: tuple[int, int] | None = None,
 ) -> Plot:
     """MDS eigenvalues (log scale) and cumulative explained variance.
 
@@ -226,6 +227,9 @@ def spectrum_figure(
         weights_ratio: ``max(w) / min(w)`` of the weights behind ``tested``
             (``null.weights_ratio``): the caption says how unequal they were
             (:func:`~posstats.reports.spectrum_view.weighting_phrase`).
+        stopped: ``(solved, replicates)`` where the rank test stopped solving null corpora
+            once decided (:func:`~posstats.reports.spectrum_view.null_stopped`): the line is
+            then a lower bound of the threshold, and the caption says so.
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     cum = np.asarray(explained, dtype=np.float64)
@@ -254,7 +258,8 @@ def spectrum_figure(
     if noise_floor is not None and noise_floor > 0:
         above = int(np.count_nonzero(compared > noise_floor))
         scale = " on the weighted scale" if tested is not None else ""
-        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label=f"noise threshold{scale} ({above} above)")
+        least = ", at least" if stopped is not None else ""
+        ax.axhline(noise_floor, color="C3", ls=":", lw=1.2, label=f"noise threshold{scale}{least} ({above} above)")
         if above:
             kk = np.arange(1, above + 1)
             ax.semilogy(kk, compared[:above], "o", color="C3", ms=4, mfc="none", label="components above noise")
@@ -296,6 +301,10 @@ def spectrum_figure(
             caption += (f" The weights are equal to within {tested_bound - 1.0:.2%}, so the crosses are the "
                         "eigenvalues times the largest weight: upper bounds (Ostrowski's theorem), all below the "
                         "threshold, so the weighted matrix was not decomposed again.")
+    if stopped is not None and above is not None:
+        caption += (f" The threshold line is a lower bound: null corpus {stopped[0]} of {stopped[1]} already reached "
+                    "the corpus' top eigenvalue, so no component can stand above the null and the others were not "
+                    "solved.")
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
 

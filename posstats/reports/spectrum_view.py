@@ -14,8 +14,8 @@ import numpy as np
 from posstats.estimates.null_rank import EQUAL_WEIGHTS
 from posstats.geometry.spectrum import Spectrum, spectrum_summary
 
-__all__ = ["explained_label", "explained_share", "noise_threshold", "rank_test_bound", "rank_test_eigenvalues",
-           "weighting_phrase", "weights_ratio"]
+__all__ = ["explained_label", "explained_share", "noise_threshold", "null_stopped", "rank_test_bound",
+           "rank_test_eigenvalues", "threshold_phrase", "weighting_phrase", "weights_ratio"]
 
 
 def _spectrum(eigenvalues: Any, report: dict[str, Any]) -> Spectrum:
@@ -68,6 +68,35 @@ def noise_threshold(report: dict[str, Any], /) -> float | None:
     if isinstance(nf, dict):
         nf = nf.get("eigenvalue")
     return float(nf) if isinstance(nf, (int, float)) else None
+
+
+def null_stopped(report: dict[str, Any], /) -> tuple[int, int] | None:
+    """``(solved, replicates)`` where the rank test stopped solving null corpora once one's
+    top eigenvalue reached the corpus' largest (``null.replicates_solved`` below
+    ``null.replicates``; :mod:`posstats.estimates.permutation`, "Stopping once decided"): no
+    component can count, and :func:`noise_threshold` is a lower bound of the full test's.
+    None when every null corpus was solved (or the report predates the stop)."""
+    null = report.get("null") or {}
+    solved, planned = null.get("replicates_solved"), null.get("replicates")
+    if isinstance(solved, int) and isinstance(planned, int) and solved < planned:
+        return solved, planned
+    return None
+
+
+def threshold_phrase(report: dict[str, Any], value: str, /) -> str:
+    """How the verdict line gives the rank test's threshold (``value``, formatted): the
+    threshold itself, or, where the test stopped once decided (:func:`null_stopped`), a
+    lower bound and why.
+
+    >>> threshold_phrase({"null": {"replicates": 39, "replicates_solved": 2}}, "0.19")
+    "threshold at least 0.19: null corpus 2 of 39 already reached the corpus' top eigenvalue, so none can count and the other 37 were not solved"
+    """
+    stopped = null_stopped(report)
+    if stopped is None:
+        return f"threshold {value}"
+    solved, planned = stopped
+    return (f"threshold at least {value}: null corpus {solved} of {planned} already reached the corpus' top eigenvalue, "
+            f"so none can count and the other {planned - solved} were not solved")
 
 
 def rank_test_eigenvalues(report: dict[str, Any], /) -> list[float] | None:

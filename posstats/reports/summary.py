@@ -12,7 +12,11 @@ from posstats.estimates.verdict import (
     structure_kind,
     thin_mds_components,
 )
-from posstats.reports.spectrum_view import weighting_phrase, weights_ratio
+from posstats.reports.spectrum_view import (
+    threshold_phrase,
+    weighting_phrase,
+    weights_ratio,
+)
 
 __all__ = ["GLOSSARY", "answer_sentences", "format_markdown", "format_summary", "glossary_lines", "variance_of",
            "verdict_items", "verdict_lines"]
@@ -263,7 +267,7 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     else:
         weighted = _weighting_clause(null)
         first = (f"{above} MDS component(s) stand above sampling noise "
-                 f"(null: {_null_name(null)}, threshold {_fmt(null.get('threshold'), '.4g')}{weighted})")
+                 f"(null: {_null_name(null)}, {threshold_phrase(report, _fmt(null.get('threshold'), '.4g'))}{weighted})")
     so = v.get("standout_positions") or {}
     homogeneity = report.get("homogeneity") or {}
     if v.get("withheld"):
