@@ -16,7 +16,7 @@ from posstats.cli import main
 from posstats.counting.io import save_counts
 from posstats.reports import html, plots
 from posstats.reports.export import informative_rank
-from posstats.reports.spectrum_view import noise_threshold, rank_test_eigenvalues
+from posstats.reports.spectrum_view import noise_threshold, null_stopped, rank_test_eigenvalues
 from posstats.runs.run_folder import load_run, run_distances
 from posstats.testing import known_corpus
 
@@ -60,7 +60,8 @@ def check_figures(run_dir: Path) -> dict[str, plots.Plot]:
         compared = run.eigenvalues if tested is None else np.asarray(tested)
         drawn = int(np.count_nonzero(compared > threshold))
         scale = "" if tested is None else " on the weighted scale"
-        assert line.get_label() == f"noise threshold{scale} ({drawn} above)"
+        least = "" if null_stopped(report) is None else ", at least"  # the rank test stopped once decided
+        assert line.get_label() == f"noise threshold{scale}{least} ({drawn} above)"
         if above is not None and report.get("null", {}).get("method") != "mp":
             assert drawn == above, (drawn, above)
 

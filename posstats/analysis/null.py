@@ -242,7 +242,10 @@ def _null_section(
     the dependence inside windows kept, for both tests). With the exact path's (m, m)
     ``distances`` the null also says which share of their sum sampling noise alone reaches
     (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
-    they move (:func:`posstats.estimates.permutation.null_distance_sums`). ``rank_test``: the
+    they move, so they get shuffled corpora of their own
+    (:func:`posstats.estimates.permutation.null_distance_sums`), as does a shuffle null
+    whose rank test stopped once decided (too few of its corpora solved); otherwise the
+    shuffle null's own. ``rank_test``: the
     data's occupancy-weighted eigenvalues and eigenvectors when the geometry computed
     them (the exact path from its distance matrix; the sampled path, for the analytic edge,
     by Lanczos on its operator); for the shuffled or rotated null they are otherwise
@@ -278,13 +281,18 @@ def _null_section(
             tested, vectors = rank_test if rank_test is not None else rank_test_eigenvalues(
                 g.rows, corrected=bias is not None, k=_rank_test_k(lam.size), weights=weights, **adjust)
             top_vector = vectors[:, 0]
+        # null corpora are solved until one reaches the data's top: then no component can count
+        options["stop_at"] = float(np.max(tested)) if np.size(tested) else None
         with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
-            if groups is not None:  # stops solving null corpora once no component can count
-                stop_at = float(np.max(tested)) if np.size(tested) else None
-                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, stop_at=stop_at,
-                                             **options, **adjust)
-            else:  # every shuffled corpus is solved: their distance sums give the noise share
+            if groups is not None:
+                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
+            else:
                 perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
+                if perm.eigen_planned is not None and distances is not None:
+                    # the solved shuffled corpora are too few for the noise share: draw its own
+                    shuffled_sums = True
+                    bar.total += options["eigen_replicates"]
+                    bar.refresh()
             if shuffled_sums:
                 noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
                                                 corrected=bias is not None, seed=config.seed,
@@ -358,9 +366,9 @@ def _null_section(
         weighted = weighted_coordinates(vectors[:, :counted], np.asarray(tested[:counted]), weights)
         out["weighted_mds_components"] = counted
     if choice == "shuffle" and distances is not None:
-        out["distance_noise"] = (_distance_noise_entry(perm.null_distance_sums, distances) if groups is None else
-                                 _distance_noise_entry(noise_sums, distances,
-                                                       rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS)))
+        out["distance_noise"] = (_distance_noise_entry(noise_sums, distances,
+                                                       rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS))
+                                 if shuffled_sums else _distance_noise_entry(perm.null_distance_sums, distances))
     return out, homogeneity, weighted
 
 

@@ -31,9 +31,10 @@ at level 2.5 % rejects exactly when ``T`` exceeds all 39 null values.
 
   **Stopping once decided.** The count is ``#{lambda_j > max_r top_r}``, and the maximum
   only grows with r: once one null corpus' top eigenvalue reaches the data's largest
-  tested eigenvalue, no eigenvalue can count whatever the others give. The rotation null
-  (:func:`posstats.estimates.rotation.rotation_null_corpora`, ``stop_at``) then solves no
-  further null corpus (each an m x m distance matrix and eigensolve, 16 s at m = 4,096):
+  tested eigenvalue, no eigenvalue can count whatever the others give. The null
+  (:func:`permutation_null` and :func:`posstats.estimates.rotation.rotation_null_corpora`,
+  ``stop_at``) then solves no further null corpus (each an m x m distance matrix and
+  eigensolve, 16 s at m = 4,096):
   the decision and its level are the full test's (Besag and Clifford's 1991 sequential
   Monte Carlo test with h = 1: draw until one null value reaches the data's), only the
   threshold reported is then a lower bound of the full one
@@ -531,23 +532,30 @@ def permutation_null(
     progress: Callable[[int], None] | None = None,
     shrinkage: Any = None,
     weights: Any = None,
+    stop_at: float | None = None,
 ) -> PermutationNull:
     """Draw ``replicates`` shuffled corpora of the (m, V) counts ``rows`` (every row
     occupied) and compute each one's homogeneity statistic and, for the first
     ``eigen_replicates`` of them (default all; the costly part for many rows), its top
     eigenvalue and distance sum (module docstring; ``shrinkage`` and ``weights`` as
-    :func:`null_geometry`).
+    :func:`null_geometry`). ``stop_at``: the data's largest tested eigenvalue; once a
+    shuffled corpus' top eigenvalue reaches it, no further one is solved (module docstring,
+    "Stopping once decided"; ``eigen_planned`` is then set, and the distance sums are those
+    of the solved corpora only).
     Replicate r uses ``numpy.random.default_rng([seed, r])``; ``progress(1)`` is called after each."""
     eigen = checked_replicates(replicates, eigen_replicates, null="permutation")
     c = _integer_csr(rows)
     s_null, top_null, sums_null = np.empty(replicates), np.empty(eigen), np.empty(eigen)
+    solved = 0
     for r in range(replicates):
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
         s_null[r] = homogeneity_statistic(shuffled)
-        if r < eigen:
+        if r < eigen and (stop_at is None or solved == 0 or top_null[solved - 1] < stop_at):
             top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage,
                                                       weights=weights)
+            solved += 1
         if progress is not None:
             progress(1)
-    return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null, bool(corrected), sums_null)
+    return PermutationNull(int(replicates), homogeneity_statistic(c), s_null, top_null[:solved], bool(corrected),
+                           sums_null[:solved], eigen_planned=eigen if solved < eigen else None)
 

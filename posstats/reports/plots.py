@@ -286,7 +286,9 @@ def spectrum_figure(
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncols=2, fontsize=8, frameon=False)  # never over the curves
-    look = (f"look for the components above the dotted noise threshold ({above} here): only they stand above "
+    lower = ("" if stopped is None else f"; the line is a lower bound, as null corpus {stopped[0]} of {stopped[1]} "
+             "already reached the corpus' top eigenvalue and the others were not solved")
+    look = (f"look for the components above the dotted noise threshold ({above} here{lower}): only they stand above "
             "sampling noise, however much variance the others add" if above is not None else
             "look for how fast the curve reaches 90-99 % (this report has no noise threshold to tell structure from noise)")
     caption = (
@@ -301,10 +303,6 @@ def spectrum_figure(
             caption += (f" The weights are equal to within {tested_bound - 1.0:.2%}, so the crosses are the "
                         "eigenvalues times the largest weight: upper bounds (Ostrowski's theorem), all below the "
                         "threshold, so the weighted matrix was not decomposed again.")
-    if stopped is not None and above is not None:
-        caption += (f" The threshold line is a lower bound: null corpus {stopped[0]} of {stopped[1]} already reached "
-                    "the corpus' top eigenvalue, so no component can stand above the null and the others were not "
-                    "solved.")
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
 
