@@ -91,16 +91,17 @@ __all__ = [
     "PermutationNull",
     "checked_replicates",
     "distance_sum",
+    "gram_top_eigenvalues",
     "homogeneity_statistic",
     "monte_carlo_p_value",
     "null_distance_sums",
-    "permutation_null",
-    "gram_top_eigenvalues",
     "occupancy_weights",
+    "permutation_null",
     "rank_test_eigenvalues",
+    "rank_test_open",
     "shuffled_rows",
-    "top_eigenvalue",
     "top_eigenpairs",
+    "top_eigenvalue",
     "weighted_gram",
 ]
 
@@ -507,6 +508,18 @@ class PermutationNull:
         return 1.0 / (self.eigen_replicates + 1)
 
 
+def rank_test_open(solved_tops: np.ndarray, stop_at: float | None, /) -> bool:
+    """Whether the rank test still needs a null corpus solved: no ``stop_at`` (the data's
+    largest tested eigenvalue), none solved yet, or the last one solved (``solved_tops[-1]``;
+    the ones before it were all below) still below it (module docstring, "Stopping once
+    decided").
+
+    >>> rank_test_open(np.array([0.1, 0.3]), 0.25), rank_test_open(np.array([0.1]), 0.25)
+    (False, True)
+    """
+    return stop_at is None or solved_tops.size == 0 or bool(solved_tops[-1] < stop_at)
+
+
 def checked_replicates(replicates: int, eigen_replicates: int | None = None, /, *, null: str) -> int:
     """The number of replicates that also give eigenvalues (``eigen_replicates``, default
     all ``replicates``), after checking ``1 <= eigen_replicates <= replicates`` (a one-line
@@ -550,7 +563,7 @@ def permutation_null(
     for r in range(replicates):
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
         s_null[r] = homogeneity_statistic(shuffled)
-        if r < eigen and (stop_at is None or solved == 0 or top_null[solved - 1] < stop_at):
+        if r < eigen and rank_test_open(top_null[:solved], stop_at):
             top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage,
                                                       weights=weights)
             solved += 1

@@ -50,7 +50,13 @@ from typing import Any
 import numpy as np
 
 from posstats.counting.window_groups import WindowGroups
-from posstats.estimates.permutation import PermutationNull, checked_replicates, homogeneity_statistic, null_geometry
+from posstats.estimates.permutation import (
+    PermutationNull,
+    checked_replicates,
+    homogeneity_statistic,
+    null_geometry,
+    rank_test_open,
+)
 
 __all__ = ["rotated_statistic", "rotation_null", "rotation_null_corpora"]
 
@@ -163,7 +169,7 @@ def rotation_null_corpora(
     solved = 0
     for r in range(replicates):
         shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
-        solve = r < eigen and (stop_at is None or solved == 0 or top[solved - 1] < stop_at)
+        solve = r < eigen and rank_test_open(top[:solved], stop_at)
         if solve or not every_row:
             rotated = groups.rotated(shifts)
             rotated = rotated if every_row else rotated[np.asarray(rows)]

@@ -309,7 +309,8 @@ def _figures(run: RunData, idx: np.ndarray, dist: np.ndarray, trade: list[dict[s
     plots.append(spectrum_figure(run.eigenvalues, explained_share(run.eigenvalues, report), rank=report.get("spectrum", {}).get("rank"),
                                  eigenvalue_ci=_lookup(report, "spectrum.eigenvalues_ci95"),
                                  noise_floor=noise_threshold(report), tested=rank_test_eigenvalues(report),
-                                 tested_bound=rank_test_bound(report), weights_ratio=weights_ratio(report), stopped=null_stopped(report),
+                                 tested_bound=rank_test_bound(report), weights_ratio=weights_ratio(report),
+                                 stopped=null_stopped(report),
                                  explained_label=explained_label(run.eigenvalues, report)))
     plots.append(encoding_scatter_figure(run.encoding, run.positions))
     if k >= 3:
