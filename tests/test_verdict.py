@@ -340,6 +340,28 @@ def test_packed_real_text_reports_its_weights_ratio_through_the_cli(tmp_path, da
     assert caption in (out / "report.html").read_text()  # the scree caption in the page too
 
 
+def test_packed_real_text_stops_its_rank_test_once_decided_through_the_cli(tmp_path, data_dir):
+    """End to end on real text with no positional structure (the bundled Shakespeare packed
+    at n = 48, GPT-2 tokens; measured: homogeneity p = 0.6, 2 of 39 rotated corpora solved):
+    the rank test stops at the first rotated corpus whose top eigenvalue reaches the
+    corpus' tested top, every one before it lies below (the stopping rule read back from
+    the report), no component is counted, the level is still 1 / 40, and the summary and
+    the page say the threshold is a lower bound."""
+    out = tmp_path / "run"
+    assert main(["run", "--input", str(data_dir / "shakespeare-sample.txt"), "--tokenizer",
+                 str(data_dir / "tokenizers" / "gpt2.tokenizer.json"), "--positions", "48", "--mode", "pack",
+                 "--encodings", "mds", "--dims", "2", "--out", str(out), "-q"]) == 0
+    null = json.loads((out / "report.json").read_text())["null"]
+    tops = [x for (x,) in null["null_top_eigenvalues"]]
+    top = null["tested_eigenvalues"][0]
+    assert null["null_corpora"] == "rotated" and null["replicates"] == 39 and null["level"] == 1 / 40
+    assert 1 <= null["replicates_solved"] == len(tops) < 39
+    assert all(t < top for t in tops[:-1]) and tops[-1] >= top and null["threshold"] == max(tops)
+    assert null["components_above_null"] == 0
+    phrase = f"threshold at least {null['threshold']:.4g}: null corpus {len(tops)} of 39 already reached"
+    assert phrase in (out / "summary.md").read_text() and phrase in (out / "report.html").read_text()
+
+
 def test_best_encodings_ties_by_interval_overlap():
     enc = [
         {"name": "mds", "dim": 2, "scaled_stress": 0.10, "scaled_stress_ci95": [0.09, 0.11]},
