@@ -227,8 +227,10 @@ class WindowGroups:
             indices.append(col.astype(np.int32 if vocab < 2**31 else np.int64))
             data.append(flat[nz].astype(np.int64))
             indptr.append(indptr[-1][-1] + np.cumsum(np.bincount(row, minlength=b - a)))
-        return sp.csr_array((np.concatenate(data), np.concatenate(indices), np.concatenate(indptr)),
-                            shape=(self.positions, vocab))
+        pointers = np.concatenate(indptr)
+        if pointers[-1] < 2**31 and vocab < 2**31:  # int32 indices stay int32 (scipy widens both to the wider)
+            pointers = pointers.astype(np.int32)
+        return sp.csr_array((np.concatenate(data), np.concatenate(indices), pointers), shape=(self.positions, vocab))
 
 
 class WindowGroupCounter:

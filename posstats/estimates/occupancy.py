@@ -158,10 +158,17 @@ class OccupancyShrinkage:
     def features(self, rows: Any, /) -> ShrinkageFeatures:
         """The (m, V) counts ``rows``' features for their adjustments: ``<s_i, U_k>`` and
         the interpolation weights of their occupancies (one sparse product, ``nnz K``)."""
-        c = sp.csr_array(rows, dtype=np.float64)
-        occ = np.asarray(c.sum(axis=1)).ravel()
-        s = c.multiply(1.0 / occ[:, None]).tocsr()
-        s.data = np.sqrt(s.data)
+        c = sp.csr_array(rows)
+        if not c.has_canonical_format:  # duplicates summed in a copy, never in the caller's counts
+            c = c.copy()
+            c.sum_duplicates()
+        occ = np.asarray(c.sum(axis=1), dtype=np.float64).ravel()
+        per_row = np.diff(c.indptr)
+        # s_i = sqrt(C_i / N_i) on C's pattern, in place: one temporary an entry
+        data = c.data.astype(np.float64)
+        data *= np.repeat(1.0 / occ, per_row)
+        np.sqrt(data, out=data)
+        s = sp.csr_array((data, c.indices, c.indptr), shape=c.shape)
         # row blocks on threads: each row's dot products as one product computes them
         dots = blocks_times(_row_block_views(s, product_threads()), self._shrinkage_t, int(s.shape[1]))
         return ShrinkageFeatures(dots, self.weights(occ), self.gram)

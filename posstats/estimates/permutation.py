@@ -82,6 +82,11 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
+from posstats.estimates.replicates import (
+    in_replicate_order,
+    replicate_bytes,
+    replicates_in_flight,
+)
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.standout import distance_to_pool
 from posstats.geometry.hellinger import hellinger_sq
@@ -165,6 +170,15 @@ def shuffled_rows(rows: Any, rng: np.random.Generator, /) -> sp.csr_array:
 
 
 _ROW_DRAW_COST = 3  # a hypergeometric draw per (row, token seen) costs about 3 token moves
+
+
+def _tokens_shuffled(rows: sp.csr_array, /) -> int:
+    """The tokens :func:`shuffled_rows` moves one by one for the canonical CSR ``rows``
+    (0 when it draws row by row): what its memory grows with."""
+    m = rows.shape[0]
+    tokens = int(rows.sum())
+    seen = int(np.count_nonzero(np.asarray(rows.sum(axis=0)).ravel()))
+    return 0 if _ROW_DRAW_COST * m * seen < tokens else tokens
 
 
 def _shuffled_by_row(occ: np.ndarray, cols: np.ndarray, pooled: np.ndarray, vocab: int,
@@ -304,18 +318,25 @@ def null_distance_sums(
     occ = np.asarray(c.sum(axis=1)).ravel().astype(np.int64)
     pooled = np.asarray(c.sum(axis=0)).ravel().astype(np.int64)
     cols = np.flatnonzero(pooled)
-    out = np.empty(int(replicates))
-    for k in range(out.size):
+    if corrected and shrinkage is None:  # the whole corpus' (a subset's own pool would differ)
+        shrinkage = OccupancyShrinkage.of(c)
+
+    def replicate(k: int, _: Any) -> float:
         rng = np.random.default_rng([seed, k, 1])
         if r < m:
             keep = np.sort(rng.choice(m, r, replace=False))
             shuffled = _shuffled_in_chunks(occ[keep], cols, pooled[cols], vocab, rng)
         else:
             shuffled = shuffled_rows(c, rng)
-        if corrected and shrinkage is None:  # the whole corpus' (a subset's own pool would differ)
-            shrinkage = OccupancyShrinkage.of(c)
         d2 = _squared(shuffled, corrected=corrected, shrinkage=shrinkage)
-        out[k] = distance_sum(d2, position_sampling_variance(shuffled) if corrected else None) * (m * (m - 1)) / (r * (r - 1))
+        return distance_sum(d2, position_sampling_variance(shuffled) if corrected else None) * (m * (m - 1)) / (r * (r - 1))
+
+    out = np.empty(int(replicates))
+    stored = c.nnz if r == m else -(-c.nnz * r // m)  # a subset of r rows holds about r / m of them
+    in_flight = replicates_in_flight(replicate_bytes(r, stored, shuffled_tokens=_tokens_shuffled(c) if r == m else 0),
+                                     replicates=out.size)
+    for k, total in in_replicate_order(replicate, out.size, in_flight=in_flight):
+        out[k] = total
         if progress is not None:
             progress(1)
     return out
@@ -560,12 +581,23 @@ def permutation_null(
     c = _integer_csr(rows)
     s_null, top_null, sums_null = np.empty(replicates), np.empty(eigen), np.empty(eigen)
     solved = 0
-    for r in range(replicates):
+
+    def open_at(r: int) -> bool:
+        """Replicate r is solved in a loop: the rank test is not decided by those before it."""
+        return r < eigen and rank_test_open(top_null[:solved], stop_at)
+
+    def replicate(r: int, solve: bool) -> tuple[float, tuple[float, float] | None]:
         shuffled = shuffled_rows(c, np.random.default_rng([seed, r]))
-        s_null[r] = homogeneity_statistic(shuffled)
-        if r < eigen and rank_test_open(top_null[:solved], stop_at):
-            top_null[r], sums_null[r] = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage,
-                                                      weights=weights)
+        geometry = null_geometry(shuffled, corrected=corrected, shrinkage=shrinkage, weights=weights) if solve else None
+        return homogeneity_statistic(shuffled), geometry
+
+    # a few replicates at once (posstats.estimates.replicates); the results are the loop's
+    in_flight = replicates_in_flight(replicate_bytes(c.shape[0], c.nnz, shuffled_tokens=_tokens_shuffled(c)),
+                                     replicates=replicates)
+    for r, (statistic, geometry) in in_replicate_order(replicate, replicates, in_flight=in_flight, plan=open_at):
+        s_null[r] = statistic
+        if geometry is not None and open_at(r):  # one started before the test was decided: not counted
+            top_null[r], sums_null[r] = geometry
             solved += 1
         if progress is not None:
             progress(1)
