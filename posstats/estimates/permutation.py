@@ -39,6 +39,8 @@ at level 2.5 % rejects exactly when ``T`` exceeds all 39 null values.
   Monte Carlo test with h = 1: draw until one null value reaches the data's), only the
   threshold reported is then a lower bound of the full one
   (:attr:`PermutationNull.eigen_replicates` against ``null_top_eigenvalues.size``).
+  The null corpora are solved a few at a time on threads, as cores and memory allow
+  (:mod:`posstats.estimates.replicates`), with exactly the values and the stop of a loop.
 
   **Occupancy weighting.** Where occupancies differ (every truncate-mode corpus: documents
   shorter than the context leave the last positions thin), a position's sampling noise in
