@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import json
 import sys
+import threading
 from collections import Counter
 
 import numpy as np
@@ -80,21 +81,26 @@ def digest(rows) -> str:
 
 
 class Spy:
-    """Counts the outermost calls of the distance entry points, by function and input rows."""
+    """Counts the outermost calls of the distance entry points, by function and input rows,
+    in every thread (null corpora are solved on threads: posstats.estimates.replicates)."""
 
     def __init__(self) -> None:
         self.calls: Counter[tuple[str, str]] = Counter()
-        self._depth = 0
+        self._local = threading.local()  # each thread's depth of nested entry-point calls
+        self._lock = threading.Lock()
 
     def wrap(self, name: str, fn):
         def spied(counts, /, *args, **kwargs):
-            if self._depth == 0:
-                self.calls[(name, digest(counts))] += 1
-            self._depth += 1
+            depth = getattr(self._local, "depth", 0)
+            if depth == 0:
+                key = (name, digest(counts))
+                with self._lock:
+                    self.calls[key] += 1
+            self._local.depth = depth + 1
             try:
                 return fn(counts, *args, **kwargs)
             finally:
-                self._depth -= 1
+                self._local.depth = depth
 
         return spied
 
