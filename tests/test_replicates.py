@@ -17,6 +17,7 @@ from posstats.estimates.permutation import (
     top_eigenvalue,
 )
 from posstats.estimates.replicates import (
+    first_solve_alone,
     in_replicate_order,
     replicate_bytes,
     replicates_in_flight,
@@ -49,6 +50,35 @@ def test_results_come_in_replicate_order_with_the_plan_of_their_start(in_flight)
     for r, seen in seen_at_start.items():
         # replicate r starts once every result before r - in_flight + 1 is consumed (a loop: all before r)
         assert seen == max(0, r - in_flight + 1)
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 4])
+def test_a_test_stopped_by_its_first_null_corpus_solves_no_other(in_flight):
+    """The order of :func:`first_solve_alone`: replicate 0 is solved beside one that never
+    is, so when replicate 0 decides the test no other solve has started; the results still
+    come back in that order, every replicate once."""
+    stopped: list[bool] = []
+    solves: list[int] = []
+    lock = threading.Lock()
+
+    def task(r: int, solve: bool) -> int:
+        if solve:
+            with lock:
+                solves.append(r)
+        return r
+
+    order = first_solve_alone(6, 15, in_flight=in_flight)
+    head = [0, *range(6, 6 + max(1, in_flight - 1)), 1]  # replicate 0 beside never-solved ones
+    assert order[:len(head)] == head and sorted(order) == list(range(15))
+    got = []
+    for r, result in in_replicate_order(task, 15, in_flight=in_flight, order=order,
+                                        plan=lambda r: r < 6 and not stopped):
+        got.append(result)
+        if r == 0:
+            stopped.append(True)  # replicate 0's null corpus reached the data's top eigenvalue
+    assert got == order and solves == [0]
+    with pytest.raises(ValueError, match="permutation of 0..3"):
+        list(in_replicate_order(task, 4, in_flight=2, order=[0, 1, 1, 3]))
 
 
 def test_an_error_is_raised_at_its_replicate_and_nothing_more_starts():

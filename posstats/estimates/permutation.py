@@ -85,6 +85,7 @@ import scipy.sparse.linalg as spla
 
 from posstats.estimates.occupancy import OccupancyShrinkage, adjusted
 from posstats.estimates.replicates import (
+    first_solve_alone,
     in_replicate_order,
     replicate_bytes,
     replicates_in_flight,
@@ -596,7 +597,10 @@ def permutation_null(
     # a few replicates at once (posstats.estimates.replicates); the results are the loop's
     in_flight = replicates_in_flight(replicate_bytes(c.shape[0], c.nnz, shuffled_tokens=_tokens_shuffled(c)),
                                      replicates=replicates)
-    for r, (statistic, geometry) in in_replicate_order(replicate, replicates, in_flight=in_flight, plan=open_at):
+    # no solve in vain at the most likely stop, the first null corpus
+    order = first_solve_alone(eigen, replicates, in_flight=in_flight) if stop_at is not None else None
+    for r, (statistic, geometry) in in_replicate_order(replicate, replicates, in_flight=in_flight, plan=open_at,
+                                                           order=order):
         s_null[r] = statistic
         if geometry is not None and open_at(r):  # one started before the test was decided: not counted
             top_null[r], sums_null[r] = geometry

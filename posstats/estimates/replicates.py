@@ -18,7 +18,9 @@ replicates (the rank test's stop once decided,
 :mod:`posstats.estimates.permutation`) is taken by ``plan`` when a replicate is started;
 a replicate started before an earlier one decided the test is solved anyway and its
 extra result ignored by the caller, so the caller's results equal the loop's, at the
-cost of at most ``in_flight - 1`` solves.
+cost of at most ``in_flight - 1`` solves. The first null corpus is solved beside one that
+is never solved (:func:`first_solve_alone`), so a corpus whose test stops at its first
+null corpus (the most likely stop) solves none in vain.
 
 **How many at once** (:func:`replicates_in_flight`): one per core the process may use
 (:func:`posstats.geometry.products.product_threads`: ``OMP_NUM_THREADS`` when set, as Ray
@@ -31,14 +33,15 @@ thread, exactly a loop.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from posstats.geometry.products import product_threads
 from posstats.memory import available_memory
 
-__all__ = ["REPLICATE_BYTES_PER_STORED_COUNT", "in_replicate_order", "replicate_bytes", "replicates_in_flight"]
+__all__ = ["REPLICATE_BYTES_PER_STORED_COUNT", "first_solve_alone", "in_replicate_order", "replicate_bytes",
+           "replicates_in_flight"]
 
 # The peak of one null corpus' solve above what the process held before it, per stored
 # count of the corpus and per (m, m) entry: measured at m = 4,096, 6.03e7 stored counts
@@ -92,34 +95,65 @@ def in_replicate_order(
     *,
     in_flight: int,
     plan: Callable[[int], Any] = lambda r: None,
+    order: Sequence[int] | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """``(r, task(r, plan(r)))`` for ``r = 0 .. count - 1``, in that order, with at most
-    ``in_flight`` tasks running at once on threads of their own (module docstring).
+    """``(r, task(r, plan(r)))`` for every replicate ``r`` of ``order`` (default ``0 ..
+    count - 1``; a permutation of them), in that order, with at most ``in_flight`` tasks
+    running at once on threads of their own (module docstring).
 
     ``plan(r)`` is called in the consumer's thread when replicate r is started: after the
-    results of every replicate before ``r - in_flight + 1`` have been consumed (one at a
-    time: after all before r). A task's exception is raised when its result is reached;
-    closing the iterator early cancels the replicates not started and waits for the running
-    ones.
+    results of every replicate before it in ``order`` but the last ``in_flight - 1`` have
+    been consumed (one at a time: after all before it). A task's exception is raised when
+    its result is reached; closing the iterator early cancels the replicates not started
+    and waits for the running ones.
     """
+    sequence = list(range(count)) if order is None else [int(r) for r in order]
+    if sorted(sequence) != list(range(count)):
+        msg = f"order must be a permutation of 0..{count - 1}"
+        raise ValueError(msg)
     if in_flight <= 1 or count <= 1:
-        for r in range(count):
+        for r in sequence:
             yield r, task(r, plan(r))
         return
     pool = ThreadPoolExecutor(max_workers=min(int(in_flight), int(count)), thread_name_prefix="posstats-null")
     pending: deque[tuple[int, Future[Any]]] = deque()
+    upcoming = iter(sequence)
     try:
-        started = 0
-        while started < count and len(pending) < in_flight:
-            pending.append((started, pool.submit(task, started, plan(started))))
-            started += 1
+        for r in upcoming:
+            pending.append((r, pool.submit(task, r, plan(r))))
+            if len(pending) == in_flight:
+                break
         while pending:
             r, future = pending.popleft()
             yield r, future.result()
-            if started < count:
-                pending.append((started, pool.submit(task, started, plan(started))))
-                started += 1
+            following = next(upcoming, None)
+            if following is not None:
+                pending.append((following, pool.submit(task, following, plan(following))))
     finally:
         for _, future in pending:
             future.cancel()
         pool.shutdown(wait=True)
+
+
+def first_solve_alone(solved: int, count: int, /, *, in_flight: int) -> list[int]:
+    """The order of ``count`` replicates of which the first ``solved`` may be solved for a
+    test that can stop once decided (:mod:`posstats.estimates.permutation`), with
+    ``in_flight`` at once: replicate 0, then up to ``in_flight - 1`` of those never solved
+    (``solved ..``), then the rest in order. Replicate 0's solve then runs beside
+    replicates that never are, and replicate 1 starts only once replicate 0 has decided
+    whether it must be solved: a stationary corpus, whose test most often stops at its
+    first null corpus, solves no corpus in vain (measured at n = 4,096: two solves at once
+    took 28 s, one 20 s).
+
+    >>> first_solve_alone(3, 6, in_flight=2)
+    [0, 3, 1, 2, 4, 5]
+    >>> first_solve_alone(3, 6, in_flight=4)
+    [0, 3, 4, 5, 1, 2]
+    >>> first_solve_alone(4, 4, in_flight=2)
+    [0, 1, 2, 3]
+    """
+    if not 0 < solved < count:
+        return list(range(count))
+    beside = list(range(solved, min(count, solved + max(1, int(in_flight) - 1))))
+    rest = [r for r in range(1, count) if r not in set(beside)]
+    return [0, *beside, *rest]

@@ -59,6 +59,7 @@ from posstats.estimates.permutation import (
     rank_test_open,
 )
 from posstats.estimates.replicates import (
+    first_solve_alone,
     in_replicate_order,
     replicate_bytes,
     replicates_in_flight,
@@ -209,7 +210,10 @@ def rotation_null_corpora(
     stored = sp.csr_array(data_rows).nnz if sp.issparse(data_rows) else int(np.count_nonzero(data_rows))
     in_flight = replicates_in_flight(_rotated_bytes(groups, stored if eigen or not every_row else None),
                                      replicates=replicates)
-    for r, (statistic, geometry) in in_replicate_order(replicate, replicates, in_flight=in_flight, plan=open_at):
+    # no solve in vain at the most likely stop, the first null corpus
+    order = first_solve_alone(eigen, replicates, in_flight=in_flight) if stop_at is not None else None
+    for r, (statistic, geometry) in in_replicate_order(replicate, replicates, in_flight=in_flight, plan=open_at,
+                                                           order=order):
         if geometry is not None and not open_at(r):  # started before the test was decided: not counted,
             statistic = replicate(r, False)[0]  # and its statistic the loop's (one pass, not the formed corpus)
             geometry = None
