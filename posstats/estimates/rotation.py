@@ -199,7 +199,7 @@ def rotation_null_corpora(
 
     def replicate(r: int, solve: bool) -> tuple[float, tuple[float, float] | None]:
         shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
-        if not (solve or not every_row):
+        if every_row and not solve:
             return rotated_statistic(groups, shifts), None
         rotated = groups.rotated(shifts)
         rotated = rotated if every_row else rotated[np.asarray(rows)]
@@ -208,8 +208,7 @@ def rotation_null_corpora(
 
     # a few replicates at once (posstats.estimates.replicates); the results are the loop's
     stored = sp.csr_array(data_rows).nnz if sp.issparse(data_rows) else int(np.count_nonzero(data_rows))
-    in_flight = replicates_in_flight(_rotated_bytes(groups, stored if eigen or not every_row else None),
-                                     replicates=replicates)
+    in_flight = replicates_in_flight(_rotated_bytes(groups, stored), replicates=replicates)  # eigen >= 1 solve
     # no solve in vain at the most likely stop, the first null corpus
     order = first_solve_alone(eigen, replicates, in_flight=in_flight) if stop_at is not None else None
     for r, (statistic, geometry) in in_replicate_order(replicate, replicates, in_flight=in_flight, plan=open_at,
