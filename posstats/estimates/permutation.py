@@ -161,7 +161,7 @@ def shuffled_rows(rows: Any, rng: np.random.Generator, /) -> sp.csr_array:
     occ = np.asarray(c.sum(axis=1)).ravel().astype(np.int64)
     pooled = np.asarray(c.sum(axis=0)).ravel().astype(np.int64)
     cols = np.flatnonzero(pooled)
-    if _ROW_DRAW_COST * m * cols.size < int(occ.sum()):
+    if _draws_by_row(m, cols.size, int(occ.sum())):
         return _shuffled_by_row(occ, cols, pooled[cols], vocab, rng)
     index_dtype = np.int32 if max(m, vocab) < 2**31 else np.int64
     tokens = np.repeat(cols.astype(index_dtype), pooled[cols])
@@ -175,13 +175,18 @@ def shuffled_rows(rows: Any, rng: np.random.Generator, /) -> sp.csr_array:
 _ROW_DRAW_COST = 3  # a hypergeometric draw per (row, token seen) costs about 3 token moves
 
 
+def _draws_by_row(rows: int, seen: int, tokens: int, /) -> bool:
+    """Whether :func:`shuffled_rows` draws ``rows`` rows one by one (a draw per row and token
+    id ``seen``) rather than moving each of ``tokens`` tokens: whichever is cheaper."""
+    return _ROW_DRAW_COST * rows * seen < tokens
+
+
 def _tokens_shuffled(rows: sp.csr_array, /) -> int:
     """The tokens :func:`shuffled_rows` moves one by one for the canonical CSR ``rows``
     (0 when it draws row by row): what its memory grows with."""
-    m = rows.shape[0]
     tokens = int(rows.sum())
     seen = int(np.count_nonzero(np.asarray(rows.sum(axis=0)).ravel()))
-    return 0 if _ROW_DRAW_COST * m * seen < tokens else tokens
+    return 0 if _draws_by_row(rows.shape[0], seen, tokens) else tokens
 
 
 def _shuffled_by_row(occ: np.ndarray, cols: np.ndarray, pooled: np.ndarray, vocab: int,
