@@ -82,8 +82,13 @@ def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
     occupancy = groups.occupancy  # computed once per groups: every rotation keeps them
     sqrt_pool = np.sqrt(groups.pooled / occupancy.sum())
     total = 2.0 * float(occupancy.sum())
+    roots = None
     for a, b, block in groups.rotated_blocks(shifts):
-        total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ (np.sqrt(block) @ sqrt_pool))
+        if roots is None:
+            roots = np.empty(block.shape)  # one buffer for every block's square roots
+        root = np.sqrt(block, out=roots[:b - a])
+        affinity = np.einsum("iv,v->i", root, sqrt_pool)  # numpy's loop, not BLAS: BLAS threads slow the null's threads
+        total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ affinity)
     return total
 
 
@@ -103,7 +108,7 @@ _STATISTIC_BYTES = 1 << 28  # one rotated corpus' statistic without forming it (
 def _shared(groups: WindowGroups, /) -> WindowGroups:
     """``groups`` with its cached arrays computed, before threads share them (two threads'
     first reads would each build them)."""
-    for name in ("occupancy", "pooled"):
+    for name in ("occupancy", "pooled", "_held_classes"):
         getattr(groups, name)
     return groups
 
