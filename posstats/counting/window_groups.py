@@ -52,7 +52,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from posstats.counting.blocks import CountBlocks
-from posstats.counting.scipy_sparse import csr_rows_view, sp
+from posstats.counting.csr_views import csr_rows_view
+from posstats.counting.scipy_sparse import sp
 from posstats.counting.sorted_keys import SortedKeyCounter, block_positions
 
 __all__ = ["DEFAULT_WINDOW_GROUPS", "WindowGroupCounter", "WindowGroups"]
@@ -138,7 +139,7 @@ class WindowGroups:
         half is a pairwise (tree) sum of its groups' row blocks: every stored entry is merged
         about log2(K / 2) times, and no more than two levels are held at once; with one group
         a half (counts above 4,096 positions keep only the halves) each half is a view of
-        the groups' storage (:func:`posstats.counting.scipy_sparse.csr_rows_view`): read it, do not
+        the groups' storage (:func:`posstats.counting.csr_views.csr_rows_view`): read it, do not
         write to it."""
         n = self.positions
         pick = None if rows is None else np.asarray(rows, dtype=np.int64)

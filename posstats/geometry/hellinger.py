@@ -38,7 +38,7 @@ import numpy as np
 import scipy.linalg.blas
 import scipy.sparse as sp
 
-from posstats.counting.scipy_sparse import csr_rows_view
+from posstats.counting.csr_views import csr_rows_view
 from posstats.geometry.backend import array_namespace
 
 __all__ = ["distance_summary", "hellinger", "hellinger_sq", "hellinger_sq_pairs", "sqrt_distributions"]
