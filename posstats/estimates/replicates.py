@@ -154,6 +154,6 @@ def first_solve_alone(solved: int, count: int, /, *, in_flight: int) -> list[int
     """
     if not 0 < solved < count:
         return list(range(count))
-    beside = list(range(solved, min(count, solved + max(1, int(in_flight) - 1))))
-    rest = [r for r in range(1, count) if r not in set(beside)]
+    beside = range(solved, min(count, solved + max(1, int(in_flight) - 1)))
+    rest = [r for r in range(1, count) if r not in beside]  # a range's membership is arithmetic
     return [0, *beside, *rest]
