@@ -5,6 +5,7 @@ section (docs/calibration.md).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -18,6 +19,7 @@ from posstats.analysis.rows import _Rows
 from posstats.counting.counts import PositionalCounts, too_few_windows
 from posstats.estimates.halves_edge import HalvesEdge, HalvesNoise, halves_noise
 from posstats.estimates.null_rank import (
+    NullRank,
     bias_shift,
     bulk_residual,
     mp_edge,
@@ -217,6 +219,183 @@ def _eigen_replicates(m: int, replicates: int) -> int:
     return replicates if m <= _EIGEN_REPLICATE_ROWS else min(replicates, 19)
 
 
+@dataclasses.dataclass(frozen=True)
+class _RankTest:
+    """What one null decided, before the report's ``null`` entry is written from it.
+
+    Attributes:
+        rank: the rank test (:func:`posstats.estimates.null_rank.null_rank`).
+        tested: the eigenvalues it compared with the null: the MDS's, or the
+            occupancy-weighted ones where ``weights`` is not None.
+        vectors: (m, k) eigenvectors of the weighted ones, else None.
+        top_vector: (m,) the tested top component, or None.
+        weights: the occupancy weights, None where the test is unweighted.
+        scale: the ``tested`` eigenvalues' scale (``null.eigenvalue_scale``).
+        entry: the null's own entries (shuffled or rotated: ``level``, ``null_corpora``;
+            the edge: ``eigenvalue_shift``, ``edge``).
+        homogeneity: the report's ``homogeneity`` section (shuffled or rotated null), else None.
+        distance_noise: ``null.distance_noise`` (shuffled or rotated null with the exact
+            path's distances), else None.
+    """
+
+    rank: NullRank
+    tested: np.ndarray
+    vectors: np.ndarray | None
+    top_vector: np.ndarray | None
+    weights: np.ndarray | None
+    scale: str
+    entry: dict[str, Any]
+    homogeneity: dict[str, Any] | None = None
+    distance_noise: dict[str, Any] | None = None
+
+
+def _resampled_test(
+    mds: MDSResult,
+    bias: np.ndarray | None,
+    g: _Rows,
+    config: AnalysisConfig,
+    show_progress: bool | None,
+    *,
+    distances: np.ndarray | None,
+    windows: tuple[Any, str | None],
+    shrinkage: Any,
+    rank_test: tuple[np.ndarray, np.ndarray] | None,
+) -> _RankTest:
+    """The rank test and the test of homogeneity against null corpora: shuffled
+    (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
+    (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`).
+    Where occupancies differ the rank test reads the occupancy-whitened Gram matrix
+    (``rank_test`` when the geometry computed its eigenpairs, else computed here). With the
+    exact path's ``distances``, the share of their sum that sampling noise reaches, from
+    shuffled corpora: the rotated null's carry the structure they move, so they get shuffled
+    corpora of their own, as does a shuffle null that stopped once decided."""
+    m = len(g.index)
+    adjust = {"shrinkage": shrinkage} if shrinkage is not None else {}
+    lam = np.asarray(mds.eigenvalues, dtype=np.float64)
+    groups, why_not = windows
+    weights = occupancy_weights(g.occupancy)  # None at equal occupancy
+    options = {"replicates": config.null_replicates, "corrected": bias is not None, "seed": config.seed,
+               "eigen_replicates": _eigen_replicates(m, config.null_replicates), "weights": weights}
+    what = "rotated corpora" if groups is not None else "shuffled corpora"
+    shuffled_sums = groups is not None and distances is not None  # the noise share's own shuffled corpora
+    total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
+    vectors = None
+    top_vector = mds.encoding[:, 0] if mds.encoding.shape[1] else None
+    if weights is None:
+        tested = lam
+    else:  # the exact path's, from its distance matrix (formed once), else from the rows
+        tested, vectors = rank_test if rank_test is not None else rank_test_eigenvalues(
+            g.rows, corrected=bias is not None, k=_rank_test_k(lam.size), weights=weights, **adjust)
+        top_vector = vectors[:, 0]
+    # null corpora are solved until one reaches the data's top: then no component can count
+    options["stop_at"] = float(np.max(tested)) if np.size(tested) else None
+    with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
+        if groups is not None:
+            perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
+        else:
+            perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
+            if perm.eigen_planned is not None and distances is not None:
+                # the solved shuffled corpora are too few for the noise share: draw its own
+                shuffled_sums = True
+                bar.total += options["eigen_replicates"]
+                bar.refresh()
+        if shuffled_sums:
+            noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
+                                            corrected=bias is not None, seed=config.seed,
+                                            max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
+    nr = null_rank(tested, method="shuffle", permutation=perm)
+    homogeneity = {
+        "method": "permutation" if groups is None else "rotation",
+        **({"window_groups": int(groups.groups), "rotated_share": groups.rotated_share()}
+           if groups is not None else {}),
+        **({"window_null": why_not} if why_not else {}),
+        "statistic": perm.homogeneity,
+        "statistic_formula": "S = sum_i N_i d_H^2(mu_hat_i, pooled), plug-in",
+        "null_max": float(np.max(perm.null_homogeneity)),
+        "p_value": perm.homogeneity_p_value,
+        "replicates": perm.replicates,
+        "level": perm.level(),
+        "rejected": bool(perm.homogeneity > np.max(perm.null_homogeneity)),
+    }
+    distance_noise = None
+    if distances is not None:
+        distance_noise = (_distance_noise_entry(noise_sums, distances, rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS))
+                          if shuffled_sums else _distance_noise_entry(perm.null_distance_sums, distances))
+    return _RankTest(
+        rank=nr, tested=tested, vectors=vectors, top_vector=top_vector, weights=weights,
+        scale="bias_corrected" if bias is not None else "plugin",
+        entry={"level": 1.0 / (nr.replicates + 1), "null_corpora": "rotated" if groups is not None else "shuffled"},
+        homogeneity=homogeneity, distance_noise=distance_noise,
+    )
+
+
+def _edge_test(
+    mds: MDSResult,
+    bias: np.ndarray | None,
+    noise: Any,
+    g: _Rows,
+    geo_parts: Any,
+    *,
+    rank_test: tuple[np.ndarray, np.ndarray] | None,
+    halves: _HalvesEdges | None,
+) -> _RankTest:
+    """The rank test against the edge of the noise bulk (``mp``): measured on independent
+    halves (``halves``) where they are usable, else the analytic bound. Where occupancies
+    differ the geometry computed the weighted eigenpairs (``rank_test``) and the edge is
+    weighted alike. With ``bias`` the tested eigenvalues are bias-corrected and are
+    compared on the edge's plug-in scale: ``B_c = B - H diag(b) H`` shifts the spectrum
+    down by about ``mean(b)`` (``mean(w_i b_i)`` weighted), which is added back."""
+    weights = occupancy_weights(g.occupancy) if rank_test is not None else None
+    tested, vectors = rank_test if weights is not None else (np.asarray(mds.eigenvalues, dtype=np.float64), None)
+    scale, shift = "plugin", 0.0
+    if bias is not None:
+        shift = bias_shift(bias, weights)
+        scale = "corrected + mean bias"
+    measured = None if halves is None else halves.measured(weights)
+    nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None,
+                   threshold=None if measured is None else measured.edge)
+    entry: dict[str, Any] = {"eigenvalue_shift": shift} if bias is not None else {}  # threshold - shift: the
+    # level on the corrected eigenvalues' scale (the report keeps them on their own scale)
+    entry["edge"] = measured.to_dict() if measured is not None else {"method": "analytic"}
+    why = None if halves is None else halves.not_used(weights)
+    if why:
+        entry["edge"]["halves_not_used"] = why
+    return _RankTest(rank=nr, tested=tested, vectors=vectors, top_vector=None if vectors is None else vectors[:, 0],
+                     weights=weights, scale=scale, entry=entry)
+
+
+def _weighting_entries(test: _RankTest, mds: MDSResult, occupancy: np.ndarray,
+                       rank_test_bound: float | None) -> tuple[dict[str, Any], np.ndarray | None]:
+    """``(entries, weighted)``: the ``null`` entries on the occupancy weighting and on where
+    the tested and the counted components load, and where the test was weighted and counts
+    components, their (m, k) occupancy-weighted coordinates
+    (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
+    out: dict[str, Any] = {"weighting": "occupancy" if test.weights is not None else "none"}
+    tested, weights, counted = test.tested, test.weights, int(test.rank.components_above_null)
+    if weights is not None:  # the threshold is on this scale, not the spectrum's
+        out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
+        out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+        out["weights_ratio"] = float(np.max(weights) / np.min(weights))  # max(w) / min(w): how unequal
+        if rank_test_bound is not None:  # not solved: bounds from the unweighted MDS, all below the edge
+            out["tested_bound"] = tested_bound_entry(rank_test_bound)
+    if test.top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's
+        out["top_component_occupancy"] = _loaded_occupancy(test.top_vector, occupancy)
+        out["median_occupancy"] = float(np.median(occupancy))
+    weighted = None
+    if weights is not None and counted:
+        # the MDS (unweighted) components the verdict's count stands for: where each loads
+        # (a leading component on thin positions is their noise, not the structure tested)
+        k = min(counted, mds.encoding.shape[1], _TESTED_SHOWN)
+        out["mds_component_occupancy"] = [_loaded_occupancy(mds.encoding[:, j], occupancy) for j in range(k)]
+        out["median_occupancy"] = float(np.median(occupancy))
+        # the components that test counted, as coordinates (what an export writes where the
+        # MDS's leading components are thin positions' noise: posstats.reports.export)
+        counted = min(counted, test.vectors.shape[1])
+        weighted = weighted_coordinates(test.vectors[:, :counted], np.asarray(tested[:counted]), weights)
+        out["weighted_mds_components"] = counted
+    return out, weighted
+
+
 def _null_section(
     mds: MDSResult,
     bias: np.ndarray | None,
@@ -235,141 +414,34 @@ def _null_section(
     rank_test_bound: float | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
     """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
-    above a null corpus (:func:`posstats.estimates.null_rank.null_rank`) and, from the same null corpora,
-    the test of homogeneity (None without them). The null corpora are shuffled
-    (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
-    (groups, None)``; else ``(None, why not)``), rotated (:mod:`posstats.estimates.rotation`:
-    the dependence inside windows kept, for both tests). With the exact path's (m, m)
-    ``distances`` the null also says which share of their sum sampling noise alone reaches
-    (``distance_noise``), always from shuffled corpora: rotated ones carry the structure
-    they move, so they get shuffled corpora of their own
-    (:func:`posstats.estimates.permutation.null_distance_sums`), as does a shuffle null
-    whose rank test stopped once decided (too few of its corpora solved); otherwise the
-    shuffle null's own. ``rank_test``: the
-    data's occupancy-weighted eigenvalues and eigenvectors when the geometry computed
-    them (the exact path from its distance matrix; the sampled path, for the analytic edge,
-    by Lanczos on its operator); for the shuffled or rotated null they are otherwise
-    computed here where occupancies differ. ``rank_test_bound``: ``max(w) / min(w)`` where
-    the weighted eigenvalues are the MDS's times ``max(w)``, upper bounds that decided the
-    test (:func:`posstats.estimates.null_rank.bounded_rank_test`). ``weighted``: where the
-    test was weighted and counts components, their (m, k) coordinates
+    above a null (:func:`posstats.estimates.null_rank.null_rank`) and, from the same null
+    corpora, the test of homogeneity (None without them): against shuffled or rotated
+    corpora (:func:`_resampled_test`) or the edge of the noise bulk (:func:`_edge_test`),
+    as :func:`_null_choice` says. ``rank_test``: the data's occupancy-weighted eigenvalues
+    and eigenvectors when the geometry computed them (the exact path from its distance
+    matrix; the sampled path, for the analytic edge, by Lanczos on its operator).
+    ``rank_test_bound``: ``max(w) / min(w)`` where the weighted eigenvalues are the MDS's
+    times ``max(w)``, upper bounds that decided the test
+    (:func:`posstats.estimates.null_rank.bounded_rank_test`). ``weighted``: where the test
+    was weighted and counts components, their (m, k) coordinates
     (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
-    m = len(g.index)
-    choice = _null_choice(config, m, noise)
+    choice = _null_choice(config, len(g.index), noise)
     if choice == "none":
         return None, None, None
-    adjust = {"shrinkage": shrinkage} if shrinkage is not None else {}
+    if choice == "mp" and noise is None:
+        return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None, None
     t = time.perf_counter()
-    lam = np.asarray(mds.eigenvalues, dtype=np.float64)
-    homogeneity = None
-    groups, why_not = windows
-    weights = None
     if choice == "shuffle":
-        # where occupancies differ, the rank test reads the occupancy-whitened Gram matrix
-        # (posstats.estimates.permutation, "Occupancy weighting"): None at equal occupancy
-        weights = occupancy_weights(g.occupancy)
-        options = {"replicates": config.null_replicates, "corrected": bias is not None, "seed": config.seed,
-                   "eigen_replicates": _eigen_replicates(m, config.null_replicates), "weights": weights}
-        what = "rotated corpora" if groups is not None else "shuffled corpora"
-        shuffled_sums = groups is not None and distances is not None  # the noise share's own shuffled corpora
-        total = config.null_replicates + (options["eigen_replicates"] if shuffled_sums else 0)
-        vectors = None
-        top_vector = mds.encoding[:, 0] if mds.encoding.shape[1] else None
-        if weights is None:
-            tested = lam
-        else:  # the exact path's, from its distance matrix (formed once), else from the rows
-            tested, vectors = rank_test if rank_test is not None else rank_test_eigenvalues(
-                g.rows, corrected=bias is not None, k=_rank_test_k(lam.size), weights=weights, **adjust)
-            top_vector = vectors[:, 0]
-        # null corpora are solved until one reaches the data's top: then no component can count
-        options["stop_at"] = float(np.max(tested)) if np.size(tested) else None
-        with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
-            if groups is not None:
-                perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
-            else:
-                perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
-                if perm.eigen_planned is not None and distances is not None:
-                    # the solved shuffled corpora are too few for the noise share: draw its own
-                    shuffled_sums = True
-                    bar.total += options["eigen_replicates"]
-                    bar.refresh()
-            if shuffled_sums:
-                noise_sums = null_distance_sums(g.rows, replicates=options["eigen_replicates"],
-                                                corrected=bias is not None, seed=config.seed,
-                                                max_rows=_EIGEN_REPLICATE_ROWS, progress=bar.update, **adjust)
-        nr = null_rank(tested, method="shuffle", permutation=perm)
-        scale = "bias_corrected" if bias is not None else "plugin"
-        homogeneity = {
-            "method": "permutation" if groups is None else "rotation",
-            **({"window_groups": int(groups.groups), "rotated_share": groups.rotated_share()}
-               if groups is not None else {}),
-            **({"window_null": why_not} if why_not else {}),
-            "statistic": perm.homogeneity,
-            "statistic_formula": "S = sum_i N_i d_H^2(mu_hat_i, pooled), plug-in",
-            "null_max": float(np.max(perm.null_homogeneity)),
-            "p_value": perm.homogeneity_p_value,
-            "replicates": perm.replicates,
-            "level": perm.level(),
-            "rejected": bool(perm.homogeneity > np.max(perm.null_homogeneity)),
-        }
+        test = _resampled_test(mds, bias, g, config, show_progress, distances=distances, windows=windows,
+                               shrinkage=shrinkage, rank_test=rank_test)
     else:
-        if noise is None:
-            return {"method": "mp", "components_above_null": None, "note": "no noise floor"}, None, None
-        # where occupancies differ, the edge tests the occupancy-whitened Gram matrix too,
-        # its eigenvalues computed with the geometry (rank_test) and the edge weighted alike
-        weights = occupancy_weights(g.occupancy) if rank_test is not None else None
-        tested, vectors = rank_test if weights is not None else (lam, None)
-        top_vector = None if vectors is None else vectors[:, 0]
-        scale, shift = "plugin", 0.0
-        if bias is not None:
-            # B_c = B - H diag(b) H shifts the spectrum down by about mean(b) (W^1/2 B_c W^1/2:
-            # by mean(w_i b_i)); the MP edge is plug-in, so compare on the plug-in scale (the
-            # report keeps the eigenvalues on their own scale, the threshold on the edge's)
-            shift = bias_shift(bias, weights)
-            scale = "corrected + mean bias"
-        measured = None if halves is None else halves.measured(weights)
-        nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None,
-                       threshold=None if measured is None else measured.edge)
+        test = _edge_test(mds, bias, noise, g, geo_parts, rank_test=rank_test, halves=halves)
     timings["null"] = time.perf_counter() - t
-    out = nr.to_dict()
-    out["eigenvalue_scale"] = scale
-    if scale == "corrected + mean bias":
-        out["eigenvalue_shift"] = shift  # threshold - shift is the level on the corrected eigenvalues' scale
-    if choice == "mp":  # which edge: measured on independent halves, or the analytic bound
-        out["edge"] = measured.to_dict() if measured is not None else {"method": "analytic"}
-        why = None if halves is None else halves.not_used(weights)
-        if why:
-            out["edge"]["halves_not_used"] = why
-    if choice == "shuffle":
-        out["level"] = 1.0 / (nr.replicates + 1)
-        out["null_corpora"] = "rotated" if groups is not None else "shuffled"
-    out["weighting"] = "occupancy" if weights is not None else "none"
-    weighted = None
-    if weights is not None:  # the threshold is on this scale, not the spectrum's
-        out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
-        out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
-        out["weights_ratio"] = float(np.max(weights) / np.min(weights))  # max(w) / min(w): how unequal
-        if rank_test_bound is not None:  # not solved: bounds from the unweighted MDS, all below the edge
-            out["tested_bound"] = tested_bound_entry(rank_test_bound)
-    if top_vector is not None and tested.size and tested[0] > 0:  # the tested top component's (weighted or not)
-        out["top_component_occupancy"] = _loaded_occupancy(top_vector, g.occupancy)
-        out["median_occupancy"] = float(np.median(g.occupancy))
-    if weights is not None and nr.components_above_null:
-        # the MDS (unweighted) components the verdict's count stands for: where each loads
-        # (a leading component on thin positions is their noise, not the structure tested)
-        k = min(int(nr.components_above_null), mds.encoding.shape[1], _TESTED_SHOWN)
-        out["mds_component_occupancy"] = [_loaded_occupancy(mds.encoding[:, j], g.occupancy) for j in range(k)]
-        out["median_occupancy"] = float(np.median(g.occupancy))
-        # the components that test counted, as coordinates (what an export writes where the
-        # MDS's leading components are thin positions' noise: posstats.reports.export)
-        counted = min(int(nr.components_above_null), vectors.shape[1])
-        weighted = weighted_coordinates(vectors[:, :counted], np.asarray(tested[:counted]), weights)
-        out["weighted_mds_components"] = counted
-    if choice == "shuffle" and distances is not None:
-        out["distance_noise"] = (_distance_noise_entry(noise_sums, distances,
-                                                       rows_per_replicate=min(m, _EIGEN_REPLICATE_ROWS))
-                                 if shuffled_sums else _distance_noise_entry(perm.null_distance_sums, distances))
-    return out, homogeneity, weighted
+    weighting, weighted = _weighting_entries(test, mds, g.occupancy, rank_test_bound)
+    out = {**test.rank.to_dict(), "eigenvalue_scale": test.scale, **test.entry, **weighting}
+    if test.distance_noise is not None:
+        out["distance_noise"] = test.distance_noise
+    return out, test.homogeneity, weighted
 
 
 def _loaded_occupancy(column: np.ndarray, occupancy: np.ndarray) -> float:

@@ -28,6 +28,7 @@ from posstats.geometry.mds import MDSResult, classical_mds, weighted_gram_eigenp
 from posstats.geometry.sqrt_operator import shifted_operator, sqrt_operator
 from posstats.progress import progress
 
+
 def _sampled_encodings(g: _Rows, mds: MDSResult, config: AnalysisConfig) -> list[tuple[int, Any]]:
     """Every (width, encoding) of the config built on the m rows; SMACOF is refused (it
     needs the n x n distances)."""
@@ -138,6 +139,53 @@ def mds_device(choice: str, /) -> Any:
     return cp
 
 
+def _lanczos_mds(products: Any, bias: np.ndarray | None, m: int, config: AnalysisConfig,
+                 show_progress: bool | None, *, noise_level: tuple[float, float] | None, gpu: Any) -> MDSResult:
+    """Classical MDS of the ``m`` rows by Lanczos on their square-root ``products``
+    (:func:`posstats.geometry.mds.classical_mds`, ``diagonal=bias``), the top
+    ``max(config.dims)`` eigenpairs; with a ``noise_level`` (level, residual) those inside
+    the noise bulk only to its residual. ``gpu``: cupy, where the products run on the device."""
+    with progress(desc=f"MDS (Lanczos{', GPU' if gpu else ''})", unit="products", enabled=show_progress) as bar:
+
+        def report(done: int, residual: float) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix_str(f"residual {residual:.1e} (target {config.lanczos_tol:.0e})", refresh=False)
+
+        level, residual = noise_level if noise_level is not None else (None, None)
+        return classical_mds(products, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
+                             seed=config.seed, diagonal=bias, progress=report, noise_level=level,
+                             noise_residual=residual, xp=gpu)
+
+
+def _weighted_rank_test(
+    products: Any, mds: MDSResult, bias: np.ndarray | None,
+    rank_test: tuple[np.ndarray, tuple[float, float] | None], config: AnalysisConfig, show_progress: bool | None,
+) -> tuple[tuple[np.ndarray, np.ndarray], float | None]:
+    """``((eigenvalues, eigenvectors), bound)`` the analytic edge's rank test reads: of the
+    occupancy-whitened operator, by Lanczos on the MDS's ``products``
+    (:func:`posstats.geometry.mds.weighted_gram_eigenpairs`, as many as the count needs:
+    :func:`posstats.estimates.null_rank.first_then_all`), ``bound`` None; or, where the
+    weights are equal to 1 % (pack mode) and the MDS's top eigenvalue bounds them below the
+    level, the bounds from the MDS (:func:`posstats.estimates.null_rank.bounded_rank_test`),
+    ``bound`` the weights' ratio. ``rank_test``: ``(weights, (level, residual) or None)``."""
+    weights, (w_level, w_residual) = rank_test[0], rank_test[1] or (None, None)
+    bounded = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
+                                                              weights, w_level)
+    if bounded is not None:
+        return bounded[:2], bounded[2]
+    with progress(desc="rank test (occupancy-weighted Lanczos)", unit="products", enabled=show_progress) as bar:
+        before = [0]
+
+        def solve(k: int) -> tuple[np.ndarray, np.ndarray]:
+            out = weighted_gram_eigenpairs(products, weights, k=k, diagonal=bias, tol=config.lanczos_tol,
+                                           seed=config.seed, noise_level=w_level, noise_residual=w_residual,
+                                           progress=lambda done, _: bar.update(before[0] + done - bar.n))
+            before[0] = bar.n
+            return out
+
+        return first_then_all(solve, _rank_test_k(mds.eigenvalues.size), w_level), None
+
+
 def _sampled_geometry(
     g: _Rows, bias: np.ndarray | None, config: AnalysisConfig, timings: dict[str, float], show_progress: bool | None,
     *, noise_level: tuple[float, float] | None = None, untested: bool = False,
@@ -165,39 +213,12 @@ def _sampled_geometry(
     if shrinkage is not None:
         base = op if op is not g.rows or g.ranged else sqrt_operator(g.rows)  # a dense input gets its operator here
         products = shifted_operator(base, shrinkage.weights(g.occupancy), shrinkage.shrinkage)
-    with progress(desc=f"MDS (Lanczos{', GPU' if gpu else ''})", unit="products", enabled=show_progress) as bar:
-
-        def report(products: int, residual: float) -> None:
-            bar.update(products - bar.n)
-            bar.set_postfix_str(f"residual {residual:.1e} (target {config.lanczos_tol:.0e})", refresh=False)
-
-        level, residual = noise_level if noise_level is not None else (None, None)
-        mds = classical_mds(products, k=min(max(config.dims), m - 1), method="lanczos", tol=config.lanczos_tol,
-                            seed=config.seed, diagonal=bias, progress=report, noise_level=level,
-                            noise_residual=residual, xp=gpu)
+    mds = _lanczos_mds(products, bias, m, config, show_progress, noise_level=noise_level, gpu=gpu)
     timings["mds"] = time.perf_counter() - t
     tested, bound = None, None
     if rank_test is not None:  # the same operator, whitened by the occupancy weights
         t = time.perf_counter()
-        weights, (w_level, w_residual) = rank_test[0], rank_test[1] or (None, None)
-        # weights equal to 1 % (pack mode): the MDS's top bounds the weighted one, no solve
-        bounded = None if w_level is None else bounded_rank_test(mds.eigenvalues, mds.residuals, mds.encoding,
-                                                                  weights, w_level)
-        if bounded is not None:
-            tested, bound = bounded[:2], bounded[2]
-    if rank_test is not None and tested is None:
-        with progress(desc="rank test (occupancy-weighted Lanczos)", unit="products", enabled=show_progress) as bar:
-            before = [0]
-
-            def solve(k: int) -> tuple[np.ndarray, np.ndarray]:
-                out = weighted_gram_eigenpairs(products, weights, k=k, diagonal=bias, tol=config.lanczos_tol,
-                                               seed=config.seed, noise_level=w_level, noise_residual=w_residual,
-                                               progress=lambda done, _: bar.update(before[0] + done - bar.n))
-                before[0] = bar.n
-                return out
-
-            tested = first_then_all(solve, _rank_test_k(mds.eigenvalues.size), w_level)
-    if rank_test is not None:
+        tested, bound = _weighted_rank_test(products, mds, bias, rank_test, config, show_progress)
         timings["rank_test_eigenvalues"] = time.perf_counter() - t
     del products  # the device copy: freed once the pool lets go of it
     if gpu is not None:
