@@ -155,3 +155,30 @@ def test_every_null_on_threads_equals_the_loop_bit_for_bit(monkeypatch):
         if kind == "planted":  # the data's top above every null corpus: all solved, threads or not
             assert threaded["rotated_stopped"].null_top_eigenvalues.size == 6
     assert stops >= 1  # the stop was exercised on threads (started replicates past it ignored)
+
+
+def _without_seconds(entries):
+    """Report entries with their wall-clock fields dropped (the only values allowed to differ)."""
+    return [{k: ({f: v for f, v in val.items() if f != "seconds"} if isinstance(val, dict) else val)
+             for k, val in e.items()} for e in entries]
+
+
+def test_encodings_scored_on_threads_equal_the_loop(monkeypatch):
+    """The exact path scores its encodings a few at a time on threads: every entry (stress,
+    separation, monotonicity, SMACOF's fit) equals the loop's, in the same order."""
+    from posstats import analyze
+    from posstats.analysis import exact
+    from posstats.analysis.config import AnalysisConfig
+
+    corpus = known_corpus("planted", 48, tokens=600, seed=3)
+    config = AnalysisConfig(dims=(2, 8), encodings=("mds", "mds-smacof", "sinusoidal", "rope", "random"),
+                            held_out="off")
+    monkeypatch.setattr(replicates, "product_threads", lambda: 1)
+    assert exact._encodings_in_flight(10) == 1
+    loop = analyze(corpus.counts, config).report()["encodings"]
+    monkeypatch.setattr(replicates, "product_threads", lambda: 4)
+    assert exact._encodings_in_flight(10) == 4
+    threaded = analyze(corpus.counts, config).report()["encodings"]
+    assert [(e["name"], e["dim"]) for e in loop] == [(e["name"], e["dim"]) for e in threaded]
+    assert len(loop) == 10
+    assert _without_seconds(loop) == _without_seconds(threaded)
