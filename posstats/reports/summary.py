@@ -255,76 +255,10 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
     v = report.get("verdict")
     if not v:
         return []
-    above = v.get("components_above_noise")
-    null = report.get("null") or {}
-    if v.get("withheld"):
-        first = f"withheld: {v['withheld']}"
-    elif above is None:
-        first = "no null computed: the rank below is not tested against sampling noise"
-    elif v.get("non_stationary") is False and null.get("components_above_null"):
-        first = ("0 MDS components stand above sampling noise (the corpus is not shown to be non-stationary, so "
-                 f"the {null['components_above_null']} eigenvalue(s) above the null threshold are not claimed)")
-    else:
-        weighted = _weighting_clause(null)
-        first = (f"{above} MDS component(s) stand above sampling noise "
-                 f"(null: {_null_name(null)}, {threshold_phrase(report, _fmt(null.get('threshold'), '.4g'))}{weighted})")
-    so = v.get("standout_positions") or {}
-    homogeneity = report.get("homogeneity") or {}
-    if v.get("withheld"):
-        second = "not tested (the verdict is withheld)"
-    elif v.get("non_stationary") is False:
-        second = ("positions are not distinguishable from one another beyond sampling noise "
-                  f"({v.get('non_stationary_test')}; family-wise 5 %)")
-    elif so.get("count"):
-        second = (f"{so['count']:,} position(s) stand out from the pooled distribution: {so['ranges']}"
-                  + (" ..." if so["count"] > len(so.get("positions", [])) and not so["ranges"].endswith("...") else ""))
-    elif v.get("non_stationary"):
-        second = (f"the corpus is non-stationary ({homogeneity_test_name(homogeneity)}, "
-                  f"{_p_value(homogeneity)}), but no single position stands out from the pooled distribution")
-    else:
-        second = "no single position stands out from the pooled distribution"
-    fits = []
-    gated = all_tied(v)  # no test found structure: the verdict ties every encoding
-    for b in v.get("best_encodings", []):
-        tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] and not gated else ""
-        fits.append(f"d={b['dim']}: {b['best']} {_score(b)}{tie}{'' if gated else _margin(b)}")
-    items = [("verdict", first), ("positions", second)]
-    if fits and gated:
-        items.append(("best fit", "none named: no test found positional structure, so every encoding is tied at every "
-                                  "width (their stresses measure fits to sampling noise); lowest scaled stress "
-                                  + "; ".join(fits)))
-    elif fits:
-        noise_only = " (nothing stands above noise: these encodings fit sampling noise)" if above == 0 else ""
-        if not noise_only and any(b["best"].startswith("mds") for b in v.get("best_encodings", [])) \
-                and thin_mds_components(report):
-            noise_only = " (mds: its leading components fit thinly occupied positions' noise, see the caveats)"
-        items.append(("best fit", "scaled stress " + "; ".join(fits) + noise_only))
-    held = report.get("held_out") or {}
-    if v.get("held_out_best") and gated:
-        items.append(("held out", "none named: every encoding is tied (no structure found); fitted on one half of "
-                                  f"the corpus ({held.get('split')}), scored on the other"))
-    elif v.get("held_out_best") and _held_out_unranged(held):
-        why = held["encodings"][0]["held_out_interval"].removeprefix("none: ").split(" (")[0].split(";")[0]
-        items.append(("held out", f"none named, every encoding tied: no held-out score has a range for ties ({why}); "
-                                  f"fitted on one half of the corpus ({held.get('split')}), scored on the other"))
-    elif v.get("held_out_best"):
-        rows = []
-        for b in v["held_out_best"]:
-            tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
-            gap = _fit_gap(held, b["dim"], b["best"])
-            rows.append(f"d={b['dim']}: {b['best']}{tie}{gap}")
-        noise_only = " (nothing stands above noise)" if above == 0 else ""
-        items.append(("held out", "; ".join(rows) + f"; fitted on one half of the corpus ({held.get('split')}), "
-                                                     "scored on the other" + noise_only))
-    for sw in v.get("sweeps") or []:
-        if gated:
-            items.append(("sweep", f"{sw['spec']}: no {sw['parameter']} named: every value is tied (no structure found)"))
-            continue
-        rows = []
-        for b in sw["best"]:
-            tie = f" (tied: {', '.join(_fmt_value(t) for t in b['tied_with'])})" if b["tied_with"] else ""
-            rows.append(f"d={b['dim']}: {sw['parameter']}={_fmt_value(b['best'])}{tie}")
-        items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
+    items = [("verdict", _components_sentence(report)), ("positions", _positions_sentence(report))]
+    items += _best_fit_items(report)
+    items += _held_out_items(report)
+    items += _sweep_items(v)
     untested = (report.get("geometry") or {}).get("untested")
     if untested:
         items.append(("accuracy", f"descriptive: {untested['reason']}, so every encoding is tied whatever the "
@@ -333,6 +267,103 @@ def verdict_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
                                   f"{_triples_clause(untested)} (docs/long-context.md)"))
     items.append(("distances", _noise_clause(report)))
     items += [("caveat", c) for c in v.get("caveats") or []]
+    return items
+
+
+def _components_sentence(report: dict[str, Any], /) -> str:
+    """The verdict's first line: how many MDS components stand above sampling noise, and
+    against which null (or why none is claimed)."""
+    v, null = report["verdict"], report.get("null") or {}
+    above = v.get("components_above_noise")
+    if v.get("withheld"):
+        return f"withheld: {v['withheld']}"
+    if above is None:
+        return "no null computed: the rank below is not tested against sampling noise"
+    if v.get("non_stationary") is False and null.get("components_above_null"):
+        return ("0 MDS components stand above sampling noise (the corpus is not shown to be non-stationary, so "
+                f"the {null['components_above_null']} eigenvalue(s) above the null threshold are not claimed)")
+    return (f"{above} MDS component(s) stand above sampling noise "
+            f"(null: {_null_name(null)}, {threshold_phrase(report, _fmt(null.get('threshold'), '.4g'))}"
+            f"{_weighting_clause(null)})")
+
+
+def _positions_sentence(report: dict[str, Any], /) -> str:
+    """The verdict's second line: the positions that stand out, or whether the corpus is
+    non-stationary without one."""
+    v = report["verdict"]
+    so = v.get("standout_positions") or {}
+    if v.get("withheld"):
+        return "not tested (the verdict is withheld)"
+    if v.get("non_stationary") is False:
+        return ("positions are not distinguishable from one another beyond sampling noise "
+                f"({v.get('non_stationary_test')}; family-wise 5 %)")
+    if so.get("count"):
+        more = so["count"] > len(so.get("positions", [])) and not so["ranges"].endswith("...")
+        return f"{so['count']:,} position(s) stand out from the pooled distribution: {so['ranges']}" + (" ..." if more else "")
+    if v.get("non_stationary"):
+        homogeneity = report.get("homogeneity") or {}
+        return (f"the corpus is non-stationary ({homogeneity_test_name(homogeneity)}, "
+                f"{_p_value(homogeneity)}), but no single position stands out from the pooled distribution")
+    return "no single position stands out from the pooled distribution"
+
+
+def _best_fit_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
+    """The ``best fit`` line: the lowest scaled stress per width, with ties and margins, or
+    none named where no test found structure."""
+    v = report["verdict"]
+    gated = all_tied(v)  # no test found structure: the verdict ties every encoding
+    fits = []
+    for b in v.get("best_encodings", []):
+        tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] and not gated else ""
+        fits.append(f"d={b['dim']}: {b['best']} {_score(b)}{tie}{'' if gated else _margin(b)}")
+    if not fits:
+        return []
+    if gated:
+        return [("best fit", "none named: no test found positional structure, so every encoding is tied at every "
+                             "width (their stresses measure fits to sampling noise); lowest scaled stress "
+                             + "; ".join(fits))]
+    noise_only = " (nothing stands above noise: these encodings fit sampling noise)" \
+        if v.get("components_above_noise") == 0 else ""
+    if not noise_only and any(b["best"].startswith("mds") for b in v.get("best_encodings", [])) \
+            and thin_mds_components(report):
+        noise_only = " (mds: its leading components fit thinly occupied positions' noise, see the caveats)"
+    return [("best fit", "scaled stress " + "; ".join(fits) + noise_only)]
+
+
+def _held_out_items(report: dict[str, Any], /) -> list[tuple[str, str]]:
+    """The ``held out`` line: the best encoding per width fitted on one half of the corpus
+    and scored on the other, or why none is named."""
+    v = report["verdict"]
+    if not v.get("held_out_best"):
+        return []
+    held = report.get("held_out") or {}
+    scored = f"fitted on one half of the corpus ({held.get('split')}), scored on the other"
+    if all_tied(v):
+        return [("held out", f"none named: every encoding is tied (no structure found); {scored}")]
+    if _held_out_unranged(held):
+        why = held["encodings"][0]["held_out_interval"].removeprefix("none: ").split(" (")[0].split(";")[0]
+        return [("held out", f"none named, every encoding tied: no held-out score has a range for ties ({why}); "
+                             f"{scored}")]
+    rows = []
+    for b in v["held_out_best"]:
+        tie = f" (tied: {', '.join(b['tied_with'])})" if b["tied_with"] else ""
+        rows.append(f"d={b['dim']}: {b['best']}{tie}{_fit_gap(held, b['dim'], b['best'])}")
+    noise_only = " (nothing stands above noise)" if v.get("components_above_noise") == 0 else ""
+    return [("held out", "; ".join(rows) + f"; {scored}" + noise_only)]
+
+
+def _sweep_items(v: dict[str, Any], /) -> list[tuple[str, str]]:
+    """One ``sweep`` line per swept encoding: its best value per width, with ties."""
+    items = []
+    for sw in v.get("sweeps") or []:
+        if all_tied(v):
+            items.append(("sweep", f"{sw['spec']}: no {sw['parameter']} named: every value is tied (no structure found)"))
+            continue
+        rows = []
+        for b in sw["best"]:
+            tie = f" (tied: {', '.join(_fmt_value(t) for t in b['tied_with'])})" if b["tied_with"] else ""
+            rows.append(f"d={b['dim']}: {sw['parameter']}={_fmt_value(b['best'])}{tie}")
+        items.append(("sweep", f"{sw['spec']}: " + "; ".join(rows)))
     return items
 
 
