@@ -209,20 +209,14 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
     on the first m/8 pairs only (their rows are fewer: at 202 M tokens, n = 131,072, about
     a third of the time). Returns the noise share the intervals are judged by: the null's,
     else the pairs' own (:func:`posstats.estimates.pair_jackknife.pair_noise_share`)."""
-    results = geometry.encodings
     m = len(g.positions)
     sampled = geometry.jackknife_pairs is not None
-    fitted_why = (f"none: a fitted encoding is refitted by the jackknife only on the exact path up to {_JACKKNIFE_LIMIT:,} geometry rows "
-                  "(its interval would leave out its own fit to the noise)")
-    jobs = list(zip(encoding_jobs(config, m), results, strict=True))
+    jobs = list(zip(encoding_jobs(config, m), geometry.encodings, strict=True))
     fixed = [(dim, spec, e) for (dim, spec), e in jobs if not family_of(spec).fitted]
     thin = float(np.min(g.occupancy)) < _JACKKNIFE_MIN_OCCUPANCY
     for (_, spec), e in jobs:
         if family_of(spec).fitted or thin:
-            if sampled:  # the pairs' interval leaves out the token noise: a range for ties only
-                e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
-                e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
-            e["stress_interval"] = fitted_why if family_of(spec).fitted else _THIN_ROWS
+            _no_pair_interval(e, fitted=family_of(spec).fitted, sampled=sampled)
     rows, i, j, h = _jackknife_pair_sample(geometry, g, config)
     if noise_share is None:
         noise_share = _pairs_noise_share(g, rows, i, j, h, corrected=corrected, seed=config.seed,
@@ -238,6 +232,35 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
         i, j, h = i[:count], j[:count], h[:count]
     e_of = {(dim, e["name"]): _encoding_pair_distances_of(spec, dim, g, i, j) for dim, spec, e in fixed}
     full = {key: stress_from_pairs(x, h) for key, x in e_of.items()}
+    reps = _pair_stress_replicates(geometry, g, rows, i, j, e_of, corrected=corrected, config=config,
+                                   show_progress=show_progress)
+    how = (f"jackknife, {JACKKNIFE_GROUPS} random token groups, on {i.size:,} sampled pairs"
+           + (" plus the stress's own pair sampling" if sampled else "") + ", cut to the quantity's range")
+    for dim, _, e in fixed:
+        key = (dim, e["name"])
+        _set_pair_interval(e, full[key], reps[(*key, "stress")], reps[(*key, "scaled_stress")],
+                           sampled=sampled, noisy=noisy, how=how)
+    return noise_share
+
+
+def _no_pair_interval(e: dict[str, Any], /, *, fitted: bool, sampled: bool) -> None:
+    """Mark the report entry ``e`` of an encoding that gets no pair-sample interval (a fitted
+    one, or any where a row is thin): on the sampled path its pair-sampling interval, which
+    leaves out the token noise, becomes a range for ties only."""
+    if sampled:
+        e["scaled_stress_tie_range"] = e["scaled_stress_ci95"]
+        e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
+    e["stress_interval"] = (f"none: a fitted encoding is refitted by the jackknife only on the exact path up to "
+                            f"{_JACKKNIFE_LIMIT:,} geometry rows (its interval would leave out its own fit to the noise)"
+                            if fitted else _THIN_ROWS)
+
+
+def _pair_stress_replicates(geometry: _Geometry, g: _Rows, rows: sp.csr_array | None, i: np.ndarray, j: np.ndarray,
+                            e_of: dict[tuple[int, str], np.ndarray], *, corrected: bool, config: AnalysisConfig,
+                            show_progress: bool | None) -> dict[tuple[int, str, str], np.ndarray]:
+    """(JACKKNIFE_GROUPS,) replicates of each fixed encoding's ``stress`` and
+    ``scaled_stress`` on the pairs ``(i, j)``, keyed ``(dim, name, quantity)``; ``e_of``
+    holds each encoding's distances on those pairs, keyed ``(dim, name)``."""
 
     def statistic(h_r: np.ndarray) -> dict[tuple[int, str, str], float]:
         out = {}
@@ -248,38 +271,39 @@ def _pair_intervals(geometry: _Geometry, g: _Rows, *, corrected: bool, config: A
 
     with progress(total=JACKKNIFE_GROUPS, desc="stress intervals", unit="replicate", enabled=show_progress) as bar:
         if g.ranged:
-            reps = ranged_pair_replicates(g.replicates(JACKKNIFE_GROUPS, config.seed), i, j, statistic,
+            return ranged_pair_replicates(g.replicates(JACKKNIFE_GROUPS, config.seed), i, j, statistic,
                                           corrected=corrected, vocab=g.rows.shape[1], progress=bar.update,
                                           occupancy=geometry.occupancy_adjusted)
-        else:
-            reps = pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update,
-                                   occupancy=geometry.occupancy_adjusted)
-    for dim, _, e in fixed:
-        key = (dim, e["name"])
-        sd = {q: (e[f"{q}_ci95"][1] - e[f"{q}_ci95"][0]) / (2 * _Z95) if sampled else 0.0
-              for q in ("stress", "scaled_stress")}
-        raw = pair_jackknife_interval(e["stress"], full[key].stress, reps[(*key, "stress")], pair_sd=sd["stress"],
-                                      bounds=(0.0, math.inf))
-        scaled = pair_jackknife_interval(e["scaled_stress"], full[key].scaled_stress, reps[(*key, "scaled_stress")],
-                                         pair_sd=sd["scaled_stress"], bounds=(0.0, 1.0))
-        if raw.interval is None or scaled.interval is None:
-            e["scaled_stress_tie_range"] = overshoot_tie_range(e["scaled_stress"], reps[(*key, "scaled_stress")],
-                                                               extra_sd=sd["scaled_stress"])
-            e["stress_interval"] = (f"{_BELOW_ZERO} (a stress within its noise of 0); scaled_stress_tie_range only "
-                                    "decides ties")
-            continue
-        # judged on the scaled stress, the quantity the verdict compares; where noise withholds
-        # every interval (_stress_intervals) that is the reason given
-        if not scaled.trusted and not noisy:
-            e["scaled_stress_tie_range"] = scaled.interval
-            e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
-            e["stress_interval"] = _large_correction_reason(scaled.correction, scaled.sd)
-            continue
-        e["stress_ci95"], e["scaled_stress_ci95"] = raw.interval, scaled.interval
-        e["stress_interval"] = (f"jackknife, {JACKKNIFE_GROUPS} random token groups, on "
-                                f"{i.size:,} sampled pairs" + (" plus the stress's own pair sampling" if sampled
-                                                               else "") + ", cut to the quantity's range")
-    return noise_share
+        return pair_replicates(rows, i, j, statistic, corrected=corrected, seed=config.seed, progress=bar.update,
+                               occupancy=geometry.occupancy_adjusted)
+
+
+def _set_pair_interval(e: dict[str, Any], full: Any, stress_reps: np.ndarray, scaled_reps: np.ndarray, /, *,
+                       sampled: bool, noisy: bool, how: str) -> None:
+    """Write one fixed encoding's pair-sample jackknife interval into its report entry
+    ``e`` (``full``: its stress on every sampled pair; the replicates as from
+    :func:`_pair_stress_replicates`), or the range for ties and the reason where none holds:
+    a stress within its noise of 0, or (unless ``noisy`` withholds every interval anyway) a
+    bias correction too large for the scaled stress. On the sampled path the entry's own
+    pair-sampling sd is added."""
+    sd = {q: (e[f"{q}_ci95"][1] - e[f"{q}_ci95"][0]) / (2 * _Z95) if sampled else 0.0
+          for q in ("stress", "scaled_stress")}
+    raw = pair_jackknife_interval(e["stress"], full.stress, stress_reps, pair_sd=sd["stress"], bounds=(0.0, math.inf))
+    scaled = pair_jackknife_interval(e["scaled_stress"], full.scaled_stress, scaled_reps,
+                                     pair_sd=sd["scaled_stress"], bounds=(0.0, 1.0))
+    if raw.interval is None or scaled.interval is None:
+        e["scaled_stress_tie_range"] = overshoot_tie_range(e["scaled_stress"], scaled_reps, extra_sd=sd["scaled_stress"])
+        e["stress_interval"] = f"{_BELOW_ZERO} (a stress within its noise of 0); scaled_stress_tie_range only decides ties"
+        return
+    # judged on the scaled stress, the quantity the verdict compares; where noise withholds
+    # every interval (_stress_intervals) that is the reason given
+    if not scaled.trusted and not noisy:
+        e["scaled_stress_tie_range"] = scaled.interval
+        e["stress_ci95"], e["scaled_stress_ci95"] = [e["stress"]] * 2, [e["scaled_stress"]] * 2
+        e["stress_interval"] = _large_correction_reason(scaled.correction, scaled.sd)
+        return
+    e["stress_ci95"], e["scaled_stress_ci95"] = raw.interval, scaled.interval
+    e["stress_interval"] = how
 
 
 _Z95 = 1.959963984540054
