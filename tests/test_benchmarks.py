@@ -462,6 +462,24 @@ def test_bench_truncate_rank_small():
             assert row[null]["corpus_above"] == (row["corpus_top"] > row[null]["max"])
 
 
+def test_bench_document_halves_small():
+    """bench_document_halves.py at n = 64 (2 null and 2 planted corpora of 400 documents):
+    both nulls analyse every corpus; the halves are the documents' (the edge measured on
+    them, the verdict's null ``mp``), and positions 0-3 drawing 30 % of their tokens from
+    ten ids give components against both."""
+    r = run_bench("bench_document_halves.py", "--positions", "64", "--documents", "400", "--seeds", "2",
+                  "--planted-seeds", "2")
+    assert r["benchmark"] == "document_halves" and [row["kind"] for row in r["rows"]] == ["null", "planted"]
+    for row in r["rows"]:
+        for null in ("halves", "rotation"):
+            tallies = row[null]
+            assert all(t["of"] == 2 for t in tallies.values())
+            # a component is claimed only past the gate, and the rank test counted it first
+            assert tallies["components"]["count"] <= min(tallies["rank_test_alone"]["count"], tallies["any_claim"]["count"])
+    planted = r["rows"][1]
+    assert planted["halves"]["components"]["count"] == planted["rotation"]["components"]["count"] == 2
+
+
 def test_bench_occupancy_bias_small(tmp_path):
     """bench_occupancy_bias.py: the exact expected corrected distance between identical
     distributions grows with the occupancy ratio (0 at equal occupancy), and on a counts

@@ -15,6 +15,7 @@ from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
+    HALVES_REMEDY_ROWS,
     THIN_COMPONENT_SHARE,
     WINDOW_HOMOGENEITY_CAVEAT,
     best_encodings,
@@ -229,9 +230,9 @@ def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_s
     also when the null recorded no occupancies, with the documents' openings as the reason
     in truncate mode and not in pack mode, where no window starts a document; not without
     a rejection, not with shuffled corpora, not when the corpus' top is above the null."""
-    def said(threshold, top, corpora="rotated", rejected=True, mode="truncate", **null):
+    def said(threshold, top, corpora="rotated", rejected=True, mode="truncate", rows=None, **null):
         report = {"null": {"method": "shuffle", "components_above_null": 0, "threshold": threshold,
-                           "null_corpora": corpora, **null},
+                           "null_corpora": corpora, **null}, **({"positions": {"used": rows}} if rows else {}),
                   "homogeneity": {"method": "rotation", "rejected": rejected, "rotated_share": 1.0, "level": 0.025,
                                   "p_value": 0.025, "replicates": 39},
                   "spectrum": {"eigenvalues": [top, 1.0]}, "corpus": {"mode": mode, "windows": 3000}}
@@ -241,13 +242,17 @@ def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_s
     assert "largest eigenvalue (51.22) is within what the rotated null corpora reach (82.03)" in caveat
     assert "conservative" in caveat and "--min-occupancy" not in caveat  # a report written before the occupancies
     assert "opening" in caveat and "window grid" not in caveat
-    (packed,) = said(0.1041, 0.1004, mode="pack", top_component_occupancy=5855.0, median_occupancy=5854.0)
+    assert "--reread" not in caveat  # rows unknown: no remedy named
+    # the remedy, the edge measured on document halves, from the rows where it was calibrated
+    assert "--null mp --reread" in said(82.03, 51.22, rows=HALVES_REMEDY_ROWS)[0]
+    assert "--reread" not in said(82.03, 51.22, rows=HALVES_REMEDY_ROWS - 1)[0]
+    (packed,) = said(0.1041, 0.1004, mode="pack", rows=4096, top_component_occupancy=5855.0, median_occupancy=5854.0)
     assert "(0.1004) is within what the rotated null corpora reach (0.1041)" in packed
     assert "conservative" in packed and "window grid" in packed and "opening" not in packed
-    assert "document" not in packed.split("(0.1041)")[1]
-    (caveat,) = said(82.03, 51.22, top_component_occupancy=3.0, median_occupancy=1250.5)
+    assert "document" not in packed.split("(0.1041)")[1] and "--reread" not in packed
+    (caveat,) = said(82.03, 51.22, rows=4096, top_component_occupancy=3.0, median_occupancy=1250.5)
     assert "positions of about 3 counted tokens" in caveat and "1,250 over all used positions" in caveat
-    assert "--min-occupancy" in caveat and "conservative" not in caveat
+    assert "--min-occupancy" in caveat and "conservative" not in caveat and "--reread" not in caveat
     (thin,) = said(82.03, 51.22, top_component_occupancy=THIN_COMPONENT_SHARE * 60, median_occupancy=60)
     (wide,) = said(82.03, 51.22, top_component_occupancy=THIN_COMPONENT_SHARE * 60 + 1, median_occupancy=60)
     assert "--min-occupancy" in thin and "conservative" in wide and "loads on" not in wide
