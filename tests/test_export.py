@@ -16,6 +16,7 @@ from posstats.counting.counts import CountSpec, PositionalCounts
 from posstats.counting.io import save_counts
 from posstats.errors import InputError, PosstatsError
 from posstats.estimates.noise import corrected_squared_distances
+from posstats.estimates.verdict import HALVES_REMEDY
 from posstats.geometry.hellinger import hellinger_sq
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
 from posstats.geometry.stress import stress_report
@@ -144,6 +145,11 @@ def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path, cap
     run = load_run(tmp_path / "run")
     refusal = nothing_to_export(run)
     assert refusal is not None and refusal.overridable and "above sampling noise" in refusal.reason
+    assert HALVES_REMEDY not in refusal.reason  # no caveat of a conservative count: no remedy named
+    # where the verdict's caveat says the rotated corpora left the count conservative, the refusal names the remedy
+    caveat = f"the homogeneity test found structure ...; {HALVES_REMEDY} (or two halves ...) counts them ..."
+    moved = dataclasses.replace(run, report={**run.report, "verdict": {**run.report["verdict"], "caveats": [caveat]}})
+    assert f"conservative here (rotated corpora moved the structure), and {HALVES_REMEDY}" in nothing_to_export(moved).reason
     assert nothing_to_export(run, rank=2) is None and nothing_to_export(run, force=True) is None
     zeros = dataclasses.replace(run, eigenvalues=np.zeros_like(run.eigenvalues))
     flat = nothing_to_export(zeros, rank=2, force=True)  # all zeros: nothing overrides it

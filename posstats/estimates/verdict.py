@@ -364,6 +364,13 @@ def _thin_mds_caveat(null: dict[str, Any], thin: list[int]) -> str:
 # 512 rows); below, its rank test alone rejected 10-20 % of corpora of strongly dependent
 # documents (docs/calibration.md, benchmarks/bench_document_halves.py).
 HALVES_REMEDY_ROWS = 512
+HALVES_REMEDY = "`posstats analyze --null mp --reread`"  # the remedy's command, as the caveat words it
+
+
+def halves_remedy_named(report: dict[str, Any], /) -> bool:
+    """Whether the verdict's caveats name :data:`HALVES_REMEDY`: the rank count is
+    conservative (rotations moved the structure) and the edge on document halves applies."""
+    return any(HALVES_REMEDY in str(c) for c in (report.get("verdict") or {}).get("caveats") or [])
 
 
 def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None = None, *,
@@ -413,7 +420,7 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
              "where they reach), so the count of components above noise is conservative here")
     if rows is None or int(rows) < HALVES_REMEDY_ROWS:
         return f"{moved} (docs/calibration.md)"
-    return (f"{moved}; `posstats analyze --null mp --reread` (or two halves of the documents as --parts) counts them "
+    return (f"{moved}; {HALVES_REMEDY} (or two halves of the documents as --parts) counts them "
             "against the noise edge measured on halves of the documents instead, whose difference cancels the "
             "openings and keeps each document whole (docs/calibration.md)")
 
