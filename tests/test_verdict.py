@@ -648,6 +648,15 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     first, *rest = answer_sentences({"verdict": v, "positions": {"used": 64}})
     assert first.startswith("Positions 0-2 carry token distributions of their own")
     assert any("fits better (mds" in s for s in rest)
+    # no component counted where the caveat calls the rotated corpora's count conservative: the answer says so
+    from posstats.estimates.verdict import HALVES_REMEDY
+
+    v0 = {**v, "components_above_noise": 0, "fitted_better_at": [], "caveats": [f"... conservative here; {HALVES_REMEDY} ..."]}
+    first, *_ = answer_sentences({"verdict": v0, "positions": {"used": 512}})
+    assert first.endswith("no dimension of structure stands above sampling noise beyond them by the rotated corpora's "
+                          "count, which is conservative here (see the caveats).")
+    first, *_ = answer_sentences({"verdict": {**v0, "caveats": []}, "positions": {"used": 512}})
+    assert first.endswith("no dimension of structure stands above sampling noise beyond them.")
     v2 = {**v, "structure": "widespread", "fitted_better_at": []}
     first, *rest = answer_sentences({"verdict": v2, "positions": {"used": 64}})
     assert first.startswith("Token distributions change across positions")
