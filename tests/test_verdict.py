@@ -15,6 +15,7 @@ from posstats.analysis import AnalysisConfig, analyze
 from posstats.cli import main
 from posstats.estimates.verdict import (
     DISTANCE_NOISE_CAVEAT,
+    HALVES_REMEDY,
     HALVES_REMEDY_ROWS,
     THIN_COMPONENT_SHARE,
     WINDOW_HOMOGENEITY_CAVEAT,
@@ -625,6 +626,32 @@ def test_demo_report_opens_with_the_answer(tmp_path, data_dir):
     assert '<h2 id="terms">Terms</h2>' in page and "scaled stress" in page
 
 
+def test_a_conservative_rank_count_names_the_document_halves_end_to_end(tmp_path, data_dir, capsys):
+    """The bundled fortunes at n = 512 through the CLI (truncate mode, most documents far
+    shorter than the context): the rotated corpora count no component although positions
+    stand out, so the caveat, the answer and the export's refusal name the remedy; the
+    remedy itself (--null mp --reread, the edge on document halves) counts components."""
+    tokenizer = str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json")
+    assert main(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", tokenizer, "--positions", "512", "--out", str(tmp_path / "c"), "-q"]) == 0
+    assert main(["analyze", "--counts", str(tmp_path / "c"), "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                 "--out", str(tmp_path / "a"), "-q"]) == 0
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    v = report["verdict"]
+    assert v["components_above_noise"] == 0 and v["standout_positions"]["count"] > 0
+    assert sum(HALVES_REMEDY in c for c in v["caveats"]) == 1
+    assert "conservative here (see the caveats)" in (tmp_path / "a" / "summary.md").read_text()
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "a"), "--dim", "4", "--layout", "plain", "--out",
+                 str(tmp_path / "p.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to export" in err and HALVES_REMEDY in err and err.count("\n") == 1
+    assert main(["analyze", "--counts", str(tmp_path / "c"), "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                 "--null", "mp", "--reread", "--tokenizer", tokenizer, "--out", str(tmp_path / "m"), "-q"]) == 0
+    halves = json.loads((tmp_path / "m" / "report.json").read_text())
+    assert halves["null"]["edge"]["method"] == "halves" and halves["verdict"]["components_above_noise"] >= 1
+
+
 def test_the_answer_sentences_word_decisions_the_verdict_took():
     """Decisions live in the verdict (issue #29): its ``structure`` and ``fitted_better_at``
     are what the summary words; the wording code decides nothing (a verdict edited to say
@@ -649,8 +676,6 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     assert first.startswith("Positions 0-2 carry token distributions of their own")
     assert any("fits better (mds" in s for s in rest)
     # no component counted where the caveat calls the rotated corpora's count conservative: the answer says so
-    from posstats.estimates.verdict import HALVES_REMEDY
-
     v0 = {**v, "components_above_noise": 0, "fitted_better_at": [], "caveats": [f"... conservative here; {HALVES_REMEDY} ..."]}
     first, *_ = answer_sentences({"verdict": v0, "positions": {"used": 512}})
     assert first.endswith("no dimension of structure stands above sampling noise beyond them by the rotated corpora's "
