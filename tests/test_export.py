@@ -145,10 +145,11 @@ def test_a_run_with_nothing_above_noise_exports_nothing_by_default(tmp_path, cap
     run = load_run(tmp_path / "run")
     refusal = nothing_to_export(run)
     assert refusal is not None and refusal.overridable and "above sampling noise" in refusal.reason
-    assert HALVES_REMEDY not in refusal.reason  # no caveat of a conservative count: no remedy named
-    # where the verdict's caveat says the rotated corpora left the count conservative, the refusal names the remedy
-    caveat = f"the homogeneity test found structure ...; {HALVES_REMEDY} (or two halves ...) counts them ..."
-    moved = dataclasses.replace(run, report={**run.report, "verdict": {**run.report["verdict"], "caveats": [caveat]}})
+    assert run.report["verdict"]["rank_remedy"] is None
+    assert HALVES_REMEDY not in refusal.reason  # the count is not conservative: no remedy named
+    # where the verdict says the rotated corpora left the count conservative, the refusal names its remedy
+    verdict = {**run.report["verdict"], "rank_remedy": HALVES_REMEDY}
+    moved = dataclasses.replace(run, report={**run.report, "verdict": verdict})
     assert f"conservative here (rotated corpora moved the structure), and {HALVES_REMEDY}" in nothing_to_export(moved).reason
     assert nothing_to_export(run, rank=2) is None and nothing_to_export(run, force=True) is None
     zeros = dataclasses.replace(run, eigenvalues=np.zeros_like(run.eigenvalues))

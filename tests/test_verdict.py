@@ -21,6 +21,7 @@ from posstats.estimates.verdict import (
     WINDOW_HOMOGENEITY_CAVEAT,
     best_encodings,
     caveats,
+    rank_remedy,
     verdict,
 )
 from posstats.estimates.standout import (
@@ -231,13 +232,20 @@ def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_s
     also when the null recorded no occupancies, with the documents' openings as the reason
     in truncate mode and not in pack mode, where no window starts a document; not without
     a rejection, not with shuffled corpora, not when the corpus' top is above the null."""
-    def said(threshold, top, corpora="rotated", rejected=True, mode="truncate", rows=None, **null):
+    def judged(threshold, top, corpora="rotated", rejected=True, mode="truncate", rows=None, **null):
         report = {"null": {"method": "shuffle", "components_above_null": 0, "threshold": threshold,
                            "null_corpora": corpora, **null}, **({"positions": {"used": rows}} if rows else {}),
                   "homogeneity": {"method": "rotation", "rejected": rejected, "rotated_share": 1.0, "level": 0.025,
                                   "p_value": 0.025, "replicates": 39},
                   "spectrum": {"eigenvalues": [top, 1.0]}, "corpus": {"mode": mode, "windows": 3000}}
-        return [c for c in verdict(report, {"count": 7}).caveats if c.startswith("the homogeneity test found")]
+        v = verdict(report, {"count": 7})
+        # the structured field and the caveat's wording come from one rule
+        assert (v.rank_remedy is not None) == any("--reread" in c for c in v.caveats)
+        assert rank_remedy(report) == v.rank_remedy
+        return v
+
+    def said(*args, **kwargs):
+        return [c for c in judged(*args, **kwargs).caveats if c.startswith("the homogeneity test found")]
 
     (caveat,) = said(82.03, 51.22)
     assert "largest eigenvalue (51.22) is within what the rotated null corpora reach (82.03)" in caveat
@@ -247,6 +255,12 @@ def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_s
     # the remedy, the edge measured on document halves, from the rows where it was calibrated
     assert "--null mp --reread" in said(82.03, 51.22, rows=HALVES_REMEDY_ROWS)[0]
     assert "--reread" not in said(82.03, 51.22, rows=HALVES_REMEDY_ROWS - 1)[0]
+    assert judged(82.03, 51.22, rows=HALVES_REMEDY_ROWS).rank_remedy == HALVES_REMEDY
+    assert judged(82.03, 51.22, rows=HALVES_REMEDY_ROWS - 1).rank_remedy is None
+    assert judged(51.0, 51.22, rows=4096).rank_remedy is None  # the corpus' top above the null: counted, not moved
+    assert judged(82.03, 51.22, rows=4096, mode="pack").rank_remedy is None
+    assert judged(82.03, 51.22, rows=4096, corpora="shuffled").rank_remedy is None
+    assert judged(82.03, 51.22, rows=4096, rejected=False).rank_remedy is None
     (packed,) = said(0.1041, 0.1004, mode="pack", rows=4096, top_component_occupancy=5855.0, median_occupancy=5854.0)
     assert "(0.1004) is within what the rotated null corpora reach (0.1041)" in packed
     assert "conservative" in packed and "window grid" in packed and "opening" not in packed
@@ -254,6 +268,7 @@ def test_a_rotated_null_above_the_corpus_spectrum_says_no_eigenvalue_shows_the_s
     (caveat,) = said(82.03, 51.22, rows=4096, top_component_occupancy=3.0, median_occupancy=1250.5)
     assert "positions of about 3 counted tokens" in caveat and "1,250 over all used positions" in caveat
     assert "--min-occupancy" in caveat and "conservative" not in caveat and "--reread" not in caveat
+    assert judged(82.03, 51.22, rows=4096, top_component_occupancy=3.0, median_occupancy=1250.5).rank_remedy is None
     (thin,) = said(82.03, 51.22, top_component_occupancy=THIN_COMPONENT_SHARE * 60, median_occupancy=60)
     (wide,) = said(82.03, 51.22, top_component_occupancy=THIN_COMPONENT_SHARE * 60 + 1, median_occupancy=60)
     assert "--min-occupancy" in thin and "conservative" in wide and "loads on" not in wide
@@ -639,7 +654,7 @@ def test_a_conservative_rank_count_names_the_document_halves_end_to_end(tmp_path
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     v = report["verdict"]
     assert v["components_above_noise"] == 0 and v["standout_positions"]["count"] > 0
-    assert sum(HALVES_REMEDY in c for c in v["caveats"]) == 1
+    assert sum(HALVES_REMEDY in c for c in v["caveats"]) == 1 and v["rank_remedy"] == HALVES_REMEDY
     assert "conservative here (see the caveats)" in (tmp_path / "a" / "summary.md").read_text()
     capsys.readouterr()
     assert main(["export", str(tmp_path / "a"), "--dim", "4", "--layout", "plain", "--out",
@@ -676,12 +691,20 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     assert first.startswith("Positions 0-2 carry token distributions of their own")
     assert any("fits better (mds" in s for s in rest)
     # no component counted where the caveat calls the rotated corpora's count conservative: the answer says so
-    v0 = {**v, "components_above_noise": 0, "fitted_better_at": [], "caveats": [f"... conservative here; {HALVES_REMEDY} ..."]}
+    v0 = {**v, "components_above_noise": 0, "fitted_better_at": [], "rank_remedy": HALVES_REMEDY}
     first, *_ = answer_sentences({"verdict": v0, "positions": {"used": 512}})
     assert first.endswith("no dimension of structure stands above sampling noise beyond them by the rotated corpora's "
                           "count, which is conservative here (see the caveats).")
-    first, *_ = answer_sentences({"verdict": {**v0, "caveats": []}, "positions": {"used": 512}})
+    first, *_ = answer_sentences({"verdict": {**v0, "rank_remedy": None}, "positions": {"used": 512}})
     assert first.endswith("no dimension of structure stands above sampling noise beyond them.")
+    # a report written before the verdict had rank_remedy: the same rule, on the report's own sections
+    moved = {"null": {"threshold": 82.03, "null_corpora": "rotated"}, "homogeneity": {"rejected": True},
+             "spectrum": {"eigenvalues": [51.22]}, "corpus": {"mode": "truncate", "windows": 3000}}
+    earlier = {k: x for k, x in v0.items() if k != "rank_remedy"}
+    first, *_ = answer_sentences({"verdict": earlier, **moved, "positions": {"used": 512}})
+    assert first.endswith("which is conservative here (see the caveats).")
+    first, *_ = answer_sentences({"verdict": earlier, **moved, "positions": {"used": 511}})
+    assert first.endswith("beyond them.")
     v2 = {**v, "structure": "widespread", "fitted_better_at": []}
     first, *rest = answer_sentences({"verdict": v2, "positions": {"used": 64}})
     assert first.startswith("Token distributions change across positions")

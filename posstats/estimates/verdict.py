@@ -294,12 +294,9 @@ def caveats(report: dict[str, Any], /) -> list[str]:
                    "homogeneity and rank tests see less of the structure: a weak planted effect was found in 7 of 40 "
                    "corpora with a fifth of the tokens moved, in 14 of 40 with all (docs/calibration.md)")
     null = report.get("null") or {}
-    # the eigenvalues the rank test compared with the threshold (occupancy-weighted ones when occupancies differ)
-    top = (null.get("tested_eigenvalues") or (report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
-    if (null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
-            and null.get("threshold") is not None and float(null["threshold"]) > float(top)):
-        out.append(_unseen_structure_caveat(null, float(top), (report.get("corpus") or {}).get("mode"),
-                                            rows=(report.get("positions") or {}).get("used")))
+    if structure_unseen_by_rotation(report):
+        out.append(_unseen_structure_caveat(null, _tested_top(report), (report.get("corpus") or {}).get("mode"),
+                                            remedy=rank_remedy(report)))
     thin = thin_mds_components(report)
     if thin:
         out.append(_thin_mds_caveat(null, thin))
@@ -367,14 +364,58 @@ HALVES_REMEDY_ROWS = 512
 HALVES_REMEDY = "`posstats analyze --null mp --reread`"  # the remedy's command, as the caveat words it
 
 
-def halves_remedy_named(report: dict[str, Any], /) -> bool:
-    """Whether the verdict's caveats name :data:`HALVES_REMEDY`: the rank count is
-    conservative (rotations moved the structure) and the edge on document halves applies."""
-    return any(HALVES_REMEDY in str(c) for c in (report.get("verdict") or {}).get("caveats") or [])
+def _tested_top(report: dict[str, Any], /) -> float | None:
+    """The largest eigenvalue the rank test compared with its threshold (the
+    occupancy-weighted one where occupancies differ), or None."""
+    null = report.get("null") or {}
+    top = (null.get("tested_eigenvalues") or (report.get("spectrum") or {}).get("eigenvalues") or [None])[0]
+    return None if top is None else float(top)
+
+
+def structure_unseen_by_rotation(report: dict[str, Any], /) -> bool:
+    """Whether the homogeneity test rejected against rotated corpora whose largest top
+    eigenvalue (``null.threshold``) exceeds the corpus' own: structure that no eigenvalue
+    shows (:func:`_unseen_structure_caveat` says why)."""
+    null, homogeneity, top = report.get("null") or {}, report.get("homogeneity") or {}, _tested_top(report)
+    return bool(null.get("null_corpora") == "rotated" and homogeneity.get("rejected") and top is not None
+                and null.get("threshold") is not None and float(null["threshold"]) > top)
+
+
+def _thin_top_component(null: dict[str, Any], /) -> bool:
+    """Whether the corpus' top component loads on thinly occupied positions (median
+    occupancy under its loadings at most :data:`THIN_COMPONENT_SHARE` of the overall median)."""
+    loaded, median = null.get("top_component_occupancy"), null.get("median_occupancy")
+    return loaded is not None and median is not None and float(loaded) <= THIN_COMPONENT_SHARE * float(median)
+
+
+def rank_remedy(report: dict[str, Any], /) -> str | None:
+    """:data:`HALVES_REMEDY` where the count of components above noise is conservative and
+    the edge measured on document halves is calibrated to count them instead, else None.
+
+    That is: structure the rotated corpora do not show (:func:`structure_unseen_by_rotation`),
+    not on thinly occupied positions, with the verdict not withheld, in ``truncate`` or
+    ``chunk`` mode (a report that does not say its mode counts as such), with at least
+    :data:`HALVES_REMEDY_ROWS` geometry rows (``positions.used``). The verdict's
+    ``rank_remedy``; its caveat words the same command.
+    """
+    if (not structure_unseen_by_rotation(report) or _thin_top_component(report.get("null") or {})
+            or withheld_reason(report)):
+        return None
+    rows = (report.get("positions") or {}).get("used")
+    if (report.get("corpus") or {}).get("mode") == "pack" or rows is None or int(rows) < HALVES_REMEDY_ROWS:
+        return None
+    return HALVES_REMEDY
+
+
+def verdict_rank_remedy(report: dict[str, Any], /) -> str | None:
+    """The verdict's ``rank_remedy``; for a report written before the verdict had one, the
+    same rule (:func:`rank_remedy`) applied to the report's own sections."""
+    v = report.get("verdict") or {}
+    return v["rank_remedy"] if "rank_remedy" in v else rank_remedy(report)
 
 
 def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None = None, *,
-                             rows: int | None = None) -> str:
+                             remedy: str | None = None) -> str:
     """The caveat for structure the homogeneity test found that no eigenvalue shows: the
     rotated corpora's largest top eigenvalue exceeds the corpus' own. Two causes, told
     apart by where the corpus' top component loads (``null.top_component_occupancy``
@@ -389,8 +430,8 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
       components above noise is conservative. In ``truncate`` and ``chunk`` mode (``mode``,
       the corpus' counting mode; None for a report that does not say) a turned document's
       opening lands on another of its positions, and with most documents shorter than the
-      context the openings pile up where they reach. From :data:`HALVES_REMEDY_ROWS`
-      geometry rows (``rows``; None: a report that does not say) the caveat names the
+      context the openings pile up where they reach. Where :func:`rank_remedy` gives one
+      (``remedy``: from :data:`HALVES_REMEDY_ROWS` geometry rows) the caveat names the
       remedy there: the ``mp`` null against the edge measured on two halves of the
       documents (``--reread`` or ``--parts``), whose difference cancels the openings and
       keeps each document's dependence (on the fortunes at n = 512: 3 components where the
@@ -404,8 +445,8 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
     weighted = " occupancy-weighted" if null.get("weighting") == "occupancy" else ""
     head = (f"the homogeneity test found structure, but the corpus' largest{weighted} eigenvalue ({top:.4g}) is within "
             f"what the rotated null corpora reach ({float(null['threshold']):.4g})")
-    loaded, median = null.get("top_component_occupancy"), null.get("median_occupancy")
-    if loaded is not None and median is not None and float(loaded) <= THIN_COMPONENT_SHARE * float(median):
+    if _thin_top_component(null):
+        loaded, median = null["top_component_occupancy"], null["median_occupancy"]
         return (f"{head}: its top component loads on positions of about {float(loaded):,.0f} counted tokens (median "
                 f"under its loadings; {float(median):,.0f} over all used positions), where the few documents that "
                 "reach a position share its sampling noise along the positions they fill, which outweighs the structure "
@@ -418,9 +459,9 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
     moved = (f"{head}: rotations move that structure rather than remove it (a turned document's opening lands on "
              "another of its positions, and where most documents are shorter than the context the openings pile up "
              "where they reach), so the count of components above noise is conservative here")
-    if rows is None or int(rows) < HALVES_REMEDY_ROWS:
+    if remedy is None:
         return f"{moved} (docs/calibration.md)"
-    return (f"{moved}; {HALVES_REMEDY} (or two halves of the documents as --parts) counts them "
+    return (f"{moved}; {remedy} (or two halves of the documents as --parts) counts them "
             "against the noise edge measured on halves of the documents instead, whose difference cancels the "
             "openings and keeps each document whole (docs/calibration.md)")
 
@@ -494,6 +535,9 @@ class Verdict:
         fitted_better_at: widths where an encoding fitted to the counts beats every fixed one.
         sweeps: per swept encoding parameter, the best value per width.
         held_out_best: the held-out scores' best per width, or None.
+        rank_remedy: the command that counts components where ``components_above_noise``
+            is conservative (rotated corpora moved the structure; :func:`rank_remedy`),
+            else None.
     """
 
     withheld: str | None
@@ -510,6 +554,7 @@ class Verdict:
     fitted_better_at: tuple[int, ...]
     sweeps: tuple[dict[str, Any], ...]
     held_out_best: Any = None
+    rank_remedy: str | None = None
 
     @property
     def positions_distinguishable(self) -> bool | None:
@@ -534,6 +579,7 @@ class Verdict:
             "fitted_better_at": list(self.fitted_better_at),
             "sweeps": list(self.sweeps),
             "held_out_best": self.held_out_best,
+            "rank_remedy": self.rank_remedy,
         }
 
     @classmethod
@@ -543,7 +589,8 @@ class Verdict:
                    str(doc.get("non_stationary_test") or ""), doc.get("components_above_noise"), doc.get("null_method"),
                    bool(doc.get("noise_floor")), str(doc.get("distances") or "plugin"), doc.get("standout_positions"),
                    str(doc.get("structure") or ""), tuple(doc.get("best_encodings") or ()),
-                   tuple(doc.get("fitted_better_at") or ()), tuple(doc.get("sweeps") or ()), doc.get("held_out_best"))
+                   tuple(doc.get("fitted_better_at") or ()), tuple(doc.get("sweeps") or ()), doc.get("held_out_best"),
+                   doc.get("rank_remedy"))
 
 
 def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdict:
@@ -594,4 +641,5 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
             for sw in (report.get("config") or {}).get("sweeps") or []
         ),
         held_out_best=held_out_best,
+        rank_remedy=rank_remedy(report),
     )

@@ -70,9 +70,8 @@ from safetensors.numpy import save_file
 from posstats import __version__
 from posstats.errors import InputError, OptionError, PosstatsError
 from posstats.estimates.verdict import (
-    HALVES_REMEDY,
-    halves_remedy_named,
     thin_mds_components,
+    verdict_rank_remedy,
 )
 from posstats.geometry.encodings import mds_smacof
 from posstats.geometry.lowrank import default_ranks, lowrank_tradeoff
@@ -558,9 +557,9 @@ def nothing_to_export(run: RunData, /, *, rank: int | None = None, force: bool =
                              "0, no positional structure beyond sampling noise), so the table would be all zeros",
                              overridable=False)
     if rank is None and not force and informative_rank(run.report) == 0:
+        remedy = verdict_rank_remedy(run.report)
         conservative = (f"; the verdict's count is conservative here (rotated corpora moved the structure), and "
-                        f"{HALVES_REMEDY} counts the components against document halves instead"
-                        if halves_remedy_named(run.report) else "")
+                        f"{remedy} counts the components against document halves instead" if remedy else "")
         return ExportRefusal("nothing to export: no MDS component stands above sampling noise (the verdict), so every "
                              f"column would fit noise{conservative}", overridable=True)
     return None

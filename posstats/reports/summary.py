@@ -8,10 +8,10 @@ from posstats.estimates.verdict import (
     WINDOW_HOMOGENEITY_CAVEAT,
     all_tied,
     fitted_better,
-    halves_remedy_named,
     homogeneity_test_name,
     structure_kind,
     thin_mds_components,
+    verdict_rank_remedy,
 )
 from posstats.reports.spectrum_view import (
     threshold_phrase,
@@ -98,7 +98,7 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
     so, above = v.get("standout_positions") or {}, v.get("components_above_noise")
     dims = ("no dimension of structure stands above sampling noise beyond them" if not above else
             f"the corpus has {above} dimension(s) of positional structure above sampling noise")
-    if not above and halves_remedy_named(report):
+    if not above and verdict_rank_remedy(report):
         dims += " by the rotated corpora's count, which is conservative here (see the caveats)"
     if kind == "widespread":
         return (f"Token distributions change across positions: {so['count']:,} of the {used:,} positions ({so['ranges']}) "
