@@ -111,7 +111,13 @@ from posstats.geometry.hellinger import hellinger_sq  # noqa: E402
 from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, kept_window_groups, window_block  # noqa: E402
 from posstats.counting.counts import CountAccumulator, CountSpec  # noqa: E402
 from posstats.counting.window_groups import DEFAULT_WINDOW_GROUPS  # noqa: E402
-from posstats.testing import known_corpus, markov_packed_counts, markov_stream, split_counts  # noqa: E402
+from posstats.testing import (  # noqa: E402
+    known_corpus,
+    markov_packed_counts,
+    markov_stream,
+    proportion,
+    split_counts,
+)
 
 
 def _power_law_bias(counts, seed: int) -> np.ndarray:
@@ -181,13 +187,6 @@ def distance_table(tokens: list[int], seeds: int, n: int, occupancy_ratio: float
                   f"(se {row['unbiased']['se']:.5f}), power law {row['power_law']['mean_error']:+.5f}, "
                   f"plug-in {plugin_bias:+.5f}", file=sys.stderr)
     return rows
-
-
-def _proportion(k: int, n: int) -> dict:
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    return {"count": k, "of": n, "rate": k / n, "ci95": [float(ci.low), float(ci.high)]}
 
 
 def _claims(report: dict) -> dict[str, bool]:
@@ -321,7 +320,7 @@ def decision_table(tokens: list[int], seeds: int, power_seeds: int, positions: l
                           f"max z* {max_z if max_z is None else round(max_z, 2)}, "
                           f"sampling {t_corpus - t_sample:.0f} s, analysis {time.perf_counter() - t_corpus:.0f} s",
                           file=sys.stderr, flush=True)
-                row[kind] = {k: _proportion(c, runs) for k, c in tally.items()}
+                row[kind] = {k: proportion(c, runs) for k, c in tally.items()}
                 if edges:
                     row[kind]["edges"] = edges
             row["seconds"] = round(time.perf_counter() - t, 1)
@@ -448,16 +447,16 @@ def coverage_table(tokens: list[int], seeds: int, n: int, kinds: tuple[str, ...]
                     best.setdefault(f"d={row['dim']}", []).append(outcome)
             rows.append({"tokens_per_position": N, "positions": n, "kind": kind,
                          **({"occupancy_ratio": occupancy_ratio} if occupancy_ratio != 1.0 else {}),
-                         "coverage": {k: _proportion(sum(v), len(v)) for k, v in hits.items()},
-                         "interval_withheld": {k: _proportion(sum(v), len(v)) for k, v in withheld.items()},
-                         "tie_range_holds_truth": {k: _proportion(sum(v), len(v)) for k, v in range_hits.items()},
-                         "best_encoding": {k: {"right": _proportion(sum(x != "wrong" for x in v), len(v)),
-                                               "sharp": _proportion(v.count("sharp"), len(v)),
-                                               "wrong": _proportion(v.count("wrong"), len(v))} for k, v in best.items()},
+                         "coverage": {k: proportion(sum(v), len(v)) for k, v in hits.items()},
+                         "interval_withheld": {k: proportion(sum(v), len(v)) for k, v in withheld.items()},
+                         "tie_range_holds_truth": {k: proportion(sum(v), len(v)) for k, v in range_hits.items()},
+                         "best_encoding": {k: {"right": proportion(sum(x != "wrong" for x in v), len(v)),
+                                               "sharp": proportion(v.count("sharp"), len(v)),
+                                               "wrong": proportion(v.count("wrong"), len(v))} for k, v in best.items()},
                          "estimate_bias": {k: round(float(np.mean(v)), 5) for k, v in errors.items()},
                          "estimate_rmse": {k: round(float(np.sqrt(np.mean(np.square(v)))), 5) for k, v in errors.items()},
                          "distance_noise_share": round(float(np.mean(shares)), 3),
-                         "caveat_shown": _proportion(sum(x >= DISTANCE_NOISE_CAVEAT for x in shares), len(shares))})
+                         "caveat_shown": proportion(sum(x >= DISTANCE_NOISE_CAVEAT for x in shares), len(shares))})
             print(f"coverage {kind} N={N}: covered {json.dumps({k: f'{sum(v)}/{len(v)}' for k, v in hits.items()})}, "
                   f"withheld {json.dumps({k: sum(v) for k, v in withheld.items()})}, best wrong "
                   f"{json.dumps({k: v.count('wrong') for k, v in best.items()})} of {seeds}", file=sys.stderr)
@@ -499,10 +498,10 @@ def held_out_table(N: int, seeds: int, n: int, kinds: tuple[str, ...] = ("drift"
             print(f"    held out {kind} N={N} seed {70_000 + seed}: {json.dumps({k: v[-1] for k, v in hits.items()})}",
                   file=sys.stderr, flush=True)
         rows.append({"tokens_per_position": N, "positions": n, "kind": kind,
-                     "range_holds_truth": {k: _proportion(sum(v), len(v)) for k, v in hits.items()},
-                     "all_ranges_hold_truth": _proportion(sum(map(sum, hits.values())), sum(map(len, hits.values()))),
-                     "best_encoding": {k: {"wrong": _proportion(v.count("wrong"), len(v)),
-                                           "sharp": _proportion(v.count("sharp"), len(v))} for k, v in best.items()},
+                     "range_holds_truth": {k: proportion(sum(v), len(v)) for k, v in hits.items()},
+                     "all_ranges_hold_truth": proportion(sum(map(sum, hits.values())), sum(map(len, hits.values()))),
+                     "best_encoding": {k: {"wrong": proportion(v.count("wrong"), len(v)),
+                                           "sharp": proportion(v.count("sharp"), len(v))} for k, v in best.items()},
                      "estimate_bias": {k: round(float(np.mean(v)), 5) for k, v in errors.items()}})
     return rows
 
@@ -592,13 +591,13 @@ def diff_table(tokens: list[int], seeds: int, power_seeds: int, positions: list[
                         found = hit if found is None else found + hit
                     print(f"  diff n={n} N={N} {kind} seeds {seed}/{seed + 1}: changed {named[:12].tolist()}"
                           f"{' ...' if named.size > 12 else ''}", file=sys.stderr, flush=True)
-                cell: dict = {"pairs": runs, "false_alarm": _proportion(alarms, runs),
-                              "p_at_most_0.01": _proportion(p01, tested), "p_at_most_0.001": _proportion(p001, tested)}
+                cell: dict = {"pairs": runs, "false_alarm": proportion(alarms, runs),
+                              "p_at_most_0.01": proportion(p01, tested), "p_at_most_0.001": proportion(p001, tested)}
                 if kind in DIFF_NULLS:
                     cell["positions_flagged"] = flagged
                 else:
-                    cell["exactly_the_changed"] = _proportion(exact, runs)
-                    cell["found"] = [{"position": int(pos), "true_d2": round(float(d2), 5), **_proportion(int(k), runs)}
+                    cell["exactly_the_changed"] = proportion(exact, runs)
+                    cell["found"] = [{"position": int(pos), "true_d2": round(float(d2), 5), **proportion(int(k), runs)}
                                      for pos, d2, k in zip(DIFF_CHANGES[kind][0], truth, found, strict=True)]
                 row[kind] = cell
             row["seconds"] = round(time.perf_counter() - t, 1)

@@ -13,7 +13,8 @@ rank test against the noise edge measured on two halves of the documents
   is the previous one plus 1 modulo ``--vocab`` with probability ``--stay``, else uniform;
   :func:`posstats.testing.successor_stream`) started from its stationary law, of lengths
   uniform on ``[n / 32, 1.17 n]`` (most shorter than n), counted in truncate mode by
-  posstats' own counter with its 64 window groups;
+  posstats' own counter with its 64 window groups
+  (:func:`posstats.testing.successor_documents`);
 - null corpora (``--seeds`` a size): every position has one distribution, so any claim is
   false; ``planted`` corpora (``--planted-seeds``): positions 0-3 of every document draw a
   ``--planted`` share of their tokens from ids 0-9;
@@ -39,31 +40,6 @@ import numpy as np
 NULLS = {"halves": "mp", "rotation": "auto"}
 
 
-def corpus(n: int, documents: int, stay: float, vocab: int, planted: float, seed: int) -> tuple:
-    """``(counts, parts, window groups)`` of one truncate-mode corpus of successor-stream
-    documents (module docstring); ``parts`` the counts of the even and of the odd documents."""
-    from posstats.counting.counts import CountAccumulator, CountSpec
-    from posstats.testing import successor_stream
-
-    rng = np.random.default_rng([5150, n, seed])
-    lengths = rng.integers(max(1, n // 32), int(1.17 * n) + 1, documents)
-    docs = [successor_stream(int(m), stay=stay, vocab=vocab, rng=rng) for m in lengths]
-    if planted:
-        for d in docs:
-            head = d[: min(4, d.size)]
-            hit = rng.random(head.size) < planted
-            head[hit] = rng.integers(0, 10, int(hit.sum()))
-    spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
-    parts = []
-    for parity in (0, 1):
-        acc = CountAccumulator(spec, dense=False)
-        acc.add_sequences(docs[parity::2])
-        parts.append(acc.result())
-    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
-    total.add_sequences(docs)
-    return total.result(), parts, total.window_groups()
-
-
 def claims(report: dict) -> dict[str, bool]:
     """What one report claims: the rank test's components before the gate, the verdict's
     components, and any claim (components, standouts or non-stationarity)."""
@@ -74,19 +50,12 @@ def claims(report: dict) -> dict[str, bool]:
             or bool((v.get("standout_positions") or {}).get("count"))}
 
 
-def proportion(k: int, n: int) -> dict:
-    """``k`` of ``n`` with its Clopper-Pearson 95 % interval."""
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-    return {"count": k, "of": n, "rate": k / n, "ci95": [round(float(ci.low), 4), round(float(ci.high), 4)]}
-
-
 def run(positions: list[int], documents: int, stay: float, vocab: int, seeds: int, planted: float,
         planted_seeds: int) -> list[dict]:
     """One row per (n, kind): the tallies of each null (module docstring)."""
     from posstats.analysis import AnalysisConfig
     from posstats.analysis.pipeline import analyze
+    from posstats.testing import proportion, successor_documents
 
     rows = []
     for n in positions:
@@ -96,7 +65,8 @@ def run(positions: list[int], documents: int, stay: float, vocab: int, seeds: in
             tally = {name: dict.fromkeys(("rank_test_alone", "components", "any_claim"), 0) for name in NULLS}
             t = time.perf_counter()
             for seed in range(runs):
-                counts, parts, groups = corpus(n, documents, stay, vocab, share, seed)
+                counts, parts, groups = successor_documents(n, documents=documents, stay=stay, vocab=vocab,
+                                                             planted=share, seed=seed)
                 for name, null in NULLS.items():
                     cfg = AnalysisConfig(null=null, held_out="off", encodings=("mds",), dims=(2,), seed=seed)
                     said = claims(analyze(counts, cfg, parts=parts if name == "halves" else None,

@@ -76,9 +76,9 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "corpora" / "shakespeare.md.gz"
 BUNDLED = REPO / "data" / "shakespeare-sample.txt"
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_calibration import _proportion  # noqa: E402
+from posstats.testing import proportion  # noqa: E402
 
 
 def read_text(path: Path) -> str:
@@ -200,7 +200,7 @@ def chunk_test(counts: sp.csr_array, replicates: int, rng: np.random.Generator) 
 
 def _summary(p: list[float], z: list[float], level: float) -> dict:
     z_arr = np.asarray(z)
-    return {"rejected": _proportion(int(np.sum(np.asarray(p) <= level)), len(p)),
+    return {"rejected": proportion(int(np.sum(np.asarray(p) <= level)), len(p)),
             "z_mean": round(float(z_arr.mean()), 3), "z_sd": round(float(z_arr.std(ddof=1)), 3) if z_arr.size > 1 else None}
 
 

@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_calibration import _proportion  # noqa: E402
+from posstats.testing import proportion  # noqa: E402
 
 from posstats.corpus.count_step import window_block  # noqa: E402
 from posstats.counting.counts import CountAccumulator, CountSpec  # noqa: E402
@@ -99,7 +99,7 @@ def cell(lengths: tuple[int, int], planted: float, *, corpora: int, n: int, toke
         null = [homogeneity_statistic(shuffled_rows(rows, np.random.default_rng([k, r]))) for r in range(REPLICATES)]
         permutation += monte_carlo_p_value(s, null) <= level
     return {"lengths": f"{lengths[0]}-{lengths[1]}", "planted": planted, "full_window_share": round(float(np.mean(shares)), 3),
-            "rotation": _proportion(rotation, corpora), "permutation": _proportion(permutation, corpora)}
+            "rotation": proportion(rotation, corpora), "permutation": proportion(permutation, corpora)}
 
 
 def _lengths(text: str) -> list[tuple[int, int]]:

@@ -138,11 +138,9 @@ def one_corpus(tail: float, seed: int, rank: int, with_held_out: bool = False) -
 
 def clopper_pearson(k: int, n: int) -> list[float]:
     """Two-sided 95 % Clopper-Pearson interval of k successes in n."""
-    from scipy.stats import beta
+    from posstats.testing import proportion
 
-    lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
-    return [round(lo, 3), round(hi, 3)]
+    return proportion(k, n)["ci95"]
 
 
 def mean_se(values: list[float]) -> dict:

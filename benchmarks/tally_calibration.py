@@ -34,9 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_calibration import _TALLIED, _proportion  # noqa: E402
+from bench_calibration import _TALLIED  # noqa: E402
 
 from posstats.estimates.standout import position_ranges  # noqa: E402
+from posstats.testing import proportion  # noqa: E402
 
 
 class TallyError(ValueError):
@@ -104,7 +105,7 @@ def tally(runs: list[tuple[str, dict]]) -> list[dict]:
         total = len(cell["seeds"])
         rows.append({"positions": n, "tokens_per_position": N, "kind": kind, "sampler": sampler,
                      "corpora": total, "seeds": position_ranges(list(cell["seeds"])),
-                     "decisions": {d: _proportion(c, total) for d, c in cell["counts"].items()}})
+                     "decisions": {d: proportion(c, total) for d, c in cell["counts"].items()}})
     return rows
 
 

@@ -13,7 +13,10 @@ against it:
   windows (the null hypothesis with the dependence of real packed text); ``sampler=
   "counts"`` draws a row of counts at a time, with independent windows.
 - :func:`successor_stream`: a stationary stream whose nearby tokens are strongly dependent
-  without repeating (the hard case of a homogeneity null that ignores windows).
+  without repeating (the hard case of a homogeneity null that ignores windows);
+  :func:`successor_documents` a truncate-mode corpus of such documents, mostly shorter than n.
+- :func:`proportion`: a tally of ``k`` events in ``n`` runs with its exact 95 % interval,
+  the form in which the calibration benchmarks report every rate.
 - :func:`split_counts`: every counted token split independently into parts, i.e.
   independent samples of each position when the tokens are independent (as in a
   generated corpus). The analysis splits counted tokens the same way, streamed
@@ -35,11 +38,27 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from posstats.counting.counts import CountSpec, PositionalCounts
+from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.window_groups import WindowGroups
 
-__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "split_counts",
-           "successor_stream", "synthetic_counts"]
+__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "proportion",
+           "split_counts", "successor_documents", "successor_stream", "synthetic_counts"]
+
+
+def proportion(k: int, n: int, /) -> dict[str, Any]:
+    """``k`` events in ``n`` runs: ``{"count": k, "of": n, "rate": k / n, "ci95": [lo, hi]}``
+    with the exact (Clopper-Pearson) two-sided 95 % interval of the rate, so every rate a
+    benchmark prints carries its own binomial uncertainty.
+
+    >>> proportion(0, 40)["ci95"]
+    [0.0, 0.0881]
+    """
+    from scipy.stats import binomtest
+
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"proportion: need 0 <= k <= n and n >= 1, got k = {k}, n = {n}")
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=0.95, method="exact")
+    return {"count": int(k), "of": int(n), "rate": k / n, "ci95": [round(float(ci.low), 4), round(float(ci.high), 4)]}
 
 
 def split_counts(counts: PositionalCounts, /, *, parts: int = 2, seed: int = 0) -> tuple[PositionalCounts, ...]:
@@ -594,6 +613,40 @@ def successor_stream(total: int, /, *, stay: float, vocab: int, rng: np.random.G
         step[0] = False
     reset = np.maximum.accumulate(np.where(step, 0, np.arange(total)))  # the last fresh draw at or before t
     return (fresh[reset] + np.arange(total) - reset) % vocab
+
+
+def successor_documents(
+    n: int, /, *, documents: int = 3000, stay: float = 0.9, vocab: int = 200, planted: float = 0.0, seed: int = 0,
+) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
+    """A truncate-mode corpus of ``documents`` independent documents, each a
+    :func:`successor_stream` of length uniform on ``[n / 32, 1.17 n]`` (most shorter than
+    n), counted at ``n`` positions by posstats' own counter with its 64 window groups: the
+    harshest null measured for the rank test's edge on document halves (strongly dependent
+    tokens, falling occupancy; ``benchmarks/bench_document_halves.py``). With ``planted``
+    > 0, positions 0-3 of every document draw that share of their tokens from ids 0-9
+    (one dimension of structure).
+
+    Returns:
+        ``(counts, parts, groups)``: the corpus' counts, the counts of its even and of its
+        odd documents (what ``--reread`` gives), and its window groups.
+    """
+    rng = np.random.default_rng([5150, n, seed])
+    lengths = rng.integers(max(1, n // 32), int(1.17 * n) + 1, documents)
+    docs = [successor_stream(int(m), stay=stay, vocab=vocab, rng=rng) for m in lengths]
+    if planted:
+        for d in docs:
+            head = d[: min(4, d.size)]
+            hit = rng.random(head.size) < planted
+            head[hit] = rng.integers(0, 10, int(hit.sum()))
+    spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
+    parts = []
+    for parity in (0, 1):
+        acc = CountAccumulator(spec, dense=False)
+        acc.add_sequences(docs[parity::2])
+        parts.append(acc.result())
+    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
+    total.add_sequences(docs)
+    return total.result(), parts, total.window_groups()
 
 
 def _markov_window_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: np.random.Generator) -> sp.csr_array:

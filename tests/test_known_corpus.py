@@ -218,3 +218,21 @@ def test_halves_only_groups_put_every_document_in_group_t_mod_k():
     for g in (0, 1):  # position i of group g: its documents longer than i
         assert np.array_equal(rows[g], [(corpus.lengths[t % 2 == g] > i).sum() for i in range(n)])
     assert not rows[2].any()
+
+
+def test_proportion_gives_the_exact_clopper_pearson_interval():
+    """The benchmarks' rates carry the exact interval: at k = 0 its upper end solves
+    (1 - p)^n = 0.025, at k = n its lower end p^n = 0.025, and in between the interval's
+    ends put 2.5 % of Binomial(n, p) beyond k on either side."""
+    from scipy.stats import binom
+
+    from posstats.testing import proportion
+
+    assert proportion(0, 40) == {"count": 0, "of": 40, "rate": 0.0, "ci95": [0.0, round(1 - 0.025 ** (1 / 40), 4)]}
+    assert proportion(40, 40)["ci95"] == [round(0.025 ** (1 / 40), 4), 1.0]
+    lo, hi = proportion(2, 81)["ci95"]
+    assert proportion(2, 81)["rate"] == 2 / 81
+    assert binom.sf(1, 81, lo) == pytest.approx(0.025, abs=2e-4) and binom.cdf(2, 81, hi) == pytest.approx(0.025, abs=2e-4)
+    for k, n in ((-1, 10), (11, 10), (0, 0)):
+        with pytest.raises(ValueError, match="0 <= k <= n"):
+            proportion(k, n)

@@ -34,8 +34,10 @@ token half of the time (whose bulk is 1.1-2.0 times that of independent tokens);
 at N = 2,000 and above, 2.0-2.6 % at N = 200, where the data's own top eigenvalue varies by
 2 % between corpora, as the halves' does. The edge is that top times
 ``1 + HALVES_EDGE_MARGIN`` (10 %: 3.8 standard deviations of the ratio at N = 200; the
-largest ratio measured, 1.054, is at N = 200). The analytic edge stands 1.2-2.3 times above
-the bulk of independent tokens and falls to 0.63 times the bulk of the dependent streams.
+largest ratio measured, 1.054, is at N = 200) from 512 rows; below, the ratio spreads more
+and the margin grows as ``(512 / rows)^(1/3)`` (:func:`halves_margin`: 20 % at 64 rows).
+The analytic edge stands 1.2-2.3 times above the bulk of independent tokens and falls to
+0.63 times the bulk of the dependent streams.
 At falling occupancy (truncated documents, 5-30 % of N at the last position, the parts two
 halves of the documents; the weighted, bias-corrected eigenvalues the analysis tests) the
 ratio is 0.994-1.013 on average, sd 1.0-1.5 % at N = 2,000 and above, 3.4 % at N = 200.
@@ -73,16 +75,35 @@ from posstats.geometry.products import (
     product_threads,
 )
 
-__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HalvesEdge", "HalvesNoise", "cell_sums", "halves_coverage",
-           "halves_edge", "halves_noise", "halves_noise_matrix", "noise_scale", "noise_top", "occupancy_bins",
-           "rescale_noise", "unscaled_noise"]
+__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HALVES_MARGIN_ROWS", "HalvesEdge", "HalvesNoise", "cell_sums",
+           "halves_coverage", "halves_edge", "halves_margin", "halves_noise", "halves_noise_matrix", "noise_scale",
+           "noise_top", "occupancy_bins", "rescale_noise", "unscaled_noise"]
 
-HALVES_EDGE_MARGIN = 0.10  # the edge over the halves' top noise eigenvalue (module docstring)
+HALVES_EDGE_MARGIN = 0.10  # the edge over the halves' top noise eigenvalue, from HALVES_MARGIN_ROWS rows
+HALVES_MARGIN_ROWS = 512  # below this many rows the margin grows as (HALVES_MARGIN_ROWS / rows)^(1/3)
 # ARPACK's relative tolerance for the noise top: the Ritz value is then within 0.1 % of the
 # eigenvalue, against the edge's 10 % margin and the ratio's sd of 0.3-2.6 %. At n = 131,072
 # (2.02e8 packed tokens) it took 41 products against 71 at 1e-4 (20 s -> 15 s) for a value
 # 2.8e-5 lower (1e-6 took 1.7x the products of 1e-4 for the same value to 1e-6).
 NOISE_TOP_TOL = 1e-3
+
+
+def halves_margin(rows: int, /) -> float:
+    """The edge's relative margin over the halves' top noise eigenvalue for ``rows``
+    geometry rows: ``HALVES_EDGE_MARGIN * max(1, (HALVES_MARGIN_ROWS / rows)^(1/3))``,
+    10 % from 512 rows, 12.6 % at 256, 15.9 % at 128, 20 % at 64.
+
+    The ratio of the corpus' top noise eigenvalue to the halves' spreads more with fewer
+    rows. On truncate-mode corpora of strongly dependent documents mostly shorter than n
+    (``benchmarks/bench_document_halves.py``'s null corpora: successor streams, stay 0.9,
+    V = 200; the harshest case measured) its sd was 0.079 / 0.065 / 0.048 / 0.039 at
+    n = 64 / 128 / 256 / 512 (200, 200, 200 and 111 corpora), falling about as
+    ``n^(-1/3)``, and a fixed 10 % margin let the rank test alone reject 14 / 8 / 5 / 2.7 %
+    of them. With the growing margin, on 200 fresh corpora a size: 0, 2 and 1 of 200 at
+    n = 64, 128 and 256, with every planted corpus (positions 0-3, 30 %) still found
+    (docs/calibration.md).
+    """
+    return HALVES_EDGE_MARGIN * max(1.0, (HALVES_MARGIN_ROWS / max(int(rows), 1)) ** (1.0 / 3.0))
 
 
 @dataclass(frozen=True)
@@ -335,14 +356,16 @@ class HalvesNoise:
     source: str
     _unweighted: dict = field(default_factory=dict, compare=False, repr=False)  # bias bytes -> top with W = I
 
-    def edge(self, weights: Any = None, bias: Any = None, /, *, margin: float = HALVES_EDGE_MARGIN) -> HalvesEdge:
+    def edge(self, weights: Any = None, bias: Any = None, /, *, margin: float | None = None) -> HalvesEdge:
         """The :class:`HalvesEdge` on the scale of the tested eigenvalues: ``weights`` the
         occupancy weights of ``W^1/2 B W^1/2`` (None: ``W = I``), ``bias`` the rows'
-        sampling variances when they are bias-corrected (None: plug-in); ``edge`` NaN when
+        sampling variances when they are bias-corrected (None: plug-in), ``margin`` the
+        edge's relative margin (None: :func:`halves_margin` of the rows); ``edge`` NaN when
         fewer than two rows have tokens in both halves. Weights equal to
         :data:`EQUAL_WEIGHTS` take the unweighted top (solved once for a ``bias``) times the
         largest weight, an upper bound (module docstring)."""
         shift = bias_shift(bias, weights)
+        margin = halves_margin(self.rows) if margin is None else margin
         if self.matrix is None or self.rows < 2:
             return HalvesEdge(math.nan, float(margin), self.rows, self.source, self.coverage, shift)
         w = None if weights is None else np.asarray(weights, dtype=np.float64).ravel()
@@ -373,7 +396,7 @@ def halves_noise(half_a: Any, half_b: Any, full: Any, /, *, source: str = "halve
 
 
 def halves_edge(half_a: Any, half_b: Any, full: Any, /, *, weights: Any = None, bias: Any = None,
-                source: str = "halves", margin: float = HALVES_EDGE_MARGIN) -> HalvesEdge:
+                source: str = "halves", margin: float | None = None) -> HalvesEdge:
     """The rank test's edge from two independent halves of the (m, V) counts ``full``
     (module docstring): :func:`halves_noise` read once by :meth:`HalvesNoise.edge`.
 
@@ -385,7 +408,8 @@ def halves_edge(half_a: Any, half_b: Any, full: Any, /, *, weights: Any = None, 
         bias: (m,) the rows' sampling variances ``b`` when the tested eigenvalues are the
             bias-corrected ``W^1/2 (B - H diag(b) H) W^1/2``'s (None: plug-in).
         source: where the halves came from, for the report.
-        margin: the edge's relative margin over the halves' top noise eigenvalue.
+        margin: the edge's relative margin over the halves' top noise eigenvalue (None:
+            :func:`halves_margin` of the rows with tokens in both halves).
 
     Returns:
         :class:`HalvesEdge` (``edge`` NaN when fewer than two rows have tokens in both halves).
