@@ -701,9 +701,9 @@ def test_the_answer_sentences_word_decisions_the_verdict_took():
     moved = {"null": {"threshold": 82.03, "null_corpora": "rotated"}, "homogeneity": {"rejected": True},
              "spectrum": {"eigenvalues": [51.22]}, "corpus": {"mode": "truncate", "windows": 3000}}
     earlier = {k: x for k, x in v0.items() if k != "rank_remedy"}
-    first, *_ = answer_sentences({"verdict": earlier, **moved, "positions": {"used": 512}})
+    first, *_ = answer_sentences({"verdict": earlier, **moved, "positions": {"used": HALVES_REMEDY_ROWS}})
     assert first.endswith("which is conservative here (see the caveats).")
-    first, *_ = answer_sentences({"verdict": earlier, **moved, "positions": {"used": 511}})
+    first, *_ = answer_sentences({"verdict": earlier, **moved, "positions": {"used": HALVES_REMEDY_ROWS - 1}})
     assert first.endswith("beyond them.")
     v2 = {**v, "structure": "widespread", "fitted_better_at": []}
     first, *rest = answer_sentences({"verdict": v2, "positions": {"used": 64}})

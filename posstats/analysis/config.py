@@ -184,10 +184,9 @@ class AnalysisConfig:
     mp_edge: EdgeChoice = option(
         "auto", help="the mp null's edge: auto measures the top of the noise bulk on two independent halves of the "
                      "corpus (documents by parity from --parts / --store / --reread, else the even and odd window "
-                     "groups) and counts eigenvalues 10 % above it (calibrated from 512 rows; below, with strongly "
-                     "dependent tokens its rank test alone is liberal: docs/calibration.md); without such halves, and "
-                     "with analytic, the analytic "
-                     "Marchenko-Pastur-type bound (1.3-2.2x above the bulk with independent tokens, blind to dependent "
+                     "groups) and counts eigenvalues 10 % above it from 512 rows, more below, where the top "
+                     "varies more (20 % at 64 rows: docs/calibration.md); without such halves, and with analytic, "
+                     "the analytic Marchenko-Pastur-type bound (1.3-2.2x above the bulk with independent tokens, blind to dependent "
                      "ones)", group=_LONG)
     bootstrap: int = option(
         0, help="withdrawn: the shard bootstrap's 95 % intervals covered none of 1,020 known truths "

@@ -357,10 +357,11 @@ def _thin_mds_caveat(null: dict[str, Any], thin: list[int]) -> str:
 
 
 # Geometry rows from which the caveat of a conservative rank count names the edge measured on
-# document halves: there it was calibrated (1 rank-test rejection in 240 null corpora at
-# 512 rows); below, its rank test alone rejected 10-20 % of corpora of strongly dependent
-# documents (docs/calibration.md, benchmarks/bench_document_halves.py).
-HALVES_REMEDY_ROWS = 512
+# document halves: the fewest rows where its rank test was calibrated on the harshest null
+# measured (short, strongly dependent truncate documents: 0 of 200 corpora at 64 rows with
+# the margin posstats.estimates.halves_edge.halves_margin gives there, 20 %; with a fixed
+# 10 % it rejected 14.5 %; docs/calibration.md, benchmarks/bench_document_halves.py).
+HALVES_REMEDY_ROWS = 64
 HALVES_REMEDY = "`posstats analyze --null mp --reread`"  # the remedy's command, as the caveat words it
 
 
@@ -435,8 +436,8 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
       remedy there: the ``mp`` null against the edge measured on two halves of the
       documents (``--reread`` or ``--parts``), whose difference cancels the openings and
       keeps each document's dependence (on the fortunes at n = 512: 3 components where the
-      rotated corpora allowed none). Below, that edge's rank test alone is liberal with
-      strongly dependent tokens, so no remedy is named. In ``pack`` mode no window starts a
+      rotated corpora allowed none). Below, that edge's calibration was not measured, so no
+      remedy is named. In ``pack`` mode no window starts a
       document, so the caveat says what holds there: each rotated corpus keeps a share of
       a change tied to the window grid, turned to other offsets, and a change spread thinly
       over many positions raises the homogeneity statistic (a sum over every position)
