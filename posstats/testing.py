@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.stats import binomtest
 
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.window_groups import WindowGroups
@@ -53,8 +54,6 @@ def proportion(k: int, n: int, /) -> dict[str, Any]:
     >>> proportion(0, 40)["ci95"]
     [0.0, 0.0881]
     """
-    from scipy.stats import binomtest
-
     if not 0 <= k <= n or n < 1:
         raise ValueError(f"proportion: need 0 <= k <= n and n >= 1, got k = {k}, n = {n}")
     ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=0.95, method="exact")
