@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="corrected distances (--distances auto on ranges, or corrected): the noise edge. auto "
                         "(default) measures the top of the noise bulk on the corpus' two independent halves (the "
                         "even and odd window groups 'posstats count' keeps beside the counts) and counts eigenvalues "
-                        "10 %% above it from 512 rows, more below (20 %% at 64), as 'posstats analyze'; without a window-groups file, and with analytic, the "
+                        "10 %% above it from 512 rows, more below (20 %% at 64), as 'posstats analyze'; without a "
+                        "window-groups file, and with analytic, the "
                         "analytic Marchenko-Pastur edge (an upper estimate)")
     p.add_argument("--noise-parts", type=int, choices=(2, 4), default=4,
                    help="corrected distances: the random split of each range's tokens into 2 or 4 parts (default 4)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ import scipy.sparse as sp
 from scipy.stats import binom
 
 from posstats.analysis import AnalysisConfig, analyze
+from posstats.cli import main
 from posstats.counting.window_groups import WindowGroups
 from posstats.estimates.halves_edge import (
     HALVES_EDGE_MARGIN,
@@ -72,7 +74,8 @@ def test_structure_cancels_between_the_halves():
 def test_the_noise_top_stays_under_the_edge_on_null_corpora(kind):
     """20 null corpora of 256 positions, 2,000 tokens (windows) each, drawn as two independent
     halves: the data's top noise eigenvalue over the halves' one has mean 1.00 and sd about
-    1 % here (``bench_mp_edge.py``), so it passes the margin (12.6 % at 256 rows) in none of them. With dependent tokens (a stream repeating the previous token half of
+    1 % here (``bench_mp_edge.py``), so it passes the margin (12.6 % at 256 rows) in none of
+    them. With dependent tokens (a stream repeating the previous token half of
     the time) the bulk is 1.96x that of independent tokens and the halves follow it (the
     analytic edge stands 0.83x under it there: bench_mp_edge.py)."""
     above, ratios = 0, []
@@ -787,3 +790,24 @@ def test_real_packed_text_bounds_the_weighted_rank_test_through_the_cli(shared_d
     for key in ("components_above_noise", "positions_distinguishable", "non_stationary", "standout_positions"):
         assert solved["verdict"][key] == report["verdict"][key], key
     assert load_window_groups(counts, load_counts(counts)).halves_only
+
+
+def test_the_cli_counts_the_fortunes_against_the_grown_margin_at_64_positions(tmp_path, data_dir):
+    """The bundled fortunes (real text, BERT WordPiece) at n = 64 through ``posstats count``
+    and ``analyze --null mp --reread``: the edge stands 20 % above the document halves' top
+    (:func:`halves_margin` of 64 rows), the threshold is that edge, and the count is the
+    number of tested eigenvalues (shifted to the plug-in scale) above it, recounted here."""
+    tokenizer = str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json")
+    assert main(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
+                 "--tokenizer", tokenizer, "--positions", "64", "--out", str(tmp_path / "c"), "-q"]) == 0
+    assert main(["analyze", "--counts", str(tmp_path / "c"), "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                 "--null", "mp", "--reread", "--tokenizer", tokenizer, "--out", str(tmp_path / "a"), "-q"]) == 0
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    null, edge = report["null"], report["null"]["edge"]
+    assert edge["method"] == "halves" and edge["source"] == "parts" and edge["rows"] == 64
+    assert edge["margin"] == pytest.approx(halves_margin(64)) == pytest.approx(0.20)
+    assert edge["edge"] == pytest.approx(1.20 * (edge["noise_top"] + edge["shift"]), rel=1e-12)
+    assert null["threshold"] == pytest.approx(edge["edge"], rel=1e-12)
+    above = sum(t + edge["shift"] > edge["edge"] for t in null["tested_eigenvalues"])
+    assert null["components_above_null"] == above >= 1
+    assert any("20% above its top" in sentence for _, sentence in verdict_items(report))

@@ -186,8 +186,8 @@ class AnalysisConfig:
                      "corpus (documents by parity from --parts / --store / --reread, else the even and odd window "
                      "groups) and counts eigenvalues 10 % above it from 512 rows, more below, where the top "
                      "varies more (20 % at 64 rows: docs/calibration.md); without such halves, and with analytic, "
-                     "the analytic Marchenko-Pastur-type bound (1.3-2.2x above the bulk with independent tokens, blind to dependent "
-                     "ones)", group=_LONG)
+                     "the analytic Marchenko-Pastur-type bound (1.3-2.2x above the bulk with independent tokens, "
+                     "blind to dependent ones)", group=_LONG)
     bootstrap: int = option(
         0, help="withdrawn: the shard bootstrap's 95 % intervals covered none of 1,020 known truths "
                 "(docs/calibration.md); only 0 is accepted. Stress intervals are given by default", metavar="B",
