@@ -46,7 +46,8 @@ def test_window_groups_add_up_to_the_counts_over_batches_and_streams(separator):
     wg = acc.window_groups()
     counts = acc.result()
     assert (wg.total() != sp.csr_array(counts.matrix)).nnz == 0
-    occupancy = np.asarray(wg.matrix.sum(axis=1)).ravel().reshape(4, 5)
+    assert wg.short_halves and wg.matrix.shape[0] == wg.counted_rows + 5  # the odd short windows' copy follows
+    occupancy = np.asarray(wg.matrix.sum(axis=1)).ravel()[: wg.counted_rows].reshape(4, 5)
     assert (occupancy[:3] == occupancy[:3, :1]).all()  # a group holds full windows only: equal occupancy
     assert occupancy[:3, 0].sum() == wg.windows and wg.windows < counts.windows  # two streams end short
     assert occupancy[3].sum() == counts.tokens - 5 * wg.windows
@@ -70,16 +71,23 @@ def test_pack_window_groups_match_a_brute_force_count_past_a_padded_block(groups
         acc.add(TokenBatch(np.concatenate(docs).astype(np.int64), offsets, source, 0))
         streams[source].extend(np.concatenate(docs).tolist())
     wg = acc.window_groups()
-    expected = np.zeros((groups + 1, n, vocab), dtype=np.int64)
-    w = 0
+    assert wg.short_halves is not halves  # the halves hold every window already
+    blocks = groups + 1 + wg.short_halves
+    expected = np.zeros((blocks, n, vocab), dtype=np.int64)
+    w = short = 0
     for stream in streams.values():
         for start in range(0, len(stream), n):
             window = stream[start:start + n]
             g = (w // block) % groups if len(window) == n else groups
             w += len(window) == n
             expected[g, np.arange(len(window)), window] += 1
+            if len(window) < n and wg.short_halves:  # every other short window again, the odd ones
+                if short % 2:
+                    expected[groups + 1, np.arange(len(window)), window] += 1
+                short += 1
     assert wg.windows == w
-    np.testing.assert_array_equal(wg.matrix.toarray().reshape(groups + 1, n, vocab), expected)
+    assert halves or short == 2  # each stream ends short
+    np.testing.assert_array_equal(wg.matrix.toarray().reshape(blocks, n, vocab), expected)
 
 
 def test_window_group_of_each_window_follows_its_block():
@@ -271,19 +279,23 @@ def test_chunk_mode_window_groups_add_up_and_short_windows_go_to_their_length_cl
     counts = acc.result()
     assert (wg.total() != sp.csr_array(counts.matrix)).nnz == 0
     assert wg.classes == 5 and wg.rotated_share() == 1.0
-    occupancy = np.asarray(wg.matrix.sum(axis=1)).ravel().reshape(3 + 1 + 5, 6)
+    occupancy = np.asarray(wg.matrix.sum(axis=1)).ravel().reshape(3 + 1 + 5 + 1, 6)  # the short halves last
     assert (occupancy[:3] == occupancy[:3, :1]).all() and occupancy[:3, 0].sum() == wg.windows
     assert not occupancy[3].any()  # the tail: nothing in chunk mode
     for length in range(1, 6):  # class L: the same occupancy at 0 .. L-1, none beyond
         row = occupancy[3 + length]
         assert (row[:length] == row[0]).all() and not row[length:].any()
-    assert occupancy[4:, 0].sum() > 0
+    assert occupancy[4:-1, 0].sum() > 0
+    even, odd = wg.halves()  # the short windows split between them: the halves add up to the counts
+    assert ((even + odd) != sp.csr_array(counts.matrix)).nnz == 0 and 0 < occupancy[-1].sum() < occupancy[4:-1].sum()
 
 
 def test_truncate_mode_window_groups_keep_each_documents_start():
     """In truncate mode a document's first n tokens are its window: the full ones go to
     group ``t mod K`` (t: their order, one window a block, as posstats count groups them),
-    the shorter ones to the tail; groups + tail = the counts."""
+    the shorter ones to their length class, and every other shorter one (the odd ones, in
+    order) again to the short halves' block; groups + classes = the counts, and the halves
+    (even groups and even short documents, odd and odd) hold every document whole."""
     from posstats.corpus.count_step import window_block
 
     rng = np.random.default_rng(8)
@@ -298,12 +310,24 @@ def test_truncate_mode_window_groups_keep_each_documents_start():
     assert (wg.total() != sp.csr_array(counts.matrix)).nnz == 0
     full = [d[:n] for batch in docs for d in batch if len(d) >= n]
     assert wg.windows == len(full) and wg.classes == n - 1
-    expected = np.zeros(((k + 1 + n - 1) * n, vocab), dtype=np.int64)
+    expected = np.zeros(((k + 1 + n - 1 + 1) * n, vocab), dtype=np.int64)
+    halves = np.zeros((2, n, vocab), dtype=np.int64)
     for t, d in enumerate(full):
         np.add.at(expected, ((t % k) * n + np.arange(n), d), 1)
-    for d in (d for batch in docs for d in batch if 0 < len(d) < n):  # class L: rows (K + L) n + i
+        np.add.at(halves, ((t % k) % 2, np.arange(n), d), 1)
+    short = [d for batch in docs for d in batch if 0 < len(d) < n]
+    assert len(short) >= 4
+    for s, d in enumerate(short):  # class L: rows (K + L) n + i; the odd ones again at (K + n) n + i
         np.add.at(expected, ((k + len(d)) * n + np.arange(len(d)), d), 1)
+        if s % 2:
+            np.add.at(expected, ((k + n) * n + np.arange(len(d)), d), 1)
+        np.add.at(halves, (s % 2, np.arange(len(d)), d), 1)
     assert np.array_equal(wg.matrix.toarray(), expected)
+    even, odd = wg.halves()
+    assert np.array_equal(even.toarray(), halves[0]) and np.array_equal(odd.toarray(), halves[1])
+    rows = np.array([0, 2, 5])
+    picked = wg.halves(rows)
+    assert np.array_equal(picked[0].toarray(), halves[0][rows]) and np.array_equal(picked[1].toarray(), halves[1][rows])
     assert wg.rotated_share() == 1.0  # every window turns: the full ones by n, the others by their length
 
 
@@ -332,9 +356,10 @@ def test_a_length_class_turns_within_its_length():
 def _rotated_by_entry(wg, shifts):
     """The rotated corpus of ``wg`` by moving every stored entry (the brute force
     ``WindowGroups.rotated`` replaced): row ``g n + i`` to ``(i + s_g) mod n``, class L's
-    ``(K + L) n + i`` to ``(i + s_L) mod L``, the tail's in place."""
+    ``(K + L) n + i`` to ``(i + s_L) mod L``, the tail's in place (the short halves' copy
+    is no part of the corpus)."""
     n, k = wg.positions, wg.groups
-    m = sp.coo_array(wg.matrix)
+    m = sp.coo_array(wg.matrix[: wg.counted_rows])
     group, pos = np.divmod(m.row.astype(np.int64), n)
     period = np.where(group <= k, n, group - k)
     shift = np.where(group < k, shifts[np.minimum(group, k - 1)], 0)

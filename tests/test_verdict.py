@@ -140,21 +140,30 @@ def test_a_count_against_a_null_of_independent_tokens_carries_a_caveat():
 
 
 def test_cli_run_with_the_analytic_edge_carries_the_independence_caveat(tmp_path, data_dir):
-    """``posstats run --null mp`` on the bundled fortunes (real text, BERT, 64 positions,
-    truncated: most documents are shorter than n, so the window groups cannot give the
-    halves): positions 0-6 stand out, components are counted against the analytic edge, and
-    the caveat reaches report.json, summary.md and report.html; packed (every window full,
-    stationary) the edge is measured on the window groups' halves and counts no component,
-    and neither that run nor the default one (rotated corpora) has the caveat."""
+    """``posstats run --null mp --mp-edge analytic`` on the bundled fortunes (real text,
+    BERT, 64 positions, truncated): positions 0-6 stand out, components are counted against
+    the analytic edge, and the caveat reaches report.json, summary.md and report.html. With
+    the default ``--mp-edge auto`` the edge is measured on the window groups' halves, which
+    hold every document whole, the short ones too (the count keeps the short halves), and
+    no caveat is needed; packed (every window full, stationary) the edge on those halves
+    counts no component, and neither that run nor the default one (rotated corpora) has
+    the caveat."""
     args = ["run", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
             "--tokenizer", str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
             "--dims", "2", "--encodings", "mds,sinusoidal", "--held-out", "off"]
-    assert main([*args, "--null", "mp", "--out", str(tmp_path / "mp")]) == 0
+    assert main([*args, "--null", "mp", "--out", str(tmp_path / "halves-truncate")]) == 0
+    report = json.loads((tmp_path / "halves-truncate" / "report.json").read_text())
+    edge = report["null"]["edge"]
+    # truncated fortunes are mostly shorter than 64 tokens: the short halves put each in one half
+    assert edge["method"] == "halves" and edge["source"] == "window groups" and edge["coverage"] == 1.0
+    assert report["verdict"]["components_above_noise"] >= 1
+    assert not any("as independent" in c and "upper estimate" in c for c in report["verdict"]["caveats"])
+    assert main(["analyze", "--counts", str(tmp_path / "halves-truncate"), "--dims", "2", "--encodings",
+                 "mds,sinusoidal", "--held-out", "off", "--null", "mp", "--mp-edge", "analytic",
+                 "--out", str(tmp_path / "mp")]) == 0
     report = json.loads((tmp_path / "mp" / "report.json").read_text())
     assert report["null"]["method"] == "mp" and report["verdict"]["components_above_noise"] >= 1
-    # truncated fortunes are mostly shorter than 64 tokens, in neither window group: the
-    # analytic edge stays, and the report says why
-    assert report["null"]["edge"]["method"] == "analytic" and "in neither half" in report["null"]["edge"]["halves_not_used"]
+    assert report["null"]["edge"]["method"] == "analytic"
     found = [c for c in report["verdict"]["caveats"] if "analytic noise edge, which treats the tokens" in c]
     assert len(found) == 1 and f"the {report['verdict']['components_above_noise']} component(s)" in found[0]
     assert "upper estimate" in (tmp_path / "mp" / "summary.md").read_text()

@@ -465,7 +465,9 @@ class CountAccumulator:
     counts' tokens and a quarter for the halves'). ``window_groups = K > 0`` also
     counts the windows in K groups (:mod:`posstats.counting.window_groups`, read with
     :meth:`window_groups`), for the homogeneity null that respects windows;
-    ``window_halves``: the groups are the corpus' halves only (``halves_only``).
+    ``window_halves``: the groups are the corpus' halves only (``halves_only``); else the
+    odd short windows are kept too (``short_halves``), so that the groups' halves hold
+    every token.
 
     >>> acc = CountAccumulator(CountSpec(positions=3, vocab_size=10), dense=False)
     >>> acc.add(TokenBatch.from_sequences([[1, 2, 3, 4], [5]]))
@@ -530,7 +532,7 @@ class CountAccumulator:
             extra = {"buffer_keys": buffer_tokens(share, V)} if window_halves else {}
             self._groups = WindowGroupCounter(n, V, groups=window_groups, block=window_block,
                                               classes=spec.mode in ("chunk", "truncate"), halves_only=window_halves,
-                                              **extra)
+                                              short_halves=not window_halves, **extra)
 
     # -- public -------------------------------------------------------------------
 

@@ -36,9 +36,19 @@ group of its order whatever its length (no length classes), for the rank test's 
 measured on independent halves (:mod:`posstats.estimates.halves_edge`). Such groups are
 never rotated: a short window in a group would be turned past its end.
 
-Storage: one ((K + 1 + C) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i),
-the tail's rows ``K n + i`` and, with length classes (C = n - 1; 0 in pack mode and in
-files written before them), class L's rows ``(K + L) n + i`` for i < L.
+The *short halves* (``short_halves``; counts made since the fifty-second session, up to 4,096
+positions): the windows outside the groups (the tail and the length classes, mostly whole
+documents shorter than n in ``truncate`` mode) are also counted every other one, in order,
+in one more block of rows: the odd ones. :meth:`WindowGroups.halves` then puts the even ones
+in the even half and the odd ones in the odd half, so the halves hold every token and each
+short window stays whole in one of them (the edge measured on independent halves needs
+them where most documents are shorter than the context: docs/calibration.md). That block
+is a copy, never rotated and never part of the corpus' counts.
+
+Storage: one ((K + 1 + C + S) n, V) int64 CSR matrix, rows ``g n + i`` (group g, position i),
+the tail's rows ``K n + i``, with length classes (C = n - 1; 0 in pack mode and in
+files written before them) class L's rows ``(K + L) n + i`` for i < L and, with the short
+halves (S = 1; else 0), the odd short windows' rows ``(K + 1 + C) n + i``.
 """
 
 from __future__ import annotations
@@ -70,14 +80,18 @@ class WindowGroups:
     Attributes:
         groups: K.
         positions: n.
-        matrix: ((K + 1 + classes) n, V) int64 CSR: rows ``g n + i`` count position i of
-            the full windows of group g; rows ``K n + i`` the short windows no rotation
-            moves (the tail); rows ``(K + L) n + i`` (i < L) those of exactly L tokens.
+        matrix: ((K + 1 + classes + short_halves) n, V) int64 CSR: rows ``g n + i`` count
+            position i of the full windows of group g; rows ``K n + i`` the short windows no
+            rotation moves (the tail); rows ``(K + L) n + i`` (i < L) those of exactly L
+            tokens; with ``short_halves``, rows ``(K + 1 + C) n + i`` every other window of
+            the tail and the length classes (the odd ones, a copy).
         windows: full windows counted (over all groups).
         classes: C, the length classes stored (n - 1, or 0: none).
         halves_only: the two halves of the corpus (module docstring): every window,
             short ones included, in the group of its order; for
             :meth:`halves`, never to be rotated.
+        short_halves: the odd short windows are stored too (module docstring), so that
+            :meth:`halves` holds every token.
     """
 
     groups: int
@@ -86,6 +100,19 @@ class WindowGroups:
     windows: int
     classes: int = 0
     halves_only: bool = False
+    short_halves: bool = False
+
+    @property
+    def counted_rows(self) -> int:
+        """(K + 1 + C) n: the rows whose sum is the corpus' counts (the short halves'
+        block, a copy, follows them)."""
+        return (self.groups + 1 + self.classes) * self.positions
+
+    def _counted(self) -> sp.csr_array:
+        """The counted rows of :attr:`matrix` (a view: no copy of the entries)."""
+        if not self.short_halves:
+            return self.matrix
+        return csr_rows_view(self.matrix, 0, self.counted_rows)
 
     @property
     def periods(self) -> np.ndarray:
@@ -107,12 +134,12 @@ class WindowGroups:
     def occupancy(self) -> np.ndarray:
         """(n,) float64 tokens at each position of the corpus (every rotation keeps them)."""
         k, c, n = self.groups, self.classes, self.positions
-        return np.asarray(self.matrix.sum(axis=1)).ravel().reshape(k + 1 + c, n).sum(axis=0).astype(np.float64)
+        return np.asarray(self._counted().sum(axis=1)).ravel().reshape(k + 1 + c, n).sum(axis=0).astype(np.float64)
 
     @functools.cached_property
     def pooled(self) -> np.ndarray:
         """(V,) float64 tokens of each vocabulary entry (every rotation keeps them)."""
-        return np.asarray(self.matrix.sum(axis=0), dtype=np.float64).ravel()
+        return np.asarray(self._counted().sum(axis=0), dtype=np.float64).ravel()
 
     @property
     def vocab_size(self) -> int:
@@ -123,7 +150,7 @@ class WindowGroups:
         """The share of the tokens a rotation moves (in the groups and the length classes;
         the tail's stay), 0 for an empty corpus."""
         m, n, k = self.matrix, self.positions, self.groups
-        total = float(m.data.sum())
+        total = float(m.data[: m.indptr[self.counted_rows]].sum())
         tail = float(m.data[m.indptr[k * n]: m.indptr[(k + 1) * n]].sum())
         return (total - tail) / total if total else 0.0
 
@@ -135,7 +162,9 @@ class WindowGroups:
         """((m, V), (m, V)) CSR: the counts of the even groups and of the odd groups at
         ``rows`` (positions; None: all n). Consecutive windows fall in one group, so tokens
         that depend on each other stay in one half; the tail and the length classes are in
-        neither (:mod:`posstats.estimates.halves_edge` rescales the halves' noise). Each
+        neither (:mod:`posstats.estimates.halves_edge` rescales the halves' noise), unless
+        the short halves are stored: then their even windows join the even half and their
+        odd ones the odd half, and the two halves add up to the corpus. Each
         half is a pairwise (tree) sum of its groups' row blocks: every stored entry is merged
         about log2(K / 2) times, and no more than two levels are held at once; with one group
         a half (counts above 4,096 positions keep only the halves) each half is a view of
@@ -154,7 +183,22 @@ class WindowGroups:
             while len(level) > 1:
                 level = [level[k] + level[k + 1] if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
             halves.append(level[0])
+        if self.short_halves:
+            odd = csr_rows_view(self.matrix, self.counted_rows, self.counted_rows + n)
+            odd = sp.csr_array(odd if pick is None else odd[pick])
+            even = self._short_windows(pick) - odd
+            even.eliminate_zeros()
+            halves = [halves[0] + even, halves[1] + odd]
         return halves[0], halves[1]
+
+    def _short_windows(self, pick: np.ndarray | None, /) -> sp.csr_array:
+        """((m, V)) int64 CSR: the tail's and every length class's counts at the positions
+        ``pick`` (None: all n), summed (the rows ``K n + i`` .. ``(K + C) n + i``)."""
+        n, k = self.positions, self.groups
+        rest = csr_rows_view(self.matrix, k * n, self.counted_rows).tocoo()
+        summed = sp.csr_array((rest.data, (rest.row % n, rest.col)), shape=(n, self.vocab_size))
+        summed.sum_duplicates()
+        return summed if pick is None else sp.csr_array(summed[pick])
 
     def checked_shifts(self, shifts: Any, /) -> np.ndarray:
         """``shifts`` as (K + C,) int64 (:attr:`periods`), or a one-line ValueError."""
@@ -200,7 +244,8 @@ class WindowGroups:
     def _held_classes(self) -> np.ndarray:
         """(C',) int64: the lengths L of the length classes that hold a window."""
         k, c, n = self.groups, self.classes, self.positions
-        return np.flatnonzero(np.diff(self.matrix.indptr).reshape(k + 1 + c, n)[k + 1:].any(axis=1)) + 1
+        stored = np.diff(self.matrix.indptr[: self.counted_rows + 1]).reshape(k + 1 + c, n)
+        return np.flatnonzero(stored[k + 1:].any(axis=1)) + 1
 
     def _parts(self, shifts: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """((P,), (P,), (P,)) int64: the stored blocks of rows a rotation turns (the groups,
@@ -247,20 +292,23 @@ class WindowGroupCounter:
 
     def __init__(self, positions: int, vocab_size: int, /, *, groups: int = DEFAULT_WINDOW_GROUPS,
                  block: int = 1, buffer_keys: int = _BUFFER_KEYS, classes: bool = False,
-                 halves_only: bool = False) -> None:
+                 halves_only: bool = False, short_halves: bool = False) -> None:
         if groups < 1 or block < 1:
             msg = f"window groups and their block must be >= 1, got {groups} and {block}"
             raise ValueError(msg)
         self.positions, self.vocab_size, self.groups = int(positions), int(vocab_size), int(groups)
         self.halves_only = bool(halves_only)
         self.classes = self.positions - 1 if classes and not self.halves_only else 0
+        self.short_halves = bool(short_halves) and not self.halves_only
         self.block = int(block)
         self.windows = 0  # full windows committed
         self._seen = 0  # windows of any length given to add_complete_windows (halves_only: their order)
+        self._short = 0  # windows committed to the tail or a length class (short_halves: their order)
         width = block_positions(self.positions, self.vocab_size)
         self._blocks = -(-self.positions // width)  # position blocks of one group
         self._padded = self._blocks * width
-        self._sorted = SortedKeyCounter(positions=(self.groups + 1 + self.classes) * self._padded,
+        self._stored = self.groups + 1 + self.classes + int(self.short_halves)  # blocks of rows
+        self._sorted = SortedKeyCounter(positions=self._stored * self._padded,
                                         vocab_size=self.vocab_size, buffer_keys=buffer_keys, block=width)
         self._pad = int(np.iinfo(self._sorted.token_dtype).max)
         self._open = np.full(self._padded, self._pad, dtype=self._sorted.token_dtype)  # the window still open
@@ -323,6 +371,7 @@ class WindowGroupCounter:
         if not short.any():
             return
         short_starts, short_lengths = starts[short], lengths[short]
+        self._commit_odd_short(values, short_starts, short_lengths)
         if not self.classes:
             self._commit(self._short_rows(values, short_starts, short_lengths), self.groups)
             return
@@ -363,9 +412,21 @@ class WindowGroupCounter:
         rows[:, : j.size][inside] = values[(starts[:, None] + j)[inside]]
         return rows
 
+    def _commit_odd_short(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Count the next ``lengths.size`` windows bound for the tail or a length class (in
+        order) and, with ``short_halves``, the odd ones among them (by their order over the
+        count) again into the short halves' block."""
+        order = self._short + np.arange(lengths.size, dtype=np.int64)
+        self._short += lengths.size
+        odd = order % 2 == 1
+        if self.short_halves and odd.any():
+            reach = int(lengths[odd].max())
+            self._commit(self._short_rows(values, starts[odd], lengths[odd]), self._stored - 1, length=reach)
+
     def end_stream(self) -> None:
         """The stream ended: its open window (cut short) goes to the tail."""
         if self._open_len:
+            self._commit_odd_short(self._open, np.zeros(1, dtype=np.int64), np.array([self._open_len]))
             self._commit(self._open[None, :].copy(), self.groups)
         self._open[:] = self._pad
         self._open_len = 0
@@ -373,11 +434,11 @@ class WindowGroupCounter:
     def finish(self) -> tuple[CountBlocks, np.ndarray]:
         """``(blocks, rows)``: the counts as position blocks over the stacked, padded rows
         (:class:`~posstats.counting.blocks.CountBlocks`; the open window counted as the
-        tail's) and the ((K + 1 + C) n,) indices of the real rows among them, in order (the
+        tail's) and the ((K + 1 + C + S) n,) indices of the real rows among them, in order (the
         padding rows are empty). Ends the counter; no scipy (a count writes them straight
         to a file, :func:`posstats.counting.window_groups_io.save_window_group_blocks`)."""
         self.end_stream()
-        rows = (np.arange(self.groups + 1 + self.classes, dtype=np.int64)[:, None] * self._padded
+        rows = (np.arange(self._stored, dtype=np.int64)[:, None] * self._padded
                 + np.arange(self.positions, dtype=np.int64)).ravel()
         return self._sorted.finish(), rows
 
@@ -386,7 +447,8 @@ class WindowGroupCounter:
         blocks, rows = self.finish()
         stacked = blocks.to_csr()
         matrix = sp.csr_array(stacked[rows]) if rows.size != stacked.shape[0] else stacked
-        return WindowGroups(self.groups, self.positions, matrix, self.windows, self.classes, self.halves_only)
+        return WindowGroups(self.groups, self.positions, matrix, self.windows, self.classes, self.halves_only,
+                            self.short_halves)
 
     def _commit_full(self, values: np.ndarray, starts: np.ndarray, group: int) -> None:
         """Count full windows (window w holds ``values[starts[w] + j]`` at position j < n)

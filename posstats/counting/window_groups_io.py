@@ -1,16 +1,21 @@
 """Reading and writing the counts by window group (:mod:`posstats.counting.window_groups`)
 next to the counts they belong to: ``OUT/window-groups.safetensors`` of a counts folder.
 
-The file holds the ((K + 1 + C) n, V) CSR matrix (``indptr``, ``indices``, ``data``) and, as
+The file holds the ((K + 1 + C + S) n, V) CSR matrix (``indptr``, ``indices``, ``data``) and, as
 metadata, K, n, the length classes C (n - 1 or 0; a file without the entry has none), the full
-windows, the tokens, the counts' fingerprint and ``halves_only`` ("1": the two halves kept
-above 4,096 positions, never rotated; a file without the entry is not); :func:`load_window_groups`
+windows, the tokens, the counts' fingerprint, ``halves_only`` ("1": the two halves kept
+above 4,096 positions, never rotated; a file without the entry is not) and ``short_halves``
+("1": S = 1, the odd short windows' block follows; a file without the entry has none);
+:func:`load_window_groups`
 refuses a file that does not add up to the counts beside it (one line naming the file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import operator
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -44,7 +49,7 @@ def save_window_groups(groups: WindowGroups, counts: PositionalCounts, directory
                "indices": m.indices.astype(index_dtype(groups.vocab_size), copy=False),
                "data": m.data.astype(narrow_count_dtype(int(m.data.max()) if m.nnz else 0), copy=False)}
     return _write(directory, tensors, groups.groups, groups.positions, groups.vocab_size, groups.windows, counts,
-                  classes=groups.classes, halves_only=groups.halves_only)
+                  classes=groups.classes, halves_only=groups.halves_only, short_halves=groups.short_halves)
 
 
 def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCounts,
@@ -62,16 +67,17 @@ def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCoun
                "indices": TensorStream(index, (nnz,), lambda: blocks.indices(index)),
                "data": TensorStream(count, (nnz,), lambda: blocks.data(count))}
     path = _write(directory, tensors, counter.groups, counter.positions, counter.vocab_size, counter.windows, counts,
-                  classes=counter.classes, halves_only=counter.halves_only)
+                  classes=counter.classes, halves_only=counter.halves_only, short_halves=counter.short_halves)
     return path, {"groups": counter.groups, "windows": counter.windows}
 
 
 def _write(directory: str | os.PathLike, tensors: dict, groups: int, positions: int, vocab: int, windows: int,
-           counts: PositionalCounts, *, classes: int, halves_only: bool = False) -> Path:
+           counts: PositionalCounts, *, classes: int, halves_only: bool = False, short_halves: bool = False) -> Path:
     target = Path(directory) / WINDOW_GROUPS_FILE
     meta = {"schema": _SCHEMA, "groups": str(groups), "positions": str(positions), "vocab_size": str(vocab),
             "classes": str(classes), "windows": str(windows), "tokens": str(counts.tokens),
-            "fingerprint": counts.fingerprint, **({"halves_only": "1"} if halves_only else {})}
+            "fingerprint": counts.fingerprint, **({"halves_only": "1"} if halves_only else {}),
+            **({"short_halves": "1"} if short_halves else {})}
     with atomic_path(target) as tmp:
         write_safetensors(tmp, tensors, meta)
     return target
@@ -98,11 +104,22 @@ class _Header:
     tokens: int
     fingerprint: str
     halves_only: bool = False
+    short_halves: bool = False
+
+    @property
+    def counted_rows(self) -> int:
+        """(K + 1 + C) n: the rows that add up to the counts."""
+        return (self.groups + 1 + self.classes) * self.positions
 
     @property
     def rows(self) -> int:
-        """(K + 1 + C) n: the stored rows."""
-        return (self.groups + 1 + self.classes) * self.positions
+        """(K + 1 + C + S) n: the stored rows (the short halves' block last)."""
+        return self.counted_rows + (self.positions if self.short_halves else 0)
+
+    @property
+    def layout(self) -> tuple[int, int, int, int, bool, bool]:
+        """(K, n, V, C, halves_only, short_halves): what files summed together must share."""
+        return (self.groups, self.positions, self.vocab_size, self.classes, self.halves_only, self.short_halves)
 
 
 def _header(target: Path, f: Any) -> _Header:
@@ -117,15 +134,19 @@ def _header(target: Path, f: Any) -> _Header:
         h = _Header(int(meta["groups"]), int(meta["positions"]), int(meta["vocab_size"]),
                     int(meta.get("classes", "0")),  # written before length classes: none
                     int(meta["windows"]), int(meta["tokens"]), meta.get("fingerprint", ""),
-                    meta.get("halves_only", "0") == "1")
+                    meta.get("halves_only", "0") == "1", meta.get("short_halves", "0") == "1")
     except (KeyError, ValueError) as exc:
         msg = f"{target}: metadata entry {exc} missing or not an integer; count again"
         raise InputError(msg) from exc
     if h.groups < 1:
         msg = f"{target}: groups = {h.groups}, must be >= 1; count again"
         raise InputError(msg)
-    if meta.get("halves_only", "0") not in ("0", "1"):
-        msg = f"{target}: halves_only = {meta['halves_only']!r}, must be 0 or 1; count again"
+    for flag in ("halves_only", "short_halves"):
+        if meta.get(flag, "0") not in ("0", "1"):
+            msg = f"{target}: {flag} = {meta[flag]!r}, must be 0 or 1; count again"
+            raise InputError(msg)
+    if h.halves_only and h.short_halves:
+        msg = f"{target}: halves_only and short_halves are both set (the halves hold every window already); count again"
         raise InputError(msg)
     if h.classes not in (0, h.positions - 1):
         msg = f"{target}: classes = {h.classes}, must be 0 or {h.positions - 1} (positions - 1); count again"
@@ -133,7 +154,8 @@ def _header(target: Path, f: Any) -> _Header:
     stored = f.get_slice("indptr").get_shape()
     if list(stored) != [h.rows + 1]:
         msg = (f"{target}: {stored[0] - 1 if stored else 0:,} rows stored, the header's {h.groups} groups of "
-               f"{h.positions} positions, their tail and {h.classes} length classes need {h.rows:,}; count again")
+               f"{h.positions} positions, their tail, {h.classes} length classes"
+               f"{' and the short halves' if h.short_halves else ''} need {h.rows:,}; count again")
         raise InputError(msg)
     return h
 
@@ -155,13 +177,17 @@ def load_window_groups(path: str | os.PathLike, counts: PositionalCounts, /) -> 
             raise InputError(msg)
         k, n, vocab, windows, tokens, classes, rows = (h.groups, h.positions, h.vocab_size, h.windows, h.tokens,
                                                        h.classes, h.rows)
-        halves_only = h.halves_only
+        halves_only, short_halves = h.halves_only, h.short_halves
         indptr = f.get_tensor("indptr")
         matrix = _csr_from(target, indptr, f.get_tensor("indices"), f.get_tensor("data"), (rows, vocab))
-    if int(matrix.sum()) != tokens:
-        msg = f"{target}: holds {int(matrix.sum()):,} tokens, the counts {tokens:,}; count again"
+    held = int(matrix.data[: matrix.indptr[h.counted_rows]].sum())
+    if held != tokens:
+        msg = f"{target}: holds {held:,} tokens, the counts {tokens:,}; count again"
         raise InputError(msg)
-    return WindowGroups(k, n, matrix, windows, classes, halves_only)
+    if short_halves and int(matrix.data[matrix.indptr[h.counted_rows]:].sum()) > held:
+        msg = f"{target}: its short halves hold more tokens than the counts ({held:,}); count again"
+        raise InputError(msg)
+    return WindowGroups(k, n, matrix, windows, classes, halves_only, short_halves)
 
 
 def load_halves_rows(path: str | os.PathLike, positions: Any, expected: tuple[int, int, int, str], /
@@ -197,16 +223,29 @@ def load_halves_rows(path: str | os.PathLike, positions: Any, expected: tuple[in
         lo, hi = int(pos[0]), int(pos[-1]) + 1
         every = pos.size == hi - lo  # sorted and distinct: every row from lo to hi, no selection needed
         for g in range(h.groups):
-            first = g * h.positions + lo
-            bounds = f.get_slice("indptr")[first : first + (hi - lo) + 1].astype(np.int64)
-            e0, e1 = int(bounds[0]), int(bounds[-1])
-            indices = f.get_slice("indices")[e0:e1] if e1 > e0 else np.zeros(0, np.int32)
-            data = f.get_slice("data")[e0:e1] if e1 > e0 else np.zeros(0, np.int64)
-            block = _csr_from(target, bounds - e0, indices, data, (hi - lo, h.vocab_size))
-            block = block if every else sp.csr_array(block[pos - lo])
+            block = _file_rows(target, f, h, g * h.positions + lo, hi - lo, pos - lo, every)
             # a half's first group is taken as read (adding it to the empty half would copy it)
             halves[g % 2] = block if g < 2 else halves[g % 2] + block
+        if h.short_halves:  # the tail and the length classes: their even windows to the even half
+            rest = [_file_rows(target, f, h, b * h.positions + lo, hi - lo, pos - lo, every)
+                    for b in range(h.groups, h.groups + 2 + h.classes)]
+            odd = rest.pop()
+            even = functools.reduce(operator.add, rest) - odd
+            even.eliminate_zeros()
+            halves = [halves[0] + even, halves[1] + odd]
     return sp.csr_array(halves[0]), sp.csr_array(halves[1])
+
+
+def _file_rows(target: Path, f: Any, h: _Header, first: int, rows: int, pick: np.ndarray, every: bool,
+               ) -> sp.csr_array:
+    """((m, V)) CSR: the stored rows ``first .. first + rows - 1`` of the open file ``f``,
+    those at ``pick`` (offsets into them) unless ``every``."""
+    bounds = f.get_slice("indptr")[first : first + rows + 1].astype(np.int64)
+    e0, e1 = int(bounds[0]), int(bounds[-1])
+    indices = f.get_slice("indices")[e0:e1] if e1 > e0 else np.zeros(0, np.int32)
+    data = f.get_slice("data")[e0:e1] if e1 > e0 else np.zeros(0, np.int64)
+    block = _csr_from(target, bounds - e0, indices, data, (rows, h.vocab_size))
+    return block if every else sp.csr_array(block[pick])
 
 
 _RANGE_ENTRIES = 1 << 24  # stored entries of all items summed at a time (about 400 MiB of temporaries)
@@ -227,7 +266,8 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
 
     Returns the file and ``{"groups": K, "windows": full windows}``. Raises InputError
     (naming the file) for an item without window groups, with another K, n, V or number of
-    length classes or another ``halves_only`` than the rest, a sum with a negative count (a refresh subtracting what is
+    length classes or another ``halves_only`` than the rest (the short halves are kept where every item has them,
+    else dropped), a sum with a negative count (a refresh subtracting what is
     not there), or one that does not add up to ``counts``' tokens.
     """
     if not items:
@@ -245,13 +285,15 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
         opened = [stack.enter_context(_opened(target)) for target in files]
         headers = [_header(target, f) for target, f in zip(files, opened, strict=True)]
         first = headers[0]
-        shape = (first.groups, first.positions, first.vocab_size, first.classes, first.halves_only)
+        # the short halves are summed only when every item has them (else they are dropped:
+        # items counted before them sum with new ones)
+        first = dataclasses.replace(first, short_halves=all(h.short_halves for h in headers))
+        shape = first.layout[:5]
         for target, h in zip(files, headers, strict=True):
-            if (h.groups, h.positions, h.vocab_size, h.classes, h.halves_only) != shape or shape[1:3] != (
-                    counts.positions, counts.vocab_size):
+            if h.layout[:5] != shape or shape[1:3] != (counts.positions, counts.vocab_size):
                 msg = (f"{target}: groups, positions, vocabulary, length classes and halves_only "
-                       f"{(h.groups, h.positions, h.vocab_size, h.classes, h.halves_only)} differ from the other "
-                       f"items' {shape} or the counts' ({counts.positions}, {counts.vocab_size}); count again")
+                       f"{h.layout[:5]} differ from the other items' {shape} or the counts' ({counts.positions}, "
+                       f"{counts.vocab_size}); count again")
                 raise InputError(msg)
         scratch = Path(directory) / ".window-groups-ranges"
         shutil.rmtree(scratch, ignore_errors=True)
@@ -271,7 +313,7 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
                        "data": TensorStream(count, (nnz,), lambda: _range_tensor(parts, "data", count))}
             windows = sum(sign * h.windows for sign, h in zip(signs, headers, strict=True))
             path = _write(directory, tensors, first.groups, first.positions, first.vocab_size, windows, counts,
-                          classes=first.classes, halves_only=first.halves_only)
+                          classes=first.classes, halves_only=first.halves_only, short_halves=first.short_halves)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return path, {"groups": first.groups, "windows": windows}
@@ -304,8 +346,9 @@ def _summed_ranges(opened: list[Any], files: list[Path], signs: list[int], h: _H
         path = scratch / f"range-{j:05d}.safetensors"
         write_safetensors(path, {"indptr": total.indptr.astype(np.int64), "indices": total.indices.astype(np.int32),
                                  "data": total.data.astype(np.int64)}, {})
+        counted = total.indptr[min(b, h.counted_rows) - a] if a < h.counted_rows else 0  # not the short halves
         parts.append({"path": path, "nnz": int(total.nnz), "largest": int(total.data.max()) if total.nnz else 0,
-                      "total": int(total.data.sum())})
+                      "total": int(total.data[:counted].sum())})
     return parts
 
 
