@@ -450,7 +450,7 @@ def _up_to_date(run: _Run) -> dict[str, Any]:
 
 
 def _window_groups_summary(store: RunStore, manifest: dict[str, Any], *, note: str | None = None) -> dict[str, Any]:
-    """The summary's ``window_groups`` (``{"file", "groups", "windows"}`` as a count in one
+    """The summary's ``window_groups`` (``{"file", "groups", "windows"}`` and ``short_halves`` as a count in one
     process writes it, with ``kept``: ``note`` where given, or ``{"skipped": why}``) and ``window_groups_path`` (the file in the
     store's result, to link beside the counts), from the manifest; {} when none were asked for."""
     entry = manifest.get("window_groups")
@@ -462,7 +462,7 @@ def _window_groups_summary(store: RunStore, manifest: dict[str, Any], *, note: s
     if counts is None:
         return {"window_groups": {"skipped": "the store's result has no counts file"}}
     path = counts.parent / WINDOW_GROUPS_FILE
-    kept = {k: entry[k] for k in ("file", "groups", "windows")}
+    kept = {k: entry[k] for k in ("file", "groups", "windows", "short_halves") if k in entry}
     return {"window_groups": {**kept, **({"kept": note} if note else {})}, "window_groups_path": str(path)}
 
 

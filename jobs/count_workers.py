@@ -215,7 +215,8 @@ class CountWorker:
     def sum_window_groups(self, items: list[tuple[str, int]], out: str) -> dict[str, Any]:
         """The signed sum of the items' window groups beside the assembled counts in ``out``
         (:func:`posstats.counting.window_groups_io.sum_window_group_files`), each partial's
-        file checked against its marker's SHA-256 first: ``{"file", "groups", "windows"}``,
+        file checked against its marker's SHA-256 first: ``{"file", "groups", "windows"}`` (and
+        ``short_halves`` where every item kept them),
         or ``{"skipped": why}`` when a file is missing, damaged or does not add up (the
         counts stand; analyze then uses the permutation null and says why)."""
         try:

@@ -269,8 +269,10 @@ def test_counts_in_steps_keep_window_groups_that_refresh_and_analyse(tmp_path, f
     counts = load_counts(out)
     groups = load_window_groups(out, counts)
     assert json.loads((out / "count.json").read_text())["window_groups"] == {
-        "file": WINDOW_GROUPS_FILE, "groups": 64, "windows": groups.windows}
+        "file": WINDOW_GROUPS_FILE, "groups": 64, "windows": groups.windows, "short_halves": True}
     assert groups.classes == 47 and (groups.total() != sp.csr_array(counts.matrix)).nnz == 0
+    even, odd = groups.halves()  # the shards' short halves summed: every document whole in one half
+    assert ((even + odd) != sp.csr_array(counts.matrix)).nnz == 0 and 0.3 < even.sum() / odd.sum() < 3
     assert groups.windows == sum(len(ids) >= 48 for ids in fortune_ids[:1800] if ids)  # documents of 48 tokens or more
     for sid in RunStore(store).done_ids():
         entry = RunStore(store).marker(sid)["window_groups"]

@@ -15,7 +15,7 @@ from scipy import stats
 
 from posstats.counting.counts import CountAccumulator, CountSpec
 from posstats.counting.tokens import TokenBatch
-from posstats.counting.window_groups import WindowGroupCounter
+from posstats.counting.window_groups import WindowGroupCounter, WindowGroups
 from posstats.counting.window_groups_io import WINDOW_GROUPS_FILE, load_window_groups, save_window_groups
 from posstats.errors import InputError
 from posstats.estimates.permutation import homogeneity_statistic, monte_carlo_p_value, shuffled_rows
@@ -177,7 +177,6 @@ def test_window_groups_file_round_trip_and_refusal(tmp_path):
     with pytest.raises(InputError, match=WINDOW_GROUPS_FILE.replace(".", r"\.") + ".*belongs to other counts"):
         load_window_groups(tmp_path, other.__class__(**{**other.__dict__, "fingerprint": "x"}))
     # a header whose group count disagrees with the rows stored is refused before any use
-    from posstats.counting.window_groups import WindowGroups
 
     (tmp_path / "lying").mkdir()
     save_window_groups(WindowGroups(10**6, 6, wg.matrix, wg.windows), counts, tmp_path / "lying")
@@ -604,9 +603,9 @@ def test_window_group_files_sum_with_signs_a_range_at_a_time(tmp_path, monkeypat
         monkeypatch.setattr(io, "_RANGE_ENTRIES", entries)
         out = tmp_path / f"sum-{entries}"
         path, info = sum_window_group_files(items, header, out)
-        assert info == {"groups": 4, "windows": sum(wg.windows for _, wg in parts)}
+        assert info == {"groups": 4, "windows": sum(wg.windows for _, wg in parts), "short_halves": True}
         back = load_window_groups(path, header)
-        assert (back.matrix != matrix).nnz == 0 and back.classes == n - 1
+        assert (back.matrix != matrix).nnz == 0 and back.classes == n - 1 and back.short_halves
         assert (back.total() != rows).nnz == 0
         assert not (out / ".window-groups-ranges").exists()
     # a refresh: the total minus what left
@@ -617,6 +616,14 @@ def test_window_group_files_sum_with_signs_a_range_at_a_time(tmp_path, monkeypat
                                  fingerprint=combine_fingerprints(parts[0][0].fingerprint, parts[1][0].fingerprint))
     path, _ = sum_window_group_files([(tmp_path / "total", 1), (tmp_path / "p2", -1)], rest, tmp_path / "rest")
     assert (load_window_groups(path, rest).matrix != parts[0][1].matrix + parts[1][1].matrix).nnz == 0
+    # an item counted before the short halves sums with new ones; the sum keeps none
+    old = parts[2][1]
+    save_window_groups(WindowGroups(old.groups, n, sp.csr_array(old.matrix[: old.counted_rows]), old.windows,
+                                    old.classes), parts[2][0], tmp_path / "p2")
+    path, info = sum_window_group_files(items, header, tmp_path / "mixed")
+    mixed = load_window_groups(path, header)
+    assert "short_halves" not in info and not mixed.short_halves and (mixed.total() != rows).nnz == 0
+    assert (mixed.matrix != matrix[: mixed.counted_rows]).nnz == 0
     with pytest.raises(InputError, match="negative count"):
         sum_window_group_files([(tmp_path / "p0", 1), (tmp_path / "p2", -1)], rest, tmp_path / "neg")
     with pytest.raises(InputError, match="add up to .* tokens, the counts to"):

@@ -57,7 +57,7 @@ def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCoun
     """:func:`save_window_groups` of what ``counter`` counted, streamed from its position
     blocks (:meth:`~posstats.counting.window_groups.WindowGroupCounter.finish`): no CSR
     matrix and no scipy, as ``posstats count`` writes its counts. Returns the file and
-    ``{"groups": K, "windows": full windows}``."""
+    ``{"groups": K, "windows": full windows}`` (and ``"short_halves": True`` where kept)."""
     blocks, rows = counter.finish()
     indptr = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(blocks.row_nnz()[rows], out=indptr[1:])  # the padding rows hold no entry
@@ -68,7 +68,8 @@ def save_window_group_blocks(counter: WindowGroupCounter, counts: PositionalCoun
                "data": TensorStream(count, (nnz,), lambda: blocks.data(count))}
     path = _write(directory, tensors, counter.groups, counter.positions, counter.vocab_size, counter.windows, counts,
                   classes=counter.classes, halves_only=counter.halves_only, short_halves=counter.short_halves)
-    return path, {"groups": counter.groups, "windows": counter.windows}
+    return path, {"groups": counter.groups, "windows": counter.windows,
+                  **({"short_halves": True} if counter.short_halves else {})}
 
 
 def _write(directory: str | os.PathLike, tensors: dict, groups: int, positions: int, vocab: int, windows: int,
@@ -264,7 +265,8 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
     Rows are summed a range at a time (about ``2**24`` stored entries of all items), each
     range into a scratch file that the result then streams in order: memory one range.
 
-    Returns the file and ``{"groups": K, "windows": full windows}``. Raises InputError
+    Returns the file and ``{"groups": K, "windows": full windows}`` (and ``"short_halves": True``
+    where every item kept them). Raises InputError
     (naming the file) for an item without window groups, with another K, n, V or number of
     length classes or another ``halves_only`` than the rest (the short halves are kept where every item has them,
     else dropped), a sum with a negative count (a refresh subtracting what is
@@ -316,7 +318,7 @@ def sum_window_group_files(items: Sequence[tuple[str | os.PathLike, int]], count
                           classes=first.classes, halves_only=first.halves_only, short_halves=first.short_halves)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    return path, {"groups": first.groups, "windows": windows}
+    return path, {"groups": first.groups, "windows": windows, **({"short_halves": True} if first.short_halves else {})}
 
 
 def _summed_ranges(opened: list[Any], files: list[Path], signs: list[int], h: _Header,
