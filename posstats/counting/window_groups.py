@@ -419,9 +419,14 @@ class WindowGroupCounter:
         order = self._short + np.arange(lengths.size, dtype=np.int64)
         self._short += lengths.size
         odd = order % 2 == 1
-        if self.short_halves and odd.any():
-            reach = int(lengths[odd].max())
-            self._commit(self._short_rows(values, starts[odd], lengths[odd]), self._stored - 1, length=reach)
+        if not (self.short_halves and odd.any()):
+            return
+        width = self._sorted.block
+        reach = -(-lengths // width)  # position blocks each window reaches: a window costs its own length
+        for b in np.unique(reach[odd]):
+            pick = odd & (reach == b)
+            self._commit(self._short_rows(values, starts[pick], lengths[pick], columns=int(b) * width),
+                         self._stored - 1, length=min(int(b) * width, self.positions))
 
     def end_stream(self) -> None:
         """The stream ended: its open window (cut short) goes to the tail."""
