@@ -16,6 +16,7 @@ import scipy.sparse as sp
 from posstats.analysis import AnalysisConfig, analyze, analyze_in_ranges
 from posstats.cli import main as cli
 from posstats.counting.io import load_counts, save_counts
+from posstats.counting.window_groups_io import load_window_groups
 from posstats.errors import InputError, OptionError
 from posstats.reports.analysis_folder import write_analysis
 from posstats.runs import run_folder
@@ -181,8 +182,12 @@ def test_the_bundled_real_corpus_over_ranges_is_analysed_as_in_one_process(tmp_p
                 str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
                 "--out", str(counts), "-q"]) == 0
     config = dataclasses.replace(CONFIG, exact_limit=16, dims=(2, 8))
-    one = analyze(load_counts(counts), config).report().to_dict()
+    whole = load_counts(counts)
+    one = analyze(whole, config, window_groups=load_window_groups(counts, whole)).report().to_dict()
     ranged = analyze_in_ranges(counts, 3, config).report().to_dict()
+    # both measure the edge on the window groups' halves (the short halves hold every document)
+    assert one["null"]["edge"]["method"] == ranged["null"]["edge"]["method"] == "halves"
+    assert ranged["null"]["edge"]["noise_top"] == pytest.approx(one["null"]["edge"]["noise_top"], rel=1e-6)
     assert ranged["verdict"]["standout_positions"] == one["verdict"]["standout_positions"]
     assert one["verdict"]["standout_positions"]["count"] >= 1  # the opening positions of real text
     k = one["verdict"]["components_above_noise"]

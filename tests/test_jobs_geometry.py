@@ -279,10 +279,11 @@ def test_ranged_eigensolve_of_the_bundled_real_corpus_equals_dense_eigh(ray_sess
                  "--lanczos-noise-share", "0", "--stress-dims", "2,8"]) == 0
     summary = json.loads((corrected / "eigensolve.json").read_text())
     assert summary["distances"] == "bias_corrected"
-    # most fortunes are shorter than 64 tokens: their windows are in no group, so the halves
-    # hold too little of the late positions' tokens and the analytic edge is used, saying why
+    # most fortunes are shorter than 64 tokens: the count keeps their halves (the short
+    # halves), so the edge is measured on the window groups' halves, which hold every token
     edge = summary["noise"]["edge_method"]
-    assert edge["method"] == "analytic" and "of some position's tokens (below 90%" in edge["halves_not_used"]
+    assert edge["method"] == "halves" and edge["source"] == "window groups" and edge["coverage"] == 1.0
+    assert summary["noise"]["edge"] == pytest.approx(edge["edge"], rel=1e-12)
     rows = c.rows(used)
     bias = position_sampling_variance(rows)
     # the fortunes' occupancy falls along the context: the square roots' shrinkage is removed

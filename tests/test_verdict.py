@@ -674,6 +674,18 @@ def test_a_conservative_rank_count_names_the_document_halves_end_to_end(tmp_path
                  "--null", "mp", "--reread", "--tokenizer", tokenizer, "--out", str(tmp_path / "m"), "-q"]) == 0
     halves = json.loads((tmp_path / "m" / "report.json").read_text())
     assert halves["null"]["edge"]["method"] == "halves" and halves["verdict"]["components_above_noise"] >= 1
+    # the window groups' halves (a plain count keeps the short ones) split the documents
+    # otherwise: their whole noise' top differs by a third, the noise off the counted
+    # components does not, and the sequential count is the same (docs/calibration.md,
+    # "One split is one draw")
+    assert main(["analyze", "--counts", str(tmp_path / "c"), "--dims", "2", "--encodings", "mds", "--held-out", "off",
+                 "--null", "mp", "--out", str(tmp_path / "g"), "-q"]) == 0
+    groups = json.loads((tmp_path / "g" / "report.json").read_text())
+    a, b = halves["null"]["edge"], groups["null"]["edge"]
+    assert b["source"] == "window groups" and a["source"] == "parts" and b["coverage"] == 1.0
+    assert a["deflated"] and b["deflated"] and a["deflated"][0]["noise_top"] < 0.5 * a["noise_top"]
+    assert groups["null"]["components_above_null"] == halves["null"]["components_above_null"] > 1
+    assert abs(a["deflated"][-1]["edge"] / b["deflated"][-1]["edge"] - 1) < 0.15
 
 
 def test_the_answer_sentences_word_decisions_the_verdict_took():

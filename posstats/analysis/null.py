@@ -87,6 +87,7 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
 
 
 HALVES_MIN_COVERAGE = 0.9  # the halves' least share of a row's tokens for their edge to be used
+DEFLATION_STEPS = 16  # components projected off the halves' noise at most; later ones meet the last edge
 
 
 def halves_unusable(found: HalvesEdge, /) -> str | None:
@@ -186,6 +187,20 @@ class _HalvesEdges:
         """The edge for the ``weights``, or None (use the analytic one)."""
         found = self.measured(weights)
         return None if found is None else found.edge
+
+    def deflated(self, first: HalvesEdge, tested: np.ndarray, vectors: np.ndarray | None,
+                 weights: np.ndarray | None) -> list[HalvesEdge]:
+        """The sequential test's edges (:meth:`HalvesNoise.deflated_edges
+        <posstats.estimates.halves_edge.HalvesNoise.deflated_edges>`, at most
+        :data:`DEFLATION_STEPS`) where the halves' noise is still held and the data's
+        eigenvectors are known; else ``[first]`` (the whole noise' top bounds every
+        component: conservative)."""
+        if self.released or vectors is None or self._g.ranged:
+            return [first]
+        t = time.perf_counter()
+        edges = self._noise.deflated_edges(tested, vectors, weights, self._bias, first=first, steps=DEFLATION_STEPS)
+        self.seconds += time.perf_counter() - t
+        return edges
 
 
 def _edge_weights(config: AnalysisConfig, g: _Rows, noise: Any) -> np.ndarray | None:
@@ -352,16 +367,40 @@ def _edge_test(
         shift = bias_shift(bias, weights)
         scale = "corrected + mean bias"
     measured = None if halves is None else halves.measured(weights)
+    edges = [] if measured is None else halves.deflated(measured, tested, _unit_vectors(mds, vectors), weights)
+    threshold = None
+    if edges:  # sequential: the j-th component against the noise off the j - 1 before it
+        j = 0
+        while j < tested.size and tested[j] + shift > edges[min(j, len(edges) - 1)].edge:
+            j += 1
+        threshold = edges[min(j, len(edges) - 1)].edge
     nr = null_rank(tested + shift, method="mp", parts=geo_parts, floor=noise, weighted=weights is not None,
-                   threshold=None if measured is None else measured.edge)
+                   threshold=threshold)
     entry: dict[str, Any] = {"eigenvalue_shift": shift} if bias is not None else {}  # threshold - shift: the
     # level on the corrected eigenvalues' scale (the report keeps them on their own scale)
     entry["edge"] = measured.to_dict() if measured is not None else {"method": "analytic"}
+    if len(edges) > 1:
+        entry["edge"]["deflated"] = [{"components_off": e.deflated, "noise_top": e.noise_top, "edge": e.edge}
+                                     for e in edges[1:]]
     why = None if halves is None else halves.not_used(weights)
     if why:
         entry["edge"]["halves_not_used"] = why
     return _RankTest(rank=nr, tested=tested, vectors=vectors, top_vector=None if vectors is None else vectors[:, 0],
                      weights=weights, scale=scale, entry=entry)
+
+
+def _unit_vectors(mds: MDSResult, vectors: np.ndarray | None) -> np.ndarray | None:
+    """(m, k) orthonormal eigenvectors of the tested eigenvalues: the weighted test's
+    ``vectors``, else the MDS's (its encoding's columns of positive eigenvalues, normed:
+    ``P = U diag(sqrt(lambda))``); None when there are none."""
+    if vectors is not None:
+        return vectors
+    lam = np.asarray(mds.eigenvalues, dtype=np.float64)
+    k = int(np.count_nonzero(lam > 0))
+    if not k:
+        return None
+    p = np.asarray(mds.encoding[:, :k], dtype=np.float64)
+    return p / np.linalg.norm(p, axis=0)
 
 
 def _weighting_entries(test: _RankTest, mds: MDSResult, occupancy: np.ndarray,

@@ -116,7 +116,8 @@ def _structure_sentence(report: dict[str, Any], v: dict[str, Any]) -> str:
 def _null_name(null: dict[str, Any], /) -> str:
     """How the rank test's null is named in the verdict: ``rotated corpora`` or ``shuffled
     corpora`` (``null.null_corpora``), the noise bulk measured on independent halves
-    (``null.edge.method`` ``halves``), else its method (``mp``: the analytic edge)."""
+    (``null.edge.method`` ``halves``; sequential where ``null.edge.deflated`` is given),
+    else its method (``mp``: the analytic edge)."""
     corpora = null.get("null_corpora")
     if corpora:
         return f"{corpora} corpora"
@@ -124,7 +125,8 @@ def _null_name(null: dict[str, Any], /) -> str:
     if edge.get("method") == "halves":
         margin = edge.get("margin")
         above = f", {margin:.0%} above its top" if isinstance(margin, (int, float)) else ""
-        return f"the noise bulk measured on independent halves ({edge.get('source')}){above}"
+        off = (", each later component against the noise off the ones before it" if edge.get("deflated") else "")
+        return f"the noise bulk measured on independent halves ({edge.get('source')}){above}{off}"
     return str(null.get("method"))
 
 
