@@ -35,8 +35,6 @@ import json
 import sys
 import time
 
-import numpy as np
-
 NULLS = {"halves": "mp", "rotation": "auto"}
 
 

@@ -233,30 +233,34 @@ def test_falling_occupancy_halves_from_parts_follow_the_tested_bulk(tokens, rati
     assert 0.95 <= np.mean(ratios) <= 1.05
 
 
-def test_noise_top_is_the_top_of_the_weighted_corrected_gram():
-    rng = np.random.default_rng(3)
+def _random_noise(seed: int):
+    """A (40, 70) CSR noise matrix ``d``, weights ``w``, diagonal ``b`` and the dense
+    ``W^1/2 J (D D^T - diag(b)) J W^1/2`` that :func:`noise_top` takes the top of."""
+    rng = np.random.default_rng(seed)
     d = sp.random_array((40, 70), density=0.2, random_state=rng, format="csr")
     w, b = rng.uniform(0.2, 2.0, 40), rng.uniform(0.0, 0.1, 40)
     j = np.eye(40) - 1 / 40
     dense = d.toarray()
     gram = np.sqrt(w)[:, None] * (j @ (dense @ dense.T - np.diag(b)) @ j) * np.sqrt(w)[None, :]
+    return rng, d, w, b, gram
+
+
+def test_noise_top_is_the_top_of_the_weighted_corrected_gram():
+    _, d, w, b, gram = _random_noise(3)
     assert noise_top(d, w, b) == pytest.approx(np.linalg.eigvalsh(gram)[-1], rel=1e-6)
+    j, dense = np.eye(40) - 1 / 40, d.toarray()
     plain = j @ dense @ dense.T @ j
     assert noise_top(d) == pytest.approx(np.linalg.eigvalsh(plain)[-1], rel=1e-6)
 
 
 def test_deflated_noise_top_is_the_top_of_the_noise_off_the_given_components():
     """``deflate=U``: the top of ``P N P`` (``P = I - U U^T``), never above the whole top."""
-    rng = np.random.default_rng(4)
-    d = sp.random_array((40, 70), density=0.2, random_state=rng, format="csr")
-    w, b = rng.uniform(0.2, 2.0, 40), rng.uniform(0.0, 0.1, 40)
-    j = np.eye(40) - 1 / 40
-    dense = d.toarray()
-    gram = np.sqrt(w)[:, None] * (j @ (dense @ dense.T - np.diag(b)) @ j) * np.sqrt(w)[None, :]
+    rng, d, w, b, gram = _random_noise(4)
     u = np.linalg.qr(rng.standard_normal((40, 2)))[0]
     p = np.eye(40) - u @ u.T
     assert noise_top(d, w, b, deflate=u) == pytest.approx(np.linalg.eigvalsh(p @ gram @ p)[-1], rel=1e-6)
     assert noise_top(d, w, b, deflate=u[:, :1]) <= noise_top(d, w, b) * (1 + 1e-9)
+    dense = d.toarray()
     tiny = dense[:2]  # the dense path below 3 rows deflates too: P N P keeps N's entry (1, 1)
     centred = (np.eye(2) - 0.5) @ tiny @ tiny.T @ (np.eye(2) - 0.5)
     assert noise_top(sp.csr_array(tiny), deflate=np.array([[1.0], [0.0]])) == pytest.approx(centred[1, 1], rel=1e-9)
