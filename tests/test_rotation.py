@@ -196,6 +196,21 @@ def test_window_groups_file_round_trip_and_refusal(tmp_path):
     save_window_groups(WindowGroups(4, 6, short.matrix, short.windows, 3), short_counts, tmp_path / "bad-classes")
     with pytest.raises(InputError, match=r"classes = 3, must be 0 or 5"):
         load_window_groups(tmp_path / "bad-classes", short_counts)
+    # the short halves round-trip; a header that claims them without their rows, a block
+    # holding more tokens than the counts, or both halves flags are refused in one line
+    assert back.short_halves and short.short_halves
+    counted = sp.csr_array(short.matrix[: short.counted_rows])
+    for name, groups, match in (
+            ("no-block", WindowGroups(4, 6, counted, short.windows, 5, short_halves=True), "and the short halves need"),
+            ("too-many", WindowGroups(4, 6, sp.csr_array(sp.vstack([counted, 2 * short_counts.matrix])), short.windows,
+                                      5, short_halves=True), "short halves hold more tokens than the counts"),
+            ("both", WindowGroups(4, 6, short.matrix, short.windows, 5, halves_only=True, short_halves=True),
+             "halves_only and short_halves are both set")):
+        (tmp_path / name).mkdir()
+        save_window_groups(groups, short_counts, tmp_path / name)
+        with pytest.raises(InputError, match=match) as err:
+            load_window_groups(tmp_path / name, short_counts)
+        assert str(tmp_path / name) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_counter_refuses_a_window_that_continues_elsewhere():
