@@ -15,6 +15,8 @@ against it:
 - :func:`successor_stream`: a stationary stream whose nearby tokens are strongly dependent
   without repeating (the hard case of a homogeneity null that ignores windows);
   :func:`successor_documents` a truncate-mode corpus of such documents, mostly shorter than n.
+- :func:`resampled_documents`: a truncate-mode corpus with no positional structure whose
+  documents differ as real ones do (real documents' laws, lengths drawn independently).
 - :func:`proportion`: a tally of ``k`` events in ``n`` runs with its exact 95 % interval,
   the form in which the calibration benchmarks report every rate.
 - :func:`split_counts`: every counted token split independently into parts, i.e.
@@ -43,7 +45,7 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.counting.window_groups import WindowGroups
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "proportion",
-           "split_counts", "successor_documents", "successor_stream", "synthetic_counts"]
+           "resampled_documents", "split_counts", "successor_documents", "successor_stream", "synthetic_counts"]
 
 
 def proportion(k: int, n: int, /) -> dict[str, Any]:
@@ -637,6 +639,61 @@ def successor_documents(
             head = d[: min(4, d.size)]
             hit = rng.random(head.size) < planted
             head[hit] = rng.integers(0, 10, int(hit.sum()))
+    spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
+    parts = []
+    for parity in (0, 1):
+        acc = CountAccumulator(spec, dense=False)
+        acc.add_sequences(docs[parity::2])
+        parts.append(acc.result())
+    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
+    total.add_sequences(docs)
+    return total.result(), parts, total.window_groups()
+
+
+def resampled_documents(
+    sources: list[np.ndarray], n: int, /, *, vocab: int, documents: int | None = None, seed: int = 0,
+) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
+    """A truncate-mode corpus with **no positional structure** whose documents differ from
+    each other as real ones do: the null of real text's document heterogeneity.
+
+    Each of ``documents`` (None: as many as ``sources``) documents takes the law of one
+    source document drawn at random (its tokens are drawn from that source's tokens with
+    replacement: its unigram law ``u_d``) and the length of *another*, independent draw.
+    Length and content are independent, so every position has the same law
+    ``m = mean_d u_d`` (the truth: no position differs), while a document's tokens follow
+    its own ``u_d`` at every depth it reaches: a document effect shared by the positions
+    one document covers, and a token pool dominated by the longest documents. Counted at
+    ``n`` positions by posstats' own counter with its 64 window groups
+    (``benchmarks/bench_document_heterogeneity.py``, docs/calibration.md, "Documents that
+    differ").
+
+    Args:
+        sources: the source documents, each a 1-D array of token ids in ``[0, vocab)``
+            (for example the bundled fortunes, tokenized); at least one non-empty.
+        n: positions counted.
+
+    Returns:
+        ``(counts, parts, groups)``: the corpus' counts, the counts of its even and of its
+        odd documents (what ``--reread`` gives), and its window groups.
+
+    >>> counts, parts, groups = resampled_documents([np.array([1, 2, 3]), np.array([4])], 2, vocab=5, seed=0)
+    >>> counts.spec.mode, int(counts.matrix.sum()) == sum(int(p.matrix.sum()) for p in parts)
+    ('truncate', True)
+    """
+    pool = [np.asarray(s, dtype=np.int64).ravel() for s in sources]
+    pool = [s for s in pool if s.size]
+    if not pool:
+        msg = "resampled_documents needs at least one non-empty source document"
+        raise ValueError(msg)
+    if any(int(s.min()) < 0 or int(s.max()) >= vocab for s in pool):
+        msg = f"source token ids must lie in [0, {vocab})"
+        raise ValueError(msg)
+    lengths = np.array([s.size for s in pool])
+    count = len(pool) if documents is None else int(documents)
+    rng = np.random.default_rng([8088, n, seed])
+    source = rng.integers(0, len(pool), count)
+    length = lengths[rng.integers(0, len(pool), count)]  # another document's length: independent of content
+    docs = [pool[d][rng.integers(0, pool[d].size, m)] for d, m in zip(source, length)]
     spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
     parts = []
     for parity in (0, 1):

@@ -412,8 +412,13 @@ def test_the_geometry_task_analyses_over_range_actors(tmp_path, ray_session, cap
         assert (run / "report/report.html").stat().st_size > 10_000
         assert Store(str(tmp_path / "store")).stage_marker(f"r{ranges}", "geometry")["ranges"] == ranges
     ranged, one = reports[3], reports[0]
-    assert ranged["verdict"]["standout_positions"] == one["verdict"]["standout_positions"]
-    assert set(ranged["verdict"]["standout_positions"]["positions"]) >= {0, 1, 2, 3}
+    held, whole = ranged["verdict"]["standout_positions"], one["verdict"]["standout_positions"]
+    # in one process the window groups' rotated corpora measure the documents' own variation
+    # (standout.py, "Documents that differ"); the ranges hold no window groups
+    assert "rotated_offset" in whole and "rotated_offset" not in held
+    decided = ("count", "positions", "ranges")
+    assert {k: held[k] for k in decided} == {k: whole[k] for k in decided}
+    assert set(held["positions"]) >= {0, 1, 2, 3}
     assert ranged["verdict"]["components_above_noise"] == one["verdict"]["components_above_noise"] >= 1
     k = one["verdict"]["components_above_noise"]
     np.testing.assert_allclose(ranged["spectrum"]["eigenvalues"][:k], one["spectrum"]["eigenvalues"][:k], rtol=1e-8)

@@ -275,6 +275,7 @@ def _resampled_test(
     windows: tuple[Any, str | None],
     shrinkage: Any,
     rank_test: tuple[np.ndarray, np.ndarray] | None,
+    rotated_statistics: np.ndarray | None = None,
 ) -> _RankTest:
     """The rank test and the test of homogeneity against null corpora: shuffled
     (:mod:`posstats.estimates.permutation`) or, with usable window groups (``windows =
@@ -306,7 +307,8 @@ def _resampled_test(
     options["stop_at"] = float(np.max(tested)) if np.size(tested) else None
     with progress(total=total, desc=what, unit="corpus", enabled=show_progress) as bar:
         if groups is not None:
-            perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update, **options, **adjust)
+            perm = rotation_null_corpora(groups, g.rows, rows=g.index, progress=bar.update,
+                                         statistics=rotated_statistics, **options, **adjust)
         else:
             perm = permutation_null(g.rows, progress=bar.update, **options, **adjust)
             if perm.eigen_planned is not None and distances is not None:
@@ -451,6 +453,7 @@ def _null_section(
     rank_test: tuple[np.ndarray, np.ndarray] | None = None,
     halves: _HalvesEdges | None = None,
     rank_test_bound: float | None = None,
+    rotated_statistics: np.ndarray | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, np.ndarray | None]:
     """``(null, homogeneity, weighted)``: the report sections, how many MDS components stand
     above a null (:func:`posstats.estimates.null_rank.null_rank`) and, from the same null
@@ -463,7 +466,9 @@ def _null_section(
     times ``max(w)``, upper bounds that decided the test
     (:func:`posstats.estimates.null_rank.bounded_rank_test`). ``weighted``: where the test
     was weighted and counts components, their (m, k) coordinates
-    (:func:`posstats.geometry.mds.weighted_coordinates`), else None."""
+    (:func:`posstats.geometry.mds.weighted_coordinates`), else None. ``rotated_statistics``:
+    the homogeneity statistics of the rotated corpora the standout test already formed
+    (:meth:`posstats.analysis.rows.RotatedDistances.homogeneity_statistics`), or None."""
     choice = _null_choice(config, len(g.index), noise)
     if choice == "none":
         return None, None, None
@@ -472,7 +477,7 @@ def _null_section(
     t = time.perf_counter()
     if choice == "shuffle":
         test = _resampled_test(mds, bias, g, config, show_progress, distances=distances, windows=windows,
-                               shrinkage=shrinkage, rank_test=rank_test)
+                               shrinkage=shrinkage, rank_test=rank_test, rotated_statistics=rotated_statistics)
     else:
         test = _edge_test(mds, bias, noise, g, geo_parts, rank_test=rank_test, halves=halves)
     timings["null"] = time.perf_counter() - t

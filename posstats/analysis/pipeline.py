@@ -27,6 +27,7 @@ from posstats.analysis.rows import (
     _halves_window_groups,
     _noise,
     _Rows,
+    RotatedDistances,
     _standout,
     _usable_window_groups,
 )
@@ -181,8 +182,11 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     bias = noise.bias if (noise is not None and config.distances in ("auto", "corrected")) else None
     large = len(g.index) > config.exact_limit
     sections["geometry"] = _geometry_section(config, corrected=bias is not None, rows=len(g.index), large=large)
+    windows = _usable_window_groups(window_groups, counts, g)
+    rotated = None if windows[0] is None else RotatedDistances(windows[0], g.index, replicates=config.null_replicates,
+                                                                   seed=config.seed)
     t = time.perf_counter()
-    standout = _standout(g)  # before the geometry: it may decide its accuracy
+    standout = _standout(g, rotated)  # before the geometry: it may decide its accuracy
     timings["standout"] = time.perf_counter() - t
     if large:
         untested = _untested(config, len(g.index), noise, standout, counts)
@@ -193,7 +197,6 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                 **dict(zip(("corpus_triples", "encoding_triples"),
                                                            _triples(config, untested=True), strict=True))}
     weights = _edge_weights(config, g, noise)
-    windows = _usable_window_groups(window_groups, counts, g)
     halves = _HalvesEdges(config, g, noise, geo_parts, _halves_window_groups(window_groups, counts, g), bias)
     edge_level = None if weights is None else edge_decision_level(geo_parts, noise, bias, weights,
                                                                   edge=halves.edge(weights))
@@ -210,7 +213,8 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     null, homogeneity, weighted = _null_section(
         geometry.mds, bias, noise, g, geo_parts, config, timings, show_progress, distances=geometry.distances,
         shrinkage=geometry.shrinkage, windows=windows, rank_test=geometry.rank_test, halves=halves,
-        rank_test_bound=geometry.rank_test_bound)
+        rank_test_bound=geometry.rank_test_bound,
+        rotated_statistics=None if rotated is None else rotated.homogeneity_statistics())
     if null is not None:
         sections["null"] = null
     if halves.seconds:

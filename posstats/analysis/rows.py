@@ -20,8 +20,9 @@ from posstats.counting.io import DENSE_AS_SPARSE_ENTRIES, csr_from_dense
 from posstats.counting.rows import select_rows
 from posstats.errors import OptionError
 from posstats.estimates.noise import bias_can_matter, merge_noise_floors, noise_floor
-from posstats.estimates.thinning import split_noise_floor
+from posstats.estimates.rotation import rotated_distances_to_pool
 from posstats.estimates.standout import standout_positions, standout_test
+from posstats.estimates.thinning import split_noise_floor
 from posstats.geometry.mds import MDSResult
 from posstats.geometry.ranged import RangedSqrt
 from posstats.memory import analysis_bytes, require_memory
@@ -183,13 +184,45 @@ class _Geometry:
     rank_test_bound: float | None = None
 
 
-def _standout(g: _Rows) -> dict[str, Any]:
+class RotatedDistances:
+    """``s_pool -> (R, m)`` distances of the rows ``g.index`` of R rotated corpora to a pool
+    (:func:`posstats.estimates.rotation.rotated_distances_to_pool`, the rotation null's
+    offsets at ``seed``), for the standout test; the last call's pool and distances kept, so
+    that the rotation null reuses them (:meth:`homogeneity_statistics`)."""
+
+    def __init__(self, groups: Any, rows: np.ndarray, /, *, replicates: int, seed: int) -> None:
+        self.groups, self.rows, self.replicates, self.seed = groups, np.asarray(rows, dtype=np.int64), replicates, seed
+        self.pool: np.ndarray | None = None
+        self.distances: np.ndarray | None = None
+
+    def __call__(self, s_pool: np.ndarray) -> np.ndarray:
+        self.pool = np.asarray(s_pool, dtype=np.float64)
+        self.distances = rotated_distances_to_pool(self.groups, self.pool, rows=self.rows, replicates=self.replicates,
+                                                   seed=self.seed)
+        return self.distances
+
+    def homogeneity_statistics(self) -> np.ndarray | None:
+        """(R,) ``S_r = sum_i N_i d_i^(r)``: the homogeneity statistic of each rotated corpus
+        (:func:`posstats.estimates.rotation.rotated_statistic`), where the distances are
+        those of every position to the corpus' pooled distribution; else None."""
+        groups = self.groups
+        if self.distances is None or not np.array_equal(self.rows, np.arange(groups.positions)):
+            return None
+        if not np.array_equal(self.pool, np.sqrt(groups.pooled / groups.occupancy.sum())):
+            return None
+        return self.distances @ groups.occupancy
+
+
+def _standout(g: _Rows, rotated: RotatedDistances | None = None, /) -> dict[str, Any]:
     """The standout test (:func:`posstats.estimates.standout.standout_test`) of the rows: on the
-    counts, or from the ranges' two reductions (pooled counts, distances to the pool)."""
+    counts, or from the ranges' two reductions (pooled counts, distances to the pool). With
+    ``rotated`` (usable window groups: :func:`_usable_window_groups`) each row's distance is
+    taken less its mean excess in the rotated corpora: the documents' own variation, which
+    the multinomial null leaves out."""
     if g.ranged:
         return standout_test(g.positions, g.occupancy, pooled_totals=g.pooled_totals,
                              distance_to=g.rows.distance_to)
-    return standout_positions(g.rows, g.positions)
+    return standout_positions(g.rows, g.positions, rotated=rotated)
 
 
 def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tuple[Any, str | None]:

@@ -65,7 +65,26 @@ from posstats.estimates.replicates import (
     replicates_in_flight,
 )
 
-__all__ = ["rotated_statistic", "rotation_null", "rotation_null_corpora"]
+__all__ = ["rotated_affinities", "rotated_distances_to_pool", "rotated_statistic", "rotation_null",
+           "rotation_null_corpora"]
+
+
+def rotated_affinities(groups: WindowGroups, shifts: Any, sqrt_pool: Any, /) -> np.ndarray:
+    """(n,) ``a_i = sum_v sqrt(C^r_iv) s_v`` of every row of the rotated corpus
+    (:meth:`~posstats.counting.window_groups.WindowGroups.rotated`) with ``s = sqrt_pool``
+    (V,), without forming it: one pass over the stored entries, a block of rows at a time
+    (:meth:`~posstats.counting.window_groups.WindowGroups.rotated_blocks`), memory one block.
+    A row of ``N_i`` tokens is at plug-in ``d_H^2 = 2 - 2 a_i / sqrt(N_i)`` from the
+    distribution whose square root is ``s``."""
+    sqrt_pool = np.asarray(sqrt_pool, dtype=np.float64)
+    out = np.zeros(groups.positions)
+    roots = None
+    for a, b, block in groups.rotated_blocks(shifts):
+        if roots is None:
+            roots = np.empty(block.shape)  # one buffer for every block's square roots
+        root = np.sqrt(block, out=roots[:b - a])
+        out[a:b] = np.einsum("iv,v->i", root, sqrt_pool)  # numpy's loop, not BLAS: BLAS threads slow the null's threads
+    return out
 
 
 def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
@@ -75,21 +94,42 @@ def rotated_statistic(groups: WindowGroups, shifts: Any, /) -> float:
 
     Rotations keep every row's occupancy ``N_i`` and the pooled distribution ``p``, so
     ``S = sum_i (2 N_i - 2 sqrt(N_i) sum_v sqrt(C_iv) sqrt(p_v))`` needs only each rotated
-    row's affinity to the pool, summed a block of rows at a time
-    (:meth:`~posstats.counting.window_groups.WindowGroups.rotated_blocks`): one pass over
-    the stored entries per corpus, memory one block. Every row must be occupied.
+    row's affinity to the pool (:func:`rotated_affinities`). Every row must be occupied.
     """
     occupancy = groups.occupancy  # computed once per groups: every rotation keeps them
-    sqrt_pool = np.sqrt(groups.pooled / occupancy.sum())
-    total = 2.0 * float(occupancy.sum())
-    roots = None
-    for a, b, block in groups.rotated_blocks(shifts):
-        if roots is None:
-            roots = np.empty(block.shape)  # one buffer for every block's square roots
-        root = np.sqrt(block, out=roots[:b - a])
-        affinity = np.einsum("iv,v->i", root, sqrt_pool)  # numpy's loop, not BLAS: BLAS threads slow the null's threads
-        total -= 2.0 * float(np.sqrt(occupancy[a:b]) @ affinity)
-    return total
+    affinity = rotated_affinities(groups, shifts, np.sqrt(groups.pooled / occupancy.sum()))
+    return 2.0 * float(occupancy.sum()) - 2.0 * float(np.sqrt(occupancy) @ affinity)
+
+
+def rotated_distances_to_pool(groups: WindowGroups, sqrt_pool: Any, /, *, rows: Any = None, replicates: int = 39,
+                              seed: int = 0) -> np.ndarray:
+    """(R, m) plug-in ``d_H^2`` of the rows ``rows`` (positions; default all n, each occupied)
+    of ``replicates`` rotated corpora to the distribution whose square root is ``sqrt_pool``
+    (V,): ``2 - 2 a_i / sqrt(N_i)`` (:func:`rotated_affinities`; rotations keep every
+    ``N_i``). Replicate r turns the corpus by the offsets of :func:`rotation_null`'s
+    replicate r (``numpy.random.default_rng([seed, r])``), a few at once on threads.
+
+    The standout test reads them (:func:`posstats.estimates.standout.standout_test`): under
+    H0 a rotated corpus has the data's law, so a row's mean distance over the rotated
+    corpora is its expected distance to the pool, documents' own variation included.
+    """
+    checked_replicates(replicates, null="rotation")
+    groups = _shared(groups)
+    pick = np.arange(groups.positions) if rows is None else np.asarray(rows, dtype=np.int64)
+    root_n = np.sqrt(groups.occupancy[pick])
+    if not np.all(root_n > 0):
+        msg = "rotated distances to the pool need every row occupied"
+        raise ValueError(msg)
+    out = np.empty((int(replicates), pick.size))
+
+    def replicate(r: int, _: Any) -> np.ndarray:
+        shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
+        return 2.0 - 2.0 * rotated_affinities(groups, shifts, sqrt_pool)[pick] / root_n
+
+    in_flight = replicates_in_flight(_STATISTIC_BYTES, replicates=replicates)
+    for r, distances in in_replicate_order(replicate, replicates, in_flight=in_flight):
+        out[r] = distances
+    return out
 
 
 def _rotated_bytes(groups: WindowGroups, stored: int | None, /) -> int:
@@ -171,6 +211,7 @@ def rotation_null_corpora(
     shrinkage: Any = None,
     weights: Any = None,
     stop_at: float | None = None,
+    statistics: Any = None,
 ) -> PermutationNull:
     """The rotation counterpart of :func:`posstats.estimates.permutation.permutation_null`:
     R rotated corpora and, from them, the homogeneity statistic of each and, for the first
@@ -196,6 +237,10 @@ def rotation_null_corpora(
             give, so no further corpus gets an eigenvalue or a distance sum (their
             homogeneity statistics are still computed; :mod:`posstats.estimates.permutation`,
             "Stopping once decided"). None: all ``eigen_replicates`` are solved.
+        statistics: (R,) the homogeneity statistics of these rotated corpora, known
+            already (the standout test's rotated distances to the pool, every row:
+            ``S_r = sum_i N_i d_i^(r)``); replicates not solved take theirs from it instead
+            of a pass over the stored counts. None: each is computed.
 
     Returns:
         A :class:`~posstats.estimates.permutation.PermutationNull` whose null corpora are
@@ -206,6 +251,10 @@ def rotation_null_corpora(
     every_row = rows is None or np.array_equal(np.asarray(rows), np.arange(groups.positions))
     s_null, top, sums = np.empty(replicates), np.empty(eigen), np.empty(eigen)
     solved = 0
+    known = None if statistics is None else np.asarray(statistics, dtype=np.float64).ravel()
+    if known is not None and known.size != replicates:
+        msg = f"statistics must hold one value per replicate ({replicates}), got {known.size}"
+        raise ValueError(msg)
 
     def open_at(r: int) -> bool:
         """Replicate r is solved in a loop: the rank test is not decided by those before it."""
@@ -214,7 +263,7 @@ def rotation_null_corpora(
     def replicate(r: int, solve: bool) -> tuple[float, tuple[float, float] | None]:
         shifts = groups.draw_shifts(np.random.default_rng([seed, r]))
         if every_row and not solve:
-            return rotated_statistic(groups, shifts), None
+            return (float(known[r]) if known is not None else rotated_statistic(groups, shifts)), None
         rotated = groups.rotated(shifts)
         rotated = rotated if every_row else rotated[np.asarray(rows)]
         geometry = null_geometry(rotated, corrected=corrected, shrinkage=shrinkage, weights=weights) if solve else None

@@ -437,7 +437,10 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
       documents (``--reread`` or ``--parts``), whose difference cancels the openings and
       keeps each document's dependence (on the fortunes at n = 512: 3 components where the
       rotated corpora allowed none). Below, that edge's calibration was not measured, so no
-      remedy is named. In ``pack`` mode no window starts a
+      remedy is named. The caveat adds that the edge is calibrated on documents of one kind:
+      on corpora with no positional structure whose documents differ as the fortunes do
+      (:func:`posstats.testing.resampled_documents`) it counted a component in most corpora
+      from 128 rows (``benchmarks/bench_document_heterogeneity.py``). In ``pack`` mode no window starts a
       document, so the caveat says what holds there: each rotated corpus keeps a share of
       a change tied to the window grid, turned to other offsets, and a change spread thinly
       over many positions raises the homogeneity statistic (a sum over every position)
@@ -464,7 +467,9 @@ def _unseen_structure_caveat(null: dict[str, Any], top: float, mode: str | None 
         return f"{moved} (docs/calibration.md)"
     return (f"{moved}; {remedy} (or two halves of the documents as --parts) counts them "
             "against the noise edge measured on halves of the documents instead, whose difference cancels the "
-            "openings and keeps each document whole (docs/calibration.md)")
+            "openings and keeps each document whole, but that edge is calibrated on documents of one kind: where "
+            "documents differ in kind, as real ones do, it can count one component too many "
+            "(docs/calibration.md, \"Documents that differ\")")
 
 
 # More standout positions than this share of the used ones: the distributions change across
