@@ -44,8 +44,9 @@ from scipy.stats import binomtest
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.window_groups import WindowGroups
 
-__all__ = ["KnownCorpus", "SyntheticCorpus", "known_corpus", "markov_packed_counts", "markov_stream", "proportion",
-           "resampled_documents", "split_counts", "successor_documents", "successor_stream", "synthetic_counts"]
+__all__ = ["KnownCorpus", "SyntheticCorpus", "counted_documents", "known_corpus", "markov_packed_counts",
+           "markov_stream", "proportion", "resampled_documents", "split_counts", "successor_documents", "successor_stream",
+           "synthetic_counts"]
 
 
 def proportion(k: int, n: int, /) -> dict[str, Any]:
@@ -616,6 +617,23 @@ def successor_stream(total: int, /, *, stay: float, vocab: int, rng: np.random.G
     return (fresh[reset] + np.arange(total) - reset) % vocab
 
 
+def counted_documents(docs: list[np.ndarray], n: int, vocab: int,
+                      /) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
+    """``(counts, parts, groups)`` of the documents ``docs`` in truncate mode at ``n``
+    positions, counted by posstats' own counter: the corpus with its 64 window groups (as
+    ``posstats count`` keeps them), and the counts of its even and of its odd documents
+    (what ``--reread`` gives)."""
+    spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
+    parts = []
+    for parity in (0, 1):
+        acc = CountAccumulator(spec, dense=False)
+        acc.add_sequences(docs[parity::2])
+        parts.append(acc.result())
+    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
+    total.add_sequences(docs)
+    return total.result(), parts, total.window_groups()
+
+
 def successor_documents(
     n: int, /, *, documents: int = 3000, stay: float = 0.9, vocab: int = 200, planted: float = 0.0, seed: int = 0,
 ) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
@@ -639,15 +657,7 @@ def successor_documents(
             head = d[: min(4, d.size)]
             hit = rng.random(head.size) < planted
             head[hit] = rng.integers(0, 10, int(hit.sum()))
-    spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
-    parts = []
-    for parity in (0, 1):
-        acc = CountAccumulator(spec, dense=False)
-        acc.add_sequences(docs[parity::2])
-        parts.append(acc.result())
-    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
-    total.add_sequences(docs)
-    return total.result(), parts, total.window_groups()
+    return counted_documents(docs, n, vocab)
 
 
 def resampled_documents(
@@ -694,15 +704,7 @@ def resampled_documents(
     source = rng.integers(0, len(pool), count)
     length = lengths[rng.integers(0, len(pool), count)]  # another document's length: independent of content
     docs = [pool[d][rng.integers(0, pool[d].size, m)] for d, m in zip(source, length)]
-    spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
-    parts = []
-    for parity in (0, 1):
-        acc = CountAccumulator(spec, dense=False)
-        acc.add_sequences(docs[parity::2])
-        parts.append(acc.result())
-    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
-    total.add_sequences(docs)
-    return total.result(), parts, total.window_groups()
+    return counted_documents(docs, n, vocab)
 
 
 def _markov_window_rows(n: int, windows: int, stay: float, p: np.ndarray, rng: np.random.Generator) -> sp.csr_array:
