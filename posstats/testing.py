@@ -45,8 +45,8 @@ from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCoun
 from posstats.counting.window_groups import WindowGroups
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "counted_documents", "known_corpus", "markov_packed_counts",
-           "markov_stream", "proportion", "resampled_documents", "split_counts", "successor_documents", "successor_stream",
-           "synthetic_counts"]
+           "markov_stream", "proportion", "resampled_documents", "split_counts", "successor_documents",
+           "successor_stream", "synthetic_counts"]
 
 
 def proportion(k: int, n: int, /) -> dict[str, Any]:
