@@ -16,8 +16,9 @@ from scipy.stats import binom
 from posstats.analysis import AnalysisConfig
 from posstats.analysis.pipeline import analyze
 from posstats.analysis.rows import RotatedDistances
-from posstats.estimates.rotation import rotation_null, rotation_null_corpora
-from posstats.estimates.standout import standout_positions
+from posstats.cli import main as cli
+from posstats.estimates.rotation import rotated_distances_to_pool, rotation_null, rotation_null_corpora
+from posstats.estimates.standout import distance_to_pool, standout_positions
 from posstats.testing import resampled_documents, successor_documents
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_document_heterogeneity.py"
@@ -144,3 +145,33 @@ def test_rotated_distances_give_the_rotation_nulls_statistics():
     part = RotatedDistances(groups, rows[1:], replicates=6, seed=7)
     part(np.sqrt(groups.pooled / groups.occupancy.sum()))
     assert part.homogeneity_statistics() is None
+
+
+def test_rotated_distances_against_the_rotated_corpora_formed():
+    """Brute force: each replicate's distances are those of the rotated corpus formed
+    (``WindowGroups.rotated`` at the rotation null's offsets) to the same pool, row by row."""
+    rng = np.random.default_rng(8)
+    sources = [rng.integers(0, 40, int(k)) for k in rng.integers(3, 50, 60)]
+    _, _, groups = resampled_documents(sources, 24, vocab=40, documents=300, seed=5)
+    s_pool = np.sqrt(groups.pooled / groups.occupancy.sum())
+    got = rotated_distances_to_pool(groups, s_pool, rows=np.arange(2, 20), replicates=4, seed=11)
+    for r in range(4):
+        rotated = groups.rotated(groups.draw_shifts(np.random.default_rng([11, r])))
+        # the pool of every row of a rotated corpus is the corpus' own: rotations keep it
+        np.testing.assert_allclose(got[r], distance_to_pool(rotated)[2:20], rtol=1e-12, atol=1e-12)
+
+
+def test_the_cli_on_the_bundled_fortunes_subtracts_rotated_offsets(tmp_path, data_dir):
+    """``posstats count`` + ``posstats analyze`` on the bundled fortunes (64 positions): the
+    report says the standout test took the rotated corpora's offsets, and the openings of
+    real text, positions 0-6, still stand out (the README's answer)."""
+    counts, out = tmp_path / "counts", tmp_path / "analysis"
+    assert cli(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text", "--tokenizer",
+                str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "64",
+                "--out", str(counts), "-q"]) == 0
+    assert cli(["analyze", "--counts", str(counts), "--out", str(out), "--held-out", "off", "-q"]) == 0
+    standout = json.loads((out / "report.json").read_text())["verdict"]["standout_positions"]
+    assert standout["ranges"] == "0-6" and standout["max_z"] > 50
+    offset = standout["rotated_offset"]
+    assert offset["replicates"] == 39 and offset["inflation"] == pytest.approx(np.sqrt(40 / 39))
+    assert offset["smallest_in_sd"] < offset["largest_in_sd"]
