@@ -25,6 +25,7 @@ from posstats.analysis.rows import (
     _geometry_rows,
     _geometry_section,
     _halves_window_groups,
+    _modelled_excess,
     _noise,
     _Rows,
     RotatedDistances,
@@ -186,7 +187,8 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     rotated = None if windows[0] is None else RotatedDistances(windows[0], g.index, replicates=config.null_replicates,
                                                                    seed=config.seed)
     t = time.perf_counter()
-    standout = _standout(g, rotated)  # before the geometry: it may decide its accuracy
+    modelled = None if rotated is not None else _modelled_excess(_halves_window_groups(window_groups, counts, g), g)
+    standout = _standout(g, rotated, modelled)  # before the geometry: it may decide its accuracy
     timings["standout"] = time.perf_counter() - t
     if large:
         untested = _untested(config, len(g.index), noise, standout, counts)

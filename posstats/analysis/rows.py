@@ -19,6 +19,7 @@ from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import DENSE_AS_SPARSE_ENTRIES, csr_from_dense
 from posstats.counting.rows import select_rows
 from posstats.errors import OptionError
+from posstats.estimates.document_excess import document_excess, document_variance
 from posstats.estimates.noise import bias_can_matter, merge_noise_floors, noise_floor
 from posstats.estimates.rotation import rotated_distances_to_pool
 from posstats.estimates.standout import standout_positions, standout_test
@@ -213,16 +214,57 @@ class RotatedDistances:
         return self.distances @ groups.occupancy
 
 
-def _standout(g: _Rows, rotated: RotatedDistances | None = None, /) -> dict[str, Any]:
+def _half_sums(half: Any, keep: np.ndarray, /) -> tuple[np.ndarray, np.ndarray]:
+    """``((V,) tokens per vocabulary entry, (m,) occupancy)`` of the rows ``keep`` (m,) of
+    one half ((n, V) CSR), without copying its entries."""
+    lengths = np.diff(half.indptr)
+    row_of = np.repeat(np.arange(half.shape[0]), lengths)
+    data = half.data[: half.indptr[-1]].astype(np.float64)
+    occupancy = np.bincount(row_of, weights=data, minlength=half.shape[0])[keep]
+    chosen = np.zeros(half.shape[0], dtype=bool)
+    chosen[keep] = True
+    use = chosen[row_of]
+    return np.bincount(half.indices[: half.indptr[-1]][use], weights=data[use], minlength=half.shape[1]), occupancy
+
+
+class ModelledExcess:
+    """``s_pool -> (m,)`` the excess of the rows ``rows``' distances to a pool that
+    documents differing from each other give, modelled and fitted to the two halves of
+    ``groups`` (:mod:`posstats.estimates.document_excess`), for the standout test where no
+    window can be rotated."""
+
+    def __init__(self, groups: Any, rows: np.ndarray, /) -> None:
+        self.groups, self.rows = groups, np.asarray(rows, dtype=np.int64)
+
+    def __call__(self, s_pool: np.ndarray) -> np.ndarray:
+        (a, occ_a), (b, occ_b) = (_half_sums(h, self.rows) for h in self.groups.halves())
+        tau = document_variance(a, b, occ_a, occ_b)
+        return document_excess(tau, np.asarray(s_pool, dtype=np.float64) ** 2, occ_a + occ_b)
+
+
+def _modelled_excess(groups: Any, g: _Rows, /) -> ModelledExcess | None:
+    """:class:`ModelledExcess` of the rows where the window groups are the corpus' two halves
+    and hold every token (``halves_only`` or ``short_halves``), the rows neither bucketed
+    nor held apart; else None."""
+    if groups is None or g.buckets is not None or g.ranged or groups.groups < 2:
+        return None
+    if not (groups.halves_only or groups.short_halves):
+        return None
+    return ModelledExcess(groups, g.index)
+
+
+def _standout(g: _Rows, rotated: RotatedDistances | None = None, modelled: ModelledExcess | None = None,
+              /) -> dict[str, Any]:
     """The standout test (:func:`posstats.estimates.standout.standout_test`) of the rows: on the
     counts, or from the ranges' two reductions (pooled counts, distances to the pool). With
     ``rotated`` (usable window groups: :func:`_usable_window_groups`) each row's distance is
     taken less its mean excess in the rotated corpora: the documents' own variation, which
-    the multinomial null leaves out."""
+    the multinomial null leaves out; without, with ``modelled`` (the corpus' two halves), less
+    that excess modelled (:func:`_modelled_excess`)."""
     if g.ranged:
         return standout_test(g.positions, g.occupancy, pooled_totals=g.pooled_totals,
                              distance_to=g.rows.distance_to)
-    return standout_positions(g.rows, g.positions, rotated=rotated)
+    return standout_positions(g.rows, g.positions, rotated=rotated, modelled=None if rotated is not None else modelled)
 
 
 def _usable_window_groups(groups: Any, counts: PositionalCounts, g: _Rows) -> tuple[Any, str | None]:

@@ -50,6 +50,7 @@ import scipy.sparse as sp
 from scipy.special import gammaln, ndtri
 
 from posstats.counting.rows import row_blocks
+from posstats.estimates.document_excess import MODEL_SPREAD
 from posstats.estimates.saddlepoint import calibrated_z, solved_near
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "distance_to_pool",
     "null_distance_to_pool",
     "position_ranges",
+    "modelled_offset",
     "rotated_offset",
     "standout_positions",
     "standout_test",
@@ -143,6 +145,7 @@ def position_ranges(positions: Any, /) -> str:
 _POOL_ROUNDS = 32  # the pool leaves out the positions that stand out, the most extreme first, until none is new
 _SERIES_LIMIT = 50.0  # Poisson means above this use the asymptotic expansions
 STANDOUT_Z = 5.0  # the smallest z a standout needs, whatever the number of positions
+THIN_SOLVED = 64.0  # rows of at most this many tokens near or above the threshold get their own saddlepoint solve
 FAMILY_LEVEL = 0.025  # family-wise level of the standout test (the homogeneity test has the other 2.5 %)
 
 
@@ -223,21 +226,24 @@ def null_distance_to_pool(p: Any, occupancy: Any, /, *, grid: int = 48) -> tuple
 
 
 def standout_positions(rows: Any, positions: Any, /, *,
-                       rotated: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, Any]:
+                       rotated: Callable[[np.ndarray], np.ndarray] | None = None,
+                       modelled: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, Any]:
     """The positions whose distribution stands out from the pooled one (module docstring).
 
     Args:
         rows: (m, V) counts of the geometry rows (every row occupied).
         positions: (m,) the positions the rows stand for.
-        rotated: as :func:`standout_test`.
+        rotated, modelled: as :func:`standout_test`.
 
     Returns:
         JSON-ready ``{"count", "positions" (the first 64), "ranges", "z_threshold",
-        "max_z", "family_level", "rule"}``, and ``"rotated_offset"`` with ``rotated``.
+        "max_z", "family_level", "rule"}``, and ``"rotated_offset"`` with ``rotated``
+        (``"modelled_offset"`` with ``modelled``).
     """
     c, occ = _row_totals(rows)
     return standout_test(positions, occ, pooled_totals=lambda keep: _pooled_totals(c, keep),
-                         distance_to=lambda s_pool: _distance_to(c, occ, s_pool), rotated=rotated)
+                         distance_to=lambda s_pool: _distance_to(c, occ, s_pool), rotated=rotated,
+                         modelled=modelled)
 
 
 def rotated_offset(rotated: Any, mean: Any, sd: Any, /) -> tuple[np.ndarray, float]:
@@ -255,9 +261,25 @@ def rotated_offset(rotated: Any, mean: Any, sd: Any, /) -> tuple[np.ndarray, flo
     return rotated.mean(axis=0) - np.asarray(mean, dtype=np.float64), float(np.sqrt(1.0 + 1.0 / rotated.shape[0]))
 
 
+def modelled_offset(excess: Any, sd: Any, /) -> tuple[np.ndarray, np.ndarray]:
+    """``(offset, inflation)`` from a modelled excess (m,) of each row's distance over the
+    null (:func:`posstats.estimates.document_excess.document_excess`): the positive part is
+    subtracted (a negative excess errs safe and is left), and the null's sd (m,) widened to
+    ``sqrt(sd^2 + (MODEL_SPREAD offset)^2)``, returned as the factor on ``sd``.
+
+    >>> off, f = modelled_offset(np.array([0.2, -0.1]), np.array([0.1, 0.1]))
+    >>> off.tolist(), f.round(4).tolist()
+    ([0.2, 0.0], [1.4142, 1.0])
+    """
+    offset = np.maximum(np.asarray(excess, dtype=np.float64), 0.0)
+    sd = np.maximum(np.asarray(sd, dtype=np.float64), 1e-300)
+    return offset, np.sqrt(1.0 + (MODEL_SPREAD * offset / sd) ** 2)
+
+
 def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[[np.ndarray], np.ndarray],
                   distance_to: Callable[[np.ndarray], np.ndarray],
-                  rotated: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, Any]:
+                  rotated: Callable[[np.ndarray], np.ndarray] | None = None,
+                  modelled: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, Any]:
     """:func:`standout_positions` of rows held anywhere (in this process, or in position
     ranges held apart: :class:`posstats.geometry.ranged.RangedSqrt`), through the two
     reductions it needs.
@@ -273,6 +295,12 @@ def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[
             or None. Called once, with the first round's pool (every row): each row's
             mean excess over the null (:func:`rotated_offset`) is subtracted from its
             distance in every round (module docstring, "Documents that differ").
+        modelled: ``s_pool`` (V,) -> (m,) the excess of every row's distance over the
+            null that documents differing from each other give, modelled where no window
+            can be rotated (:mod:`posstats.estimates.document_excess`), or None; used
+            only without ``rotated``. Called once, with the first round's pool; its
+            positive part is subtracted in every round and widens the sd
+            (:func:`modelled_offset`).
 
     Returns:
         As :func:`standout_positions`.
@@ -282,7 +310,7 @@ def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[
     m = occ.size
     threshold = standout_threshold(m)
     pooled_out = np.zeros(m, dtype=bool)  # left out of the pool
-    offset, inflation, offset_entry = np.zeros(m), 1.0, None
+    offset, inflation, offset_entry, model_entry = np.zeros(m), 1.0, None, None
     for round_ in range(_POOL_ROUNDS):
         totals = np.asarray(pooled_totals(~pooled_out), dtype=np.float64)
         s_pool = np.sqrt(totals / max(float(totals.sum()), 1.0))
@@ -294,6 +322,11 @@ def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[
             offset_entry = {"replicates": int(distances.shape[0]), "inflation": inflation,
                             "largest_in_sd": float(in_sd.max()) if m else 0.0,
                             "smallest_in_sd": float(in_sd.min()) if m else 0.0}
+        elif round_ == 0 and modelled is not None:
+            offset, inflation = modelled_offset(modelled(s_pool), sd)
+            in_sd = offset / np.maximum(sd, 1e-300)
+            model_entry = {"spread": MODEL_SPREAD, "rows_offset": int(np.count_nonzero(offset)),
+                           "largest_in_sd": float(in_sd.max()) if m else 0.0}
         z = (np.asarray(distance_to(s_pool), dtype=np.float64) - mean - offset) / np.maximum(sd * inflation, 1e-300)
         fresh = (z > threshold) & ~pooled_out
         if not fresh.any() or pooled_out.all():
@@ -304,7 +337,7 @@ def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[
         pooled_out |= fresh & (z >= max(threshold, 0.5 * float(z[fresh].max())))
     # the normal z above picks what leaves the pool; the decision reads the saddlepoint's tail
     z_normal, z = z, calibrated_z(z, occ, s_pool**2, mean, sd)
-    z, _ = solved_near(z, z_normal, occ, s_pool**2, mean, sd, threshold=threshold)
+    z, _ = solved_near(z, z_normal, occ, s_pool**2, mean, sd, threshold=threshold, thin=THIN_SOLVED)
     out = z > threshold
     picked = positions[out]
     return {
@@ -317,6 +350,10 @@ def standout_test(positions: Any, occupancy: Any, /, *, pooled_totals: Callable[
         "rule": ("z_i = Phi^-1(1 - P_null(d >= d_H^2(mu_i, pool))) > max(5, Phi^-1(1 - 0.025 / m)), the null being N_i "
                  "tokens drawn from the pool, its tail by a conditional saddlepoint (solved per row near the threshold)"
                  + ("; d less each position's mean excess over that null in R corpora whose windows were rotated (the "
-                    "documents' own variation), the null's sd widened by sqrt(1 + 1/R)" if offset_entry else "")),
+                    "documents' own variation), the null's sd widened by sqrt(1 + 1/R)" if offset_entry else "")
+                 + ("; d less each position's excess over that null modelled from the documents' variance measured on "
+                    f"their two halves (its positive part), the null's sd widened by {MODEL_SPREAD:g} of it"
+                    if model_entry else "")),
         **({"rotated_offset": offset_entry} if offset_entry else {}),
+        **({"modelled_offset": model_entry} if model_entry else {}),
     }
