@@ -2,6 +2,7 @@
 
     python benchmarks/bench_document_heterogeneity.py [--positions 64,128,256,512] [--seeds 20]
         [--documents 3000] [--analyses default,halves_reread,halves_groups] [--first-seed 0]
+        [--length-scale 1] [--planted 0]
 
 The simulated nulls of the calibration suite draw every document from one law (independent
 tokens, Markov or successor streams). Real documents differ from each other: the bundled
@@ -11,8 +12,9 @@ it reaches. This benchmark keeps that and removes everything positional
 random fortune (drawn with replacement) and the length of another, independent fortune, so
 every position has the same law and any claim is false.
 
-Each corpus (``--documents`` documents, counted in truncate mode at n positions with 64
-window groups, as ``posstats count`` does) is analysed three ways:
+Each corpus (``--documents`` documents, counted in truncate mode at n positions with the
+window groups ``posstats count`` keeps: 64 with their length classes up to 4,096 positions,
+the two halves above) is analysed three ways:
 
 - ``default``: ``null="auto"`` (what ``posstats analyze`` does);
 - ``halves_reread``: ``null="mp"`` against the edge measured on the even and odd documents
@@ -26,6 +28,13 @@ standout position, or called the corpus non-stationary, and where it made any of
 three claims, each with its Clopper-Pearson 95 % interval; and, for the halves, the corpus'
 top tested eigenvalue over the halves' noise top on the same scale (``top_over_halves``:
 mean, min, max; about 1 or below on the corpora the halves' margin was set on).
+
+``--length-scale k`` multiplies every drawn length by k: long documents of the same laws,
+for contexts above 4,096 positions, where no window can be rotated and the standout test
+models the documents' excess instead (:mod:`posstats.estimates.document_excess`).
+``--planted a`` plants one dimension (positions 0-3 draw a share ``a`` of their tokens from
+ids 1-10): the corpora are then no null, and ``standouts_exact`` counts the analyses whose
+standouts are exactly positions 0-3 (the power).
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ FORTUNES = ROOT / "data" / "fortunes-sample.jsonl"
 TOKENIZER = ROOT / "data" / "tokenizers" / "bert-base-uncased.tokenizer.json"
 EXCLUDED = (0, 101, 102, 103)  # [PAD], [CLS], [SEP], [MASK]: what the README's count leaves out
 ANALYSES = {"default": ("auto", None), "halves_reread": ("mp", "parts"), "halves_groups": ("mp", "groups")}
-CLAIMS = ("rank_test_alone", "components", "standouts", "non_stationary", "any_claim")
+CLAIMS = ("rank_test_alone", "components", "standouts", "non_stationary", "any_claim", "standouts_exact")
+PLANTED = [0, 1, 2, 3]
 
 
 def fortune_documents() -> tuple[list[np.ndarray], int]:
@@ -67,6 +77,8 @@ def claims(report: dict) -> dict[str, bool]:
             "non_stationary": bool(v.get("non_stationary"))}
     said["any_claim"] = any(said.values())
     said["rank_test_alone"] = bool(null.get("components_above_null"))
+    standouts = v.get("standout_positions") or {}
+    said["standouts_exact"] = standouts.get("count") == len(PLANTED) and standouts.get("positions") == PLANTED
     return said
 
 
@@ -83,7 +95,7 @@ def top_over_halves(report: dict) -> float | None:
 
 
 def run(positions: list[int], seeds: int, documents: int, analyses: list[str] | None = None,
-        first_seed: int = 0) -> list[dict]:
+        first_seed: int = 0, length_scale: int = 1, planted: float = 0.0) -> list[dict]:
     """One row per n: the tallies of each analysis (module docstring; ``analyses``: a subset
     of :data:`ANALYSES`, default all), on the corpora of seeds ``first_seed ..``."""
     from posstats.analysis import AnalysisConfig
@@ -102,7 +114,8 @@ def run(positions: list[int], seeds: int, documents: int, analyses: list[str] | 
         ratios: dict[str, list[float]] = {name: [] for name in chosen}
         t = time.perf_counter()
         for seed in range(first_seed, first_seed + seeds):
-            counts, parts, groups = resampled_documents(sources, n, vocab=vocab, documents=documents, seed=seed)
+            counts, parts, groups = resampled_documents(sources, n, vocab=vocab, documents=documents, seed=seed,
+                                                        length_scale=length_scale, planted=planted)
             for name in chosen:
                 null, halves = ANALYSES[name]
                 cfg = AnalysisConfig(null=null, held_out="off", encodings=("mds",), dims=(2,), seed=seed)
@@ -131,11 +144,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--documents", type=int, default=3000, help="documents a corpus (the fortunes: 3,000)")
     ap.add_argument("--analyses", default=",".join(ANALYSES), help="which analyses, comma-separated")
     ap.add_argument("--first-seed", type=int, default=0, help="seed of the first corpus (fresh corpora: a new range)")
+    ap.add_argument("--length-scale", type=int, default=1,
+                    help="multiply every document's length by this (long documents for n above 4,096)")
+    ap.add_argument("--planted", type=float, default=0.0,
+                    help="plant positions 0-3 with this share of ids 1-10 (power; 0: the null)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     try:
         rows = run([int(x) for x in args.positions.split(",")], args.seeds, args.documents,
-                   [a.strip() for a in args.analyses.split(",") if a.strip()], args.first_seed)
+                   [a.strip() for a in args.analyses.split(",") if a.strip()], args.first_seed, args.length_scale,
+                   args.planted)
     except ValueError as exc:
         ap.error(str(exc))
     print(json.dumps({"benchmark": "document_heterogeneity", "setup": vars(args), "rows": rows,

@@ -43,6 +43,7 @@ from scipy.stats import binomtest
 
 from posstats.counting.counts import CountAccumulator, CountSpec, PositionalCounts
 from posstats.counting.window_groups import WindowGroups
+from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, kept_window_groups
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "counted_documents", "known_corpus", "markov_packed_counts",
            "markov_stream", "proportion", "resampled_documents", "split_counts", "successor_documents",
@@ -620,16 +621,18 @@ def successor_stream(total: int, /, *, stay: float, vocab: int, rng: np.random.G
 def counted_documents(docs: list[np.ndarray], n: int, vocab: int,
                       /) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
     """``(counts, parts, groups)`` of the documents ``docs`` in truncate mode at ``n``
-    positions, counted by posstats' own counter: the corpus with its 64 window groups (as
-    ``posstats count`` keeps them), and the counts of its even and of its odd documents
-    (what ``--reread`` gives)."""
+    positions, counted by posstats' own counter: the corpus with its window groups as
+    ``posstats count`` keeps them (64 with their length classes up to 4,096 positions, the
+    two halves only above), and the counts of its even and of its odd documents (what
+    ``--reread`` gives)."""
     spec = CountSpec(positions=n, vocab_size=vocab, mode="truncate")
     parts = []
     for parity in (0, 1):
         acc = CountAccumulator(spec, dense=False)
         acc.add_sequences(docs[parity::2])
         parts.append(acc.result())
-    total = CountAccumulator(spec, dense=False, window_groups=64, window_block=1)
+    total = CountAccumulator(spec, dense=False, window_groups=kept_window_groups(n, 64), window_block=1,
+                             window_halves=n > WINDOW_GROUP_POSITIONS)
     total.add_sequences(docs)
     return total.result(), parts, total.window_groups()
 
@@ -662,6 +665,7 @@ def successor_documents(
 
 def resampled_documents(
     sources: list[np.ndarray], n: int, /, *, vocab: int, documents: int | None = None, seed: int = 0,
+    length_scale: int = 1, planted: float = 0.0,
 ) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
     """A truncate-mode corpus with **no positional structure** whose documents differ from
     each other as real ones do: the null of real text's document heterogeneity.
@@ -681,6 +685,10 @@ def resampled_documents(
         sources: the source documents, each a 1-D array of token ids in ``[0, vocab)``
             (for example the bundled fortunes, tokenized); at least one non-empty.
         n: positions counted.
+        length_scale: every drawn length is multiplied by it (long documents of the same
+            laws, for contexts above 4,096 positions).
+        planted: > 0 plants one dimension of structure: positions 0-3 of every document
+            draw that share of their tokens uniformly from ids 1-10 (no longer a null).
 
     Returns:
         ``(counts, parts, groups)``: the corpus' counts, the counts of its even and of its
@@ -702,8 +710,16 @@ def resampled_documents(
     count = len(pool) if documents is None else int(documents)
     rng = np.random.default_rng([8088, n, seed])
     source = rng.integers(0, len(pool), count)
-    length = lengths[rng.integers(0, len(pool), count)]  # another document's length: independent of content
+    length = int(length_scale) * lengths[rng.integers(0, len(pool), count)]  # another's length: independent of content
     docs = [pool[d][rng.integers(0, pool[d].size, m)] for d, m in zip(source, length)]
+    if planted:
+        if vocab < 11:
+            msg = f"planted structure draws ids 1-10: the vocabulary needs 11 ids or more, got {vocab}"
+            raise ValueError(msg)
+        for d in docs:
+            head = d[: min(4, d.size)]
+            hit = rng.random(head.size) < planted
+            head[hit] = rng.integers(1, 11, int(hit.sum()))
     return counted_documents(docs, n, vocab)
 
 

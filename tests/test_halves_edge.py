@@ -399,7 +399,13 @@ def test_halves_only_counter_puts_every_window_in_the_group_of_its_order_and_rou
     with pytest.raises(InputError, match="halves_only"):
         sum_window_group_files([(tmp_path / "a", 1), (tmp_path / "b", 1)], counts, tmp_path / "c")
 
+    # auto: no window can be rotated, so no shuffled corpora (liberal where documents differ):
+    # the edge measured on the halves, and no homogeneity test
     report = analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off"),
+                     window_groups=groups).report()
+    assert report["null"]["method"] == "mp" and "homogeneity" not in report
+    # asked for, shuffled corpora say why the windows could not be rotated
+    report = analyze(counts, AnalysisConfig(dims=(2,), encodings=("mds",), held_out="off", null="shuffle"),
                      window_groups=groups).report()
     assert "no rotation may turn" in report["homogeneity"]["window_null"]
     assert report["null"]["null_corpora"] == "shuffled"

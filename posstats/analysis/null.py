@@ -38,23 +38,31 @@ from posstats.geometry.mds import MDSResult, weighted_coordinates
 from posstats.progress import progress
 
 
-def _null_choice(config: AnalysisConfig, m: int, noise: Any) -> str:
+def _null_choice(config: AnalysisConfig, m: int, noise: Any, *, halves_only: bool = False) -> str:
     """The null the analysis of ``m`` geometry rows draws: ``config.null``, with ``auto``
     resolved (the shuffled corpora up to :data:`_NULL_SHUFFLE_LIMIT` rows, else the analytic
-    edge when a noise floor exists, else none)."""
+    edge when a noise floor exists, else none). ``halves_only``: the counts keep only their
+    windows' two halves (``posstats count`` above 4,096 positions), so no window can be
+    rotated and shuffled corpora, which make every token independent, would be the only
+    homogeneity null: under documents that differ they are liberal (documents resampled
+    from the fortunes, 4,200 positions of which about 4,000 used: homogeneity rejected in 2
+    of 2 corpora with no positional structure). ``auto`` then takes the edge measured on
+    the halves at any m (docs/calibration.md, "Documents that differ")."""
     if config.null != "auto":
         return config.null
-    return "shuffle" if m <= _NULL_SHUFFLE_LIMIT else ("mp" if noise is not None else "none")
+    if m <= _NULL_SHUFFLE_LIMIT and not (halves_only and noise is not None):
+        return "shuffle"
+    return "mp" if noise is not None else "none"
 
 
 def _untested(config: AnalysisConfig, m: int, noise: Any, standout: dict[str, Any] | None,
-              counts: PositionalCounts) -> str | None:
+              counts: PositionalCounts, *, halves_only: bool = False) -> str | None:
     """Why no test of the analysis can find positional structure, known before the
     geometry, or None. The verdict then ties every encoding whatever the MDS and the
     stresses come out as (:func:`posstats.estimates.verdict.all_tied`): without the shuffle
     null there is no homogeneity test, so non-stationarity rests on the standout test, and
     it found no position (or the verdict is withheld for too few windows)."""
-    if _null_choice(config, m, noise) == "shuffle":
+    if _null_choice(config, m, noise, halves_only=halves_only) == "shuffle":
         return None
     withheld = too_few_windows(counts.spec.mode, counts.windows)
     if withheld:
@@ -65,7 +73,8 @@ def _untested(config: AnalysisConfig, m: int, noise: Any, standout: dict[str, An
 
 
 def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: AnalysisConfig,
-                 m: int, *, untested: bool = False, edge: float | None = None) -> tuple[float, float] | None:
+                 m: int, *, untested: bool = False, edge: float | None = None,
+                 halves_only: bool = False) -> tuple[float, float] | None:
     """``(level, residual)`` for the Lanczos MDS when the null is the analytic edge, known
     before the MDS: eigenvalues below ``level`` (the edge on the decomposed matrix's scale:
     plug-in, or shifted down by the mean bias for the corrected one) are sampling noise, and
@@ -77,7 +86,7 @@ def _noise_level(bias: np.ndarray | None, noise: Any, geo_parts: Any, config: An
     share = config.untested_lanczos_noise_share if untested else config.lanczos_noise_share
     if not share:
         return None
-    if _null_choice(config, m, noise) != "mp" or noise is None:
+    if _null_choice(config, m, noise, halves_only=halves_only) != "mp" or noise is None:
         return None
     analytic = mp_edge(geo_parts, noise)
     edge = analytic if edge is None else edge
@@ -122,7 +131,7 @@ class _HalvesEdges:
         self.seconds = 0.0  # spent measuring the edges
         self.released = False
         if (config.mp_edge == "auto" and noise is not None
-                and _null_choice(config, len(g.index), noise) == "mp"):
+                and _null_choice(config, len(g.index), noise, halves_only=g.halves_only) == "mp"):
             if g.ranged and g.halves is not None:
                 self.source = "window groups"
             elif g.ranged:
@@ -208,7 +217,7 @@ def _edge_weights(config: AnalysisConfig, g: _Rows, noise: Any) -> np.ndarray | 
     (:func:`posstats.estimates.permutation.occupancy_weights`): None unless that null runs,
     occupancies differ and the noise floor can give the weighted edge (a token-split floor
     carries its weighted column noise; one from parts computes it)."""
-    if _null_choice(config, len(g.index), noise) != "mp" or noise is None:
+    if _null_choice(config, len(g.index), noise, halves_only=g.halves_only) != "mp" or noise is None:
         return None
     if noise.column_noise is not None and noise.occupancy_column_noise is None:
         return None
@@ -469,7 +478,7 @@ def _null_section(
     (:func:`posstats.geometry.mds.weighted_coordinates`), else None. ``rotated_statistics``:
     the homogeneity statistics of the rotated corpora the standout test already formed
     (:meth:`posstats.analysis.rows.RotatedDistances.homogeneity_statistics`), or None."""
-    choice = _null_choice(config, len(g.index), noise)
+    choice = _null_choice(config, len(g.index), noise, halves_only=g.halves_only)
     if choice == "none":
         return None, None, None
     if choice == "mp" and noise is None:

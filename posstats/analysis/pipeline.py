@@ -174,6 +174,8 @@ def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfi
 def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, parts: Any,
               show_progress: bool | None, occupancy: np.ndarray | None = None, window_groups: Any = None) -> Analysis:
     """The body of :func:`analyze` and :func:`analyze_ranges` on the selected rows ``g``."""
+    if window_groups is not None and window_groups.halves_only and not g.halves_only:
+        g = dataclasses.replace(g, halves_only=True)  # no rotation: the auto null is the halves' edge
     timings: dict[str, float] = {}
     sections: dict[str, Any] = {}
     if g.buckets is not None:
@@ -191,7 +193,7 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
     standout = _standout(g, rotated, modelled)  # before the geometry: it may decide its accuracy
     timings["standout"] = time.perf_counter() - t
     if large:
-        untested = _untested(config, len(g.index), noise, standout, counts)
+        untested = _untested(config, len(g.index), noise, standout, counts, halves_only=g.halves_only)
         if untested:  # every encoding will be tied: the stresses and the noise bulk are descriptive
             sections["geometry"]["untested"] = {"reason": untested,
                                                 "stress_halfwidth": config.untested_stress_halfwidth,
@@ -204,12 +206,13 @@ def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, 
                                                                   edge=halves.edge(weights))
     if large:
         noise_level = _noise_level(bias, noise, geo_parts, config, len(g.index), untested=untested is not None,
+                                   halves_only=g.halves_only,
                                    edge=halves.edge(None))
         halves.release()  # both edges are read: the halves' noise (1.5 GB at n = 131,072) goes before the MDS
         geometry = _sampled_geometry(g, bias, config, timings, show_progress, untested=untested is not None,
                                      noise_level=noise_level, rank_test=None if weights is None else (weights, edge_level))
     else:
-        shuffled = _null_choice(config, len(g.index), noise) == "shuffle"
+        shuffled = _null_choice(config, len(g.index), noise, halves_only=g.halves_only) == "shuffle"
         geometry = _exact_geometry(g, bias, config, timings, show_progress,
                                    rank_test=shuffled or weights is not None, edge_level=edge_level)
     null, homogeneity, weighted = _null_section(

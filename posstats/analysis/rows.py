@@ -49,6 +49,10 @@ class _Rows:
             ``halves(row_bins, bins)`` starts every range's rows of the halves' noise and
             returns their runner (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`);
             else None.
+        halves_only: the counts' window groups are their windows' two halves only
+            (``posstats count`` above 4,096 positions): no window can be rotated, so the
+            ``auto`` null is the halves' edge, not shuffled corpora
+            (:func:`posstats.analysis.null._null_choice`).
     """
 
     geo: PositionalCounts
@@ -60,6 +64,7 @@ class _Rows:
     context: int
     replicates: Any = None
     halves: Any = None
+    halves_only: bool = False
 
     @property
     def ranged(self) -> bool:

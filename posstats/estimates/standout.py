@@ -79,8 +79,9 @@ def _row_totals(rows: Any) -> tuple[Any, np.ndarray]:
         occ = np.zeros(c.shape[0])
         for lo, hi in row_blocks(c.indptr, _BLOCK):
             a, b = int(c.indptr[lo]), int(c.indptr[hi])
-            occ[lo:hi] = np.add.reduceat(c.data[a:b].astype(np.float64), c.indptr[lo:hi] - a) if b > a else 0.0
-        occ[np.diff(c.indptr) == 0] = 0.0  # reduceat repeats the next value for an empty row
+            # by row number, not reduceat: reduceat fails on empty rows at a block's end
+            row_of = np.repeat(np.arange(hi - lo), np.diff(c.indptr[lo : hi + 1]))
+            occ[lo:hi] = np.bincount(row_of, weights=c.data[a:b].astype(np.float64), minlength=hi - lo)
         return c, occ
     c = np.asarray(rows, dtype=np.float64)
     return c, c.sum(axis=1)
