@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.analysis import analyze_ranges, halves_starter
+from posstats.analysis import analyze_ranges, halves_reader, halves_starter
 from posstats.counting.io import counts_file, load_header
 from posstats.errors import OptionError, PosstatsError
 from posstats.estimates.noise import NoiseFloor
@@ -309,7 +309,8 @@ def analyze_over_actors(counts: str | os.PathLike, config: Any, ranges: int, /, 
         try:
             return analyze_ranges(header, RangedSqrt(ActorRanges(actors)), config,
                                   show_progress=show_progress, replicates=actor_replicates(actors), counts_source=path,
-                                  halves=halves_starter(path, header, None, start=actor_halves(actors, path, expected)))
+                                  halves=halves_starter(path, header, None, start=actor_halves(actors, path, expected)),
+                                  half_sums=halves_reader(path, header))
         finally:
             for a in actors:
                 ray.kill(a, no_restart=True)

@@ -16,7 +16,13 @@ Modules, in the order they build on one another:
 - ``pipeline``: :func:`analyze`, :func:`analyze_ranges`, :func:`analyze_in_ranges`.
 """
 
-from posstats.analysis.budget import budgeted_stored_counts, halves_starter, ranges_refusal, stored_with_halves
+from posstats.analysis.budget import (
+    budgeted_stored_counts,
+    halves_reader,
+    halves_starter,
+    ranges_refusal,
+    stored_with_halves,
+)
 from posstats.analysis.config import (
     DEFAULT_DIMS,
     DEVICES,
@@ -37,6 +43,6 @@ from posstats.analysis.sampled import mds_device
 __all__ = [
     "DEFAULT_DIMS", "DEVICES", "DISTANCE_MATRICES", "HALVES_MIN_COVERAGE", "JACKKNIFE_NOISE_LIMIT", "MDS_METHODS",
     "NOISE_FLOOR_CHOICES", "NULL_CHOICES", "SCHEMA_VERSION", "Analysis", "AnalysisConfig", "analyze",
-    "analyze_in_ranges", "analyze_ranges", "budgeted_stored_counts", "encoding_jobs", "halves_starter",
+    "analyze_in_ranges", "analyze_ranges", "budgeted_stored_counts", "encoding_jobs", "halves_reader", "halves_starter",
     "halves_unusable", "mds_device", "ranges_refusal", "skipped_encodings", "stored_with_halves",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 
 from posstats.analysis.config import _NULL_SHUFFLE_LIMIT, AnalysisConfig
 from posstats.counting.counts import PositionalCounts
-from posstats.counting.window_groups_io import window_groups_file
+from posstats.counting.window_groups_io import halves_sums, window_groups_file
 from posstats.estimates.ranged_halves import HALVES_BYTES_PER_STORED_COUNT, local_halves
 from posstats.geometry.ranged import BYTES_PER_STORED_COUNT
 
@@ -26,6 +26,20 @@ def halves_starter(path: str | os.PathLike, header: PositionalCounts, ranges: An
         return start
     expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
     return local_halves(ranges, str(path), expected)
+
+
+def halves_reader(path: str | os.PathLike, header: PositionalCounts, /) -> Any:
+    """The ``half_sums`` of :func:`analyze_ranges` for the counts at ``path`` (``header``):
+    ``positions -> (a, b, occ_a, occ_b)`` read from the window-groups file beside them
+    (:func:`posstats.counting.window_groups_io.halves_sums`), or None without one."""
+    if window_groups_file(path) is None:
+        return None
+    expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
+
+    def read(positions: Any) -> tuple[Any, Any, Any, Any]:
+        return halves_sums(path, positions, expected)
+
+    return read
 
 
 def budgeted_stored_counts(path: str | os.PathLike, stored: int, config: AnalysisConfig, /) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from posstats.analysis.budget import halves_starter, ranges_refusal
+from posstats.analysis.budget import halves_reader, halves_starter, ranges_refusal
 from posstats.analysis.config import FLAT_REASON, AnalysisConfig, flat_skipped_encodings, skipped_encodings
 from posstats.analysis.exact import _exact_geometry
 from posstats.analysis.held_out import _held_out_section
@@ -104,6 +104,7 @@ def analyze_ranges(
     counts_source: str | os.PathLike | None = None,
     show_progress: bool | None = None,
     halves: Any = None,
+    half_sums: Any = None,
 ) -> Analysis:
     """:func:`analyze` with the counts' rows held apart, in position ranges (in this process
     or in Ray actors: :mod:`posstats.geometry.ranged`), so that no process holds every count.
@@ -132,6 +133,10 @@ def analyze_ranges(
             halves and returns their runner, for the rank test's edge
             (:func:`posstats.estimates.ranged_halves.local_halves`; the Ray actors'
             ``start_halves``); None: the counts have no window groups (the analytic edge).
+        half_sums: ``half_sums(positions)`` reads the halves' tokens per vocabulary entry
+            and occupancies (:func:`posstats.counting.window_groups_io.halves_sums`), for the
+            standout test's document model (:mod:`posstats.estimates.document_excess`);
+            None: without it (no window groups beside the counts).
         counts_source: the counts file the ranges read, every row of it
             (:attr:`Analysis.counts_source`); its header's token total is checked against
             the rows read (:class:`~posstats.errors.InputError` when they differ), so the
@@ -151,7 +156,7 @@ def analyze_ranges(
                f"{int(read.sum()):,}; the file was changed after counting: count again")
         raise InputError(msg)
     g = _Rows(counts, None, positions, positions, rows, occupancy, counts.positions, replicates=replicates,
-              halves=halves)
+              halves=halves, half_sums=half_sums)
     analysis = _analysis(counts, config, g, parts=None, show_progress=show_progress, occupancy=read)
     analysis.sections["geometry"]["ranges"] = len(rows.ranges)  # the report says the rows were held apart
     return dataclasses.replace(analysis, counts_source=None if counts_source is None else str(counts_source))
@@ -168,7 +173,8 @@ def analyze_in_ranges(path: str | os.PathLike, parts: int, config: AnalysisConfi
     header = load_header(path)
     return analyze_ranges(header, RangedSqrt(ranges), config, show_progress=show_progress,
                           replicates=lambda groups, seed: local_replicates(ranges, groups=groups, seed=seed),
-                          counts_source=counts_file(path), halves=halves_starter(path, header, ranges.ranges))
+                          counts_source=counts_file(path), halves=halves_starter(path, header, ranges.ranges),
+                          half_sums=halves_reader(path, header))
 
 
 def _analysis(counts: PositionalCounts, config: AnalysisConfig, g: _Rows, /, *, parts: Any,

@@ -49,6 +49,10 @@ class _Rows:
             ``halves(row_bins, bins)`` starts every range's rows of the halves' noise and
             returns their runner (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`);
             else None.
+        half_sums: with rows held apart and the counts' window groups beside them,
+            ``half_sums(positions)`` reads the halves' tokens per vocabulary entry and
+            occupancies (:func:`posstats.counting.window_groups_io.halves_sums`), for the
+            standout test's document model; else None.
         halves_only: the counts' window groups are their windows' two halves only
             (``posstats count`` above 4,096 positions): no window can be rotated, so the
             ``auto`` null is the halves' edge, not shuffled corpora
@@ -64,6 +68,7 @@ class _Rows:
     context: int
     replicates: Any = None
     halves: Any = None
+    half_sums: Any = None
     halves_only: bool = False
 
     @property
@@ -233,29 +238,41 @@ def _half_sums(half: Any, keep: np.ndarray, /) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ModelledExcess:
-    """``s_pool -> (m,)`` the excess of the rows ``rows``' distances to a pool that
-    documents differing from each other give, modelled and fitted to the two halves of
-    ``groups`` (:mod:`posstats.estimates.document_excess`), for the standout test where no
-    window can be rotated."""
+    """``s_pool -> (m,)`` the excess of the rows' distances to a pool that documents
+    differing from each other give, modelled and fitted to the corpus' two halves
+    (:mod:`posstats.estimates.document_excess`), for the standout test where no window can
+    be rotated. ``sums()`` gives the halves' ``(a, b, occ_a, occ_b)`` at the rows: tokens per
+    vocabulary entry and occupancies (:func:`half_sums_of_groups` in this process,
+    :func:`posstats.counting.window_groups_io.halves_sums` for rows held apart)."""
 
-    def __init__(self, groups: Any, rows: np.ndarray, /) -> None:
-        self.groups, self.rows = groups, np.asarray(rows, dtype=np.int64)
+    def __init__(self, sums: Any, /) -> None:
+        self.sums = sums
 
     def __call__(self, s_pool: np.ndarray) -> np.ndarray:
-        (a, occ_a), (b, occ_b) = (_half_sums(h, self.rows) for h in self.groups.halves())
+        a, b, occ_a, occ_b = self.sums()
         tau = document_variance(a, b, occ_a, occ_b)
         return document_excess(tau, np.asarray(s_pool, dtype=np.float64) ** 2, occ_a + occ_b)
 
 
+def half_sums_of_groups(groups: Any, rows: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(a, b, occ_a, occ_b)`` of the window groups' two halves at ``rows``
+    (:meth:`~posstats.counting.window_groups.WindowGroups.halves`), without copying them."""
+    (a, occ_a), (b, occ_b) = (_half_sums(h, np.asarray(rows, dtype=np.int64)) for h in groups.halves())
+    return a, b, occ_a, occ_b
+
+
 def _modelled_excess(groups: Any, g: _Rows, /) -> ModelledExcess | None:
-    """:class:`ModelledExcess` of the rows where the window groups are the corpus' two halves
-    and hold every token (``halves_only`` or ``short_halves``), the rows neither bucketed
-    nor held apart; else None."""
-    if groups is None or g.buckets is not None or g.ranged or groups.groups < 2:
+    """:class:`ModelledExcess` of the rows: in this process where the window groups are the
+    corpus' two halves and hold every token (``halves_only`` or ``short_halves``), the rows
+    not bucketed; held apart, where the counts' halves can be read (``g.half_sums``); else
+    None."""
+    if g.ranged:
+        return None if g.half_sums is None else ModelledExcess(functools.partial(g.half_sums, g.index))
+    if groups is None or g.buckets is not None or groups.groups < 2:
         return None
     if not (groups.halves_only or groups.short_halves):
         return None
-    return ModelledExcess(groups, g.index)
+    return ModelledExcess(functools.partial(half_sums_of_groups, groups, g.index))
 
 
 def _standout(g: _Rows, rotated: RotatedDistances | None = None, modelled: ModelledExcess | None = None,
@@ -268,7 +285,7 @@ def _standout(g: _Rows, rotated: RotatedDistances | None = None, modelled: Model
     that excess modelled (:func:`_modelled_excess`)."""
     if g.ranged:
         return standout_test(g.positions, g.occupancy, pooled_totals=g.pooled_totals,
-                             distance_to=g.rows.distance_to)
+                             distance_to=g.rows.distance_to, modelled=modelled)
     return standout_positions(g.rows, g.positions, rotated=rotated, modelled=None if rotated is not None else modelled)
 
 

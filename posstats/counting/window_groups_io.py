@@ -34,7 +34,7 @@ from posstats.counting.window_groups import WindowGroupCounter, WindowGroups
 from posstats.errors import InputError
 from posstats.storage.publish import atomic_path, published_dir
 
-__all__ = ["WINDOW_GROUPS_FILE", "load_halves_rows", "load_window_groups", "save_halves_from_ranges", "save_window_group_blocks",
+__all__ = ["WINDOW_GROUPS_FILE", "halves_sums", "load_halves_rows", "load_window_groups", "save_halves_from_ranges", "save_window_group_blocks",
            "save_window_groups", "sum_window_group_files", "window_groups_file"]
 
 WINDOW_GROUPS_FILE = "window-groups.safetensors"
@@ -235,6 +235,29 @@ def load_halves_rows(path: str | os.PathLike, positions: Any, expected: tuple[in
             even.eliminate_zeros()
             halves = [halves[0] + even, halves[1] + odd]
     return sp.csr_array(halves[0]), sp.csr_array(halves[1])
+
+
+_SUM_ROWS = 4096  # positions read at a time by halves_sums
+
+
+def halves_sums(path: str | os.PathLike, positions: Any, expected: tuple[int, int, int, str], /
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(a, b, occ_a, occ_b)``: the even and the odd half's tokens per vocabulary entry
+    ((V,) each) and occupancies ((m,) each) at ``positions`` (sorted, m of them) of the
+    window-groups file beside the counts at ``path``, read :data:`_SUM_ROWS` positions at a
+    time (:func:`load_halves_rows`, whose checks it shares): what the standout test's
+    document model needs where the rows are held apart
+    (:mod:`posstats.estimates.document_excess`), in the memory of a few thousand rows."""
+    pos = np.asarray(positions, dtype=np.int64)
+    a, b = np.zeros(int(expected[1])), np.zeros(int(expected[1]))
+    occ_a, occ_b = np.zeros(pos.size), np.zeros(pos.size)
+    for lo in range(0, pos.size, _SUM_ROWS):
+        even, odd = load_halves_rows(path, pos[lo : lo + _SUM_ROWS], expected)
+        a += np.asarray(even.sum(axis=0), dtype=np.float64).ravel()
+        b += np.asarray(odd.sum(axis=0), dtype=np.float64).ravel()
+        occ_a[lo : lo + _SUM_ROWS] = np.asarray(even.sum(axis=1), dtype=np.float64).ravel()
+        occ_b[lo : lo + _SUM_ROWS] = np.asarray(odd.sum(axis=1), dtype=np.float64).ravel()
+    return a, b, occ_a, occ_b
 
 
 def _file_rows(target: Path, f: Any, h: _Header, first: int, rows: int, pick: np.ndarray, every: bool,
