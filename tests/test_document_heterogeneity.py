@@ -93,6 +93,17 @@ def test_bench_document_heterogeneity_small():
     assert row["halves_reread"]["top_over_halves"]["mean"] > 0
 
 
+def test_bench_document_heterogeneity_long_planted_documents():
+    """``--length-scale`` and ``--planted``: strongly planted openings (share 0.9) of
+    documents four times as long stand out as exactly 0-3, which ``standouts_exact`` counts."""
+    out = subprocess.run([sys.executable, str(BENCH), "--positions", "64", "--seeds", "1", "--documents", "300",
+                          "--analyses", "default", "--length-scale", "4", "--planted", "0.9"],
+                         capture_output=True, text=True, check=True, timeout=300)
+    r = json.loads(out.stdout)
+    assert r["setup"]["length_scale"] == 4 and r["setup"]["planted"] == 0.9
+    assert r["rows"][0]["default"]["standouts_exact"]["count"] == 1
+
+
 def test_rotated_offsets_remove_the_standouts_of_document_noise():
     """Resampled fortunes at n = 512, seed 3 (no positional structure): the multinomial null
     names position 0 (z 9.7: the pool is the long documents', position 0 every document's);
