@@ -139,6 +139,25 @@ def test_a_count_against_a_null_of_independent_tokens_carries_a_caveat():
     assert independent_rank_null_caveat({"method": "mp"}, None) is None
 
 
+def test_a_count_against_the_halves_edge_under_falling_occupancy_carries_a_caveat():
+    """The edge measured on halves keeps a document's tokens together (no independence
+    caveat), but in truncate and chunk mode with occupancy falling at least twofold it was
+    liberal where documents differ (docs/calibration.md, "Documents that differ"): the count
+    is then an upper estimate. In pack mode, with flat occupancy or no component, none."""
+    from posstats.estimates.verdict import HALVES_FALLING_RATIO, independent_rank_null_caveat
+
+    null = {"method": "mp", "edge": {"method": "halves"}, "weights_ratio": 1500.0, "components_above_null": 6}
+    for mode in ("truncate", "chunk", None):
+        text = independent_rank_null_caveat(null, 6, mode)
+        assert text is not None and "6 component(s)" in text and "falls 1,500-fold" in text and "upper estimate" in text
+    assert independent_rank_null_caveat(null, 6, "pack") is None
+    assert independent_rank_null_caveat({**null, "weights_ratio": HALVES_FALLING_RATIO / 2}, 6, "truncate") is None
+    assert independent_rank_null_caveat(null, 0, "truncate") is None
+    report = {"null": null, "corpus": {"mode": "truncate"}}
+    assert any("Documents that differ" in c for c in verdict(report, {"count": 7}).caveats)
+    assert not any("Documents that differ" in c for c in verdict(report, {"count": 0}).caveats)  # the gate
+
+
 def test_cli_run_with_the_analytic_edge_carries_the_independence_caveat(tmp_path, data_dir):
     """``posstats run --null mp --mp-edge analytic`` on the bundled fortunes (real text,
     BERT, 64 positions, truncated): positions 0-6 stand out, components are counted against

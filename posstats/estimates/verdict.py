@@ -192,7 +192,11 @@ WINDOW_HOMOGENEITY_CAVEAT = (
     "2.5 % level (docs/calibration.md); read a gradual structure found without window groups as tentative")
 
 
-def independent_rank_null_caveat(null: dict[str, Any], components: int | None, /) -> str | None:
+HALVES_FALLING_RATIO = 2.0  # occupancy falling at least this many times: the halves' edge caveat of documents that differ
+
+
+def independent_rank_null_caveat(null: dict[str, Any], components: int | None, /, mode: str | None = None
+                                 ) -> str | None:
     """The caveat for a count of components above noise whose null treats the tokens of one
     window as independent, or None: the analytic edge (``null.method`` ``mp``, above 4,096
     rows, unless its edge was measured on independent halves: ``null.edge.method``
@@ -205,12 +209,27 @@ def independent_rank_null_caveat(null: dict[str, Any], components: int | None, /
     component in 20 of 20 such streams. Real prose does not: Shakespeare (GPT-2) and the
     fortunes (BERT) packed at n = 64-1,024 had the bulk of the same tokens shuffled, to
     within 1.5 %. Only where components are claimed: the gate (a test of H0 must reject
-    first) keeps the verdict's level, and the standout test compares each row with the pool."""
+    first) keeps the verdict's level, and the standout test compares each row with the pool.
+
+    The edge measured on halves keeps a window's tokens together and gets no such caveat,
+    except in ``truncate`` and ``chunk`` mode (``mode``; None, a report that does not say,
+    counts as such) where occupancy falls at least :data:`HALVES_FALLING_RATIO`-fold
+    (``null.weights_ratio``): there, where documents differ from each other as real ones
+    do, it counted a component in most null corpora of resampled fortunes from 128 rows and
+    in every one at 8,192 positions (docs/calibration.md, "Documents that differ")."""
     if not components:
         return None
     if null.get("method") == "mp":
         if (null.get("edge") or {}).get("method") == "halves":
-            return None  # measured on halves that keep a window's (a document's) tokens together
+            ratio = float(null.get("weights_ratio") or 1.0)
+            if mode == "pack" or ratio < HALVES_FALLING_RATIO:
+                return None  # measured on halves that keep a window's (a document's) tokens together
+            return (f"the {int(components)} component(s) above noise were counted against the noise measured on "
+                    "independent halves, an edge calibrated on documents of one kind: where documents differ from each "
+                    f"other and most are shorter than the context (occupancy here falls {ratio:,.0f}-fold), it counted a "
+                    "component in most null corpora of resampled fortunes from 128 positions and in every one at 8,192 "
+                    "(docs/calibration.md, \"Documents that differ\"); read the count as an upper estimate (which "
+                    "positions stand out is not affected)")
         against = "the analytic noise edge, which treats"
     elif null.get("null_corpora") == "shuffled":
         against = "shuffled null corpora (the counts have no window groups), which treat"
@@ -627,7 +646,7 @@ def verdict(report: dict[str, Any], standout: dict[str, Any] | None, /) -> Verdi
         held_out_best = best_encodings([held_out_row(e) for e in held_out.get("encodings") or []], all_tied=True)
     used = int((report.get("positions") or {}).get("used") or 0)
     window_caveat = (WINDOW_HOMOGENEITY_CAVEAT,) if not withheld and homogeneity_alone_in_windows(report, standout) else ()
-    dependence = independent_rank_null_caveat(null, above)
+    dependence = independent_rank_null_caveat(null, above, (report.get("corpus") or {}).get("mode"))
     return Verdict(
         withheld=withheld,
         caveats=tuple(caveats(report)) + window_caveat + ((dependence,) if dependence else ()),
