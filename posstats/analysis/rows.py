@@ -17,7 +17,7 @@ from posstats.analysis.config import AnalysisConfig
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import DENSE_AS_SPARSE_ENTRIES, csr_from_dense
-from posstats.counting.rows import select_rows
+from posstats.counting.rows import row_blocks, select_rows
 from posstats.errors import OptionError
 from posstats.estimates.document_excess import document_excess, document_variance
 from posstats.estimates.noise import bias_can_matter, merge_noise_floors, noise_floor
@@ -224,17 +224,25 @@ class RotatedDistances:
         return self.distances @ groups.occupancy
 
 
+_SUM_ENTRIES = 1 << 22  # stored entries of a half summed at a time: no temporary of the half's size
+
+
 def _half_sums(half: Any, keep: np.ndarray, /) -> tuple[np.ndarray, np.ndarray]:
     """``((V,) tokens per vocabulary entry, (m,) occupancy)`` of the rows ``keep`` (m,) of
-    one half ((n, V) CSR), without copying its entries."""
-    lengths = np.diff(half.indptr)
-    row_of = np.repeat(np.arange(half.shape[0]), lengths)
-    data = half.data[: half.indptr[-1]].astype(np.float64)
-    occupancy = np.bincount(row_of, weights=data, minlength=half.shape[0])[keep]
+    one half ((n, V) CSR), a block of about :data:`_SUM_ENTRIES` stored entries at a time,
+    without copying its entries."""
     chosen = np.zeros(half.shape[0], dtype=bool)
     chosen[keep] = True
-    use = chosen[row_of]
-    return np.bincount(half.indices[: half.indptr[-1]][use], weights=data[use], minlength=half.shape[1]), occupancy
+    totals, occupancy = np.zeros(half.shape[1]), np.zeros(half.shape[0])
+    base = int(half.indptr[0])
+    for lo, hi in row_blocks(half.indptr - base, _SUM_ENTRIES):
+        a, b = int(half.indptr[lo]) - base, int(half.indptr[hi]) - base
+        lengths = np.diff(half.indptr[lo : hi + 1])
+        data = half.data[a:b].astype(np.float64)
+        occupancy[lo:hi] = np.bincount(np.repeat(np.arange(hi - lo), lengths), weights=data, minlength=hi - lo)
+        use = np.repeat(chosen[lo:hi], lengths)
+        totals += np.bincount(half.indices[a:b][use], weights=data[use], minlength=half.shape[1])
+    return totals, occupancy[keep]
 
 
 class ModelledExcess:
