@@ -60,10 +60,11 @@ from posstats.estimates.saddlepoint import calibrated_z, solved_near
 __all__ = [
     "FAMILY_LEVEL",
     "STANDOUT_Z",
+    "THIN_SOLVED",
     "distance_to_pool",
+    "modelled_offset",
     "null_distance_to_pool",
     "position_ranges",
-    "modelled_offset",
     "rotated_offset",
     "standout_positions",
     "standout_test",
