@@ -17,12 +17,12 @@ from posstats.analysis.config import AnalysisConfig
 from posstats.counting.buckets import Buckets, bucket_counts, parse_buckets
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.io import DENSE_AS_SPARSE_ENTRIES, csr_from_dense
-from posstats.counting.rows import row_blocks, select_rows
+from posstats.counting.rows import select_rows
 from posstats.errors import OptionError
 from posstats.estimates.document_excess import document_excess, document_variance
 from posstats.estimates.noise import bias_can_matter, merge_noise_floors, noise_floor
 from posstats.estimates.rotation import rotated_distances_to_pool
-from posstats.estimates.standout import standout_positions, standout_test
+from posstats.estimates.standout import _pooled_totals, _row_totals, standout_positions, standout_test
 from posstats.estimates.thinning import split_noise_floor
 from posstats.geometry.mds import MDSResult
 from posstats.geometry.ranged import RangedSqrt
@@ -224,27 +224,6 @@ class RotatedDistances:
         return self.distances @ groups.occupancy
 
 
-_SUM_ENTRIES = 1 << 22  # stored entries of a half summed at a time: no temporary of the half's size
-
-
-def _half_sums(half: Any, keep: np.ndarray, /) -> tuple[np.ndarray, np.ndarray]:
-    """``((V,) tokens per vocabulary entry, (m,) occupancy)`` of the rows ``keep`` (m,) of
-    one half ((n, V) CSR), a block of about :data:`_SUM_ENTRIES` stored entries at a time,
-    without copying its entries."""
-    chosen = np.zeros(half.shape[0], dtype=bool)
-    chosen[keep] = True
-    totals, occupancy = np.zeros(half.shape[1]), np.zeros(half.shape[0])
-    base = int(half.indptr[0])
-    for lo, hi in row_blocks(half.indptr - base, _SUM_ENTRIES):
-        a, b = int(half.indptr[lo]) - base, int(half.indptr[hi]) - base
-        lengths = np.diff(half.indptr[lo : hi + 1])
-        data = half.data[a:b].astype(np.float64)
-        occupancy[lo:hi] = np.bincount(np.repeat(np.arange(hi - lo), lengths), weights=data, minlength=hi - lo)
-        use = np.repeat(chosen[lo:hi], lengths)
-        totals += np.bincount(half.indices[a:b][use], weights=data[use], minlength=half.shape[1])
-    return totals, occupancy[keep]
-
-
 class ModelledExcess:
     """``s_pool -> (m,)`` the excess of the rows' distances to a pool that documents
     differing from each other give, modelled and fitted to the corpus' two halves
@@ -265,7 +244,14 @@ class ModelledExcess:
 def half_sums_of_groups(groups: Any, rows: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(a, b, occ_a, occ_b)`` of the window groups' two halves at ``rows``
     (:meth:`~posstats.counting.window_groups.WindowGroups.halves`), without copying them."""
-    (a, occ_a), (b, occ_b) = (_half_sums(h, np.asarray(rows, dtype=np.int64)) for h in groups.halves())
+    rows = np.asarray(rows, dtype=np.int64)
+    sums = []
+    for half in groups.halves():
+        c, occupancy = _row_totals(half)
+        chosen = np.zeros(occupancy.size, dtype=bool)
+        chosen[rows] = True
+        sums.append((_pooled_totals(c, chosen), occupancy[rows]))
+    (a, occ_a), (b, occ_b) = sums
     return a, b, occ_a, occ_b
 
 
