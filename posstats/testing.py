@@ -706,6 +706,9 @@ def resampled_documents(
     if any(int(s.min()) < 0 or int(s.max()) >= vocab for s in pool):
         msg = f"source token ids must lie in [0, {vocab})"
         raise ValueError(msg)
+    if int(length_scale) < 1 or not 0.0 <= float(planted) <= 1.0:
+        msg = f"length_scale must be >= 1 and planted in [0, 1], got {length_scale} and {planted}"
+        raise ValueError(msg)
     lengths = np.array([s.size for s in pool])
     count = len(pool) if documents is None else int(documents)
     rng = np.random.default_rng([8088, n, seed])

@@ -209,6 +209,13 @@ def test_thin_rows_are_solved_however_far_above_the_threshold():
         assert own is not None and solved[i] == pytest.approx(own[0]) and solved[i] < threshold
 
 
+@pytest.mark.parametrize(("options", "message"), [({"length_scale": 0}, "length_scale"), ({"planted": 1.5}, "planted"),
+                                                  ({"planted": 0.5}, "11 ids")])
+def test_bad_resampling_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        resampled_documents([np.array([1, 2, 3])], 4, vocab=5, **options)
+
+
 def test_distance_to_a_pool_with_empty_rows_at_the_end():
     """Rows with no token at the end of the matrix (a count whose deepest positions no
     document reached): occupancies are 0 there, the others as counted."""
@@ -239,3 +246,40 @@ def test_rows_held_apart_model_the_same_excess(tmp_path):
     assert here["modelled_offset"]["rows_offset"] > 100
     assert apart["modelled_offset"] == pytest.approx(here["modelled_offset"], rel=1e-9)
     assert apart["count"] == here["count"] == 0 and apart["max_z"] == pytest.approx(here["max_z"], rel=1e-6)
+
+
+def test_the_cli_above_4096_positions_models_the_documents_excess(tmp_path, data_dir):
+    """``posstats count`` + ``posstats analyze`` on the bundled fortunes at 8,192 positions (the
+    counter keeps the two halves only): the openings of real text, 0-6, still stand out; the
+    null is the halves' edge (no shuffled corpora); and the report's modelled offsets are
+    those recomputed from the saved files by dense sums over the halves."""
+    import json
+
+    from posstats.cli import main as cli
+    from posstats.counting.io import load_counts
+    from posstats.counting.window_groups_io import load_window_groups
+
+    counts_dir, out = tmp_path / "counts", tmp_path / "analysis"
+    assert cli(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text", "--tokenizer",
+                str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json"), "--positions", "8192",
+                "--out", str(counts_dir), "-q"]) == 0
+    assert cli(["analyze", "--counts", str(counts_dir), "--out", str(out), "--held-out", "off", "-q"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    standout = report["verdict"]["standout_positions"]
+    assert standout["ranges"] == "0-6" and standout["max_z"] > 50
+    assert report["null"]["method"] == "mp" and report["null"]["edge"]["method"] == "halves"
+    assert "homogeneity" not in report
+
+    counts = load_counts(counts_dir)
+    groups = load_window_groups(counts_dir, counts)
+    assert groups.halves_only
+    dense = counts.matrix.toarray().astype(np.float64)
+    used = np.flatnonzero(dense.sum(axis=1) > 0)
+    a, b = (h.toarray()[used].astype(np.float64) for h in groups.halves())
+    tau = document_variance(a.sum(axis=0), b.sum(axis=0), a.sum(axis=1), b.sum(axis=1))
+    pool = dense[used].sum(axis=0)
+    excess = document_excess(tau, pool / pool.sum(), dense[used].sum(axis=1))
+    _, sd = null_distance_to_pool(pool / pool.sum(), dense[used].sum(axis=1))
+    positive = np.maximum(excess, 0.0)
+    assert standout["modelled_offset"]["rows_offset"] == np.count_nonzero(positive)
+    assert standout["modelled_offset"]["largest_in_sd"] == pytest.approx((positive / sd).max(), rel=1e-9)
