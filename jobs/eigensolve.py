@@ -76,7 +76,7 @@ import numpy as np
 
 from posstats.analysis import HALVES_MIN_COVERAGE, halves_unusable, stored_with_halves
 from posstats.counting.io import counts_file, load_header, load_indptr
-from posstats.counting.window_groups_io import window_groups_file
+from posstats.counting.window_groups_io import halves_sums, window_groups_file
 from posstats.estimates.null_rank import (
     bias_shift,
     bounded_rank_test,
@@ -89,7 +89,7 @@ from posstats.estimates.null_rank import (
 )
 from posstats.estimates.noise import merge_noise_floors
 from posstats.estimates.permutation import occupancy_weights
-from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures
+from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures, halves_pool_shift
 from posstats.estimates.halves_edge import HalvesEdge
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
 from posstats.estimates.ranged_halves import ranged_halves_noise
@@ -383,12 +383,14 @@ class _Edges:
 
 
 def _measure_edges(args: argparse.Namespace, path: str, header: Any, actors: list[Any], op: RangedSqrt,
-                   occupancy: np.ndarray, floor: Any, /) -> _Edges:
+                   positions: np.ndarray, occupancy: np.ndarray, floor: Any, /) -> _Edges:
     """The rank test's edges of the corrected solve, unweighted and (where occupancies
     differ) occupancy-weighted, measured on the even and odd window groups beside the counts
     at ``path``: each actor builds its rows of the halves' noise
-    (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`), both edges are read, and
-    the rows are let go before the MDS. None measured (the analytic edge) with
+    (:func:`posstats.estimates.ranged_halves.ranged_halves_noise`; at ``positions``, with
+    the halves' analogue of the pool's shrinkage error where the solve removes the
+    occupancy shrinkage: :func:`posstats.estimates.occupancy.halves_pool_shift`), both
+    edges are read, and the rows are let go before the MDS. None measured (the analytic edge) with
     ``--mp-edge analytic`` or no window-groups file."""
     if args.mp_edge != "auto":
         return _Edges({}, "--mp-edge analytic")
@@ -397,6 +399,9 @@ def _measure_edges(args: argparse.Namespace, path: str, header: Any, actors: lis
     expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
     noise = ranged_halves_noise(actor_halves(actors, os.path.abspath(path), expected), occupancy, np.diff(op.edges),
                                 header.vocab_size, source="window groups", min_coverage=HALVES_MIN_COVERAGE)
+    if noise.matrix is not None and floor.bias is not None:  # the solve removes the occupancy shrinkage, as here
+        shift = halves_pool_shift(occupancy, *halves_sums(path, positions, expected)[:2])
+        noise = noise if shift is None else noise.pool_shifted(*shift)
     try:
         found = {False: noise.edge(None, floor.bias)}
         weights = _rank_test_weights(floor)
@@ -518,7 +523,8 @@ def run_ranged(args: argparse.Namespace) -> dict[str, Any]:
             t_standout = time.perf_counter() - t_standout
             floor = merge_noise_floors(op.ranges.call("noise")) if corrected else None
             t_edges = time.perf_counter()
-            edges = _measure_edges(args, path, header, actors, op, occupancy, floor) if floor is not None else None
+            edges = (_measure_edges(args, path, header, actors, op, positions, occupancy, floor)
+                     if floor is not None else None)
             t_edges = time.perf_counter() - t_edges
             solve = (_corrected_solve(floor, args.lanczos_noise_share, edge=edges.edge(False))
                      if floor is not None else {})

@@ -46,8 +46,8 @@ from posstats.counting.window_groups import WindowGroups
 from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, kept_window_groups
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "counted_documents", "known_corpus", "markov_packed_counts",
-           "markov_stream", "proportion", "resampled_documents", "split_counts", "successor_documents",
-           "successor_stream", "synthetic_counts"]
+           "markov_stream", "proportion", "resampled_documents", "split_counts", "sticky_draws",
+           "successor_documents", "successor_stream", "synthetic_counts"]
 
 
 def proportion(k: int, n: int, /) -> dict[str, Any]:
@@ -663,9 +663,28 @@ def successor_documents(
     return counted_documents(docs, n, vocab)
 
 
+def sticky_draws(draws: np.ndarray, stay: float, rng: np.random.Generator, /) -> np.ndarray:
+    """(L,) the chain that repeats its previous token with probability ``stay`` and else
+    takes the next of the independent ``draws`` (L,): token t is ``draws[r_t]``, ``r_t``
+    the last fresh step at or before t (step 0 is always fresh). Where ``draws`` are
+    i.i.d. from a law u, every token of the chain has the law u, and two tokens k apart
+    are the same draw with probability ``stay^k``.
+
+    >>> sticky_draws(np.array([5, 6, 7, 8]), 0.0, np.random.default_rng(0)).tolist()
+    [5, 6, 7, 8]
+    >>> sticky_draws(np.array([5, 6, 7, 8]), 1.0, np.random.default_rng(0)).tolist()
+    [5, 5, 5, 5]
+    """
+    draws = np.asarray(draws)
+    fresh = rng.random(draws.size) >= stay
+    if draws.size:
+        fresh[0] = True
+    return draws[np.maximum.accumulate(np.where(fresh, np.arange(draws.size), 0))]
+
+
 def resampled_documents(
     sources: list[np.ndarray], n: int, /, *, vocab: int, documents: int | None = None, seed: int = 0,
-    length_scale: int = 1, planted: float = 0.0,
+    length_scale: int = 1, planted: float = 0.0, stay: float = 0.0,
 ) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
     """A truncate-mode corpus with **no positional structure** whose documents differ from
     each other as real ones do: the null of real text's document heterogeneity.
@@ -689,6 +708,12 @@ def resampled_documents(
             laws, for contexts above 4,096 positions).
         planted: > 0 plants one dimension of structure: positions 0-3 of every document
             draw that share of their tokens uniformly from ids 1-10 (no longer a null).
+        stay: > 0 makes a document's tokens dependent, not exchangeable: each token repeats
+            the previous one with probability ``stay``, else is a fresh draw from ``u_d``
+            (:func:`sticky_draws`). Every position still has the law ``u_d`` within a
+            document (the chain starts from it and keeps it), so the corpus stays a null,
+            while nearby tokens are correlated (``stay^k`` at distance k) and a document's
+            openings have neighbours on one side only.
 
     Returns:
         ``(counts, parts, groups)``: the corpus' counts, the counts of its even and of its
@@ -706,8 +731,9 @@ def resampled_documents(
     if any(int(s.min()) < 0 or int(s.max()) >= vocab for s in pool):
         msg = f"source token ids must lie in [0, {vocab})"
         raise ValueError(msg)
-    if int(length_scale) < 1 or not 0.0 <= float(planted) <= 1.0:
-        msg = f"length_scale must be >= 1 and planted in [0, 1], got {length_scale} and {planted}"
+    if int(length_scale) < 1 or not 0.0 <= float(planted) <= 1.0 or not 0.0 <= float(stay) < 1.0:
+        msg = (f"length_scale must be >= 1, planted in [0, 1] and stay in [0, 1), got {length_scale}, {planted} "
+               f"and {stay}")
         raise ValueError(msg)
     lengths = np.array([s.size for s in pool])
     count = len(pool) if documents is None else int(documents)
@@ -715,6 +741,8 @@ def resampled_documents(
     source = rng.integers(0, len(pool), count)
     length = int(length_scale) * lengths[rng.integers(0, len(pool), count)]  # another's length: independent of content
     docs = [pool[d][rng.integers(0, pool[d].size, m)] for d, m in zip(source, length)]
+    if stay:
+        docs = [sticky_draws(d, float(stay), rng) for d in docs]
     if planted:
         if vocab < 11:
             msg = f"planted structure draws ids 1-10: the vocabulary needs 11 ids or more, got {vocab}"

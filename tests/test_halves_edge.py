@@ -18,12 +18,14 @@ from posstats.estimates.halves_edge import (
     HALVES_EDGE_MARGIN,
     HALVES_MARGIN_ROWS,
     HalvesNoise,
+    PoolShiftedNoise,
     halves_edge,
     halves_margin,
     halves_noise_matrix,
     noise_top,
     occupancy_bins,
 )
+from posstats.estimates.occupancy import halves_pool_shift, sqrt_shrinkage
 from posstats.estimates.sampling_variance import sqrt_count_variance
 from posstats.geometry.hellinger import sqrt_distributions
 from posstats.reports.summary import verdict_items
@@ -231,6 +233,88 @@ def test_falling_occupancy_halves_from_parts_follow_the_tested_bulk(tokens, rati
         assert null["components_above_null"] == 0
         ratios.append((null["tested_eigenvalues"][0] + null["eigenvalue_shift"]) / (edge["noise_top"] + edge["shift"]))
     assert 0.95 <= np.mean(ratios) <= 1.05
+
+
+def test_pool_shift_is_half_the_difference_of_the_halves_shrinkages():
+    """``weights @ shift`` is ``-(m_A(N_i) - m_B(N_i)) / 2`` row by row, each half's
+    shrinkage ``sqrt(p) f(N p)`` under its own pool at the row's occupancy, to the grid's
+    interpolation error (5 % steps in N); a row without tokens gets none, and there is no
+    shift at equal occupancy or with an empty half."""
+    rng = np.random.default_rng(2)
+    occ = np.geomspace(30, 3000, 50)
+    occ[7] = 0.0
+    a, b = rng.poisson(5, 300).astype(float), rng.poisson(5, 300).astype(float)
+    weights, shift = halves_pool_shift(occ, a, b)
+    assert weights.shape == (50, shift.shape[0]) and shift.shape[1] == 300 and weights.nnz <= 2 * 50
+    rows = weights @ shift
+    used = occ > 0
+
+    def m(p, n):
+        return np.sqrt(p)[None, :] * sqrt_shrinkage(n[:, None] * p[None, :])
+
+    want = -(m(a / a.sum(), occ[used]) - m(b / b.sum(), occ[used])) / 2
+    assert np.abs(want).max() > 1e-3  # the halves' pools differ enough to be seen
+    np.testing.assert_allclose(rows[used], want, atol=1e-3 * np.abs(want).max())
+    assert not rows[7].any()
+    assert halves_pool_shift(np.full(5, 10.0), a, b) is None
+    assert halves_pool_shift(occ, np.zeros(300), b) is None
+
+
+def test_pool_shifted_noise_is_the_noise_plus_its_low_rank_term():
+    """``D' + Z L``: its products and its top (weighted, corrected) are the dense matrix',
+    over a CSR noise and over rows held apart (any object with ``times`` and ``t_times``,
+    whose ``runner`` it passes on); a term of the wrong shape is refused."""
+    rng, d, w, b, _ = _random_noise(5)
+    k = rng.integers(0, 5, 40)
+    t = rng.uniform(0, 1, 40)
+    z = sp.csr_array((np.concatenate([1 - t, t]), (np.tile(np.arange(40), 2), np.concatenate([k, k + 1]))),
+                     shape=(40, 6))
+    shift = rng.standard_normal((6, 70)) * 0.1
+    dense = d.toarray() + z.toarray() @ shift
+    x, y = rng.standard_normal((70, 3)), rng.standard_normal((40, 3))
+
+    class Held:
+        shape, runner = d.shape, "the ranges' runner"
+
+        def times(self, v):
+            return d @ v
+
+        def t_times(self, v):
+            return d.T @ v
+
+    for inner in (d, Held()):
+        shifted = PoolShiftedNoise(inner, z, shift)
+        np.testing.assert_allclose(shifted.times(x), dense @ x, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(shifted.t_times(y), dense.T @ y, rtol=1e-12, atol=1e-12)
+        j = np.eye(40) - 1 / 40
+        gram = np.sqrt(w)[:, None] * (j @ (dense @ dense.T - np.diag(b)) @ j) * np.sqrt(w)[None, :]
+        assert noise_top(shifted, w, b) == pytest.approx(np.linalg.eigvalsh(gram)[-1], rel=1e-6)
+    assert PoolShiftedNoise(Held(), z, shift).runner == "the ranges' runner"
+    assert not hasattr(PoolShiftedNoise(d, z, shift), "runner")
+    with pytest.raises(ValueError, match="does not fit"):
+        PoolShiftedNoise(d, z, shift[:, :60])
+    noise = HalvesNoise(d, 40, 1.0, "parts").pool_shifted(z, shift)
+    assert noise.edge(w, b).pool_shift and noise.edge(w, b).to_dict()["pool_shift"] is True
+    assert "pool_shift" not in HalvesNoise(d, 40, 1.0, "parts").edge(w, b).to_dict()
+
+
+def test_the_analysis_shifts_the_halves_only_where_it_removes_the_shrinkage():
+    """Falling occupancy with bias-corrected distances: the edge's noise carries the pool
+    shift (``null.edge.pool_shift``); plug-in distances (nothing removed) and equal
+    occupancy (no shrinkage) leave it out."""
+    falling = known_corpus("stationary", 128, tokens=400, seed=3, occupancy_ratio=0.2, window_groups=64,
+                           halves_only=True)
+    equal = known_corpus("stationary", 128, tokens=400, seed=3, window_groups=64, halves_only=True)
+    config = AnalysisConfig(null="mp", encodings=("mds",), dims=(2,), held_out="off")
+
+    def edge(corpus, **options):
+        cfg = dataclasses.replace(config, **options)
+        return analyze(corpus.counts, cfg, window_groups=corpus.window_groups, show_progress=False).report()[
+            "null"]["edge"]
+
+    assert edge(falling)["method"] == "halves" and edge(falling).get("pool_shift") is True
+    assert "pool_shift" not in edge(falling, distances="plugin")
+    assert "pool_shift" not in edge(equal)
 
 
 def _random_noise(seed: int):

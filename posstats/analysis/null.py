@@ -26,6 +26,7 @@ from posstats.estimates.null_rank import (
     null_rank,
     tested_bound_entry,
 )
+from posstats.estimates.occupancy import halves_pool_shift
 from posstats.estimates.permutation import (
     null_distance_sums,
     occupancy_weights,
@@ -111,6 +112,12 @@ def halves_unusable(found: HalvesEdge, /) -> str | None:
     return None
 
 
+def _column_sums(c: sp.csr_array) -> np.ndarray:
+    """(V,) float64 column sums of the CSR ``c`` (one bincount over its stored entries)."""
+    end = int(c.indptr[-1])
+    return np.bincount(c.indices[:end], weights=c.data[:end], minlength=c.shape[1]).astype(np.float64, copy=False)
+
+
 class _HalvesEdges:
     """The ``mp`` null's edge measured on two independent halves of the geometry rows
     (:func:`posstats.estimates.halves_edge.halves_edge`), unweighted and occupancy-weighted,
@@ -157,12 +164,28 @@ class _HalvesEdges:
 
     @functools.cached_property
     def _noise(self) -> HalvesNoise:
-        """The halves' rescaled noise, once (none below :data:`HALVES_MIN_COVERAGE`)."""
+        """The halves' rescaled noise, once (none below :data:`HALVES_MIN_COVERAGE`), with
+        the halves' analogue of the pool's shrinkage error where the tested rows have their
+        occupancy shrinkage removed (:meth:`_pool_shifted`)."""
         if self._g.ranged:
-            return ranged_halves_noise(self._g.halves, self._g.occupancy, np.diff(self._g.rows.edges),
-                                       self._g.rows.shape[1], source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+            noise = ranged_halves_noise(self._g.halves, self._g.occupancy, np.diff(self._g.rows.edges),
+                                        self._g.rows.shape[1], source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+            sums = self._g.half_sums(self._g.index)[:2] if self._g.half_sums is not None else None
+            return self._pool_shifted(noise, sums)
         a, b = self._halves()
-        return halves_noise(a, b, self._g.rows, source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+        noise = halves_noise(a, b, self._g.rows, source=self.source, min_coverage=HALVES_MIN_COVERAGE)
+        return self._pool_shifted(noise, (_column_sums(a), _column_sums(b)))
+
+    def _pool_shifted(self, noise: HalvesNoise, sums: tuple[np.ndarray, np.ndarray] | None) -> HalvesNoise:
+        """``noise`` with :func:`posstats.estimates.occupancy.halves_pool_shift` of the halves'
+        ``sums`` (tokens per vocabulary entry) added where the tested eigenvalues are the
+        bias-corrected ones, whose rows have their occupancy shrinkage removed under the
+        pooled distribution (docs/calibration.md, "Documents that differ"); unchanged for
+        plug-in eigenvalues, at equal occupancy or without the sums."""
+        if self._bias is None or sums is None or noise.matrix is None:
+            return noise
+        shift = halves_pool_shift(self._g.occupancy, *sums)
+        return noise if shift is None else noise.pool_shifted(*shift)
 
     def release(self) -> None:
         """Let the halves' noise go (the ranges' rows of it too) once the edges the

@@ -84,7 +84,8 @@ from posstats.geometry.products import (
     product_threads,
 )
 
-__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HALVES_MARGIN_ROWS", "HalvesEdge", "HalvesNoise", "cell_sums",
+__all__ = ["EQUAL_WEIGHTS", "HALVES_EDGE_MARGIN", "HALVES_MARGIN_ROWS", "HalvesEdge", "HalvesNoise", "PoolShiftedNoise",
+           "cell_sums",
            "halves_coverage", "halves_edge", "halves_margin", "halves_noise", "halves_noise_matrix", "noise_scale",
            "noise_top", "occupancy_bins", "rescale_noise", "unscaled_noise"]
 
@@ -136,6 +137,8 @@ class HalvesEdge:
             bound at most that much above it); None where it was solved.
         deflated: j, the data's top components projected off the noise before its top
             was taken (:meth:`HalvesNoise.deflated_edges`); 0 for the whole noise.
+        pool_shift: the noise carries the halves' analogue of the pooled distribution's
+            error in the occupancy shrinkage (:class:`PoolShiftedNoise`).
     """
 
     noise_top: float
@@ -146,6 +149,7 @@ class HalvesEdge:
     shift: float = 0.0
     weights_bound: float | None = None
     deflated: int = 0  # the data's top components projected off the noise (HalvesNoise.deflated_edges)
+    pool_shift: bool = False  # the noise carries the pool's shrinkage error (PoolShiftedNoise)
 
     @property
     def edge(self) -> float:
@@ -157,7 +161,8 @@ class HalvesEdge:
         return {"method": "halves", "source": self.source, "noise_top": self.noise_top, "shift": self.shift,
                 "margin": self.margin, "edge": self.edge, "rows": self.rows, "coverage": self.coverage,
                 **({"weights_bound": self.weights_bound} if self.weights_bound is not None else {}),
-                **({"deflated": self.deflated} if self.deflated else {})}
+                **({"deflated": self.deflated} if self.deflated else {}),
+                **({"pool_shift": True} if self.pool_shift else {})}
 
 
 def _occupancy(c: Any) -> np.ndarray:
@@ -364,6 +369,59 @@ def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: floa
     return float(eigsh(op, k=1, which="LA", tol=tol, v0=v0, return_eigenvectors=False)[0])
 
 
+class PoolShiftedNoise:
+    """``D' + Z L`` (m, V): the halves' rescaled noise ``D'`` (a CSR matrix, or rows held
+    apart: any ``d`` of :func:`noise_top`) plus a low-rank term, ``Z`` (m, K) sparse
+    interpolation weights and ``L`` (K, V), with the products :func:`noise_top` takes.
+
+    The term is the halves' analogue of the error the pooled distribution puts into the
+    corrected rows' occupancy shrinkage (:func:`posstats.estimates.occupancy.halves_pool_shift`):
+    the tested rows carry ``-g(N_i) (p - mu)``, a structure along falling occupancy that
+    ``D'`` alone lacks. Where documents differ it lifted the tested top above the halves'
+    noise by 20-50 % on corpora with no positional structure (docs/calibration.md).
+    Products cost those of ``D'`` plus ``(m * 2 + V K)`` a column: ``Z`` has two entries a row.
+    """
+
+    def __init__(self, noise: Any, weights: Any, shift: Any, /) -> None:
+        self.noise = noise
+        self.weights = sp.csr_array(weights)
+        self.shift = np.ascontiguousarray(shift, dtype=np.float64)
+        self.shape = tuple(noise.shape)
+        if self.weights.shape != (self.shape[0], self.shift.shape[0]) or self.shift.shape[1] != self.shape[1]:
+            msg = (f"a shift of (m, K) {self.weights.shape} and (K, V) {self.shift.shape} does not fit a noise of "
+                   f"{self.shape}")
+            raise ValueError(msg)
+        if sp.issparse(noise):
+            self._blocks = _row_block_views(sp.csr_array(noise), product_threads())  # views, on threads
+            self._blocks_t = _transposed_views(self._blocks)
+
+    @property
+    def runner(self) -> Any:
+        """The ranges' runner of a noise held apart (to let its rows go); AttributeError
+        for a CSR noise, which has none."""
+        return self.noise.runner
+
+    def times(self, x: np.ndarray, /) -> np.ndarray:
+        """``(D' + Z L) X`` (m, b) for a (V, b) block ``X``."""
+        x = np.asarray(x, dtype=np.float64)
+        if sp.issparse(self.noise):
+            out = blocks_times(self._blocks, x, self.shape[1])
+        else:
+            out = np.array(self.noise.times(x), dtype=np.float64)
+        out += self.weights @ (self.shift @ x)
+        return out
+
+    def t_times(self, y: np.ndarray, /) -> np.ndarray:
+        """``(D' + Z L)^T Y`` (V, b) for an (m, b) block ``Y``."""
+        y = np.asarray(y, dtype=np.float64)
+        if sp.issparse(self.noise):
+            out = blocks_t_times(self._blocks_t, y, self.shape[1])
+        else:
+            out = np.array(self.noise.t_times(y), dtype=np.float64)
+        out += self.shift.T @ (self.weights.T @ y)
+        return out
+
+
 @dataclass(frozen=True)
 class HalvesNoise:
     """The halves' rescaled noise matrix (:func:`halves_noise_matrix`), computed once and
@@ -394,21 +452,31 @@ class HalvesNoise:
         largest weight, an upper bound (module docstring)."""
         shift = bias_shift(bias, weights)
         margin = halves_margin(self.rows) if margin is None else margin
+        pooled = isinstance(self.matrix, PoolShiftedNoise)
         if self.matrix is None or self.rows < 2:
             return HalvesEdge(math.nan, float(margin), self.rows, self.source, self.coverage, shift)
         w = None if weights is None else np.asarray(weights, dtype=np.float64).ravel()
         ratio = None if w is None else equal_weights_ratio(w)
         if w is not None and ratio is None:
             return HalvesEdge(noise_top(self.matrix, w, bias), float(margin), self.rows, self.source, self.coverage,
-                              shift)
+                              shift, pool_shift=pooled)
         key = None if bias is None else np.asarray(bias, dtype=np.float64).tobytes()
         if key not in self._unweighted:
             self._unweighted[key] = noise_top(self.matrix, None, bias)
         top = self._unweighted[key]
         if w is None:
-            return HalvesEdge(top, float(margin), self.rows, self.source, self.coverage, shift)
+            return HalvesEdge(top, float(margin), self.rows, self.source, self.coverage, shift, pool_shift=pooled)
         scaled = float(congruence_upper_bound([top], w)[0])  # Ostrowski: the larger end bounds it
-        return HalvesEdge(scaled, float(margin), self.rows, self.source, self.coverage, shift, weights_bound=ratio)
+        return HalvesEdge(scaled, float(margin), self.rows, self.source, self.coverage, shift, weights_bound=ratio,
+                          pool_shift=pooled)
+
+    def pool_shifted(self, weights: Any, shift: Any, /) -> HalvesNoise:
+        """This noise with the halves' analogue of the pool's shrinkage error added
+        (:class:`PoolShiftedNoise`; ``weights`` (m, K) and ``shift`` (K, V) from
+        :func:`posstats.estimates.occupancy.halves_pool_shift`); itself without a matrix."""
+        if self.matrix is None:
+            return self
+        return HalvesNoise(PoolShiftedNoise(self.matrix, weights, shift), self.rows, self.coverage, self.source)
 
 
     def deflated_edges(self, tested: Any, vectors: Any, weights: Any = None, bias: Any = None, /, *,

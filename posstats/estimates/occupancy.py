@@ -58,7 +58,7 @@ from scipy.special import gammaln, xlogy
 
 from posstats.geometry.products import _row_block_views, blocks_times, product_threads
 
-__all__ = ["OccupancyShrinkage", "ShrinkageFeatures", "adjusted", "sqrt_shrinkage"]
+__all__ = ["OccupancyShrinkage", "ShrinkageFeatures", "adjusted", "halves_pool_shift", "sqrt_shrinkage"]
 
 _GRID_STEP = 0.05  # log-occupancy step of the grid (5 % in N): interpolation error ~1e-4 of m
 _SERIES_FROM = 400.0  # lam above which f is the asymptotic series
@@ -267,6 +267,49 @@ def _bilinear(gram: np.ndarray, ka: np.ndarray, la: np.ndarray, ha: np.ndarray,
     if kk > 1:
         out += la * hb * gram[ka, kb + 1] + ha * lb * gram[ka + 1, kb] + ha * hb * gram[ka + 1, kb + 1]
     return out
+
+
+def halves_pool_shift(occupancy: Any, pooled_a: Any, pooled_b: Any, /) -> tuple[sp.csr_array, np.ndarray] | None:
+    """``(weights, shift)``: what the pooled distribution's own sampling error does to the
+    corrected rows, drawn for two independent halves of the corpus.
+
+    The corrected rows are ``x_i = s_hat_i - m(N_i)``, ``m`` computed under the pooled
+    distribution ``p`` (module docstring) rather than the law ``mu`` the positions share.
+    To first order that puts ``-g(N_i) (p - mu)`` into row i, ``g`` the derivative of the
+    shrinkage in ``p``: a vector common to every row, scaled along occupancy, and so a
+    structure along falling occupancy. Where documents differ from each other it is
+    large: the longest documents move ``p``, and a row holds one token of each document
+    that reaches it. Two halves of independent documents carry its analogue,
+    ``-(m_A(N_i) - m_B(N_i)) / 2`` with each half's shrinkage under its own pool: the
+    same variance (each half has half the documents) and the same correlation with the
+    halves' difference of the rows (docs/calibration.md, "Documents that differ").
+
+    Args:
+        occupancy: (m,) the rows' occupancies, as the corrected rows were shrunk at.
+        pooled_a, pooled_b: (V,) each half's tokens per vocabulary entry over those rows.
+
+    Returns:
+        ``weights`` (m, K) CSR, the rows' interpolation weights on the occupancy grid, and
+        ``shift`` (K, V) ``(U_B - U_A) / 2`` (``U`` each half's :class:`OccupancyShrinkage`
+        on that grid), so that the rows' analogue is ``weights @ shift``; None at equal
+        occupancy (no shrinkage is removed) or when a half has no tokens.
+    """
+    occ = np.asarray(occupancy, dtype=np.float64).ravel()
+    a = np.asarray(pooled_a, dtype=np.float64).ravel()
+    b = np.asarray(pooled_b, dtype=np.float64).ravel()
+    if not (a.sum() > 0 and b.sum() > 0):
+        return None
+    used = occ > 0
+    if not used.any():
+        return None
+    lo = float(occ[used].min())
+    grid_occ = np.where(used, occ, lo)  # rows without tokens carry no noise row; any grid point will do
+    shrink_a = OccupancyShrinkage.from_totals(grid_occ, a)
+    shrink_b = OccupancyShrinkage.from_totals(grid_occ, b)
+    if shrink_a is None or shrink_b is None:
+        return None
+    weights = sp.csr_array(shrink_a.weights(grid_occ) * used[:, None])
+    return weights, (shrink_b.shrinkage - shrink_a.shrinkage) / 2.0
 
 
 def _occupancy(rows: Any) -> np.ndarray:
