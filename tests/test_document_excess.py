@@ -172,6 +172,22 @@ def test_documents_that_differ_above_4096_positions_make_no_claim():
     assert report["null"]["method"] == "mp" and "homogeneity" not in report
 
 
+def test_dependent_document_tokens_above_4096_positions_make_no_claim_and_keep_the_openings():
+    """The same corpus with each token repeating its predecessor with probability 0.9 (no
+    longer exchangeable within a document; still no positional structure): no claim; with
+    positions 0-3 planted afterwards, exactly 0-3 stand out. The benchmark measures 10 null
+    and 5 planted corpora at n = 8,192 (docs/calibration.md, "Dependent tokens in a document")."""
+    sources, vocab = _fortunes()
+    counts, _, groups = resampled_documents(sources, 4200, vocab=vocab, documents=1000, seed=1, length_scale=8,
+                                            stay=0.9)
+    verdict = _analysed(counts, groups, 1)["verdict"]
+    assert verdict["standout_positions"]["count"] == 0
+    assert not verdict["non_stationary"] and not verdict["components_above_noise"]
+    counts, _, groups = resampled_documents(sources, 4200, vocab=vocab, documents=1000, seed=1, length_scale=8,
+                                            stay=0.9, planted=0.3)
+    assert _analysed(counts, groups, 1)["verdict"]["standout_positions"]["positions"] == [0, 1, 2, 3]
+
+
 def test_planted_openings_stand_out_above_4096_positions():
     """The same corpus with positions 0-3 planted (30 % of their tokens from ids 1-10):
     exactly 0-3 stand out with the modelled excess subtracted."""
