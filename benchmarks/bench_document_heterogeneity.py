@@ -2,7 +2,7 @@
 
     python benchmarks/bench_document_heterogeneity.py [--positions 64,128,256,512] [--seeds 20]
         [--documents 3000] [--analyses default,halves_reread,halves_groups] [--first-seed 0]
-        [--length-scale 1] [--planted 0] [--stay 0]
+        [--length-scale 1] [--planted 0] [--stay 0] [--topics 1]
 
 The simulated nulls of the calibration suite draw every document from one law (independent
 tokens, Markov or successor streams). Real documents differ from each other: the bundled
@@ -38,6 +38,9 @@ standouts are exactly positions 0-3 (the power). ``--stay s`` makes each documen
 dependent (each repeats the previous one with probability s, else a fresh draw from the
 document's law: :func:`posstats.testing.sticky_draws`): still a null, but no longer
 exchangeable within a document, which the model of the documents' excess assumes.
+``--topics k`` cuts each document into k pieces at uniform points, each piece drawn from a
+source of its own (:func:`posstats.testing.topic_pieces`): documents whose topic drifts
+along their length, still a null, which that model (one law a document) does not describe.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def top_over_halves(report: dict) -> float | None:
 
 
 def run(positions: list[int], seeds: int, documents: int, analyses: list[str] | None = None,
-        first_seed: int = 0, length_scale: int = 1, planted: float = 0.0, stay: float = 0.0) -> list[dict]:
+        first_seed: int = 0, length_scale: int = 1, planted: float = 0.0, stay: float = 0.0,
+        topics: int = 1) -> list[dict]:
     """One row per n: the tallies of each analysis (module docstring; ``analyses``: a subset
     of :data:`ANALYSES`, default all), on the corpora of seeds ``first_seed ..``."""
     from posstats.analysis import AnalysisConfig
@@ -118,7 +122,8 @@ def run(positions: list[int], seeds: int, documents: int, analyses: list[str] | 
         t = time.perf_counter()
         for seed in range(first_seed, first_seed + seeds):
             counts, parts, groups = resampled_documents(sources, n, vocab=vocab, documents=documents, seed=seed,
-                                                        length_scale=length_scale, planted=planted, stay=stay)
+                                                        length_scale=length_scale, planted=planted, stay=stay,
+                                                        topics=topics)
             for name in chosen:
                 null, halves = ANALYSES[name]
                 cfg = AnalysisConfig(null=null, held_out="off", encodings=("mds",), dims=(2,), seed=seed)
@@ -153,12 +158,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="plant positions 0-3 with this share of ids 1-10 (power; 0: the null)")
     ap.add_argument("--stay", type=float, default=0.0,
                     help="each token repeats the previous one with this probability (dependent tokens; 0: none)")
+    ap.add_argument("--topics", type=int, default=1,
+                    help="cut each document into this many pieces, each of its own source's law (1: one law a document)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     try:
         rows = run([int(x) for x in args.positions.split(",")], args.seeds, args.documents,
                    [a.strip() for a in args.analyses.split(",") if a.strip()], args.first_seed, args.length_scale,
-                   args.planted, args.stay)
+                   args.planted, args.stay, args.topics)
     except ValueError as exc:
         ap.error(str(exc))
     print(json.dumps({"benchmark": "document_heterogeneity", "setup": vars(args), "rows": rows,

@@ -47,7 +47,7 @@ from posstats.corpus.count_step import WINDOW_GROUP_POSITIONS, kept_window_group
 
 __all__ = ["KnownCorpus", "SyntheticCorpus", "counted_documents", "known_corpus", "markov_packed_counts",
            "markov_stream", "proportion", "resampled_documents", "split_counts", "sticky_draws",
-           "successor_documents", "successor_stream", "synthetic_counts"]
+           "successor_documents", "successor_stream", "synthetic_counts", "topic_pieces"]
 
 
 def proportion(k: int, n: int, /) -> dict[str, Any]:
@@ -682,9 +682,26 @@ def sticky_draws(draws: np.ndarray, stay: float, rng: np.random.Generator, /) ->
     return draws[np.maximum.accumulate(np.where(fresh, np.arange(draws.size), 0))]
 
 
+def topic_pieces(sources: list[np.ndarray], length: int, topics: int, rng: np.random.Generator, /) -> np.ndarray:
+    """(length,) token ids of one document whose law changes along it: cut at ``topics - 1``
+    points drawn uniformly in ``1 .. length - 1`` (pieces may be empty where points meet),
+    each piece drawn with replacement from the tokens of a source picked at random. Every
+    position's law is the sources' mean law, whatever the cuts.
+
+    >>> doc = topic_pieces([np.array([0]), np.array([1])], 6, 3, np.random.default_rng(0))
+    >>> doc.size, set(doc.tolist()) <= {0, 1}
+    (6, True)
+    """
+    cuts = np.sort(rng.integers(1, max(length, 2), topics - 1)) if length > 1 else np.zeros(topics - 1, dtype=np.int64)
+    bounds = np.concatenate([[0], np.minimum(cuts, length), [length]])
+    picks = rng.integers(0, len(sources), topics)
+    return np.concatenate([sources[k][rng.integers(0, sources[k].size, int(b - a))]
+                           for k, a, b in zip(picks, bounds[:-1], bounds[1:])]).astype(np.int64, copy=False)
+
+
 def resampled_documents(
     sources: list[np.ndarray], n: int, /, *, vocab: int, documents: int | None = None, seed: int = 0,
-    length_scale: int = 1, planted: float = 0.0, stay: float = 0.0,
+    length_scale: int = 1, planted: float = 0.0, stay: float = 0.0, topics: int = 1,
 ) -> tuple[PositionalCounts, list[PositionalCounts], WindowGroups]:
     """A truncate-mode corpus with **no positional structure** whose documents differ from
     each other as real ones do: the null of real text's document heterogeneity.
@@ -714,6 +731,12 @@ def resampled_documents(
             document (the chain starts from it and keeps it), so the corpus stays a null,
             while nearby tokens are correlated (``stay^k`` at distance k) and a document's
             openings have neighbours on one side only.
+        topics: > 1 makes a document's law drift along its length: it is cut at
+            ``topics - 1`` points drawn uniformly over its length, and each piece draws its
+            tokens from a source of its own (:func:`topic_pieces`). Every piece's law is an
+            independent draw, so every position still has the law ``m``: a null whose
+            documents change topic, which the model of the documents' excess (one law a
+            document) does not describe.
 
     Returns:
         ``(counts, parts, groups)``: the corpus' counts, the counts of its even and of its
@@ -731,16 +754,20 @@ def resampled_documents(
     if any(int(s.min()) < 0 or int(s.max()) >= vocab for s in pool):
         msg = f"source token ids must lie in [0, {vocab})"
         raise ValueError(msg)
-    if int(length_scale) < 1 or not 0.0 <= float(planted) <= 1.0 or not 0.0 <= float(stay) < 1.0:
-        msg = (f"length_scale must be >= 1, planted in [0, 1] and stay in [0, 1), got {length_scale}, {planted} "
-               f"and {stay}")
+    if (int(length_scale) < 1 or not 0.0 <= float(planted) <= 1.0 or not 0.0 <= float(stay) < 1.0
+            or int(topics) < 1):
+        msg = (f"length_scale must be >= 1, planted in [0, 1], stay in [0, 1) and topics >= 1, got {length_scale}, "
+               f"{planted}, {stay} and {topics}")
         raise ValueError(msg)
     lengths = np.array([s.size for s in pool])
     count = len(pool) if documents is None else int(documents)
     rng = np.random.default_rng([8088, n, seed])
     source = rng.integers(0, len(pool), count)
     length = int(length_scale) * lengths[rng.integers(0, len(pool), count)]  # another's length: independent of content
-    docs = [pool[d][rng.integers(0, pool[d].size, m)] for d, m in zip(source, length)]
+    if int(topics) > 1:
+        docs = [topic_pieces(pool, int(m), int(topics), rng) for m in length]
+    else:
+        docs = [pool[d][rng.integers(0, pool[d].size, m)] for d, m in zip(source, length)]
     if stay:
         docs = [sticky_draws(d, float(stay), rng) for d in docs]
     if planted:

@@ -227,7 +227,7 @@ def test_thin_rows_are_solved_however_far_above_the_threshold():
 
 @pytest.mark.parametrize(("options", "message"), [({"length_scale": 0}, "length_scale"), ({"planted": 1.5}, "planted"),
                                                   ({"planted": 0.5}, "11 ids"), ({"stay": 1.0}, "stay"),
-                                                  ({"stay": -0.1}, "stay")])
+                                                  ({"stay": -0.1}, "stay"), ({"topics": 0}, "topics")])
 def test_bad_resampling_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         resampled_documents([np.array([1, 2, 3])], 4, vocab=5, **options)

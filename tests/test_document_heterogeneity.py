@@ -19,7 +19,7 @@ from posstats.analysis.rows import RotatedDistances
 from posstats.cli import main as cli
 from posstats.estimates.rotation import rotated_distances_to_pool, rotation_null, rotation_null_corpora
 from posstats.estimates.standout import distance_to_pool, standout_positions
-from posstats.testing import resampled_documents, sticky_draws, successor_documents
+from posstats.testing import resampled_documents, sticky_draws, successor_documents, topic_pieces
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_document_heterogeneity.py"
 
@@ -71,6 +71,19 @@ def test_sticky_draws_keep_the_law_and_repeat_as_stay_to_the_k():
         equal = float(np.mean(chains[:, k] == chains[:, 0]))
         want = stay**k + (1 - stay**k) / vocab
         assert abs(equal - want) < 4.5 * np.sqrt(want * (1 - want) / chains.shape[0]), (k, equal, want)
+
+
+def test_topic_pieces_keep_the_mean_law_and_change_it_along_a_document():
+    """Two sources of one id each: every position of 4,000 three-piece documents of length
+    8 holds id 1 half of the time (4.5 binomial sds), and within a document the id changes
+    (a document of one law never would) while neighbours agree more often than the ends."""
+    rng = np.random.default_rng(4)
+    docs = np.stack([topic_pieces([np.array([0]), np.array([1])], 8, 3, rng) for _ in range(4000)])
+    share = docs.mean(axis=0)
+    assert np.all(np.abs(share - 0.5) < 4.5 * np.sqrt(0.25 / 4000)), share
+    changes = np.mean(docs[:, 0] != docs[:, -1])
+    neighbours = np.mean(docs[:, 3] != docs[:, 4])
+    assert changes > 0.3 and neighbours < changes, (changes, neighbours)
 
 
 def test_sticky_documents_are_dependent_but_count_every_token():
