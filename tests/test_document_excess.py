@@ -244,22 +244,38 @@ def test_distance_to_a_pool_with_empty_rows_at_the_end():
     assert _distance_to(m[:2], occ[:2], np.sqrt(np.array([0.5, 0.25, 0.25]))).shape == (2,)
 
 
-def test_rows_held_apart_model_the_same_excess(tmp_path):
+def test_rows_held_apart_model_the_same_excess(tmp_path, monkeypatch):
     """The counts and their halves saved (n = 8,192, documents of sixteen times the fortunes'
-    lengths) and analysed in three position ranges: the halves are read from the file beside
-    the counts (:func:`posstats.counting.window_groups_io.halves_sums`) and the standout test
-    decides as in one process, with the same modelled offsets."""
+    lengths) and analysed in three position ranges: the halves' sums are read from the file
+    beside the counts (:func:`posstats.counting.window_groups_io.halves_sums`) once, for the
+    standout test and the halves' pool shift both; the standout test decides as in one
+    process, with the same modelled offsets, and the rank test's edge is the same."""
+    import posstats.analysis.budget as budget
     from posstats.analysis.pipeline import analyze_in_ranges
     from posstats.counting.io import save_counts
     from posstats.counting.window_groups_io import save_window_groups
+
+    reads = []
+
+    def counted(*args):
+        reads.append(args[1])
+        return halves_sums(*args)
+
+    halves_sums = budget.halves_sums
+    monkeypatch.setattr(budget, "halves_sums", counted)
 
     sources, vocab = _fortunes()
     counts, _, groups = resampled_documents(sources, 8192, vocab=vocab, documents=1500, seed=0, length_scale=16)
     save_counts(counts, tmp_path)
     save_window_groups(groups, counts, tmp_path)
     config = AnalysisConfig(held_out="off", encodings=("mds",), dims=(2,), seed=0, exact_limit=4096)
-    here = analyze(counts, config, window_groups=groups).report()["verdict"]["standout_positions"]
-    apart = analyze_in_ranges(tmp_path, 3, config).report()["verdict"]["standout_positions"]
+    whole = analyze(counts, config, window_groups=groups).report()
+    ranged = analyze_in_ranges(tmp_path, 3, config).report()
+    assert len(reads) == 1
+    edges = whole["null"]["edge"], ranged["null"]["edge"]
+    assert edges[0]["pool_shift"] is True and edges[1]["pool_shift"] is True
+    assert edges[1]["noise_top"] == pytest.approx(edges[0]["noise_top"], rel=1e-6)
+    here, apart = whole["verdict"]["standout_positions"], ranged["verdict"]["standout_positions"]
     assert here["modelled_offset"]["rows_offset"] > 100
     assert apart["modelled_offset"] == pytest.approx(here["modelled_offset"], rel=1e-9)
     assert apart["count"] == here["count"] == 0 and apart["max_z"] == pytest.approx(here["max_z"], rel=1e-6)

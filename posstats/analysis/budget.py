@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from posstats.analysis.config import _NULL_SHUFFLE_LIMIT, AnalysisConfig
 from posstats.counting.counts import PositionalCounts
 from posstats.counting.window_groups_io import halves_sums, window_groups_file
@@ -31,13 +33,21 @@ def halves_starter(path: str | os.PathLike, header: PositionalCounts, ranges: An
 def halves_reader(path: str | os.PathLike, header: PositionalCounts, /) -> Any:
     """The ``half_sums`` of :func:`analyze_ranges` for the counts at ``path`` (``header``):
     ``positions -> (a, b, occ_a, occ_b)`` read from the window-groups file beside them
-    (:func:`posstats.counting.window_groups_io.halves_sums`), or None without one."""
+    (:func:`posstats.counting.window_groups_io.halves_sums`), or None without one. The last
+    positions' sums are kept: the standout test's document model and the halves' pool
+    shift ask for the same rows, and each read passes over the whole halves' file. The
+    arrays are shared between callers, which only read them."""
     if window_groups_file(path) is None:
         return None
     expected = (header.positions, header.vocab_size, header.tokens, header.fingerprint)
+    kept: dict[bytes, tuple[Any, Any, Any, Any]] = {}
 
     def read(positions: Any) -> tuple[Any, Any, Any, Any]:
-        return halves_sums(path, positions, expected)
+        key = np.asarray(positions, dtype=np.int64).tobytes()
+        if key not in kept:
+            kept.clear()
+            kept[key] = halves_sums(path, positions, expected)
+        return kept[key]
 
     return read
 
