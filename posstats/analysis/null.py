@@ -35,6 +35,7 @@ from posstats.estimates.permutation import (
 )
 from posstats.estimates.ranged_halves import ranged_halves_noise
 from posstats.estimates.rotation import rotation_null_corpora
+from posstats.estimates.standout import _pooled_totals
 from posstats.geometry.mds import MDSResult, weighted_coordinates
 from posstats.progress import progress
 
@@ -112,12 +113,6 @@ def halves_unusable(found: HalvesEdge, /) -> str | None:
     return None
 
 
-def _column_sums(c: sp.csr_array) -> np.ndarray:
-    """(V,) float64 column sums of the CSR ``c`` (one bincount over its stored entries)."""
-    end = int(c.indptr[-1])
-    return np.bincount(c.indices[:end], weights=c.data[:end], minlength=c.shape[1]).astype(np.float64, copy=False)
-
-
 class _HalvesEdges:
     """The ``mp`` null's edge measured on two independent halves of the geometry rows
     (:func:`posstats.estimates.halves_edge.halves_edge`), unweighted and occupancy-weighted,
@@ -174,7 +169,8 @@ class _HalvesEdges:
             return self._pool_shifted(noise, sums)
         a, b = self._halves()
         noise = halves_noise(a, b, self._g.rows, source=self.source, min_coverage=HALVES_MIN_COVERAGE)
-        return self._pool_shifted(noise, (_column_sums(a), _column_sums(b)))
+        every = np.ones(a.shape[0], dtype=bool)
+        return self._pool_shifted(noise, (_pooled_totals(a, every), _pooled_totals(b, every)))
 
     def _pool_shifted(self, noise: HalvesNoise, sums: tuple[np.ndarray, np.ndarray] | None) -> HalvesNoise:
         """``noise`` with :func:`posstats.estimates.occupancy.halves_pool_shift` of the halves'
