@@ -90,6 +90,7 @@ from posstats.estimates.null_rank import (
     equal_weights_ratio,
 )
 from posstats.estimates.sampling_variance import sqrt_count_variance
+from posstats.geometry.mds import centring_weights
 from posstats.geometry.products import (
     _row_block_views,
     _transposed_views,
@@ -330,8 +331,10 @@ def halves_noise_matrix(half_a: Any, half_b: Any, full: Any, /) -> tuple[sp.csr_
 
 def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: float | None = None,
               deflate: Any = None) -> float:
-    """Top eigenvalue of ``W^1/2 J (D D^T - diag(b)) J W^1/2`` (``W = diag(weights)``, None:
-    ``I``; ``b = diagonal``, None: 0) by ARPACK on products with the (m, V) ``d`` (never
+    """Top eigenvalue of ``W^1/2 H_w (D D^T - diag(b)) H_w^T W^1/2`` (``W = diag(weights)``,
+    None: ``I``; ``H_w = I - 1 pi^T`` the centring on the weighted mean, ``pi = w / sum(w)``,
+    as the rank test's data are centred: :func:`posstats.geometry.mds.centre_on_weights_in_place`;
+    ``b = diagonal``, None: 0) by ARPACK on products with the (m, V) ``d`` (never
     m x m): a CSR matrix (products on threads), or rows held apart, any object with
     ``shape``, ``times(X)`` (``D X``) and ``t_times(Y)`` (``D^T Y``) for (V, b) and (m, b)
     blocks (:class:`posstats.estimates.ranged_halves.RangedNoise`). With ``b`` the rows'
@@ -346,6 +349,7 @@ def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: floa
     (:meth:`HalvesNoise.deflated_edges`)."""
     m, vocab = d.shape
     w = np.ones(m) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64).ravel())
+    pi = centring_weights(w * w)  # 1 / m unweighted: the plain mean
     b = None if diagonal is None else np.asarray(diagonal, dtype=np.float64).ravel()
     u = None if deflate is None else np.asarray(deflate, dtype=np.float64).reshape(m, -1)
     if sp.issparse(d):
@@ -360,11 +364,11 @@ def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: floa
 
     def noise(x: np.ndarray) -> np.ndarray:
         y = w * x.ravel()
-        y -= y.mean()
+        y -= pi * y.sum()  # H_w^T y
         z = gram(y)
         if b is not None:
             z -= b * y
-        z -= z.mean()
+        z -= pi @ z  # H_w z
         return w * z
 
     def product(x: np.ndarray) -> np.ndarray:

@@ -93,7 +93,7 @@ from posstats.estimates.replicates import (
 from posstats.estimates.sampling_variance import position_sampling_variance
 from posstats.estimates.standout import distance_to_pool
 from posstats.geometry.hellinger import hellinger_sq
-from posstats.geometry.mds import gram_in_place
+from posstats.geometry.mds import centre_on_weights_in_place, gram_in_place
 
 __all__ = [
     "PermutationNull",
@@ -383,9 +383,12 @@ def occupancy_weights(occupancy: Any, /) -> np.ndarray | None:
 
 
 def _weighted_in_place(b: np.ndarray, weights: Any) -> np.ndarray:
-    """``b <- W^1/2 b W^1/2`` (``W = diag(weights)``) in place and returned; ``b`` unchanged
-    when ``weights`` is None."""
+    """``b <- W^1/2 H_w b H_w^T W^1/2`` (``W = diag(weights)``, ``H_w`` the centring on the
+    weighted mean: :func:`posstats.geometry.mds.centre_on_weights_in_place`) in place and
+    returned, for a Gram matrix ``b`` centred on the plain mean; ``b`` unchanged when
+    ``weights`` is None (module docstring, "Occupancy weighting")."""
     if weights is not None:
+        centre_on_weights_in_place(b, weights)
         root = np.sqrt(np.asarray(weights, dtype=np.float64))
         b *= root[:, None]
         b *= root[None, :]
