@@ -21,10 +21,11 @@ scaled), and the rescaling puts it on the data's scale without touching the corr
 between rows. Where occupancies differ the factor is one per column and occupancy bin
 (:func:`occupancy_bins`): thin rows are in that small-count regime more often than thick
 ones, and one factor per column put the weighted noise 13 % too high at falling occupancy.
-The top eigenvalue of ``W^1/2 J (D' D'^T - diag(b)) J W^1/2`` (``D'`` rescaled, ``W`` the
-occupancy weights or ``I``, ``b`` the rows' sampling variances when the tested eigenvalues
-are bias-corrected) is then a draw of the top of the data's noise bulk, on the tested
-eigenvalues' scale.
+The top eigenvalue of ``W^1/2 H_w (D' D'^T - diag(b)) H_w^T W^1/2`` (``D'`` rescaled, ``W``
+the occupancy weights or ``I``, ``H_w = I - 1 w^T / sum(w)`` the centring on the weighted
+mean as the tested rows are centred, ``b`` the rows' sampling variances when the tested
+eigenvalues are bias-corrected) is then a draw of the top of the data's noise bulk, on the
+tested eigenvalues' scale.
 
 Measured against the bulk of corpora with known distributions (``bench_mp_edge.py``,
 ``top_over_halves``: the data's own top eigenvalue over the halves' one; V = 5,000, Zipf
@@ -67,9 +68,11 @@ eigenvalue competes with the noise off it (docs/calibration.md, "One split is on
 Cost: the top eigenvalue is found by Lanczos on products with ``D'`` (never m x m), on
 threads (:func:`noise_top`). Where the occupancy weights are equal to 1 % (pack mode: all
 but the last window's positions) the weighted top is not solved again: by Ostrowski's
-theorem the top of ``W^1/2 A W^1/2`` lies between ``min(w)`` and ``max(w)`` times the top of
-``A``, so ``max(w)`` times the unweighted top bounds it from above, 1 % at most over it
-(:meth:`HalvesNoise.edge`, ``weights_bound`` in the report).
+theorem the top of ``W^1/2 H_w A H_w^T W^1/2`` lies between ``min(w)`` and
+``max(w) ||H_w||^2`` times the top of ``A`` (centred), so that multiple of the unweighted
+top bounds it from above, 1 % at most over it
+(:func:`posstats.estimates.null_rank.congruence_upper_bound`; :meth:`HalvesNoise.edge`,
+``weights_bound`` in the report).
 """
 
 from __future__ import annotations
