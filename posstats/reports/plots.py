@@ -302,8 +302,9 @@ def spectrum_figure(
                     "on that scale (crosses).")
         if tested_bound:
             caption += (f" The weights are equal to within {tested_bound - 1.0:.2%}, so the crosses are the "
-                        "eigenvalues times the largest weight: upper bounds (Ostrowski's theorem), all below the "
-                        "threshold, so the weighted matrix was not decomposed again.")
+                        "eigenvalues times the largest weight (and the weighted centring's factor, 1e-4 at most): "
+                        "upper bounds (Ostrowski's theorem), all below the threshold, so the weighted matrix was not "
+                        "decomposed again.")
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
 
