@@ -88,7 +88,7 @@ from posstats.estimates.null_rank import (
     tested_bound_entry,
 )
 from posstats.estimates.noise import merge_noise_floors
-from posstats.estimates.permutation import occupancy_weights
+from posstats.estimates.permutation import WEIGHTING_FORMULA, occupancy_weights
 from posstats.estimates.occupancy import OccupancyShrinkage, ShrinkageFeatures, halves_pool_shift
 from posstats.estimates.halves_edge import HalvesEdge
 from posstats.estimates.pair_jackknife import SHARE_PAIRS, pair_noise_share
@@ -444,7 +444,7 @@ def _noise_entry(floor: Any, eigenvalues: Any, solve: dict[str, Any], edges: _Ed
         "saturated": bool(nr.saturated),
         "weighting": "occupancy" if weighted is not None else "none",
         **({"tested_eigenvalues": [float(x) for x in tested[:16]],
-            "weighting_formula": "W^1/2 B W^1/2, W = diag(N_i / mean N)"} if weighted is not None else {}),
+            "weighting_formula": WEIGHTING_FORMULA} if weighted is not None else {}),
         **({"tested_bound": tested_bound_entry(tested_bound)}
            if weighted is not None and tested_bound is not None else {}),
         "noise_level": solve.get("noise_level"),

@@ -286,8 +286,7 @@ def test_pool_shifted_noise_is_the_noise_plus_its_low_rank_term():
         shifted = PoolShiftedNoise(inner, z, shift)
         np.testing.assert_allclose(shifted.times(x), dense @ x, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(shifted.t_times(y), dense.T @ y, rtol=1e-12, atol=1e-12)
-        j = np.eye(40) - 1 / 40
-        gram = np.sqrt(w)[:, None] * (j @ (dense @ dense.T - np.diag(b)) @ j) * np.sqrt(w)[None, :]
+        gram = _weighted_gram(dense, w, b)
         assert noise_top(shifted, w, b) == pytest.approx(np.linalg.eigvalsh(gram)[-1], rel=1e-6)
     assert PoolShiftedNoise(Held(), z, shift).runner == "the ranges' runner"
     assert not hasattr(PoolShiftedNoise(d, z, shift), "runner")
@@ -317,16 +316,20 @@ def test_the_analysis_shifts_the_halves_only_where_it_removes_the_shrinkage():
     assert "pool_shift" not in edge(equal)
 
 
+def _weighted_gram(dense: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``W^1/2 H_w (D D^T - diag(b)) H_w^T W^1/2`` densely, ``H_w = I - 1 pi^T`` (``pi = w /
+    sum(w)``): the rows centred on their weighted mean, as the rank test centres them."""
+    h = np.eye(w.size) - np.outer(np.ones(w.size), w / w.sum())
+    return np.sqrt(w)[:, None] * (h @ (dense @ dense.T - np.diag(b)) @ h.T) * np.sqrt(w)[None, :]
+
+
 def _random_noise(seed: int):
     """A (40, 70) CSR noise matrix ``d``, weights ``w``, diagonal ``b`` and the dense
-    ``W^1/2 J (D D^T - diag(b)) J W^1/2`` that :func:`noise_top` takes the top of."""
+    ``W^1/2 H_w (D D^T - diag(b)) H_w^T W^1/2`` that :func:`noise_top` takes the top of."""
     rng = np.random.default_rng(seed)
     d = sp.random_array((40, 70), density=0.2, random_state=rng, format="csr")
     w, b = rng.uniform(0.2, 2.0, 40), rng.uniform(0.0, 0.1, 40)
-    j = np.eye(40) - 1 / 40
-    dense = d.toarray()
-    gram = np.sqrt(w)[:, None] * (j @ (dense @ dense.T - np.diag(b)) @ j) * np.sqrt(w)[None, :]
-    return rng, d, w, b, gram
+    return rng, d, w, b, _weighted_gram(d.toarray(), w, b)
 
 
 def test_noise_top_is_the_top_of_the_weighted_corrected_gram():
@@ -410,9 +413,10 @@ def test_noise_top_default_tolerance_is_within_its_stated_share_of_the_top():
 
 def test_nearly_equal_weights_reuse_the_unweighted_top_as_an_upper_bound():
     """Weights within 1 % of each other: the weighted top is the unweighted one (solved once
-    for a bias) times the largest weight, never under the solved weighted top and at most
-    1 % over it (Ostrowski); wider weights are solved."""
+    for a bias) times the largest weight and the centring's ``||H_w||^2``, never under the
+    solved weighted top and at most 1 % over it (Ostrowski); wider weights are solved."""
     from posstats.estimates.halves_edge import EQUAL_WEIGHTS, HalvesNoise
+    from posstats.estimates.null_rank import congruence_upper_bound
 
     rng = np.random.default_rng(4)
     d = sp.random_array((60, 90), density=0.2, random_state=rng, format="csr")
@@ -423,7 +427,7 @@ def test_nearly_equal_weights_reuse_the_unweighted_top_as_an_upper_bound():
     solved = noise_top(d, near, b)
     assert bound.weights_bound == pytest.approx(near.max() / near.min())
     assert solved <= bound.noise_top <= solved * (1.0 + EQUAL_WEIGHTS)
-    assert bound.noise_top == pytest.approx(near.max() * noise_top(d, None, b), rel=1e-9)
+    assert bound.noise_top == pytest.approx(congruence_upper_bound([noise_top(d, None, b)], near)[0], rel=1e-9)
     assert "weights_bound" in bound.to_dict() and len(noise._unweighted) == 1
     wide = rng.uniform(0.5, 2.0, 60)
     found = noise.edge(wide, b)
@@ -810,8 +814,10 @@ def test_window_groups_are_kept_while_16_bytes_a_token_fit_the_budget():
 
 
 def test_the_congruence_bound_holds_every_weighted_eigenvalue_and_decides_only_below_the_level():
-    """Ostrowski on a symmetric indefinite matrix with weights within 1 %: every eigenvalue of
-    ``W^1/2 A W^1/2`` is at most the bound of its unweighted one and within ``max/min`` of it
+    """Ostrowski on a centred symmetric indefinite matrix: every eigenvalue of
+    ``W^1/2 H_w A H_w^T W^1/2`` (centred on the weighted mean) is at most the bound of its
+    unweighted one (``max(w) ||H_w||^2`` times it above 0), and with weights within 1 % within
+    ``max/min`` (and the centring's 1e-4) of it
     (a wrong end of the weights, or an unscaled eigenvalue, fails on the negative or positive
     ones). The rank test is decided from the MDS only where the bound of the top Ritz value
     plus its residual is at or below the level, and never for weights 2 % apart."""
@@ -823,20 +829,26 @@ def test_the_congruence_bound_holds_every_weighted_eigenvalue_and_decides_only_b
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal((50, 50))
-    a = (x + x.T) / 2
+    h = np.eye(50) - 1.0 / 50
+    a = h @ ((x + x.T) / 2) @ h  # centred, as the rank test's Gram matrices are
     lam, vec = np.linalg.eigh(a)
     lam, vec = lam[::-1], vec[:, ::-1]
-    for spread in (0.3 * EQUAL_WEIGHTS, 0.9 * EQUAL_WEIGHTS):
+    for spread in (0.3 * EQUAL_WEIGHTS, 0.9 * EQUAL_WEIGHTS, 1.0):
         w = 1.0 + rng.uniform(0.0, spread, 50)
-        root = np.sqrt(w)
-        weighted = np.linalg.eigvalsh(root[:, None] * a * root[None, :])[::-1]
+        root, h_w = np.sqrt(w), np.eye(50) - np.outer(np.ones(50), w / w.sum())
+        weighted = np.linalg.eigvalsh(root[:, None] * (h_w @ a @ h_w.T) * root[None, :])[::-1]
         bound = congruence_upper_bound(lam, w)
         assert np.all(weighted <= bound + 1e-12)
-        assert np.all(np.abs(bound - weighted) <= (w.max() / w.min() - 1.0) * np.abs(lam) + 1e-12)
+        centring = w.size * np.sum(np.square(w / w.sum()))  # ||H_w||^2
+        assert np.all(bound[lam > 0] == pytest.approx(lam[lam > 0] * w.max() * centring, rel=1e-12))
+        if spread > EQUAL_WEIGHTS:
+            continue  # the bound holds at any weights; the rank test reads it only within 1 %
+        assert 1.0 < centring < 1.0 + 1e-4
+        assert np.all(np.abs(bound - weighted) <= (w.max() * centring / w.min() - 1.0) * np.abs(lam) + 1e-12)
         assert np.sum(weighted < 0) > 10 and np.sum(weighted > 0) > 10  # both ends were read
         coords = vec * np.sqrt(np.maximum(lam, 0.0))[None, :]
         resid = np.full(lam.size, 1e-3)  # relative to |theta_1|
-        reach = (lam[0] + 1e-3 * abs(lam[0])) * w.max()
+        reach = (lam[0] + 1e-3 * abs(lam[0])) * w.max() * centring
         values, units, ratio = bounded_rank_test(lam, resid, coords, w, reach * (1 + 1e-9))
         assert ratio == pytest.approx(w.max() / w.min())
         assert values.shape == (16,) and np.allclose(values, bound[:16])
@@ -983,7 +995,8 @@ def test_the_cli_edge_on_real_text_carries_the_pool_shift_a_dense_oracle_gives(t
     """``posstats count`` + ``analyze --null mp`` on the bundled fortunes at n = 64 (the
     window groups' halves, falling occupancy, corrected distances): the report's
     ``noise_top`` is the top of the dense weighted, corrected Gram matrix of the halves'
-    noise plus ``-(m_A(N_i) - m_B(N_i)) / 2``, each half's shrinkage ``sqrt(p) f(N_i p)``
+    noise (centred on the occupancy-weighted mean) plus ``-(m_A(N_i) - m_B(N_i)) / 2``,
+    each half's shrinkage ``sqrt(p) f(N_i p)``
     computed exactly at every row's occupancy (no grid), the bias each row's unbiased
     sampling variance. Without the term the top is 0.3 % lower, 100 times the tolerance."""
     tokenizer = str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json")
@@ -1010,11 +1023,10 @@ def test_the_cli_edge_on_real_text_carries_the_pool_shift_a_dense_oracle_gives(t
     shifted = noise - (shrinkage(a) - shrinkage(b)) / 2
     bias = np.array([np.sum(sqrt_count_variance(c[[i]].data.astype(np.int64), total=np.full(c[[i]].nnz, occ[i])))
                      / occ[i] for i in range(c.shape[0])])
-    w, j = occ / occ.mean(), np.eye(c.shape[0]) - 1 / c.shape[0]
+    w = occ / occ.mean()
 
     def top(x):
-        return float(np.linalg.eigvalsh(np.sqrt(w)[:, None] * (j @ (x @ x.T - np.diag(bias)) @ j)
-                                        * np.sqrt(w)[None, :])[-1])
+        return float(np.linalg.eigvalsh(_weighted_gram(x, w, bias))[-1])
 
     assert edge["noise_top"] == pytest.approx(top(shifted), rel=2e-5)
     assert abs(top(noise) / top(shifted) - 1) > 100 * 2e-5

@@ -456,6 +456,33 @@ def test_lanczos_matches_accuracy_to_the_noise_level():
         classical_mds(counts, k=4, method="lanczos", noise_level=1.0)
 
 
+def test_the_weighted_gram_is_centred_on_the_weighted_mean():
+    """``centre_on_weights_in_place`` turns the plain-centred, bias-corrected Gram matrix
+    into that of the rows centred on their weighted mean (``H_w (G - diag(b)) H_w^T``,
+    ``H_w = I - 1 pi^T``); equal weights change nothing; ``weighted_gram_eigenpairs``
+    (Lanczos on the counts, never m x m) gives the top of the whitened matrix."""
+    from posstats.geometry.mds import centre_on_weights_in_place, weighted_gram_eigenpairs
+
+    rng = np.random.default_rng(5)
+    counts = rng.poisson(2.0, size=(40, 50)) + (np.arange(50)[None, :] == 0)
+    s = np.sqrt(counts / counts.sum(axis=1, keepdims=True))
+    w, bias = rng.uniform(0.1, 3.0, 40), rng.uniform(0.0, 0.01, 40)
+    pi = w / w.sum()
+    h, h_w = np.eye(40) - 1.0 / 40, np.eye(40) - np.outer(np.ones(40), pi)
+    plain = h @ (s @ s.T - np.diag(bias)) @ h
+    centred = s - pi @ s  # each row less the weighted mean row
+    want = centred @ centred.T - h_w @ np.diag(bias) @ h_w.T
+    np.testing.assert_allclose(centre_on_weights_in_place(plain.copy(), w), want, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(centre_on_weights_in_place(plain.copy(), np.full(40, 2.0)), plain, rtol=0, atol=1e-13)
+    assert not np.allclose(want, plain, atol=1e-3)  # the weights move the centre here
+    lam, vectors = weighted_gram_eigenpairs(sp.csr_array(counts), w, k=4, diagonal=bias, tol=1e-12)
+    root = np.sqrt(w)
+    dense = np.linalg.eigvalsh(root[:, None] * want * root[None, :])[::-1][:4]
+    np.testing.assert_allclose(lam, dense, rtol=1e-9)
+    np.testing.assert_allclose(np.abs(vectors[:, 0] @ np.linalg.eigh(root[:, None] * want * root[None, :])[1][:, -1]),
+                               1.0, rtol=1e-8)
+
+
 def test_weighted_coordinates_minimise_the_weighted_strain():
     """X = W^-1/2 U sqrt(lambda) from the top-k eigenpairs of W^1/2 B W^1/2: its weighted
     strain sum w_i w_j (B_ij - x_i.x_j)^2 is the Eckart-Young residual (the squared

@@ -313,7 +313,8 @@ def test_occupancy_weighted_rank_test_holds_its_level_and_finds_what_thin_positi
 
 def test_occupancy_weights_whiten_the_gram_matrix_the_null_reads():
     """``W = diag(N_i / mean N)``, None at equal occupancy (the test unchanged); the tested
-    eigenvalues are those of ``W^1/2 B W^1/2`` with ``B`` the corrected Gram matrix, and
+    eigenvalues are those of ``W^1/2 B_w W^1/2`` with ``B_w`` the corrected Gram matrix
+    centred on the occupancy-weighted mean, and
     without weights the null's own top eigenvalue."""
     rows = known_corpus("planted", 24, tokens=300, seed=1, occupancy_ratio=0.2).counts.matrix
     occ = np.asarray(rows.sum(axis=1)).ravel()
@@ -326,7 +327,8 @@ def test_occupancy_weights_whiten_the_gram_matrix_the_null_reads():
     from posstats.geometry.mds import gram_in_place
 
     b = gram_in_place(_squared(rows, corrected=True), position_sampling_variance(rows))
-    whitened = np.sqrt(w)[:, None] * b * np.sqrt(w)[None, :]
+    h_w = np.eye(len(occ)) - np.outer(np.ones(len(occ)), w / w.sum())  # centred on the weighted mean
+    whitened = np.sqrt(w)[:, None] * (h_w @ b @ h_w.T) * np.sqrt(w)[None, :]
     expected = np.linalg.eigvalsh(whitened)[::-1][:3]
     lam, vectors = rank_test_eigenvalues(rows, corrected=True, k=3, weights=w)
     assert lam == pytest.approx(expected, rel=1e-9, abs=1e-12) and vectors.shape == (len(occ), 3)

@@ -146,7 +146,7 @@ def test_spectrum_curve_is_monotone_at_most_1_and_the_threshold_is_drawn():
     (series,) = _lines(w.figure, "occupancy-weighted eigenvalue (the rank test's)")
     assert np.allclose(series.get_ydata(), [3.0, 1.8, 1.6, 0.4])
     (threshold,) = _lines(w.figure, "noise threshold on the weighted scale (3 above)")
-    assert "(3 here)" in w.caption and "W^1/2 B W^1/2" in w.caption
+    assert "(3 here)" in w.caption and "W^1/2 B_w W^1/2" in w.caption and "occupancy-weighted mean" in w.caption
 
 
 @pytest.mark.parametrize(("occupancy", "log"), [([586] * 30 + [585] * 34, False), ([3000] * 10 + [40] * 20, True),

@@ -669,11 +669,15 @@ def test_demo_report_opens_with_the_answer(tmp_path, data_dir):
     assert '<h2 id="terms">Terms</h2>' in page and "scaled stress" in page
 
 
-def test_a_conservative_rank_count_names_the_document_halves_end_to_end(tmp_path, data_dir, capsys):
+def test_the_rotated_count_on_real_documents_and_the_document_halves_end_to_end(tmp_path, data_dir):
     """The bundled fortunes at n = 512 through the CLI (truncate mode, most documents far
-    shorter than the context): the rotated corpora count no component although positions
-    stand out, so the caveat, the answer and the export's refusal name the remedy; the
-    remedy itself (--null mp --reread, the edge on document halves) counts components."""
+    shorter than the context). Before the weighted test was centred on the weighted mean
+    (fifty-sixth session) the rotated corpora counted no component although positions stand
+    out (the thin positions lifted the rotated corpora's top: 49.0 against the data's 30.2),
+    and the caveat named the halves as the remedy; now the default counts the openings'
+    components beside the standouts, on well-occupied positions, with no such caveat (the
+    caveat's wording is tested on reports above). The edge on document halves
+    (--null mp --reread) counts components too."""
     tokenizer = str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json")
     assert main(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
                  "--tokenizer", tokenizer, "--positions", "512", "--out", str(tmp_path / "c"), "-q"]) == 0
@@ -681,28 +685,25 @@ def test_a_conservative_rank_count_names_the_document_halves_end_to_end(tmp_path
                  "--out", str(tmp_path / "a"), "-q"]) == 0
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     v = report["verdict"]
-    assert v["components_above_noise"] == 0 and v["standout_positions"]["count"] > 0
-    assert sum(HALVES_REMEDY in c for c in v["caveats"]) == 1 and v["rank_remedy"] == HALVES_REMEDY
-    assert "conservative here (see the caveats)" in (tmp_path / "a" / "summary.md").read_text()
-    capsys.readouterr()
-    assert main(["export", str(tmp_path / "a"), "--dim", "4", "--layout", "plain", "--out",
-                 str(tmp_path / "p.safetensors")]) == 2
-    err = capsys.readouterr().err
-    assert "nothing to export" in err and HALVES_REMEDY in err and err.count("\n") == 1
+    assert v["components_above_noise"] >= 1 and v["standout_positions"]["count"] > 0
+    assert report["null"]["top_component_occupancy"] > 10 * report["null"]["median_occupancy"]
+    assert not any(HALVES_REMEDY in c for c in v["caveats"]) and v.get("rank_remedy") is None
     assert main(["analyze", "--counts", str(tmp_path / "c"), "--dims", "2", "--encodings", "mds", "--held-out", "off",
                  "--null", "mp", "--reread", "--tokenizer", tokenizer, "--out", str(tmp_path / "m"), "-q"]) == 0
     halves = json.loads((tmp_path / "m" / "report.json").read_text())
     assert halves["null"]["edge"]["method"] == "halves" and halves["verdict"]["components_above_noise"] >= 1
     # the window groups' halves (a plain count keeps the short ones) split the documents
-    # otherwise: their whole noise' top differs by a third, the noise off the counted
-    # components does not, and the sequential count is the same (docs/calibration.md,
-    # "One split is one draw")
+    # otherwise: centred on the plain mean their whole noise' top differed by a third and
+    # the noise off the counted components did not (docs/calibration.md, "One split is one
+    # draw"); centred on the weighted mean the two whole tops agree as well, and the
+    # sequential count is the same
     assert main(["analyze", "--counts", str(tmp_path / "c"), "--dims", "2", "--encodings", "mds", "--held-out", "off",
                  "--null", "mp", "--out", str(tmp_path / "g"), "-q"]) == 0
     groups = json.loads((tmp_path / "g" / "report.json").read_text())
     a, b = halves["null"]["edge"], groups["null"]["edge"]
     assert b["source"] == "window groups" and a["source"] == "parts" and b["coverage"] == 1.0
-    assert a["deflated"] and b["deflated"] and a["deflated"][0]["noise_top"] < 0.5 * a["noise_top"]
+    assert a["deflated"] and b["deflated"] and a["deflated"][0]["noise_top"] <= a["noise_top"]
+    assert abs(a["noise_top"] / b["noise_top"] - 1) < 0.15
     assert groups["null"]["components_above_null"] == halves["null"]["components_above_null"] > 1
     assert abs(a["deflated"][-1]["edge"] / b["deflated"][-1]["edge"] - 1) < 0.15
 

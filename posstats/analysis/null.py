@@ -28,6 +28,7 @@ from posstats.estimates.null_rank import (
 )
 from posstats.estimates.occupancy import halves_pool_shift
 from posstats.estimates.permutation import (
+    WEIGHTING_FORMULA,
     null_distance_sums,
     occupancy_weights,
     permutation_null,
@@ -443,7 +444,7 @@ def _weighting_entries(test: _RankTest, mds: MDSResult, occupancy: np.ndarray,
     tested, weights, counted = test.tested, test.weights, int(test.rank.components_above_null)
     if weights is not None:  # the threshold is on this scale, not the spectrum's
         out["tested_eigenvalues"] = [float(x) for x in tested[:_TESTED_SHOWN]]
-        out["weighting_formula"] = "W^1/2 B W^1/2, W = diag(N_i / mean N)"
+        out["weighting_formula"] = WEIGHTING_FORMULA
         out["weights_ratio"] = float(np.max(weights) / np.min(weights))  # max(w) / min(w): how unequal
         if rank_test_bound is not None:  # not solved: bounds from the unweighted MDS, all below the edge
             out["tested_bound"] = tested_bound_entry(rank_test_bound)

@@ -27,7 +27,8 @@ writes A = P_MDS(r) (n x r) and W, with table = A W^T.
 Where occupancy falls steeply, the unweighted P_MDS's leading components can be the
 sampling noise of positions with a few tokens (the report's caveat names them). At the
 informative rank the table then holds the occupancy-weighted MDS instead, A = W^-1/2 U
-sqrt(lambda) from the top eigenpairs of W^1/2 B W^1/2 (W = diag(N_i / mean N)): the
+sqrt(lambda) from the top eigenpairs of W^1/2 B_w W^1/2 (W = diag(N_i / mean N), B_w
+the Gram matrix centred on the occupancy-weighted mean): the
 components the occupancy-weighted rank test counted, fitted to each position in
 proportion to its tokens (nearer the true geometry in 48 of 48 simulated corpora with
 4-10 tokens a tail position; docs/calibration.md). --weighting none keeps P_MDS,

@@ -21,10 +21,11 @@ scaled), and the rescaling puts it on the data's scale without touching the corr
 between rows. Where occupancies differ the factor is one per column and occupancy bin
 (:func:`occupancy_bins`): thin rows are in that small-count regime more often than thick
 ones, and one factor per column put the weighted noise 13 % too high at falling occupancy.
-The top eigenvalue of ``W^1/2 J (D' D'^T - diag(b)) J W^1/2`` (``D'`` rescaled, ``W`` the
-occupancy weights or ``I``, ``b`` the rows' sampling variances when the tested eigenvalues
-are bias-corrected) is then a draw of the top of the data's noise bulk, on the tested
-eigenvalues' scale.
+The top eigenvalue of ``W^1/2 H_w (D' D'^T - diag(b)) H_w^T W^1/2`` (``D'`` rescaled, ``W``
+the occupancy weights or ``I``, ``H_w = I - 1 w^T / sum(w)`` the centring on the weighted
+mean as the tested rows are centred, ``b`` the rows' sampling variances when the tested
+eigenvalues are bias-corrected) is then a draw of the top of the data's noise bulk, on the
+tested eigenvalues' scale.
 
 Measured against the bulk of corpora with known distributions (``bench_mp_edge.py``,
 ``top_over_halves``: the data's own top eigenvalue over the halves' one; V = 5,000, Zipf
@@ -67,9 +68,11 @@ eigenvalue competes with the noise off it (docs/calibration.md, "One split is on
 Cost: the top eigenvalue is found by Lanczos on products with ``D'`` (never m x m), on
 threads (:func:`noise_top`). Where the occupancy weights are equal to 1 % (pack mode: all
 but the last window's positions) the weighted top is not solved again: by Ostrowski's
-theorem the top of ``W^1/2 A W^1/2`` lies between ``min(w)`` and ``max(w)`` times the top of
-``A``, so ``max(w)`` times the unweighted top bounds it from above, 1 % at most over it
-(:meth:`HalvesNoise.edge`, ``weights_bound`` in the report).
+theorem the top of ``W^1/2 H_w A H_w^T W^1/2`` lies between ``min(w)`` and
+``max(w) ||H_w||^2`` times the top of ``A`` (centred), so that multiple of the unweighted
+top bounds it from above, 1 % at most over it
+(:func:`posstats.estimates.null_rank.congruence_upper_bound`; :meth:`HalvesNoise.edge`,
+``weights_bound`` in the report).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ from posstats.estimates.null_rank import (
     equal_weights_ratio,
 )
 from posstats.estimates.sampling_variance import sqrt_count_variance
+from posstats.geometry.mds import centring_weights
 from posstats.geometry.products import (
     _row_block_views,
     _transposed_views,
@@ -330,8 +334,10 @@ def halves_noise_matrix(half_a: Any, half_b: Any, full: Any, /) -> tuple[sp.csr_
 
 def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: float | None = None,
               deflate: Any = None) -> float:
-    """Top eigenvalue of ``W^1/2 J (D D^T - diag(b)) J W^1/2`` (``W = diag(weights)``, None:
-    ``I``; ``b = diagonal``, None: 0) by ARPACK on products with the (m, V) ``d`` (never
+    """Top eigenvalue of ``W^1/2 H_w (D D^T - diag(b)) H_w^T W^1/2`` (``W = diag(weights)``,
+    None: ``I``; ``H_w = I - 1 pi^T`` the centring on the weighted mean, ``pi = w / sum(w)``,
+    as the rank test's data are centred: :func:`posstats.geometry.mds.centre_on_weights_in_place`;
+    ``b = diagonal``, None: 0) by ARPACK on products with the (m, V) ``d`` (never
     m x m): a CSR matrix (products on threads), or rows held apart, any object with
     ``shape``, ``times(X)`` (``D X``) and ``t_times(Y)`` (``D^T Y``) for (V, b) and (m, b)
     blocks (:class:`posstats.estimates.ranged_halves.RangedNoise`). With ``b`` the rows'
@@ -346,6 +352,7 @@ def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: floa
     (:meth:`HalvesNoise.deflated_edges`)."""
     m, vocab = d.shape
     w = np.ones(m) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64).ravel())
+    pi = centring_weights(w * w)  # 1 / m unweighted: the plain mean
     b = None if diagonal is None else np.asarray(diagonal, dtype=np.float64).ravel()
     u = None if deflate is None else np.asarray(deflate, dtype=np.float64).reshape(m, -1)
     if sp.issparse(d):
@@ -360,11 +367,11 @@ def noise_top(d: Any, weights: Any = None, diagonal: Any = None, /, *, tol: floa
 
     def noise(x: np.ndarray) -> np.ndarray:
         y = w * x.ravel()
-        y -= y.mean()
+        y -= pi * y.sum()  # H_w^T y
         z = gram(y)
         if b is not None:
             z -= b * y
-        z -= z.mean()
+        z -= pi @ z  # H_w z
         return w * z
 
     def product(x: np.ndarray) -> np.ndarray:

@@ -206,18 +206,27 @@ def equal_weights_ratio(weights: Any, /, *, tol: float = EQUAL_WEIGHTS) -> float
 
 
 def congruence_upper_bound(eigenvalues: Any, weights: Any, /) -> np.ndarray:
-    """Upper bounds on the eigenvalues of ``W^1/2 A W^1/2`` (``W = diag(weights)``, positive)
-    from those of the symmetric ``A``, descending both: by Ostrowski's theorem
-    ``lambda_k(W^1/2 A W^1/2) = theta_k lambda_k(A)`` with ``theta_k`` in
-    ``[min w, max w]``, so ``max(w) lambda_k`` bounds it where ``lambda_k >= 0`` and
-    ``min(w) lambda_k`` below 0 (Horn and Johnson, *Matrix Analysis*, Theorem 4.5.9).
+    """Upper bounds on the eigenvalues of ``W^1/2 H_w A H_w^T W^1/2`` (``W = diag(weights)``,
+    positive; ``H_w = I - 1 pi^T``, ``pi = w / sum(w)``, the centring on the weighted mean
+    the rank test reads: :func:`posstats.geometry.mds.centre_on_weights_in_place`) from
+    those of the symmetric, centred ``A = H A H``, descending both.
 
-    >>> congruence_upper_bound([10.0, -2.0], [0.99, 1.01]).round(4).tolist()
-    [10.1, -1.98]
+    By Ostrowski's theorem ``lambda_k(S A S^T) = theta_k lambda_k(A)`` with ``theta_k``
+    between the least and the largest squared singular value of ``S`` (Horn and Johnson,
+    *Matrix Analysis*, Theorem 4.5.9; ``S`` maps onto the centred vectors here, where ``A``
+    lives). ``S = W^1/2 H_w``: ``H_w`` is a projection (``H_w 1 = 0``), so its non-zero
+    singular values are 1 and one of ``||H_w||^2 = m ||pi||^2 = 1 + m ||pi - 1/m||^2``.
+    So ``max(w) (1 + m ||pi - 1/m||^2) lambda_k`` bounds it where ``lambda_k >= 0``
+    (1e-4 over ``max(w) lambda_k`` at weights equal to 1 %) and ``min(w) lambda_k`` below 0.
+
+    >>> congruence_upper_bound([10.0, -2.0], [0.99, 1.01]).round(5).tolist()
+    [10.10101, -1.98]
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64).ravel()
-    return np.where(lam >= 0, lam * float(w.max()), lam * float(w.min()))
+    pi = w / w.sum()
+    centring = 1.0 + w.size * float(np.sum(np.square(pi - 1.0 / w.size)))
+    return np.where(lam >= 0, lam * float(w.max()) * centring, lam * float(w.min()))
 
 
 def bounded_rank_test(eigenvalues: Any, residuals: Any, vectors: Any, weights: Any, level: float, /,
@@ -226,9 +235,10 @@ def bounded_rank_test(eigenvalues: Any, residuals: Any, vectors: Any, weights: A
     its own, or None (solve it).
 
     Where the ``weights`` are equal to :data:`EQUAL_WEIGHTS` (:func:`equal_weights_ratio`)
-    the top eigenvalue of ``W^1/2 B W^1/2`` is at most ``max(w)`` times that of ``B``
-    (:func:`congruence_upper_bound`). The MDS's top Ritz value ``theta_1`` has an
-    eigenvalue within its absolute residual ``r_1``; when ``max(w) (theta_1 + r_1)`` is at
+    the top eigenvalue of ``W^1/2 B_w W^1/2`` (centred on the weighted mean) is at most
+    ``c = max(w) ||H_w||^2`` times that of ``B`` (:func:`congruence_upper_bound`). The MDS's
+    top Ritz value ``theta_1`` has an eigenvalue within its absolute residual ``r_1``; when
+    ``c (theta_1 + r_1)`` is at
     most the weighted ``level`` (:func:`edge_decision_level`, on the tested scale) no
     weighted eigenvalue is above the edge, the count the weighted solve would give (it
     decides a Ritz value below the level the same way, ``theta + r <= level``). At
@@ -334,7 +344,8 @@ def null_rank(
             ``corrected`` and ``seed`` are then not used).
         seed: seeds the shuffled corpora.
         weighted: ``mp``: the eigenvalues are those of the occupancy-whitened
-            ``W^1/2 B W^1/2``; the edge is weighted alike (:func:`mp_edge`).
+            ``W^1/2 B_w W^1/2`` (``B_w`` centred on the weighted mean); the edge is weighted
+            alike (:func:`mp_edge`).
         threshold: ``mp``: the edge measured from independent halves
             (:mod:`posstats.estimates.halves_edge`), in place of the analytic one.
 

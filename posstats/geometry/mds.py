@@ -65,7 +65,8 @@ from posstats.geometry.products import _single_blas_thread
 from posstats.geometry.spectrum import Spectrum, _negative_mass, spectrum_summary
 from posstats.geometry.sqrt_operator import _CentredSqrt, _gram_product, _is_operator, _SplitSqrt
 
-__all__ = ["MDSResult", "classical_mds", "gram_in_place", "weighted_coordinates", "weighted_gram_eigenpairs"]
+__all__ = ["MDSResult", "centre_on_weights_in_place", "centred_on_weights", "centring_weights", "classical_mds",
+           "gram_in_place", "weighted_coordinates", "weighted_gram_eigenpairs"]
 
 
 @dataclass(frozen=True)
@@ -376,14 +377,52 @@ def _subtract_centred_diagonal(b: Any, d: Any, xp: types.ModuleType) -> None:
     b -= float(d.sum()) / (n * n)
 
 
+def centring_weights(weights: Any, /, *, xp: types.ModuleType = np) -> Any:
+    """(n,) ``pi = w / sum(w)``: the weighted mean's coefficients of positive ``weights``."""
+    w = xp.asarray(weights, dtype=xp.float64).ravel()
+    return w / w.sum()
+
+
+def centre_on_weights_in_place(b: Any, weights: Any, /, *, xp: types.ModuleType = np) -> Any:
+    """``B <- H_w B H_w^T`` in place and returned, for a symmetric (n, n) Gram matrix ``b`` of
+    rows centred on their plain mean (``B = H G H``), ``H_w = I - 1 pi^T``,
+    ``pi = weights / sum(weights)``: the Gram matrix of the same rows centred on their
+    weighted mean instead. ``H_w H = H_w``, so entry by entry
+    ``B_ij - (B pi)_i - (B pi)_j + pi^T B pi``; with a bias-corrected ``B - H diag(b) H``
+    it gives ``H_w (G - diag(b)) H_w^T`` alike. Equal weights leave ``B`` as it is.
+
+    Why (the occupancy-weighted rank test, :mod:`posstats.estimates.permutation`,
+    "Occupancy weighting"): the plain mean gives every position one share of the centre,
+    so where a few long documents fill hundreds of thin positions their shared deviation
+    moves the centre, and with it every well-occupied row the weights then make count."""
+    pi = centring_weights(weights, xp=xp)
+    bp = b @ pi
+    grand = float(pi @ bp)
+    b -= bp[:, None]
+    b -= bp[None, :]
+    b += grand
+    return b
+
+
+def centred_on_weights(product: Any, pi: Any, x: Any, /) -> Any:
+    """``H_w A H_w^T x`` for (n, b) ``x``, ``product(t) = A t`` of a symmetric ``A``
+    (centred on the plain mean or not: ``H_w H = H_w``), ``H_w = I - 1 pi^T``
+    (:func:`centring_weights`): the product of :func:`centre_on_weights_in_place`'s matrix
+    without forming it."""
+    t = x - pi[:, None] * x.sum(axis=0)[None, :]
+    z = product(t)
+    return z - (pi @ z)[None, :]
+
+
 def weighted_gram_eigenpairs(
     counts: Any, weights: Any, /, *, k: int, diagonal: Any = None, tol: float = 1e-10, seed: int = 0, block: int = 8,
     noise_level: float | None = None, noise_residual: float | None = None, progress: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
 
     """``(eigenvalues, vectors)``: the (k,) top eigenvalues, descending, of the row-weighted
-    Gram matrix ``W^1/2 B W^1/2`` (``W = diag(weights)``; with ``diagonal`` b, of
-    ``W^1/2 (B - H diag(b) H) W^1/2``), and their (n, k) unit eigenvectors, by the
+    Gram matrix ``W^1/2 H_w G H_w^T W^1/2`` (``W = diag(weights)``, ``H_w`` the centring on
+    the weighted mean, :func:`centre_on_weights_in_place`; with ``diagonal`` b, ``G -
+    diag(b)`` for ``G``), and their (n, k) unit eigenvectors, by the
     block Lanczos of :func:`classical_mds` on ``counts`` or a prebuilt operator
     (:func:`sqrt_operator`, :func:`shifted_operator`, a ranged one), never forming an n x n
     matrix. ``weights``: (n,) positive. The occupancy-weighted rank test of the long-context
@@ -398,10 +437,15 @@ def weighted_gram_eigenpairs(
         msg = f"weights must be a positive finite (n,) = ({n},) vector"
         raise ValueError(msg)
     root_x = xp.asarray(root)[:, None]
+    pi = centring_weights(root * root, xp=xp)
     diag = None if diagonal is None else xp.asarray(diagonal, dtype=xp.float64)
     kk = max(1, min(int(k), n - 1))
     max_dim = min(n, max(4 * kk + 2 * block, (1 << 27) // max(n, 1)))
-    theta, x, _, _, _ = block_lanczos(lambda v: root_x * _gram_product(op, diag, root_x * v), n, kk, block=block,
+
+    def product(v: Any) -> Any:
+        return root_x * centred_on_weights(lambda t: _gram_product(op, diag, t), pi, root_x * v)
+
+    theta, x, _, _, _ = block_lanczos(product, n, kk, block=block,
                                        tol=tol, seed=seed, xp=xp, max_dim=max_dim, progress=progress,
                                        noise_level=noise_level, noise_residual=noise_residual)
     vectors = np.asarray(to_numpy(x), dtype=np.float64)
@@ -411,15 +455,17 @@ def weighted_gram_eigenpairs(
 def weighted_coordinates(vectors: Any, eigenvalues: Any, weights: Any, /) -> np.ndarray:
     """The occupancy-weighted MDS coordinates ``X = W^-1/2 U diag(sqrt(max(lambda, 0)))``
     (n, k) from the (n, k) unit eigenvectors ``U`` and (k,) eigenvalues ``lambda`` of the
-    weighted Gram matrix ``W^1/2 B W^1/2`` (``W = diag(weights)``, positive): the rank-k
-    ``X`` that minimises the weighted strain ``sum_ij w_i w_j (B_ij - x_i . x_j)^2``.
+    weighted Gram matrix ``W^1/2 B_w W^1/2`` (``W = diag(weights)``, positive; ``B_w`` the
+    Gram matrix centred on the weighted mean, :func:`centre_on_weights_in_place`): the
+    rank-k ``X`` that minimises the weighted strain ``sum_ij w_i w_j (B_w,ij - x_i . x_j)^2``,
+    its rows centred on their weighted mean.
 
-    Why: with ``Y = W^1/2 X`` that strain is ``||W^1/2 B W^1/2 - Y Y^T||_F^2``, minimised
+    Why: with ``Y = W^1/2 X`` that strain is ``||W^1/2 B_w W^1/2 - Y Y^T||_F^2``, minimised
     by the top-k eigenpairs (Eckart-Young), so the rows of ``X`` are fitted in proportion to
     their weights. With ``weights`` the occupancies over their mean, a position of a few
     tokens, whose distances are mostly sampling noise, barely moves the fit (the unweighted
     P_MDS fits every position alike); its coordinate is then the projection of its row of
-    ``B`` on the fitted components (``x_i = sum_j B_ij w_j x_j / lambda``). These are the
+    ``B_w`` on the fitted components (``x_i = sum_j B_w,ij w_j x_j / lambda``). These are the
     components the occupancy-weighted rank test counts
     (:func:`weighted_gram_eigenpairs`; :mod:`posstats.estimates.permutation`, "Occupancy
     weighting"). Each column's largest-magnitude entry is made positive, as in

@@ -157,7 +157,7 @@ class ExportOptions:
     weighting: Literal["auto", "occupancy", "none"] = option(
         "auto", group="options",
         help="which classical coordinates: occupancy (the occupancy-weighted MDS, W^-1/2 U sqrt(lambda) of "
-             "W^1/2 B W^1/2, whose components the rank test counted; fits well-occupied positions first), none "
+             "W^1/2 B_w W^1/2 (B_w centred on the occupancy-weighted mean), whose components the rank test counted; fits well-occupied positions first), none "
              "(P_MDS, every position alike), or auto: occupancy at the informative rank when the unweighted MDS's "
              "leading components load on thinly occupied positions (the verdict's caveat), else none")
     method: Literal["classical", "smacof"] = option(

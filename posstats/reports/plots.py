@@ -296,13 +296,15 @@ def spectrum_figure(
         f"(negative eigenvalues of a bias-corrected B explain nothing): {look}."
     )
     if tested is not None:
-        caption += (" Positions' occupancies differ, so the rank test compared the eigenvalues of W^1/2 B W^1/2, "
-                    f"W = diag(N_i / mean N), which weighs each position by its occupancy "
-                    f"({weighting_phrase(weights_ratio)}), with the threshold on that scale (crosses).")
+        caption += (" Positions' occupancies differ, so the rank test compared the eigenvalues of W^1/2 B_w W^1/2 "
+                    "(W = diag(N_i / mean N), B_w the Gram matrix centred on the occupancy-weighted mean), which "
+                    f"weighs each position by its occupancy ({weighting_phrase(weights_ratio)}), with the threshold "
+                    "on that scale (crosses).")
         if tested_bound:
             caption += (f" The weights are equal to within {tested_bound - 1.0:.2%}, so the crosses are the "
-                        "eigenvalues times the largest weight: upper bounds (Ostrowski's theorem), all below the "
-                        "threshold, so the weighted matrix was not decomposed again.")
+                        "eigenvalues times the largest weight (and the weighted centring's factor, 1e-4 at most): "
+                        "upper bounds (Ostrowski's theorem), all below the threshold, so the weighted matrix was not "
+                        "decomposed again.")
     return Plot("spectrum", "MDS eigenspectrum", caption, fig)
 
 
