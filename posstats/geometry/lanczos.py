@@ -17,18 +17,57 @@ from posstats.geometry.backend import to_numpy
 __all__ = ["block_lanczos", "wanted_residuals"]
 
 
-def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int) -> np.ndarray:
-    """Lower band storage (``block + 1`` rows) of the block tridiagonal ``T``."""
+def _block_tridiagonal(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int) -> np.ndarray:
+    """The dense (m, m) block tridiagonal ``T = Q^T A Q`` of the Lanczos basis, ``m =
+    len(a_blocks) * block``: diagonal blocks ``a_blocks``, below them ``b_blocks`` (extra
+    ones ignored), symmetric."""
     m = len(a_blocks) * block
     t = np.zeros((m, m))
     for s, a in enumerate(a_blocks):
         t[s * block : (s + 1) * block, s * block : (s + 1) * block] = a
         if s + 1 < len(a_blocks):
             t[(s + 1) * block : (s + 2) * block, s * block : (s + 1) * block] = b_blocks[s]
+            t[s * block : (s + 1) * block, (s + 1) * block : (s + 2) * block] = b_blocks[s].T
+    return t
+
+
+def _band_of(a_blocks: list[np.ndarray], b_blocks: list[np.ndarray], block: int) -> np.ndarray:
+    """Lower band storage (``block + 1`` rows) of the block tridiagonal ``T``."""
+    t = _block_tridiagonal(a_blocks, b_blocks, block)
+    m = t.shape[0]
     band = np.zeros((block + 1, m))
     for i in range(block + 1):
         band[i, : m - i] = np.diagonal(t, -i)
     return band
+
+
+def _whole_space_pairs(matmat: Any, basis: Any, t: np.ndarray, q_next: Any, k: int, xp: types.ModuleType,
+                       ) -> tuple[np.ndarray, Any, int]:
+    """``(eigenvalues (k,) descending, eigenvectors (dim, k), applications)``: the exact top-k
+    eigenpairs of the (dim, dim) operator once the Lanczos basis ``basis`` (dim, m) with
+    ``T = basis^T A basis`` (``t``) is one block short of the whole space: the basis is
+    completed by ``dim - m`` orthonormal columns (the next block's, orthogonalised once more)
+    and the Rayleigh-Ritz of the whole space, ``[basis, c]^T A [basis, c]``, solved densely.
+
+    Why: block Lanczos extends the basis ``block`` columns at a time, so where ``dim`` is not
+    a multiple of the block its last full block does not fit, and the Ritz pairs of the
+    incomplete basis are not the eigenpairs (n = 30, block 8: 24 columns of 30)."""
+    dim, m = int(basis.shape[0]), int(basis.shape[1])
+    c = q_next[:, : dim - m]
+    c = c - basis @ (basis.T @ c)
+    c, _ = xp.linalg.qr(c)
+    ac = matmat(c)
+    full = np.zeros((dim, dim))
+    full[:m, :m] = t
+    cross = to_numpy(basis.T @ ac)
+    full[:m, m:] = cross
+    full[m:, :m] = cross.T
+    corner = to_numpy(c.T @ ac)
+    full[m:, m:] = 0.5 * (corner + corner.T)
+    theta, y = scipy.linalg.eigh(full, subset_by_index=[dim - k, dim - 1], check_finite=False)
+    theta, y = theta[::-1], y[:, ::-1]
+    x = basis @ xp.asarray(y[:m]) + c @ xp.asarray(y[m:])
+    return theta, x, dim - m
 
 
 def wanted_residuals(theta: np.ndarray, top: float, tol: float, noise_level: float | None,
@@ -92,6 +131,12 @@ def block_lanczos(
         r_host = to_numpy(r)
         exhausted = m + b > cap
         breakdown = float(np.abs(r_host).max()) <= 1e-13 * max(1.0, float(np.abs(a_blocks[0]).max()))
+        if exhausted and not breakdown and m < dim == cap:
+            theta, x, more = _whole_space_pairs(matmat, basis[:, :m], _block_tridiagonal(a_blocks, b_blocks, width),
+                                                q_next, min(k, dim), xp)
+            if progress is not None:
+                progress(applied + more, 0.0)
+            return theta, x, np.zeros(theta.shape), applied + more, True
         if m >= k + b or exhausted or breakdown:
             kk = min(k, m)
             band = _band_of(a_blocks, b_blocks + [r_host], width)
