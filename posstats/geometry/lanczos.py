@@ -131,12 +131,6 @@ def block_lanczos(
         r_host = to_numpy(r)
         exhausted = m + b > cap
         breakdown = float(np.abs(r_host).max()) <= 1e-13 * max(1.0, float(np.abs(a_blocks[0]).max()))
-        if exhausted and not breakdown and m < dim == cap:
-            theta, x, more = _whole_space_pairs(matmat, basis[:, :m], _block_tridiagonal(a_blocks, b_blocks, width),
-                                                q_next, min(k, dim), xp)
-            if progress is not None:
-                progress(applied + more, 0.0)
-            return theta, x, np.zeros(theta.shape), applied + more, True
         if m >= k + b or exhausted or breakdown:
             kk = min(k, m)
             band = _band_of(a_blocks, b_blocks + [r_host], width)
@@ -149,7 +143,14 @@ def block_lanczos(
             need = wanted_residuals(theta, top, tol, noise_level, noise_residual)
             if progress is not None:
                 progress(applied, float((est / need).max() * tol))
-            if np.all(est <= need) or exhausted or breakdown:
+            converged = bool(np.all(est <= need)) and kk == min(k, dim)
+            if exhausted and not converged and not breakdown and m < dim == cap:  # one partial block short
+                theta, x, more = _whole_space_pairs(matmat, basis[:, :m], _block_tridiagonal(a_blocks, b_blocks, width),
+                                                    q_next, min(k, dim), xp)
+                if progress is not None:
+                    progress(applied + more, 0.0)
+                return theta, x, np.zeros(theta.shape), applied + more, True
+            if converged or exhausted or breakdown:
                 x = basis[:, :m] @ xp.asarray(y)
                 return theta, x, est, applied, bool(np.all(est <= need))
         b_blocks.append(r_host)
