@@ -398,6 +398,62 @@ def test_merge_sorted_sums_two_sorted_key_sets(a, b):
     assert keys.dtype == np.uint32 and counts.dtype == np.int64
 
 
+def test_a_full_buffer_compacts_the_largest_blocks_and_leaves_small_ones_buffered():
+    """When the buffer fills, the blocks holding the most buffered tokens are compacted,
+    largest first, until at most half the buffer is left; the small blocks wait (sorted
+    once, at the end), a block compacted twice is merged, and the counts stay exact."""
+    from posstats.counting.sorted_keys import SortedKeyCounter
+
+    rng = np.random.default_rng(3)
+    pad = np.iinfo(np.uint16).max
+    c = SortedKeyCounter(positions=40, vocab_size=9, buffer_keys=100, block=4, threads=1)
+    expected = np.zeros((40, 9), dtype=np.int64)
+
+    def add(block, windows):
+        rows = rng.integers(0, 9, (windows, 4)).astype(np.uint16)
+        rows[rng.random(rows.shape) < 0.2] = pad  # some positions without a token
+        c.add_rows(block, rows)
+        for j in range(4):
+            np.add.at(expected[block * 4 + j], rows[:, j][rows[:, j] != pad], 1)
+
+    for small in range(1, 9):
+        add(small, 1)  # 4 tokens each: 32 buffered
+    add(0, 17)  # 68 more: 100, the buffer is full; block 0 alone leaves 32 <= 50
+    assert sorted(c._done) == [0] and c._buffered == 32 and sorted(c._rows) == list(range(1, 9))
+    add(0, 17)  # full again: block 0 again, merged into its first part
+    assert sorted(c._done) == [0] and c._buffered == 32
+    add(9, 13)  # 52 of block 9 with the 32: 84, not full
+    assert sorted(c._done) == [0]
+    add(5, 5)  # 20 more: 104; block 9 (52) leaves 52 > 50, then block 5 (24): 28
+    assert sorted(c._done) == [0, 5, 9] and c._buffered == 28
+    np.testing.assert_array_equal(c.to_csr().toarray(), expected)
+
+
+def test_window_groups_are_the_same_whatever_the_buffer():
+    """Truncate-mode window groups with length classes and short halves (many small
+    blocks): a buffer small enough to compact the largest blocks at every batch gives the
+    same counts, entry for entry, as one compaction at the end."""
+    from posstats.counting.window_groups import WindowGroupCounter
+
+    rng = np.random.default_rng(8)
+    n, V = 37, 300
+    lengths = rng.integers(1, 60, 400)
+    values = rng.integers(0, V, lengths.sum())
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    windows = np.minimum(lengths, n)
+
+    def count(buffer_keys):
+        c = WindowGroupCounter(n, V, groups=4, classes=True, short_halves=True, buffer_keys=buffer_keys)
+        for lo in range(0, lengths.size, 25):
+            c.add_complete_windows(values, starts[lo:lo + 25], windows[lo:lo + 25])
+        return c.result()
+
+    once, often = count(10**9), count(600)
+    assert once.short_halves and once.classes == n - 1
+    assert (once.matrix != often.matrix).nnz == 0 and once.windows == often.windows
+    assert once.matrix.sum() == windows.sum() + windows[windows < n][1::2].sum()  # odd short windows twice
+
+
 def test_sorting_kernel_keys_fit_uint32_at_long_context():
     """n V = 131072 x 50257 > 2**32: local keys of each block stay below 2**32, so the
     last position and the last token id are counted where they belong."""

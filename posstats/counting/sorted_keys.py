@@ -16,7 +16,8 @@ keys on an AMD EPYC, where numpy has no SIMD sort; 3.5 ns with AVX-512 sorting o
 plus ``O(nnz)`` per merge; memory: the buffered tokens (2 bytes each, 4 past V = 2**16, at
 most ``buffer_keys`` of them, padding included) plus 4-12 bytes per non-zero. Compactions
 happen when the buffer is full, so a corpus of fewer than ``buffer_keys`` tokens sorts
-each token once and merges nothing.
+each token once and merges nothing; a compaction then sorts the blocks holding the most
+buffered tokens until half the buffer is free, so small blocks are sorted once, at the end.
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ class SortedKeyCounter:
         self.threads = max(1, int(threads))
         self.token_dtype = token_dtype(vocab_size)
         self._rows: dict[int, list[np.ndarray]] = {}  # block -> (windows, block width) tokens
+        self._held: dict[int, int] = {}  # block -> tokens buffered for it (padding included)
         self._buffered = 0
         self._done: dict[int, BlockCounts] = {}  # block -> its counts so far
 
@@ -197,7 +199,7 @@ class SortedKeyCounter:
         the token of window w at position ``block * B + j`` (shape ``(windows,
         width(block))``, :attr:`token_dtype`), or the dtype's largest value where the
         window has no token. ``rows`` is kept, not copied: the caller must not modify it
-        afterwards. Compacts every block when the buffer is full."""
+        afterwards. Compacts the largest blocks when the buffer is full."""
         if rows.size == 0:
             return
         if rows.ndim != 2 or rows.shape[1] != self.width(block) or rows.dtype != self.token_dtype:
@@ -205,14 +207,36 @@ class SortedKeyCounter:
                    f"got {rows.dtype} {rows.shape}")
             raise ValueError(msg)
         self._rows.setdefault(block, []).append(rows)
+        self._held[block] = self._held.get(block, 0) + rows.size
         self._buffered += rows.size
         if self._buffered >= self.buffer_keys:
-            self.compact()
+            self._compact_largest()
 
     def compact(self) -> None:
         """Sort, run-length encode and merge every block's buffered rows."""
         self._map(self._compact_block, sorted(self._rows))
+        self._held.clear()
         self._buffered = 0
+
+    def _compact_largest(self) -> None:
+        """The buffer is full: compact the blocks holding the most buffered tokens, largest
+        first, until at most half of ``buffer_keys`` is left buffered.
+
+        Where a count has many small blocks (truncate and chunk mode's length classes: a
+        block of a class holds a few windows of that length), compacting every block at
+        every fill sorted each small block several times and merged it as often, at a
+        Python step each; the small ones now wait for :meth:`finish` and are sorted once.
+        Memory is bounded as before (at most ``buffer_keys`` tokens buffered)."""
+        keep = self.buffer_keys // 2
+        picked: list[int] = []
+        left = self._buffered
+        for block in sorted(self._held, key=self._held.__getitem__, reverse=True):
+            if left <= keep:
+                break
+            picked.append(block)
+            left -= self._held.pop(block)
+        self._map(self._compact_block, sorted(picked))
+        self._buffered = left
 
     def _map(self, fn, items: list) -> None:
         """``fn(item)`` for every item, on ``threads`` threads."""

@@ -372,15 +372,19 @@ class WindowGroupCounter:
             return
         short_starts, short_lengths = starts[short], lengths[short]
         self._commit_odd_short(values, short_starts, short_lengths)
+        width = self._sorted.block
         if not self.classes:
-            self._commit(self._short_rows(values, short_starts, short_lengths), self.groups)
+            columns = -(-int(short_lengths.max()) // width) * width  # the blocks the longest reaches
+            self._commit(self._short_rows(values, short_starts, short_lengths, columns=columns), self.groups,
+                         length=min(columns, n))
             return
         order = np.argsort(short_lengths, kind="stable")
         short_starts, short_lengths = short_starts[order], short_lengths[order]
         cuts = np.flatnonzero(np.diff(short_lengths)) + 1
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, short_lengths.size]):
             length = int(short_lengths[lo])
-            rows = self._short_rows(values, short_starts[lo:hi], short_lengths[lo:hi])
+            columns = -(-length // width) * width  # a class's windows reach only its first blocks
+            rows = self._short_rows(values, short_starts[lo:hi], short_lengths[lo:hi], columns=columns)
             self._commit(rows, self.groups + length, length=length)
 
     def _add_by_order(self, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
