@@ -39,6 +39,7 @@ MIN_BUFFER_KEYS = 2**24  # buffer_tokens never goes lower: compactions would mer
 BLOCKS = 32  # position blocks of a count, within the block widths below
 MIN_BLOCK, MAX_BLOCK = 16, 256  # positions per block (fewer where n or 2**32 / V requires)
 SORT_CELLS = 2**22  # tokens gathered and sorted at once (8 MiB of uint16)
+SMALL_BLOCK_WINDOWS = 64  # blocks of at most this many windows are compacted several at once
 
 
 def block_positions(positions: int, vocab_size: int, /) -> int:
@@ -214,7 +215,7 @@ class SortedKeyCounter:
 
     def compact(self) -> None:
         """Sort, run-length encode and merge every block's buffered rows."""
-        self._map(self._compact_block, sorted(self._rows))
+        self._compact_blocks(sorted(self._rows))
         self._held.clear()
         self._buffered = 0
 
@@ -235,8 +236,27 @@ class SortedKeyCounter:
                 break
             picked.append(block)
             left -= self._held.pop(block)
-        self._map(self._compact_block, sorted(picked))
+        self._compact_blocks(sorted(picked))
         self._buffered = left
+
+    def _compact_blocks(self, blocks: list[int]) -> None:
+        """Compact ``blocks``: each large one, or one compacted before, on its own
+        (:meth:`_compact_block`); the small ones (at most :data:`SMALL_BLOCK_WINDOWS`
+        windows buffered, full width, never compacted) several at once, grouped by their
+        number of windows to within a factor of 2 (:meth:`_compact_small`)."""
+        large: list[int] = []
+        small: dict[int, list[int]] = {}
+        for block in blocks:
+            windows = sum(p.shape[0] for p in self._rows.get(block, ()))
+            if 0 < windows <= SMALL_BLOCK_WINDOWS and block not in self._done and self.width(block) == self.block:
+                small.setdefault(windows.bit_length(), []).append(block)
+            else:
+                large.append(block)
+        tasks = [(self._compact_block, block) for block in large]
+        for bits, group in small.items():
+            per = max(1, SORT_CELLS // (self.block << bits))
+            tasks += [(self._compact_small, group[i:i + per]) for i in range(0, len(group), per)]
+        self._map(lambda task: task[0](task[1]), tasks)
 
     def _map(self, fn, items: list) -> None:
         """``fn(item)`` for every item, on ``threads`` threads."""
@@ -246,6 +266,32 @@ class SortedKeyCounter:
         else:
             for item in items:
                 fn(item)
+
+    def _compact_small(self, blocks: list[int]) -> None:
+        """Compact small blocks never compacted before, in one sort: their rows stacked
+        position-major, ``(len(blocks) B, k)`` with k the most windows any of them holds
+        (the others padded), sorted and run-length encoded at once, then cut back into one
+        :class:`BlockCounts` per block (views of the shared arrays). Where truncate and
+        chunk mode's length classes give thousands of blocks of a few windows, this takes
+        one pass of numpy calls for many blocks instead of one each."""
+        width = self.block
+        pieces = [self._rows.pop(block) for block in blocks]
+        k = max(sum(p.shape[0] for p in group) for group in pieces)
+        rows = np.full((len(blocks), width, k), np.iinfo(self.token_dtype).max, dtype=self.token_dtype)
+        for stack, group in zip(rows, pieces):
+            at = 0
+            for piece in group:
+                stack[:, at : at + piece.shape[0]] = piece.T
+                at += piece.shape[0]
+        del pieces
+        rows = rows.reshape(len(blocks) * width, k)
+        rows.sort(axis=1, kind="stable" if rows.dtype.itemsize <= 2 else "quicksort")
+        counts = row_counts(rows, 0)
+        del rows
+        row_nnz = counts.row_nnz.reshape(len(blocks), width)
+        ends = np.cumsum(row_nnz.sum(axis=1))
+        for block, nnz, start, end in zip(blocks, row_nnz, ends - row_nnz.sum(axis=1), ends):
+            self._done[block] = BlockCounts(block * width, nnz, counts.tokens[start:end], counts.counts[start:end])
 
     def _compact_block(self, block: int) -> None:
         width, V = self.width(block), self.vocab_size

@@ -411,6 +411,9 @@ class WindowGroupCounter:
         n = self.positions
         columns = self._padded if columns is None else int(columns)
         rows = np.full((starts.size, columns), self._pad, dtype=self._sorted.token_dtype)
+        if starts.size and lengths.min() == lengths.max() <= columns:  # one length class: no mask to apply
+            rows[:, : lengths[0]] = values[starts[:, None] + np.arange(lengths[0], dtype=np.int64)]
+            return rows
         j = np.arange(min(n, columns), dtype=np.int64)
         inside = j < lengths[:, None]
         rows[:, : j.size][inside] = values[(starts[:, None] + j)[inside]]
