@@ -187,7 +187,6 @@ class SortedKeyCounter:
         self.threads = max(1, int(threads))
         self.token_dtype = token_dtype(vocab_size)
         self._rows: dict[int, list[np.ndarray]] = {}  # block -> (windows, block width) tokens
-        self._held: dict[int, int] = {}  # block -> tokens buffered for it (padding included)
         self._buffered = 0
         self._done: dict[int, BlockCounts] = {}  # block -> its counts so far
 
@@ -208,7 +207,6 @@ class SortedKeyCounter:
                    f"got {rows.dtype} {rows.shape}")
             raise ValueError(msg)
         self._rows.setdefault(block, []).append(rows)
-        self._held[block] = self._held.get(block, 0) + rows.size
         self._buffered += rows.size
         if self._buffered >= self.buffer_keys:
             self._compact_largest()
@@ -216,7 +214,6 @@ class SortedKeyCounter:
     def compact(self) -> None:
         """Sort, run-length encode and merge every block's buffered rows."""
         self._compact_blocks(sorted(self._rows))
-        self._held.clear()
         self._buffered = 0
 
     def _compact_largest(self) -> None:
@@ -229,13 +226,14 @@ class SortedKeyCounter:
         Python step each; the small ones now wait for :meth:`finish` and are sorted once.
         Memory is bounded as before (at most ``buffer_keys`` tokens buffered)."""
         keep = self.buffer_keys // 2
+        held = {block: sum(p.size for p in pieces) for block, pieces in self._rows.items()}
         picked: list[int] = []
         left = self._buffered
-        for block in sorted(self._held, key=self._held.__getitem__, reverse=True):
+        for block in sorted(held, key=held.__getitem__, reverse=True):
             if left <= keep:
                 break
             picked.append(block)
-            left -= self._held.pop(block)
+            left -= held[block]
         self._compact_blocks(sorted(picked))
         self._buffered = left
 
@@ -247,8 +245,8 @@ class SortedKeyCounter:
         large: list[int] = []
         small: dict[int, list[int]] = {}
         for block in blocks:
-            windows = sum(p.shape[0] for p in self._rows.get(block, ()))
-            if 0 < windows <= SMALL_BLOCK_WINDOWS and block not in self._done and self.width(block) == self.block:
+            windows = sum(p.shape[0] for p in self._rows[block])
+            if windows <= SMALL_BLOCK_WINDOWS and block not in self._done and self.width(block) == self.block:
                 small.setdefault(windows.bit_length(), []).append(block)
             else:
                 large.append(block)
@@ -290,7 +288,7 @@ class SortedKeyCounter:
         del rows
         row_nnz = counts.row_nnz.reshape(len(blocks), width)
         ends = np.cumsum(row_nnz.sum(axis=1))
-        for block, nnz, start, end in zip(blocks, row_nnz, ends - row_nnz.sum(axis=1), ends):
+        for block, nnz, start, end in zip(blocks, row_nnz, np.r_[0, ends[:-1]], ends):
             self._done[block] = BlockCounts(block * width, nnz, counts.tokens[start:end], counts.counts[start:end])
 
     def _compact_block(self, block: int) -> None:
