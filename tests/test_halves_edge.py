@@ -235,11 +235,11 @@ def test_falling_occupancy_halves_from_parts_follow_the_tested_bulk(tokens, rati
     assert 0.95 <= np.mean(ratios) <= 1.05
 
 
-def test_pool_shift_is_half_the_difference_of_the_halves_shrinkages():
-    """``weights @ shift`` is ``-(m_A(N_i) - m_B(N_i)) / 2`` row by row, each half's
-    shrinkage ``sqrt(p) f(N p)`` under its own pool at the row's occupancy, to the grid's
-    interpolation error (5 % steps in N); a row without tokens gets none, and there is no
-    shift at equal occupancy or with an empty half."""
+def test_pool_shift_is_the_pools_middle_against_the_lower_half():
+    """``weights @ shift`` is ``sign(p_A - p_B) (m(N_i; min(p_A, p_B)) - m(N_i; c))`` row by
+    row, ``c = (p_A + p_B) / 2`` and ``m(N; q) = sqrt(q) f(N q)`` token by token, to the
+    grid's interpolation error (5 % steps in N); a row without tokens gets none, and there
+    is no shift at equal occupancy or with an empty half."""
     rng = np.random.default_rng(2)
     occ = np.geomspace(30, 3000, 50)
     occ[7] = 0.0
@@ -248,16 +248,50 @@ def test_pool_shift_is_half_the_difference_of_the_halves_shrinkages():
     assert weights.shape == (50, shift.shape[0]) and shift.shape[1] == 300 and weights.nnz <= 2 * 50
     rows = weights @ shift
     used = occ > 0
-
-    def m(p, n):
-        return np.sqrt(p)[None, :] * sqrt_shrinkage(n[:, None] * p[None, :])
-
-    want = -(m(a / a.sum(), occ[used]) - m(b / b.sum(), occ[used])) / 2
+    p_a, p_b = a / a.sum(), b / b.sum()
+    want = np.sign(p_a - p_b) * (_shrinkage(np.minimum(p_a, p_b), occ[used]) - _shrinkage((p_a + p_b) / 2, occ[used]))
     assert np.abs(want).max() > 1e-3  # the halves' pools differ enough to be seen
     np.testing.assert_allclose(rows[used], want, atol=1e-3 * np.abs(want).max())
     assert not rows[7].any()
     assert halves_pool_shift(np.full(5, 10.0), a, b) is None
     assert halves_pool_shift(occ, np.zeros(300), b) is None
+
+
+def _shrinkage(p, n):
+    """(len(n), V) ``m(N; p) = sqrt(p) f(N p)``."""
+    return np.sqrt(p)[None, :] * sqrt_shrinkage(np.asarray(n, dtype=float)[:, None] * p[None, :])
+
+
+def test_pool_shift_agrees_with_the_symmetric_difference_to_first_order():
+    """Where the halves' pools differ little (every token common in both), the term is
+    ``-g(N) (p_A - p_B) / 2`` as the symmetric ``-(m(p_A) - m(p_B)) / 2`` is: the two agree
+    to second order in the difference (here to 1 % of the term)."""
+    occ = np.geomspace(30, 3000, 40)
+    q = np.full(200, 1.0 / 200)
+    delta = np.random.default_rng(3).uniform(-0.01, 0.01, 200)
+    a, b = q * (1 + delta), q * (1 - delta)
+    weights, shift = halves_pool_shift(occ, a * 1e6, b * 1e6)
+    rows = weights @ shift
+    p_a, p_b = a / a.sum(), b / b.sum()
+    symmetric = -(_shrinkage(p_a, occ) - _shrinkage(p_b, occ)) / 2
+    np.testing.assert_allclose(rows, symmetric, atol=1e-2 * np.abs(symmetric).max())
+
+
+def test_pool_shift_of_a_token_one_document_holds_is_the_datas_term_against_a_truth_near_zero():
+    """A token held by one document, in half A: ``p_A = 2 c``, ``p_B = 0``. The data's pool
+    holds it at ``c`` where its law is about 0, so the data's rows carry ``-(m(N; c) -
+    m(N; 0)) = -m(N; c)``, and so does the analogue; the symmetric form gave ``-m(N; 2 c) /
+    2``, smaller where ``N c`` is a few tokens (the shrinkage bends there: by a quarter at
+    ``N c = 3``)."""
+    occ = np.array([100.0, 1000.0, 3000.0])
+    c = 1e-3
+    a = np.array([2 * c, 0.5 - c, 0.5 - c])
+    b = np.array([0.0, 0.5, 0.5])
+    weights, shift = halves_pool_shift(occ, a, b)
+    rows = (weights @ shift)[:, 0]
+    np.testing.assert_allclose(rows, -_shrinkage(np.array([c]), occ)[:, 0], rtol=2e-3)
+    symmetric = -_shrinkage(np.array([2 * c]), occ)[:, 0] / 2
+    assert abs(symmetric[2]) < 0.8 * abs(rows[2])
 
 
 def test_pool_shifted_noise_is_the_noise_plus_its_low_rank_term():
@@ -995,10 +1029,11 @@ def test_the_cli_edge_on_real_text_carries_the_pool_shift_a_dense_oracle_gives(t
     """``posstats count`` + ``analyze --null mp`` on the bundled fortunes at n = 64 (the
     window groups' halves, falling occupancy, corrected distances): the report's
     ``noise_top`` is the top of the dense weighted, corrected Gram matrix of the halves'
-    noise (centred on the occupancy-weighted mean) plus ``-(m_A(N_i) - m_B(N_i)) / 2``,
-    each half's shrinkage ``sqrt(p) f(N_i p)``
-    computed exactly at every row's occupancy (no grid), the bias each row's unbiased
-    sampling variance. Without the term the top is 0.3 % lower, 100 times the tolerance."""
+    noise (centred on the occupancy-weighted mean) plus the pools' analogue
+    ``sign(p_A - p_B) (m(N_i; min(p_A, p_B)) - m(N_i; (p_A + p_B) / 2))``, the shrinkage
+    ``m(N; q) = sqrt(q) f(N q)`` computed exactly at every row's occupancy (no grid), the
+    bias each row's unbiased sampling variance. Without the term the top is 0.3 % lower,
+    100 times the tolerance."""
     tokenizer = str(data_dir / "tokenizers" / "bert-base-uncased.tokenizer.json")
     assert main(["count", "--input", str(data_dir / "fortunes-sample.jsonl"), "--text-column", "text",
                  "--tokenizer", tokenizer, "--positions", "64", "--out", str(tmp_path / "c"), "-q"]) == 0
@@ -1016,11 +1051,11 @@ def test_the_cli_edge_on_real_text_carries_the_pool_shift_a_dense_oracle_gives(t
     occ = np.asarray(c.sum(axis=1), dtype=np.float64).ravel()
     noise = halves_noise_matrix(a, b, c)[0].toarray()
 
-    def shrinkage(half):
-        p = np.asarray(half.sum(axis=0), dtype=np.float64).ravel() / half.sum()
-        return np.sqrt(p)[None, :] * sqrt_shrinkage(occ[:, None] * p[None, :])
+    def pool(half):
+        return np.asarray(half.sum(axis=0), dtype=np.float64).ravel() / half.sum()
 
-    shifted = noise - (shrinkage(a) - shrinkage(b)) / 2
+    p_a, p_b = pool(a), pool(b)
+    shifted = noise + np.sign(p_a - p_b) * (_shrinkage(np.minimum(p_a, p_b), occ) - _shrinkage((p_a + p_b) / 2, occ))
     bias = np.array([np.sum(sqrt_count_variance(c[[i]].data.astype(np.int64), total=np.full(c[[i]].nnz, occ[i])))
                      / occ[i] for i in range(c.shape[0])])
     w = occ / occ.mean()
