@@ -58,7 +58,7 @@ from scipy.special import gammaln, xlogy
 
 from posstats.geometry.products import _row_block_views, blocks_times, product_threads
 
-__all__ = ["OccupancyShrinkage", "ShrinkageFeatures", "adjusted", "halves_pool_shift", "sqrt_shrinkage"]
+__all__ = ["OccupancyShrinkage", "ShrinkageFeatures", "adjusted", "halves_pool_shift", "shrinkage_on_grid", "sqrt_shrinkage"]
 
 _GRID_STEP = 0.05  # log-occupancy step of the grid (5 % in N): interpolation error ~1e-4 of m
 _SERIES_FROM = 400.0  # lam above which f is the asymptotic series
@@ -92,6 +92,13 @@ def sqrt_shrinkage(lam: Any, /) -> np.ndarray:
     inv = 1.0 / lam[big]
     out[big] = -inv / 8.0 - 7.0 * inv**2 / 128.0 - 33.0 * inv**3 / 1024.0
     return out
+
+
+def shrinkage_on_grid(grid: Any, p: Any, /) -> np.ndarray:
+    """(K, V) ``m_v(N_k) = sqrt(p_v) f(N_k p_v)``: the shrinkage of the square roots at the
+    (K,) occupancies ``grid`` under the (V,) frequencies ``p`` (not renormalised)."""
+    p = np.asarray(p, dtype=np.float64).ravel()
+    return np.sqrt(p)[None, :] * sqrt_shrinkage(np.asarray(grid, dtype=np.float64)[:, None] * p[None, :])
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,7 @@ class OccupancyShrinkage:
         p = totals / totals.sum()
         steps = max(1, int(np.ceil(np.log(hi / lo) / _GRID_STEP)))
         grid = np.geomspace(lo, hi, steps + 1)
-        shrinkage = np.sqrt(p)[None, :] * sqrt_shrinkage(grid[:, None] * p[None, :])
-        return cls(grid, shrinkage)
+        return cls(grid, shrinkage_on_grid(grid, p))
 
     @functools.cached_property
     def gram(self) -> np.ndarray:
@@ -327,7 +333,7 @@ def halves_pool_shift(occupancy: Any, pooled_a: Any, pooled_b: Any, /) -> tuple[
     if centre is None:
         return None
     lower = np.minimum(p_a, p_b)
-    shift = np.sqrt(lower)[None, :] * sqrt_shrinkage(centre.grid[:, None] * lower[None, :])
+    shift = shrinkage_on_grid(centre.grid, lower)
     shift -= centre.shrinkage
     shift *= np.sign(p_a - p_b)[None, :]
     weights = sp.csr_array(centre.weights(grid_occ) * used[:, None])
